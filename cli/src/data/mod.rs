@@ -1,0 +1,28 @@
+//! `grandis data ...`: dataset import, generation and inspection.
+
+mod import;
+mod info;
+mod synth;
+
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub enum DataCommand {
+    /// Convert a dataset from another format into a grandis dataset directory.
+    Import(import::ImportArgs),
+    /// Print counts, split sizes and degree statistics of a dataset.
+    Info(info::InfoArgs),
+    /// Check every checksum, id and label of a dataset.
+    Verify(info::VerifyArgs),
+    /// Generate a synthetic power-law graph with planted classes.
+    Synth(synth::SynthArgs),
+}
+
+pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
+    match cmd {
+        DataCommand::Import(args) => import::run(args),
+        DataCommand::Info(args) => info::run(args),
+        DataCommand::Verify(args) => info::verify(args),
+        DataCommand::Synth(args) => synth::run(args),
+    }
+}

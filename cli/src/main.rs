@@ -1,0 +1,64 @@
+//! `grandis`: one binary for every role. Each subcommand lives in its own module and only
+//! parses arguments, calls into the library crates, and prints; no algorithm lives here.
+
+mod bench;
+mod data;
+mod partition;
+mod predict;
+mod train;
+
+use clap::{Parser, Subcommand};
+
+/// grandis: distributed GNN training for clusters of multi-GPU servers (GraNNDIS design).
+///
+/// Typical flow: import or synthesize a dataset (`grandis data`), split it over servers and
+/// devices (`grandis partition`), train (`grandis train`), predict (`grandis predict`).
+/// Every command accepts `--help`. Logging follows `RUST_LOG` (default: info).
+#[derive(Parser)]
+#[command(name = "grandis", version, propagate_version = true)]
+struct Cli {
+    /// Only print warnings and errors.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Import, generate, inspect and verify datasets.
+    #[command(subcommand)]
+    Data(data::DataCommand),
+    /// Split a dataset over servers and devices (two-level partitioning).
+    Partition(partition::PartitionArgs),
+    /// Train a model on a dataset.
+    Train(Box<train::TrainArgs>),
+    /// Write predictions of a trained checkpoint as a .npy file.
+    Predict(predict::PredictArgs),
+    /// Benchmarks, reported as ratios against a baseline run in the same invocation.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let default_level = if cli.quiet { "warn" } else { "info" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let result = match cli.command {
+        Command::Data(cmd) => data::run(cmd),
+        Command::Partition(args) => partition::run(args),
+        Command::Train(args) => train::run(*args),
+        Command::Predict(args) => predict::run(args),
+        Command::Bench(cmd) => bench::run(cmd),
+    };
+    if let Err(err) = result {
+        eprintln!("error: {err:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,666 @@
+//! A dataset directory: `dataset.json` (the manifest) plus one array file per component.
+//!
+//! | file            | dtype | shape        | meaning                                   |
+//! |-----------------|-------|--------------|-------------------------------------------|
+//! | `graph.offsets` | u64   | (V + 1) × 1  | CSR row offsets (rows = destinations)     |
+//! | `graph.indices` | u32   | E × 1        | CSR sources, sorted within each row       |
+//! | `features.f32`  | f32   | V × F        | vertex features, row-major                |
+//! | `labels.i32`    | i32   | V × 1        | class in `0..C`, or -1 for "no label"     |
+//! | `train.idx`, `val.idx`, `test.idx` | u32 | n × 1 | sorted vertex ids of each split     |
+//!
+//! Limits: up to 2^32 − 1 vertices (u32 ids), up to 2^64 edges (u64 offsets).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::array::{ArraySummary, ArrayWriter, Element, MappedArray};
+use crate::atomic::AtomicDir;
+use crate::csr::{CsrView, SortedEdges, MAX_VERTICES};
+use crate::error::{Result, StoreError};
+use crate::split::Split;
+
+pub const MANIFEST: &str = "dataset.json";
+pub const FORMAT_NAME: &str = "grandis-dataset";
+pub const FORMAT_VERSION: u32 = 1;
+
+const OFFSETS: &str = "graph.offsets";
+const INDICES: &str = "graph.indices";
+const FEATURES: &str = "features.f32";
+const LABELS: &str = "labels.i32";
+const TRAIN: &str = "train.idx";
+const VAL: &str = "val.idx";
+const TEST: &str = "test.idx";
+const ALL_FILES: [&str; 7] = [OFFSETS, INDICES, FEATURES, LABELS, TRAIN, VAL, TEST];
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SplitSizes {
+    pub train: u64,
+    pub val: u64,
+    pub test: u64,
+}
+
+/// Contents of `dataset.json`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    pub name: String,
+    pub num_vertices: u64,
+    pub num_edges: u64,
+    pub feature_dim: u64,
+    pub num_classes: u64,
+    /// Every edge has its reverse.
+    pub symmetric: bool,
+    pub split: SplitSizes,
+    /// Free-form lines on where the data came from and what was done to it
+    /// (e.g. "split: seeded 20-per-class/500/1000, seed 0").
+    #[serde(default)]
+    pub provenance: Vec<String>,
+    pub files: BTreeMap<String, ArraySummary>,
+}
+
+/// Describes a dataset being written; counts are derived from what was written.
+#[derive(Debug, Clone, Default)]
+pub struct DatasetInfo {
+    pub name: String,
+    pub num_classes: u64,
+    pub provenance: Vec<String>,
+}
+
+/// Borrowed access to a dataset, whether memory-mapped or in memory.
+#[derive(Debug, Clone, Copy)]
+pub struct DatasetView<'a> {
+    pub graph: CsrView<'a>,
+    pub features: &'a [f32],
+    pub feature_dim: usize,
+    pub labels: &'a [i32],
+    pub num_classes: usize,
+    pub train: &'a [u32],
+    pub val: &'a [u32],
+    pub test: &'a [u32],
+}
+
+impl<'a> DatasetView<'a> {
+    pub fn num_vertices(&self) -> usize {
+        self.graph.num_vertices()
+    }
+    pub fn feature_row(&self, v: u32) -> &'a [f32] {
+        let f = self.feature_dim;
+        &self.features[v as usize * f..(v as usize + 1) * f]
+    }
+}
+
+/// A dataset held in memory: what generators and tests build, and what `write` stores.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InMemoryDataset {
+    pub name: String,
+    pub graph: crate::csr::CsrGraph,
+    pub features: Vec<f32>,
+    pub feature_dim: usize,
+    pub labels: Vec<i32>,
+    pub num_classes: usize,
+    pub split: Split,
+}
+
+impl InMemoryDataset {
+    pub fn view(&self) -> DatasetView<'_> {
+        DatasetView {
+            graph: self.graph.view(),
+            features: &self.features,
+            feature_dim: self.feature_dim,
+            labels: &self.labels,
+            num_classes: self.num_classes,
+            train: &self.split.train,
+            val: &self.split.val,
+            test: &self.split.test,
+        }
+    }
+
+    /// Writes the dataset atomically to `dir` (which must not exist unless `overwrite`).
+    pub fn write(&self, dir: impl AsRef<Path>, overwrite: bool) -> Result<Dataset> {
+        let mut w = DatasetWriter::create(dir, overwrite)?;
+        w.write_graph_parts(&self.graph.offsets, &self.graph.indices)?;
+        w.write_features(&self.features, self.feature_dim as u64)?;
+        w.write_labels(&self.labels)?;
+        w.write_split(&self.split)?;
+        w.finish(DatasetInfo {
+            name: self.name.clone(),
+            num_classes: self.num_classes as u64,
+            provenance: vec![],
+        })
+    }
+}
+
+/// Builds a dataset directory in a staging location; nothing is visible until `finish`.
+pub struct DatasetWriter {
+    dir: AtomicDir,
+    files: BTreeMap<String, ArraySummary>,
+    symmetric: Option<bool>,
+}
+
+impl DatasetWriter {
+    pub fn create(dir: impl AsRef<Path>, overwrite: bool) -> Result<Self> {
+        Ok(DatasetWriter {
+            dir: AtomicDir::create(dir, overwrite)?,
+            files: BTreeMap::new(),
+            symmetric: None,
+        })
+    }
+
+    /// The final location of the dataset (for messages).
+    pub fn target(&self) -> &Path {
+        self.dir.target()
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn record(&mut self, name: &str, summary: ArraySummary) {
+        self.files.insert(name.to_string(), summary);
+    }
+
+    pub fn write_graph(&mut self, edges: &SortedEdges) -> Result<()> {
+        let offsets = edges.offsets();
+        let summary = crate::array::write_array(self.file(OFFSETS), &offsets, 1)?;
+        self.record(OFFSETS, summary);
+        let mut w = ArrayWriter::<u32>::create(self.file(INDICES))?;
+        edges.for_each_source_chunk(|chunk| w.push(chunk))?;
+        let summary = w.finish(1)?;
+        self.record(INDICES, summary);
+        Ok(())
+    }
+
+    pub fn write_graph_parts(&mut self, offsets: &[u64], indices: &[u32]) -> Result<()> {
+        let summary = crate::array::write_array(self.file(OFFSETS), offsets, 1)?;
+        self.record(OFFSETS, summary);
+        let summary = crate::array::write_array(self.file(INDICES), indices, 1)?;
+        self.record(INDICES, summary);
+        Ok(())
+    }
+
+    /// Records whether the graph is symmetric when the writer knows it (saves a pass).
+    pub fn set_symmetric(&mut self, symmetric: bool) {
+        self.symmetric = Some(symmetric);
+    }
+
+    pub fn write_features(&mut self, features: &[f32], dim: u64) -> Result<()> {
+        let summary = crate::array::write_array(self.file(FEATURES), features, dim)?;
+        self.record(FEATURES, summary);
+        Ok(())
+    }
+
+    /// A streaming writer for features too large to hold; hand it back to `finish_features`.
+    pub fn features_writer(&self) -> Result<ArrayWriter<f32>> {
+        ArrayWriter::create(self.file(FEATURES))
+    }
+
+    pub fn finish_features(&mut self, writer: ArrayWriter<f32>, dim: u64) -> Result<()> {
+        let summary = writer.finish(dim)?;
+        self.record(FEATURES, summary);
+        Ok(())
+    }
+
+    pub fn write_labels(&mut self, labels: &[i32]) -> Result<()> {
+        let summary = crate::array::write_array(self.file(LABELS), labels, 1)?;
+        self.record(LABELS, summary);
+        Ok(())
+    }
+
+    pub fn write_split(&mut self, split: &Split) -> Result<()> {
+        for (name, ids) in [
+            (TRAIN, &split.train),
+            (VAL, &split.val),
+            (TEST, &split.test),
+        ] {
+            let mut sorted = ids.clone();
+            sorted.sort_unstable();
+            let summary = crate::array::write_array(self.file(name), &sorted, 1)?;
+            self.record(name, summary);
+        }
+        Ok(())
+    }
+
+    /// Writes the manifest, fully verifies the staged dataset, and moves it into place.
+    pub fn finish(mut self, info: DatasetInfo) -> Result<Dataset> {
+        for name in ALL_FILES {
+            if !self.files.contains_key(name) {
+                return Err(StoreError::invalid(
+                    self.dir.target(),
+                    format!("internal error: {name} was never written"),
+                ));
+            }
+        }
+        let rows = |name: &str| self.files[name].rows;
+        let num_vertices = rows(OFFSETS).saturating_sub(1);
+        let feature_dim = self.files[FEATURES].cols;
+        // An empty feature matrix still has one column in its header; report it as 0-dim.
+        let feature_dim = if rows(FEATURES) == 0 && num_vertices > 0 {
+            0
+        } else {
+            feature_dim
+        };
+        let mut manifest = Manifest {
+            format: FORMAT_NAME.to_string(),
+            version: FORMAT_VERSION,
+            name: info.name,
+            num_vertices,
+            num_edges: rows(INDICES),
+            feature_dim,
+            num_classes: info.num_classes,
+            symmetric: false,
+            split: SplitSizes {
+                train: rows(TRAIN),
+                val: rows(VAL),
+                test: rows(TEST),
+            },
+            provenance: info.provenance,
+            files: std::mem::take(&mut self.files),
+        };
+        let staged = Dataset::open_manifest(self.dir.path(), manifest.clone())?;
+        staged.verify()?;
+        manifest.symmetric = match self.symmetric {
+            Some(s) => s,
+            None => staged.graph().is_symmetric(),
+        };
+        drop(staged);
+        let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
+        crate::atomic::write_file_atomic(self.dir.path().join(MANIFEST), &json)?;
+        let target = self.dir.commit()?;
+        Dataset::open(target)
+    }
+}
+
+/// A memory-mapped dataset directory. `open` checks headers and counts (cheap, independent
+/// of size); `verify` (or `open_verified`) checks checksums and every id.
+pub struct Dataset {
+    dir: PathBuf,
+    manifest: Manifest,
+    offsets: MappedArray<u64>,
+    indices: MappedArray<u32>,
+    features: MappedArray<f32>,
+    labels: MappedArray<i32>,
+    train: MappedArray<u32>,
+    val: MappedArray<u32>,
+    test: MappedArray<u32>,
+}
+
+impl Dataset {
+    pub fn open(dir: impl AsRef<Path>) -> Result<Dataset> {
+        let dir = dir.as_ref();
+        let manifest_path = dir.join(MANIFEST);
+        let bytes = std::fs::read(&manifest_path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound && !dir.exists() {
+                StoreError::invalid(dir, "no such dataset directory")
+            } else {
+                StoreError::io(&manifest_path, e)
+            }
+        })?;
+        let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
+            StoreError::invalid(&manifest_path, format!("not a valid manifest: {e}"))
+        })?;
+        if manifest.format != FORMAT_NAME {
+            return Err(StoreError::invalid(
+                &manifest_path,
+                format!("format is {:?}, expected {FORMAT_NAME:?}", manifest.format),
+            ));
+        }
+        if manifest.version != FORMAT_VERSION {
+            return Err(StoreError::BadVersion {
+                path: manifest_path,
+                found: manifest.version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        Self::open_manifest(dir, manifest)
+    }
+
+    /// Opens and fully verifies.
+    pub fn open_verified(dir: impl AsRef<Path>) -> Result<Dataset> {
+        let ds = Self::open(dir)?;
+        ds.verify()?;
+        Ok(ds)
+    }
+
+    fn open_manifest(dir: &Path, manifest: Manifest) -> Result<Dataset> {
+        fn load<T: Element>(dir: &Path, m: &Manifest, name: &str) -> Result<MappedArray<T>> {
+            let array = MappedArray::<T>::open(dir.join(name))?;
+            match m.files.get(name) {
+                Some(expected) if *expected == array.summary() => Ok(array),
+                Some(expected) => Err(StoreError::invalid(
+                    array.path(),
+                    format!(
+                        "header ({} x {}, checksum {:016x}) disagrees with {MANIFEST} ({} x {}, checksum {:016x})",
+                        array.summary().rows, array.summary().cols, array.summary().checksum,
+                        expected.rows, expected.cols, expected.checksum
+                    ),
+                )),
+                None => Err(StoreError::invalid(
+                    dir.join(MANIFEST),
+                    format!("does not list {name}"),
+                )),
+            }
+        }
+        let ds = Dataset {
+            dir: dir.to_path_buf(),
+            offsets: load(dir, &manifest, OFFSETS)?,
+            indices: load(dir, &manifest, INDICES)?,
+            features: load(dir, &manifest, FEATURES)?,
+            labels: load(dir, &manifest, LABELS)?,
+            train: load(dir, &manifest, TRAIN)?,
+            val: load(dir, &manifest, VAL)?,
+            test: load(dir, &manifest, TEST)?,
+            manifest,
+        };
+        ds.check_counts()?;
+        Ok(ds)
+    }
+
+    fn check_counts(&self) -> Result<()> {
+        let m = &self.manifest;
+        let bad = |file: &MappedArray<_>, what: String| Err(StoreError::invalid(file.path(), what));
+        let v = m.num_vertices;
+        if v > MAX_VERTICES {
+            return Err(StoreError::invalid(
+                self.dir.join(MANIFEST),
+                format!("{v} vertices exceed the u32 id limit"),
+            ));
+        }
+        if self.offsets.summary().rows != v + 1 {
+            return bad(
+                &self.offsets,
+                format!(
+                    "has {} rows, expected {}",
+                    self.offsets.summary().rows,
+                    v + 1
+                ),
+            );
+        }
+        if self.indices.summary().rows != m.num_edges {
+            return Err(StoreError::invalid(
+                self.indices.path(),
+                format!(
+                    "has {} edges, manifest says {}",
+                    self.indices.summary().rows,
+                    m.num_edges
+                ),
+            ));
+        }
+        let feature_rows = self.features.summary().rows;
+        if !(feature_rows == v || (m.feature_dim == 0 && feature_rows == 0)) {
+            return Err(StoreError::invalid(
+                self.features.path(),
+                format!("has {feature_rows} rows for {v} vertices"),
+            ));
+        }
+        if self.labels.summary().rows != v {
+            return Err(StoreError::invalid(
+                self.labels.path(),
+                format!("has {} labels for {v} vertices", self.labels.summary().rows),
+            ));
+        }
+        let offsets = self.offsets.as_slice();
+        if offsets[0] != 0 || offsets[v as usize] != m.num_edges {
+            return Err(StoreError::invalid(
+                self.offsets.path(),
+                format!(
+                    "offsets must run from 0 to {} (the edge count), found {}..{}",
+                    m.num_edges, offsets[0], offsets[v as usize]
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checksums every file and checks every id and label (parallel; seconds for billions).
+    pub fn verify(&self) -> Result<()> {
+        let checks: Vec<Box<dyn Fn() -> Result<()> + Sync + '_>> = vec![
+            Box::new(|| self.offsets.verify_checksum()),
+            Box::new(|| self.indices.verify_checksum()),
+            Box::new(|| self.features.verify_checksum()),
+            Box::new(|| self.labels.verify_checksum()),
+            Box::new(|| self.train.verify_checksum()),
+            Box::new(|| self.val.verify_checksum()),
+            Box::new(|| self.test.verify_checksum()),
+        ];
+        checks.par_iter().try_for_each(|c| c())?;
+
+        let v = self.manifest.num_vertices;
+        let offsets = self.offsets.as_slice();
+        if let Some(i) = offsets.par_windows(2).position_any(|w| w[1] < w[0]) {
+            return Err(StoreError::invalid(
+                self.offsets.path(),
+                format!("offsets decrease at vertex {i}"),
+            ));
+        }
+        let indices = self.indices.as_slice();
+        if let Some(&bad) = indices.par_iter().find_any(|&&s| s as u64 >= v) {
+            return Err(StoreError::invalid(
+                self.indices.path(),
+                format!("vertex id {bad} is out of range (the graph has {v} vertices)"),
+            ));
+        }
+        let c = self.manifest.num_classes as i32;
+        if let Some(&bad) = self.labels().par_iter().find_any(|&&l| l < -1 || l >= c) {
+            return Err(StoreError::invalid(
+                self.labels.path(),
+                format!("label {bad} is outside 0..{c} (or -1 for unlabelled)"),
+            ));
+        }
+        if let Some(i) = self.features().par_iter().position_any(|x| !x.is_finite()) {
+            let f = self.manifest.feature_dim.max(1) as usize;
+            return Err(StoreError::invalid(
+                self.features.path(),
+                format!("non-finite feature at vertex {}, column {}", i / f, i % f),
+            ));
+        }
+        let mut seen = vec![false; v as usize];
+        for split in [&self.train, &self.val, &self.test] {
+            let ids = split.as_slice();
+            if ids.windows(2).any(|w| w[1] <= w[0]) {
+                return Err(StoreError::invalid(
+                    split.path(),
+                    "ids are not sorted and unique",
+                ));
+            }
+            for &id in ids {
+                if id as u64 >= v {
+                    return Err(StoreError::invalid(
+                        split.path(),
+                        format!("vertex id {id} is out of range (the graph has {v} vertices)"),
+                    ));
+                }
+                if std::mem::replace(&mut seen[id as usize], true) {
+                    return Err(StoreError::invalid(
+                        split.path(),
+                        format!("vertex {id} appears in more than one split"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+    pub fn graph(&self) -> CsrView<'_> {
+        CsrView {
+            offsets: self.offsets.as_slice(),
+            indices: self.indices.as_slice(),
+        }
+    }
+    pub fn features(&self) -> &[f32] {
+        self.features.as_slice()
+    }
+    pub fn labels(&self) -> &[i32] {
+        self.labels.as_slice()
+    }
+    pub fn view(&self) -> DatasetView<'_> {
+        DatasetView {
+            graph: self.graph(),
+            features: self.features(),
+            feature_dim: self.manifest.feature_dim as usize,
+            labels: self.labels(),
+            num_classes: self.manifest.num_classes as usize,
+            train: self.train.as_slice(),
+            val: self.val.as_slice(),
+            test: self.test.as_slice(),
+        }
+    }
+    /// Copies everything into memory (for small datasets and tests).
+    pub fn to_in_memory(&self) -> InMemoryDataset {
+        let v = self.view();
+        InMemoryDataset {
+            name: self.manifest.name.clone(),
+            graph: v.graph.to_owned(),
+            features: v.features.to_vec(),
+            feature_dim: v.feature_dim,
+            labels: v.labels.to_vec(),
+            num_classes: v.num_classes,
+            split: Split {
+                train: v.train.to_vec(),
+                val: v.val.to_vec(),
+                test: v.test.to_vec(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::csr::{CsrGraph, EdgeOptions};
+
+    fn tiny() -> InMemoryDataset {
+        let graph = CsrGraph::from_edges(
+            4,
+            [(0, 1), (1, 2), (2, 3)],
+            EdgeOptions {
+                symmetrize: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        InMemoryDataset {
+            name: "tiny".into(),
+            graph,
+            features: (0..8).map(|i| i as f32).collect(),
+            feature_dim: 2,
+            labels: vec![0, 1, -1, 1],
+            num_classes: 2,
+            split: Split {
+                train: vec![0, 1],
+                val: vec![3],
+                test: vec![],
+            },
+        }
+    }
+
+    #[test]
+    fn write_open_round_trip() {
+        let root = tempfile::tempdir().unwrap();
+        let ds = tiny().write(root.path().join("d"), false).unwrap();
+        assert!(ds.manifest().symmetric);
+        assert_eq!(ds.manifest().num_edges, 6);
+        let back = Dataset::open_verified(root.path().join("d")).unwrap();
+        assert_eq!(back.to_in_memory(), tiny());
+    }
+
+    #[test]
+    fn corrupt_files_are_named() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("d");
+        tiny().write(&dir, false).unwrap();
+        // Flip a byte of the indices payload: open succeeds, verify names the file.
+        let path = dir.join(INDICES);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x01;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Dataset::open_verified(&dir).err().unwrap().to_string();
+        assert!(
+            err.contains("graph.indices") && err.contains("checksum"),
+            "{err}"
+        );
+        // Truncate it: open already fails.
+        std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        let err = Dataset::open(&dir).err().unwrap().to_string();
+        assert!(
+            err.contains("graph.indices") && err.contains("truncated"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_manifest_is_reported() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("d");
+        tiny().write(&dir, false).unwrap();
+        let path = dir.join(MANIFEST);
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("\"version\": 1", "\"version\": 9")).unwrap();
+        let err = Dataset::open(&dir).err().unwrap().to_string();
+        assert!(err.contains("version 9"), "{err}");
+        std::fs::write(&path, "{").unwrap();
+        let err = Dataset::open(&dir).err().unwrap().to_string();
+        assert!(err.contains("dataset.json"), "{err}");
+        let err = Dataset::open(root.path().join("missing"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("no such dataset directory"), "{err}");
+    }
+
+    #[test]
+    fn invalid_contents_never_reach_disk() {
+        let root = tempfile::tempdir().unwrap();
+        let mut bad = tiny();
+        bad.graph.indices[0] = 9;
+        let err = bad
+            .write(root.path().join("d"), false)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("out of range"), "{err}");
+        let mut bad = tiny();
+        bad.labels[0] = 5;
+        assert!(bad.write(root.path().join("d"), false).is_err());
+        let mut bad = tiny();
+        bad.split.val = vec![0];
+        let err = bad
+            .write(root.path().join("d"), false)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("more than one split"), "{err}");
+        let mut bad = tiny();
+        bad.features[3] = f32::NAN;
+        assert!(bad.write(root.path().join("d"), false).is_err());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn empty_graph_round_trips() {
+        let root = tempfile::tempdir().unwrap();
+        let empty = InMemoryDataset {
+            name: "empty".into(),
+            graph: CsrGraph {
+                offsets: vec![0],
+                indices: vec![],
+            },
+            features: vec![],
+            feature_dim: 3,
+            labels: vec![],
+            num_classes: 0,
+            split: Split::default(),
+        };
+        let ds = empty.write(root.path().join("e"), false).unwrap();
+        assert_eq!(ds.manifest().num_vertices, 0);
+    }
+}

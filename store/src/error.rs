@@ -1,0 +1,54 @@
+use std::path::PathBuf;
+
+/// Everything that can go wrong while reading or writing a dataset directory.
+/// Every variant names the file it is about, so that a user can act on the message alone.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a grandis array file (bad magic bytes)")]
+    BadMagic { path: PathBuf },
+    #[error(
+        "{path}: format version {found} is not supported (this build reads version {supported})"
+    )]
+    BadVersion {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    #[error("{path}: truncated: expected {expected} bytes, file has {actual}")]
+    Truncated {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("{path}: checksum mismatch (stored {stored:016x}, computed {computed:016x}); the file is corrupt")]
+    Checksum {
+        path: PathBuf,
+        stored: u64,
+        computed: u64,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl StoreError {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StoreError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+    pub fn invalid(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        StoreError::Invalid {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -1,0 +1,28 @@
+//! The on-disk dataset format of grandis and the in-memory views every other crate reads.
+//!
+//! A dataset is a directory: a JSON manifest (`dataset.json`, versioned, with counts and a
+//! checksum per file) and one typed, headered binary array per component (CSR offsets and
+//! sources, features, labels, splits), opened by mmap so that a graph of hundreds of millions
+//! of edges opens in milliseconds. `Dataset::open` checks headers and counts; `verify` checks
+//! checksums and every id. Writers build in a staging directory and rename at the end, so a
+//! failed import never leaves a half-written dataset. This crate also owns the single
+//! edge-list-to-CSR path ([`EdgeListBuilder`]) that importers and generators share.
+
+pub mod array;
+pub mod atomic;
+pub mod csr;
+pub mod dataset;
+pub mod error;
+pub mod split;
+
+pub use array::{ArraySummary, ArrayWriter, MappedArray};
+pub use atomic::{write_file_atomic, write_file_atomic_with, AtomicDir};
+pub use csr::{
+    CsrGraph, CsrView, DegreeStats, EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops,
+    SortedEdges, MAX_VERTICES,
+};
+pub use dataset::{
+    Dataset, DatasetInfo, DatasetView, DatasetWriter, InMemoryDataset, Manifest, SplitSizes,
+};
+pub use error::{Result, StoreError};
+pub use split::Split;
