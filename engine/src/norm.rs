@@ -1,0 +1,126 @@
+//! Normalisation vectors of a whole graph, for the single-process case (a partitioned run
+//! slices the same vectors by global id, which is what makes it reproduce these numbers).
+
+use crate::backend::BlockGraph;
+use grandis_store::CsrView;
+use rayon::prelude::*;
+
+/// How neighbour rows are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aggregation {
+    /// Mean over in-neighbours (GraphSAGE); isolated vertices get 0.
+    Mean,
+    /// Plain sum over in-neighbours.
+    Sum,
+    /// Kipf & Welling: `D^-1/2 (A + I) D^-1/2` with `D` the degree of `A + I`.
+    Gcn,
+}
+
+/// Scale vectors indexed by GLOBAL vertex id (see [`BlockGraph`] for their meaning).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GlobalScales {
+    pub dst: Vec<f32>,
+    pub src: Option<Vec<f32>>,
+    pub self_loop: Option<Vec<f32>>,
+}
+
+/// Computes the scales of `agg` on the full graph (in-degree = row length).
+///
+/// For GCN the self-loop of `A + I` is added through `self_loop` (a diagonal term) instead of
+/// copying the graph; a vertex whose row already contains itself keeps that edge as its
+/// self-loop and gets no extra one, so `A + I` never counts a loop twice.
+pub fn global_scales(graph: CsrView<'_>, agg: Aggregation) -> GlobalScales {
+    let n = graph.num_vertices();
+    match agg {
+        Aggregation::Sum => GlobalScales {
+            dst: vec![1.0; n],
+            src: None,
+            self_loop: None,
+        },
+        Aggregation::Mean => GlobalScales {
+            dst: (0..n as u32)
+                .into_par_iter()
+                .map(|v| {
+                    let d = graph.degree(v);
+                    if d == 0 {
+                        0.0
+                    } else {
+                        (1.0 / d as f64) as f32
+                    }
+                })
+                .collect(),
+            src: None,
+            self_loop: None,
+        },
+        Aggregation::Gcn => {
+            let (inv_sqrt, self_w): (Vec<f32>, Vec<f32>) = (0..n as u32)
+                .into_par_iter()
+                .map(|v| {
+                    let has_loop = graph.has_edge(v, v);
+                    let deg = graph.degree(v) as f64 + if has_loop { 0.0 } else { 1.0 };
+                    let s = 1.0 / deg.sqrt();
+                    (s as f32, if has_loop { 0.0 } else { (1.0 / deg) as f32 })
+                })
+                .unzip();
+            GlobalScales {
+                dst: inv_sqrt.clone(),
+                src: Some(inv_sqrt),
+                self_loop: Some(self_w),
+            }
+        }
+    }
+}
+
+/// The whole graph as one block (`n_dst = n_src = n`, local id = global id).
+pub fn full_block(graph: CsrView<'_>, agg: Aggregation) -> BlockGraph {
+    let n = graph.num_vertices();
+    let scales = global_scales(graph, agg);
+    BlockGraph {
+        n_dst: n,
+        n_src: n,
+        offsets: graph.offsets.to_vec(),
+        indices: graph.indices.to_vec(),
+        dst_scale: scales.dst,
+        src_scale: scales.src,
+        self_scale: scales.self_loop,
+    }
+}
+
+/// The block of destinations `dst_ids` (global ids) reading from sources `src_ids`, where
+/// `src_ids` starts with `dst_ids` and then lists every other source their rows need. Scales
+/// come from `scales` (global), so aggregating this block equals the full-graph aggregation
+/// restricted to `dst_ids`. Returns `None` when a needed source is missing from `src_ids`.
+pub fn sub_block(
+    graph: CsrView<'_>,
+    scales: &GlobalScales,
+    dst_ids: &[u32],
+    src_ids: &[u32],
+) -> Option<BlockGraph> {
+    if src_ids.len() < dst_ids.len() || src_ids[..dst_ids.len()] != *dst_ids {
+        return None;
+    }
+    let local: std::collections::HashMap<u32, u32> = src_ids
+        .iter()
+        .enumerate()
+        .map(|(i, &g)| (g, i as u32))
+        .collect();
+    let mut offsets = Vec::with_capacity(dst_ids.len() + 1);
+    offsets.push(0u64);
+    let mut indices = Vec::new();
+    for &v in dst_ids {
+        for &u in graph.neighbors(v) {
+            indices.push(*local.get(&u)?);
+        }
+        offsets.push(indices.len() as u64);
+    }
+    let pick = |s: &Vec<f32>, ids: &[u32]| ids.iter().map(|&g| s[g as usize]).collect();
+    Some(BlockGraph {
+        n_dst: dst_ids.len(),
+        n_src: src_ids.len(),
+        offsets,
+        indices,
+        dst_scale: pick(&scales.dst, dst_ids),
+        src_scale: scales.src.as_ref().map(|s| pick(s, src_ids)),
+        self_scale: scales.self_loop.as_ref().map(|s| pick(s, dst_ids)),
+    })
+}
