@@ -195,13 +195,16 @@ impl Csr {
                     let ds = self.dst[v];
                     match &self.self_ {
                         None => acc.iter_mut().for_each(|a| *a *= ds),
-                        Some(sl) => {
+                        // In A^T, halo rows (v >= n_dst) have no self term and no row
+                        // in the input: their weight is 0 and the read is skipped.
+                        Some(sl) if sl[v] != 0.0 => {
                             let w = sl[v];
                             let own = &x[v * d..v * d + d];
                             for (a, &b) in acc.iter_mut().zip(own) {
                                 *a = ds * *a + w * b;
                             }
                         }
+                        Some(_) => acc.iter_mut().for_each(|a| *a *= ds),
                     }
                 }
             });

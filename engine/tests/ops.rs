@@ -1,0 +1,473 @@
+//! Every backward of the CPU backend against central finite differences (in f64 around the
+//! f32 kernels, small sizes), plus block-vs-full aggregation and mask invariance.
+
+use grandis_engine::norm::{full_block, global_scales, sub_block, Aggregation};
+use grandis_engine::{AdamStep, Backend, CpuBackend, DropoutKey};
+use grandis_store::{CsrGraph, EdgeOptions};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn rnd(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| r.gen_range(-1.0f32..1.0)).collect()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+}
+
+/// Checks `analytic` (d f / d x) against central differences of `f` at `x`.
+fn fd_check(name: &str, x: &[f32], analytic: &[f32], f: impl Fn(&[f32]) -> f64) {
+    let eps = 1e-2f32;
+    let mut worst = 0.0f64;
+    for i in 0..x.len() {
+        let mut xp = x.to_vec();
+        xp[i] += eps;
+        let mut xm = x.to_vec();
+        xm[i] -= eps;
+        let num = (f(&xp) - f(&xm)) / (2.0 * eps as f64);
+        let err =
+            (num - analytic[i] as f64).abs() / (1e-2 + num.abs().max(analytic[i].abs() as f64));
+        worst = worst.max(err);
+        assert!(
+            err < 2e-2,
+            "{name}: element {i}: finite difference {num}, analytic {}",
+            analytic[i]
+        );
+    }
+    eprintln!("{name}: worst relative error {worst:.2e}");
+}
+
+fn cpu() -> CpuBackend {
+    CpuBackend::new(Some(2)).unwrap()
+}
+
+fn random_graph(n: usize, edges: usize, seed: u64) -> CsrGraph {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    let pairs: Vec<(u32, u32)> = (0..edges)
+        .map(|_| (r.gen_range(0..n as u32), r.gen_range(0..n as u32)))
+        .collect();
+    CsrGraph::from_edges(n as u64, pairs, EdgeOptions::default()).unwrap()
+}
+
+#[test]
+fn gemm_all_transposes_match_naive() {
+    let b = cpu();
+    let (m, n, k) = (7, 5, 9);
+    for ta in [false, true] {
+        for tb in [false, true] {
+            let a = rnd(m * k, 1);
+            let bb = rnd(k * n, 2);
+            let mut c = rnd(m * n, 3);
+            let c0 = c.clone();
+            b.gemm(ta, tb, m, n, k, 0.5, &a, &bb, 2.0, &mut c).unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let mut s = 0.0f64;
+                    for p in 0..k {
+                        let av = if ta { a[p * m + i] } else { a[i * k + p] };
+                        let bv = if tb { bb[j * k + p] } else { bb[p * n + j] };
+                        s += av as f64 * bv as f64;
+                    }
+                    let want = 0.5 * s + 2.0 * c0[i * n + j] as f64;
+                    assert!((c[i * n + j] as f64 - want).abs() < 1e-4, "ta={ta} tb={tb}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_long_k_split_is_exact_enough_and_thread_independent() {
+    // k large enough to take the chunked-reduction path.
+    let (m, n, k) = (6, 4, 40_000);
+    let a = rnd(k * m, 4);
+    let g = rnd(k * n, 5);
+    let run = |threads| {
+        let b = CpuBackend::new(Some(threads)).unwrap();
+        let mut c = vec![f32::NAN; m * n];
+        b.gemm(true, false, m, n, k, 1.0, &a, &g, 0.0, &mut c)
+            .unwrap();
+        c
+    };
+    let c1 = run(1);
+    let c2 = run(2);
+    assert_eq!(
+        c1, c2,
+        "chunked reduction must not depend on the thread count"
+    );
+    for i in 0..m {
+        for j in 0..n {
+            let s: f64 = (0..k)
+                .map(|p| a[p * m + i] as f64 * g[p * n + j] as f64)
+                .sum();
+            assert!((c1[i * n + j] as f64 - s).abs() < 1e-2 * (1.0 + s.abs()));
+        }
+    }
+}
+
+#[test]
+fn gemm_rejects_short_buffers() {
+    let b = cpu();
+    let mut c = vec![0.0; 3];
+    let err = b
+        .gemm(
+            false,
+            false,
+            2,
+            2,
+            2,
+            1.0,
+            &vec![0.0; 4],
+            &vec![0.0; 4],
+            0.0,
+            &mut c,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("gemm"), "{err}");
+}
+
+#[test]
+fn aggregation_backward_matches_finite_differences_for_every_norm() {
+    let b = cpu();
+    let g = random_graph(12, 40, 7);
+    for agg in [Aggregation::Mean, Aggregation::Sum, Aggregation::Gcn] {
+        let block = full_block(g.view(), agg);
+        let up = b.upload_graph(&block).unwrap();
+        let d = 3;
+        let x = rnd(12 * d, 8);
+        let r = rnd(12 * d, 9);
+        let f = |x: &[f32]| {
+            let mut out = vec![0.0; 12 * d];
+            b.aggregate(&up, &x.to_vec(), d, &mut out).unwrap();
+            dot(&out, &r)
+        };
+        let mut gx = vec![f32::NAN; 12 * d];
+        b.aggregate_backward(&up, &r, d, &mut gx).unwrap();
+        fd_check(&format!("aggregate {agg:?}"), &x, &gx, f);
+    }
+}
+
+#[test]
+fn gcn_normalisation_matches_dense_formula() {
+    let b = cpu();
+    let g = random_graph(9, 25, 11);
+    let block = full_block(g.view(), Aggregation::Gcn);
+    let up = b.upload_graph(&block).unwrap();
+    let x = rnd(9, 12);
+    let mut out = vec![0.0; 9];
+    b.aggregate(&up, &x, 1, &mut out).unwrap();
+    // Dense A + I (a row that already has its loop keeps it once).
+    let mut a = vec![[0.0f64; 9]; 9];
+    for v in 0..9u32 {
+        for &u in g.view().neighbors(v) {
+            a[v as usize][u as usize] = 1.0;
+        }
+        a[v as usize][v as usize] = 1.0;
+    }
+    let deg: Vec<f64> = a.iter().map(|r| r.iter().sum()).collect();
+    for v in 0..9 {
+        let want: f64 = (0..9)
+            .map(|u| a[v][u] * x[u] as f64 / (deg[v] * deg[u]).sqrt())
+            .sum();
+        assert!(
+            (out[v] as f64 - want).abs() < 1e-5,
+            "row {v}: {} vs {want}",
+            out[v]
+        );
+    }
+}
+
+#[test]
+fn block_aggregation_equals_full_graph_rows() {
+    let b = cpu();
+    let g = random_graph(30, 150, 13);
+    for agg in [Aggregation::Mean, Aggregation::Gcn] {
+        let d = 4;
+        let x = rnd(30 * d, 14);
+        let full = b.upload_graph(&full_block(g.view(), agg)).unwrap();
+        let mut want = vec![0.0; 30 * d];
+        b.aggregate(&full, &x, d, &mut want).unwrap();
+        // This "device" owns every third vertex; halo = everything its rows read.
+        let dst: Vec<u32> = (0..30).filter(|v| v % 3 == 1).collect();
+        let mut src = dst.clone();
+        for &v in &dst {
+            for &u in g.view().neighbors(v) {
+                if !src.contains(&u) {
+                    src.push(u);
+                }
+            }
+        }
+        let scales = global_scales(g.view(), agg);
+        let blk = sub_block(g.view(), &scales, &dst, &src).unwrap();
+        let up = b.upload_graph(&blk).unwrap();
+        let xs: Vec<f32> = src
+            .iter()
+            .flat_map(|&u| x[u as usize * d..(u as usize + 1) * d].to_vec())
+            .collect();
+        let mut out = vec![0.0; dst.len() * d];
+        b.aggregate(&up, &xs, d, &mut out).unwrap();
+        for (i, &v) in dst.iter().enumerate() {
+            assert_eq!(
+                &out[i * d..(i + 1) * d],
+                &want[v as usize * d..(v as usize + 1) * d],
+                "{agg:?} row {v}"
+            );
+        }
+        // Backward: the block's halo gradients, summed into global rows, plus the other
+        // blocks' contributions, equal the full backward; here we check the adjoint identity.
+        let r = rnd(dst.len() * d, 15);
+        let mut gx = vec![0.0; src.len() * d];
+        b.aggregate_backward(&up, &r, d, &mut gx).unwrap();
+        assert!((dot(&out, &r) - dot(&xs, &gx)).abs() < 1e-4);
+    }
+}
+
+#[test]
+fn upload_graph_rejects_bad_blocks() {
+    let b = cpu();
+    let mut blk = full_block(random_graph(5, 10, 1).view(), Aggregation::Mean);
+    blk.indices[0] = 99;
+    assert!(b.upload_graph(&blk).is_err());
+    let mut blk = full_block(random_graph(5, 10, 1).view(), Aggregation::Mean);
+    blk.dst_scale.pop();
+    assert!(b.upload_graph(&blk).is_err());
+}
+
+#[test]
+fn relu_dropout_backward_match_finite_differences() {
+    let b = cpu();
+    let (rows, cols) = (5, 6);
+    let x: Vec<f32> = rnd(rows * cols, 20)
+        .into_iter()
+        .map(|v| if v.abs() < 0.05 { 0.3 } else { v })
+        .collect();
+    let r = rnd(rows * cols, 21);
+    let f = |x: &[f32]| {
+        let mut y = vec![0.0; rows * cols];
+        b.relu(&x.to_vec(), &mut y, rows * cols).unwrap();
+        dot(&y, &r)
+    };
+    let mut y = vec![0.0; rows * cols];
+    b.relu(&x, &mut y, rows * cols).unwrap();
+    let mut g = r.clone();
+    b.relu_backward(&y, &mut g, rows * cols).unwrap();
+    fd_check("relu", &x, &g, f);
+
+    let ids: Vec<u32> = (100..100 + rows as u32).collect();
+    let key = DropoutKey {
+        seed: 3,
+        epoch: 2,
+        layer: 1,
+    };
+    let f = |x: &[f32]| {
+        let mut y = vec![0.0; rows * cols];
+        b.dropout(&x.to_vec(), &mut y, rows, cols, &ids, 0.4, key)
+            .unwrap();
+        dot(&y, &r)
+    };
+    let mut g = r.clone();
+    b.dropout_backward(&mut g, rows, cols, &ids, 0.4, key)
+        .unwrap();
+    fd_check("dropout", &x, &g, f);
+}
+
+#[test]
+fn dropout_mask_depends_on_global_id_not_position() {
+    let b = cpu();
+    let cols = 64;
+    let key = DropoutKey {
+        seed: 9,
+        epoch: 4,
+        layer: 2,
+    };
+    let ids: Vec<u32> = (0..50).collect();
+    let x = vec![1.0f32; 50 * cols];
+    let mut all = vec![0.0; 50 * cols];
+    b.dropout(&x, &mut all, 50, cols, &ids, 0.5, key).unwrap();
+    // The same vertices in another order (another partition) draw the same masks.
+    let perm: Vec<u32> = (0..50).rev().step_by(3).collect();
+    let mut part = vec![0.0; perm.len() * cols];
+    b.dropout(&x, &mut part, perm.len(), cols, &perm, 0.5, key)
+        .unwrap();
+    for (i, &v) in perm.iter().enumerate() {
+        assert_eq!(
+            &part[i * cols..(i + 1) * cols],
+            &all[v as usize * cols..(v as usize + 1) * cols]
+        );
+    }
+    let kept = all.iter().filter(|&&v| v != 0.0).count() as f64 / all.len() as f64;
+    assert!((kept - 0.5).abs() < 0.05, "kept fraction {kept}");
+    assert!(all.iter().all(|&v| v == 0.0 || v == 2.0));
+    // Another epoch draws another mask.
+    let mut other = vec![0.0; 50 * cols];
+    b.dropout(
+        &x,
+        &mut other,
+        50,
+        cols,
+        &ids,
+        0.5,
+        DropoutKey { epoch: 5, ..key },
+    )
+    .unwrap();
+    assert_ne!(all, other);
+}
+
+#[test]
+fn layer_norm_backward_matches_finite_differences() {
+    let b = cpu();
+    let (rows, cols) = (4, 7);
+    let x = rnd(rows * cols, 30);
+    let gamma: Vec<f32> = rnd(cols, 31).iter().map(|v| 1.0 + 0.5 * v).collect();
+    let beta = rnd(cols, 32);
+    let r = rnd(rows * cols, 33);
+    let run = |x: &[f32], gamma: &[f32], beta: &[f32]| {
+        let mut out = vec![0.0; rows * cols];
+        let (mut m, mut s) = (vec![0.0; rows], vec![0.0; rows]);
+        b.layer_norm(
+            &x.to_vec(),
+            &gamma.to_vec(),
+            &beta.to_vec(),
+            rows,
+            cols,
+            1e-5,
+            &mut out,
+            &mut m,
+            &mut s,
+        )
+        .unwrap();
+        (out, m, s)
+    };
+    let (_, m, s) = run(&x, &gamma, &beta);
+    let mut gx = vec![0.0; rows * cols];
+    let mut gg = vec![0.0; cols];
+    let mut gb = vec![0.0; cols];
+    b.layer_norm_backward(
+        &r, &x, &gamma, &m, &s, rows, cols, &mut gx, &mut gg, &mut gb,
+    )
+    .unwrap();
+    fd_check("layer_norm x", &x, &gx, |x| {
+        dot(&run(x, &gamma, &beta).0, &r)
+    });
+    fd_check("layer_norm gamma", &gamma, &gg, |g| {
+        dot(&run(&x, g, &beta).0, &r)
+    });
+    fd_check("layer_norm beta", &beta, &gb, |bt| {
+        dot(&run(&x, &gamma, bt).0, &r)
+    });
+}
+
+#[test]
+fn cross_entropy_gradient_matches_finite_differences() {
+    let b = cpu();
+    let (n, c) = (6, 4);
+    let logits: Vec<f32> = rnd(n * c, 40).iter().map(|v| 2.0 * v).collect();
+    let rows = vec![0u32, 2, 5];
+    let labels = vec![3u32, 0, 1];
+    let loss = |z: &[f32]| {
+        let mut g = vec![0.0; n * c];
+        b.cross_entropy(&z.to_vec(), n, c, &rows, &labels, 10.0, &mut g)
+            .unwrap()
+            / 10.0
+    };
+    let mut g = vec![f32::NAN; n * c];
+    let total = b
+        .cross_entropy(&logits, n, c, &rows, &labels, 10.0, &mut g)
+        .unwrap();
+    assert!(total > 0.0);
+    fd_check("cross_entropy", &logits, &g, loss);
+    assert!(
+        g[c..2 * c].iter().all(|&v| v == 0.0),
+        "unselected rows get zero gradient"
+    );
+    assert!(b
+        .cross_entropy(&logits, n, c, &rows, &vec![0, 9, 0], 10.0, &mut g)
+        .is_err());
+}
+
+#[test]
+fn bias_and_gemm_weight_gradients_match_finite_differences() {
+    let b = cpu();
+    let (rows, din, dout) = (5, 3, 4);
+    let x = rnd(rows * din, 50);
+    let w = rnd(din * dout, 51);
+    let bias = rnd(dout, 52);
+    let r = rnd(rows * dout, 53);
+    let fwd = |x: &[f32], w: &[f32], bias: &[f32]| {
+        let mut y = vec![0.0; rows * dout];
+        b.gemm(
+            false,
+            false,
+            rows,
+            dout,
+            din,
+            1.0,
+            &x.to_vec(),
+            &w.to_vec(),
+            0.0,
+            &mut y,
+        )
+        .unwrap();
+        b.add_bias(&mut y, &bias.to_vec(), rows, dout).unwrap();
+        dot(&y, &r)
+    };
+    let mut gw = vec![0.0; din * dout];
+    b.gemm(true, false, din, dout, rows, 1.0, &x, &r, 0.0, &mut gw)
+        .unwrap();
+    let mut gx = vec![0.0; rows * din];
+    b.gemm(false, true, rows, din, dout, 1.0, &r, &w, 0.0, &mut gx)
+        .unwrap();
+    let mut gb = vec![0.0; dout];
+    b.col_sum(&r, rows, dout, 0.0, &mut gb).unwrap();
+    fd_check("linear x", &x, &gx, |x| fwd(x, &w, &bias));
+    fd_check("linear w", &w, &gw, |w| fwd(&x, w, &bias));
+    fd_check("linear bias", &bias, &gb, |bb| fwd(&x, &w, bb));
+}
+
+#[test]
+fn adam_and_adamw_follow_the_documented_formula() {
+    let b = cpu();
+    for decoupled in [false, true] {
+        let mut w = vec![1.0f32, -2.0];
+        let g = vec![0.5f32, 0.25];
+        let (mut m, mut v) = (vec![0.0; 2], vec![0.0; 2]);
+        let step = AdamStep {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            decoupled,
+            step: 1,
+            grad_scale: 1.0,
+        };
+        b.adam_step(&mut w, &g, &mut m, &mut v, 2, &step).unwrap();
+        for (i, w0) in [1.0f64, -2.0].into_iter().enumerate() {
+            let gi = g[i] as f64 + if decoupled { 0.0 } else { 0.01 * w0 };
+            // First step: m_hat = g, v_hat = g^2, so the update is lr * sign(g).
+            let mut want = w0;
+            if decoupled {
+                want -= 0.1 * 0.01 * w0;
+            }
+            want -= 0.1 * gi / (gi.abs() + 1e-8);
+            assert!((w[i] as f64 - want).abs() < 1e-5, "decoupled={decoupled}");
+        }
+    }
+    let ss = b.sum_squares(&vec![3.0, 4.0], 2).unwrap();
+    assert_eq!(ss, 25.0);
+}
+
+#[test]
+fn gather_and_scatter_rows() {
+    let b = cpu();
+    let src: Vec<f32> = (0..12).map(|v| v as f32).collect();
+    let mut out = vec![0.0; 6];
+    b.gather_rows(&src, 2, &vec![5, 0, 5], &mut out).unwrap();
+    assert_eq!(out, vec![10.0, 11.0, 0.0, 1.0, 10.0, 11.0]);
+    let mut acc = vec![0.0; 12];
+    b.scatter_add_rows(&out, 2, &vec![1, 1, 0], &mut acc)
+        .unwrap();
+    assert_eq!(&acc[..4], &[10.0, 11.0, 10.0, 12.0]);
+    assert!(b.gather_rows(&src, 2, &vec![6], &mut out).is_err());
+}
