@@ -1,0 +1,261 @@
+//! The three one-level partitioners. Each maps the vertices of a [`Subgraph`] to `0..parts`;
+//! the two-level driver in `lib.rs` applies them to the whole graph and then inside each
+//! server.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use grandis_store::{EdgeListBuilder, EdgeOptions, SelfLoops};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::subgraph::Subgraph;
+use crate::{PartitionError, Result};
+
+const NONE: u32 = u32::MAX;
+
+static METIS_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Seeded uniform assignment: the baseline every other method is compared against.
+pub(crate) fn random_parts(sub: &Subgraph<'_>, parts: u32, seed: u64) -> Vec<u32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..sub.num_vertices())
+        .map(|_| rng.gen_range(0..parts))
+        .collect()
+}
+
+/// METIS k-way on the symmetrized subgraph, balancing vertices and training vertices at once
+/// (vertex weights `[1, is_train]`, DistDGL §4.1.2) so every part gets its share of work.
+pub(crate) fn metis_parts(
+    sub: &Subgraph<'_>,
+    parts: u32,
+    seed: u64,
+    is_train: &[bool],
+) -> Result<Vec<u32>> {
+    let n = sub.num_vertices();
+    if parts == 1 || n == 0 {
+        return Ok(vec![0; n]);
+    }
+    if n <= parts as usize {
+        // METIS misbehaves with fewer vertices than parts; one vertex per part is optimal.
+        return Ok((0..n as u32).collect());
+    }
+    let (xadj, adjncy) = metis_adjacency(sub)?;
+    let train: Vec<bool> = (0..n as u32)
+        .map(|l| is_train[sub.global(l) as usize])
+        .collect();
+    let n_train = train.iter().filter(|&&t| t).count();
+    // The second constraint only makes sense when it differs from the first: with no or all
+    // training vertices it would be all-zero (METIS divides by its total) or redundant.
+    let two_constraints = n_train > 0 && n_train < n;
+    let vwgt: Vec<metis::Idx> = if two_constraints {
+        train.iter().flat_map(|&t| [1, t as metis::Idx]).collect()
+    } else {
+        Vec::new()
+    };
+    let ncon = if two_constraints { 2 } else { 1 };
+    let mut part = vec![0 as metis::Idx; n];
+    // METIS keeps its random state in C globals (GKlib), so concurrent calls in one process
+    // would both race and make results depend on thread timing: serialise them.
+    let _guard = METIS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let graph = metis::Graph::new(ncon, parts as metis::Idx, &xadj, &adjncy)
+        .map_err(|e| PartitionError::Metis(format!("rejected the graph: {e}")))?
+        .set_option(metis::option::Seed((seed & 0x7fff_ffff) as metis::Idx));
+    let graph = if two_constraints {
+        graph.set_vwgt(&vwgt)
+    } else {
+        graph
+    };
+    graph
+        .part_kway(&mut part)
+        .map_err(|e| PartitionError::Metis(format!("k-way partitioning failed: {e}")))?;
+    Ok(part.into_iter().map(|p| p as u32).collect())
+}
+
+/// CSR adjacency of the undirected subgraph in METIS's 32-bit format.
+fn metis_adjacency(sub: &Subgraph<'_>) -> Result<(Vec<metis::Idx>, Vec<metis::Idx>)> {
+    let n = sub.num_vertices();
+    let too_large = |edges: u64| {
+        PartitionError::Metis(format!(
+            "the graph has {edges} adjacency entries, more than METIS's 32-bit indices allow ({})",
+            metis::Idx::MAX
+        ))
+    };
+    if sub.symmetric {
+        // Rows already list every neighbour once: copy the in-scope ones.
+        let mut xadj = Vec::with_capacity(n + 1);
+        xadj.push(0 as metis::Idx);
+        let mut count: u64 = 0;
+        for l in 0..n as u32 {
+            sub.for_each_neighbor(l, |_| count += 1);
+            xadj.push(metis::Idx::try_from(count).map_err(|_| too_large(count))?);
+        }
+        let mut adjncy = Vec::with_capacity(count as usize);
+        for l in 0..n as u32 {
+            sub.for_each_neighbor(l, |u| adjncy.push(u as metis::Idx));
+        }
+        Ok((xadj, adjncy))
+    } else {
+        // METIS needs each edge in both rows; symmetrize through the one CSR builder.
+        let mut builder = EdgeListBuilder::new(EdgeOptions {
+            symmetrize: true,
+            self_loops: SelfLoops::Remove,
+        });
+        let mut err = None;
+        sub.for_each_edge(|u, v| {
+            if let Err(e) = builder.push(u, v) {
+                err.get_or_insert(e);
+            }
+        });
+        if let Some(e) = err {
+            return Err(PartitionError::Metis(e.to_string()));
+        }
+        let csr = builder
+            .finish(Some(n as u64))
+            .map_err(|e| PartitionError::Metis(e.to_string()))?
+            .into_csr();
+        let m = csr.indices.len() as u64;
+        if m > metis::Idx::MAX as u64 {
+            return Err(too_large(m));
+        }
+        let xadj = csr.offsets.iter().map(|&o| o as metis::Idx).collect();
+        let adjncy = csr.indices.iter().map(|&u| u as metis::Idx).collect();
+        Ok((xadj, adjncy))
+    }
+}
+
+/// SPRING (CATGNN, Algorithm 1): streaming clustering over the edge stream (Hollocou et al.),
+/// cluster merging along each cluster's richest neighbour, then greedy sorted list scheduling
+/// of clusters onto `parts` partitions. Two passes over the edges (degrees, clustering); all
+/// state is a handful of per-vertex / per-cluster arrays, so memory is O(V).
+///
+/// `beta` is the balance factor: merged clusters stay below `beta * |V| / parts` vertices.
+/// The clustering volume threshold is one partition's share of the total volume, so that no
+/// streaming cluster grows past what a partition could hold.
+pub(crate) fn spring_parts(sub: &Subgraph<'_>, parts: u32, beta: f64) -> Vec<u32> {
+    let n = sub.num_vertices();
+    if parts == 1 || n == 0 {
+        return vec![0; n];
+    }
+    // Pass 1: degrees (CATGNN assumes them known; one pass over the stream gives them).
+    let mut degree = vec![0u32; n];
+    sub.for_each_edge(|u, v| {
+        degree[u as usize] += 1;
+        degree[v as usize] += 1;
+    });
+    let total_volume: u64 = degree.iter().map(|&d| d as u64).sum();
+    let tau = (total_volume / parts as u64).max(1);
+
+    // Pass 2: streaming clustering (Algorithm 1, lines 3-22).
+    let mut cluster = vec![NONE; n];
+    let mut volume: Vec<u64> = Vec::new();
+    let mut size: Vec<u32> = Vec::new();
+    let mut richest = vec![NONE; n];
+    sub.for_each_edge(|u, v| {
+        let (u, v) = (u as usize, v as usize);
+        for w in [u, v] {
+            if cluster[w] == NONE {
+                cluster[w] = volume.len() as u32;
+                volume.push(degree[w] as u64);
+                size.push(1);
+            }
+        }
+        let (cu, cv) = (cluster[u] as usize, cluster[v] as usize);
+        if cu != cv && volume[cu] <= tau && volume[cv] <= tau {
+            // Move the endpoint of the lighter cluster into the heavier one.
+            let (w, from, to) = if volume[cu] <= volume[cv] {
+                (u, cu, cv)
+            } else {
+                (v, cv, cu)
+            };
+            volume[from] -= degree[w] as u64;
+            volume[to] += degree[w] as u64;
+            size[from] -= 1;
+            size[to] += 1;
+            cluster[w] = to as u32;
+        }
+        if richest[u] == NONE || degree[richest[u] as usize] < degree[v] {
+            richest[u] = v as u32;
+        }
+        if richest[v] == NONE || degree[richest[v] as usize] < degree[u] {
+            richest[v] = u as u32;
+        }
+    });
+    drop(volume);
+    // Vertices no edge touched are clusters of their own.
+    for c in cluster.iter_mut().filter(|c| **c == NONE) {
+        *c = size.len() as u32;
+        size.push(1);
+    }
+    let k = size.len();
+
+    // Representative of each cluster: the member whose richest neighbour is richest (24-25).
+    let richness = |v: u32| -> u32 {
+        match richest[v as usize] {
+            NONE => 0,
+            r => degree[r as usize],
+        }
+    };
+    let mut rep = vec![NONE; k];
+    for v in 0..n as u32 {
+        if richest[v as usize] == NONE {
+            continue;
+        }
+        let c = cluster[v as usize] as usize;
+        if rep[c] == NONE || richness(rep[c]) < richness(v) {
+            rep[c] = v;
+        }
+    }
+
+    // Cluster merging (26-30): smallest first, each into the cluster of its representative's
+    // richest neighbour while the union stays within the balance limit. A merged cluster is
+    // re-queued at its new size; stale queue entries are recognised by their size.
+    let limit = (beta * n as f64 / parts as f64).floor().max(1.0) as u64;
+    let mut parent: Vec<u32> = (0..k as u32).collect();
+    fn find(parent: &mut [u32], mut c: u32) -> u32 {
+        while parent[c as usize] != c {
+            let p = parent[c as usize];
+            parent[c as usize] = parent[p as usize];
+            c = p;
+        }
+        c
+    }
+    let mut queue: BinaryHeap<Reverse<(u32, u32)>> = (0..k as u32)
+        .filter(|&c| size[c as usize] > 0)
+        .map(|c| Reverse((size[c as usize], c)))
+        .collect();
+    while let Some(Reverse((s, i))) = queue.pop() {
+        if parent[i as usize] != i || size[i as usize] != s || rep[i as usize] == NONE {
+            continue;
+        }
+        let target = richest[rep[i as usize] as usize];
+        let j = find(&mut parent, cluster[target as usize]);
+        if j == i || (size[i as usize] + size[j as usize]) as u64 > limit {
+            continue;
+        }
+        parent[i as usize] = j;
+        size[j as usize] += size[i as usize];
+        size[i as usize] = 0;
+        let (ri, rj) = (rep[i as usize], rep[j as usize]);
+        if rj == NONE || richness(rj) < richness(ri) {
+            rep[j as usize] = ri;
+        }
+        queue.push(Reverse((size[j as usize], j)));
+    }
+
+    // Greedy sorted list scheduling (31-34): largest cluster to the least loaded partition.
+    let mut roots: Vec<u32> = (0..k as u32)
+        .filter(|&c| parent[c as usize] == c && size[c as usize] > 0)
+        .collect();
+    roots.sort_unstable_by_key(|&c| (Reverse(size[c as usize]), c));
+    let mut load: BinaryHeap<Reverse<(u64, u32)>> = (0..parts).map(|p| Reverse((0, p))).collect();
+    let mut part_of_cluster = vec![NONE; k];
+    for c in roots {
+        let Reverse((l, p)) = load.pop().expect("parts > 0");
+        part_of_cluster[c as usize] = p;
+        load.push(Reverse((l + size[c as usize] as u64, p)));
+    }
+    (0..n)
+        .map(|v| part_of_cluster[find(&mut parent, cluster[v]) as usize])
+        .collect()
+}

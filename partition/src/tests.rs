@@ -1,0 +1,257 @@
+use super::*;
+use grandis_store::{CsrGraph, EdgeOptions, InMemoryDataset, Split};
+use grandis_synth::{generate_in_memory, grid_dataset, SynthConfig};
+
+fn cfg(servers: u32, devices: u32, method: Method) -> PartitionConfig {
+    PartitionConfig {
+        servers,
+        devices,
+        method,
+        seed: 1,
+        ..Default::default()
+    }
+}
+
+/// Partition quality without touching the disk.
+fn quality_of(ds: &InMemoryDataset, symmetric: bool, c: &PartitionConfig) -> Quality {
+    let view = ds.view();
+    let a = assign(&view, symmetric, c).unwrap();
+    let r = relabel(&a, c.servers, c.devices);
+    let g = relabel_graph(view.graph, &r);
+    let mut train: Vec<u32> = view
+        .train
+        .iter()
+        .map(|&v| r.old_to_new[v as usize])
+        .collect();
+    train.sort_unstable();
+    quality::measure(g.view(), symmetric, &r.starts, c.devices as usize, &train)
+}
+
+/// A 10x10 grid where every vertex trains, so METIS balances vertices only.
+fn all_train_grid() -> InMemoryDataset {
+    let mut ds = grid_dataset(10, 10, 0);
+    ds.split = Split {
+        train: (0..100).collect(),
+        val: vec![],
+        test: vec![],
+    };
+    ds
+}
+
+fn power_law(nodes: u64) -> InMemoryDataset {
+    generate_in_memory(&SynthConfig {
+        nodes,
+        avg_degree: 10.0,
+        features: 8,
+        classes: 4,
+        seed: 5,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn metis_cuts_a_grid_into_quadrants() {
+    let ds = all_train_grid();
+    let q = quality_of(&ds, true, &cfg(4, 1, Method::Metis));
+    assert_eq!((q.inter_server_cut, q.intra_server_cut), (20, 0), "{q:?}");
+    assert_eq!(q.undirected_edges, 180);
+    assert_eq!(q.vertex_balance, 1.0);
+    let q = quality_of(&ds, true, &cfg(2, 2, Method::Metis));
+    assert_eq!((q.inter_server_cut, q.intra_server_cut), (10, 10), "{q:?}");
+    // 4 quadrants of 25, each with a halo of 10 (5 across each of two borders).
+    assert!((q.replication_factor - 1.4).abs() < 1e-9, "{q:?}");
+    assert!((q.server_replication_factor - 1.2).abs() < 1e-9, "{q:?}");
+
+    // With a random 60% training set the second constraint costs a little cut at most.
+    let q = quality_of(&grid_dataset(10, 10, 0), true, &cfg(4, 1, Method::Metis));
+    assert!(q.inter_server_cut <= 30, "{q:?}");
+}
+
+#[test]
+fn metis_beats_random_on_a_power_law_graph() {
+    let ds = power_law(3000);
+    let metis = quality_of(&ds, true, &cfg(4, 2, Method::Metis));
+    let random = quality_of(&ds, true, &cfg(4, 2, Method::Random));
+    assert!(
+        (metis.inter_server_cut as f64) < 0.6 * random.inter_server_cut as f64,
+        "metis {metis:?}\nrandom {random:?}"
+    );
+    assert!(metis.replication_factor < random.replication_factor);
+    // Multi-constraint balance keeps vertices and training vertices near even.
+    assert!(
+        metis.vertex_balance < 1.1 && metis.train_balance < 1.15,
+        "{metis:?}"
+    );
+}
+
+#[test]
+fn spring_replicates_less_than_random() {
+    let ds = power_law(3000);
+    let spring = quality_of(&ds, true, &cfg(2, 2, Method::Spring));
+    let random = quality_of(&ds, true, &cfg(2, 2, Method::Random));
+    assert!(
+        spring.replication_factor < random.replication_factor,
+        "spring {spring:?}\nrandom {random:?}"
+    );
+    assert!(spring.inter_server_cut < random.inter_server_cut);
+    // List scheduling with β = 1.05 keeps parts within a few percent.
+    assert!(spring.vertex_balance < 1.15, "{spring:?}");
+}
+
+#[test]
+fn assignments_are_deterministic_and_in_range() {
+    let ds = power_law(1000);
+    for method in Method::ALL {
+        let c = cfg(3, 2, method);
+        let a = assign(&ds.view(), true, &c).unwrap();
+        assert_eq!(a, assign(&ds.view(), true, &c).unwrap(), "{method}");
+        assert!(a.server.iter().all(|&s| s < 3) && a.device.iter().all(|&d| d < 2));
+    }
+}
+
+#[test]
+fn directed_graphs_are_partitioned_on_their_undirected_view() {
+    // A directed 6x6 grid (edges only rightwards and downwards) plus a reciprocated pair.
+    let sym = grid_dataset(6, 6, 0);
+    let mut edges = Vec::new();
+    for dst in 0..36u32 {
+        for &src in sym.graph.view().neighbors(dst) {
+            if src < dst || (src, dst) == (1, 0) {
+                edges.push((src, dst));
+            }
+        }
+    }
+    let mut ds = sym.clone();
+    ds.graph = CsrGraph::from_edges(36, edges, EdgeOptions::default()).unwrap();
+    assert!(!ds.graph.view().is_symmetric());
+    ds.split.train = (0..36).collect();
+    ds.split.val.clear();
+    ds.split.test.clear();
+    let q = quality_of(&ds, false, &cfg(2, 1, Method::Metis));
+    // The pair {0, 1} exists in both directions but is one undirected edge.
+    assert_eq!(q.undirected_edges, 60);
+    assert_eq!(q.inter_server_cut, 6, "{q:?}");
+    let q = quality_of(&ds, false, &cfg(2, 2, Method::Spring));
+    assert!(q.inter_server_cut + q.intra_server_cut <= q.undirected_edges);
+}
+
+#[test]
+fn partition_directory_round_trips_and_is_isomorphic() {
+    let root = tempfile::tempdir().unwrap();
+    let src_dir = root.path().join("src");
+    let ds = power_law(800);
+    ds.write(&src_dir, false).unwrap();
+    let original = Dataset::open(&src_dir).unwrap();
+    for method in Method::ALL {
+        let out = root.path().join(method.name());
+        let report = partition_dataset(&src_dir, &out, &cfg(2, 3, method), false).unwrap();
+        let book = PartitionBook::open(&out).unwrap();
+        // JSON floats may differ in the last bit; the counts must match exactly.
+        let q = book.quality();
+        assert_eq!(
+            (q.inter_server_cut, q.intra_server_cut, q.undirected_edges),
+            (
+                report.quality.inter_server_cut,
+                report.quality.intra_server_cut,
+                report.quality.undirected_edges
+            )
+        );
+        assert!((q.replication_factor - report.quality.replication_factor).abs() < 1e-12);
+        assert_eq!((book.num_servers(), book.num_devices()), (2, 3));
+        assert_eq!(book.meta().source.files, original.manifest().files);
+        let n = 800u32;
+
+        // Bijection.
+        let mut seen = vec![false; n as usize];
+        for v in 0..n {
+            let old = book.to_original(v);
+            assert_eq!(book.to_new(old), v);
+            assert!(!std::mem::replace(&mut seen[old as usize], true));
+        }
+        // Ranges: contiguous, server-major, covering, and agreeing with server_of/device_of.
+        let mut next = 0;
+        for s in 0..2 {
+            let sr = book.server_range(s);
+            assert_eq!(sr.start, next);
+            for d in 0..3 {
+                let r = book.range(s, d);
+                assert_eq!(r.start, next);
+                next = r.end;
+                for v in r {
+                    assert_eq!((book.server_of(v), book.device_of(v)), (s, d));
+                }
+            }
+            assert_eq!(sr.end, next);
+        }
+        assert_eq!(next, n);
+
+        // Isomorphism: every edge maps through old_to_new, features/labels move with vertices.
+        let new = book.dataset().unwrap();
+        new.verify().unwrap();
+        let (a, b) = (original.view(), new.view());
+        assert_eq!(a.graph.num_edges(), b.graph.num_edges());
+        for dst in 0..n {
+            for &src in a.graph.neighbors(dst) {
+                assert!(b.graph.has_edge(book.to_new(src), book.to_new(dst)));
+            }
+        }
+        for old in 0..n {
+            let v = book.to_new(old);
+            assert_eq!(a.feature_row(old), b.feature_row(v));
+            assert_eq!(a.labels[old as usize], b.labels[v as usize]);
+        }
+        for (x, y) in [(a.train, b.train), (a.val, b.val), (a.test, b.test)] {
+            let mut mapped: Vec<u32> = x.iter().map(|&v| book.to_new(v)).collect();
+            mapped.sort_unstable();
+            assert_eq!(mapped, y);
+        }
+        assert!(new.manifest().symmetric);
+        assert!(new
+            .manifest()
+            .provenance
+            .last()
+            .unwrap()
+            .contains(method.name()));
+    }
+}
+
+#[test]
+fn bad_requests_fail_clearly_and_leave_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let src_dir = root.path().join("src");
+    grid_dataset(3, 3, 0).write(&src_dir, false).unwrap();
+    let out = root.path().join("out");
+    let err = |c: PartitionConfig, src: &Path| match partition_dataset(src, &out, &c, false) {
+        Ok(_) => panic!("{c:?} on {} should fail", src.display()),
+        Err(e) => e.to_string(),
+    };
+    let e = err(cfg(0, 1, Method::Metis), &src_dir);
+    assert!(e.contains("servers must be at least 1"), "{e}");
+    let e = err(cfg(1, 0, Method::Spring), &src_dir);
+    assert!(e.contains("devices must be at least 1"), "{e}");
+    let e = err(cfg(5, 2, Method::Random), &src_dir);
+    assert!(e.contains("10 parts") && e.contains("9 vertices"), "{e}");
+    let e = err(cfg(2, 1, Method::Metis), &root.path().join("missing"));
+    assert!(
+        e.contains("missing") && e.contains("no such dataset"),
+        "{e}"
+    );
+    assert!(!out.exists());
+    // Only the source dataset is left in the root: no staging directories either.
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+    // An existing output is refused without overwrite, replaced with it.
+    partition_dataset(&src_dir, &out, &cfg(3, 3, Method::Metis), false).unwrap();
+    let e = err(cfg(1, 1, Method::Metis), &src_dir);
+    assert!(e.contains("already exists"), "{e}");
+    partition_dataset(&src_dir, &out, &cfg(1, 1, Method::Random), true).unwrap();
+    assert_eq!(
+        PartitionBook::open(&out).unwrap().meta().method,
+        Method::Random
+    );
+    let e = PartitionBook::open(root.path().join("nope"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("no such partition directory"), "{e}");
+}
