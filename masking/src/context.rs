@@ -1,0 +1,134 @@
+//! Everything plan building reads: the graph, its layout, split membership and the reverse
+//! graph (out-neighbours, needed for locality-aware placement of replicated vertices).
+
+use grandis_store::{CsrGraph, CsrView};
+
+use crate::error::{MaskingError, Result};
+use crate::layout::Layout;
+
+/// Bit of [`SplitMembership::flags`] for training vertices.
+pub const SPLIT_TRAIN: u8 = 1;
+/// Bit for validation vertices.
+pub const SPLIT_VAL: u8 = 2;
+/// Bit for test vertices.
+pub const SPLIT_TEST: u8 = 4;
+
+/// Train/val/test membership of every global vertex as bit flags (a vertex may be in none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitMembership {
+    flags: Vec<u8>,
+}
+
+impl SplitMembership {
+    /// No vertex in any split (for planning without labels, e.g. `choose_k`).
+    pub fn none(num_vertices: usize) -> SplitMembership {
+        SplitMembership {
+            flags: vec![0; num_vertices],
+        }
+    }
+
+    /// From the dataset's id lists (in the partitioner's relabelled ids).
+    pub fn from_lists(
+        num_vertices: usize,
+        train: &[u32],
+        val: &[u32],
+        test: &[u32],
+    ) -> Result<SplitMembership> {
+        let mut flags = vec![0u8; num_vertices];
+        for (name, ids, bit) in [
+            ("train", train, SPLIT_TRAIN),
+            ("val", val, SPLIT_VAL),
+            ("test", test, SPLIT_TEST),
+        ] {
+            for &id in ids {
+                let slot = flags
+                    .get_mut(id as usize)
+                    .ok_or(MaskingError::SplitOutOfRange {
+                        split: name,
+                        id,
+                        num_vertices,
+                    })?;
+                *slot |= bit;
+            }
+        }
+        Ok(SplitMembership { flags })
+    }
+
+    pub fn flags(&self, v: u32) -> u8 {
+        self.flags[v as usize]
+    }
+    pub fn len(&self) -> usize {
+        self.flags.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.flags.is_empty()
+    }
+}
+
+/// The validated inputs of plan building, shared by the FB and FLX builders and the memory
+/// model. Holds the transposed graph (4 bytes per edge + 8 per vertex) because placing a
+/// replicated vertex needs its out-neighbours.
+pub struct PlanContext<'a> {
+    graph: CsrView<'a>,
+    reverse: CsrGraph,
+    layout: Layout,
+    splits: SplitMembership,
+}
+
+impl<'a> PlanContext<'a> {
+    pub fn new(
+        graph: CsrView<'a>,
+        layout: Layout,
+        splits: SplitMembership,
+    ) -> Result<PlanContext<'a>> {
+        let n = graph.num_vertices();
+        if n as u64 != layout.num_vertices() as u64 {
+            return Err(MaskingError::VertexCountMismatch {
+                graph: n,
+                layout: layout.num_vertices() as u64,
+            });
+        }
+        if splits.len() != n {
+            return Err(MaskingError::Internal(format!(
+                "split membership covers {} vertices, the graph has {n}",
+                splits.len()
+            )));
+        }
+        let reverse = graph.transpose();
+        Ok(PlanContext {
+            graph,
+            reverse,
+            layout,
+            splits,
+        })
+    }
+
+    pub fn graph(&self) -> CsrView<'a> {
+        self.graph
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    pub fn splits(&self) -> &SplitMembership {
+        &self.splits
+    }
+    pub fn num_vertices(&self) -> usize {
+        self.graph.num_vertices()
+    }
+    /// Sources of the edges into `v` (the CSR row).
+    pub fn in_neighbors(&self, v: u32) -> &'a [u32] {
+        self.graph.neighbors(v)
+    }
+    /// Destinations of the edges out of `v`.
+    pub fn out_neighbors(&self, v: u32) -> &[u32] {
+        self.reverse.view().neighbors(v)
+    }
+    /// In-degree of `v` in the FULL graph (what normalisation must use on a partial graph).
+    pub fn in_degree(&self, v: u32) -> u32 {
+        self.graph.degree(v) as u32
+    }
+    /// Out-degree of `v` in the full graph.
+    pub fn out_degree(&self, v: u32) -> u32 {
+        self.reverse.view().degree(v) as u32
+    }
+}

@@ -1,0 +1,329 @@
+//! The FB plan (every device owns its range, exchanges with every peer), the FLX plan with k
+//! preloaded hops (each server replicates its k-hop in-neighbourhood, exchanges stay inside the
+//! server, layers are masked), and the combined [`PreloadPlan`] that switches ("reshapes")
+//! from FLX to FB after layer k - 1.
+
+use rayon::prelude::*;
+
+use crate::context::PlanContext;
+use crate::error::{MaskingError, Result};
+use crate::plan::{build_device, fill_sends, DevicePlan, DeviceSpec};
+
+/// The FB plan (PipeGCN without pipeline): `devices[r]` is rank r's plan; halos come from any
+/// peer, intra- and inter-server; no masks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FbPlan {
+    pub devices: Vec<DevicePlan>,
+}
+
+/// What one server's head extracted for the FLX plan.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ServerExtraction {
+    pub server: usize,
+    /// `level_sizes[d]` vertices at in-hop distance d from the inner set (`d = 0..=k`).
+    pub level_sizes: Vec<usize>,
+    /// Inner vertices (`level_sizes[0]`).
+    pub inner: usize,
+    /// Replicated vertices (distance 1..=k, owned by other servers in the layout).
+    pub replicated: usize,
+    /// Owned rows per device of this server after placement.
+    pub owned_per_device: Vec<usize>,
+}
+
+/// The FLX plan with `k` preloaded hops: `devices[r]` is rank r's plan for layers `0..k`,
+/// with `k` masks each; halos come only from devices of the same server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlxPlan {
+    pub k: usize,
+    pub servers: Vec<ServerExtraction>,
+    pub devices: Vec<DevicePlan>,
+}
+
+impl FlxPlan {
+    /// The vertices server `server` extracted (sorted): the union of its devices' owned rows.
+    pub fn extracted(&self, server: usize) -> Vec<u32> {
+        let mut all: Vec<u32> = self
+            .devices
+            .iter()
+            .filter(|d| d.server == server)
+            .flat_map(|d| d.global_ids[..d.n_owned].iter().copied())
+            .collect();
+        all.sort_unstable();
+        all
+    }
+}
+
+/// Flexible preloading for an `layers`-layer model: layers `0..k` run on `flx` (masked,
+/// intra-server exchanges only), layers `k..layers` on `fb` (the reshaped, smaller graph).
+/// `k = 0` is plain FB (`flx` is None); `k = layers` never uses `fb` for training, though it
+/// is kept (it is cheap next to the FLX plan and the memory model counts it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreloadPlan {
+    pub k: usize,
+    pub layers: usize,
+    pub fb: FbPlan,
+    pub flx: Option<FlxPlan>,
+}
+
+impl PreloadPlan {
+    /// All devices' plans used at `layer`, indexed by rank.
+    pub fn layer_plans(&self, layer: usize) -> &[DevicePlan] {
+        match &self.flx {
+            Some(f) if layer < self.k => &f.devices,
+            _ => &self.fb.devices,
+        }
+    }
+    /// Rank `rank`'s plan used at `layer`.
+    pub fn device_plan(&self, layer: usize, rank: usize) -> &DevicePlan {
+        &self.layer_plans(layer)[rank]
+    }
+    /// The first layer that runs on the FB plan after the FLX layers, if there is a switch.
+    pub fn reshape_layer(&self) -> Option<usize> {
+        (self.k > 0 && self.k < self.layers).then_some(self.k)
+    }
+    /// For rank `rank`: the FB-plan owned row of each of its FLX-plan inner rows (`0..n_inner`).
+    /// By construction this is the identity; the trainer can rely on it (see
+    /// [`PreloadPlan::reshape_is_identity_prefix`]). Empty when there is no FLX plan.
+    pub fn reshape_map(&self, rank: usize) -> Vec<u32> {
+        let Some(flx) = &self.flx else {
+            return Vec::new();
+        };
+        let src = &flx.devices[rank];
+        let dst = &self.fb.devices[rank];
+        src.global_ids[..src.n_inner]
+            .iter()
+            .map(|&g| dst.local_of(g).unwrap_or(u32::MAX))
+            .collect()
+    }
+    /// Whether every rank's reshape map is `0..n_inner` and covers the FB owned block exactly.
+    pub fn reshape_is_identity_prefix(&self) -> bool {
+        let Some(flx) = &self.flx else {
+            return true;
+        };
+        (0..self.fb.devices.len()).all(|r| {
+            let map = self.reshape_map(r);
+            map.len() == self.fb.devices[r].n_owned
+                && flx.devices[r].n_inner == self.fb.devices[r].n_owned
+                && map.iter().enumerate().all(|(i, &m)| m == i as u32)
+        })
+    }
+}
+
+/// Per-vertex state of one server's extraction.
+#[derive(Clone, Copy)]
+struct Slot {
+    /// Hop distance from the inner set; `ABSENT` when not extracted.
+    level: u8,
+    /// Device (within the server) that owns the vertex in the FLX plan.
+    device: u16,
+}
+const ABSENT: u8 = u8::MAX;
+
+impl<'a> PlanContext<'a> {
+    /// Builds the FB plan.
+    pub fn fb_plan(&self) -> Result<FbPlan> {
+        let layout = self.layout();
+        let mut devices = (0..layout.num_ranks())
+            .into_par_iter()
+            .map(|rank| {
+                let range = layout.range(rank);
+                let owned: Vec<u32> = range.collect();
+                let n = owned.len();
+                build_device(
+                    self,
+                    DeviceSpec {
+                        rank,
+                        server: layout.server_of_rank(rank),
+                        device: layout.device_of_rank(rank),
+                        n_inner: n,
+                        owned,
+                        owned_level: vec![0; n],
+                        complete_below: 1,
+                        masked_layers: 0,
+                    },
+                    |u| Some(layout.owner(u)),
+                    |_| 0,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        fill_sends(&mut devices)?;
+        tracing::debug!(
+            ranks = devices.len(),
+            halo_rows = devices.iter().map(|d| d.n_halo()).sum::<usize>(),
+            "built FB plan"
+        );
+        Ok(FbPlan { devices })
+    }
+
+    /// Builds the FLX plan with `k >= 1` preloaded hops (one server per rayon task, as the
+    /// paper's head group does it per server).
+    ///
+    /// Placement rule for replicated vertices (inner vertices stay on their layout device):
+    /// levels are placed in order 1, 2, ..., k, vertices of a level in ascending global id.
+    /// Before level d, every device's capacity is `ceil(|levels 0..=d| / G)`; a device whose
+    /// load has reached it is skipped. Among the others, vertex u goes to the device owning the
+    /// most of u's out-neighbours at level d - 1 (exactly the rows that read u when they are
+    /// computed), ties broken by smaller load, then smaller device index. Such a device always
+    /// exists (pigeonhole). Since level d's placement depends only on levels < d, the plan for
+    /// k is the restriction of the plan for k + 1: plans (and memory) grow monotonically in k.
+    pub fn flx_plan(&self, k: usize) -> Result<FlxPlan> {
+        if k == 0 || k >= ABSENT as usize {
+            return Err(MaskingError::InvalidK {
+                k,
+                reason: format!(
+                    "the FLX plan needs 1 <= k <= {} (k = 0 is the FB plan)",
+                    ABSENT - 1
+                ),
+            });
+        }
+        let layout = self.layout();
+        let per_server = (0..layout.servers())
+            .into_par_iter()
+            .map(|s| self.flx_server(s, k))
+            .collect::<Result<Vec<_>>>()?;
+        let mut servers = Vec::with_capacity(per_server.len());
+        let mut devices = Vec::with_capacity(layout.num_ranks());
+        for (extraction, plans) in per_server {
+            servers.push(extraction);
+            devices.extend(plans);
+        }
+        fill_sends(&mut devices)?;
+        tracing::debug!(
+            k,
+            replicated = servers.iter().map(|s| s.replicated).sum::<usize>(),
+            halo_rows = devices.iter().map(|d| d.n_halo()).sum::<usize>(),
+            "built FLX plan"
+        );
+        Ok(FlxPlan {
+            k,
+            servers,
+            devices,
+        })
+    }
+
+    /// Builds the plans for a `layers`-layer model with `k` preloaded hops (`0 <= k <= layers`).
+    pub fn preload_plan(&self, k: usize, layers: usize) -> Result<PreloadPlan> {
+        if layers == 0 || k > layers {
+            return Err(MaskingError::InvalidK {
+                k,
+                reason: format!("k must lie in 0..={layers} for a {layers}-layer model"),
+            });
+        }
+        let fb = self.fb_plan()?;
+        let flx = if k == 0 {
+            None
+        } else {
+            Some(self.flx_plan(k)?)
+        };
+        Ok(PreloadPlan { k, layers, fb, flx })
+    }
+
+    fn flx_server(&self, server: usize, k: usize) -> Result<(ServerExtraction, Vec<DevicePlan>)> {
+        let layout = self.layout();
+        let g_count = layout.devices();
+        let mut slots = vec![
+            Slot {
+                level: ABSENT,
+                device: u16::MAX
+            };
+            self.num_vertices()
+        ];
+        let inner = layout.server_range(server);
+        for v in inner.clone() {
+            slots[v as usize] = Slot {
+                level: 0,
+                device: layout.device_of(v) as u16,
+            };
+        }
+        // levels[d]: vertices at distance d, ascending.
+        let mut levels: Vec<Vec<u32>> = vec![inner.clone().collect()];
+        let mut loads: Vec<usize> = (0..g_count)
+            .map(|g| layout.range(layout.rank(server, g)).len())
+            .collect();
+        let mut total = levels[0].len();
+        let mut counts = vec![0usize; g_count];
+        for d in 1..=k {
+            let lvl = d as u8;
+            let mut next = Vec::new();
+            for &v in &levels[d - 1] {
+                for &u in self.in_neighbors(v) {
+                    let slot = &mut slots[u as usize];
+                    if slot.level == ABSENT {
+                        slot.level = lvl;
+                        next.push(u);
+                    }
+                }
+            }
+            next.sort_unstable();
+            total += next.len();
+            let cap = total.div_ceil(g_count);
+            for &u in &next {
+                counts.iter_mut().for_each(|c| *c = 0);
+                for &w in self.out_neighbors(u) {
+                    let s = slots[w as usize];
+                    if s.level == lvl - 1 {
+                        counts[s.device as usize] += 1;
+                    }
+                }
+                let best = (0..g_count)
+                    .filter(|&g| loads[g] < cap)
+                    .max_by_key(|&g| (counts[g], std::cmp::Reverse(loads[g]), std::cmp::Reverse(g)))
+                    .ok_or_else(|| {
+                        MaskingError::Internal(format!(
+                            "server {server}: no device below capacity {cap} at level {d}"
+                        ))
+                    })?;
+                loads[best] += 1;
+                slots[u as usize].device = best as u16;
+            }
+            levels.push(next);
+        }
+
+        let slots = &slots;
+        let levels = &levels;
+        let plans = (0..g_count)
+            .into_par_iter()
+            .map(|g| {
+                let rank = layout.rank(server, g);
+                let mut owned: Vec<u32> = layout.range(rank).collect();
+                let n_inner = owned.len();
+                let mut owned_level = vec![0u8; n_inner];
+                for (d, lvl) in levels.iter().enumerate().skip(1) {
+                    for &u in lvl {
+                        if slots[u as usize].device as usize == g {
+                            owned.push(u);
+                            owned_level.push(d as u8);
+                        }
+                    }
+                }
+                build_device(
+                    self,
+                    DeviceSpec {
+                        rank,
+                        server,
+                        device: g,
+                        n_inner,
+                        owned,
+                        owned_level,
+                        complete_below: k as u8,
+                        masked_layers: k,
+                    },
+                    |u| {
+                        let s = slots[u as usize];
+                        (s.level != ABSENT).then(|| layout.rank(server, s.device as usize))
+                    },
+                    |u| slots[u as usize].level,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let level_sizes: Vec<usize> = levels.iter().map(Vec::len).collect();
+        let extraction = ServerExtraction {
+            server,
+            inner: level_sizes[0],
+            replicated: level_sizes[1..].iter().sum(),
+            level_sizes,
+            owned_per_device: plans.iter().map(|p| p.n_owned).collect(),
+        };
+        Ok((extraction, plans))
+    }
+}

@@ -1,0 +1,325 @@
+//! Per-device memory model of a plan and the automatic choice of k (paper §5.1: "we choose the
+//! largest k to make the GNN fit on the available memory").
+//!
+//! Every term is public and explicit so the trainer can compare it with measured usage. All
+//! tensors are f32 ([`F32_BYTES`]). Layer `l` reads width `in_width(l)` (F for layer 0, else H)
+//! and writes `out_width(l)` (C for the last layer, else H). Layer `l` runs on the FLX device
+//! plan when `l < k`, otherwise on the FB device plan; "local"/"owned" below are that plan's
+//! `n_local`/`n_owned`. Per device:
+//!
+//! - `features` = n_local(layer 0 plan) x F x 4: raw features of every local row (halo
+//!   included: they are loaded or exchanged once and kept).
+//! - per layer ([`LayerMemory`]), [`SAVED_TENSORS_PER_LAYER`] = 3 tensors kept for backward:
+//!   `input` (layers >= 1: the layer's input incl. halo rows, n_local x in_width; layer 0's
+//!   input is `features`), `aggregated` (n_owned x in_width, needed for the weight gradient)
+//!   and `pre_activation` (n_owned x out_width, needed for the activation derivative; it is
+//!   the logits at the last layer).
+//! - `backward_scratch` = 2 x max over layers of n_local x max(in_width, out_width) x 4: the
+//!   gradient flowing in and the gradient flowing out of the layer being differentiated.
+//! - `halo_buffers` = 2 x max over the plans in use of (rows sent per exchange) x max width x 4:
+//!   a send staging buffer (forward) and a gradient receive staging buffer (backward);
+//!   received forward rows land directly in the input buffer.
+//! - `graph` = for every plan held: (n_owned + 1) x [`OFFSET_BYTES`] + edges x
+//!   ([`INDEX_BYTES`] + [`VALUE_BYTES`]) (column indices and a normalised edge value).
+//! - `metadata` = for every plan held: n_local x [`METADATA_BYTES_PER_ROW`] (global id,
+//!   in-degree, out-degree, global-to-local pair).
+//! - `params` = [`PARAM_COPIES`] x parameters x 4 (weights, gradients, Adam m and v).
+//!
+//! Plans held: the FB plan always (a [`crate::PreloadPlan`] keeps it; at k = L this slightly
+//! overestimates), plus the FLX plan when k >= 1. With the FLX placement rule the FLX plan for
+//! k is contained in the one for k + 1 and contains the FB rows of each device, so every term
+//! is non-decreasing in k.
+
+use grandis_store::CsrView;
+
+use crate::context::{PlanContext, SplitMembership};
+use crate::error::{MaskingError, Result};
+use crate::flx::{FbPlan, FlxPlan, PreloadPlan};
+use crate::layout::Layout;
+use crate::plan::DevicePlan;
+
+pub const F32_BYTES: u64 = 4;
+pub const OFFSET_BYTES: u64 = 8;
+pub const INDEX_BYTES: u64 = 4;
+pub const VALUE_BYTES: u64 = 4;
+pub const METADATA_BYTES_PER_ROW: u64 = 4 + 4 + 4 + 8;
+pub const PARAM_COPIES: u64 = 4;
+pub const SAVED_TENSORS_PER_LAYER: u64 = 3;
+
+/// Shape of the GNN: `layers` layers, F input features, H hidden units, C classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ModelDims {
+    pub layers: usize,
+    pub features: usize,
+    pub hidden: usize,
+    pub classes: usize,
+}
+
+impl ModelDims {
+    pub fn validate(&self) -> Result<()> {
+        if self.layers == 0 || self.features == 0 || self.classes == 0 {
+            return Err(MaskingError::Dims(format!(
+                "layers ({}), features ({}) and classes ({}) must be at least 1",
+                self.layers, self.features, self.classes
+            )));
+        }
+        if self.layers > 1 && self.hidden == 0 {
+            return Err(MaskingError::Dims(
+                "hidden width must be at least 1 for a model with more than one layer".into(),
+            ));
+        }
+        Ok(())
+    }
+    pub fn in_width(&self, layer: usize) -> usize {
+        if layer == 0 {
+            self.features
+        } else {
+            self.hidden
+        }
+    }
+    pub fn out_width(&self, layer: usize) -> usize {
+        if layer + 1 == self.layers {
+            self.classes
+        } else {
+            self.hidden
+        }
+    }
+    /// Widest tensor row of the model.
+    pub fn max_width(&self) -> usize {
+        (0..self.layers)
+            .map(|l| self.in_width(l).max(self.out_width(l)))
+            .max()
+            .unwrap_or(0)
+    }
+    /// Weights plus biases of all layers (one linear map per layer).
+    pub fn param_count(&self) -> u64 {
+        (0..self.layers)
+            .map(|l| (self.in_width(l) as u64 + 1) * self.out_width(l) as u64)
+            .sum()
+    }
+}
+
+/// Saved-for-backward tensors of one layer on one device, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LayerMemory {
+    pub layer: usize,
+    /// Whether the layer runs on the FLX plan (else FB).
+    pub flx: bool,
+    pub rows_local: u64,
+    pub rows_owned: u64,
+    pub input: u64,
+    pub aggregated: u64,
+    pub pre_activation: u64,
+}
+
+impl LayerMemory {
+    pub fn total(&self) -> u64 {
+        self.input + self.aggregated + self.pre_activation
+    }
+}
+
+/// The estimate for one device, term by term (bytes).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryTerms {
+    pub rank: usize,
+    pub features: u64,
+    pub layers: Vec<LayerMemory>,
+    /// Sum of `layers[..].total()`.
+    pub activations: u64,
+    pub backward_scratch: u64,
+    pub halo_buffers: u64,
+    pub graph: u64,
+    pub metadata: u64,
+    pub params: u64,
+    pub total: u64,
+}
+
+/// Memory of one plan for one model: every device, and the worst one.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KEstimate {
+    pub k: usize,
+    pub max_bytes: u64,
+    pub worst_rank: usize,
+    pub devices: Vec<MemoryTerms>,
+}
+
+/// Result of [`choose_k`]: the chosen k, the estimates it computed (k = 0 upwards, stopping at
+/// the first k that does not fit, since estimates are monotone in k) and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KChoice {
+    pub k: usize,
+    pub estimates: Vec<KEstimate>,
+    pub reason: String,
+}
+
+fn graph_bytes(p: &DevicePlan) -> u64 {
+    (p.n_owned as u64 + 1) * OFFSET_BYTES + p.num_edges() as u64 * (INDEX_BYTES + VALUE_BYTES)
+}
+
+fn send_rows(p: &DevicePlan) -> u64 {
+    p.sends.iter().map(|s| s.rows.len() as u64).sum()
+}
+
+/// Estimate for one device: `fb` is its FB plan, `flx` its FLX plan when `k >= 1`.
+pub fn estimate_device(
+    dims: &ModelDims,
+    k: usize,
+    fb: &DevicePlan,
+    flx: Option<&DevicePlan>,
+) -> MemoryTerms {
+    let plan_at = |l: usize| match flx {
+        Some(f) if l < k => f,
+        _ => fb,
+    };
+    let features = plan_at(0).n_local() as u64 * dims.features as u64 * F32_BYTES;
+    let layers: Vec<LayerMemory> = (0..dims.layers)
+        .map(|l| {
+            let p = plan_at(l);
+            let (local, owned) = (p.n_local() as u64, p.n_owned as u64);
+            let (iw, ow) = (dims.in_width(l) as u64, dims.out_width(l) as u64);
+            LayerMemory {
+                layer: l,
+                flx: flx.is_some() && l < k,
+                rows_local: local,
+                rows_owned: owned,
+                input: if l == 0 { 0 } else { local * iw * F32_BYTES },
+                aggregated: owned * iw * F32_BYTES,
+                pre_activation: owned * ow * F32_BYTES,
+            }
+        })
+        .collect();
+    let activations = layers.iter().map(LayerMemory::total).sum();
+    let backward_scratch = 2
+        * (0..dims.layers)
+            .map(|l| {
+                plan_at(l).n_local() as u64
+                    * dims.in_width(l).max(dims.out_width(l)) as u64
+                    * F32_BYTES
+            })
+            .max()
+            .unwrap_or(0);
+    let held: Vec<&DevicePlan> = std::iter::once(fb).chain(flx).collect();
+    let halo_buffers = 2
+        * held.iter().map(|p| send_rows(p)).max().unwrap_or(0)
+        * dims.max_width() as u64
+        * F32_BYTES;
+    let graph = held.iter().map(|p| graph_bytes(p)).sum();
+    let metadata = held
+        .iter()
+        .map(|p| p.n_local() as u64 * METADATA_BYTES_PER_ROW)
+        .sum();
+    let params = PARAM_COPIES * dims.param_count() * F32_BYTES;
+    let total =
+        features + activations + backward_scratch + halo_buffers + graph + metadata + params;
+    MemoryTerms {
+        rank: fb.rank,
+        features,
+        layers,
+        activations,
+        backward_scratch,
+        halo_buffers,
+        graph,
+        metadata,
+        params,
+        total,
+    }
+}
+
+/// Estimate of every device for `k` preloaded hops (`flx` must be the k-hop plan, None for 0).
+pub fn estimate(dims: &ModelDims, fb: &FbPlan, flx: Option<&FlxPlan>) -> KEstimate {
+    let k = flx.map_or(0, |f| f.k);
+    let devices: Vec<MemoryTerms> = fb
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(r, d)| estimate_device(dims, k, d, flx.map(|f| &f.devices[r])))
+        .collect();
+    let (worst_rank, max_bytes) = devices
+        .iter()
+        .map(|t| (t.rank, t.total))
+        .max_by_key(|&(r, t)| (t, std::cmp::Reverse(r)))
+        .unwrap_or((0, 0));
+    KEstimate {
+        k,
+        max_bytes,
+        worst_rank,
+        devices,
+    }
+}
+
+impl PreloadPlan {
+    /// The memory estimate of this plan for `dims`.
+    pub fn estimate(&self, dims: &ModelDims) -> KEstimate {
+        estimate(dims, &self.fb, self.flx.as_ref())
+    }
+}
+
+impl<'a> PlanContext<'a> {
+    /// The largest k in `0..=dims.layers` whose worst-device estimate fits `budget` bytes.
+    /// Stops building plans at the first k that does not fit: estimates are non-decreasing in
+    /// k, so no larger k can fit, and the FLX plans of large k are the expensive ones.
+    pub fn choose_k(&self, dims: &ModelDims, budget: u64) -> Result<KChoice> {
+        dims.validate()?;
+        let fb = self.fb_plan()?;
+        let base = estimate(dims, &fb, None);
+        if base.max_bytes > budget {
+            return Err(MaskingError::BudgetTooSmall {
+                budget,
+                needed: base.max_bytes,
+                rank: base.worst_rank,
+            });
+        }
+        let mut estimates = vec![base];
+        let mut over = None;
+        for k in 1..=dims.layers {
+            let flx = self.flx_plan(k)?;
+            let e = estimate(dims, &fb, Some(&flx));
+            let fits = e.max_bytes <= budget;
+            estimates.push(e);
+            if !fits {
+                over = Some(k);
+                break;
+            }
+        }
+        let k = over.map_or(dims.layers, |o| o - 1);
+        let chosen = &estimates[k];
+        let mut reason = format!(
+            "k = {k}: worst device (rank {}) needs {} bytes of the {budget}-byte budget",
+            chosen.worst_rank, chosen.max_bytes
+        );
+        match over {
+            Some(o) => {
+                let e = &estimates[o];
+                reason.push_str(&format!(
+                    "; k = {o} would need {} bytes on rank {}, over budget",
+                    e.max_bytes, e.worst_rank
+                ));
+            }
+            None => reason.push_str(&format!(
+                "; k = L = {} preloads every hop: no inter-server feature traffic",
+                dims.layers
+            )),
+        }
+        tracing::info!(k, budget, %reason, "chose k");
+        Ok(KChoice {
+            k,
+            estimates,
+            reason,
+        })
+    }
+}
+
+/// [`PlanContext::choose_k`] for a graph and layout without split information.
+pub fn choose_k(
+    graph: CsrView<'_>,
+    layout: &Layout,
+    dims: &ModelDims,
+    budget_bytes: u64,
+) -> Result<KChoice> {
+    let ctx = PlanContext::new(
+        graph,
+        layout.clone(),
+        SplitMembership::none(graph.num_vertices()),
+    )?;
+    ctx.choose_k(dims, budget_bytes)
+}

@@ -1,0 +1,400 @@
+//! One device's one-hop graph in its local id space, and the generic builder shared by the FB
+//! and FLX plans.
+//!
+//! Local row order (the invariant everything else relies on):
+//! - rows `0..n_owned` are the device's OWNED rows, sorted by (hop level, global id). Level 0
+//!   rows are the device's inner vertices (its layout range), so they come first:
+//!   `0..n_inner` is exactly the FB plan's owned block (the reshape is an identity prefix).
+//! - rows `n_owned..n_local` are HALO rows, one contiguous group per peer rank (ascending
+//!   rank), each sorted by (need level, global id), where a halo row's need level is the
+//!   smallest level of the owned rows that read it. In the FB plan every level is 0, so groups
+//!   are simply sorted by global id.
+//!
+//! Because of this order, the rows valid at a layer are a prefix of the owned block and the rows
+//! exchanged at a layer are a prefix of every halo group and send list ([`LayerMask`]).
+
+use std::ops::Range;
+
+use grandis_store::CsrGraph;
+
+use crate::context::{PlanContext, SPLIT_TRAIN};
+use crate::error::{MaskingError, Result};
+
+/// Halo rows received from one peer: a contiguous block of local rows.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HaloGroup {
+    /// Rank of the device that owns these vertices.
+    pub peer: usize,
+    /// Local rows `rows.start..rows.end` (all `>= n_owned`).
+    pub rows: Range<u32>,
+}
+
+/// Owned rows sent to one peer, in the order of that peer's halo group for this device, so
+/// a received buffer lands contiguously in the peer's halo block. In backward the peer sends
+/// gradients of those halo rows back in the same order and the owner ADDS them into these rows.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SendList {
+    /// Rank receiving these rows.
+    pub peer: usize,
+    /// Local owned rows of this device (all `< n_owned`).
+    pub rows: Vec<u32>,
+}
+
+/// What is exact at one masked layer (FLX layers `0..k`), all as prefix lengths.
+///
+/// At layer `l` of a k-hop plan an owned row is computed (exact) iff its level is
+/// `<= k - 1 - l`; the rest must be masked (zero-filled). The exchange feeding layer `l` moves
+/// only the halo rows some valid output row reads: need level `<= k - 1 - l`. Such rows are
+/// always exact inputs (level <= need + 1 <= k - l, i.e. valid at layer `l - 1` on their owner,
+/// or raw features at layer 0).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LayerMask {
+    /// Owned rows `0..valid_owned` are valid outputs of this layer.
+    pub valid_owned: u32,
+    /// Per halo group (same index as `DevicePlan::halo`): the first `recv[i]` rows are received.
+    pub recv: Vec<u32>,
+    /// Per send list (same index as `DevicePlan::sends`): the first `send[i]` rows are sent.
+    pub send: Vec<u32>,
+}
+
+/// One device's plan for a run of layers: one-hop graph, exchanges, masks and row metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevicePlan {
+    /// Global rank `server * devices + device`.
+    pub rank: usize,
+    pub server: usize,
+    /// Device index within the server.
+    pub device: usize,
+    /// Rows `0..n_inner` are the device's inner vertices (its layout range, ascending).
+    pub n_inner: usize,
+    /// Rows `0..n_owned` are computed here (inner, then replicated vertices by level).
+    pub n_owned: usize,
+    /// Global id of every local row (`n_local` entries). Dropout masks key on this.
+    pub global_ids: Vec<u32>,
+    /// Hop level of every local row's vertex from the server's inner set (0 in the FB plan).
+    pub level: Vec<u8>,
+    /// Need level of every halo row (index `local - n_owned`).
+    pub halo_need: Vec<u8>,
+    /// `n_owned` rows; row i lists the LOCAL rows of the in-neighbours of owned row i, sorted.
+    /// Rows whose level is too deep to ever be valid are empty (see the FLX builder).
+    pub graph: CsrGraph,
+    /// Halo groups, ascending peer rank, contiguous and covering `n_owned..n_local`.
+    pub halo: Vec<HaloGroup>,
+    /// Send lists, ascending peer rank.
+    pub sends: Vec<SendList>,
+    /// One mask per masked layer; empty for an unmasked (FB) plan.
+    pub masks: Vec<LayerMask>,
+    /// FULL-graph in-degree of every local row's vertex (normalisation on a partial graph).
+    pub in_degree: Vec<u32>,
+    /// FULL-graph out-degree of every local row's vertex.
+    pub out_degree: Vec<u32>,
+    /// Split flags (`SPLIT_*` bits) of every owned row.
+    pub split: Vec<u8>,
+    /// (global id, local row), sorted by global id: the global-to-local map.
+    lookup: Vec<(u32, u32)>,
+}
+
+impl DevicePlan {
+    pub fn n_local(&self) -> usize {
+        self.global_ids.len()
+    }
+    pub fn n_halo(&self) -> usize {
+        self.n_local() - self.n_owned
+    }
+    pub fn num_edges(&self) -> usize {
+        self.graph.indices.len()
+    }
+    /// Local row of a global vertex, if this device holds it.
+    pub fn local_of(&self, global: u32) -> Option<u32> {
+        self.lookup
+            .binary_search_by_key(&global, |&(g, _)| g)
+            .ok()
+            .map(|i| self.lookup[i].1)
+    }
+    /// Local in-neighbour rows of owned row `row`.
+    pub fn row(&self, row: u32) -> &[u32] {
+        self.graph.view().neighbors(row)
+    }
+    /// Whether layer `layer` of this plan is masked (FLX layers `0..k`).
+    pub fn is_masked(&self, layer: usize) -> bool {
+        layer < self.masks.len()
+    }
+    /// Owned rows valid (exact) at the output of `layer`: a prefix of the owned block.
+    pub fn valid_owned(&self, layer: usize) -> Range<u32> {
+        match self.masks.get(layer) {
+            Some(m) => 0..m.valid_owned,
+            None => 0..self.n_owned as u32,
+        }
+    }
+    /// The explicit list of valid output rows at `layer`.
+    pub fn valid_output_rows(&self, layer: usize) -> Vec<u32> {
+        self.valid_owned(layer).collect()
+    }
+    /// `n_owned` flags: is owned row i a valid output of `layer`.
+    pub fn output_bitmap(&self, layer: usize) -> Vec<bool> {
+        let valid = self.valid_owned(layer).end as usize;
+        (0..self.n_owned).map(|i| i < valid).collect()
+    }
+    /// `n_local` flags: which rows hold exact INPUTS of `layer` once its exchange is done
+    /// (owned rows valid at `layer - 1`, or all owned rows at layer 0 where inputs are raw
+    /// features; plus the received prefix of every halo group).
+    pub fn input_bitmap(&self, layer: usize) -> Vec<bool> {
+        let owned_valid = if layer == 0 || !self.is_masked(layer - 1) {
+            self.n_owned as u32
+        } else {
+            self.valid_owned(layer - 1).end
+        };
+        let mut bits = vec![false; self.n_local()];
+        for b in bits.iter_mut().take(owned_valid as usize) {
+            *b = true;
+        }
+        for gi in 0..self.halo.len() {
+            for r in self.recv_rows(layer, gi) {
+                bits[r as usize] = true;
+            }
+        }
+        bits
+    }
+    /// Local rows of halo group `group` received before `layer` (a prefix of the group).
+    pub fn recv_rows(&self, layer: usize, group: usize) -> Range<u32> {
+        let g = &self.halo[group];
+        match self.masks.get(layer) {
+            Some(m) => g.rows.start..g.rows.start + m.recv[group],
+            None => g.rows.clone(),
+        }
+    }
+    /// Owned rows sent through send list `list` before `layer` (a prefix of the list).
+    pub fn send_rows(&self, layer: usize, list: usize) -> &[u32] {
+        let s = &self.sends[list];
+        match self.masks.get(layer) {
+            Some(m) => &s.rows[..m.send[list] as usize],
+            None => &s.rows,
+        }
+    }
+    /// The halo group received from `peer`, if any.
+    pub fn halo_from(&self, peer: usize) -> Option<&HaloGroup> {
+        self.halo.iter().find(|g| g.peer == peer)
+    }
+    /// Loss rows: inner rows that are training vertices. Inner sets partition the graph, so
+    /// every training vertex is a loss row of exactly one device.
+    pub fn loss_rows(&self) -> Vec<u32> {
+        self.inner_rows_with(SPLIT_TRAIN)
+    }
+    /// Inner rows whose split flags contain `flag` (e.g. `SPLIT_VAL` for evaluation).
+    pub fn inner_rows_with(&self, flag: u8) -> Vec<u32> {
+        (0..self.n_inner as u32)
+            .filter(|&r| self.split[r as usize] & flag != 0)
+            .collect()
+    }
+}
+
+/// What the generic builder needs to know about one device.
+pub(crate) struct DeviceSpec {
+    pub rank: usize,
+    pub server: usize,
+    pub device: usize,
+    pub n_inner: usize,
+    /// Owned vertices in local order: sorted by (level, global id).
+    pub owned: Vec<u32>,
+    pub owned_level: Vec<u8>,
+    /// Rows with level `< complete_below` get their full in-neighbourhood; deeper rows stay
+    /// empty because no mask ever makes them valid.
+    pub complete_below: u8,
+    /// Number of masked layers (k), 0 for an unmasked plan.
+    pub masked_layers: usize,
+}
+
+/// Builds a device plan except its send lists (see [`fill_sends`]). `owner_of(u)` is the rank
+/// that owns `u` in this plan (None: not part of the plan); `level_of(u)` its hop level.
+pub(crate) fn build_device(
+    ctx: &PlanContext<'_>,
+    spec: DeviceSpec,
+    owner_of: impl Fn(u32) -> Option<usize>,
+    level_of: impl Fn(u32) -> u8,
+) -> Result<DevicePlan> {
+    let DeviceSpec {
+        rank,
+        server,
+        device,
+        n_inner,
+        owned,
+        owned_level,
+        complete_below,
+        masked_layers,
+    } = spec;
+    let n_owned = owned.len();
+    if !owned
+        .iter()
+        .zip(&owned_level)
+        .zip(owned.iter().zip(&owned_level).skip(1))
+        .all(|((a, la), (b, lb))| (la, a) < (lb, b))
+    {
+        return Err(MaskingError::Internal(format!(
+            "rank {rank}: owned rows are not sorted by (level, global id)"
+        )));
+    }
+    let mut owned_lookup: Vec<(u32, u32)> = owned
+        .iter()
+        .enumerate()
+        .map(|(i, &g)| (g, i as u32))
+        .collect();
+    owned_lookup.sort_unstable();
+
+    // Halo candidates: (peer, vertex, need level) for every in-edge of a complete row that
+    // comes from another device; duplicates keep the smallest need level.
+    let mut cand: Vec<(usize, u32, u8)> = Vec::new();
+    for (i, &v) in owned.iter().enumerate() {
+        let lv = owned_level[i];
+        if lv >= complete_below {
+            continue;
+        }
+        for &u in ctx.in_neighbors(v) {
+            match owner_of(u) {
+                Some(r) if r == rank => {}
+                Some(r) => cand.push((r, u, lv)),
+                None => {
+                    return Err(MaskingError::Internal(format!(
+                        "rank {rank}: in-neighbour {u} of complete row {v} (level {lv}) is not \
+                         in the plan"
+                    )))
+                }
+            }
+        }
+    }
+    cand.sort_unstable();
+    cand.dedup_by(|later, first| later.0 == first.0 && later.1 == first.1);
+    cand.sort_unstable_by_key(|&(peer, u, need)| (peer, need, u));
+
+    let mut global_ids = owned;
+    let mut level = owned_level;
+    let mut halo_need = Vec::with_capacity(cand.len());
+    let mut halo: Vec<HaloGroup> = Vec::new();
+    for &(peer, u, need) in &cand {
+        let local = global_ids.len() as u32;
+        match halo.last_mut() {
+            Some(g) if g.peer == peer => g.rows.end = local + 1,
+            _ => halo.push(HaloGroup {
+                peer,
+                rows: local..local + 1,
+            }),
+        }
+        global_ids.push(u);
+        level.push(level_of(u));
+        halo_need.push(need);
+    }
+
+    let mut lookup = owned_lookup;
+    lookup.extend(
+        global_ids[n_owned..]
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| (g, (n_owned + i) as u32)),
+    );
+    lookup.sort_unstable();
+    if lookup.windows(2).any(|w| w[0].0 == w[1].0) {
+        return Err(MaskingError::Internal(format!(
+            "rank {rank}: a vertex is both owned and halo"
+        )));
+    }
+    let local_of = |g: u32| -> u32 {
+        // Every in-neighbour of a complete row was added above, so the search succeeds.
+        lookup[lookup.binary_search_by_key(&g, |&(x, _)| x).unwrap()].1
+    };
+
+    let mut offsets = Vec::with_capacity(n_owned + 1);
+    offsets.push(0u64);
+    let mut indices = Vec::new();
+    for i in 0..n_owned {
+        if level[i] < complete_below {
+            let start = indices.len();
+            indices.extend(ctx.in_neighbors(global_ids[i]).iter().map(|&u| local_of(u)));
+            indices[start..].sort_unstable();
+        }
+        offsets.push(indices.len() as u64);
+    }
+
+    let in_degree = global_ids.iter().map(|&g| ctx.in_degree(g)).collect();
+    let out_degree = global_ids.iter().map(|&g| ctx.out_degree(g)).collect();
+    let split = global_ids[..n_owned]
+        .iter()
+        .map(|&g| ctx.splits().flags(g))
+        .collect();
+
+    let masks = (0..masked_layers)
+        .map(|l| {
+            let thr = (masked_layers - 1 - l) as u8;
+            let valid_owned = level[..n_owned].partition_point(|&x| x <= thr) as u32;
+            let recv = halo
+                .iter()
+                .map(|g| {
+                    let needs =
+                        &halo_need[g.rows.start as usize - n_owned..g.rows.end as usize - n_owned];
+                    needs.partition_point(|&x| x <= thr) as u32
+                })
+                .collect();
+            LayerMask {
+                valid_owned,
+                recv,
+                send: Vec::new(),
+            }
+        })
+        .collect();
+
+    Ok(DevicePlan {
+        rank,
+        server,
+        device,
+        n_inner,
+        n_owned,
+        global_ids,
+        level,
+        halo_need,
+        graph: CsrGraph { offsets, indices },
+        halo,
+        sends: Vec::new(),
+        masks,
+        in_degree,
+        out_degree,
+        split,
+        lookup,
+    })
+}
+
+/// Derives every device's send lists (and their per-layer prefixes) from the receivers' halo
+/// groups, so the two sides match by construction. `plans[r]` must be rank r's plan.
+pub(crate) fn fill_sends(plans: &mut [DevicePlan]) -> Result<()> {
+    let mut incoming: Vec<Vec<(SendList, Vec<u32>)>> = vec![Vec::new(); plans.len()];
+    for d in plans.iter() {
+        for (gi, g) in d.halo.iter().enumerate() {
+            let owner = plans.get(g.peer).ok_or_else(|| {
+                MaskingError::Internal(format!("rank {}: halo peer {} unknown", d.rank, g.peer))
+            })?;
+            let rows = d.global_ids[g.rows.start as usize..g.rows.end as usize]
+                .iter()
+                .map(|&v| match owner.local_of(v) {
+                    Some(r) if (r as usize) < owner.n_owned => Ok(r),
+                    _ => Err(MaskingError::Internal(format!(
+                        "rank {} expects vertex {v} from rank {}, which does not own it",
+                        d.rank, g.peer
+                    ))),
+                })
+                .collect::<Result<Vec<u32>>>()?;
+            let prefixes = d.masks.iter().map(|m| m.recv[gi]).collect();
+            incoming[g.peer].push((SendList { peer: d.rank, rows }, prefixes));
+        }
+    }
+    for (p, mut lists) in incoming.into_iter().enumerate() {
+        lists.sort_by_key(|(s, _)| s.peer);
+        let plan = &mut plans[p];
+        for (l, mask) in plan.masks.iter_mut().enumerate() {
+            // A receiver with fewer masked layers than the sender cannot exist: both come
+            // from the same k, but stay defensive and send everything in that case.
+            mask.send = lists
+                .iter()
+                .map(|(s, pre)| pre.get(l).copied().unwrap_or(s.rows.len() as u32))
+                .collect();
+        }
+        plan.sends = lists.into_iter().map(|(s, _)| s).collect();
+    }
+    Ok(())
+}
