@@ -1,0 +1,244 @@
+//! Trainer behaviour on small graphs built here: determinism, resume equivalence, that
+//! message passing helps on a homophilous graph, predictions, and (with `GRANDIS_CORA`) the
+//! Kipf & Welling accuracy on Cora.
+
+use grandis_models::{ModelConfig, ModelKind};
+use grandis_store::{split::per_class_split, CsrGraph, EdgeOptions, InMemoryDataset, SelfLoops};
+use grandis_trainer::{train, CheckpointOptions, TrainOptions};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// A homophilous graph: `classes` communities, most edges inside a community, features are
+/// the class signal buried in noise (so one vertex alone is hard to classify, its
+/// neighbourhood average is easy).
+fn community_dataset(n: usize, classes: usize, dim: usize, seed: u64) -> InMemoryDataset {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    let labels: Vec<i32> = (0..n).map(|v| (v % classes) as i32).collect();
+    let mut edges = Vec::new();
+    for v in 0..n {
+        for _ in 0..4 {
+            let u = if r.gen_bool(0.85) {
+                // Same class: ids congruent mod classes.
+                (r.gen_range(0..n / classes) * classes + v % classes) as u32
+            } else {
+                r.gen_range(0..n) as u32
+            };
+            edges.push((v as u32, u));
+        }
+    }
+    let opts = EdgeOptions {
+        symmetrize: true,
+        self_loops: SelfLoops::Remove,
+    };
+    let graph = CsrGraph::from_edges(n as u64, edges, opts).unwrap();
+    let features: Vec<f32> = (0..n * dim)
+        .map(|i| {
+            let (v, j) = (i / dim, i % dim);
+            let signal = if j == labels[v] as usize { 0.8 } else { 0.0 };
+            signal + r.gen_range(-1.5f32..1.5)
+        })
+        .collect();
+    let split = per_class_split(&labels, classes, 20, 100, 200, seed);
+    InMemoryDataset {
+        name: "community".into(),
+        graph,
+        features,
+        feature_dim: dim,
+        labels,
+        num_classes: classes,
+        split,
+    }
+}
+
+fn config(ds: &InMemoryDataset, kind: ModelKind, layers: usize) -> ModelConfig {
+    ModelConfig {
+        kind,
+        layers,
+        in_dim: ds.feature_dim,
+        hidden: 16,
+        classes: ds.num_classes,
+        dropout: 0.5,
+        layer_norm: false,
+        seed: 1,
+    }
+}
+
+fn opts(epochs: usize) -> TrainOptions {
+    TrainOptions {
+        epochs,
+        lr: 0.01,
+        weight_decay: 5e-4,
+        adamw: false,
+        grad_clip: Some(5.0),
+        seed: 7,
+    }
+}
+
+#[test]
+fn same_seed_gives_bit_identical_losses() {
+    let ds = community_dataset(400, 4, 8, 3);
+    for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::ResSage] {
+        let mut cfg = config(&ds, kind, 2);
+        cfg.layer_norm = kind == ModelKind::ResSage;
+        let run = |threads| {
+            train(
+                ds.view(),
+                cfg.clone(),
+                &opts(8),
+                &CheckpointOptions::default(),
+                Some(threads),
+                |_| {},
+            )
+            .unwrap()
+        };
+        let a = run(1);
+        let b = run(2);
+        let la: Vec<u64> = a.epochs.iter().map(|s| s.loss.to_bits()).collect();
+        let lb: Vec<u64> = b.epochs.iter().map(|s| s.loss.to_bits()).collect();
+        assert_eq!(la, lb, "{kind:?}: losses differ between runs");
+        assert!(
+            a.epochs.last().unwrap().loss < a.epochs[0].loss,
+            "{kind:?} did not learn"
+        );
+    }
+}
+
+#[test]
+fn resume_continues_exactly_like_an_uninterrupted_run() {
+    let ds = community_dataset(300, 3, 8, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let cfg = config(&ds, ModelKind::Sage, 2);
+    let full = train(
+        ds.view(),
+        cfg.clone(),
+        &opts(12),
+        &CheckpointOptions::default(),
+        Some(2),
+        |_| {},
+    )
+    .unwrap();
+    let ck = CheckpointOptions {
+        path: Some(path.clone()),
+        resume: true,
+    };
+    let first = train(ds.view(), cfg.clone(), &opts(5), &ck, Some(2), |_| {}).unwrap();
+    assert_eq!(first.first_epoch, 1);
+    let second = train(ds.view(), cfg.clone(), &opts(12), &ck, Some(2), |_| {}).unwrap();
+    assert_eq!(second.first_epoch, 6);
+    let resumed: Vec<f64> = first
+        .epochs
+        .iter()
+        .chain(&second.epochs)
+        .map(|s| s.loss)
+        .collect();
+    let straight: Vec<f64> = full.epochs.iter().map(|s| s.loss).collect();
+    assert_eq!(resumed, straight);
+    assert_eq!(second.test_acc, full.test_acc);
+    // A checkpoint for another model is refused with a clear message.
+    let other = config(&ds, ModelKind::Gcn, 2);
+    let err = train(ds.view(), other, &opts(14), &ck, Some(1), |_| {}).unwrap_err();
+    assert!(err.to_string().contains("checkpoint"), "{err:#}");
+}
+
+#[test]
+fn two_layer_gnn_beats_features_only_model() {
+    let ds = community_dataset(800, 4, 8, 5);
+    let mean_acc = |kind, layers| {
+        let mut total = 0.0;
+        for seed in 0..2 {
+            let mut cfg = config(&ds, kind, layers);
+            cfg.seed = seed;
+            let mut o = opts(100);
+            o.seed = seed;
+            total += train(
+                ds.view(),
+                cfg,
+                &o,
+                &CheckpointOptions::default(),
+                Some(2),
+                |_| {},
+            )
+            .unwrap()
+            .test_acc;
+        }
+        total / 2.0
+    };
+    let mlp = mean_acc(ModelKind::Mlp, 2);
+    let sage = mean_acc(ModelKind::Sage, 2);
+    let gcn = mean_acc(ModelKind::Gcn, 2);
+    eprintln!("test accuracy: mlp {mlp:.3}, sage {sage:.3}, gcn {gcn:.3}");
+    assert!(sage > mlp + 0.15, "sage {sage} vs mlp {mlp}");
+    assert!(gcn > mlp + 0.15, "gcn {gcn} vs mlp {mlp}");
+}
+
+#[test]
+fn predict_returns_one_row_per_vertex() {
+    let ds = community_dataset(200, 3, 6, 6);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    let ck = CheckpointOptions {
+        path: Some(path.clone()),
+        resume: false,
+    };
+    let cfg = config(&ds, ModelKind::ResSage, 3);
+    let report = train(ds.view(), cfg, &opts(5), &ck, Some(1), |_| {}).unwrap();
+    let logits = grandis_trainer::predict_logits(ds.view(), &path, Some(1)).unwrap();
+    assert_eq!(logits.len(), 200 * 3);
+    // Predictions reproduce the accuracy the trainer reported.
+    let correct = ds
+        .split
+        .test
+        .iter()
+        .filter(|&&v| {
+            grandis_trainer::argmax(&logits[v as usize * 3..v as usize * 3 + 3])
+                == ds.labels[v as usize] as usize
+        })
+        .count();
+    assert_eq!(correct as f64 / ds.split.test.len() as f64, report.test_acc);
+    // A corrupt checkpoint is an error naming the file, not a panic.
+    std::fs::write(&path, b"garbage").unwrap();
+    let err = grandis_trainer::predict_logits(ds.view(), &path, Some(1)).unwrap_err();
+    assert!(format!("{err:#}").contains("m.safetensors"), "{err:#}");
+}
+
+#[test]
+fn cora_gcn_reaches_kipf_welling_accuracy() {
+    let Some(dir) = std::env::var_os("GRANDIS_CORA") else {
+        if std::env::var_os("CI").is_some() {
+            panic!("GRANDIS_CORA must point at an imported Cora dataset when CI is set");
+        }
+        eprintln!("skipping: set GRANDIS_CORA to an imported Cora dataset directory");
+        return;
+    };
+    let ds = grandis_store::Dataset::open_verified(&dir).unwrap();
+    let view = ds.view();
+    let seeds = 5;
+    let mut total = 0.0;
+    for seed in 0..seeds {
+        let cfg = ModelConfig {
+            kind: ModelKind::Gcn,
+            layers: 2,
+            in_dim: view.feature_dim,
+            hidden: 16,
+            classes: view.num_classes,
+            dropout: 0.5,
+            layer_norm: false,
+            seed,
+        };
+        let o = TrainOptions {
+            epochs: 200,
+            lr: 0.01,
+            weight_decay: 5e-4,
+            adamw: false,
+            grad_clip: None,
+            seed,
+        };
+        let r = train(view, cfg, &o, &CheckpointOptions::default(), None, |_| {}).unwrap();
+        eprintln!("seed {seed}: test accuracy {:.4}", r.test_acc);
+        total += r.test_acc;
+    }
+    let mean = total / seeds as f64;
+    eprintln!("Cora 2-layer GCN mean test accuracy over {seeds} seeds: {mean:.4}");
+    assert!(mean >= 0.78, "mean test accuracy {mean}");
+}
