@@ -157,7 +157,8 @@ mod tests {
     #[test]
     fn rejects_gaps_and_wrong_counts() {
         assert!(Layout::new(1, 2, vec![0..2, 3..4]).is_err());
-        assert!(Layout::new(1, 2, vec![0..2]).is_err());
+        let one_range: Vec<Range<u32>> = std::iter::once(0..2).collect();
+        assert!(Layout::new(1, 2, one_range).is_err());
         assert!(Layout::new(0, 2, vec![]).is_err());
         assert!(Layout::from_bounds(1, 1, &[1, 4]).is_err());
         let e = Layout::even(10, 2, 3).unwrap();
