@@ -1,0 +1,348 @@
+//! CUDA C source of every custom kernel of the CUDA backend, compiled at run time with NVRTC
+//! (once per process; the PTX is then loaded into each context).
+//!
+//! Every kernel mirrors the arithmetic of the matching loop in `crate::cpu` operation by
+//! operation and in the same order. The source is compiled with `--fmad=false` (no fused
+//! multiply-add contraction) and IEEE division/square root, so element-wise kernels, the CSR
+//! aggregation, gather/scatter, dropout, Adam and the column reductions (f64 partials over
+//! the same fixed row chunks, added in chunk order) produce the CPU backend's bits exactly.
+//! Only the row reductions of LayerNorm, the softmax sums of cross-entropy and the per-chunk
+//! sums of `sum_squares` use a tree order (warp shuffles) and so differ by float rounding.
+
+/// Rows per partial sum in the deterministic column reductions (`col_sum`, LayerNorm
+/// parameter gradients); must equal the CPU backend's `RED_CHUNK` for bit-identical sums.
+pub const RED_CHUNK: u64 = 4096;
+/// Elements per partial sum in `sum_squares` (the CPU backend's `ELEM_CHUNK`).
+pub const ELEM_CHUNK: u64 = 1 << 15;
+
+/// Names of the kernels in [`SOURCE`], in the order [`super::Kernels`] loads them.
+pub const NAMES: &[&str] = &[
+    "fill_f32",
+    "scale_f32",
+    "axpy_f32",
+    "relu_fwd",
+    "relu_bwd",
+    "dropout_fwd",
+    "dropout_bwd",
+    "add_bias",
+    "gather_rows",
+    "scatter_add_grouped",
+    "csr_aggregate",
+    "col_partials",
+    "partials_finish",
+    "layer_norm_fwd",
+    "layer_norm_bwd_x",
+    "layer_norm_param_partials",
+    "xent_rows",
+    "sumsq_partials",
+    "adam_step",
+];
+
+/// The kernels. 64-bit element indices throughout: a feature matrix of 100M rows x 128
+/// columns has more than 2^32 elements.
+pub const SOURCE: &str = r#"
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#define GRID_STRIDE(i, n) \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (u64)blockDim.x * gridDim.x)
+
+/* SplitMix64 finaliser: the same constants as grandis_engine::backend::mix64. */
+__device__ __forceinline__ u64 mix64(u64 z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* grandis_engine::backend::dropout_keep */
+__device__ __forceinline__ bool dropout_keep(u64 stream, u32 thr, u32 gid, u32 col) {
+    u64 h = mix64(stream ^ (((u64)gid << 32) | (u64)col));
+    return (u32)(h >> 40) >= thr;
+}
+
+__device__ __forceinline__ float warp_sum_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+extern "C" __global__ void fill_f32(float* x, u64 n, float v) {
+    GRID_STRIDE(i, n) x[i] = v;
+}
+
+extern "C" __global__ void scale_f32(float* x, u64 n, float a) {
+    GRID_STRIDE(i, n) x[i] *= a;
+}
+
+extern "C" __global__ void axpy_f32(const float* x, float* y, u64 n, float a) {
+    GRID_STRIDE(i, n) y[i] += a * x[i];
+}
+
+extern "C" __global__ void relu_fwd(const float* x, float* out, u64 n) {
+    GRID_STRIDE(i, n) out[i] = fmaxf(x[i], 0.0f);
+}
+
+extern "C" __global__ void relu_bwd(const float* y, float* g, u64 n) {
+    GRID_STRIDE(i, n) {
+        if (y[i] <= 0.0f) g[i] = 0.0f;
+    }
+}
+
+extern "C" __global__ void dropout_fwd(const float* x, float* out, u64 rows, u64 cols,
+                                       const u32* gids, u64 stream, u32 thr, float scale,
+                                       int p_zero) {
+    u64 n = rows * cols;
+    GRID_STRIDE(i, n) {
+        u64 r = i / cols;
+        u32 c = (u32)(i - r * cols);
+        out[i] = (p_zero || dropout_keep(stream, thr, gids[r], c)) ? x[i] * scale : 0.0f;
+    }
+}
+
+extern "C" __global__ void dropout_bwd(float* g, u64 rows, u64 cols, const u32* gids,
+                                       u64 stream, u32 thr, float scale) {
+    u64 n = rows * cols;
+    GRID_STRIDE(i, n) {
+        u64 r = i / cols;
+        u32 c = (u32)(i - r * cols);
+        g[i] = dropout_keep(stream, thr, gids[r], c) ? g[i] * scale : 0.0f;
+    }
+}
+
+extern "C" __global__ void add_bias(float* x, const float* bias, u64 n, u64 cols) {
+    GRID_STRIDE(i, n) x[i] += bias[i % cols];
+}
+
+extern "C" __global__ void gather_rows(const float* src, const u32* idx, float* out, u64 n,
+                                       u64 cols) {
+    GRID_STRIDE(i, n) {
+        u64 r = i / cols;
+        u64 c = i - r * cols;
+        out[i] = src[(u64)idx[r] * cols + c];
+    }
+}
+
+/* out[targets[g]] += src[pos[k]] for k in goff[g]..goff[g+1], positions ascending: the
+   sequential order of the CPU loop, and no two threads touch the same output element. */
+extern "C" __global__ void scatter_add_grouped(const float* src, const u32* targets,
+                                               const u64* goff, const u32* pos, float* out,
+                                               u64 n_groups, u64 cols) {
+    u64 n = n_groups * cols;
+    GRID_STRIDE(i, n) {
+        u64 g = i / cols;
+        u64 c = i - g * cols;
+        u64 o = (u64)targets[g] * cols + c;
+        float acc = out[o];
+        for (u64 k = goff[g]; k < goff[g + 1]; ++k) acc += src[(u64)pos[k] * cols + c];
+        out[o] = acc;
+    }
+}
+
+/* out[v] = dst[v] * sum_{u in row v} src[u] * x[u] + self[v] * x[v]; blockDim.y rows per
+   block, blockDim.x threads striding over the d columns of a row. The accumulation order
+   (CSR order, then scale, then self term) is the CPU kernel's. */
+extern "C" __global__ void csr_aggregate(const u64* off, const u32* idx, const float* dsc,
+                                         const float* ssc, int has_src, const float* slf,
+                                         int has_self, const float* x, u64 n_rows, u64 d,
+                                         float* out) {
+    u64 row = (u64)blockIdx.x * blockDim.y + threadIdx.y;
+    if (row >= n_rows) return;
+    u64 b = off[row], e = off[row + 1];
+    float ds = dsc[row];
+    float sl = has_self ? slf[row] : 0.0f;
+    for (u64 c = threadIdx.x; c < d; c += blockDim.x) {
+        float acc = 0.0f;
+        if (has_src) {
+            for (u64 k = b; k < e; ++k) {
+                u32 u = idx[k];
+                acc += ssc[u] * x[(u64)u * d + c];
+            }
+        } else {
+            for (u64 k = b; k < e; ++k) acc += x[(u64)idx[k] * d + c];
+        }
+        /* Rows of A^T beyond n_dst have self weight 0 and no row of their own in the input:
+           skip the read, as the CPU kernel does. */
+        if (has_self && sl != 0.0f) acc = ds * acc + sl * x[row * d + c];
+        else acc = acc * ds;
+        out[row * d + c] = acc;
+    }
+}
+
+/* part[ch * cols + j] = sum over rows ch*chunk .. of x[r, j], in f64, rows in order. */
+extern "C" __global__ void col_partials(const float* x, u64 rows, u64 cols, u64 chunk,
+                                        u64 n_chunks, double* part) {
+    u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    for (u64 ch = blockIdx.y; ch < n_chunks; ch += gridDim.y) {
+        u64 r0 = ch * chunk;
+        u64 r1 = r0 + chunk < rows ? r0 + chunk : rows;
+        double s = 0.0;
+        for (u64 r = r0; r < r1; ++r) s += (double)x[r * cols + j];
+        part[ch * cols + j] = s;
+    }
+}
+
+/* out[j] = beta * out[j] + sum_ch part[ch * stride + offset + j] (chunk order; beta == 0
+   ignores the old value). */
+extern "C" __global__ void partials_finish(const double* part, u64 n_chunks, u64 stride,
+                                           u64 offset, u64 cols, float beta, float* out) {
+    GRID_STRIDE(j, cols) {
+        double s = 0.0;
+        for (u64 ch = 0; ch < n_chunks; ++ch) s += part[ch * stride + offset + j];
+        out[j] = beta == 0.0f ? (float)s : beta * out[j] + (float)s;
+    }
+}
+
+/* One warp per row (blockDim.x a multiple of 32, so a warp never straddles rows). */
+extern "C" __global__ void layer_norm_fwd(const float* x, const float* gamma,
+                                          const float* beta, u64 rows, u64 cols, float eps,
+                                          float* out, float* mean, float* rstd) {
+    u64 row = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    u32 lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const float* xr = x + row * cols;
+    float n = (float)cols;
+    float s = 0.0f;
+    for (u64 c = lane; c < cols; c += 32) s += xr[c];
+    float m = warp_sum_f(s) / n;
+    float v = 0.0f;
+    for (u64 c = lane; c < cols; c += 32) {
+        float t = xr[c] - m;
+        v += t * t;
+    }
+    float var = warp_sum_f(v) / n;
+    float r = 1.0f / sqrtf(var + eps);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+    float* o = out + row * cols;
+    for (u64 c = lane; c < cols; c += 32) o[c] = (xr[c] - m) * r * gamma[c] + beta[c];
+}
+
+extern "C" __global__ void layer_norm_bwd_x(const float* gy, const float* x, const float* gamma,
+                                            const float* mean, const float* rstd, u64 rows,
+                                            u64 cols, float* gx) {
+    u64 row = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    u32 lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const float* xr = x + row * cols;
+    const float* g = gy + row * cols;
+    float m = mean[row], rs = rstd[row];
+    float n = (float)cols;
+    float s1 = 0.0f, s2 = 0.0f;
+    for (u64 c = lane; c < cols; c += 32) {
+        float xh = (xr[c] - m) * rs;
+        float gg = g[c] * gamma[c];
+        s1 += gg;
+        s2 += gg * xh;
+    }
+    s1 = warp_sum_f(s1) / n;
+    s2 = warp_sum_f(s2) / n;
+    float* o = gx + row * cols;
+    for (u64 c = lane; c < cols; c += 32) {
+        float xh = (xr[c] - m) * rs;
+        o[c] = rs * (g[c] * gamma[c] - s1 - xh * s2);
+    }
+}
+
+/* part[ch * 2cols + j] = sum_r (gy * xhat), part[ch * 2cols + cols + j] = sum_r gy. */
+extern "C" __global__ void layer_norm_param_partials(const float* gy, const float* x,
+                                                     const float* mean, const float* rstd,
+                                                     u64 rows, u64 cols, u64 chunk,
+                                                     u64 n_chunks, double* part) {
+    u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    for (u64 ch = blockIdx.y; ch < n_chunks; ch += gridDim.y) {
+        u64 r0 = ch * chunk;
+        u64 r1 = r0 + chunk < rows ? r0 + chunk : rows;
+        double sg = 0.0, sb = 0.0;
+        for (u64 r = r0; r < r1; ++r) {
+            float g = gy[r * cols + j];
+            float xh = (x[r * cols + j] - mean[r]) * rstd[r];
+            sg += (double)(g * xh);
+            sb += (double)g;
+        }
+        part[ch * 2 * cols + j] = sg;
+        part[ch * 2 * cols + cols + j] = sb;
+    }
+}
+
+/* One warp per selected row: terms[i] = lse - z[label], grad[row] += (softmax - onehot) * inv.
+   The gradient is added atomically because a row id may in principle repeat. */
+extern "C" __global__ void xent_rows(const float* logits, u64 classes, const u32* rows,
+                                     const u32* labels, u64 n_sel, float inv, float* grad,
+                                     double* terms) {
+    u64 i = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    u32 lane = threadIdx.x & 31;
+    if (i >= n_sel) return;
+    u64 r = rows[i];
+    u32 l = labels[i];
+    const float* z = logits + r * classes;
+    float mx = -INFINITY;
+    for (u64 c = lane; c < classes; c += 32) mx = fmaxf(mx, z[c]);
+    mx = warp_max_f(mx);
+    double s = 0.0;
+    for (u64 c = lane; c < classes; c += 32) s += exp((double)(z[c] - mx));
+    s = warp_sum_d(s);
+    double lse = (double)mx + log(s);
+    for (u64 c = lane; c < classes; c += 32) {
+        double p = exp((double)z[c] - lse);
+        double t = c == (u64)l ? 1.0 : 0.0;
+        atomicAdd(&grad[r * classes + c], (float)(p - t) * inv);
+    }
+    if (lane == 0) terms[i] = lse - (double)z[l];
+}
+
+/* part[ch] = sum of x^2 over elements ch*chunk .. (one block per chunk, f64). */
+extern "C" __global__ void sumsq_partials(const float* x, u64 n, u64 chunk, u64 n_chunks,
+                                          double* part) {
+    __shared__ double sh[32];
+    for (u64 ch = blockIdx.x; ch < n_chunks; ch += gridDim.x) {
+        u64 e0 = ch * chunk;
+        u64 e1 = e0 + chunk < n ? e0 + chunk : n;
+        double s = 0.0;
+        for (u64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+            double v = (double)x[e];
+            s += v * v;
+        }
+        s = warp_sum_d(s);
+        if ((threadIdx.x & 31) == 0) sh[threadIdx.x / 32] = s;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            double t = threadIdx.x < blockDim.x / 32 ? sh[threadIdx.x] : 0.0;
+            t = warp_sum_d(t);
+            if (threadIdx.x == 0) part[ch] = t;
+        }
+        __syncthreads();
+    }
+}
+
+/* grandis_engine::backend::AdamStep, operation by operation as in the CPU loop. */
+extern "C" __global__ void adam_step(float* w, const float* g, float* m, float* v, u64 n,
+                                     float lr, float b1, float b2, float eps, float wd,
+                                     int decoupled, float gs, float bc1, float bc2) {
+    GRID_STRIDE(i, n) {
+        float wi = w[i];
+        float gi = g[i] * gs;
+        if (!decoupled) gi += wd * wi;
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float m_hat = mi / bc1;
+        float v_hat = vi / bc2;
+        if (decoupled) wi -= lr * wd * wi;
+        wi -= lr * m_hat / (sqrtf(v_hat) + eps);
+        w[i] = wi;
+    }
+}
+"#;

@@ -1,0 +1,1396 @@
+//! The CUDA backend ([`CudaBackend`]): device buffers from cudarc, GEMM through cuBLAS, and
+//! every other operation as a custom kernel compiled at start-up with NVRTC
+//! ([`kernels::SOURCE`]).
+//!
+//! cudarc is built with `dynamic-loading`: the crate compiles and links without any CUDA
+//! installation, and `libcuda` / `libnvrtc` / `libcublas` are opened at run time. cudarc
+//! panics when a library is missing, so [`CudaBackend::new`] first checks that each library
+//! can be opened and returns an [`EngineError::Device`] naming the missing one, and it runs
+//! the first driver calls under `catch_unwind` as a second line of defence.
+//!
+//! Aggregation uses our own CSR kernel rather than cuSPARSE SpMM: the backend contract
+//! (explicit `dst`/`src`/`self` scale vectors, the halo-rows rule of the transposed graph,
+//! results equal to the CPU backend) maps onto one small kernel that follows the CPU loop
+//! operation by operation, while cuSPARSE would need the scales folded into per-edge values
+//! (an extra `E`-sized array per graph) and sums in an order of its own choosing.
+//!
+//! All work is queued on one stream per backend ([`CudaBackend::stream`]); cudarc's per-buffer
+//! event tracking is switched off because a single in-order stream needs none. Code that adds
+//! work of its own on these buffers (NCCL collectives, for instance) must use the same stream
+//! or synchronise with it.
+//!
+//! Small scratch buffers (per-chunk partial sums of reductions, per-row loss terms, the
+//! grouping of a scatter index) are allocated inside the operations that need them; they are
+//! `O(rows / 4096 * cols)`, `O(selected rows)` and `O(index length)` respectively.
+
+pub mod kernels;
+
+use crate::backend::{
+    dropout_threshold, shape_err, AdamStep, Backend, BlockGraph, DropoutKey, EngineError, Result,
+};
+use cudarc::cublas::{sys as cublas_sys, CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    ValidAsZeroBits,
+};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, OnceLock};
+
+const BACKEND: &str = "cuda";
+
+/// Threads per block of the element-wise kernels.
+const ELEM_THREADS: u32 = 256;
+/// Upper bound on the grid of grid-stride kernels (each thread loops over the rest).
+const MAX_BLOCKS: u64 = 1 << 20;
+/// Upper bound on `gridDim.y` (a hardware limit is 65535).
+const MAX_GRID_Y: u64 = 65_535;
+
+fn dev_err(context: impl std::fmt::Display, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Device {
+        backend: BACKEND,
+        message: format!("{context}: {e}"),
+    }
+}
+
+fn need(op: &'static str, what: &str, have: usize, want: usize) -> Result<()> {
+    if have < want {
+        Err(shape_err(
+            op,
+            format!("{what} has {have} elements, needs at least {want}"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// `rows * cols` without overflow (a shape error otherwise).
+fn elems(op: &'static str, rows: usize, cols: usize) -> Result<usize> {
+    rows.checked_mul(cols)
+        .ok_or_else(|| shape_err(op, format!("{rows} x {cols} overflows the address space")))
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+/// Runs `f`, turning a panic inside cudarc (a library or symbol it could not load) into an
+/// error instead of tearing down the caller.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => Err(EngineError::Device {
+            backend: BACKEND,
+            message: format!(
+                "{what}: the CUDA libraries failed: {}",
+                panic_message(payload.as_ref())
+            ),
+        }),
+    }
+}
+
+/// Whether the CUDA driver library (`libcuda.so`) can be opened. Every other entry point
+/// checks this first: without it cudarc panics on the first driver call.
+pub fn driver_library_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its usual names and closes it again.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+fn no_driver_error(what: &str) -> EngineError {
+    EngineError::Device {
+        backend: BACKEND,
+        message: format!(
+            "CUDA driver library not found: {what} needs an NVIDIA driver (libcuda.so); \
+             use the CPU backend on machines without a GPU"
+        ),
+    }
+}
+
+/// Number of CUDA devices the driver reports, or a clean error when there is no driver.
+pub fn device_count() -> Result<usize> {
+    if !driver_library_present() {
+        return Err(no_driver_error("listing CUDA devices"));
+    }
+    guarded("listing CUDA devices", || {
+        let n = CudaContext::device_count().map_err(|e| dev_err("cuDeviceGetCount", e))?;
+        Ok(n.max(0) as usize)
+    })
+}
+
+/// PTX of [`kernels::SOURCE`], compiled once per process (PTX does not depend on the
+/// context; each backend loads it into its own).
+static PTX: OnceLock<std::result::Result<Ptx, String>> = OnceLock::new();
+
+fn compiled_ptx() -> Result<Ptx> {
+    let r = PTX.get_or_init(|| {
+        let opts = CompileOptions {
+            // No FMA contraction and IEEE div/sqrt: the kernels then round exactly like the
+            // CPU backend's Rust loops (which never contract).
+            fmad: Some(false),
+            prec_div: Some(true),
+            prec_sqrt: Some(true),
+            ftz: Some(false),
+            name: Some("grandis_kernels.cu".into()),
+            ..Default::default()
+        };
+        cudarc::nvrtc::compile_ptx_with_opts(kernels::SOURCE, opts).map_err(|e| e.to_string())
+    });
+    r.clone()
+        .map_err(|e| dev_err("compiling the CUDA kernels with NVRTC", e))
+}
+
+/// A device `f32` buffer. Holds at least one element on the device (CUDA has no zero-byte
+/// allocations); [`Backend::len`] reports the logical length.
+pub struct CudaBuf {
+    data: CudaSlice<f32>,
+    len: usize,
+}
+
+impl CudaBuf {
+    /// The underlying device slice (its first `len` elements are the buffer), for code that
+    /// queues its own work on [`CudaBackend::stream`] (e.g. NCCL collectives).
+    pub fn slice(&self) -> &CudaSlice<f32> {
+        &self.data
+    }
+
+    pub fn slice_mut(&mut self) -> &mut CudaSlice<f32> {
+        &mut self.data
+    }
+}
+
+/// Positions of an index buffer grouped by target row, for a deterministic scatter-add.
+struct ScatterPlan {
+    targets: CudaSlice<u32>,
+    offsets: CudaSlice<u64>,
+    positions: CudaSlice<u32>,
+    n_groups: usize,
+}
+
+/// A device `u32` buffer. Keeps a host copy: the backend validates ids against buffer sizes
+/// on the host (as the CPU backend does) without a device round trip, and builds the
+/// scatter grouping from it.
+pub struct CudaIndex {
+    data: CudaSlice<u32>,
+    host: Vec<u32>,
+    max: Option<u32>,
+    scatter: Mutex<Option<Arc<ScatterPlan>>>,
+}
+
+impl CudaIndex {
+    pub fn slice(&self) -> &CudaSlice<u32> {
+        &self.data
+    }
+
+    /// The host copy of the ids.
+    pub fn host(&self) -> &[u32] {
+        &self.host
+    }
+}
+
+/// One direction of an uploaded graph: `out[v] = dst[v] * sum_u src[u] * x[u] + self[v] x[v]`.
+struct DevCsr {
+    n_rows: usize,
+    offsets: CudaSlice<u64>,
+    indices: CudaSlice<u32>,
+    dst: CudaSlice<f32>,
+    src: Option<CudaSlice<f32>>,
+    self_: Option<CudaSlice<f32>>,
+}
+
+/// An uploaded [`BlockGraph`]: forward CSR and its transpose, with their scale vectors.
+pub struct CudaGraph {
+    fwd: DevCsr,
+    bwd: DevCsr,
+    n_dst: usize,
+    n_src: usize,
+    n_edges: usize,
+}
+
+/// The CUDA backend: one device, one stream, one cuBLAS handle.
+pub struct CudaBackend {
+    ordinal: usize,
+    device_name: String,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    funcs: HashMap<&'static str, CudaFunction>,
+}
+
+fn elem_cfg(n: u64) -> LaunchConfig {
+    let blocks = n.div_ceil(ELEM_THREADS as u64).clamp(1, MAX_BLOCKS);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (ELEM_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One warp per row, 8 warps per block.
+fn warp_rows_cfg(op: &'static str, rows: u64) -> Result<LaunchConfig> {
+    let blocks = rows.div_ceil(8);
+    if blocks > i32::MAX as u64 {
+        return Err(shape_err(op, format!("{rows} rows exceed the CUDA grid")));
+    }
+    Ok(LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// Column-reduction kernels: threads over columns, `gridDim.y` over row chunks.
+fn col_chunks_cfg(cols: u64, n_chunks: u64) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            cols.div_ceil(128) as u32,
+            n_chunks.clamp(1, MAX_GRID_Y) as u32,
+            1,
+        ),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`: checks that the driver, NVRTC and cuBLAS libraries exist,
+    /// creates a context and a stream, compiles (first call in the process) and loads the
+    /// kernels. Every failure is an [`EngineError::Device`] that says what is missing.
+    pub fn new(ordinal: usize) -> Result<CudaBackend> {
+        let what = format!("--device cuda:{ordinal}");
+        if !driver_library_present() {
+            return Err(no_driver_error(&what));
+        }
+        guarded(&what, || Self::open(ordinal))
+    }
+
+    fn open(ordinal: usize) -> Result<CudaBackend> {
+        let count = CudaContext::device_count()
+            .map_err(|e| dev_err("initialising the CUDA driver", e))?
+            .max(0) as usize;
+        if ordinal >= count {
+            return Err(EngineError::Device {
+                backend: BACKEND,
+                message: format!(
+                    "device cuda:{ordinal} does not exist: the driver reports {count} device(s)"
+                ),
+            });
+        }
+        // SAFETY: only tries to dlopen the libraries by their usual names.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(EngineError::Device {
+                backend: BACKEND,
+                message: "NVRTC library (libnvrtc.so) not found: the CUDA backend compiles its \
+                          kernels at start-up and needs the CUDA runtime compiler"
+                    .into(),
+            });
+        }
+        // SAFETY: as above.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(EngineError::Device {
+                backend: BACKEND,
+                message: "cuBLAS library (libcublas.so) not found: the CUDA backend needs it \
+                          for dense matrix products"
+                    .into(),
+            });
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| dev_err(format!("creating a context on cuda:{ordinal}"), e))?;
+        // SAFETY: every buffer of this backend is created and used on the one stream below,
+        // which orders all accesses; the per-buffer events would only add overhead.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| dev_err("creating a CUDA stream", e))?;
+        let device_name = ctx.name().unwrap_or_else(|_| "unknown device".into());
+        let ptx = compiled_ptx()?;
+        let module = ctx.load_module(ptx).map_err(|e| {
+            dev_err(
+                "loading the compiled kernels (an NVRTC newer than the driver produces PTX \
+                 the driver cannot load)",
+                e,
+            )
+        })?;
+        let mut funcs = HashMap::new();
+        for &name in kernels::NAMES {
+            let f = module
+                .load_function(name)
+                .map_err(|e| dev_err(format!("kernel {name}"), e))?;
+            funcs.insert(name, f);
+        }
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| dev_err("creating cuBLAS", e))?;
+        // Plain FP32 products (no TF32 tensor-core rounding), so GEMMs match the CPU backend
+        // to f32 rounding.
+        // SAFETY: the handle is valid for the lifetime of `blas`.
+        unsafe {
+            cublas_sys::cublasSetMathMode(
+                *blas.handle(),
+                cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
+            )
+        }
+        .result()
+        .map_err(|e| dev_err("cublasSetMathMode", e))?;
+        tracing::info!("CUDA backend on cuda:{ordinal} ({device_name})");
+        Ok(CudaBackend {
+            ordinal,
+            device_name,
+            ctx,
+            stream,
+            blas,
+            funcs,
+        })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The device's name as the driver reports it.
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every operation of this backend is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn func(&self, name: &'static str) -> Result<&CudaFunction> {
+        self.funcs
+            .get(name)
+            .ok_or_else(|| dev_err("kernel table", format!("kernel {name} was not loaded")))
+    }
+
+    /// Device copy of `host`; an empty slice becomes a one-element zero buffer.
+    fn to_dev<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        what: &str,
+        host: &[T],
+    ) -> Result<CudaSlice<T>> {
+        let r = if host.is_empty() {
+            self.stream.alloc_zeros::<T>(1)
+        } else {
+            self.stream.clone_htod(host)
+        };
+        r.map_err(|e| {
+            dev_err(
+                format!(
+                    "cuda:{}: uploading {what} ({} bytes)",
+                    self.ordinal,
+                    std::mem::size_of_val(host)
+                ),
+                e,
+            )
+        })
+    }
+
+    fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        what: &str,
+        len: usize,
+    ) -> Result<CudaSlice<T>> {
+        self.stream.alloc_zeros::<T>(len.max(1)).map_err(|e| {
+            dev_err(
+                format!(
+                    "cuda:{}: allocating {what} ({} bytes)",
+                    self.ordinal,
+                    len * std::mem::size_of::<T>()
+                ),
+                e,
+            )
+        })
+    }
+
+    fn sync(&self, op: &str) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| dev_err(format!("cuda:{}: {op}", self.ordinal), e))
+    }
+
+    fn upload_csr(
+        &self,
+        offsets: &[u64],
+        indices: &[u32],
+        dst: &[f32],
+        src: Option<&[f32]>,
+        self_: Option<&[f32]>,
+    ) -> Result<DevCsr> {
+        Ok(DevCsr {
+            n_rows: offsets.len() - 1,
+            offsets: self.to_dev("graph offsets", offsets)?,
+            indices: self.to_dev("graph indices", indices)?,
+            dst: self.to_dev("graph scales", dst)?,
+            src: src.map(|s| self.to_dev("graph scales", s)).transpose()?,
+            self_: self_.map(|s| self.to_dev("graph scales", s)).transpose()?,
+        })
+    }
+
+    fn run_csr(
+        &self,
+        op: &'static str,
+        g: &DevCsr,
+        x: &CudaBuf,
+        d: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        if g.n_rows == 0 || d == 0 {
+            return Ok(());
+        }
+        // Threads of a row stride over its columns: up to 128 per row for wide rows, fewer
+        // (rounded to a power of two) for narrow ones; 256 threads per block.
+        let bx: u32 = if d >= 32 {
+            (d.div_ceil(32) * 32).min(128) as u32
+        } else {
+            (d as u32).next_power_of_two()
+        };
+        let by = (256 / bx).max(1);
+        let blocks = (g.n_rows as u64).div_ceil(by as u64);
+        if blocks > i32::MAX as u64 {
+            return Err(shape_err(
+                op,
+                format!("{} rows exceed the CUDA grid", g.n_rows),
+            ));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (bx, by, 1),
+            shared_mem_bytes: 0,
+        };
+        let (has_src, has_self) = (g.src.is_some() as i32, g.self_.is_some() as i32);
+        // Absent scale vectors are never read (flag 0); any valid pointer stands in.
+        let src = g.src.as_ref().unwrap_or(&g.dst);
+        let slf = g.self_.as_ref().unwrap_or(&g.dst);
+        let (n_rows, d64) = (g.n_rows as u64, d as u64);
+        let f = self.func("csr_aggregate")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&g.offsets)
+            .arg(&g.indices)
+            .arg(&g.dst)
+            .arg(src)
+            .arg(&has_src)
+            .arg(slf)
+            .arg(&has_self)
+            .arg(&x.data)
+            .arg(&n_rows)
+            .arg(&d64)
+            .arg(&mut out.data);
+        // SAFETY: offsets has n_rows + 1 entries, indices are < n_src (validated at upload),
+        // x has n_src * d elements and out n_rows * d (checked by the callers).
+        unsafe { b.launch(cfg) }.map_err(|e| dev_err(op, e))?;
+        Ok(())
+    }
+
+    /// The grouping of `idx` by target row (built on first use, then cached in the index).
+    fn scatter_plan(&self, idx: &CudaIndex) -> Result<Arc<ScatterPlan>> {
+        let mut slot = idx
+            .scatter
+            .lock()
+            .map_err(|_| dev_err("scatter_add_rows", "index lock poisoned"))?;
+        if let Some(p) = slot.as_ref() {
+            return Ok(p.clone());
+        }
+        if idx.host.len() > u32::MAX as usize {
+            return Err(shape_err(
+                "scatter_add_rows",
+                format!(
+                    "index has {} entries, at most 2^32 - 1 supported",
+                    idx.host.len()
+                ),
+            ));
+        }
+        let mut pairs: Vec<(u32, u32)> = idx
+            .host
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (t, i as u32))
+            .collect();
+        // Sorting (target, position) pairs keeps each target's positions ascending: the
+        // order in which the CPU loop adds them.
+        pairs.sort_unstable();
+        let mut targets = Vec::new();
+        let mut offsets = vec![0u64];
+        let positions: Vec<u32> = pairs.iter().map(|&(_, p)| p).collect();
+        for (i, &(t, _)) in pairs.iter().enumerate() {
+            if targets.last() != Some(&t) {
+                if i > 0 {
+                    offsets.push(i as u64);
+                }
+                targets.push(t);
+            }
+        }
+        offsets.push(pairs.len() as u64);
+        if targets.is_empty() {
+            offsets.truncate(1);
+        }
+        let plan = Arc::new(ScatterPlan {
+            n_groups: targets.len(),
+            targets: self.to_dev("scatter targets", &targets)?,
+            offsets: self.to_dev("scatter offsets", &offsets)?,
+            positions: self.to_dev("scatter positions", &positions)?,
+        });
+        *slot = Some(plan.clone());
+        Ok(plan)
+    }
+
+    /// Reduces f64 per-chunk partials (downloaded) in chunk order.
+    fn ordered_host_sum(&self, op: &str, part: &CudaSlice<f64>, n: usize) -> Result<f64> {
+        if n == 0 {
+            self.sync(op)?;
+            return Ok(0.0);
+        }
+        let mut host = vec![0.0f64; n];
+        self.stream
+            .memcpy_dtoh(&part.slice(0..n), &mut host)
+            .map_err(|e| dev_err(op, e))?;
+        self.sync(op)?;
+        let mut total = 0.0f64;
+        for v in host {
+            total += v;
+        }
+        Ok(total)
+    }
+
+    /// `out[j] = beta * out[j] + sum_ch part[ch * stride + offset + j]`.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_partials(
+        &self,
+        op: &'static str,
+        part: &CudaSlice<f64>,
+        n_chunks: u64,
+        stride: u64,
+        offset: u64,
+        cols: u64,
+        beta: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let f = self.func("partials_finish")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(part)
+            .arg(&n_chunks)
+            .arg(&stride)
+            .arg(&offset)
+            .arg(&cols)
+            .arg(&beta)
+            .arg(&mut out.data);
+        // SAFETY: part has n_chunks * stride elements covering offset + cols; out has cols.
+        unsafe { b.launch(elem_cfg(cols)) }.map_err(|e| dev_err(op, e))?;
+        Ok(())
+    }
+}
+
+fn check_index_range(op: &'static str, what: &str, idx: &CudaIndex, limit: usize) -> Result<()> {
+    match idx.max {
+        Some(m) if m as usize >= limit => Err(shape_err(
+            op,
+            format!("{what} {m} out of range (must be < {limit})"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Index = CudaIndex;
+    type Graph = CudaGraph;
+
+    fn name(&self) -> String {
+        format!("cuda:{}", self.ordinal)
+    }
+
+    fn alloc(&self, len: usize) -> Result<CudaBuf> {
+        Ok(CudaBuf {
+            data: self.zeros("a buffer", len)?,
+            len,
+        })
+    }
+
+    fn len(&self, buf: &CudaBuf) -> usize {
+        buf.len
+    }
+
+    fn upload(&self, host: &[f32]) -> Result<CudaBuf> {
+        Ok(CudaBuf {
+            data: self.to_dev("a buffer", host)?,
+            len: host.len(),
+        })
+    }
+
+    fn upload_into(&self, buf: &mut CudaBuf, offset: usize, host: &[f32]) -> Result<()> {
+        need("upload_into", "buffer", buf.len, offset + host.len())?;
+        if host.is_empty() {
+            return Ok(());
+        }
+        let mut view = buf.data.slice_mut(offset..offset + host.len());
+        self.stream
+            .memcpy_htod(host, &mut view)
+            .map_err(|e| dev_err("upload_into", e))
+    }
+
+    fn download(&self, buf: &CudaBuf, offset: usize, out: &mut [f32]) -> Result<()> {
+        need("download", "buffer", buf.len, offset + out.len())?;
+        if !out.is_empty() {
+            let view = buf.data.slice(offset..offset + out.len());
+            self.stream
+                .memcpy_dtoh(&view, out)
+                .map_err(|e| dev_err("download", e))?;
+        }
+        self.sync("download")
+    }
+
+    fn upload_index(&self, host: &[u32]) -> Result<CudaIndex> {
+        Ok(CudaIndex {
+            data: self.to_dev("an index", host)?,
+            host: host.to_vec(),
+            max: host.iter().copied().max(),
+            scatter: Mutex::new(None),
+        })
+    }
+
+    fn index_len(&self, idx: &CudaIndex) -> usize {
+        idx.host.len()
+    }
+
+    fn fill(&self, buf: &mut CudaBuf, len: usize, value: f32) -> Result<()> {
+        need("fill", "buffer", buf.len, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let n = len as u64;
+        let f = self.func("fill_f32")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut buf.data).arg(&n).arg(&value);
+        // SAFETY: buf has at least n elements.
+        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("fill", e))?;
+        Ok(())
+    }
+
+    fn copy(&self, src: &CudaBuf, dst: &mut CudaBuf, len: usize) -> Result<()> {
+        need("copy", "src", src.len, len)?;
+        need("copy", "dst", dst.len, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let s = src.data.slice(0..len);
+        let mut d = dst.data.slice_mut(0..len);
+        self.stream
+            .memcpy_dtod(&s, &mut d)
+            .map_err(|e| dev_err("copy", e))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.sync("synchronize")
+    }
+
+    fn gather_rows(
+        &self,
+        src: &CudaBuf,
+        cols: usize,
+        idx: &CudaIndex,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = elems("gather_rows", idx.host.len(), cols)?;
+        need("gather_rows", "out", out.len, n)?;
+        if let Some(m) = idx.max {
+            if (m as usize + 1) * cols > src.len {
+                return Err(shape_err(
+                    "gather_rows",
+                    format!("row {m} is outside src ({} elements)", src.len),
+                ));
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (n, cols) = (n as u64, cols as u64);
+        let f = self.func("gather_rows")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&src.data)
+            .arg(&idx.data)
+            .arg(&mut out.data)
+            .arg(&n)
+            .arg(&cols);
+        // SAFETY: every idx row is inside src (checked above), out has n elements.
+        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("gather_rows", e))?;
+        Ok(())
+    }
+
+    fn scatter_add_rows(
+        &self,
+        src: &CudaBuf,
+        cols: usize,
+        idx: &CudaIndex,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        let n = elems("scatter_add_rows", idx.host.len(), cols)?;
+        need("scatter_add_rows", "src", src.len, n)?;
+        if let Some(m) = idx.max {
+            if (m as usize + 1) * cols > out.len {
+                return Err(shape_err(
+                    "scatter_add_rows",
+                    format!("row {m} is outside out ({} elements)", out.len),
+                ));
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let plan = self.scatter_plan(idx)?;
+        let (n_groups, cols) = (plan.n_groups as u64, cols as u64);
+        let f = self.func("scatter_add_grouped")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&src.data)
+            .arg(&plan.targets)
+            .arg(&plan.offsets)
+            .arg(&plan.positions)
+            .arg(&mut out.data)
+            .arg(&n_groups)
+            .arg(&cols);
+        // SAFETY: the plan's targets are idx values (inside out), positions < idx.len()
+        // (inside src); each output element is written by exactly one thread.
+        unsafe { b.launch(elem_cfg(n_groups * cols)) }
+            .map_err(|e| dev_err("scatter_add_rows", e))?;
+        Ok(())
+    }
+
+    fn gemm(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: &CudaBuf,
+        b: &CudaBuf,
+        beta: f32,
+        c: &mut CudaBuf,
+    ) -> Result<()> {
+        need("gemm", "A", a.len, elems("gemm", m, k)?)?;
+        need("gemm", "B", b.len, elems("gemm", k, n)?)?;
+        let mn = elems("gemm", m, n)?;
+        need("gemm", "C", c.len, mn)?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            // cuBLAS rejects a leading dimension of 0; C = beta * C (beta = 0 clears NaN).
+            return if beta == 0.0 {
+                self.fill(c, mn, 0.0)
+            } else {
+                self.scale(c, beta, mn)
+            };
+        }
+        let dims = [m, n, k];
+        if dims.iter().any(|&x| x > i32::MAX as usize) {
+            return Err(shape_err(
+                "gemm",
+                format!("{m} x {n} x {k} exceeds cuBLAS's 32-bit dimensions"),
+            ));
+        }
+        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+        // Row-major C (m x n) is column-major C^T (n x m): compute C^T = op(B)^T op(A)^T,
+        // where each row-major operand read column-major is already its transpose.
+        use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+        let (op_b, ldb) = if trans_b {
+            (CUBLAS_OP_T, ki)
+        } else {
+            (CUBLAS_OP_N, ni)
+        };
+        let (op_a, lda) = if trans_a {
+            (CUBLAS_OP_T, mi)
+        } else {
+            (CUBLAS_OP_N, ki)
+        };
+        let cfg = GemmConfig {
+            transa: op_b,
+            transb: op_a,
+            m: ni,
+            n: mi,
+            k: ki,
+            alpha,
+            lda: ldb,
+            ldb: lda,
+            beta,
+            ldc: ni,
+        };
+        // SAFETY: A, B and C hold at least m*k, k*n and m*n elements (checked above) and the
+        // leading dimensions describe exactly those dense matrices.
+        unsafe { self.blas.gemm(cfg, &b.data, &a.data, &mut c.data) }
+            .map_err(|e| dev_err(format!("gemm {m}x{n}x{k} (cuBLAS)"), e))
+    }
+
+    fn add_bias(&self, x: &mut CudaBuf, bias: &CudaBuf, rows: usize, cols: usize) -> Result<()> {
+        let n = elems("add_bias", rows, cols)?;
+        need("add_bias", "x", x.len, n)?;
+        need("add_bias", "bias", bias.len, cols)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (n, cols) = (n as u64, cols as u64);
+        let f = self.func("add_bias")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut x.data).arg(&bias.data).arg(&n).arg(&cols);
+        // SAFETY: x has n elements, bias cols.
+        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("add_bias", e))?;
+        Ok(())
+    }
+
+    fn col_sum(
+        &self,
+        x: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        beta: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        need("col_sum", "x", x.len, elems("col_sum", rows, cols)?)?;
+        need("col_sum", "out", out.len, cols)?;
+        if cols == 0 {
+            return Ok(());
+        }
+        let (rows64, cols64) = (rows as u64, cols as u64);
+        let n_chunks = rows64.div_ceil(kernels::RED_CHUNK);
+        let part = self.zeros::<f64>("column partial sums", (n_chunks * cols64) as usize)?;
+        let mut part = part;
+        if n_chunks > 0 {
+            let chunk = kernels::RED_CHUNK;
+            let f = self.func("col_partials")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&x.data)
+                .arg(&rows64)
+                .arg(&cols64)
+                .arg(&chunk)
+                .arg(&n_chunks)
+                .arg(&mut part);
+            // SAFETY: x has rows*cols elements, part n_chunks*cols.
+            unsafe { b.launch(col_chunks_cfg(cols64, n_chunks)) }
+                .map_err(|e| dev_err("col_sum", e))?;
+        }
+        self.finish_partials("col_sum", &part, n_chunks, cols64, 0, cols64, beta, out)
+    }
+
+    fn upload_graph(&self, g: &BlockGraph) -> Result<CudaGraph> {
+        g.validate()?;
+        // Transpose on the host, exactly as the CPU backend does: row u lists the
+        // destinations v whose rows contain u, in increasing v.
+        let mut t_off = vec![0u64; g.n_src + 1];
+        for &u in &g.indices {
+            t_off[u as usize + 1] += 1;
+        }
+        for i in 0..g.n_src {
+            t_off[i + 1] += t_off[i];
+        }
+        let mut cursor = t_off.clone();
+        let mut t_idx = vec![0u32; g.indices.len()];
+        for v in 0..g.n_dst {
+            for &u in &g.indices[g.offsets[v] as usize..g.offsets[v + 1] as usize] {
+                let slot = &mut cursor[u as usize];
+                t_idx[*slot as usize] = v as u32;
+                *slot += 1;
+            }
+        }
+        let fwd = self.upload_csr(
+            &g.offsets,
+            &g.indices,
+            &g.dst_scale,
+            g.src_scale.as_deref(),
+            g.self_scale.as_deref(),
+        )?;
+        // In A^T the scales swap roles; the self term exists only for u < n_dst.
+        let bwd_dst = g.src_scale.clone().unwrap_or_else(|| vec![1.0; g.n_src]);
+        let bwd_self = g.self_scale.as_ref().map(|s| {
+            let mut full = s.clone();
+            full.resize(g.n_src, 0.0);
+            full
+        });
+        let bwd = self.upload_csr(
+            &t_off,
+            &t_idx,
+            &bwd_dst,
+            Some(&g.dst_scale),
+            bwd_self.as_deref(),
+        )?;
+        tracing::debug!(
+            "cuda:{}: uploaded graph block {}x{} with {} edges",
+            self.ordinal,
+            g.n_dst,
+            g.n_src,
+            g.indices.len()
+        );
+        Ok(CudaGraph {
+            fwd,
+            bwd,
+            n_dst: g.n_dst,
+            n_src: g.n_src,
+            n_edges: g.indices.len(),
+        })
+    }
+
+    fn graph_dims(&self, g: &CudaGraph) -> (usize, usize, usize) {
+        (g.n_dst, g.n_src, g.n_edges)
+    }
+
+    fn aggregate(&self, g: &CudaGraph, x: &CudaBuf, d: usize, out: &mut CudaBuf) -> Result<()> {
+        need("aggregate", "x", x.len, elems("aggregate", g.n_src, d)?)?;
+        need("aggregate", "out", out.len, elems("aggregate", g.n_dst, d)?)?;
+        self.run_csr("aggregate", &g.fwd, x, d, out)
+    }
+
+    fn aggregate_backward(
+        &self,
+        g: &CudaGraph,
+        grad_out: &CudaBuf,
+        d: usize,
+        grad_x: &mut CudaBuf,
+    ) -> Result<()> {
+        let op = "aggregate_backward";
+        need(op, "grad_out", grad_out.len, elems(op, g.n_dst, d)?)?;
+        need(op, "grad_x", grad_x.len, elems(op, g.n_src, d)?)?;
+        self.run_csr(op, &g.bwd, grad_out, d, grad_x)
+    }
+
+    fn relu(&self, x: &CudaBuf, out: &mut CudaBuf, len: usize) -> Result<()> {
+        need("relu", "x", x.len, len)?;
+        need("relu", "out", out.len, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let n = len as u64;
+        let f = self.func("relu_fwd")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&x.data).arg(&mut out.data).arg(&n);
+        // SAFETY: both buffers have at least n elements.
+        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("relu", e))?;
+        Ok(())
+    }
+
+    fn relu_backward(&self, y: &CudaBuf, grad: &mut CudaBuf, len: usize) -> Result<()> {
+        need("relu_backward", "y", y.len, len)?;
+        need("relu_backward", "grad", grad.len, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let n = len as u64;
+        let f = self.func("relu_bwd")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&y.data).arg(&mut grad.data).arg(&n);
+        // SAFETY: both buffers have at least n elements.
+        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("relu_backward", e))?;
+        Ok(())
+    }
+
+    fn dropout(
+        &self,
+        x: &CudaBuf,
+        out: &mut CudaBuf,
+        rows: usize,
+        cols: usize,
+        global_ids: &CudaIndex,
+        p: f32,
+        key: DropoutKey,
+    ) -> Result<()> {
+        let n = elems("dropout", rows, cols)?;
+        need("dropout", "x", x.len, n)?;
+        need("dropout", "out", out.len, n)?;
+        need("dropout", "global_ids", global_ids.host.len(), rows)?;
+        if !(0.0..1.0).contains(&p) {
+            return Err(shape_err(
+                "dropout",
+                format!("p must be in [0, 1), got {p}"),
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let stream = key.stream();
+        let thr = dropout_threshold(p);
+        let scale = 1.0f32 / (1.0 - p);
+        let p_zero = (p == 0.0) as i32;
+        let (rows, cols) = (rows as u64, cols as u64);
+        let f = self.func("dropout_fwd")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&x.data)
+            .arg(&mut out.data)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&global_ids.data)
+            .arg(&stream)
+            .arg(&thr)
+            .arg(&scale)
+            .arg(&p_zero);
+        // SAFETY: x and out have rows*cols elements, global_ids at least rows.
+        unsafe { b.launch(elem_cfg(rows * cols)) }.map_err(|e| dev_err("dropout", e))?;
+        Ok(())
+    }
+
+    fn dropout_backward(
+        &self,
+        grad: &mut CudaBuf,
+        rows: usize,
+        cols: usize,
+        global_ids: &CudaIndex,
+        p: f32,
+        key: DropoutKey,
+    ) -> Result<()> {
+        let op = "dropout_backward";
+        let n = elems(op, rows, cols)?;
+        need(op, "grad", grad.len, n)?;
+        need(op, "global_ids", global_ids.host.len(), rows)?;
+        if !(0.0..1.0).contains(&p) {
+            return Err(shape_err(op, format!("p must be in [0, 1), got {p}")));
+        }
+        if n == 0 || p == 0.0 {
+            return Ok(());
+        }
+        let stream = key.stream();
+        let thr = dropout_threshold(p);
+        let scale = 1.0f32 / (1.0 - p);
+        let (rows, cols) = (rows as u64, cols as u64);
+        let f = self.func("dropout_bwd")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut grad.data)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&global_ids.data)
+            .arg(&stream)
+            .arg(&thr)
+            .arg(&scale);
+        // SAFETY: grad has rows*cols elements, global_ids at least rows.
+        unsafe { b.launch(elem_cfg(rows * cols)) }.map_err(|e| dev_err(op, e))?;
+        Ok(())
+    }
+
+    fn axpy(&self, alpha: f32, x: &CudaBuf, y: &mut CudaBuf, len: usize) -> Result<()> {
+        need("axpy", "x", x.len, len)?;
+        need("axpy", "y", y.len, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let n = len as u64;
+        let f = self.func("axpy_f32")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&x.data).arg(&mut y.data).arg(&n).arg(&alpha);
+        // SAFETY: both buffers have at least n elements.
+        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("axpy", e))?;
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut CudaBuf, alpha: f32, len: usize) -> Result<()> {
+        need("scale", "x", x.len, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let n = len as u64;
+        let f = self.func("scale_f32")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut x.data).arg(&n).arg(&alpha);
+        // SAFETY: x has at least n elements.
+        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("scale", e))?;
+        Ok(())
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CudaBuf,
+        gamma: &CudaBuf,
+        beta: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+        out: &mut CudaBuf,
+        mean: &mut CudaBuf,
+        rstd: &mut CudaBuf,
+    ) -> Result<()> {
+        let op = "layer_norm";
+        let n = elems(op, rows, cols)?;
+        need(op, "x", x.len, n)?;
+        need(op, "out", out.len, n)?;
+        need(op, "gamma", gamma.len, cols)?;
+        need(op, "beta", beta.len, cols)?;
+        need(op, "mean", mean.len, rows)?;
+        need(op, "rstd", rstd.len, rows)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (rows, cols) = (rows as u64, cols as u64);
+        let cfg = warp_rows_cfg(op, rows)?;
+        let f = self.func("layer_norm_fwd")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&x.data)
+            .arg(&gamma.data)
+            .arg(&beta.data)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&eps)
+            .arg(&mut out.data)
+            .arg(&mut mean.data)
+            .arg(&mut rstd.data);
+        // SAFETY: sizes checked above.
+        unsafe { b.launch(cfg) }.map_err(|e| dev_err(op, e))?;
+        Ok(())
+    }
+
+    fn layer_norm_backward(
+        &self,
+        grad_out: &CudaBuf,
+        x: &CudaBuf,
+        gamma: &CudaBuf,
+        mean: &CudaBuf,
+        rstd: &CudaBuf,
+        rows: usize,
+        cols: usize,
+        grad_x: &mut CudaBuf,
+        grad_gamma: &mut CudaBuf,
+        grad_beta: &mut CudaBuf,
+    ) -> Result<()> {
+        let op = "layer_norm_backward";
+        let n = elems(op, rows, cols)?;
+        need(op, "grad_out", grad_out.len, n)?;
+        need(op, "x", x.len, n)?;
+        need(op, "grad_x", grad_x.len, n)?;
+        need(op, "gamma", gamma.len, cols)?;
+        need(op, "grad_gamma", grad_gamma.len, cols)?;
+        need(op, "grad_beta", grad_beta.len, cols)?;
+        need(op, "mean", mean.len, rows)?;
+        need(op, "rstd", rstd.len, rows)?;
+        if cols == 0 {
+            return Ok(());
+        }
+        let (rows64, cols64) = (rows as u64, cols as u64);
+        let n_chunks = rows64.div_ceil(kernels::RED_CHUNK);
+        let mut part =
+            self.zeros::<f64>("LayerNorm partial sums", (n_chunks * 2 * cols64) as usize)?;
+        if rows > 0 {
+            let cfg = warp_rows_cfg(op, rows64)?;
+            let f = self.func("layer_norm_bwd_x")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&grad_out.data)
+                .arg(&x.data)
+                .arg(&gamma.data)
+                .arg(&mean.data)
+                .arg(&rstd.data)
+                .arg(&rows64)
+                .arg(&cols64)
+                .arg(&mut grad_x.data);
+            // SAFETY: sizes checked above.
+            unsafe { b.launch(cfg) }.map_err(|e| dev_err(op, e))?;
+
+            let chunk = kernels::RED_CHUNK;
+            let f = self.func("layer_norm_param_partials")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&grad_out.data)
+                .arg(&x.data)
+                .arg(&mean.data)
+                .arg(&rstd.data)
+                .arg(&rows64)
+                .arg(&cols64)
+                .arg(&chunk)
+                .arg(&n_chunks)
+                .arg(&mut part);
+            // SAFETY: part has n_chunks * 2 * cols elements.
+            unsafe { b.launch(col_chunks_cfg(cols64, n_chunks)) }.map_err(|e| dev_err(op, e))?;
+        }
+        let stride = 2 * cols64;
+        self.finish_partials(op, &part, n_chunks, stride, 0, cols64, 1.0, grad_gamma)?;
+        self.finish_partials(op, &part, n_chunks, stride, cols64, cols64, 1.0, grad_beta)
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: &CudaBuf,
+        n: usize,
+        classes: usize,
+        rows: &CudaIndex,
+        labels: &CudaIndex,
+        normalizer: f32,
+        grad: &mut CudaBuf,
+    ) -> Result<f64> {
+        let op = "cross_entropy";
+        let total = elems(op, n, classes)?;
+        need(op, "logits", logits.len, total)?;
+        need(op, "grad", grad.len, total)?;
+        if rows.host.len() != labels.host.len() {
+            return Err(shape_err(
+                op,
+                format!("{} rows but {} labels", rows.host.len(), labels.host.len()),
+            ));
+        }
+        check_index_range(op, "row", rows, n)?;
+        if let Some(l) = labels.max {
+            if l as usize >= classes {
+                return Err(shape_err(
+                    op,
+                    format!("label {l} out of range ({classes} classes)"),
+                ));
+            }
+        }
+        if normalizer.is_nan() || normalizer <= 0.0 {
+            return Err(shape_err(
+                op,
+                format!("normalizer must be positive, got {normalizer}"),
+            ));
+        }
+        if total > 0 {
+            let mut view = grad.data.slice_mut(0..total);
+            self.stream
+                .memset_zeros(&mut view)
+                .map_err(|e| dev_err(op, e))?;
+        }
+        let n_sel = rows.host.len();
+        if n_sel == 0 {
+            self.sync(op)?;
+            return Ok(0.0);
+        }
+        let mut terms = self.zeros::<f64>("per-row loss terms", n_sel)?;
+        let inv = 1.0f32 / normalizer;
+        let (classes64, n_sel64) = (classes as u64, n_sel as u64);
+        let cfg = warp_rows_cfg(op, n_sel64)?;
+        let f = self.func("xent_rows")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&logits.data)
+            .arg(&classes64)
+            .arg(&rows.data)
+            .arg(&labels.data)
+            .arg(&n_sel64)
+            .arg(&inv)
+            .arg(&mut grad.data)
+            .arg(&mut terms);
+        // SAFETY: rows < n and labels < classes (checked above); terms has n_sel entries.
+        unsafe { b.launch(cfg) }.map_err(|e| dev_err(op, e))?;
+        // Loss terms are added on the host in row order, as the CPU backend does.
+        self.ordered_host_sum(op, &terms, n_sel)
+    }
+
+    fn sum_squares(&self, x: &CudaBuf, len: usize) -> Result<f64> {
+        need("sum_squares", "x", x.len, len)?;
+        let n = len as u64;
+        let n_chunks = n.div_ceil(kernels::ELEM_CHUNK);
+        if n_chunks == 0 {
+            self.sync("sum_squares")?;
+            return Ok(0.0);
+        }
+        let mut part = self.zeros::<f64>("sum_squares partials", n_chunks as usize)?;
+        let chunk = kernels::ELEM_CHUNK;
+        let cfg = LaunchConfig {
+            grid_dim: (n_chunks.min(MAX_BLOCKS) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = self.func("sumsq_partials")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&x.data)
+            .arg(&n)
+            .arg(&chunk)
+            .arg(&n_chunks)
+            .arg(&mut part);
+        // SAFETY: x has n elements, part n_chunks.
+        unsafe { b.launch(cfg) }.map_err(|e| dev_err("sum_squares", e))?;
+        self.ordered_host_sum("sum_squares", &part, n_chunks as usize)
+    }
+
+    fn adam_step(
+        &self,
+        param: &mut CudaBuf,
+        grad: &CudaBuf,
+        m: &mut CudaBuf,
+        v: &mut CudaBuf,
+        len: usize,
+        s: &AdamStep,
+    ) -> Result<()> {
+        for (what, have) in [
+            ("param", param.len),
+            ("grad", grad.len),
+            ("m", m.len),
+            ("v", v.len),
+        ] {
+            need("adam_step", what, have, len)?;
+        }
+        if s.step == 0 {
+            return Err(shape_err("adam_step", "step counter must start at 1"));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        // Bias corrections exactly as the CPU backend computes them (f64 powf, then f32).
+        let bc1 = (1.0 - (s.beta1 as f64).powf(s.step as f64)) as f32;
+        let bc2 = (1.0 - (s.beta2 as f64).powf(s.step as f64)) as f32;
+        let decoupled = s.decoupled as i32;
+        let n = len as u64;
+        let f = self.func("adam_step")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&mut param.data)
+            .arg(&grad.data)
+            .arg(&mut m.data)
+            .arg(&mut v.data)
+            .arg(&n)
+            .arg(&s.lr)
+            .arg(&s.beta1)
+            .arg(&s.beta2)
+            .arg(&s.eps)
+            .arg(&s.weight_decay)
+            .arg(&decoupled)
+            .arg(&s.grad_scale)
+            .arg(&bc1)
+            .arg(&bc2);
+        // SAFETY: all four buffers have at least n elements.
+        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("adam_step", e))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_are_all_defined_in_the_source() {
+        for name in kernels::NAMES {
+            let decl = format!("__global__ void {name}(");
+            assert!(
+                kernels::SOURCE.contains(&decl),
+                "kernel {name} listed in NAMES but not defined in SOURCE"
+            );
+        }
+        let defined = kernels::SOURCE.matches("__global__ void").count();
+        assert_eq!(
+            defined,
+            kernels::NAMES.len(),
+            "every kernel must be listed in NAMES"
+        );
+    }
+
+    #[test]
+    fn new_without_driver_is_a_clean_error() {
+        if driver_library_present() {
+            eprintln!("skipping: a CUDA driver is present on this machine");
+            return;
+        }
+        let err = match CudaBackend::new(0) {
+            Ok(_) => panic!("CudaBackend::new succeeded without a driver library"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("CUDA driver library not found") && err.contains("cuda:0"),
+            "unexpected error: {err}"
+        );
+        let err = device_count().unwrap_err().to_string();
+        assert!(err.contains("CUDA driver library not found"), "{err}");
+    }
+
+    #[test]
+    fn guarded_turns_panics_into_errors() {
+        let r: Result<()> = guarded("probe", || panic!("symbol cuFoo not found"));
+        let msg = r.unwrap_err().to_string();
+        assert!(msg.contains("probe") && msg.contains("cuFoo"), "{msg}");
+    }
+}
