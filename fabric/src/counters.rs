@@ -1,7 +1,7 @@
 //! Traffic accounting: bytes and messages per epoch × link class × layer × phase × direction,
 //! seconds spent waiting per link class, and seconds spent inside fabric calls.
 //!
-//! Each [`crate::Endpoint`] accumulates into a private [`CounterSet`]; [`Counters`] is the
+//! Each [`crate::Endpoint`] accumulates into a private `CounterSet`; [`Counters`] is the
 //! plain, serde-serialisable snapshot handed to callers. Snapshots are sorted by key so that
 //! their JSON is stable, and [`Counters::sum`] adds snapshots of many ranks key by key.
 
