@@ -17,7 +17,7 @@ struct Case {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    (1usize..=3, 1usize..=3, 1u32..=36, any::<bool>()).prop_flat_map(
+    (1usize..=3, 1usize..=4, 1u32..=48, any::<bool>()).prop_flat_map(
         |(servers, devices, n, symmetric)| {
             let ranks = servers * devices;
             (
@@ -165,7 +165,7 @@ fn check_common(c: &Case, plans: &[DevicePlan]) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn fb_plan_invariants(c in case()) {
