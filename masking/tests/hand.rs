@@ -146,3 +146,37 @@ fn reshape_switches_to_fb_after_k() {
     assert!(ctx(&g).preload_plan(4, 3).is_err());
     assert!(ctx(&g).flx_plan(0).is_err());
 }
+
+#[test]
+fn bad_inputs_give_clear_errors() {
+    let g = graph();
+    let wrong = Layout::even(9, 1, 2).unwrap();
+    let e = PlanContext::new(g.view(), wrong, SplitMembership::none(8))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("8 vertices"), "{e}");
+    let e = SplitMembership::from_lists(8, &[1], &[9], &[]).unwrap_err();
+    assert!(e.to_string().contains("val split: vertex id 9"), "{e}");
+    let dims = ModelDims {
+        layers: 2,
+        features: 3,
+        hidden: 4,
+        classes: 2,
+    };
+    let layout = Layout::from_bounds(2, 2, &[0, 2, 4, 6, 8]).unwrap();
+    let e = grandis_masking::choose_k(g.view(), &layout, &dims, 10).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("too small even for plain FB (k = 0)"),
+        "{e}"
+    );
+    let ok = grandis_masking::choose_k(g.view(), &layout, &dims, u64::MAX).unwrap();
+    assert_eq!(ok.k, 2);
+    assert!(
+        ok.reason.contains("no inter-server feature traffic"),
+        "{}",
+        ok.reason
+    );
+    let bad = ModelDims { layers: 0, ..dims };
+    assert!(grandis_masking::choose_k(g.view(), &layout, &bad, u64::MAX).is_err());
+}
