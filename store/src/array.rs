@@ -119,7 +119,7 @@ impl<T: Element> ArrayWriter<T> {
     /// Writes the header for a `len / cols` × `cols` array and flushes to disk.
     pub fn finish(mut self, cols: u64) -> Result<ArraySummary> {
         let cols = cols.max(1);
-        if self.len % cols != 0 {
+        if !self.len.is_multiple_of(cols) {
             return Err(StoreError::invalid(
                 &self.path,
                 format!("{} elements do not fill rows of {} columns", self.len, cols),
