@@ -78,7 +78,7 @@ mod tests {
 
     #[test]
     fn per_class_split_takes_per_class_then_val_test() {
-        let labels: Vec<i32> = (0..300).map(|i| (i % 3) as i32).collect();
+        let labels: Vec<i32> = (0..300).map(|i| i % 3).collect();
         let s = per_class_split(&labels, 3, 20, 50, 100, 7);
         assert_eq!(s.train.len(), 60);
         for c in 0..3 {
