@@ -23,6 +23,8 @@
 //! grouping of a scatter index) are allocated inside the operations that need them; they are
 //! `O(rows / 4096 * cols)`, `O(selected rows)` and `O(index length)` respectively.
 
+#[cfg(all(test, target_os = "linux"))]
+mod emulated;
 pub mod kernels;
 
 use crate::backend::{
@@ -258,6 +260,113 @@ fn col_chunks_cfg(cols: u64, n_chunks: u64) -> LaunchConfig {
     }
 }
 
+/// Launch shape of `csr_aggregate`: the threads of a row stride over its columns (up to 128
+/// per row for wide rows, fewer, rounded to a power of two, for narrow ones), 256 threads per
+/// block, `blockDim.y` rows per block.
+fn csr_cfg(op: &'static str, n_rows: usize, d: usize) -> Result<LaunchConfig> {
+    let bx: u32 = if d >= 32 {
+        (d.div_ceil(32) * 32).min(128) as u32
+    } else {
+        (d as u32).next_power_of_two()
+    };
+    let by = (256 / bx).max(1);
+    let blocks = (n_rows as u64).div_ceil(by as u64);
+    if blocks > i32::MAX as u64 {
+        return Err(shape_err(op, format!("{n_rows} rows exceed the CUDA grid")));
+    }
+    Ok(LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (bx, by, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// `sumsq_partials`: one block of 256 threads per chunk (grid-stride beyond the cap).
+fn sumsq_cfg(n_chunks: u64) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n_chunks.clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Adam bias corrections exactly as the CPU backend computes them (f64 `powf`, then f32).
+fn adam_bias_corrections(s: &AdamStep) -> (f32, f32) {
+    let bc1 = (1.0 - (s.beta1 as f64).powf(s.step as f64)) as f32;
+    let bc2 = (1.0 - (s.beta2 as f64).powf(s.step as f64)) as f32;
+    (bc1, bc2)
+}
+
+/// A CSR with its scale vectors, on the host (see [`DevCsr`]).
+struct HostCsr {
+    offsets: Vec<u64>,
+    indices: Vec<u32>,
+    dst: Vec<f32>,
+    src: Option<Vec<f32>>,
+    self_: Option<Vec<f32>>,
+}
+
+/// `A^T` of a validated block, exactly as the CPU backend builds it: row `u < n_src` lists
+/// the destinations `v` whose rows contain `u`, in increasing `v`; the scales swap roles and
+/// the self term exists only for `u < n_dst`.
+fn transpose_block(g: &BlockGraph) -> HostCsr {
+    let mut offsets = vec![0u64; g.n_src + 1];
+    for &u in &g.indices {
+        offsets[u as usize + 1] += 1;
+    }
+    for i in 0..g.n_src {
+        offsets[i + 1] += offsets[i];
+    }
+    let mut cursor = offsets.clone();
+    let mut indices = vec![0u32; g.indices.len()];
+    for v in 0..g.n_dst {
+        for &u in &g.indices[g.offsets[v] as usize..g.offsets[v + 1] as usize] {
+            let slot = &mut cursor[u as usize];
+            indices[*slot as usize] = v as u32;
+            *slot += 1;
+        }
+    }
+    HostCsr {
+        offsets,
+        indices,
+        dst: g.src_scale.clone().unwrap_or_else(|| vec![1.0; g.n_src]),
+        src: Some(g.dst_scale.clone()),
+        self_: g.self_scale.as_ref().map(|s| {
+            let mut full = s.clone();
+            full.resize(g.n_src, 0.0);
+            full
+        }),
+    }
+}
+
+/// Groups the positions of `ids` by target: `(targets, offsets, positions)` with the
+/// positions of `targets[g]` at `positions[offsets[g]..offsets[g + 1]]`, ascending (the order
+/// in which the CPU loop adds them).
+fn scatter_groups(ids: &[u32]) -> (Vec<u32>, Vec<u64>, Vec<u32>) {
+    let mut pairs: Vec<(u32, u32)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| (t, i as u32))
+        .collect();
+    // Sorting (target, position) pairs keeps each target's positions ascending.
+    pairs.sort_unstable();
+    let positions: Vec<u32> = pairs.iter().map(|&(_, p)| p).collect();
+    let mut targets = Vec::new();
+    let mut offsets = vec![0u64];
+    for (i, &(t, _)) in pairs.iter().enumerate() {
+        if targets.last() != Some(&t) {
+            if i > 0 {
+                offsets.push(i as u64);
+            }
+            targets.push(t);
+        }
+    }
+    if !targets.is_empty() {
+        offsets.push(pairs.len() as u64);
+    }
+    (targets, offsets, positions)
+}
+
 impl CudaBackend {
     /// Opens device `ordinal`: checks that the driver, NVRTC and cuBLAS libraries exist,
     /// creates a context and a stream, compiles (first call in the process) and loads the
@@ -446,26 +555,7 @@ impl CudaBackend {
         if g.n_rows == 0 || d == 0 {
             return Ok(());
         }
-        // Threads of a row stride over its columns: up to 128 per row for wide rows, fewer
-        // (rounded to a power of two) for narrow ones; 256 threads per block.
-        let bx: u32 = if d >= 32 {
-            (d.div_ceil(32) * 32).min(128) as u32
-        } else {
-            (d as u32).next_power_of_two()
-        };
-        let by = (256 / bx).max(1);
-        let blocks = (g.n_rows as u64).div_ceil(by as u64);
-        if blocks > i32::MAX as u64 {
-            return Err(shape_err(
-                op,
-                format!("{} rows exceed the CUDA grid", g.n_rows),
-            ));
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (bx, by, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = csr_cfg(op, g.n_rows, d)?;
         let (has_src, has_self) = (g.src.is_some() as i32, g.self_.is_some() as i32);
         // Absent scale vectors are never read (flag 0); any valid pointer stands in.
         let src = g.src.as_ref().unwrap_or(&g.dst);
@@ -508,30 +598,7 @@ impl CudaBackend {
                 ),
             ));
         }
-        let mut pairs: Vec<(u32, u32)> = idx
-            .host
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| (t, i as u32))
-            .collect();
-        // Sorting (target, position) pairs keeps each target's positions ascending: the
-        // order in which the CPU loop adds them.
-        pairs.sort_unstable();
-        let mut targets = Vec::new();
-        let mut offsets = vec![0u64];
-        let positions: Vec<u32> = pairs.iter().map(|&(_, p)| p).collect();
-        for (i, &(t, _)) in pairs.iter().enumerate() {
-            if targets.last() != Some(&t) {
-                if i > 0 {
-                    offsets.push(i as u64);
-                }
-                targets.push(t);
-            }
-        }
-        offsets.push(pairs.len() as u64);
-        if targets.is_empty() {
-            offsets.truncate(1);
-        }
+        let (targets, offsets, positions) = scatter_groups(&idx.host);
         let plan = Arc::new(ScatterPlan {
             n_groups: targets.len(),
             targets: self.to_dev("scatter targets", &targets)?,
@@ -881,24 +948,7 @@ impl Backend for CudaBackend {
 
     fn upload_graph(&self, g: &BlockGraph) -> Result<CudaGraph> {
         g.validate()?;
-        // Transpose on the host, exactly as the CPU backend does: row u lists the
-        // destinations v whose rows contain u, in increasing v.
-        let mut t_off = vec![0u64; g.n_src + 1];
-        for &u in &g.indices {
-            t_off[u as usize + 1] += 1;
-        }
-        for i in 0..g.n_src {
-            t_off[i + 1] += t_off[i];
-        }
-        let mut cursor = t_off.clone();
-        let mut t_idx = vec![0u32; g.indices.len()];
-        for v in 0..g.n_dst {
-            for &u in &g.indices[g.offsets[v] as usize..g.offsets[v + 1] as usize] {
-                let slot = &mut cursor[u as usize];
-                t_idx[*slot as usize] = v as u32;
-                *slot += 1;
-            }
-        }
+        let t = transpose_block(g);
         let fwd = self.upload_csr(
             &g.offsets,
             &g.indices,
@@ -906,19 +956,12 @@ impl Backend for CudaBackend {
             g.src_scale.as_deref(),
             g.self_scale.as_deref(),
         )?;
-        // In A^T the scales swap roles; the self term exists only for u < n_dst.
-        let bwd_dst = g.src_scale.clone().unwrap_or_else(|| vec![1.0; g.n_src]);
-        let bwd_self = g.self_scale.as_ref().map(|s| {
-            let mut full = s.clone();
-            full.resize(g.n_src, 0.0);
-            full
-        });
         let bwd = self.upload_csr(
-            &t_off,
-            &t_idx,
-            &bwd_dst,
-            Some(&g.dst_scale),
-            bwd_self.as_deref(),
+            &t.offsets,
+            &t.indices,
+            &t.dst,
+            t.src.as_deref(),
+            t.self_.as_deref(),
         )?;
         tracing::debug!(
             "cuda:{}: uploaded graph block {}x{} with {} edges",
@@ -1281,11 +1324,7 @@ impl Backend for CudaBackend {
         }
         let mut part = self.zeros::<f64>("sum_squares partials", n_chunks as usize)?;
         let chunk = kernels::ELEM_CHUNK;
-        let cfg = LaunchConfig {
-            grid_dim: (n_chunks.min(MAX_BLOCKS) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = sumsq_cfg(n_chunks);
         let f = self.func("sumsq_partials")?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&x.data)
@@ -1321,9 +1360,7 @@ impl Backend for CudaBackend {
         if len == 0 {
             return Ok(());
         }
-        // Bias corrections exactly as the CPU backend computes them (f64 powf, then f32).
-        let bc1 = (1.0 - (s.beta1 as f64).powf(s.step as f64)) as f32;
-        let bc2 = (1.0 - (s.beta2 as f64).powf(s.step as f64)) as f32;
+        let (bc1, bc2) = adam_bias_corrections(s);
         let decoupled = s.decoupled as i32;
         let n = len as u64;
         let f = self.func("adam_step")?;
