@@ -188,6 +188,12 @@ pub(crate) fn spring_parts(sub: &Subgraph<'_>, parts: u32, beta: f64) -> Vec<u32
         size.push(1);
     }
     let k = size.len();
+    tracing::debug!(
+        clusters = size.iter().filter(|&&s| s > 0).count(),
+        largest = size.iter().max().copied().unwrap_or(0),
+        tau,
+        "SPRING streaming clustering done"
+    );
 
     // Representative of each cluster: the member whose richest neighbour is richest (24-25).
     let richness = |v: u32| -> u32 {
@@ -248,6 +254,12 @@ pub(crate) fn spring_parts(sub: &Subgraph<'_>, parts: u32, beta: f64) -> Vec<u32
         .filter(|&c| parent[c as usize] == c && size[c as usize] > 0)
         .collect();
     roots.sort_unstable_by_key(|&c| (Reverse(size[c as usize]), c));
+    tracing::debug!(
+        clusters = roots.len(),
+        largest = roots.first().map_or(0, |&c| size[c as usize]),
+        limit,
+        "SPRING cluster merging done"
+    );
     let mut load: BinaryHeap<Reverse<(u64, u32)>> = (0..parts).map(|p| Reverse((0, p))).collect();
     let mut part_of_cluster = vec![NONE; k];
     for c in roots {
