@@ -1,0 +1,169 @@
+//! Job states and progress as the coordinator stores and reports them.
+//!
+//! ```text
+//! queued ──► assigned ──► running ──► succeeded
+//!    │           │           ├──────► failed(reason)
+//!    └───────────┴───────────┴──────► cancelled          (and assigned ──► failed)
+//! ```
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::spec::JobSpec;
+
+/// Job identifier: assigned by the coordinator, increasing, never reused (it survives restarts).
+pub type JobId = u64;
+
+/// Where a job is in its life. Serialised with a `state` tag (`{"state": "failed",
+/// "reason": "..."}`), so it can be flattened into a larger object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum JobState {
+    /// Waiting for enough free servers.
+    Queued,
+    /// Servers chosen and told (through heartbeat replies); no daemon has started it yet.
+    Assigned,
+    /// At least one server reported that it started.
+    Running,
+    Succeeded,
+    Failed {
+        reason: String,
+    },
+    Cancelled,
+}
+
+impl JobState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Assigned => "assigned",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed { .. } => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Every state name, in life order (for metrics that list all states).
+    pub const NAMES: [&'static str; 6] = [
+        "queued",
+        "assigned",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+    ];
+
+    /// Succeeded, failed or cancelled: nothing changes any more.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed { .. } | JobState::Cancelled
+        )
+    }
+
+    /// Assigned or running: servers are busy with it.
+    pub fn is_active(&self) -> bool {
+        matches!(self, JobState::Assigned | JobState::Running)
+    }
+}
+
+/// Bytes moved per link class (as in `grandis-fabric`'s accounting).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkBytes {
+    /// Between devices of the same server.
+    pub intra_server: u64,
+    /// Between servers (the QUIC data plane).
+    pub inter_server: u64,
+}
+
+impl LinkBytes {
+    pub fn add(&mut self, other: &LinkBytes) {
+        self.intra_server = self.intra_server.saturating_add(other.intra_server);
+        self.inter_server = self.inter_server.saturating_add(other.inter_server);
+    }
+}
+
+/// One finished epoch, reported by the job's leader (server index 0) with cluster-wide
+/// figures (loss after all-reduce, bytes summed over every device of every server).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EpochProgress {
+    /// 1-based epoch number.
+    pub epoch: u32,
+    pub loss: f64,
+    pub train_acc: f64,
+    pub val_acc: f64,
+    /// Wall-clock seconds of this epoch.
+    pub seconds: f64,
+    /// Bytes moved during this epoch.
+    #[serde(default)]
+    pub bytes: LinkBytes,
+}
+
+/// A job as `GET /v1/jobs/{id}` reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub id: JobId,
+    pub name: String,
+    #[serde(flatten)]
+    pub state: JobState,
+    pub spec: JobSpec,
+    /// Unix time in milliseconds.
+    pub submitted_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<u64>,
+    /// Labels of the servers the job runs on, in server-index order (empty while queued).
+    #[serde(default)]
+    pub servers: Vec<String>,
+    /// Why a queued job is still waiting (e.g. "needs 2 servers, 1 free").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    /// Last reported epoch (absent before the first one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest: Option<EpochProgress>,
+    /// Bytes per link class summed over all reported epochs.
+    #[serde(default)]
+    pub bytes_total: LinkBytes,
+    /// Every reported epoch (omitted in listings).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<EpochProgress>,
+    /// Final summary from the leader (free-form), once succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Map<String, Value>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_is_flattened_with_its_reason() {
+        let st = JobStatus {
+            id: 7,
+            name: "x".into(),
+            state: JobState::Failed {
+                reason: "server 'b' stopped heartbeating".into(),
+            },
+            spec: JobSpec {
+                dataset: "d".into(),
+                ..JobSpec::default()
+            },
+            submitted_at_ms: 1,
+            started_at_ms: None,
+            finished_at_ms: Some(2),
+            servers: vec!["a".into(), "b".into()],
+            waiting_for: None,
+            latest: None,
+            bytes_total: LinkBytes::default(),
+            history: vec![],
+            summary: None,
+        };
+        let v = serde_json::to_value(&st).unwrap();
+        assert_eq!(v["state"], "failed");
+        assert_eq!(v["reason"], "server 'b' stopped heartbeating");
+        assert_eq!(serde_json::from_value::<JobStatus>(v).unwrap(), st);
+        assert!(JobState::Cancelled.is_terminal() && !JobState::Running.is_terminal());
+    }
+}

@@ -1,0 +1,197 @@
+//! The daemon ↔ coordinator control protocol: JSON over HTTP on the coordinator's REST server,
+//! authenticated with a bearer token like every other API call.
+//!
+//! 1. `POST /v1/daemon/register` with [`RegisterRequest`] → [`RegisterResponse`]: the daemon
+//!    gets its id, the heartbeat interval and the lease length.
+//! 2. `POST /v1/daemon/heartbeat` with [`HeartbeatRequest`] every interval →
+//!    [`HeartbeatResponse`]: the current term of the daemon's label, whether it is the label's
+//!    head (and who is), an [`Assignment`] if a job is waiting for it, and jobs to cancel.
+//!    A head keeps its lease only by heartbeating; when it misses the lease, the coordinator
+//!    starts a new term and elects the lowest-id live daemon of the label. Assignments are
+//!    repeated in every reply until the job ends, so a lost reply costs one interval; daemons
+//!    must treat an assignment for the job they already run as a no-op. An unknown daemon id
+//!    (e.g. after a coordinator restart) is answered 404 `unknown_daemon`: register again.
+//! 3. `POST /v1/daemon/jobs/{id}/events` with [`JobEventRequest`]: started, per-epoch progress
+//!    (leader only), finished with a summary, or failed with a reason.
+//!
+//! Every request carries [`PROTOCOL_VERSION`]; a mismatch is rejected with 400
+//! `protocol_mismatch` before anything else is read, so old daemons fail loudly.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::job::{EpochProgress, JobId};
+use crate::spec::JobSpec;
+
+/// Version of the messages in this module. Bump on any incompatible change.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Daemon identifier: assigned by the coordinator, increasing, never reused (also across
+/// coordinator restarts), so "lowest id" means "registered first".
+pub type DaemonId = u64;
+
+/// One accelerator of a server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    /// e.g. "NVIDIA H100 80GB HBM3", or "cpu" for the CPU backend.
+    pub name: String,
+    pub memory_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    pub protocol_version: u32,
+    /// Server name; daemons with the same label are the same server (one is the head).
+    pub label: String,
+    pub devices: Vec<DeviceInfo>,
+    /// Host memory in bytes.
+    pub memory_bytes: u64,
+    /// `host:port` where this daemon's QUIC data plane listens.
+    pub data_addr: String,
+    /// The daemon's software version (informational).
+    pub daemon_version: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    pub protocol_version: u32,
+    pub daemon_id: DaemonId,
+    /// Send a heartbeat this often.
+    pub heartbeat_interval_ms: u64,
+    /// A head that has not heartbeated for this long loses its headship (and its job fails).
+    pub lease_ms: u64,
+    /// A daemon that has not heartbeated for this long is reported down.
+    pub down_timeout_ms: u64,
+}
+
+/// What a daemon is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DaemonState {
+    /// Free for a job.
+    Idle,
+    /// Preparing or training a job (see [`HeartbeatRequest::job`]).
+    Running,
+    /// Shutting down; takes no new jobs.
+    Draining,
+}
+
+/// The job a daemon is working on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DaemonJob {
+    pub job_id: JobId,
+    /// Last epoch completed (0 before the first).
+    #[serde(default)]
+    pub epoch: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    pub protocol_version: u32,
+    pub daemon_id: DaemonId,
+    pub state: DaemonState,
+    #[serde(default)]
+    pub job: Option<DaemonJob>,
+}
+
+/// The head of a label.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeadInfo {
+    pub daemon_id: DaemonId,
+    pub data_addr: String,
+}
+
+/// One server of an assigned job, in server-index order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerSlot {
+    pub label: String,
+    /// The head daemon of that label at assignment time.
+    pub daemon_id: DaemonId,
+    /// Its QUIC data-plane address.
+    pub data_addr: String,
+}
+
+/// A job for this daemon's server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub job_id: JobId,
+    pub spec: JobSpec,
+    /// This server's index in `servers` (0 = the job's leader, which reports progress).
+    pub server_index: u32,
+    pub servers: Vec<ServerSlot>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    pub protocol_version: u32,
+    /// Election term of this daemon's label (increases with every new head).
+    pub term: u64,
+    /// Whether this daemon is the head of its label.
+    pub is_head: bool,
+    /// The current head of the label (absent while no live daemon is left).
+    pub head: Option<HeadInfo>,
+    /// A job to run (heads only); repeated until the job ends.
+    pub assignment: Option<Assignment>,
+    /// Jobs this daemon must stop.
+    pub cancel: Vec<JobId>,
+}
+
+/// What happened to a job on one server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum JobEvent {
+    /// The server loaded its partition and started (moves the job to running).
+    Started,
+    /// One epoch done (leader only: server index 0).
+    Progress { progress: EpochProgress },
+    /// The server finished; the leader's summary becomes the job's summary. The job succeeds
+    /// once every server has finished.
+    Finished { summary: Map<String, Value> },
+    /// The server gave up (e.g. "dataset /data/x not found"); the job fails with the reason
+    /// prefixed by the server's label.
+    Failed { reason: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobEventRequest {
+    pub protocol_version: u32,
+    pub daemon_id: DaemonId,
+    #[serde(flatten)]
+    pub event: JobEvent,
+}
+
+/// The body of every error response of the coordinator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable machine-readable code (`unauthorized`, `invalid_job`, `not_found`, ...).
+    pub code: String,
+    /// Human-readable message naming the problem (and the field, for invalid jobs).
+    pub error: String,
+    /// Per-field problems of an invalid job spec.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<crate::spec::FieldError>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_json_shape() {
+        let ev = JobEventRequest {
+            protocol_version: PROTOCOL_VERSION,
+            daemon_id: 3,
+            event: JobEvent::Failed {
+                reason: "dataset /data/x not found".into(),
+            },
+        };
+        let v = serde_json::to_value(&ev).unwrap();
+        assert_eq!(v["kind"], "failed");
+        assert_eq!(v["reason"], "dataset /data/x not found");
+        assert_eq!(serde_json::from_value::<JobEventRequest>(v).unwrap(), ev);
+        let hb: HeartbeatRequest =
+            serde_json::from_str(r#"{"protocol_version": 1, "daemon_id": 2, "state": "idle"}"#)
+                .unwrap();
+        assert_eq!(hb.job, None);
+    }
+}

@@ -1,0 +1,1040 @@
+//! The job description users submit: what to train, how, and on how many servers.
+//!
+//! Two ways in. Users hand a JSON or TOML document to [`JobSpec::from_json_str`] /
+//! [`JobSpec::from_toml_str`]: the document is first parsed into a generic value and then read
+//! field by field, so that *every* problem is reported at once and each message names its
+//! field ("epochs: must be ≥ 1, got -3") — serde's derived errors cannot do that (they stop at
+//! the first problem and do not name the field). Programs exchange already-valid specs through
+//! the derived serde impls (the daemon protocol does); they should still call
+//! [`JobSpec::validate`] on what they receive.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Graph neural network architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Model {
+    /// GraphSAGE (mean aggregator).
+    Sage,
+    /// GCN (symmetric normalisation).
+    Gcn,
+    /// ResSAGE+ (GraphSAGE convolutions in res+ blocks), for deep GNNs.
+    Ressage,
+}
+
+/// How the training is distributed (GraNNDIS §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// One process, one device: the exact reference trainer.
+    Single,
+    /// Distributed full batch without preloading (the FB baseline).
+    Fb,
+    /// Full batch with flexible preloading of `preload_hops` hops (§5.1).
+    Flx,
+    /// Mini-batch with cooperative batching: one co-batch per server (§5.2).
+    Cob,
+    /// Conventional distributed mini-batch: one mini-batch per device (the MB baseline).
+    Mb,
+    /// Let the runtime choose from the memory model (`device_memory`).
+    Auto,
+}
+
+/// How vertices are split over servers and devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PartitionMethod {
+    Metis,
+    Spring,
+    Random,
+}
+
+/// Which edges are dropped, if any.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "method", rename_all = "lowercase")]
+pub enum Sampling {
+    /// Every dependency is kept (exact training).
+    #[default]
+    None,
+    /// Expansion-aware sampling (§5.3): only the inter-server boundary is sampled, up to `hops`
+    /// hops away from the server's inner vertices and `fanout` external neighbours per vertex.
+    Eas { hops: u32, fanout: u32 },
+    /// Layer-wise neighbour sampling: `fanouts[l]` sources per vertex at layer `l` (one value
+    /// means the same fanout at every layer).
+    Fanout { fanouts: Vec<u32> },
+    /// GraphSAINT random-walk subgraph sampling.
+    Saint { roots: u32, walk_length: u32 },
+}
+
+impl Sampling {
+    /// The paper's defaults (h = 1, f = 15 for EAS; fanout 25; SAINT 3000 roots × 2 steps).
+    pub fn with_defaults(method: &str) -> Option<Sampling> {
+        Some(match method {
+            "none" => Sampling::None,
+            "eas" => Sampling::Eas {
+                hops: 1,
+                fanout: 15,
+            },
+            "fanout" => Sampling::Fanout { fanouts: vec![25] },
+            "saint" => Sampling::Saint {
+                roots: 3000,
+                walk_length: 2,
+            },
+            _ => return None,
+        })
+    }
+
+    pub fn method(&self) -> &'static str {
+        match self {
+            Sampling::None => "none",
+            Sampling::Eas { .. } => "eas",
+            Sampling::Fanout { .. } => "fanout",
+            Sampling::Saint { .. } => "saint",
+        }
+    }
+}
+
+macro_rules! named_enum {
+    ($ty:ident, $expected:literal, [$($variant:ident => $name:literal),+ $(,)?]) => {
+        impl $ty {
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+            /// Human-readable list of the accepted names, for error messages.
+            pub const EXPECTED: &'static str = $expected;
+            pub fn name(self) -> &'static str {
+                match self { $($ty::$variant => $name),+ }
+            }
+            pub fn parse(s: &str) -> Option<$ty> {
+                match s { $($name => Some($ty::$variant),)+ _ => None }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+named_enum!(Model, "sage, gcn or ressage", [Sage => "sage", Gcn => "gcn", Ressage => "ressage"]);
+named_enum!(Mode, "single, fb, flx, cob, mb or auto", [
+    Single => "single", Fb => "fb", Flx => "flx", Cob => "cob", Mb => "mb", Auto => "auto"
+]);
+named_enum!(PartitionMethod, "metis, spring or random", [
+    Metis => "metis", Spring => "spring", Random => "random"
+]);
+
+impl Mode {
+    /// Modes that train on mini-batches (and so use `batch_size`).
+    pub fn is_mini_batch(self) -> bool {
+        matches!(self, Mode::Cob | Mode::Mb)
+    }
+}
+
+/// A training job. Field docs give the defaults used when a field is absent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JobSpec {
+    /// Optional display name.
+    pub name: Option<String>,
+    /// Dataset directory, as a path on every server (datasets live on the servers, not on the
+    /// coordinator; a server that lacks it fails the job naming itself). Required.
+    pub dataset: String,
+    /// Architecture (default sage).
+    pub model: Model,
+    /// Number of graph convolutions (default 3).
+    pub layers: u32,
+    /// Hidden width (default 64).
+    pub hidden: u32,
+    /// Dropout probability in [0, 1) (default 0.5).
+    pub dropout: f64,
+    /// Adam learning rate (default 0.01).
+    pub lr: f64,
+    /// Weight decay (default 5e-4).
+    pub weight_decay: f64,
+    /// Distribution mode (default auto).
+    pub mode: Mode,
+    /// Hops preloaded per server (flx/cob/auto); absent = chosen by the memory model.
+    pub preload_hops: Option<u32>,
+    /// Target vertices per batch (mb: per device, cob: per server); absent = 1024.
+    pub batch_size: Option<u32>,
+    /// Sampling (default none).
+    pub sampling: Sampling,
+    /// Epochs (default 100).
+    pub epochs: u32,
+    /// Seed of weights, dropout and samplers (default 0).
+    pub seed: u64,
+    /// Servers (distinct daemon labels) the job needs (default 1).
+    pub servers: u32,
+    /// Devices per server (default 1).
+    pub devices: u32,
+    /// Partitioning method (default metis).
+    pub partition: PartitionMethod,
+    /// Memory budget per device in bytes; absent = what the device reports.
+    pub device_memory: Option<u64>,
+}
+
+impl Default for JobSpec {
+    fn default() -> Self {
+        JobSpec {
+            name: None,
+            dataset: String::new(),
+            model: Model::Sage,
+            layers: 3,
+            hidden: 64,
+            dropout: 0.5,
+            lr: 0.01,
+            weight_decay: 5e-4,
+            mode: Mode::Auto,
+            preload_hops: None,
+            batch_size: None,
+            sampling: Sampling::None,
+            epochs: 100,
+            seed: 0,
+            servers: 1,
+            devices: 1,
+            partition: PartitionMethod::Metis,
+            device_memory: None,
+        }
+    }
+}
+
+/// One problem with one field.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldError {
+    /// Dotted path of the field (`epochs`, `sampling.fanout`).
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Why a job document was rejected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The text is not well-formed JSON/TOML (the message carries line and column).
+    #[error("malformed {format}: {message}")]
+    Syntax {
+        format: &'static str,
+        message: String,
+    },
+    /// Well-formed, but some fields are wrong (all of them are listed).
+    #[error("{}", join_errors(.0))]
+    Invalid(Vec<FieldError>),
+}
+
+impl SpecError {
+    /// The field errors (empty for a syntax error).
+    pub fn fields(&self) -> &[FieldError] {
+        match self {
+            SpecError::Syntax { .. } => &[],
+            SpecError::Invalid(v) => v,
+        }
+    }
+}
+
+fn join_errors(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+const FIELDS: &[&str] = &[
+    "name",
+    "dataset",
+    "model",
+    "layers",
+    "hidden",
+    "dropout",
+    "lr",
+    "weight_decay",
+    "mode",
+    "preload_hops",
+    "batch_size",
+    "sampling",
+    "epochs",
+    "seed",
+    "servers",
+    "devices",
+    "partition",
+    "device_memory",
+];
+
+impl JobSpec {
+    /// Parses and validates a JSON job document.
+    pub fn from_json_str(text: &str) -> Result<JobSpec, SpecError> {
+        let value: Value = serde_json::from_str(text).map_err(|e| SpecError::Syntax {
+            format: "JSON",
+            message: e.to_string(),
+        })?;
+        JobSpec::from_value(&value)
+    }
+
+    /// Parses and validates a TOML job document (same fields as JSON; `sampling` may be a
+    /// string or a table).
+    pub fn from_toml_str(text: &str) -> Result<JobSpec, SpecError> {
+        let value: Value = toml::from_str(text).map_err(|e| SpecError::Syntax {
+            format: "TOML",
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        JobSpec::from_value(&value)
+    }
+
+    /// Reads a job from a generic value (a JSON object), reporting every bad field, then
+    /// [`validate`](Self::validate)s it.
+    pub fn from_value(value: &Value) -> Result<JobSpec, SpecError> {
+        let Some(obj) = value.as_object() else {
+            return Err(SpecError::Invalid(vec![FieldError {
+                field: "(document)".into(),
+                message: format!(
+                    "expected an object with the job's fields, got {}",
+                    describe(value)
+                ),
+            }]));
+        };
+        let mut r = Reader {
+            obj,
+            prefix: "",
+            errors: Vec::new(),
+        };
+        r.unknown_fields(FIELDS);
+        let d = JobSpec::default();
+        let mut spec = JobSpec {
+            name: r.string("name"),
+            dataset: match r.string("dataset") {
+                Some(s) => s,
+                None if !obj.contains_key("dataset") => {
+                    r.error(
+                        "dataset",
+                        "required (the dataset directory, as a path on every server)",
+                    );
+                    String::new()
+                }
+                None => String::new(),
+            },
+            model: r
+                .choice("model", "model", Model::parse, Model::EXPECTED)
+                .unwrap_or(d.model),
+            layers: r.uint("layers", 1, 1024).unwrap_or(d.layers),
+            hidden: r.uint("hidden", 1, 1 << 16).unwrap_or(d.hidden),
+            dropout: r.float("dropout").unwrap_or(d.dropout),
+            lr: r.float("lr").unwrap_or(d.lr),
+            weight_decay: r.float("weight_decay").unwrap_or(d.weight_decay),
+            mode: r
+                .choice("mode", "mode", Mode::parse, Mode::EXPECTED)
+                .unwrap_or(d.mode),
+            preload_hops: r.uint("preload_hops", 0, 1024),
+            batch_size: r.uint("batch_size", 1, u32::MAX as i64),
+            sampling: d.sampling.clone(),
+            epochs: r.uint("epochs", 1, 10_000_000).unwrap_or(d.epochs),
+            seed: r.u64("seed").unwrap_or(d.seed),
+            servers: r.uint("servers", 1, 4096).unwrap_or(d.servers),
+            devices: r.uint("devices", 1, 256).unwrap_or(d.devices),
+            partition: r
+                .choice(
+                    "partition",
+                    "partition method",
+                    PartitionMethod::parse,
+                    PartitionMethod::EXPECTED,
+                )
+                .unwrap_or(d.partition),
+            device_memory: r.bytes("device_memory"),
+        };
+        if let Some(s) = r.sampling() {
+            spec.sampling = s;
+        }
+        let mut errors = r.errors;
+        // Range and cross-field checks run even when reading failed, so one round trip shows
+        // every problem; fields that failed to read hold defaults, which pass these checks.
+        if let Err(SpecError::Invalid(more)) = spec.validate() {
+            for e in more {
+                if !errors.iter().any(|x| x.field == e.field) {
+                    errors.push(e);
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(spec)
+        } else {
+            Err(SpecError::Invalid(errors))
+        }
+    }
+
+    /// Checks ranges and combinations; every message names its field.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let mut errors = Vec::new();
+        let mut err = |field: &str, message: String| {
+            errors.push(FieldError {
+                field: field.into(),
+                message,
+            })
+        };
+        if self.dataset.trim().is_empty() {
+            err(
+                "dataset",
+                "must not be empty (the dataset directory, as a path on every server)".into(),
+            );
+        }
+        if let Some(name) = &self.name {
+            if name.trim().is_empty() {
+                err("name", "must not be empty when given".into());
+            } else if name.len() > 200 {
+                err(
+                    "name",
+                    format!("must be at most 200 bytes, got {}", name.len()),
+                );
+            }
+        }
+        if self.layers < 1 {
+            err("layers", format!("must be ≥ 1, got {}", self.layers));
+        }
+        if self.hidden < 1 {
+            err("hidden", format!("must be ≥ 1, got {}", self.hidden));
+        }
+        if self.epochs < 1 {
+            err("epochs", format!("must be ≥ 1, got {}", self.epochs));
+        }
+        if self.servers < 1 {
+            err("servers", format!("must be ≥ 1, got {}", self.servers));
+        }
+        if self.devices < 1 {
+            err("devices", format!("must be ≥ 1, got {}", self.devices));
+        }
+        if !(self.dropout.is_finite() && (0.0..1.0).contains(&self.dropout)) {
+            err(
+                "dropout",
+                format!("must be in [0, 1), got {}", self.dropout),
+            );
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            err(
+                "lr",
+                format!("must be a finite number > 0, got {}", self.lr),
+            );
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            err(
+                "weight_decay",
+                format!("must be a finite number ≥ 0, got {}", self.weight_decay),
+            );
+        }
+        if self.mode == Mode::Single && (self.servers != 1 || self.devices != 1) {
+            err(
+                if self.servers != 1 {
+                    "servers"
+                } else {
+                    "devices"
+                },
+                format!(
+                    "mode 'single' runs on one device of one server; got servers = {}, devices = {}",
+                    self.servers, self.devices
+                ),
+            );
+        }
+        if let Some(k) = self.preload_hops {
+            if !matches!(self.mode, Mode::Flx | Mode::Cob | Mode::Auto) {
+                err(
+                    "preload_hops",
+                    format!(
+                        "only used by modes flx, cob and auto (mode is '{}')",
+                        self.mode
+                    ),
+                );
+            } else if k > self.layers {
+                err(
+                    "preload_hops",
+                    format!("must be ≤ layers ({}), got {k}", self.layers),
+                );
+            }
+        }
+        if let Some(b) = self.batch_size {
+            if !(self.mode.is_mini_batch() || self.mode == Mode::Auto) {
+                err(
+                    "batch_size",
+                    format!(
+                        "only used by the mini-batch modes mb, cob and auto (mode is '{}')",
+                        self.mode
+                    ),
+                );
+            } else if b < 1 {
+                err("batch_size", format!("must be ≥ 1, got {b}"));
+            }
+        }
+        if self.device_memory == Some(0) {
+            err("device_memory", "must be > 0 bytes".into());
+        }
+        match &self.sampling {
+            Sampling::None => {}
+            Sampling::Eas { hops, fanout } => {
+                if *hops < 1 {
+                    err("sampling.hops", format!("must be ≥ 1, got {hops}"));
+                }
+                if *fanout < 1 {
+                    err("sampling.fanout", format!("must be ≥ 1, got {fanout}"));
+                }
+            }
+            Sampling::Fanout { fanouts } => {
+                if fanouts.len() != 1 && fanouts.len() != self.layers as usize {
+                    err(
+                        "sampling.fanouts",
+                        format!(
+                            "expected 1 value or {} (= layers), got {}",
+                            self.layers,
+                            fanouts.len()
+                        ),
+                    );
+                }
+                if let Some(i) = fanouts.iter().position(|&f| f < 1) {
+                    err(
+                        "sampling.fanouts",
+                        format!("every fanout must be ≥ 1, got 0 at index {i}"),
+                    );
+                }
+            }
+            Sampling::Saint { roots, walk_length } => {
+                if *roots < 1 {
+                    err("sampling.roots", format!("must be ≥ 1, got {roots}"));
+                }
+                if *walk_length < 1 {
+                    err(
+                        "sampling.walk_length",
+                        format!("must be ≥ 1, got {walk_length}"),
+                    );
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(SpecError::Invalid(errors))
+        }
+    }
+
+    /// The job's display name: its `name`, or the dataset's last path component.
+    pub fn display_name(&self) -> String {
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        self.dataset
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or(&self.dataset)
+            .to_string()
+    }
+}
+
+/// Reads typed fields out of a JSON object, collecting errors instead of stopping.
+struct Reader<'a> {
+    obj: &'a Map<String, Value>,
+    prefix: &'static str,
+    errors: Vec<FieldError>,
+}
+
+impl Reader<'_> {
+    fn field(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn error(&mut self, key: &str, message: impl Into<String>) {
+        let field = self.field(key);
+        self.errors.push(FieldError {
+            field,
+            message: message.into(),
+        });
+    }
+
+    fn unknown_fields(&mut self, known: &[&str]) {
+        let unknown: Vec<String> = self
+            .obj
+            .keys()
+            .filter(|k| !known.contains(&k.as_str()))
+            .cloned()
+            .collect();
+        for k in unknown {
+            self.error(
+                &k,
+                format!("unknown field (expected one of: {})", known.join(", ")),
+            );
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&Value> {
+        // JSON null means "absent" (so programs can send optional fields explicitly).
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    fn string(&mut self, key: &str) -> Option<String> {
+        match self.get(key)? {
+            Value::String(s) => Some(s.clone()),
+            other => {
+                let msg = format!("expected a string, got {}", describe(other));
+                self.error(key, msg);
+                None
+            }
+        }
+    }
+
+    fn choice<T>(
+        &mut self,
+        key: &str,
+        what: &str,
+        parse: fn(&str) -> Option<T>,
+        expected: &str,
+    ) -> Option<T> {
+        let s = self.string(key)?;
+        match parse(&s) {
+            Some(t) => Some(t),
+            None => {
+                self.error(key, format!("unknown {what} '{s}' (expected {expected})"));
+                None
+            }
+        }
+    }
+
+    fn int(&mut self, key: &str) -> Option<i128> {
+        let v = self.get(key)?;
+        let n = match v {
+            Value::Number(n) => n
+                .as_i64()
+                .map(i128::from)
+                .or_else(|| n.as_u64().map(i128::from)),
+            _ => None,
+        };
+        if n.is_none() {
+            let msg = format!("expected an integer, got {}", describe(v));
+            self.error(key, msg);
+        }
+        n
+    }
+
+    fn uint(&mut self, key: &str, min: i64, max: i64) -> Option<u32> {
+        let n = self.int(key)?;
+        if n < min as i128 {
+            self.error(key, format!("must be ≥ {min}, got {n}"));
+            None
+        } else if n > max as i128 {
+            self.error(key, format!("must be ≤ {max}, got {n}"));
+            None
+        } else {
+            Some(n as u32)
+        }
+    }
+
+    fn u64(&mut self, key: &str) -> Option<u64> {
+        let n = self.int(key)?;
+        match u64::try_from(n) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                self.error(key, format!("must be ≥ 0, got {n}"));
+                None
+            }
+        }
+    }
+
+    fn float(&mut self, key: &str) -> Option<f64> {
+        let v = self.get(key)?;
+        match v.as_f64() {
+            Some(f) => Some(f),
+            None => {
+                let msg = format!("expected a number, got {}", describe(v));
+                self.error(key, msg);
+                None
+            }
+        }
+    }
+
+    /// A byte count: an integer, or a string with a unit ("16GiB", "512 MB", "1.5 GiB").
+    fn bytes(&mut self, key: &str) -> Option<u64> {
+        let v = self.get(key)?;
+        let parsed = match v {
+            Value::Number(_) => {
+                let n = self.int(key)?;
+                u64::try_from(n).map_err(|_| format!("must be ≥ 0, got {n}"))
+            }
+            Value::String(s) => parse_bytes(s),
+            other => Err(format!(
+                "expected a byte count (integer or a string such as \"16GiB\"), got {}",
+                describe(other)
+            )),
+        };
+        match parsed {
+            Ok(b) => Some(b),
+            Err(msg) => {
+                self.error(key, msg);
+                None
+            }
+        }
+    }
+
+    fn sampling(&mut self) -> Option<Sampling> {
+        let v = self.get("sampling")?.clone();
+        match &v {
+            Value::String(s) => {
+                match Sampling::with_defaults(s) {
+                    Some(s) => Some(s),
+                    None => {
+                        self.error(
+                        "sampling",
+                        format!("unknown sampling method '{s}' (expected none, eas, fanout or saint)"),
+                    );
+                        None
+                    }
+                }
+            }
+            Value::Object(obj) => {
+                let mut sub = Reader {
+                    obj,
+                    prefix: "sampling.",
+                    errors: Vec::new(),
+                };
+                let method = match sub.get("method") {
+                    None => {
+                        sub.error("method", "required (none, eas, fanout or saint)");
+                        None
+                    }
+                    Some(_) => sub.string("method"),
+                };
+                let result = method.and_then(|m| {
+                    let Some(default) = Sampling::with_defaults(&m) else {
+                        sub.error(
+                            "method",
+                            format!(
+                                "unknown sampling method '{m}' (expected none, eas, fanout or saint)"
+                            ),
+                        );
+                        return None;
+                    };
+                    Some(match default {
+                        Sampling::None => {
+                            sub.unknown_fields(&["method"]);
+                            Sampling::None
+                        }
+                        Sampling::Eas { hops, fanout } => {
+                            sub.unknown_fields(&["method", "hops", "fanout"]);
+                            Sampling::Eas {
+                                hops: sub.uint("hops", 1, 1024).unwrap_or(hops),
+                                fanout: sub.uint("fanout", 1, u32::MAX as i64).unwrap_or(fanout),
+                            }
+                        }
+                        Sampling::Fanout { fanouts } => {
+                            sub.unknown_fields(&["method", "fanouts"]);
+                            Sampling::Fanout {
+                                fanouts: sub.fanouts().unwrap_or(fanouts),
+                            }
+                        }
+                        Sampling::Saint { roots, walk_length } => {
+                            sub.unknown_fields(&["method", "roots", "walk_length"]);
+                            Sampling::Saint {
+                                roots: sub.uint("roots", 1, u32::MAX as i64).unwrap_or(roots),
+                                walk_length: sub
+                                    .uint("walk_length", 1, 1024)
+                                    .unwrap_or(walk_length),
+                            }
+                        }
+                    })
+                });
+                self.errors.append(&mut sub.errors);
+                result
+            }
+            other => {
+                let msg = format!(
+                    "expected a method name or a table with 'method', got {}",
+                    describe(other)
+                );
+                self.error("sampling", msg);
+                None
+            }
+        }
+    }
+
+    fn fanouts(&mut self) -> Option<Vec<u32>> {
+        let v = self.get("fanouts")?.clone();
+        match &v {
+            Value::Number(_) => self.uint("fanouts", 1, u32::MAX as i64).map(|f| vec![f]),
+            Value::Array(items) => {
+                let mut out = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    match item.as_i64() {
+                        Some(f) if f >= 1 && f <= u32::MAX as i64 => out.push(f as u32),
+                        _ => {
+                            self.error(
+                                "fanouts",
+                                format!(
+                                    "every fanout must be an integer ≥ 1, got {} at index {i}",
+                                    describe(item)
+                                ),
+                            );
+                            return None;
+                        }
+                    }
+                }
+                if out.is_empty() {
+                    self.error("fanouts", "must list at least one fanout");
+                    return None;
+                }
+                Some(out)
+            }
+            other => {
+                let msg = format!("expected a list of integers, got {}", describe(other));
+                self.error("fanouts", msg);
+                None
+            }
+        }
+    }
+}
+
+/// "a string \"x\"", "the number 1.5": used in "expected ..., got ..." messages.
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(s) => format!("the string {s:?}"),
+        Value::Array(_) => "a list".into(),
+        Value::Object(_) => "a table/object".into(),
+    }
+}
+
+/// Parses "16GiB", "512 MB", "1.5GiB", "1000" (bytes). KB/MB/GB/TB are powers of 1000,
+/// KiB/MiB/GiB/TiB powers of 1024.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim();
+    let mult: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0f64.powi(4),
+        _ => {
+            return Err(format!(
+                "unknown unit '{unit}' in {s:?} (expected B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)"
+            ))
+        }
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("expected a byte count such as \"16GiB\", got {s:?}"))?;
+    let bytes = (n * mult).round();
+    if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
+        return Err(format!("must be between 1 byte and 2^64, got {s:?}"));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(json: &str) -> Vec<String> {
+        match JobSpec::from_json_str(json) {
+            Ok(s) => panic!("accepted {json}: {s:?}"),
+            Err(e) => {
+                assert!(!e.fields().is_empty(), "{e}");
+                e.fields().iter().map(|f| f.to_string()).collect()
+            }
+        }
+    }
+
+    #[test]
+    fn defaults_fill_missing_fields() {
+        let s = JobSpec::from_json_str(r#"{"dataset": "/data/cora"}"#).unwrap();
+        assert_eq!(
+            s,
+            JobSpec {
+                dataset: "/data/cora".into(),
+                ..JobSpec::default()
+            }
+        );
+        assert_eq!(s.display_name(), "cora");
+    }
+
+    #[test]
+    fn messages_name_the_field() {
+        assert_eq!(
+            errors(r#"{"dataset": "d", "epochs": -3}"#),
+            ["epochs: must be ≥ 1, got -3"]
+        );
+        assert_eq!(
+            errors(r#"{"dataset": "d", "model": "foo"}"#),
+            ["model: unknown model 'foo' (expected sage, gcn or ressage)"]
+        );
+        assert_eq!(
+            errors(r#"{"dataset": ""}"#),
+            ["dataset: must not be empty (the dataset directory, as a path on every server)"]
+        );
+        assert!(errors(r#"{}"#)[0].starts_with("dataset: required"));
+        assert!(errors(r#"{"dataset": "d", "lr": "fast"}"#)[0]
+            .starts_with("lr: expected a number, got the string \"fast\""));
+        assert!(errors(r#"{"dataset": "d", "epoch": 3}"#)[0]
+            .starts_with("epoch: unknown field (expected one of: name, dataset"));
+        assert_eq!(
+            errors(r#"{"dataset": "d", "dropout": 1.5}"#),
+            ["dropout: must be in [0, 1), got 1.5"]
+        );
+        assert_eq!(
+            errors(r#"{"dataset": "d", "seed": -1}"#),
+            ["seed: must be ≥ 0, got -1"]
+        );
+        assert_eq!(
+            errors(r#"{"dataset": "d", "layers": 2.5}"#),
+            ["layers: expected an integer, got the number 2.5"]
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let e =
+            errors(r#"{"dataset": 3, "model": "x", "epochs": 0, "mode": "y", "partition": "z"}"#);
+        let fields: Vec<&str> = e.iter().map(|m| m.split(':').next().unwrap()).collect();
+        assert_eq!(fields, ["dataset", "model", "mode", "epochs", "partition"]);
+    }
+
+    #[test]
+    fn cross_field_rules() {
+        assert_eq!(
+            errors(r#"{"dataset": "d", "mode": "single", "servers": 2}"#),
+            ["servers: mode 'single' runs on one device of one server; got servers = 2, devices = 1"]
+        );
+        assert_eq!(
+            errors(r#"{"dataset": "d", "mode": "flx", "layers": 2, "preload_hops": 3}"#),
+            ["preload_hops: must be ≤ layers (2), got 3"]
+        );
+        assert!(
+            errors(r#"{"dataset": "d", "mode": "fb", "batch_size": 64}"#)[0]
+                .starts_with("batch_size: only used by the mini-batch modes")
+        );
+        assert_eq!(
+            errors(
+                r#"{"dataset": "d", "layers": 3, "sampling": {"method": "fanout", "fanouts": [10, 5]}}"#
+            ),
+            ["sampling.fanouts: expected 1 value or 3 (= layers), got 2"]
+        );
+    }
+
+    #[test]
+    fn sampling_forms() {
+        let s = JobSpec::from_json_str(r#"{"dataset": "d", "sampling": "eas"}"#).unwrap();
+        assert_eq!(
+            s.sampling,
+            Sampling::Eas {
+                hops: 1,
+                fanout: 15
+            }
+        );
+        let s = JobSpec::from_json_str(
+            r#"{"dataset": "d", "sampling": {"method": "eas", "fanout": 5}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.sampling, Sampling::Eas { hops: 1, fanout: 5 });
+        assert_eq!(
+            errors(r#"{"dataset": "d", "sampling": {"method": "eas", "fanouts": 5}}"#),
+            ["sampling.fanouts: unknown field (expected one of: method, hops, fanout)"]
+        );
+        assert_eq!(
+            errors(r#"{"dataset": "d", "sampling": "everything"}"#),
+            ["sampling: unknown sampling method 'everything' (expected none, eas, fanout or saint)"]
+        );
+        assert_eq!(
+            errors(r#"{"dataset": "d", "sampling": {"hops": 2}}"#),
+            ["sampling.method: required (none, eas, fanout or saint)"]
+        );
+    }
+
+    #[test]
+    fn toml_documents() {
+        let s = JobSpec::from_toml_str(
+            r#"
+            name = "reddit-flx"
+            dataset = "/data/reddit"
+            model = "ressage"
+            layers = 28
+            mode = "flx"
+            preload_hops = 2
+            servers = 4
+            devices = 4
+            device_memory = "48GiB"
+
+            [sampling]
+            method = "eas"
+            hops = 1
+            fanout = 15
+            "#,
+        )
+        .unwrap();
+        assert_eq!(s.model, Model::Ressage);
+        assert_eq!(s.device_memory, Some(48 << 30));
+        assert_eq!(
+            s.sampling,
+            Sampling::Eas {
+                hops: 1,
+                fanout: 15
+            }
+        );
+        match JobSpec::from_toml_str("dataset = ") {
+            Err(SpecError::Syntax { format, message }) => {
+                assert_eq!(format, "TOML");
+                assert!(message.contains("line 1"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match JobSpec::from_json_str("{\"dataset\": ") {
+            Err(e @ SpecError::Syntax { .. }) => {
+                assert!(e.to_string().starts_with("malformed JSON: "), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            JobSpec::from_toml_str("dataset = \"d\"\nepochs = -3")
+                .unwrap_err()
+                .to_string(),
+            "epochs: must be ≥ 1, got -3"
+        );
+    }
+
+    #[test]
+    fn serde_round_trip_is_lossless() {
+        let s = JobSpec {
+            dataset: "/d".into(),
+            sampling: Sampling::Fanout {
+                fanouts: vec![10, 5, 5],
+            },
+            seed: u64::MAX,
+            device_memory: Some(1 << 34),
+            ..JobSpec::default()
+        };
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<JobSpec>(&json).unwrap(), s);
+        // The user-facing reader accepts what the serializer writes.
+        assert_eq!(JobSpec::from_json_str(&json).unwrap(), s);
+    }
+
+    #[test]
+    fn byte_units() {
+        assert_eq!(parse_bytes("1000").unwrap(), 1000);
+        assert_eq!(parse_bytes("16 GB").unwrap(), 16_000_000_000);
+        assert_eq!(parse_bytes("1.5KiB").unwrap(), 1536);
+        assert!(parse_bytes("12 parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
+        assert!(parse_bytes("GiB").is_err());
+        assert!(parse_bytes("0").is_err());
+    }
+}
