@@ -287,7 +287,7 @@ extern "C" __global__ void xent_rows(const float* logits, u64 classes, const u32
     u64 r = rows[i];
     u32 l = labels[i];
     const float* z = logits + r * classes;
-    float mx = __int_as_float(0xff800000); /* -inf, without relying on math.h macros */
+    float mx = -__int_as_float(0x7f800000); /* -inf: NVRTC has no math.h macros */
     for (u64 c = lane; c < classes; c += 32) mx = fmaxf(mx, z[c]);
     mx = warp_max_f(mx);
     double s = 0.0;
