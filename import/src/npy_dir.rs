@@ -1,0 +1,255 @@
+//! `--format npy`: a PyG-style directory of NumPy arrays.
+//!
+//! | file | dtype | shape | |
+//! |---|---|---|---|
+//! | `edge_index.npy` | int64 / int32 | (2, E) | row 0 sources, row 1 destinations |
+//! | `x.npy` | float32 / float64 | (N, F) | features |
+//! | `y.npy` | int64 / int32 | (N,) or (N, 1) | class, negative = unlabelled |
+//! | `train_idx.npy`, `val_idx.npy`, `test_idx.npy` | int64 / int32, or bool (N,) masks | (n,) | optional split |
+//!
+//! All three split files or none must be present. Arrays are memory-mapped, so a
+//! multi-gigabyte `edge_index.npy` costs page cache, not heap.
+
+use std::path::{Path, PathBuf};
+
+use grandis_npy::{DType, NpyFile};
+use grandis_store::EdgeListBuilder;
+use grandis_telemetry::Progress;
+
+use crate::{vertex_id, Ctx, ImportError, Parts, Result};
+
+const ID_TYPES: &[DType] = &[DType::I64, DType::I32];
+
+fn open(dir: &Path, name: &str, what: &str) -> Result<NpyFile> {
+    let path = dir.join(name);
+    if !path.exists() {
+        return Err(ImportError::Missing {
+            path,
+            what: what.into(),
+        });
+    }
+    Ok(NpyFile::open(path)?)
+}
+
+/// Integer array elements widened to i64, whatever the stored integer width.
+fn ints(file: &NpyFile) -> Result<Vec<i64>> {
+    Ok(match file.expect_dtype(ID_TYPES)? {
+        DType::I64 => file.values::<i64>()?.into_owned(),
+        _ => file.values::<i32>()?.iter().map(|&v| v as i64).collect(),
+    })
+}
+
+pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
+    if !dir.is_dir() {
+        return Err(ImportError::invalid(
+            dir,
+            "is not a directory; --format npy reads a directory of .npy files",
+        ));
+    }
+    // Open (and so validate) everything before the long work, so that a missing or
+    // malformed file is reported at once.
+    let edge_file = open(dir, "edge_index.npy", "graph edges, shape (2, E)")?;
+    let x_file = open(dir, "x.npy", "vertex features, shape (N, F)")?;
+    let y_file = open(dir, "y.npy", "vertex labels, shape (N,)")?;
+    let split_names = ["train_idx.npy", "val_idx.npy", "test_idx.npy"];
+    let present: Vec<bool> = split_names.iter().map(|f| dir.join(f).exists()).collect();
+    if present.iter().any(|&p| p) && !present.iter().all(|&p| p) {
+        let missing = split_names[present.iter().position(|&p| !p).unwrap_or(0)];
+        return Err(ImportError::Missing {
+            path: dir.join(missing),
+            what: "the other split files exist; give all three or none".into(),
+        });
+    }
+
+    // Features decide the vertex count.
+    let x_shape = x_file.expect_ndim(2)?.to_vec();
+    let n = x_shape[0];
+    let dim = x_shape[1];
+    let x_path = x_file.path().display().to_string();
+    write_features(ctx, &x_file)?;
+    ctx.provenance.push(format!(
+        "features: {n} x {dim} from x.npy ({})",
+        x_file.dtype()
+    ));
+    drop(x_file);
+
+    // Labels.
+    let y_len = match y_file.shape() {
+        [len] | [len, 1] => *len,
+        other => {
+            return Err(ImportError::invalid(
+                y_file.path(),
+                format!("shape is {other:?}, expected (N,) or (N, 1)"),
+            ))
+        }
+    };
+    if y_len != n {
+        return Err(ImportError::invalid(
+            y_file.path(),
+            format!("has {y_len} labels, but x.npy has {n} rows (vertices)"),
+        ));
+    }
+    let labels = ints(&y_file)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            crate::label_value(raw)
+                .map_err(|m| ImportError::invalid(y_file.path(), format!("entry {i}: {m}")))
+        })
+        .collect::<Result<Vec<i32>>>()?;
+    let labels_path = y_file.path().to_path_buf();
+    drop(y_file);
+
+    // Edges.
+    let shape = edge_file.expect_ndim(2)?;
+    if shape[0] != 2 {
+        return Err(ImportError::invalid(
+            edge_file.path(),
+            format!("shape is {shape:?}, expected (2, E): row 0 sources, row 1 destinations"),
+        ));
+    }
+    let e = shape[1] as usize;
+    let mut builder = EdgeListBuilder::with_capacity(ctx.edge_options(), e);
+    let source_of_n = format!("x.npy has {n} rows");
+    let edge_path = edge_file.path().to_path_buf();
+    let mut progress = Progress::new("edges", Some(e as u64));
+    let mut push = |i: usize, src: i64, dst: i64| -> Result<()> {
+        let err =
+            |m: String| ImportError::invalid(&edge_path, format!("edge {i} ({src} -> {dst}): {m}"));
+        let s = vertex_id(src, Some(n), &source_of_n).map_err(err)?;
+        let d = vertex_id(dst, Some(n), &source_of_n).map_err(err)?;
+        builder.push(s, d).map_err(|e| err(e.to_string()))
+    };
+    const CHUNK: usize = 1 << 20;
+    match edge_file.expect_dtype(ID_TYPES)? {
+        DType::I64 => {
+            let m = edge_file.matrix::<i64>()?;
+            for start in (0..e).step_by(CHUNK) {
+                for i in start..(start + CHUNK).min(e) {
+                    push(i, m.at(0, i), m.at(1, i))?;
+                }
+                progress.inc(((start + CHUNK).min(e) - start) as u64);
+            }
+        }
+        _ => {
+            let m = edge_file.matrix::<i32>()?;
+            for start in (0..e).step_by(CHUNK) {
+                for i in start..(start + CHUNK).min(e) {
+                    push(i, m.at(0, i) as i64, m.at(1, i) as i64)?;
+                }
+                progress.inc(((start + CHUNK).min(e) - start) as u64);
+            }
+        }
+    }
+    progress.finish();
+    drop(edge_file);
+    let edges = builder
+        .finish(Some(n))
+        .map_err(|err| crate::edge_error(&edge_path, err))?;
+
+    let split = if present[0] {
+        let mut parts = Vec::with_capacity(3);
+        for name in split_names {
+            parts.push(read_split(dir, name, n)?);
+        }
+        let test = parts.pop().expect("three parts");
+        let val = parts.pop().expect("three parts");
+        let train = parts.pop().expect("three parts");
+        Some([train, val, test])
+    } else {
+        None
+    };
+    Ok(Parts {
+        input: PathBuf::from(x_path),
+        edges,
+        input_edges: e as u64,
+        labels,
+        labels_path: Some(labels_path),
+        split,
+    })
+}
+
+/// Streams `x.npy` into the dataset's features, narrowing float64 and rejecting NaN/inf.
+fn write_features(ctx: &mut Ctx<'_>, x: &NpyFile) -> Result<()> {
+    let dim = x.shape()[1] as usize;
+    let mut writer = ctx.writer.features_writer()?;
+    let rows = x.shape()[0] as usize;
+    let mut progress = Progress::new("features", Some(rows as u64));
+    let mut out = Vec::with_capacity(dim);
+    let bad = |r: usize, m: String| ImportError::invalid(x.path(), format!("row {r}: {m}"));
+    match x.expect_dtype(&[DType::F32, DType::F64])? {
+        DType::F32 => {
+            let m = x.matrix::<f32>()?;
+            let mut buf = Vec::new();
+            for r in 0..rows {
+                let row = m.row(r, &mut buf);
+                if let Some(&v) = row.iter().find(|v| !v.is_finite()) {
+                    return Err(bad(r, format!("feature value {v} is not finite")));
+                }
+                writer.push(row)?;
+                if r % 65536 == 65535 {
+                    progress.inc(65536);
+                }
+            }
+        }
+        _ => {
+            let m = x.matrix::<f64>()?;
+            let mut buf = Vec::new();
+            for r in 0..rows {
+                out.clear();
+                for &v in m.row(r, &mut buf) {
+                    out.push(crate::check_feature(v as f32, v).map_err(|msg| bad(r, msg))?);
+                }
+                writer.push(&out)?;
+                if r % 65536 == 65535 {
+                    progress.inc(65536);
+                }
+            }
+        }
+    }
+    progress.inc(rows as u64 % 65536);
+    progress.finish();
+    ctx.writer.finish_features(writer, dim as u64)?;
+    Ok(())
+}
+
+/// A split file: vertex ids (int64/int32, shape (n,)) or a boolean mask of shape (N,).
+fn read_split(dir: &Path, name: &str, n: u64) -> Result<(PathBuf, Vec<u32>)> {
+    let file = open(dir, name, "split vertex ids")?;
+    let path = file.path().to_path_buf();
+    let len = match file.shape() {
+        [len] => *len,
+        other => {
+            return Err(ImportError::invalid(
+                &path,
+                format!("shape is {other:?}, expected (n,)"),
+            ))
+        }
+    };
+    if file.dtype() == DType::Bool {
+        if len != n {
+            return Err(ImportError::invalid(
+                &path,
+                format!("boolean mask has {len} entries, but x.npy has {n} rows"),
+            ));
+        }
+        let ids = file
+            .bools()?
+            .iter()
+            .enumerate()
+            .filter(|(_, &b)| b)
+            .map(|(i, _)| i as u32)
+            .collect();
+        return Ok((path, ids));
+    }
+    file.expect_dtype(&[DType::I64, DType::I32, DType::Bool])?;
+    let ids = ints(&file)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            vertex_id(raw, Some(n), &format!("x.npy has {n} rows"))
+                .map_err(|m| ImportError::invalid(&path, format!("entry {i}: {m}")))
+        })
+        .collect::<Result<Vec<u32>>>()?;
+    Ok((path, ids))
+}
