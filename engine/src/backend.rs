@@ -188,7 +188,7 @@ pub fn dropout_threshold(p: f32) -> u32 {
 }
 
 /// The mask bit: keep iff `(mix64(stream ^ ((gid << 32) | col)) >> 40) >= threshold`.
-/// Kept elements are scaled by `1 / (1 - p)` in [`Backend::dropout`].
+/// Kept elements are multiplied by the f32 factor `1.0f32 / (1.0 - p)` in [`Backend::dropout`].
 #[inline]
 pub fn dropout_keep(stream: u64, threshold: u32, gid: u32, col: u32) -> bool {
     let h = mix64(stream ^ (((gid as u64) << 32) | col as u64));

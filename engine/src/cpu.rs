@@ -6,8 +6,7 @@
 //! are added in chunk order, so results are bit-identical whatever the thread count.
 
 use crate::backend::{
-    dropout_keep, dropout_threshold, shape_err, AdamStep, Backend, BlockGraph, DropoutKey,
-    EngineError, Result,
+    dropout_threshold, shape_err, AdamStep, Backend, BlockGraph, DropoutKey, EngineError, Result,
 };
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +35,8 @@ struct Timers {
     gemm_ns: AtomicU64,
     other_ns: AtomicU64,
     agg_bytes: AtomicU64,
+    /// Nanoseconds per operation name for everything that is neither GEMM nor aggregation.
+    by_op: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 /// CPU backend with its own rayon pool (so `--threads` does not touch the global pool).
@@ -75,12 +76,40 @@ fn need(op: &'static str, what: &str, have: usize, want: usize) -> Result<()> {
 enum Kind {
     Agg,
     Gemm,
-    Other,
+    Other(&'static str),
+}
+
+/// Makes glibc keep freed memory for reuse instead of unmapping it (process-wide, once).
+///
+/// Every training step allocates and frees tensors of tens of MB; by default glibc serves
+/// those with fresh `mmap`s, so each step pays a page fault and a kernel zeroing for every
+/// 4 KiB touched (a measurable share of an epoch). Serving them from the heap without
+/// trimming recycles the same pages. Peak memory is unchanged: what is kept is what the
+/// previous step already used.
+pub fn retain_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            extern "C" {
+                fn mallopt(param: i32, value: i32) -> i32;
+            }
+            const M_TRIM_THRESHOLD: i32 = -1;
+            const M_MMAP_MAX: i32 = -4;
+            // SAFETY: mallopt only changes allocator tuning parameters; it is safe to call at
+            // any time from any thread.
+            unsafe {
+                mallopt(M_MMAP_MAX, 0);
+                mallopt(M_TRIM_THRESHOLD, i32::MAX);
+            }
+        });
+    }
 }
 
 impl CpuBackend {
-    /// `threads = None` uses rayon's default (one per core).
+    /// `threads = None` uses rayon's default (one per core). Calls [`retain_freed_memory`].
     pub fn new(threads: Option<usize>) -> Result<CpuBackend> {
+        retain_freed_memory();
         let mut builder = rayon::ThreadPoolBuilder::new();
         if let Some(t) = threads {
             builder = builder.num_threads(t.max(1));
@@ -114,7 +143,20 @@ impl CpuBackend {
         }
     }
 
+    /// Seconds per operation name (the "other" class broken down), largest first.
+    pub fn other_op_times(&self) -> Vec<(&'static str, f64)> {
+        let mut v: Vec<(&'static str, f64)> = match self.timers.by_op.lock() {
+            Ok(m) => m.iter().map(|(&k, &ns)| (k, ns as f64 * 1e-9)).collect(),
+            Err(_) => Vec::new(),
+        };
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    }
+
     pub fn reset_op_times(&self) {
+        if let Ok(mut m) = self.timers.by_op.lock() {
+            m.clear();
+        }
         let t = &self.timers;
         for c in [&t.agg_ns, &t.gemm_ns, &t.other_ns, &t.agg_bytes] {
             c.store(0, Ordering::Relaxed);
@@ -128,7 +170,12 @@ impl CpuBackend {
         let counter = match kind {
             Kind::Agg => &self.timers.agg_ns,
             Kind::Gemm => &self.timers.gemm_ns,
-            Kind::Other => &self.timers.other_ns,
+            Kind::Other(name) => {
+                if let Ok(mut m) = self.timers.by_op.lock() {
+                    *m.entry(name).or_default() += ns;
+                }
+                &self.timers.other_ns
+            }
         };
         counter.fetch_add(ns, Ordering::Relaxed);
         r
@@ -160,55 +207,247 @@ fn ordered_partials(
 }
 
 impl Csr {
-    /// The kernel shared by forward (A) and backward (A^T): parallel over output rows, each
-    /// row accumulated in place in the output, reading source rows in CSR order.
+    /// The kernel shared by forward (A) and backward (A^T): parallel over output rows. Each
+    /// row is computed in column blocks whose accumulators live in registers, reading the
+    /// neighbour rows in CSR order with software prefetch a few neighbours ahead (the gather
+    /// is latency-bound otherwise). The arithmetic order is the same on every instruction set
+    /// (no FMA contraction), so results do not depend on the CPU it runs on.
     fn run(&self, x: &[f32], d: usize, out: &mut [f32]) {
         let n_rows = self.offsets.len() - 1;
+        let level = simd_level();
         out[..n_rows * d]
             .par_chunks_mut(ROW_CHUNK * d)
             .enumerate()
             .for_each(|(chunk, rows)| {
                 let first = chunk * ROW_CHUNK;
-                for (i, acc) in rows.chunks_exact_mut(d).enumerate() {
-                    let v = first + i;
-                    acc.fill(0.0);
-                    let nbrs = &self.indices[self.offsets[v]..self.offsets[v + 1]];
-                    match &self.src {
-                        None => {
-                            for &u in nbrs {
-                                let row = &x[u as usize * d..u as usize * d + d];
-                                for (a, &b) in acc.iter_mut().zip(row) {
-                                    *a += b;
-                                }
-                            }
-                        }
-                        Some(s) => {
-                            for &u in nbrs {
-                                let w = s[u as usize];
-                                let row = &x[u as usize * d..u as usize * d + d];
-                                for (a, &b) in acc.iter_mut().zip(row) {
-                                    *a += w * b;
-                                }
-                            }
-                        }
-                    }
-                    let ds = self.dst[v];
-                    match &self.self_ {
-                        None => acc.iter_mut().for_each(|a| *a *= ds),
-                        // In A^T, halo rows (v >= n_dst) have no self term and no row
-                        // in the input: their weight is 0 and the read is skipped.
-                        Some(sl) if sl[v] != 0.0 => {
-                            let w = sl[v];
-                            let own = &x[v * d..v * d + d];
-                            for (a, &b) in acc.iter_mut().zip(own) {
-                                *a = ds * *a + w * b;
-                            }
-                        }
-                        Some(_) => acc.iter_mut().for_each(|a| *a *= ds),
+                // SAFETY: `simd_level` only reports features the CPU has; `rows_kernel`'s own
+                // preconditions (validated graph, x holding n_src * d values) are checked by
+                // the callers (`aggregate`, `aggregate_backward`).
+                unsafe {
+                    match level {
+                        Simd::Avx512 => self.rows_avx512(first, rows, x, d),
+                        Simd::Avx2 => self.rows_avx2(first, rows, x, d),
+                        Simd::Base => self.rows_kernel(first, rows, x, d),
                     }
                 }
             });
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows_avx512(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
+        self.rows_kernel(first, rows, x, d)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn rows_avx2(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
+        self.rows_kernel(first, rows, x, d)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn rows_avx512(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
+        self.rows_kernel(first, rows, x, d)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn rows_avx2(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
+        self.rows_kernel(first, rows, x, d)
+    }
+
+    /// Computes output rows `first..` into `rows` (a multiple of `d` values).
+    ///
+    /// # Safety
+    /// Every index in the graph is `< x.len() / d` (guaranteed by `BlockGraph::validate` and
+    /// the callers' length checks), and for rows with a self term `v < x.len() / d`.
+    #[inline(always)]
+    unsafe fn rows_kernel(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
+        for (i, out) in rows.chunks_exact_mut(d).enumerate() {
+            let v = first + i;
+            let nbrs = &self.indices[self.offsets[v]..self.offsets[v + 1]];
+            let ds = self.dst[v];
+            // In A^T, halo rows (v >= n_dst) have no self term and no row in the input:
+            // their weight is 0 and the read is skipped.
+            let own = match &self.self_ {
+                Some(sl) if sl[v] != 0.0 => Some((sl[v], &x[v * d..v * d + d])),
+                _ => None,
+            };
+            let src = self.src.as_deref();
+            let mut c0 = 0;
+            while c0 < d {
+                let left = d - c0;
+                if left >= 32 {
+                    block::<32>(nbrs, src, x, d, c0, ds, own, &mut out[c0..c0 + 32]);
+                    c0 += 32;
+                } else if left >= 16 {
+                    block::<16>(nbrs, src, x, d, c0, ds, own, &mut out[c0..c0 + 16]);
+                    c0 += 16;
+                } else if left >= 8 {
+                    block::<8>(nbrs, src, x, d, c0, ds, own, &mut out[c0..c0 + 8]);
+                    c0 += 8;
+                } else {
+                    block::<1>(nbrs, src, x, d, c0, ds, own, &mut out[c0..c0 + 1]);
+                    c0 += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Neighbours to look ahead when prefetching.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Columns `c0..c0 + W` of one output row.
+///
+/// # Safety
+/// See [`Csr::rows_kernel`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block<const W: usize>(
+    nbrs: &[u32],
+    src: Option<&[f32]>,
+    x: &[f32],
+    d: usize,
+    c0: usize,
+    ds: f32,
+    own: Option<(f32, &[f32])>,
+    out: &mut [f32],
+) {
+    let mut acc = [0.0f32; W];
+    let xp = x.as_ptr();
+    for (i, &u) in nbrs.iter().enumerate() {
+        if let Some(&ahead) = nbrs.get(i + PREFETCH_AHEAD) {
+            let p = xp.add(ahead as usize * d + c0);
+            prefetch(p);
+            if W > 16 {
+                prefetch(p.add(16));
+            }
+        }
+        // SAFETY: u < n_src and x holds n_src * d values (caller contract).
+        let row = &*(xp.add(u as usize * d + c0) as *const [f32; W]);
+        match src {
+            None => {
+                for j in 0..W {
+                    acc[j] += row[j];
+                }
+            }
+            Some(s) => {
+                let w = *s.get_unchecked(u as usize);
+                for j in 0..W {
+                    acc[j] += w * row[j];
+                }
+            }
+        }
+    }
+    match own {
+        None => {
+            for j in 0..W {
+                out[j] = ds * acc[j];
+            }
+        }
+        Some((w, own)) => {
+            for j in 0..W {
+                out[j] = ds * acc[j] + w * own[c0 + j];
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn prefetch(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint and never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// The dropout mask of one call, applied to rows in a vectorisable loop (the hash is the one
+/// of [`crate::backend::dropout_keep`], evaluated with `stream ^ (gid << 32)` hoisted out of the column loop).
+struct Mask {
+    stream: u64,
+    thr: u32,
+    scale: f32,
+    cols: usize,
+}
+
+impl Mask {
+    /// `out = mask(src or out) * scale` for the rows of `ids`.
+    ///
+    /// # Safety
+    /// `level` must only name features this CPU has.
+    unsafe fn dispatch(&self, level: Simd, ids: &[u32], src: Option<&[f32]>, out: &mut [f32]) {
+        match level {
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 if std::arch::is_x86_feature_detected!("avx512dq") => {
+                self.rows_avx512(ids, src, out)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 | Simd::Avx2 => self.rows_avx2(ids, src, out),
+            _ => self.rows(ids, src, out),
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn rows_avx512(&self, ids: &[u32], src: Option<&[f32]>, out: &mut [f32]) {
+        self.rows(ids, src, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn rows_avx2(&self, ids: &[u32], src: Option<&[f32]>, out: &mut [f32]) {
+        self.rows(ids, src, out)
+    }
+
+    #[inline(always)]
+    fn rows(&self, ids: &[u32], src: Option<&[f32]>, out: &mut [f32]) {
+        let c = self.cols;
+        for (r, &gid) in ids.iter().enumerate() {
+            let base = self.stream ^ ((gid as u64) << 32);
+            let o = &mut out[r * c..(r + 1) * c];
+            match src {
+                Some(src) => {
+                    let i = &src[r * c..(r + 1) * c];
+                    for j in 0..c {
+                        let h = crate::backend::mix64(base ^ j as u64);
+                        let keep = (h >> 40) as u32 >= self.thr;
+                        o[j] = if keep { i[j] * self.scale } else { 0.0 };
+                    }
+                }
+                None => {
+                    for v in o.iter_mut().enumerate() {
+                        let (j, v) = v;
+                        let h = crate::backend::mix64(base ^ j as u64);
+                        let keep = (h >> 40) as u32 >= self.thr;
+                        *v = if keep { *v * self.scale } else { 0.0 };
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Simd {
+    Avx512,
+    Avx2,
+    Base,
+}
+
+fn simd_level() -> Simd {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return Simd::Avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return Simd::Avx2;
+        }
+    }
+    Simd::Base
 }
 
 /// One matrixmultiply call on a row range of C. `a` points at the start of A, `rows` are the
@@ -319,7 +558,7 @@ impl Backend for CpuBackend {
 
     fn fill(&self, buf: &mut Vec<f32>, len: usize, value: f32) -> Result<()> {
         need("fill", "buffer", buf.len(), len)?;
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("fill"), || {
             buf[..len]
                 .par_chunks_mut(ELEM_CHUNK)
                 .for_each(|c| c.fill(value))
@@ -330,7 +569,7 @@ impl Backend for CpuBackend {
     fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) -> Result<()> {
         need("copy", "src", src.len(), len)?;
         need("copy", "dst", dst.len(), len)?;
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("copy"), || {
             dst[..len]
                 .par_chunks_mut(ELEM_CHUNK)
                 .zip(src[..len].par_chunks(ELEM_CHUNK))
@@ -360,7 +599,7 @@ impl Backend for CpuBackend {
         if cols == 0 {
             return Ok(());
         }
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("gather_rows"), || {
             out[..idx.len() * cols]
                 .par_chunks_mut(cols)
                 .zip(idx.par_iter())
@@ -387,7 +626,7 @@ impl Backend for CpuBackend {
         }
         // Sequential on purpose: repeated ids must add up in a fixed order, and this runs on
         // halo rows only.
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("scatter_add_rows"), || {
             for (i, &r) in idx.iter().enumerate() {
                 let o = &mut out[r as usize * cols..(r as usize + 1) * cols];
                 for (a, &b) in o.iter_mut().zip(&src[i * cols..(i + 1) * cols]) {
@@ -499,7 +738,7 @@ impl Backend for CpuBackend {
         if cols == 0 {
             return Ok(());
         }
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("add_bias"), || {
             x[..rows * cols].par_chunks_mut(cols).for_each(|r| {
                 for (a, &b) in r.iter_mut().zip(&bias[..cols]) {
                     *a += b;
@@ -519,7 +758,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         need("col_sum", "x", x.len(), rows * cols)?;
         need("col_sum", "out", out.len(), cols)?;
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("col_sum"), || {
             let sums = ordered_partials(rows.div_ceil(RED_CHUNK), cols, |ch, p| {
                 let r0 = ch * RED_CHUNK;
                 let r1 = (r0 + RED_CHUNK).min(rows);
@@ -637,7 +876,7 @@ impl Backend for CpuBackend {
     fn relu(&self, x: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
         need("relu", "x", x.len(), len)?;
         need("relu", "out", out.len(), len)?;
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("relu"), || {
             out[..len]
                 .par_chunks_mut(ELEM_CHUNK)
                 .zip(x[..len].par_chunks(ELEM_CHUNK))
@@ -653,15 +892,13 @@ impl Backend for CpuBackend {
     fn relu_backward(&self, y: &Vec<f32>, grad: &mut Vec<f32>, len: usize) -> Result<()> {
         need("relu_backward", "y", y.len(), len)?;
         need("relu_backward", "grad", grad.len(), len)?;
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("relu_backward"), || {
             grad[..len]
                 .par_chunks_mut(ELEM_CHUNK)
                 .zip(y[..len].par_chunks(ELEM_CHUNK))
                 .for_each(|(g, y)| {
                     for (a, &b) in g.iter_mut().zip(y) {
-                        if b <= 0.0 {
-                            *a = 0.0;
-                        }
+                        *a = if b > 0.0 { *a } else { 0.0 };
                     }
                 })
         });
@@ -693,19 +930,21 @@ impl Backend for CpuBackend {
         let stream = key.stream();
         let thr = dropout_threshold(p);
         let scale = 1.0 / (1.0 - p);
-        self.timed(Kind::Other, || {
+        let level = simd_level();
+        self.timed(Kind::Other("dropout"), || {
             out[..rows * cols]
-                .par_chunks_mut(cols)
-                .zip(x[..rows * cols].par_chunks(cols))
-                .zip(global_ids[..rows].par_iter())
-                .for_each(|((o, i), &gid)| {
-                    for (c, (a, &b)) in o.iter_mut().zip(i).enumerate() {
-                        *a = if p == 0.0 || dropout_keep(stream, thr, gid, c as u32) {
-                            b * scale
-                        } else {
-                            0.0
-                        };
-                    }
+                .par_chunks_mut(ROW_CHUNK * cols)
+                .zip(x[..rows * cols].par_chunks(ROW_CHUNK * cols))
+                .zip(global_ids[..rows].par_chunks(ROW_CHUNK))
+                .for_each(|((o, i), ids)| {
+                    let m = Mask {
+                        stream,
+                        thr,
+                        scale,
+                        cols,
+                    };
+                    // SAFETY: the level only names features this CPU has.
+                    unsafe { m.dispatch(level, ids, Some(i), o) }
                 })
         });
         Ok(())
@@ -734,18 +973,20 @@ impl Backend for CpuBackend {
         let stream = key.stream();
         let thr = dropout_threshold(p);
         let scale = 1.0 / (1.0 - p);
-        self.timed(Kind::Other, || {
+        let level = simd_level();
+        self.timed(Kind::Other("dropout_backward"), || {
             grad[..rows * cols]
-                .par_chunks_mut(cols)
-                .zip(global_ids[..rows].par_iter())
-                .for_each(|(g, &gid)| {
-                    for (c, a) in g.iter_mut().enumerate() {
-                        *a = if dropout_keep(stream, thr, gid, c as u32) {
-                            *a * scale
-                        } else {
-                            0.0
-                        };
-                    }
+                .par_chunks_mut(ROW_CHUNK * cols)
+                .zip(global_ids[..rows].par_chunks(ROW_CHUNK))
+                .for_each(|(g, ids)| {
+                    let m = Mask {
+                        stream,
+                        thr,
+                        scale,
+                        cols,
+                    };
+                    // SAFETY: the level only names features this CPU has.
+                    unsafe { m.dispatch(level, ids, None, g) }
                 })
         });
         Ok(())
@@ -754,7 +995,7 @@ impl Backend for CpuBackend {
     fn axpy(&self, alpha: f32, x: &Vec<f32>, y: &mut Vec<f32>, len: usize) -> Result<()> {
         need("axpy", "x", x.len(), len)?;
         need("axpy", "y", y.len(), len)?;
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("axpy"), || {
             y[..len]
                 .par_chunks_mut(ELEM_CHUNK)
                 .zip(x[..len].par_chunks(ELEM_CHUNK))
@@ -769,7 +1010,7 @@ impl Backend for CpuBackend {
 
     fn scale(&self, x: &mut Vec<f32>, alpha: f32, len: usize) -> Result<()> {
         need("scale", "x", x.len(), len)?;
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("scale"), || {
             x[..len]
                 .par_chunks_mut(ELEM_CHUNK)
                 .for_each(|c| c.iter_mut().for_each(|a| *a *= alpha))
@@ -798,7 +1039,7 @@ impl Backend for CpuBackend {
         if cols == 0 {
             return Ok(());
         }
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("layer_norm"), || {
             out[..rows * cols]
                 .par_chunks_mut(cols)
                 .zip(x[..rows * cols].par_chunks(cols))
@@ -843,7 +1084,7 @@ impl Backend for CpuBackend {
         if cols == 0 {
             return Ok(());
         }
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("layer_norm_backward"), || {
             // dx = rstd * (gy*gamma - mean(gy*gamma) - xhat * mean(gy*gamma*xhat))
             grad_x[..rows * cols]
                 .par_chunks_mut(cols)
@@ -922,7 +1163,7 @@ impl Backend for CpuBackend {
                 format!("normalizer must be positive, got {normalizer}"),
             ));
         }
-        let loss = self.timed(Kind::Other, || {
+        let loss = self.timed(Kind::Other("cross_entropy"), || {
             grad[..n * classes]
                 .par_chunks_mut(ELEM_CHUNK)
                 .for_each(|c| c.fill(0.0));
@@ -966,7 +1207,7 @@ impl Backend for CpuBackend {
 
     fn sum_squares(&self, x: &Vec<f32>, len: usize) -> Result<f64> {
         need("sum_squares", "x", x.len(), len)?;
-        Ok(self.timed(Kind::Other, || {
+        Ok(self.timed(Kind::Other("sum_squares"), || {
             ordered_partials(len.div_ceil(ELEM_CHUNK), 1, |ch, p| {
                 let s = ch * ELEM_CHUNK;
                 let e = (s + ELEM_CHUNK).min(len);
@@ -999,7 +1240,7 @@ impl Backend for CpuBackend {
         let bc2 = 1.0 - (s.beta2 as f64).powf(s.step as f64);
         let (bc1, bc2) = (bc1 as f32, bc2 as f32);
         let s = *s;
-        self.timed(Kind::Other, || {
+        self.timed(Kind::Other("adam_step"), || {
             param[..len]
                 .par_chunks_mut(ELEM_CHUNK)
                 .zip(grad[..len].par_chunks(ELEM_CHUNK))

@@ -145,8 +145,10 @@ fn median(xs: &mut [f64]) -> f64 {
     }
 }
 
-#[derive(serde::Serialize, Default, Clone, Copy)]
+#[derive(serde::Serialize, Default, Clone)]
 struct Split3 {
+    /// Seconds per backend operation inside "other" (the rest is model-side allocation).
+    other_ops: Vec<(String, f64)>,
     epoch_s: f64,
     aggregate_s: f64,
     gemm_s: f64,
@@ -268,11 +270,13 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
         let loss = prepared.train_step(&mut model, &opts, epoch)?;
         let epoch_s = t.elapsed().as_secs_f64();
         let ops = b.op_times();
+        let others = b.other_op_times();
         progress.println(format!(
             "epoch {epoch}: loss {loss:.4}, {epoch_s:.3}s (aggregation {:.3}s, gemm {:.3}s)",
             ops.aggregate_s, ops.gemm_s
         ));
         progress.inc(1);
+        tracing::debug!("other ops: {others:?}");
         if epoch > 1 {
             splits.push(Split3 {
                 epoch_s,
@@ -280,6 +284,7 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
                 gemm_s: ops.gemm_s,
                 other_s: epoch_s - ops.aggregate_s - ops.gemm_s,
                 aggregate_bytes: ops.aggregate_bytes,
+                other_ops: others.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             });
         }
     }
@@ -287,7 +292,7 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
     let peak = grandis_telemetry::peak_rss_bytes();
     // The epoch with the median time, so its split adds up.
     splits.sort_by(|a, b| a.epoch_s.total_cmp(&b.epoch_s));
-    let med = splits[splits.len() / 2];
+    let med = splits[splits.len() / 2].clone();
     let mut times: Vec<f64> = splits.iter().map(|s| s.epoch_s).collect();
     let median_epoch_s = median(&mut times);
     let agg_bound_s = med.aggregate_bytes as f64 / bandwidth;
@@ -302,6 +307,17 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
     println!(
         "  median epoch {:.3}s = aggregation {:.3}s + gemm {:.3}s + rest {:.3}s",
         median_epoch_s, med.aggregate_s, med.gemm_s, med.other_s
+    );
+    let listed: Vec<String> = med
+        .other_ops
+        .iter()
+        .take(6)
+        .map(|(k, v)| format!("{k} {v:.3}s"))
+        .collect();
+    println!(
+        "  rest: {} (untimed: allocation and bookkeeping {:.3}s)",
+        listed.join(", "),
+        med.other_s - med.other_ops.iter().map(|(_, v)| v).sum::<f64>()
     );
     println!(
         "  aggregation moved {:.2} GB; triad bandwidth {:.2} GB/s -> bound {:.3}s ({:.0}% of bound achieved)",
