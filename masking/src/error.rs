@@ -17,6 +17,8 @@ pub enum MaskingError {
     },
     #[error("k = {k} preloaded hops is invalid: {reason}")]
     InvalidK { k: usize, reason: String },
+    #[error("invalid extraction spec: {0}")]
+    Spec(String),
     #[error("invalid model dimensions: {0}")]
     Dims(String),
     #[error(

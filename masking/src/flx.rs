@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::context::PlanContext;
 use crate::error::{MaskingError, Result};
+use crate::extract::{Edges, ExtractionSpec, RowSource};
 use crate::plan::{build_device, fill_sends, DevicePlan, DeviceSpec};
 
 /// The FB plan (PipeGCN without pipeline): `devices[r]` is rank r's plan; halos come from any
@@ -16,16 +17,23 @@ pub struct FbPlan {
     pub devices: Vec<DevicePlan>,
 }
 
-/// What one server's head extracted for the FLX plan.
+/// What one server's head extracted for a masked (FLX or co-batch) plan.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ServerExtraction {
     pub server: usize,
-    /// `level_sizes[d]` vertices at in-hop distance d from the inner set (`d = 0..=k`).
+    /// `level_sizes[d]` vertices at level d (in-hop distance d from the targets over the kept
+    /// edges, `d = 0..=k`).
     pub level_sizes: Vec<usize>,
-    /// Inner vertices (`level_sizes[0]`).
+    /// Targets (`level_sizes[0]`): the whole range for FLX, the co-batch for CoB.
     pub inner: usize,
-    /// Replicated vertices (distance 1..=k, owned by other servers in the layout).
+    /// Extracted vertices owned by other servers in the layout (for FLX: levels 1..=k).
     pub replicated: usize,
+    /// Extracted non-target vertices (levels 1..=k), this server's own included.
+    pub dependencies: usize,
+    /// Edges of the server's one-hop graphs (kept in-edges of complete rows).
+    pub kept_edges: usize,
+    /// Whether the spec was sampled (else exact).
+    pub sampled: bool,
     /// Owned rows per device of this server after placement.
     pub owned_per_device: Vec<usize>,
 }
@@ -131,6 +139,7 @@ impl<'a> PlanContext<'a> {
                 let n = owned.len();
                 build_device(
                     self,
+                    &RowSource::Exact(self.graph()),
                     DeviceSpec {
                         rank,
                         server: layout.server_of_rank(rank),
@@ -156,7 +165,8 @@ impl<'a> PlanContext<'a> {
     }
 
     /// Builds the FLX plan with `k >= 1` preloaded hops (one server per rayon task, as the
-    /// paper's head group does it per server).
+    /// paper's head group does it per server): [`PlanContext::extract_plan`] with every
+    /// server's spec = its whole range, exact k-hop closure ([`ExtractionSpec::flx`]).
     ///
     /// Placement rule for replicated vertices (inner vertices stay on their layout device):
     /// levels are placed in order 1, 2, ..., k, vertices of a level in ascending global id.
@@ -177,9 +187,45 @@ impl<'a> PlanContext<'a> {
             });
         }
         let layout = self.layout();
-        let per_server = (0..layout.servers())
-            .into_par_iter()
-            .map(|s| self.flx_server(s, k))
+        let specs: Vec<ExtractionSpec> = (0..layout.servers())
+            .map(|s| ExtractionSpec::flx(layout, s, k))
+            .collect();
+        self.extract_plan(&specs)
+    }
+
+    /// Builds a masked plan from one extraction spec per server (`specs[s].server == s`, all
+    /// with the same `hops`, which becomes the plan's `k`): each server's targets stay on
+    /// their layout devices as inner rows, its dependencies (levels 1..=hops over the kept
+    /// edges) are placed over its devices by the FLX placement rule (counting only readers
+    /// that keep the edge), and exchanges stay inside the server. See [`crate::extract`] for
+    /// levels and masks on sampled graphs.
+    pub fn extract_plan(&self, specs: &[ExtractionSpec]) -> Result<FlxPlan> {
+        let layout = self.layout();
+        if specs.len() != layout.servers() {
+            return Err(MaskingError::Spec(format!(
+                "{} extraction specs given for {} servers",
+                specs.len(),
+                layout.servers()
+            )));
+        }
+        let k = specs[0].hops;
+        for (s, spec) in specs.iter().enumerate() {
+            if spec.server != s {
+                return Err(MaskingError::Spec(format!(
+                    "spec {s} is for server {}; specs must be in server order",
+                    spec.server
+                )));
+            }
+            if spec.hops != k {
+                return Err(MaskingError::Spec(format!(
+                    "server {s} extracts {} hops but server 0 extracts {k}; one plan has one k",
+                    spec.hops
+                )));
+            }
+        }
+        let per_server = specs
+            .par_iter()
+            .map(|spec| self.extract_server(spec, None))
             .collect::<Result<Vec<_>>>()?;
         let mut servers = Vec::with_capacity(per_server.len());
         let mut devices = Vec::with_capacity(layout.num_ranks());
@@ -192,13 +238,29 @@ impl<'a> PlanContext<'a> {
             k,
             replicated = servers.iter().map(|s| s.replicated).sum::<usize>(),
             halo_rows = devices.iter().map(|d| d.n_halo()).sum::<usize>(),
-            "built FLX plan"
+            "built masked plan"
         );
         Ok(FlxPlan {
             k,
             servers,
             devices,
         })
+    }
+
+    /// One device's standalone plan for `spec` (a per-GPU mini-batch, no intra-server
+    /// sharing): every extracted vertex is owned by device `device` of `spec.server`, so the
+    /// plan has no halo rows and no exchanges. Its rank is that device's rank.
+    pub fn extract_device_plan(&self, spec: &ExtractionSpec, device: usize) -> Result<DevicePlan> {
+        if device >= self.layout().devices() {
+            return Err(MaskingError::Spec(format!(
+                "device {device} does not exist (the layout has {} devices per server)",
+                self.layout().devices()
+            )));
+        }
+        let (_, mut plans) = self.extract_server(spec, Some(device))?;
+        plans
+            .pop()
+            .ok_or_else(|| MaskingError::Internal("single-device extraction built no plan".into()))
     }
 
     /// Builds the plans for a `layers`-layer model with `k` preloaded hops (`0 <= k <= layers`).
@@ -218,9 +280,82 @@ impl<'a> PlanContext<'a> {
         Ok(PreloadPlan { k, layers, fb, flx })
     }
 
-    fn flx_server(&self, server: usize, k: usize) -> Result<(ServerExtraction, Vec<DevicePlan>)> {
+    fn validate_spec(&self, spec: &ExtractionSpec) -> Result<()> {
         let layout = self.layout();
-        let g_count = layout.devices();
+        let s = spec.server;
+        if s >= layout.servers() {
+            return Err(MaskingError::Spec(format!(
+                "server {s} does not exist (the layout has {})",
+                layout.servers()
+            )));
+        }
+        if spec.hops == 0 || spec.hops >= ABSENT as usize {
+            return Err(MaskingError::InvalidK {
+                k: spec.hops,
+                reason: format!("an extraction needs 1 <= hops <= {}", ABSENT - 1),
+            });
+        }
+        let range = layout.server_range(s);
+        if let Some(w) = spec.targets.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(MaskingError::Spec(format!(
+                "server {s}: targets must be sorted and distinct ({} then {})",
+                w[0], w[1]
+            )));
+        }
+        if let Some(&t) = spec.targets.iter().find(|t| !range.contains(t)) {
+            return Err(MaskingError::Spec(format!(
+                "server {s}: target {t} is not one of its vertices ({}..{})",
+                range.start, range.end
+            )));
+        }
+        if let Edges::Sampled(e) = &spec.edges {
+            let n = self.num_vertices() as u32;
+            if e.is_per_layer() && e.num_layers() != spec.hops {
+                return Err(MaskingError::Spec(format!(
+                    "server {s}: {} per-layer edge sets for {} hops",
+                    e.num_layers(),
+                    spec.hops
+                )));
+            }
+            for &v in e.rows() {
+                if v >= n {
+                    return Err(MaskingError::Spec(format!(
+                        "server {s}: sampled row of vertex {v}, the graph has {n} vertices"
+                    )));
+                }
+                let full = self.in_neighbors(v);
+                if let Some(&u) = e.row(v).1.iter().find(|u| full.binary_search(u).is_err()) {
+                    return Err(MaskingError::Spec(format!(
+                        "server {s}: sampled edge {u} -> {v} is not an edge of the graph"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One server's extraction: levels over the kept edges, placement, device plans (without
+    /// send lists). `single = Some(g)`: everything on device g (one plan, no halo).
+    fn extract_server(
+        &self,
+        spec: &ExtractionSpec,
+        single: Option<usize>,
+    ) -> Result<(ServerExtraction, Vec<DevicePlan>)> {
+        self.validate_spec(spec)?;
+        let layout = self.layout();
+        let server = spec.server;
+        let k = spec.hops;
+        let rows = match &spec.edges {
+            Edges::Exact => RowSource::Exact(self.graph()),
+            Edges::Sampled(e) => RowSource::Sampled(e),
+        };
+        let exact = spec.is_exact();
+        let g_count = if single.is_some() {
+            1
+        } else {
+            layout.devices()
+        };
+        let rank_of = |g: usize| layout.rank(server, single.unwrap_or(g));
         let mut slots = vec![
             Slot {
                 level: ABSENT,
@@ -228,29 +363,47 @@ impl<'a> PlanContext<'a> {
             };
             self.num_vertices()
         ];
-        let inner = layout.server_range(server);
-        for v in inner.clone() {
+        let mut loads = vec![0usize; g_count];
+        for &v in &spec.targets {
+            let g = if single.is_some() {
+                0
+            } else {
+                layout.device_of(v)
+            };
             slots[v as usize] = Slot {
                 level: 0,
-                device: layout.device_of(v) as u16,
+                device: g as u16,
             };
+            loads[g] += 1;
         }
-        // levels[d]: vertices at distance d, ascending.
-        let mut levels: Vec<Vec<u32>> = vec![inner.clone().collect()];
-        let mut loads: Vec<usize> = (0..g_count)
-            .map(|g| layout.range(layout.rank(server, g)).len())
-            .collect();
+        // levels[d]: vertices at level d, ascending.
+        let mut levels: Vec<Vec<u32>> = vec![spec.targets.clone()];
         let mut total = levels[0].len();
         let mut counts = vec![0usize; g_count];
         for d in 1..=k {
             let lvl = d as u8;
             let mut next = Vec::new();
-            for &v in &levels[d - 1] {
-                for &u in self.in_neighbors(v) {
-                    let slot = &mut slots[u as usize];
-                    if slot.level == ABSENT {
-                        slot.level = lvl;
-                        next.push(u);
+            if rows.per_layer() {
+                // Hop d feeds layer k - d, whose valid rows are all levels <= d - 1.
+                let layer = k - d;
+                for &v in levels.iter().flatten() {
+                    let (base, srcs) = rows.row(v);
+                    for (j, &u) in srcs.iter().enumerate() {
+                        let slot = &mut slots[u as usize];
+                        if slot.level == ABSENT && rows.used_at(base + j, layer) {
+                            slot.level = lvl;
+                            next.push(u);
+                        }
+                    }
+                }
+            } else {
+                for &v in &levels[d - 1] {
+                    for &u in rows.row(v).1 {
+                        let slot = &mut slots[u as usize];
+                        if slot.level == ABSENT {
+                            slot.level = lvl;
+                            next.push(u);
+                        }
                     }
                 }
             }
@@ -261,7 +414,7 @@ impl<'a> PlanContext<'a> {
                 counts.iter_mut().for_each(|c| *c = 0);
                 for &w in self.out_neighbors(u) {
                     let s = slots[w as usize];
-                    if s.level == lvl - 1 {
+                    if s.level == lvl - 1 && (exact || rows.keeps(u, w)) {
                         counts[s.device as usize] += 1;
                     }
                 }
@@ -281,11 +434,16 @@ impl<'a> PlanContext<'a> {
 
         let slots = &slots;
         let levels = &levels;
+        let rows = &rows;
         let plans = (0..g_count)
             .into_par_iter()
             .map(|g| {
-                let rank = layout.rank(server, g);
-                let mut owned: Vec<u32> = layout.range(rank).collect();
+                let rank = rank_of(g);
+                let mut owned: Vec<u32> = levels[0]
+                    .iter()
+                    .copied()
+                    .filter(|&t| slots[t as usize].device as usize == g)
+                    .collect();
                 let n_inner = owned.len();
                 let mut owned_level = vec![0u8; n_inner];
                 for (d, lvl) in levels.iter().enumerate().skip(1) {
@@ -298,10 +456,11 @@ impl<'a> PlanContext<'a> {
                 }
                 build_device(
                     self,
+                    rows,
                     DeviceSpec {
                         rank,
                         server,
-                        device: g,
+                        device: single.unwrap_or(g),
                         n_inner,
                         owned,
                         owned_level,
@@ -310,18 +469,26 @@ impl<'a> PlanContext<'a> {
                     },
                     |u| {
                         let s = slots[u as usize];
-                        (s.level != ABSENT).then(|| layout.rank(server, s.device as usize))
+                        (s.level != ABSENT).then(|| rank_of(s.device as usize))
                     },
                     |u| slots[u as usize].level,
                 )
             })
             .collect::<Result<Vec<_>>>()?;
         let level_sizes: Vec<usize> = levels.iter().map(Vec::len).collect();
+        let server_range = layout.server_range(server);
         let extraction = ServerExtraction {
             server,
             inner: level_sizes[0],
-            replicated: level_sizes[1..].iter().sum(),
+            replicated: levels
+                .iter()
+                .flatten()
+                .filter(|v| !server_range.contains(v))
+                .count(),
+            dependencies: level_sizes[1..].iter().sum(),
             level_sizes,
+            kept_edges: plans.iter().map(DevicePlan::num_edges).sum(),
+            sampled: !exact,
             owned_per_device: plans.iter().map(|p| p.n_owned).collect(),
         };
         Ok((extraction, plans))

@@ -10,12 +10,17 @@
 //! of each server's inner vertices so that the first k layers exchange only inside a server; the
 //! remaining layers reuse the FB plan (the "reshape"), see [`PreloadPlan`]. Local rows are
 //! ordered by hop level so that every mask and every per-layer exchange is a *prefix*, which
-//! keeps both compute and communication piecewise sequential as the paper intends. The memory
+//! keeps both compute and communication piecewise sequential as the paper intends. Both masked
+//! plans are built from per-server extraction specs ([`ExtractionSpec`]: target vertices, hops,
+//! exact or sampled kept in-edges, optionally per layer): FLX is "targets = range, exact k-hop",
+//! cooperative batching and the samplers of `grandis-sampling` use co-batches and
+//! [`SampledEdges`]; sampled rows aggregate over `DevicePlan::agg_degree` kept edges. The memory
 //! model ([`memory`]) prices a plan per device and [`choose_k`] picks the largest k that fits a
 //! budget. No numerics live here; the trainer runs layers over these plans.
 
 mod context;
 mod error;
+pub mod extract;
 mod flx;
 mod layout;
 pub mod memory;
@@ -24,10 +29,12 @@ mod stats;
 
 pub use context::{PlanContext, SplitMembership, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
 pub use error::{MaskingError, Result};
+pub use extract::{Edges, ExtractionSpec, SampledEdges};
 pub use flx::{FbPlan, FlxPlan, PreloadPlan, ServerExtraction};
 pub use layout::Layout;
 pub use memory::{
-    choose_k, estimate, estimate_device, KChoice, KEstimate, LayerMemory, MemoryTerms, ModelDims,
+    choose_k, estimate, estimate_device, estimate_masked, estimate_masked_device, KChoice,
+    KEstimate, LayerMemory, MemoryTerms, ModelDims,
 };
 pub use plan::{DevicePlan, HaloGroup, LayerMask, SendList};
 pub use stats::{

@@ -25,6 +25,10 @@
 //!   in-degree, out-degree, global-to-local pair).
 //! - `params` = [`PARAM_COPIES`] x parameters x 4 (weights, gradients, Adam m and v).
 //!
+//! A plan that runs every layer on one masked plan (cooperative batching, per-GPU mini-batch)
+//! is priced by [`estimate_masked_device`]: the same terms with that plan at every layer and
+//! only it held. Per-layer graphs of layer-wise sampling add their CSR bytes to `graph`.
+//!
 //! Plans held: the FB plan always (a [`crate::PreloadPlan`] keeps it; at k = L this slightly
 //! overestimates), plus the FLX plan when k >= 1. With the FLX placement rule the FLX plan for
 //! k is contained in the one for k + 1 and contains the FB rows of each device, so every term
@@ -153,7 +157,15 @@ pub struct KChoice {
 }
 
 fn graph_bytes(p: &DevicePlan) -> u64 {
-    (p.n_owned as u64 + 1) * OFFSET_BYTES + p.num_edges() as u64 * (INDEX_BYTES + VALUE_BYTES)
+    let csr = |edges: usize| {
+        (p.n_owned as u64 + 1) * OFFSET_BYTES + edges as u64 * (INDEX_BYTES + VALUE_BYTES)
+    };
+    // Per-layer graphs (layer-wise sampling) are held next to the union graph.
+    csr(p.num_edges())
+        + p.layer_graphs
+            .iter()
+            .map(|g| csr(g.indices.len()))
+            .sum::<u64>()
 }
 
 fn send_rows(p: &DevicePlan) -> u64 {
@@ -171,6 +183,49 @@ pub fn estimate_device(
         Some(f) if l < k => f,
         _ => fb,
     };
+    let held: Vec<&DevicePlan> = std::iter::once(fb).chain(flx).collect();
+    terms(dims, fb.rank, plan_at, |l| flx.is_some() && l < k, &held)
+}
+
+/// Estimate for one device that runs EVERY layer on one masked plan and holds nothing else
+/// (a co-batch plan of cooperative batching, or a per-GPU mini-batch plan): the same terms as
+/// [`estimate_device`] with that plan at every layer and only its graph and metadata held.
+pub fn estimate_masked_device(dims: &ModelDims, plan: &DevicePlan) -> MemoryTerms {
+    terms(dims, plan.rank, |_| plan, |_| true, &[plan])
+}
+
+/// [`estimate_masked_device`] for every device of a masked plan (`k` of the result is the
+/// plan's `k`).
+pub fn estimate_masked(dims: &ModelDims, plan: &FlxPlan) -> KEstimate {
+    let devices: Vec<MemoryTerms> = plan
+        .devices
+        .iter()
+        .map(|d| estimate_masked_device(dims, d))
+        .collect();
+    worst(plan.k, devices)
+}
+
+fn worst(k: usize, devices: Vec<MemoryTerms>) -> KEstimate {
+    let (worst_rank, max_bytes) = devices
+        .iter()
+        .map(|t| (t.rank, t.total))
+        .max_by_key(|&(r, t)| (t, std::cmp::Reverse(r)))
+        .unwrap_or((0, 0));
+    KEstimate {
+        k,
+        max_bytes,
+        worst_rank,
+        devices,
+    }
+}
+
+fn terms<'p>(
+    dims: &ModelDims,
+    rank: usize,
+    plan_at: impl Fn(usize) -> &'p DevicePlan,
+    masked_at: impl Fn(usize) -> bool,
+    held: &[&DevicePlan],
+) -> MemoryTerms {
     let features = plan_at(0).n_local() as u64 * dims.features as u64 * F32_BYTES;
     let layers: Vec<LayerMemory> = (0..dims.layers)
         .map(|l| {
@@ -179,7 +234,7 @@ pub fn estimate_device(
             let (iw, ow) = (dims.in_width(l) as u64, dims.out_width(l) as u64);
             LayerMemory {
                 layer: l,
-                flx: flx.is_some() && l < k,
+                flx: masked_at(l),
                 rows_local: local,
                 rows_owned: owned,
                 input: if l == 0 { 0 } else { local * iw * F32_BYTES },
@@ -198,7 +253,6 @@ pub fn estimate_device(
             })
             .max()
             .unwrap_or(0);
-    let held: Vec<&DevicePlan> = std::iter::once(fb).chain(flx).collect();
     let halo_buffers = 2
         * held.iter().map(|p| send_rows(p)).max().unwrap_or(0)
         * dims.max_width() as u64
@@ -212,7 +266,7 @@ pub fn estimate_device(
     let total =
         features + activations + backward_scratch + halo_buffers + graph + metadata + params;
     MemoryTerms {
-        rank: fb.rank,
+        rank,
         features,
         layers,
         activations,
@@ -234,17 +288,7 @@ pub fn estimate(dims: &ModelDims, fb: &FbPlan, flx: Option<&FlxPlan>) -> KEstima
         .enumerate()
         .map(|(r, d)| estimate_device(dims, k, d, flx.map(|f| &f.devices[r])))
         .collect();
-    let (worst_rank, max_bytes) = devices
-        .iter()
-        .map(|t| (t.rank, t.total))
-        .max_by_key(|&(r, t)| (t, std::cmp::Reverse(r)))
-        .unwrap_or((0, 0));
-    KEstimate {
-        k,
-        max_bytes,
-        worst_rank,
-        devices,
-    }
+    worst(k, devices)
 }
 
 impl PreloadPlan {

@@ -3,7 +3,8 @@
 //!
 //! Local row order (the invariant everything else relies on):
 //! - rows `0..n_owned` are the device's OWNED rows, sorted by (hop level, global id). Level 0
-//!   rows are the device's inner vertices (its layout range), so they come first:
+//!   rows are the device's inner vertices (its layout range, or its targets in an extraction
+//!   plan, see [`crate::extract`]), so they come first:
 //!   `0..n_inner` is exactly the FB plan's owned block (the reshape is an identity prefix).
 //! - rows `n_owned..n_local` are HALO rows, one contiguous group per peer rank (ascending
 //!   rank), each sorted by (need level, global id), where a halo row's need level is the
@@ -15,10 +16,11 @@
 
 use std::ops::Range;
 
-use grandis_store::CsrGraph;
+use grandis_store::{CsrGraph, CsrView};
 
 use crate::context::{PlanContext, SPLIT_TRAIN};
 use crate::error::{MaskingError, Result};
+use crate::extract::RowSource;
 
 /// Halo rows received from one peer: a contiguous block of local rows.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -65,7 +67,8 @@ pub struct DevicePlan {
     pub server: usize,
     /// Device index within the server.
     pub device: usize,
-    /// Rows `0..n_inner` are the device's inner vertices (its layout range, ascending).
+    /// Rows `0..n_inner` are the device's inner vertices: its targets (for FB/FLX plans its
+    /// whole layout range; for a co-batch plan the co-batch vertices it owns), ascending.
     pub n_inner: usize,
     /// Rows `0..n_owned` are computed here (inner, then replicated vertices by level).
     pub n_owned: usize,
@@ -75,8 +78,10 @@ pub struct DevicePlan {
     pub level: Vec<u8>,
     /// Need level of every halo row (index `local - n_owned`).
     pub halo_need: Vec<u8>,
-    /// `n_owned` rows; row i lists the LOCAL rows of the in-neighbours of owned row i, sorted.
-    /// Rows whose level is too deep to ever be valid are empty (see the FLX builder).
+    /// `n_owned` rows; row i lists the LOCAL rows of the KEPT in-neighbours of owned row i,
+    /// sorted (all in-neighbours for exact plans). Rows whose level is too deep to ever be
+    /// valid are empty (see the FLX builder). With per-layer sampling this is the union of
+    /// the per-layer graphs, see [`DevicePlan::layer_graphs`].
     pub graph: CsrGraph,
     /// Halo groups, ascending peer rank, contiguous and covering `n_owned..n_local`.
     pub halo: Vec<HaloGroup>,
@@ -86,6 +91,16 @@ pub struct DevicePlan {
     pub masks: Vec<LayerMask>,
     /// FULL-graph in-degree of every local row's vertex (normalisation on a partial graph).
     pub in_degree: Vec<u32>,
+    /// The number of in-edges each local row aggregates over: for a complete owned row the
+    /// length of its row in `graph` (equal to `in_degree` when the row is exact, the kept
+    /// count when sampled); `in_degree` for every other row (halo rows and rows never
+    /// computed). Mean aggregation divides by THIS, not by `in_degree`; with per-layer graphs
+    /// use [`DevicePlan::agg_degree_at`]. Equal to `in_degree` everywhere in FB/FLX plans.
+    pub agg_degree: Vec<u32>,
+    /// Per-layer graphs (layer-wise sampling only; empty otherwise): `layer_graphs[l]` has
+    /// `n_owned` rows in the same local ids as `graph`, row i = the in-edges row i aggregates
+    /// at layer l (empty for rows not valid at l). Each is a subset of `graph`.
+    pub layer_graphs: Vec<CsrGraph>,
     /// FULL-graph out-degree of every local row's vertex.
     pub out_degree: Vec<u32>,
     /// Split flags (`SPLIT_*` bits) of every owned row.
@@ -114,6 +129,33 @@ impl DevicePlan {
     /// Local in-neighbour rows of owned row `row`.
     pub fn row(&self, row: u32) -> &[u32] {
         self.graph.view().neighbors(row)
+    }
+    /// The graph layer `layer` aggregates over: its per-layer graph when the plan has them,
+    /// otherwise `graph`.
+    pub fn layer_graph(&self, layer: usize) -> CsrView<'_> {
+        match self.layer_graphs.get(layer) {
+            Some(g) => g.view(),
+            None => self.graph.view(),
+        }
+    }
+    /// In-edges owned row `row` aggregates over at `layer` (the divisor of mean aggregation).
+    pub fn agg_degree_at(&self, layer: usize, row: u32) -> u32 {
+        match self.layer_graphs.get(layer) {
+            Some(g) => g.view().degree(row) as u32,
+            None => self.agg_degree[row as usize],
+        }
+    }
+    /// Whether any row of this plan aggregates over a sampled (strict) subset of its
+    /// in-edges, or the plan has per-layer graphs.
+    pub fn is_sampled(&self) -> bool {
+        !self.layer_graphs.is_empty() || self.agg_degree != self.in_degree
+    }
+    /// Number of owned rows computed (valid) at the output of each masked layer (for an
+    /// unmasked plan, one entry per call is `n_owned`; see [`DevicePlan::valid_owned`]).
+    pub fn computed_rows(&self, layers: usize) -> Vec<u64> {
+        (0..layers)
+            .map(|l| self.valid_owned(l).len() as u64)
+            .collect()
     }
     /// Whether layer `layer` of this plan is masked (FLX layers `0..k`).
     pub fn is_masked(&self, layer: usize) -> bool {
@@ -205,9 +247,11 @@ pub(crate) struct DeviceSpec {
 }
 
 /// Builds a device plan except its send lists (see [`fill_sends`]). `owner_of(u)` is the rank
-/// that owns `u` in this plan (None: not part of the plan); `level_of(u)` its hop level.
+/// that owns `u` in this plan (None: not part of the plan); `level_of(u)` its hop level;
+/// `rows` gives every row's kept in-edges (all of them for exact plans).
 pub(crate) fn build_device(
     ctx: &PlanContext<'_>,
+    rows: &RowSource<'_, '_>,
     spec: DeviceSpec,
     owner_of: impl Fn(u32) -> Option<usize>,
     level_of: impl Fn(u32) -> u8,
@@ -240,18 +284,22 @@ pub(crate) fn build_device(
         .collect();
     owned_lookup.sort_unstable();
 
-    // Halo candidates: (peer, vertex, need level) for every in-edge of a complete row that
-    // comes from another device; duplicates keep the smallest need level.
+    // Halo candidates: (peer, vertex, need level) for every used in-edge of a complete row
+    // that comes from another device; duplicates keep the smallest need level.
     let mut cand: Vec<(usize, u32, u8)> = Vec::new();
     for (i, &v) in owned.iter().enumerate() {
         let lv = owned_level[i];
         if lv >= complete_below {
             continue;
         }
-        for &u in ctx.in_neighbors(v) {
+        let (base, srcs) = rows.row(v);
+        for (j, &u) in srcs.iter().enumerate() {
+            let Some(need) = rows.edge_need(base + j, lv, masked_layers) else {
+                continue;
+            };
             match owner_of(u) {
                 Some(r) if r == rank => {}
-                Some(r) => cand.push((r, u, lv)),
+                Some(r) => cand.push((r, u, need)),
                 None => {
                     return Err(MaskingError::Internal(format!(
                         "rank {rank}: in-neighbour {u} of complete row {v} (level {lv}) is not \
@@ -307,13 +355,56 @@ pub(crate) fn build_device(
     for i in 0..n_owned {
         if level[i] < complete_below {
             let start = indices.len();
-            indices.extend(ctx.in_neighbors(global_ids[i]).iter().map(|&u| local_of(u)));
+            let (base, srcs) = rows.row(global_ids[i]);
+            indices.extend(
+                srcs.iter()
+                    .enumerate()
+                    .filter(|&(j, _)| rows.edge_need(base + j, level[i], masked_layers).is_some())
+                    .map(|(_, &u)| local_of(u)),
+            );
             indices[start..].sort_unstable();
         }
         offsets.push(indices.len() as u64);
     }
+    // Layer l of a per-layer plan: rows valid at l (level <= k - 1 - l), edges flagged for l.
+    let layer_graphs: Vec<CsrGraph> = if rows.per_layer() {
+        (0..masked_layers)
+            .map(|l| {
+                let thr = (masked_layers - 1 - l) as u8;
+                let mut offsets = Vec::with_capacity(n_owned + 1);
+                offsets.push(0u64);
+                let mut indices = Vec::new();
+                for i in 0..n_owned {
+                    if level[i] <= thr {
+                        let start = indices.len();
+                        let (base, srcs) = rows.row(global_ids[i]);
+                        indices.extend(
+                            srcs.iter()
+                                .enumerate()
+                                .filter(|&(j, _)| rows.used_at(base + j, l))
+                                .map(|(_, &u)| local_of(u)),
+                        );
+                        indices[start..].sort_unstable();
+                    }
+                    offsets.push(indices.len() as u64);
+                }
+                CsrGraph { offsets, indices }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
 
-    let in_degree = global_ids.iter().map(|&g| ctx.in_degree(g)).collect();
+    let in_degree: Vec<u32> = global_ids.iter().map(|&g| ctx.in_degree(g)).collect();
+    let agg_degree = (0..global_ids.len())
+        .map(|i| {
+            if i < n_owned && level[i] < complete_below {
+                (offsets[i + 1] - offsets[i]) as u32
+            } else {
+                in_degree[i]
+            }
+        })
+        .collect();
     let out_degree = global_ids.iter().map(|&g| ctx.out_degree(g)).collect();
     let split = global_ids[..n_owned]
         .iter()
@@ -354,6 +445,8 @@ pub(crate) fn build_device(
         sends: Vec::new(),
         masks,
         in_degree,
+        agg_degree,
+        layer_graphs,
         out_degree,
         split,
         lookup,

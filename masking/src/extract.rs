@@ -1,0 +1,251 @@
+//! Per-server extraction specs: which vertices a server computes (its *targets*) and which of
+//! their dependencies (vertices and in-edges) its one-hop graph includes.
+//!
+//! The FLX plan is the special case "targets = the server's layout range, exact k-hop
+//! closure" ([`ExtractionSpec::flx`]); cooperative batching uses "targets = a co-batch", and
+//! samplers give the kept in-edges explicitly ([`SampledEdges`]).
+//!
+//! Levels and masks. Level 0 = the targets; a vertex gets level d when it is first reached, in
+//! hop d, as the source of a kept in-edge of a row of level d - 1 (BFS over kept edges). A row
+//! is complete (has its kept in-edges in the one-hop graph) iff its level is `< hops`, and it is
+//! valid at layer l iff its level is `<= hops - 1 - l`. Every kept in-edge of a valid row then
+//! comes from a row of level `<= level + 1`, valid at layer `l - 1`: the level rule of the
+//! exact plan, applied to the sampled graph.
+//!
+//! Per-layer edges (layer-wise sampling, GraphSAGE): when [`SampledEdges::layers`] is set,
+//! kept edge e is used at layer l only if `layers[l][e]`. Levels then follow the per-layer
+//! sets: `V_{L-1}` = targets, `V_{l-1}` = `V_l` plus the sources of the layer-l edges of rows
+//! in `V_l`, and level(v) = `hops - 1 - max{l : v in V_l}` (the hop at which the sampler
+//! reached v). The one-hop graph holds the union of the edges a row uses at a layer where it
+//! is valid; [`crate::DevicePlan::layer_graphs`] holds each layer's subset.
+
+use crate::error::{MaskingError, Result};
+
+/// The in-edges kept by a sampler, as a sparse CSR over the vertices that have a kept row.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SampledEdges {
+    /// Sorted, distinct global ids of the vertices with a kept row.
+    rows: Vec<u32>,
+    /// `rows.len() + 1` offsets into `indices`.
+    offsets: Vec<u64>,
+    /// Kept sources of every row, sorted and distinct within a row.
+    indices: Vec<u32>,
+    /// Optional per-layer edge flags: `layers[l][e]` for every kept edge `e` (index into
+    /// `indices`). None: every kept edge is used at every layer.
+    layers: Option<Vec<Vec<bool>>>,
+}
+
+impl SampledEdges {
+    /// From `(destination, kept sources)` pairs, in any order; sources are sorted and
+    /// deduplicated. A destination listed twice is an error.
+    pub fn from_rows(rows: impl IntoIterator<Item = (u32, Vec<u32>)>) -> Result<SampledEdges> {
+        let mut rows: Vec<(u32, Vec<u32>)> = rows.into_iter().collect();
+        rows.sort_unstable_by_key(|r| r.0);
+        if let Some(w) = rows.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(MaskingError::Spec(format!(
+                "sampled edges list vertex {} twice as a destination",
+                w[0].0
+            )));
+        }
+        let mut out = SampledEdges {
+            rows: Vec::with_capacity(rows.len()),
+            offsets: Vec::with_capacity(rows.len() + 1),
+            indices: Vec::new(),
+            layers: None,
+        };
+        out.offsets.push(0);
+        for (v, mut srcs) in rows {
+            srcs.sort_unstable();
+            srcs.dedup();
+            out.rows.push(v);
+            out.indices.extend(srcs);
+            out.offsets.push(out.indices.len() as u64);
+        }
+        Ok(out)
+    }
+
+    /// Per-layer sampled edges: `per_layer[l]` lists `(destination, sources used at layer l)`.
+    /// The kept graph is the union over layers, with one flag per layer and edge.
+    pub fn from_layer_rows(per_layer: Vec<Vec<(u32, Vec<u32>)>>) -> Result<SampledEdges> {
+        let n_layers = per_layer.len();
+        if n_layers == 0 {
+            return Err(MaskingError::Spec(
+                "per-layer sampled edges need at least one layer".into(),
+            ));
+        }
+        if n_layers > 64 {
+            return Err(MaskingError::Spec(format!(
+                "{n_layers} sampled layers is more than the supported 64"
+            )));
+        }
+        // (dst, src, layer bits), merged.
+        let mut all: Vec<(u32, u32, u64)> = Vec::new();
+        for (l, rows) in per_layer.into_iter().enumerate() {
+            for (v, srcs) in rows {
+                all.extend(srcs.into_iter().map(|u| (v, u, 1u64 << l)));
+            }
+        }
+        all.sort_unstable_by_key(|&(v, u, _)| (v, u));
+        let mut merged: Vec<(u32, u32, u64)> = Vec::with_capacity(all.len());
+        for e in all {
+            match merged.last_mut() {
+                Some(m) if m.0 == e.0 && m.1 == e.1 => m.2 |= e.2,
+                _ => merged.push(e),
+            }
+        }
+        let mut out = SampledEdges {
+            rows: Vec::new(),
+            offsets: vec![0],
+            indices: Vec::with_capacity(merged.len()),
+            layers: Some(vec![Vec::with_capacity(merged.len()); n_layers]),
+        };
+        let layers = out.layers.as_mut().expect("set above");
+        for &(v, u, bits) in &merged {
+            if out.rows.last() != Some(&v) {
+                if !out.rows.is_empty() {
+                    out.offsets.push(out.indices.len() as u64);
+                }
+                out.rows.push(v);
+            }
+            out.indices.push(u);
+            for (l, flags) in layers.iter_mut().enumerate() {
+                flags.push(bits >> l & 1 == 1);
+            }
+        }
+        if !out.rows.is_empty() {
+            out.offsets.push(out.indices.len() as u64);
+        }
+        Ok(out)
+    }
+
+    /// Vertices with a kept row (sorted).
+    pub fn rows(&self) -> &[u32] {
+        &self.rows
+    }
+    /// Number of kept edges (the union over layers).
+    pub fn num_edges(&self) -> usize {
+        self.indices.len()
+    }
+    /// Number of per-layer flag sets (0 when every edge is used at every layer).
+    pub fn num_layers(&self) -> usize {
+        self.layers.as_ref().map_or(0, Vec::len)
+    }
+    /// Whether edges carry per-layer flags.
+    pub fn is_per_layer(&self) -> bool {
+        self.layers.is_some()
+    }
+    /// Kept sources of `v` and the index of its first edge; empty when `v` has no kept row.
+    pub fn row(&self, v: u32) -> (usize, &[u32]) {
+        match self.rows.binary_search(&v) {
+            Ok(i) => {
+                let (a, b) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
+                (a, &self.indices[a..b])
+            }
+            Err(_) => (0, &[]),
+        }
+    }
+    /// Whether kept edge `e` is used at layer `layer` (always true without per-layer flags).
+    pub fn used_at(&self, e: usize, layer: usize) -> bool {
+        match &self.layers {
+            Some(flags) => flags[layer][e],
+            None => true,
+        }
+    }
+    /// Kept edges used at `layer` (all kept edges without per-layer flags).
+    pub fn edges_at(&self, layer: usize) -> usize {
+        match &self.layers {
+            Some(flags) => flags[layer].iter().filter(|&&b| b).count(),
+            None => self.indices.len(),
+        }
+    }
+}
+
+/// Which in-edges of the extracted rows are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Edges {
+    /// Every in-edge (the exact k-hop in-closure of the targets).
+    Exact,
+    /// Only the given edges; a vertex without a kept row aggregates nothing.
+    Sampled(SampledEdges),
+}
+
+/// What one server extracts: its targets and their dependencies over `hops` hops (the number
+/// of masked layers of the resulting plan).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtractionSpec {
+    pub server: usize,
+    /// Sorted, distinct; every target is owned by `server` in the layout (it stays on its
+    /// layout device and is an inner row there).
+    pub targets: Vec<u32>,
+    pub hops: usize,
+    pub edges: Edges,
+}
+
+impl ExtractionSpec {
+    /// The FLX extraction of `server`: every vertex of its range, exact `k`-hop closure.
+    pub fn flx(layout: &crate::Layout, server: usize, k: usize) -> ExtractionSpec {
+        ExtractionSpec {
+            server,
+            targets: layout.server_range(server).collect(),
+            hops: k,
+            edges: Edges::Exact,
+        }
+    }
+
+    /// Exact `hops`-hop closure of arbitrary targets (e.g. a co-batch).
+    pub fn exact(server: usize, targets: Vec<u32>, hops: usize) -> ExtractionSpec {
+        ExtractionSpec {
+            server,
+            targets,
+            hops,
+            edges: Edges::Exact,
+        }
+    }
+
+    /// Whether the spec keeps every in-edge.
+    pub fn is_exact(&self) -> bool {
+        matches!(self.edges, Edges::Exact)
+    }
+}
+
+/// Read access to the kept rows of a spec, exact or sampled, used by the builder.
+pub(crate) enum RowSource<'s, 'g> {
+    Exact(grandis_store::CsrView<'g>),
+    Sampled(&'s SampledEdges),
+}
+
+impl<'g> RowSource<'_, 'g> {
+    /// Index of the first kept edge of `v` and its kept sources.
+    pub fn row(&self, v: u32) -> (usize, &[u32]) {
+        match self {
+            RowSource::Exact(g) => (0, g.neighbors(v)),
+            RowSource::Sampled(s) => s.row(v),
+        }
+    }
+    pub fn per_layer(&self) -> bool {
+        matches!(self, RowSource::Sampled(s) if s.is_per_layer())
+    }
+    pub fn used_at(&self, e: usize, layer: usize) -> bool {
+        match self {
+            RowSource::Exact(_) => true,
+            RowSource::Sampled(s) => s.used_at(e, layer),
+        }
+    }
+    /// Whether `u -> v` is a kept edge (`v`'s row contains `u`).
+    pub fn keeps(&self, u: u32, v: u32) -> bool {
+        self.row(v).1.binary_search(&u).is_ok()
+    }
+    /// The need level a kept edge `e` of a row at level `lv` contributes in a plan with `k`
+    /// masked layers: the row's level without per-layer flags; with them `k - 1 - l` for the
+    /// LAST layer `l` at which the row is valid and uses the edge (None: never used).
+    pub fn edge_need(&self, e: usize, lv: u8, k: usize) -> Option<u8> {
+        if !self.per_layer() {
+            return Some(lv);
+        }
+        let top = k.checked_sub(1 + lv as usize)?;
+        (0..=top)
+            .rev()
+            .find(|&l| self.used_at(e, l))
+            .map(|l| (k - 1 - l) as u8)
+    }
+}

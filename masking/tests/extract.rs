@@ -1,0 +1,327 @@
+//! Property tests of plans built from extraction specs: arbitrary targets, exact or sampled
+//! kept edges, optionally per layer. One checker compares every plan with a reference
+//! computed straight from the definition: `V_{k-1}` = targets, `V_{l-1}` = `V_l` plus the
+//! sources of the layer-l kept edges of `V_l`; the rows valid at layer l must be exactly
+//! `V_l`, each aggregating exactly its layer-l kept edges from inputs that are exact.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use grandis_masking::{
+    estimate_masked, Edges, ExtractionSpec, FlxPlan, Layout, ModelDims, PlanContext, SampledEdges,
+    SplitMembership,
+};
+use grandis_store::{CsrGraph, EdgeOptions};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Case {
+    graph: CsrGraph,
+    layout: Layout,
+    /// Per vertex: is it a target of its server.
+    target: Vec<bool>,
+    /// Per edge (CSR order) and layer: kept bits (bit l = used at layer l).
+    bits: Vec<u8>,
+    k: usize,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (1usize..=3, 1usize..=3, 1u32..=40, any::<bool>(), 1usize..=3).prop_flat_map(
+        |(servers, devices, n, symmetric, k)| {
+            let ranks = servers * devices;
+            (
+                prop::collection::vec((0..n, 0..n), 0..=(n as usize * 3)),
+                prop::collection::vec(0..=n, ranks - 1),
+                prop::collection::vec(any::<bool>(), n as usize),
+                prop::collection::vec(any::<u8>(), n as usize * 6),
+            )
+                .prop_map(move |(edges, mut cuts, target, bits)| {
+                    let graph = CsrGraph::from_edges(
+                        n as u64,
+                        edges,
+                        EdgeOptions {
+                            symmetrize: symmetric,
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap();
+                    cuts.sort_unstable();
+                    let mut bounds = vec![0];
+                    bounds.extend(cuts);
+                    bounds.push(n);
+                    let layout = Layout::from_bounds(servers, devices, &bounds).unwrap();
+                    let m = graph.indices.len();
+                    let bits = (0..m).map(|e| bits[e % bits.len().max(1)]).collect();
+                    Case {
+                        graph,
+                        layout,
+                        target,
+                        bits,
+                        k,
+                    }
+                })
+        },
+    )
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Exact,
+    Sampled,
+    PerLayer,
+}
+
+/// Kept sources of `v` at `layer` under `mode`.
+fn kept(c: &Case, mode: Mode, v: u32, layer: usize) -> Vec<u32> {
+    let g = c.graph.view();
+    let base = g.offsets[v as usize] as usize;
+    g.neighbors(v)
+        .iter()
+        .enumerate()
+        .filter(|&(j, _)| match mode {
+            Mode::Exact => true,
+            Mode::Sampled => c.bits[base + j] & 1 == 1,
+            Mode::PerLayer => c.bits[base + j] >> layer & 1 == 1,
+        })
+        .map(|(_, &u)| u)
+        .collect()
+}
+
+fn targets(c: &Case, s: usize) -> Vec<u32> {
+    c.layout
+        .server_range(s)
+        .filter(|&v| c.target[v as usize])
+        .collect()
+}
+
+fn specs(c: &Case, mode: Mode) -> Vec<ExtractionSpec> {
+    let n = c.graph.view().num_vertices() as u32;
+    (0..c.layout.servers())
+        .map(|s| {
+            let edges = match mode {
+                Mode::Exact => Edges::Exact,
+                Mode::Sampled => Edges::Sampled(
+                    SampledEdges::from_rows((0..n).map(|v| (v, kept(c, mode, v, 0)))).unwrap(),
+                ),
+                Mode::PerLayer => Edges::Sampled(
+                    SampledEdges::from_layer_rows(
+                        (0..c.k)
+                            .map(|l| (0..n).map(|v| (v, kept(c, mode, v, l))).collect())
+                            .collect(),
+                    )
+                    .unwrap(),
+                ),
+            };
+            ExtractionSpec {
+                server: s,
+                targets: targets(c, s),
+                hops: c.k,
+                edges,
+            }
+        })
+        .collect()
+}
+
+/// Reference valid sets `V_l` (l = 0..k) of server `s`.
+fn reference(c: &Case, mode: Mode, s: usize) -> Vec<BTreeSet<u32>> {
+    let k = c.k;
+    let mut sets = vec![BTreeSet::new(); k];
+    sets[k - 1] = targets(c, s).into_iter().collect();
+    for l in (1..k).rev() {
+        let mut next = sets[l].clone();
+        for &v in &sets[l] {
+            next.extend(kept(c, mode, v, l));
+        }
+        sets[l - 1] = next;
+    }
+    sets
+}
+
+fn check(c: &Case, mode: Mode, plan: &FlxPlan) -> Result<(), TestCaseError> {
+    let k = c.k;
+    prop_assert_eq!(plan.k, k);
+    for s in 0..c.layout.servers() {
+        let refs = reference(c, mode, s);
+        let devs: Vec<_> = plan.devices.iter().filter(|d| d.server == s).collect();
+        for d in &devs {
+            // Inner rows are this device's targets, in order.
+            let want: Vec<u32> = c
+                .layout
+                .range(d.rank)
+                .filter(|&v| c.target[v as usize])
+                .collect();
+            prop_assert_eq!(&d.global_ids[..d.n_inner], &want[..]);
+            prop_assert!(d.halo.iter().all(|g| plan.devices[g.peer].server == s));
+            prop_assert_eq!(d.agg_degree.len(), d.n_local());
+        }
+        for (l, want_valid) in refs.iter().enumerate() {
+            let mut valid = BTreeSet::new();
+            for d in &devs {
+                let inputs = d.input_bitmap(l);
+                let lg = d.layer_graph(l);
+                for i in d.valid_output_rows(l) {
+                    let v = d.global_ids[i as usize];
+                    prop_assert!(valid.insert(v), "vertex {} valid twice", v);
+                    let mut read: Vec<u32> = lg
+                        .neighbors(i)
+                        .iter()
+                        .map(|&x| d.global_ids[x as usize])
+                        .collect();
+                    read.sort_unstable();
+                    prop_assert_eq!(&read, &kept(c, mode, v, l), "row of {} at layer {}", v, l);
+                    prop_assert_eq!(d.agg_degree_at(l, i) as usize, read.len());
+                    for &x in lg.neighbors(i) {
+                        prop_assert!(
+                            inputs[x as usize],
+                            "{} reads inexact input at layer {}",
+                            v,
+                            l
+                        );
+                        if l > 0 {
+                            let gid = d.global_ids[x as usize];
+                            let owner = if (x as usize) < d.n_owned {
+                                *d
+                            } else {
+                                &plan.devices
+                                    [d.halo.iter().find(|g| g.rows.contains(&x)).unwrap().peer]
+                            };
+                            let at = owner.local_of(gid).unwrap();
+                            prop_assert!(at < owner.valid_owned(l - 1).end);
+                        }
+                    }
+                }
+                // Everything sent before layer l >= 1 is a valid output of layer l - 1.
+                if l > 0 {
+                    for si in 0..d.sends.len() {
+                        prop_assert!(d
+                            .send_rows(l, si)
+                            .iter()
+                            .all(|&r| r < d.valid_owned(l - 1).end));
+                    }
+                }
+            }
+            prop_assert_eq!(&valid, want_valid, "server {} layer {}", s, l);
+        }
+        // The extraction holds V_0 plus the layer-0 inputs, nothing else.
+        let mut all: BTreeSet<u32> = refs[0].clone();
+        for &v in &refs[0] {
+            all.extend(kept(c, mode, v, 0));
+        }
+        prop_assert_eq!(plan.extracted(s).into_iter().collect::<BTreeSet<_>>(), all);
+    }
+    Ok(())
+}
+
+fn ctx(c: &Case) -> PlanContext<'_> {
+    let n = c.graph.view().num_vertices();
+    PlanContext::new(c.graph.view(), c.layout.clone(), SplitMembership::none(n)).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(160))]
+
+    #[test]
+    fn exact_extraction_of_arbitrary_targets(c in case()) {
+        let plan = ctx(&c).extract_plan(&specs(&c, Mode::Exact)).unwrap();
+        check(&c, Mode::Exact, &plan)?;
+        for d in &plan.devices {
+            prop_assert_eq!(&d.agg_degree, &d.in_degree);
+            prop_assert!(!d.is_sampled());
+        }
+    }
+
+    #[test]
+    fn sampled_extraction_masks_follow_kept_edges(c in case()) {
+        let plan = ctx(&c).extract_plan(&specs(&c, Mode::Sampled)).unwrap();
+        check(&c, Mode::Sampled, &plan)?;
+        prop_assert!(plan.servers.iter().all(|s| s.sampled));
+    }
+
+    #[test]
+    fn per_layer_extraction(c in case()) {
+        let plan = ctx(&c).extract_plan(&specs(&c, Mode::PerLayer)).unwrap();
+        check(&c, Mode::PerLayer, &plan)?;
+        for d in &plan.devices {
+            prop_assert_eq!(d.layer_graphs.len(), c.k);
+            // Every per-layer row is a subset of the union row.
+            for (l, g) in d.layer_graphs.iter().enumerate() {
+                for i in 0..d.n_owned as u32 {
+                    let union: BTreeMap<u32, ()> = d.row(i).iter().map(|&x| (x, ())).collect();
+                    prop_assert!(g.view().neighbors(i).iter().all(|x| union.contains_key(x)), "layer {}", l);
+                }
+            }
+        }
+        let dims = ModelDims { layers: c.k, features: 3, hidden: 4, classes: 2 };
+        let e = estimate_masked(&dims, &plan);
+        prop_assert_eq!(e.devices.len(), c.layout.num_ranks());
+    }
+
+    #[test]
+    fn single_device_extraction_has_no_halo(c in case(), dev in 0usize..3) {
+        let cx = ctx(&c);
+        let dev = dev % c.layout.devices();
+        for spec in specs(&c, Mode::Sampled) {
+            let p = cx.extract_device_plan(&spec, dev).unwrap();
+            prop_assert_eq!(p.n_halo(), 0);
+            prop_assert_eq!(p.n_inner, spec.targets.len());
+            prop_assert_eq!(p.rank, c.layout.rank(spec.server, dev));
+            let refs = reference(&c, Mode::Sampled, spec.server);
+            for (l, want) in refs.iter().enumerate() {
+                let got: BTreeSet<u32> = p.valid_output_rows(l).iter().map(|&r| p.global_ids[r as usize]).collect();
+                prop_assert_eq!(&got, want);
+            }
+        }
+    }
+}
+
+#[test]
+fn flx_is_the_range_exact_special_case() {
+    let g = CsrGraph::from_edges(
+        6,
+        [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 0)],
+        EdgeOptions {
+            symmetrize: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let layout = Layout::even(6, 2, 1).unwrap();
+    let cx = PlanContext::new(g.view(), layout.clone(), SplitMembership::none(6)).unwrap();
+    let specs: Vec<_> = (0..2).map(|s| ExtractionSpec::flx(&layout, s, 2)).collect();
+    assert_eq!(cx.extract_plan(&specs).unwrap(), cx.flx_plan(2).unwrap());
+}
+
+#[test]
+fn bad_specs_are_rejected_with_reasons() {
+    let g = CsrGraph::from_edges(4, [(0, 1), (1, 2), (2, 3)], EdgeOptions::default()).unwrap();
+    let layout = Layout::even(4, 2, 1).unwrap();
+    let cx = PlanContext::new(g.view(), layout, SplitMembership::none(4)).unwrap();
+    let ok = |s: usize, t: Vec<u32>| ExtractionSpec::exact(s, t, 1);
+    let err = |specs: Vec<ExtractionSpec>| cx.extract_plan(&specs).unwrap_err().to_string();
+    assert!(err(vec![ok(0, vec![0])]).contains("1 extraction specs given for 2 servers"));
+    assert!(err(vec![ok(0, vec![2]), ok(1, vec![])]).contains("target 2 is not one of its"));
+    assert!(err(vec![ok(0, vec![1, 0]), ok(1, vec![])]).contains("sorted and distinct"));
+    assert!(err(vec![ok(1, vec![]), ok(0, vec![])]).contains("server order"));
+    let bad_edge = SampledEdges::from_rows([(1u32, vec![3u32])]).unwrap();
+    let e = err(vec![
+        ExtractionSpec {
+            server: 0,
+            targets: vec![1],
+            hops: 1,
+            edges: Edges::Sampled(bad_edge),
+        },
+        ok(1, vec![]),
+    ]);
+    assert!(e.contains("sampled edge 3 -> 1 is not an edge"), "{e}");
+    assert!(SampledEdges::from_rows([(1u32, vec![0u32]), (1, vec![])]).is_err());
+    let layered = SampledEdges::from_layer_rows(vec![vec![(1u32, vec![0u32])]]).unwrap();
+    let e = err(vec![
+        ExtractionSpec {
+            server: 0,
+            targets: vec![1],
+            hops: 2,
+            edges: Edges::Sampled(layered),
+        },
+        ExtractionSpec::exact(1, vec![], 2),
+    ]);
+    assert!(e.contains("1 per-layer edge sets for 2 hops"), "{e}");
+}
