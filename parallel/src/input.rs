@@ -1,0 +1,151 @@
+//! The partitioned input of a parallel run: the graph relabelled so that every (server, device)
+//! owns a contiguous id range ([`Layout`]), and the map back to the dataset's own ids. Features,
+//! labels and splits are read from the ORIGINAL dataset through that map, and dropout masks are
+//! keyed by original ids, which is what makes a partitioned run reproduce `--mode single` on
+//! the unpartitioned dataset exactly.
+
+use anyhow::{bail, Context};
+use grandis_masking::Layout;
+use grandis_partition::{Method, PartitionBook, PartitionConfig};
+use grandis_store::{CsrGraph, CsrView, Dataset, DatasetView};
+
+/// A relabelled graph with its layout and id map.
+#[derive(Debug, Clone)]
+pub struct PartitionedGraph {
+    /// The graph in new ids (row v = sorted new ids of the sources of edges into v).
+    pub graph: CsrGraph,
+    /// `new_to_old[new]` = the dataset's id of new vertex `new` (a permutation).
+    pub new_to_old: Vec<u32>,
+    pub layout: Layout,
+    /// How it was made, for logs and JSON ("metis", "identity", "partition dir ...").
+    pub source: String,
+}
+
+impl PartitionedGraph {
+    /// Relabels `graph` with the permutation `new_to_old` (checked) under `layout`.
+    pub fn relabel(
+        graph: CsrView<'_>,
+        new_to_old: Vec<u32>,
+        layout: Layout,
+        source: impl Into<String>,
+    ) -> anyhow::Result<Self> {
+        let n = graph.num_vertices();
+        if new_to_old.len() != n {
+            bail!(
+                "the id map has {} entries for a graph of {n} vertices",
+                new_to_old.len()
+            );
+        }
+        if layout.num_vertices() as usize != n {
+            bail!(
+                "the layout covers {} vertices, the graph has {n}",
+                layout.num_vertices()
+            );
+        }
+        let mut old_to_new = vec![u32::MAX; n];
+        for (new, &old) in new_to_old.iter().enumerate() {
+            let slot = old_to_new
+                .get_mut(old as usize)
+                .with_context(|| format!("id map entry {new} is {old}, out of range (n = {n})"))?;
+            if *slot != u32::MAX {
+                bail!("id map is not a permutation: original id {old} appears twice");
+            }
+            *slot = new as u32;
+        }
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0u64);
+        let mut indices = Vec::with_capacity(graph.num_edges());
+        for &old in &new_to_old {
+            let start = indices.len();
+            indices.extend(graph.neighbors(old).iter().map(|&u| old_to_new[u as usize]));
+            indices[start..].sort_unstable();
+            offsets.push(indices.len() as u64);
+        }
+        Ok(PartitionedGraph {
+            graph: CsrGraph { offsets, indices },
+            new_to_old,
+            layout,
+            source: source.into(),
+        })
+    }
+
+    /// No relabelling: `layout` is applied to the dataset's own ids (tests, pre-relabelled data).
+    pub fn identity(graph: CsrView<'_>, layout: Layout) -> anyhow::Result<Self> {
+        let n = graph.num_vertices();
+        Self::relabel(graph, (0..n as u32).collect(), layout, "identity")
+    }
+
+    /// Partitions on the fly with the two-level partitioner (nothing written to disk).
+    pub fn partition(
+        view: &DatasetView<'_>,
+        symmetric: bool,
+        servers: usize,
+        devices: usize,
+        method: Method,
+        seed: u64,
+    ) -> anyhow::Result<Self> {
+        let cfg = PartitionConfig {
+            servers: servers as u32,
+            devices: devices as u32,
+            method,
+            seed,
+            ..Default::default()
+        };
+        let a = grandis_partition::assign(view, symmetric, &cfg)
+            .with_context(|| format!("partitioning with {method}"))?;
+        let r = grandis_partition::relabel(&a, cfg.servers, cfg.devices);
+        let bounds: Vec<u32> = r.starts.iter().map(|&s| s as u32).collect();
+        let layout = Layout::from_bounds(servers, devices, &bounds)?;
+        Self::relabel(view.graph, r.new_to_old, layout, method.name())
+    }
+
+    /// The layout and id map of a partition directory written by `grandis partition` for
+    /// `dataset` (checked: same vertex count and the same source file checksums).
+    pub fn from_book(book: &PartitionBook, dataset: &Dataset) -> anyhow::Result<Self> {
+        let dir = book.dir().display().to_string();
+        let m = dataset.manifest();
+        if book.num_vertices() != m.num_vertices {
+            bail!(
+                "partition dir {dir} has {} vertices, dataset {} has {}",
+                book.num_vertices(),
+                dataset.dir().display(),
+                m.num_vertices
+            );
+        }
+        let src = &book.meta().source.files;
+        for (name, summary) in &m.files {
+            match src.get(name) {
+                Some(s) if s == summary => {}
+                Some(_) => bail!(
+                    "partition dir {dir} was made from a different dataset: file {name} of {} \
+                     has another checksum than the one recorded in {dir}/partition.json",
+                    dataset.dir().display()
+                ),
+                None => bail!(
+                    "partition dir {dir} does not record file {name} of dataset {}; was it \
+                     made from this dataset?",
+                    dataset.dir().display()
+                ),
+            }
+        }
+        let bounds: Vec<u32> = book
+            .meta()
+            .ranges
+            .iter()
+            .map(|r| r[0] as u32)
+            .chain(std::iter::once(m.num_vertices as u32))
+            .collect();
+        let layout = Layout::from_bounds(
+            book.num_servers() as usize,
+            book.num_devices() as usize,
+            &bounds,
+        )
+        .with_context(|| format!("partition dir {dir}: ranges"))?;
+        Self::relabel(
+            dataset.graph(),
+            book.new_to_old().to_vec(),
+            layout,
+            format!("partition dir {dir} ({})", book.meta().method),
+        )
+    }
+}

@@ -1,0 +1,400 @@
+//! [`Metered`]: a [`Backend`] wrapper that counts the bytes of every live buffer, index and
+//! graph a rank holds, with a high-water mark. The CPU backend has no allocation counter and
+//! peak RSS is per process (all ranks are threads of one process), so this is how a rank's
+//! memory is measured and compared with the masking crate's memory model.
+//!
+//! Buffers carry their byte count and a handle on their rank's [`Meter`]; dropping one gives
+//! its bytes back. Graph bytes are what the CPU backend keeps for an uploaded block: the
+//! forward CSR and its transpose with their scale vectors.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use grandis_engine::{AdamStep, Backend, BlockGraph, DropoutKey, Result};
+
+/// Live and peak bytes of one rank.
+#[derive(Debug, Default)]
+pub struct Meter {
+    live: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl Meter {
+    pub fn add(&self, bytes: u64) {
+        let now = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+    pub fn sub(&self, bytes: u64) {
+        self.live.fetch_sub(bytes, Ordering::Relaxed);
+    }
+    pub fn live(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
+    }
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+    /// Restarts the high-water mark at the current live bytes.
+    pub fn reset_peak(&self) {
+        self.peak.store(self.live(), Ordering::Relaxed);
+    }
+}
+
+/// Bytes held on behalf of a host-side staging vector (send/receive buffers), released on drop.
+pub struct Hold {
+    meter: Arc<Meter>,
+    bytes: u64,
+}
+
+impl Hold {
+    pub fn new(meter: &Arc<Meter>, bytes: u64) -> Hold {
+        meter.add(bytes);
+        Hold {
+            meter: meter.clone(),
+            bytes,
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.meter.sub(self.bytes);
+    }
+}
+
+/// A value of the inner backend with the bytes it accounts for.
+pub struct MeteredValue<T> {
+    pub inner: T,
+    hold: Hold,
+}
+
+impl<T> MeteredValue<T> {
+    fn new(inner: T, meter: &Arc<Meter>, bytes: u64) -> Self {
+        MeteredValue {
+            inner,
+            hold: Hold::new(meter, bytes),
+        }
+    }
+    pub fn bytes(&self) -> u64 {
+        self.hold.bytes
+    }
+}
+
+/// The wrapper backend: same numerics as `B`, plus byte accounting.
+pub struct Metered<B: Backend> {
+    pub inner: B,
+    pub meter: Arc<Meter>,
+}
+
+impl<B: Backend> Metered<B> {
+    pub fn new(inner: B) -> Self {
+        Metered {
+            inner,
+            meter: Arc::new(Meter::default()),
+        }
+    }
+    fn buf(&self, inner: B::Buf) -> MeteredValue<B::Buf> {
+        let bytes = self.inner.len(&inner) as u64 * 4;
+        MeteredValue::new(inner, &self.meter, bytes)
+    }
+}
+
+/// What the CPU backend stores for a block: forward CSR + transpose (offsets 8 bytes, indices
+/// 4 bytes) and both copies of the scale vectors.
+pub fn graph_bytes(g: &BlockGraph) -> u64 {
+    let scales = g.dst_scale.len()
+        + g.src_scale.as_ref().map_or(0, Vec::len)
+        + g.self_scale.as_ref().map_or(0, Vec::len);
+    ((g.n_dst + 1 + g.n_src + 1) * 8 + 2 * g.indices.len() * 4 + 2 * scales * 4) as u64
+}
+
+impl<B: Backend> Backend for Metered<B> {
+    type Buf = MeteredValue<B::Buf>;
+    type Index = MeteredValue<B::Index>;
+    type Graph = MeteredValue<B::Graph>;
+
+    fn name(&self) -> String {
+        format!("metered {}", self.inner.name())
+    }
+    fn alloc(&self, len: usize) -> Result<Self::Buf> {
+        Ok(self.buf(self.inner.alloc(len)?))
+    }
+    fn len(&self, buf: &Self::Buf) -> usize {
+        self.inner.len(&buf.inner)
+    }
+    fn upload(&self, host: &[f32]) -> Result<Self::Buf> {
+        Ok(self.buf(self.inner.upload(host)?))
+    }
+    fn upload_into(&self, buf: &mut Self::Buf, offset: usize, host: &[f32]) -> Result<()> {
+        self.inner.upload_into(&mut buf.inner, offset, host)
+    }
+    fn download(&self, buf: &Self::Buf, offset: usize, out: &mut [f32]) -> Result<()> {
+        self.inner.download(&buf.inner, offset, out)
+    }
+    fn upload_index(&self, host: &[u32]) -> Result<Self::Index> {
+        let idx = self.inner.upload_index(host)?;
+        Ok(MeteredValue::new(idx, &self.meter, host.len() as u64 * 4))
+    }
+    fn index_len(&self, idx: &Self::Index) -> usize {
+        self.inner.index_len(&idx.inner)
+    }
+    fn fill(&self, buf: &mut Self::Buf, len: usize, value: f32) -> Result<()> {
+        self.inner.fill(&mut buf.inner, len, value)
+    }
+    fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize) -> Result<()> {
+        self.inner.copy(&src.inner, &mut dst.inner, len)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize()
+    }
+    fn gather_rows(
+        &self,
+        src: &Self::Buf,
+        cols: usize,
+        idx: &Self::Index,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.inner
+            .gather_rows(&src.inner, cols, &idx.inner, &mut out.inner)
+    }
+    fn scatter_add_rows(
+        &self,
+        src: &Self::Buf,
+        cols: usize,
+        idx: &Self::Index,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.inner
+            .scatter_add_rows(&src.inner, cols, &idx.inner, &mut out.inner)
+    }
+    fn gemm(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: &Self::Buf,
+        b: &Self::Buf,
+        beta: f32,
+        c: &mut Self::Buf,
+    ) -> Result<()> {
+        self.inner.gemm(
+            trans_a,
+            trans_b,
+            m,
+            n,
+            k,
+            alpha,
+            &a.inner,
+            &b.inner,
+            beta,
+            &mut c.inner,
+        )
+    }
+    fn add_bias(
+        &self,
+        x: &mut Self::Buf,
+        bias: &Self::Buf,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        self.inner.add_bias(&mut x.inner, &bias.inner, rows, cols)
+    }
+    fn col_sum(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        cols: usize,
+        beta: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.inner
+            .col_sum(&x.inner, rows, cols, beta, &mut out.inner)
+    }
+    fn upload_graph(&self, graph: &BlockGraph) -> Result<Self::Graph> {
+        let g = self.inner.upload_graph(graph)?;
+        Ok(MeteredValue::new(g, &self.meter, graph_bytes(graph)))
+    }
+    fn graph_dims(&self, graph: &Self::Graph) -> (usize, usize, usize) {
+        self.inner.graph_dims(&graph.inner)
+    }
+    fn aggregate(
+        &self,
+        graph: &Self::Graph,
+        x: &Self::Buf,
+        d: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.inner
+            .aggregate(&graph.inner, &x.inner, d, &mut out.inner)
+    }
+    fn aggregate_backward(
+        &self,
+        graph: &Self::Graph,
+        grad_out: &Self::Buf,
+        d: usize,
+        grad_x: &mut Self::Buf,
+    ) -> Result<()> {
+        self.inner
+            .aggregate_backward(&graph.inner, &grad_out.inner, d, &mut grad_x.inner)
+    }
+    fn relu(&self, x: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()> {
+        self.inner.relu(&x.inner, &mut out.inner, len)
+    }
+    fn relu_backward(&self, y: &Self::Buf, grad: &mut Self::Buf, len: usize) -> Result<()> {
+        self.inner.relu_backward(&y.inner, &mut grad.inner, len)
+    }
+    fn dropout(
+        &self,
+        x: &Self::Buf,
+        out: &mut Self::Buf,
+        rows: usize,
+        cols: usize,
+        global_ids: &Self::Index,
+        p: f32,
+        key: DropoutKey,
+    ) -> Result<()> {
+        self.inner.dropout(
+            &x.inner,
+            &mut out.inner,
+            rows,
+            cols,
+            &global_ids.inner,
+            p,
+            key,
+        )
+    }
+    fn dropout_backward(
+        &self,
+        grad: &mut Self::Buf,
+        rows: usize,
+        cols: usize,
+        global_ids: &Self::Index,
+        p: f32,
+        key: DropoutKey,
+    ) -> Result<()> {
+        self.inner
+            .dropout_backward(&mut grad.inner, rows, cols, &global_ids.inner, p, key)
+    }
+    fn axpy(&self, alpha: f32, x: &Self::Buf, y: &mut Self::Buf, len: usize) -> Result<()> {
+        self.inner.axpy(alpha, &x.inner, &mut y.inner, len)
+    }
+    fn scale(&self, x: &mut Self::Buf, alpha: f32, len: usize) -> Result<()> {
+        self.inner.scale(&mut x.inner, alpha, len)
+    }
+    fn layer_norm(
+        &self,
+        x: &Self::Buf,
+        gamma: &Self::Buf,
+        beta: &Self::Buf,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+        out: &mut Self::Buf,
+        mean: &mut Self::Buf,
+        rstd: &mut Self::Buf,
+    ) -> Result<()> {
+        self.inner.layer_norm(
+            &x.inner,
+            &gamma.inner,
+            &beta.inner,
+            rows,
+            cols,
+            eps,
+            &mut out.inner,
+            &mut mean.inner,
+            &mut rstd.inner,
+        )
+    }
+    fn layer_norm_backward(
+        &self,
+        grad_out: &Self::Buf,
+        x: &Self::Buf,
+        gamma: &Self::Buf,
+        mean: &Self::Buf,
+        rstd: &Self::Buf,
+        rows: usize,
+        cols: usize,
+        grad_x: &mut Self::Buf,
+        grad_gamma: &mut Self::Buf,
+        grad_beta: &mut Self::Buf,
+    ) -> Result<()> {
+        self.inner.layer_norm_backward(
+            &grad_out.inner,
+            &x.inner,
+            &gamma.inner,
+            &mean.inner,
+            &rstd.inner,
+            rows,
+            cols,
+            &mut grad_x.inner,
+            &mut grad_gamma.inner,
+            &mut grad_beta.inner,
+        )
+    }
+    fn cross_entropy(
+        &self,
+        logits: &Self::Buf,
+        n: usize,
+        classes: usize,
+        rows: &Self::Index,
+        labels: &Self::Index,
+        normalizer: f32,
+        grad: &mut Self::Buf,
+    ) -> Result<f64> {
+        self.inner.cross_entropy(
+            &logits.inner,
+            n,
+            classes,
+            &rows.inner,
+            &labels.inner,
+            normalizer,
+            &mut grad.inner,
+        )
+    }
+    fn sum_squares(&self, x: &Self::Buf, len: usize) -> Result<f64> {
+        self.inner.sum_squares(&x.inner, len)
+    }
+    fn adam_step(
+        &self,
+        param: &mut Self::Buf,
+        grad: &Self::Buf,
+        m: &mut Self::Buf,
+        v: &mut Self::Buf,
+        len: usize,
+        step: &AdamStep,
+    ) -> Result<()> {
+        self.inner.adam_step(
+            &mut param.inner,
+            &grad.inner,
+            &mut m.inner,
+            &mut v.inner,
+            len,
+            step,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grandis_engine::CpuBackend;
+
+    #[test]
+    fn counts_live_and_peak_bytes() {
+        let b = Metered::new(CpuBackend::new(Some(1)).unwrap());
+        let x = b.alloc(100).unwrap();
+        let y = b.upload(&[1.0; 50]).unwrap();
+        assert_eq!(b.meter.live(), 600);
+        drop(x);
+        assert_eq!(b.meter.live(), 200);
+        assert_eq!(b.meter.peak(), 600);
+        b.meter.reset_peak();
+        assert_eq!(b.meter.peak(), 200);
+        let i = b.upload_index(&[1, 2, 3]).unwrap();
+        assert_eq!(b.meter.live(), 212);
+        drop((y, i));
+        assert_eq!(b.meter.live(), 0);
+    }
+}

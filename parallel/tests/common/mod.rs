@@ -1,0 +1,189 @@
+//! Shared helpers: random datasets, the single-process reference (the trainer's own code
+//! path) and the comparison the exactness tests use.
+#![allow(dead_code)]
+
+use grandis_engine::CpuBackend;
+use grandis_masking::Layout;
+use grandis_models::{Model, ModelConfig, ModelKind};
+use grandis_parallel::{Mode, ParallelOptions, ParallelReport, PartitionedGraph};
+use grandis_store::{CsrGraph, DatasetView, EdgeOptions, InMemoryDataset, SelfLoops, Split};
+use grandis_trainer::{Prepared, TrainOptions};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// A random directed graph (some isolated vertices and self-loops), random features, labels
+/// with a few unlabelled vertices, and train/val/test splits.
+pub fn random_dataset(seed: u64, n: usize, edges: usize, f: usize, c: usize) -> InMemoryDataset {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let pairs: Vec<(u32, u32)> = (0..edges)
+        .map(|_| (rng.gen_range(0..n as u32), rng.gen_range(0..n as u32)))
+        .collect();
+    let graph = CsrGraph::from_edges(
+        n as u64,
+        pairs,
+        EdgeOptions {
+            symmetrize: rng.gen_bool(0.5),
+            self_loops: SelfLoops::Keep,
+        },
+    )
+    .unwrap();
+    let features = (0..n * f).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let labels = (0..n)
+        .map(|_| {
+            if rng.gen_bool(0.1) {
+                -1
+            } else {
+                rng.gen_range(0..c as i32)
+            }
+        })
+        .collect();
+    let mut ids: Vec<u32> = (0..n as u32).collect();
+    ids.shuffle(&mut rng);
+    let a = n / 2;
+    let b = a + n / 4;
+    let mut split = Split {
+        train: ids[..a.max(1)].to_vec(),
+        val: ids[a.max(1)..b.max(a.max(1))].to_vec(),
+        test: ids[b.max(a.max(1))..].to_vec(),
+    };
+    split.train.sort_unstable();
+    split.val.sort_unstable();
+    split.test.sort_unstable();
+    InMemoryDataset {
+        name: "random".into(),
+        graph,
+        features,
+        feature_dim: f,
+        labels,
+        num_classes: c,
+        split,
+    }
+}
+
+/// A random layout with non-empty ranges and a random relabelling.
+pub fn random_partition(
+    view: &DatasetView<'_>,
+    servers: usize,
+    devices: usize,
+    seed: u64,
+) -> PartitionedGraph {
+    let n = view.num_vertices();
+    let ranks = servers * devices;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
+    let mut cuts: Vec<u32> = (1..n as u32).collect();
+    cuts.shuffle(&mut rng);
+    let mut bounds: Vec<u32> = cuts[..ranks - 1].to_vec();
+    bounds.push(0);
+    bounds.push(n as u32);
+    bounds.sort_unstable();
+    let layout = Layout::from_bounds(servers, devices, &bounds).unwrap();
+    let mut perm: Vec<u32> = (0..n as u32).collect();
+    perm.shuffle(&mut rng);
+    PartitionedGraph::relabel(view.graph, perm, layout, "random test layout").unwrap()
+}
+
+pub fn config(view: &DatasetView<'_>, kind: ModelKind, layers: usize) -> ModelConfig {
+    ModelConfig {
+        kind,
+        layers,
+        in_dim: view.feature_dim,
+        hidden: 8,
+        classes: view.num_classes,
+        dropout: 0.5,
+        layer_norm: kind == ModelKind::ResSage,
+        seed: 7,
+    }
+}
+
+pub fn opts(epochs: usize) -> TrainOptions {
+    TrainOptions {
+        epochs,
+        lr: 0.01,
+        weight_decay: 5e-4,
+        adamw: false,
+        grad_clip: None,
+        seed: 3,
+    }
+}
+
+/// `--mode single`: the trainer's `Prepared::train_step` and `Prepared::logits`.
+pub fn single(
+    view: DatasetView<'_>,
+    config: &ModelConfig,
+    opts: &TrainOptions,
+) -> (Vec<f64>, Vec<f32>) {
+    let prepared = Prepared::new(view, config.kind, Some(1)).unwrap();
+    let mut model: Model<CpuBackend> = Model::new(&prepared.backend, config.clone()).unwrap();
+    let losses = (1..=opts.epochs)
+        .map(|e| prepared.train_step(&mut model, opts, e).unwrap())
+        .collect();
+    (losses, prepared.logits(&model).unwrap())
+}
+
+pub fn parallel(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    opts: &TrainOptions,
+    mode: Mode,
+    k: Option<usize>,
+) -> anyhow::Result<ParallelReport> {
+    let popts = ParallelOptions {
+        mode,
+        preload_hops: k,
+        threads_per_rank: Some(1),
+        eval_every_epoch: false,
+        collect_logits: true,
+        ..Default::default()
+    };
+    grandis_parallel::train(view, part, config.clone(), opts, &popts, &mut |_| {})
+}
+
+/// Relative closeness: |a - b| <= tol * max(1, |b|) element by element.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= tol * b.abs().max(1.0),
+            "{what}: element {i} is {a}, single mode has {b}"
+        );
+    }
+}
+
+pub fn assert_losses(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: epoch counts differ");
+    for (e, (&a, &b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= tol * b.abs().max(1e-12),
+            "{what}: epoch {} loss {a}, single mode {b}",
+            e + 1
+        );
+    }
+}
+
+/// Runs the parallel mode and checks it against single mode.
+pub fn check_exact(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    opts: &TrainOptions,
+    reference: &(Vec<f64>, Vec<f32>),
+    mode: Mode,
+    k: Option<usize>,
+) -> ParallelReport {
+    let what = format!(
+        "{} {:?} k={:?} {}x{} ({})",
+        config.kind.name(),
+        mode,
+        k,
+        part.layout.servers(),
+        part.layout.devices(),
+        part.source
+    );
+    let r = parallel(view, part, config, opts, mode, k).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+    let losses: Vec<f64> = r.train.epochs.iter().map(|s| s.loss).collect();
+    assert_losses(&what, &losses, &reference.0, 1e-4);
+    assert_close(&what, r.logits.as_ref().unwrap(), &reference.1, 1e-4);
+    r
+}
