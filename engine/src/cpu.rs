@@ -276,7 +276,12 @@ impl Csr {
             let mut c0 = 0;
             while c0 < d {
                 let left = d - c0;
-                if left >= 32 {
+                if left >= 64 {
+                    // A whole 256-byte row segment per neighbour: four cache lines in flight
+                    // per gather, accumulators still fit in registers (4 zmm / 8 ymm).
+                    block::<64>(nbrs, src, x, d, c0, ds, own, &mut out[c0..c0 + 64]);
+                    c0 += 64;
+                } else if left >= 32 {
                     block::<32>(nbrs, src, x, d, c0, ds, own, &mut out[c0..c0 + 32]);
                     c0 += 32;
                 } else if left >= 16 {
@@ -318,9 +323,10 @@ unsafe fn block<const W: usize>(
     for (i, &u) in nbrs.iter().enumerate() {
         if let Some(&ahead) = nbrs.get(i + PREFETCH_AHEAD) {
             let p = xp.add(ahead as usize * d + c0);
-            prefetch(p);
-            if W > 16 {
-                prefetch(p.add(16));
+            let mut off = 0;
+            while off < W {
+                prefetch(p.add(off));
+                off += 16;
             }
         }
         // SAFETY: u < n_src and x holds n_src * d values (caller contract).
