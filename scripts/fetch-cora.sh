@@ -18,8 +18,13 @@
 # `cargo run --release -p grandis-cli --`.
 set -euo pipefail
 
-if [[ $# -lt 1 || $# -gt 2 || "$1" == "-h" || "$1" == "--help" ]]; then
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+if [[ $# -ge 1 && ( "$1" == "-h" || "$1" == "--help" ) ]]; then
+    usage
+    exit 0
+fi
+if [[ $# -lt 1 || $# -gt 2 ]]; then
+    usage >&2
     exit 2
 fi
 DIR=${1%/}
