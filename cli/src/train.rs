@@ -1,5 +1,5 @@
 //! `grandis train`: full-batch training. `--mode single` runs the exact single-process
-//! trainer (`grandis-trainer`); the distributed modes come with later work.
+//! trainer (`grandis-trainer`); `--mode fb|flx` run partition-parallel (`grandis-parallel`).
 
 use anyhow::{bail, Context};
 use grandis_models::{ModelConfig, ModelKind};
@@ -57,12 +57,14 @@ pub struct TrainArgs {
     /// Continue from --checkpoint when it exists (only --epochs may differ).
     #[arg(long)]
     pub resume: bool,
+    #[command(flatten)]
+    pub parallel: grandis_parallel::cli::ParallelArgs,
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     match args.mode.as_str() {
-        "single" => {}
-        "fb" | "flx" | "cob" => bail!(
+        "single" | "fb" | "flx" => {}
+        "cob" => bail!(
             "--mode {} is not implemented yet in this build; use --mode single",
             args.mode
         ),
@@ -103,6 +105,21 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         grad_clip: args.grad_clip,
         seed: args.seed,
     };
+    if let Some(mode) = grandis_parallel::Mode::parse(&args.mode) {
+        if args.checkpoint.is_some() {
+            bail!("--checkpoint and --resume work with --mode single only");
+        }
+        let (threads, json) = (args.threads, args.json);
+        return grandis_parallel::cli::run(
+            &dataset,
+            mode,
+            &args.parallel,
+            config,
+            opts,
+            threads,
+            json,
+        );
+    }
     tracing::info!(
         "training {} ({} layers, hidden {}) on {} vertices, {} edges",
         kind.name(),

@@ -15,6 +15,7 @@
 //! is wrapped in [`metered::Metered`], which counts its live buffer bytes so the masking crate's
 //! memory model can be checked against what a rank really holds.
 
+pub mod cli;
 pub mod input;
 pub mod metered;
 mod worker;
