@@ -166,9 +166,19 @@ pub fn init_cluster_with(
     let ca_key = KeyPair::generate().map_err(|e| gen("the CA key", e))?;
     let mut ca_params =
         CertificateParams::new(Vec::<String>::new()).map_err(|e| gen("the CA certificate", e))?;
+    // A distinct name per CA: with a shared name, a certificate from another cluster would
+    // be matched to our CA by name and fail with a puzzling "bad signature" instead of
+    // "unknown issuer".
+    let ca_id: String = ca_key
+        .public_key_raw()
+        .iter()
+        .rev()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect();
     ca_params
         .distinguished_name
-        .push(DnType::CommonName, "grandis cluster CA");
+        .push(DnType::CommonName, format!("grandis cluster CA {ca_id}"));
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca_params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,

@@ -10,7 +10,7 @@
 //! connection ended because of a protocol violation or a network failure).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -286,6 +286,8 @@ pub(crate) struct Shared {
     changed: Condvar,
     /// Per server: why its connection failed, for errors that name the peer.
     failures: Vec<OnceLock<String>>,
+    /// Per server: its connection has ended (sends to it fail from then on).
+    closed: Vec<AtomicBool>,
     stats: Stats,
     refusals: Mutex<Vec<Refusal>>,
     /// Stream writer tasks, awaited by [`QuicNode::shutdown`].
@@ -317,6 +319,13 @@ impl Shared {
         self.failures.get(server).and_then(|f| f.get().cloned())
     }
 
+    /// True once the connection to `server` has ended.
+    pub(crate) fn is_closed(&self, server: usize) -> bool {
+        self.closed
+            .get(server)
+            .is_some_and(|c| c.load(Ordering::Acquire))
+    }
+
     fn record_failure(&self, server: usize, reason: String) {
         if let Some(slot) = self.failures.get(server) {
             let _ = slot.set(reason);
@@ -328,7 +337,7 @@ impl Shared {
             remote = %remote,
             direction = if outgoing { "outgoing" } else { "incoming" },
             reason = %reason,
-            "refused QUIC connection with {remote}: {reason}"
+            "refused QUIC connection"
         );
         let mut r = lock(&self.refusals);
         if r.len() < MAX_REFUSALS {
@@ -509,6 +518,7 @@ impl QuicNode {
             peers: Mutex::new(peers),
             changed: Condvar::new(),
             failures: (0..t.servers).map(|_| OnceLock::new()).collect(),
+            closed: (0..t.servers).map(|_| AtomicBool::new(false)).collect(),
             stats: Stats::default(),
             refusals: Mutex::new(Vec::new()),
             writers: Mutex::new(Vec::new()),
@@ -1035,22 +1045,39 @@ fn install(
     let shared = shared.clone();
     tokio::spawn(async move {
         let e = conn.closed().await;
-        let reason = close_reason(&e);
-        let clean = matches!(
-            &e,
-            ConnectionError::ApplicationClosed(c) if c.error_code.into_inner() == u64::from(CLOSE_SHUTDOWN)
-        ) || matches!(e, ConnectionError::LocallyClosed);
+        connection_ended(&shared, server, &e);
         let who = shared.describe(server, Some(addr));
-        if clean {
-            tracing::info!(peer = %who, "QUIC connection closed: {reason}");
-        } else {
+        let reason = close_reason(&e);
+        if shared.failure(server).is_some() {
             tracing::warn!(peer = %who, "QUIC connection lost: {reason}");
-            shared.record_failure(server, format!("connection to {who} lost: {reason}"));
+        } else {
+            tracing::info!(peer = %who, "QUIC connection closed: {reason}");
         }
         lock(&shared.peers)[server] = PeerState::Closed { reason };
         shared.changed.notify_all();
     });
     Ok(())
+}
+
+/// Records that the connection to `server` ended with `e`: marks it closed and, unless it was
+/// an orderly shutdown (ours or the peer's), records the reason for the ranks. Called by every
+/// task that observes the end *before* it drops its queue ends, so that a rank woken up by a
+/// dropped queue always finds the reason.
+fn connection_ended(shared: &Shared, server: usize, e: &ConnectionError) {
+    let clean = matches!(
+        e,
+        ConnectionError::ApplicationClosed(c) if c.error_code.into_inner() == u64::from(CLOSE_SHUTDOWN)
+    ) || matches!(e, ConnectionError::LocallyClosed);
+    if !clean {
+        let who = shared.describe(server, None);
+        shared.record_failure(
+            server,
+            format!("connection to {who} lost: {}", close_reason(e)),
+        );
+    }
+    if let Some(c) = shared.closed.get(server) {
+        c.store(true, Ordering::Release);
+    }
 }
 
 /// Writes the frames of one (local rank → remote rank) pair on its own stream. The stream is
@@ -1062,7 +1089,10 @@ async fn write_pair(
     pair: Preamble,
     mut rx: tokio_mpsc::UnboundedReceiver<Vec<u8>>,
 ) {
-    let first = rx.recv().await;
+    let first = tokio::select! {
+        f = rx.recv() => f,
+        _ = conn.closed() => return,
+    };
     let result: std::result::Result<(), String> = async {
         let mut stream = conn.open_uni().await.map_err(|e| close_reason(&e))?;
         stream
@@ -1080,7 +1110,12 @@ async fn write_pair(
                 frame.len() - FRAME_OVERHEAD,
             );
             add(&shared.stats.bytes_sent, frame.len());
-            next = rx.recv().await;
+            // Also wake up when the connection ends, so that the queue is dropped and later
+            // sends of the rank fail instead of piling up.
+            next = tokio::select! {
+                f = rx.recv() => f,
+                e = conn.closed() => return Err(close_reason(&e)),
+            };
         }
         stream.finish().map_err(|e| e.to_string())?;
         // Returns once the peer has received everything (or stopped / lost the connection).
@@ -1101,15 +1136,23 @@ async fn accept_streams(
     conn: quinn::Connection,
     table: Arc<Mutex<Vec<Option<std_mpsc::Sender<Inbound>>>>>,
 ) {
-    while let Ok(stream) = conn.accept_uni().await {
-        tokio::spawn(read_pair(
-            shared.clone(),
-            server,
-            addr,
-            conn.clone(),
-            stream,
-            table.clone(),
-        ));
+    loop {
+        match conn.accept_uni().await {
+            Ok(stream) => {
+                tokio::spawn(read_pair(
+                    shared.clone(),
+                    server,
+                    addr,
+                    conn.clone(),
+                    stream,
+                    table.clone(),
+                ));
+            }
+            Err(e) => {
+                connection_ended(&shared, server, &e);
+                break;
+            }
+        }
     }
     // The connection is over: dropping `table` drops the senders of pairs whose stream never
     // arrived, so their receivers see `Disconnected`.
@@ -1135,6 +1178,13 @@ fn violation(
     conn.close(VarInt::from_u32(CLOSE_PROTOCOL_VIOLATION), short(&what));
 }
 
+/// A read failed: if the connection is gone, record it before the reader drops its queue.
+fn lost(shared: &Shared, server: usize, e: ReadError) {
+    if let ReadError::ConnectionLost(e) = e {
+        connection_ended(shared, server, &e);
+    }
+}
+
 async fn read_pair(
     shared: Arc<Shared>,
     server: usize,
@@ -1153,7 +1203,7 @@ async fn read_pair(
                 format!("data stream ended after {n} of the {PREAMBLE_BYTES} preamble bytes");
             return violation(&shared, server, addr, &conn, None, what);
         }
-        Err(ReadExactError::ReadError(_)) => return,
+        Err(ReadExactError::ReadError(e)) => return lost(&shared, server, e),
     }
     let pair = Preamble::decode(pre);
     let (src, dst) = (pair.src as usize, pair.dst as usize);
@@ -1195,7 +1245,7 @@ async fn read_pair(
                 let what = format!("stream {src}→{dst} was reset with code {code}");
                 return violation(&shared, server, addr, &conn, Some(&tx), what);
             }
-            Err(ReadExactError::ReadError(_)) => return,
+            Err(ReadExactError::ReadError(e)) => return lost(&shared, server, e),
         }
         let len = match check_frame_len(prefix, max) {
             Ok(len) => len,
@@ -1215,7 +1265,7 @@ async fn read_pair(
                 let what = format!("stream {src}→{dst} was reset with code {code}");
                 return violation(&shared, server, addr, &conn, Some(&tx), what);
             }
-            Err(ReadExactError::ReadError(_)) => return,
+            Err(ReadExactError::ReadError(e)) => return lost(&shared, server, e),
         }
         let envelope = match decode_frame_body(&body) {
             Ok(e) => e,

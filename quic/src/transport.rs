@@ -110,6 +110,9 @@ impl Transport for NodeTransport {
         if self.is_local(to) {
             return self.local.send(self.topology.device_of(to), envelope);
         }
+        if self.shared.is_closed(self.topology.server_of(to)) {
+            return Err(self.gone(to));
+        }
         let frame = encode_frame(&envelope, self.shared.max_frame_bytes).map_err(|e| {
             TransportError::Failed(format!("cannot send to rank {to} over QUIC: {e}"))
         })?;
