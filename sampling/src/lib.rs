@@ -1,1 +1,33 @@
-//! (being written)
+//! Samplers and cooperative batching for grandis (GraNNDIS §5.2, §5.3, §6). Every sampler
+//! turns a server's target vertices into a per-server extraction spec of `grandis-masking`
+//! (targets + kept in-edges), so every mode runs on the same one-hop-masked `DevicePlan`s:
+//! expansion-aware sampling ([`Eas`]: keep every inner dependency, sample at most f external
+//! in-neighbours within h hops of the server, by greedy boundary cover or uniformly), layer-wise
+//! fanout sampling ([`Fanout`], GraphSAGE, as per-layer edge masks over one union graph),
+//! GraphSAINT node / random-walk subgraphs ([`Saint`], the unmasked case), cooperative
+//! batching ([`CoBatcher`], [`cob_plan`]: one MFG per server per co-batch, spread over its
+//! devices) and the per-GPU mini-batch baseline ([`MiniBatcher`], [`mb_plans`]: one MFG per
+//! device, no sharing). [`sample_stats`] and [`EpochStats`] count sampled edges, computed
+//! vertex-layers and the boundary ratio β; [`auto_mode`] picks FLX or CoB from masking's
+//! memory model. No numerics live here: a runner executes the plans.
+
+mod auto;
+mod batch;
+mod eas;
+mod error;
+mod fanout;
+mod rng;
+mod saint;
+mod sampler;
+mod stats;
+
+pub use auto::{auto_mode, AutoDecision, Mode};
+pub use batch::{
+    cob_epoch_stats, cob_plan, mb_epoch_stats, mb_plans, CoBatcher, EpochStats, MiniBatcher,
+};
+pub use eas::{external_distance, Eas, Priority};
+pub use error::{Result, SamplingError};
+pub use fanout::Fanout;
+pub use saint::{Saint, SaintKind};
+pub use sampler::{round_for_epoch, round_of, Exact, Sampler};
+pub use stats::{boundary_ratio, device_counts, sample_stats, SampleStats};

@@ -1,0 +1,323 @@
+//! Cooperative batching (GraNNDIS §5.2) and the per-GPU mini-batch baseline (DistDGL /
+//! SALIENT++ style).
+//!
+//! CoB: per iteration each SERVER takes a co-batch of at most B of its training vertices and
+//! builds ONE dependency graph (MFG) for it — which may include vertices of other servers,
+//! replicated — spread over its G devices with one-hop masking: [`cob_plan`] is
+//! `PlanContext::extract_plan` with targets = the co-batches and `hops` = the number of layers
+//! (every layer masked; no reshape). Epochs: each server shuffles its training vertices with a
+//! seeded permutation per epoch and cuts them into `iterations` near-equal consecutive chunks,
+//! where `iterations = max over servers of ceil(train_s / B)` so every server steps in every
+//! iteration (synchronous all-reduce) and every chunk has at most B vertices; an epoch covers
+//! every training vertex exactly once.
+//!
+//! MB: every DEVICE takes its own mini-batch of at most b training vertices of its own range
+//! and builds its own MFG (`PlanContext::extract_device_plan`: no halo, no sharing with the
+//! other devices of its server). Computed vertex-layers and memory are summed / maxed over
+//! the devices' plans, which is where the redundancy CoB removes shows up.
+
+use grandis_masking::{
+    estimate_masked, estimate_masked_device, DevicePlan, FlxPlan, ModelDims, PlanContext,
+    SPLIT_TRAIN,
+};
+use rand::seq::SliceRandom;
+
+use crate::error::{Result, SamplingError};
+use crate::rng::rng;
+use crate::sampler::{round_of, Sampler};
+use crate::stats::{add, device_counts};
+
+/// Shuffled, chunked epochs over per-group training lists (a group is a server for CoB, a
+/// device rank for MB).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Epochs {
+    train: Vec<Vec<u32>>,
+    batch_size: usize,
+    seed: u64,
+    iterations: usize,
+    salt: u64,
+}
+
+impl Epochs {
+    fn new(train: Vec<Vec<u32>>, batch_size: usize, seed: u64, salt: u64) -> Result<Epochs> {
+        if batch_size == 0 {
+            return Err(SamplingError::Config(
+                "batch size must be at least 1".into(),
+            ));
+        }
+        let iterations = train
+            .iter()
+            .map(|t| t.len().div_ceil(batch_size))
+            .max()
+            .unwrap_or(0);
+        Ok(Epochs {
+            train,
+            batch_size,
+            seed,
+            iterations,
+            salt,
+        })
+    }
+
+    /// Group `g`'s chunk `iteration` of `epoch` (sorted).
+    fn chunk(&self, g: usize, epoch: u64, iteration: usize) -> Vec<u32> {
+        let mut order = self.train[g].clone();
+        order.shuffle(&mut rng(&[self.seed, epoch, g as u64, self.salt]));
+        let t = order.len();
+        let n = self.iterations.max(1);
+        let (a, b) = (t * iteration / n, t * (iteration + 1) / n);
+        let mut out = order[a..b].to_vec();
+        out.sort_unstable();
+        out
+    }
+
+    fn batch(&self, epoch: u64, iteration: usize) -> Result<Vec<Vec<u32>>> {
+        if iteration >= self.iterations {
+            return Err(SamplingError::Config(format!(
+                "iteration {iteration} of an epoch with {} iterations",
+                self.iterations
+            )));
+        }
+        Ok((0..self.train.len())
+            .map(|g| self.chunk(g, epoch, iteration))
+            .collect())
+    }
+}
+
+/// Training vertices of every server (or of every rank when `per_rank`), from the context's
+/// split flags.
+fn train_lists(ctx: &PlanContext<'_>, per_rank: bool) -> Vec<Vec<u32>> {
+    let layout = ctx.layout();
+    let groups = if per_rank {
+        layout.num_ranks()
+    } else {
+        layout.servers()
+    };
+    (0..groups)
+        .map(|g| {
+            let range = if per_rank {
+                layout.range(g)
+            } else {
+                layout.server_range(g)
+            };
+            range
+                .filter(|&v| ctx.splits().flags(v) & SPLIT_TRAIN != 0)
+                .collect()
+        })
+        .collect()
+}
+
+/// Co-batches of every server, epoch by epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoBatcher {
+    epochs: Epochs,
+}
+
+impl CoBatcher {
+    /// Co-batches of at most `batch_size` training vertices (the context's SPLIT_TRAIN rows)
+    /// per server.
+    pub fn new(ctx: &PlanContext<'_>, batch_size: usize, seed: u64) -> Result<CoBatcher> {
+        Ok(CoBatcher {
+            epochs: Epochs::new(train_lists(ctx, false), batch_size, seed, 0xC0B)?,
+        })
+    }
+    pub fn batch_size(&self) -> usize {
+        self.epochs.batch_size
+    }
+    /// Iterations per epoch (0 when no server has a training vertex).
+    pub fn iterations(&self) -> usize {
+        self.epochs.iterations
+    }
+    /// Training vertices of each server.
+    pub fn train(&self) -> &[Vec<u32>] {
+        &self.epochs.train
+    }
+    /// The co-batch of every server (`[server]`, sorted) at `iteration` of `epoch`.
+    pub fn batch(&self, epoch: u64, iteration: usize) -> Result<Vec<Vec<u32>>> {
+        self.epochs.batch(epoch, iteration)
+    }
+    /// Every iteration's co-batches of `epoch` (`[iteration][server]`).
+    pub fn epoch(&self, epoch: u64) -> Vec<Vec<Vec<u32>>> {
+        (0..self.iterations())
+            .map(|i| self.epochs.batch(epoch, i).expect("iteration in range"))
+            .collect()
+    }
+}
+
+/// Per-device mini-batches of the MB baseline, epoch by epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MiniBatcher {
+    epochs: Epochs,
+}
+
+impl MiniBatcher {
+    /// Mini-batches of at most `batch_size` training vertices of each device's own range.
+    pub fn new(ctx: &PlanContext<'_>, batch_size: usize, seed: u64) -> Result<MiniBatcher> {
+        Ok(MiniBatcher {
+            epochs: Epochs::new(train_lists(ctx, true), batch_size, seed, 0x3B)?,
+        })
+    }
+    pub fn iterations(&self) -> usize {
+        self.epochs.iterations
+    }
+    /// The mini-batch of every rank (`[rank]`, sorted) at `iteration` of `epoch`.
+    pub fn batch(&self, epoch: u64, iteration: usize) -> Result<Vec<Vec<u32>>> {
+        self.epochs.batch(epoch, iteration)
+    }
+}
+
+/// The CoB plan of one iteration: server s extracts `batch[s]` with `sampler` over `layers`
+/// hops (all layers masked). Loss rows are `DevicePlan::loss_rows()` (the co-batch rows).
+pub fn cob_plan(
+    ctx: &PlanContext<'_>,
+    batch: &[Vec<u32>],
+    layers: usize,
+    sampler: &dyn Sampler,
+    round: u64,
+) -> Result<FlxPlan> {
+    if batch.len() != ctx.layout().servers() {
+        return Err(SamplingError::Config(format!(
+            "{} co-batches given for {} servers",
+            batch.len(),
+            ctx.layout().servers()
+        )));
+    }
+    let specs = batch
+        .iter()
+        .enumerate()
+        .map(|(s, t)| sampler.spec(ctx, s, t.clone(), layers, round))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ctx.extract_plan(&specs)?)
+}
+
+/// The MB plans of one iteration: rank r's own MFG for `batch[r]` (`[rank]`).
+pub fn mb_plans(
+    ctx: &PlanContext<'_>,
+    batch: &[Vec<u32>],
+    layers: usize,
+    sampler: &dyn Sampler,
+    round: u64,
+) -> Result<Vec<DevicePlan>> {
+    let layout = ctx.layout();
+    if batch.len() != layout.num_ranks() {
+        return Err(SamplingError::Config(format!(
+            "{} mini-batches given for {} devices",
+            batch.len(),
+            layout.num_ranks()
+        )));
+    }
+    batch
+        .iter()
+        .enumerate()
+        .map(|(r, t)| {
+            let spec = sampler.spec(ctx, layout.server_of_rank(r), t.clone(), layers, round)?;
+            Ok(ctx.extract_device_plan(&spec, layout.device_of_rank(r))?)
+        })
+        .collect()
+}
+
+/// Work and memory of one epoch of CoB or MB.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct EpochStats {
+    /// "cob" or "mb".
+    pub mode: String,
+    pub sampler: String,
+    pub batch_size: usize,
+    pub iterations: usize,
+    /// MFGs built (iterations for CoB: one per server per iteration is one plan; iterations
+    /// x devices for MB).
+    pub mfgs: usize,
+    pub targets: u64,
+    pub computed_vertices_per_layer: Vec<u64>,
+    pub computed_vertex_layers: u64,
+    pub aggregated_edges_per_layer: Vec<u64>,
+    /// Σ over iterations of the one-hop graphs' edges.
+    pub sampled_edges: u64,
+    /// Largest per-device memory estimate over the epoch (0 without model dims).
+    pub peak_bytes: u64,
+}
+
+fn finish(mut s: EpochStats) -> EpochStats {
+    s.computed_vertex_layers = s.computed_vertices_per_layer.iter().sum();
+    s
+}
+
+fn empty(mode: &str, sampler: &dyn Sampler, batch_size: usize, iterations: usize) -> EpochStats {
+    EpochStats {
+        mode: mode.into(),
+        sampler: sampler.name(),
+        batch_size,
+        iterations,
+        mfgs: 0,
+        targets: 0,
+        computed_vertices_per_layer: Vec::new(),
+        computed_vertex_layers: 0,
+        aggregated_edges_per_layer: Vec::new(),
+        sampled_edges: 0,
+        peak_bytes: 0,
+    }
+}
+
+/// Builds every CoB plan of `epoch` and counts (plans are dropped after counting).
+pub fn cob_epoch_stats(
+    ctx: &PlanContext<'_>,
+    batcher: &CoBatcher,
+    layers: usize,
+    sampler: &dyn Sampler,
+    dims: Option<&ModelDims>,
+    epoch: u64,
+) -> Result<EpochStats> {
+    let n = batcher.iterations();
+    let mut s = empty("cob", sampler, batcher.batch_size(), n);
+    let mut progress = grandis_telemetry::Progress::new("cob epoch", Some(n as u64));
+    for it in 0..n {
+        let batch = batcher.batch(epoch, it)?;
+        let plan = cob_plan(ctx, &batch, layers, sampler, round_of(epoch, it, n))?;
+        s.mfgs += 1;
+        s.targets += batch.iter().map(|b| b.len() as u64).sum::<u64>();
+        for d in &plan.devices {
+            let (c, e) = device_counts(d);
+            add(&mut s.computed_vertices_per_layer, &c);
+            add(&mut s.aggregated_edges_per_layer, &e);
+            s.sampled_edges += d.num_edges() as u64;
+        }
+        if let Some(dims) = dims {
+            s.peak_bytes = s.peak_bytes.max(estimate_masked(dims, &plan).max_bytes);
+        }
+        progress.inc(1);
+    }
+    progress.finish();
+    Ok(finish(s))
+}
+
+/// Builds every MB plan of `epoch` and counts.
+pub fn mb_epoch_stats(
+    ctx: &PlanContext<'_>,
+    batcher: &MiniBatcher,
+    layers: usize,
+    sampler: &dyn Sampler,
+    dims: Option<&ModelDims>,
+    epoch: u64,
+) -> Result<EpochStats> {
+    let n = batcher.iterations();
+    let mut s = empty("mb", sampler, batcher.epochs.batch_size, n);
+    let mut progress = grandis_telemetry::Progress::new("mb epoch", Some(n as u64));
+    for it in 0..n {
+        let batch = batcher.batch(epoch, it)?;
+        let plans = mb_plans(ctx, &batch, layers, sampler, round_of(epoch, it, n))?;
+        s.targets += batch.iter().map(|b| b.len() as u64).sum::<u64>();
+        for d in &plans {
+            s.mfgs += 1;
+            let (c, e) = device_counts(d);
+            add(&mut s.computed_vertices_per_layer, &c);
+            add(&mut s.aggregated_edges_per_layer, &e);
+            s.sampled_edges += d.num_edges() as u64;
+            if let Some(dims) = dims {
+                s.peak_bytes = s.peak_bytes.max(estimate_masked_device(dims, d).total);
+            }
+        }
+        progress.inc(1);
+    }
+    progress.finish();
+    Ok(finish(s))
+}
