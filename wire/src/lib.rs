@@ -6,11 +6,13 @@
 //! QUIC data plane. Everything here is plain serde data with no I/O, so every side of the system
 //! agrees on one definition and the coordinator, daemon and CLI can evolve separately.
 
+pub mod cluster;
 pub mod frame;
 pub mod job;
 pub mod protocol;
 pub mod spec;
 
+pub use cluster::{ClusterView, DaemonView, ServerView};
 pub use frame::{decode_frame, decode_payload, encode_frame, frame_len, FrameError};
 pub use job::{EpochProgress, JobId, JobState, JobStatus, LinkBytes};
 pub use protocol::{

@@ -1,0 +1,397 @@
+//! The HTTP surface: routes, bearer-token auth, request parsing and server-sent events.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream};
+use grandis_wire::{
+    HeartbeatRequest, JobEventRequest, JobId, JobSpec, JobState, JobStatus, RegisterRequest,
+    SpecError, PROTOCOL_VERSION,
+};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use subtle::ConstantTimeEq;
+use tokio::sync::{broadcast, watch};
+
+use crate::error::ApiError;
+use crate::metrics;
+use crate::state::{Core, Update};
+
+/// Every route of the router, as (method, path template). `docs/openapi.yaml` must document
+/// each of them (a test checks it, and another checks the router answers each of them).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/healthz"),
+    ("GET", "/metrics"),
+    ("POST", "/v1/jobs"),
+    ("GET", "/v1/jobs"),
+    ("GET", "/v1/jobs/{id}"),
+    ("DELETE", "/v1/jobs/{id}"),
+    ("GET", "/v1/jobs/{id}/events"),
+    ("GET", "/v1/cluster"),
+    ("POST", "/v1/daemon/register"),
+    ("POST", "/v1/daemon/heartbeat"),
+    ("POST", "/v1/daemon/jobs/{id}/events"),
+];
+
+pub struct AppState {
+    pub core: Mutex<Core>,
+    pub updates: broadcast::Sender<Update>,
+    pub shutdown: watch::Receiver<bool>,
+    pub user_token: String,
+    pub daemon_token: String,
+    pub sse_keepalive: Duration,
+}
+
+impl AppState {
+    pub fn core(&self) -> MutexGuard<'_, Core> {
+        // A panic while holding the lock must not take the whole API down with it.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+type Shared = Arc<AppState>;
+
+pub fn router(state: Shared) -> Router {
+    let user = Router::new()
+        .route("/v1/jobs", post(submit_job).get(list_jobs))
+        .route("/v1/jobs/{id}", get(get_job).delete(cancel_job))
+        .route("/v1/jobs/{id}/events", get(job_events))
+        .route("/v1/cluster", get(cluster))
+        .route_layer(middleware::from_fn_with_state(state.clone(), user_auth));
+    let daemon = Router::new()
+        .route("/v1/daemon/register", post(register))
+        .route("/v1/daemon/heartbeat", post(heartbeat))
+        .route("/v1/daemon/jobs/{id}/events", post(daemon_job_event))
+        .route_layer(middleware::from_fn_with_state(state.clone(), daemon_auth));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics_handler))
+        .merge(user)
+        .merge(daemon)
+        .fallback(|method: Method, uri: axum::http::Uri| async move {
+            ApiError::not_found(format!("no route for {method} {}", uri.path()))
+        })
+        .method_not_allowed_fallback(|method: Method, uri: axum::http::Uri| async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{method} is not allowed on {}", uri.path()),
+            )
+        })
+        .with_state(state)
+}
+
+// ---- auth -----------------------------------------------------------------------------------
+
+fn check_bearer(headers: &HeaderMap, expected: &str) -> Result<(), ApiError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Err(ApiError::unauthorized(
+            "missing bearer token (send 'Authorization: Bearer <token>')",
+        ));
+    };
+    let value = value.as_bytes();
+    let token = match value.get(..7) {
+        Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => &value[7..],
+        _ => {
+            return Err(ApiError::unauthorized(
+                "the Authorization header must carry a Bearer token",
+            ))
+        }
+    };
+    // Constant time in the token's content (only its length can leak).
+    if bool::from(token.ct_eq(expected.as_bytes())) {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized("invalid bearer token"))
+    }
+}
+
+async fn user_auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    match check_bearer(req.headers(), &st.user_token) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn daemon_auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    match check_bearer(req.headers(), &st.daemon_token) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+// ---- open endpoints -------------------------------------------------------------------------
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok", "protocol_version": PROTOCOL_VERSION}))
+}
+
+async fn metrics_handler(State(st): State<Shared>) -> Response {
+    let text = metrics::render(&st.core(), Instant::now());
+    ([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response()
+}
+
+// ---- jobs -----------------------------------------------------------------------------------
+
+fn parse_job_id(raw: &str) -> Result<JobId, ApiError> {
+    raw.parse()
+        .map_err(|_| ApiError::not_found(format!("no job '{raw}' (job ids are integers)")))
+}
+
+async fn submit_job(
+    State(st): State<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).to_string());
+    let mime = content_type.as_deref().map(|c| {
+        c.split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase()
+    });
+    let text = std::str::from_utf8(&body)
+        .map_err(|e| ApiError::bad_request("malformed_body", format!("body is not UTF-8: {e}")))?;
+    let parsed = match mime.as_deref() {
+        // No Content-Type: JSON, the API's default.
+        None | Some("application/json") => JobSpec::from_json_str(text),
+        Some(m) if m.ends_with("+json") => JobSpec::from_json_str(text),
+        Some("application/toml" | "text/toml" | "application/x-toml") => {
+            JobSpec::from_toml_str(text)
+        }
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!(
+                    "unsupported Content-Type '{other}' (send application/json or application/toml)"
+                ),
+            ))
+        }
+    };
+    let spec = parsed.map_err(|e| match e {
+        SpecError::Syntax { .. } => ApiError::bad_request("malformed_body", e.to_string()),
+        SpecError::Invalid(fields) => {
+            let mut err = ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_job",
+                SpecError::Invalid(fields.clone()).to_string(),
+            );
+            err.fields = fields;
+            err
+        }
+    })?;
+    let status = st.core().submit(spec, Instant::now())?;
+    let location = format!("/v1/jobs/{}", status.id);
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(status),
+    )
+        .into_response())
+}
+
+async fn list_jobs(State(st): State<Shared>) -> Json<Vec<JobStatus>> {
+    Json(st.core().list())
+}
+
+async fn get_job(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<JobStatus>, ApiError> {
+    let id = parse_job_id(&id)?;
+    st.core()
+        .status(id, true)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("no job {id}")))
+}
+
+async fn cancel_job(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<JobStatus>, ApiError> {
+    let id = parse_job_id(&id)?;
+    let status = st.core().cancel(id, Instant::now())?;
+    Ok(Json(status))
+}
+
+async fn cluster(State(st): State<Shared>) -> Json<grandis_wire::ClusterView> {
+    Json(st.core().cluster(Instant::now()))
+}
+
+/// State of one server-sent event stream.
+struct EventStream {
+    st: Shared,
+    id: JobId,
+    rx: broadcast::Receiver<Update>,
+    shutdown: watch::Receiver<bool>,
+    pending: std::collections::VecDeque<Event>,
+    /// Last epoch sent (so that replays after lag or at start never repeat one).
+    last_epoch: u32,
+    last_state: Option<JobState>,
+    done: bool,
+}
+
+fn json_event(name: &str, data: &impl serde::Serialize) -> Event {
+    Event::default()
+        .event(name)
+        .json_data(data)
+        .unwrap_or_else(|e| Event::default().event("error").data(e.to_string()))
+}
+
+impl EventStream {
+    /// Queues whatever the client has not seen yet: new epochs, a state change, and the final
+    /// status when the job has ended (which closes the stream).
+    fn catch_up(&mut self) {
+        let Some(status) = self.st.core().status(self.id, true) else {
+            self.done = true;
+            return;
+        };
+        let seen = self.last_epoch;
+        for p in status.history.iter().filter(|p| p.epoch > seen) {
+            self.pending.push_back(json_event("progress", p));
+            self.last_epoch = p.epoch;
+        }
+        if self.last_state.as_ref() != Some(&status.state) {
+            // {"id", "state", "reason"?, "servers"}: the state's own fields, flattened.
+            let mut data = serde_json::to_value(&status.state).unwrap_or_default();
+            if let Some(obj) = data.as_object_mut() {
+                obj.insert("id".into(), json!(self.id));
+                obj.insert("servers".into(), json!(status.servers));
+            }
+            self.pending.push_back(json_event("state", &data));
+            self.last_state = Some(status.state.clone());
+        }
+        if status.state.is_terminal() {
+            self.pending.push_back(json_event("end", &status));
+            self.done = true;
+        }
+    }
+
+    async fn next_event(mut self) -> Option<(Result<Event, Infallible>, EventStream)> {
+        loop {
+            if let Some(ev) = self.pending.pop_front() {
+                return Some((Ok(ev), self));
+            }
+            if self.done {
+                return None;
+            }
+            tokio::select! {
+                msg = self.rx.recv() => match msg {
+                    Ok(Update::Progress(id, p)) if id == self.id => {
+                        if p.epoch > self.last_epoch {
+                            self.last_epoch = p.epoch;
+                            self.pending.push_back(json_event("progress", &p));
+                        }
+                    }
+                    Ok(Update::State(id)) if id == self.id => self.catch_up(),
+                    Ok(_) => {}
+                    // Missed updates: the state has everything, replay from it.
+                    Err(broadcast::error::RecvError::Lagged(_)) => self.catch_up(),
+                    Err(broadcast::error::RecvError::Closed) => self.done = true,
+                },
+                _ = self.shutdown.changed() => self.done = true,
+            }
+        }
+    }
+}
+
+async fn job_events(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let id = parse_job_id(&id)?;
+    // Subscribe before reading the state so nothing falls between the two.
+    let rx = st.updates.subscribe();
+    if st.core().status(id, false).is_none() {
+        return Err(ApiError::not_found(format!("no job {id}")));
+    }
+    let mut es = EventStream {
+        st: st.clone(),
+        id,
+        rx,
+        shutdown: st.shutdown.clone(),
+        pending: Default::default(),
+        last_epoch: 0,
+        last_state: None,
+        done: false,
+    };
+    if *es.shutdown.borrow() {
+        es.done = true;
+    }
+    es.catch_up();
+    let keepalive = st.sse_keepalive;
+    Ok(Sse::new(stream::unfold(es, EventStream::next_event))
+        .keep_alive(KeepAlive::new().interval(keepalive)))
+}
+
+// ---- daemon protocol ------------------------------------------------------------------------
+
+/// Checks the protocol version before the message itself, so that a daemon of another
+/// version gets "protocol version mismatch" rather than a confusing field error.
+fn parse_daemon_message<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request("malformed_body", format!("malformed JSON: {e}")))?;
+    match value.get("protocol_version").and_then(|v| v.as_u64()) {
+        None => {
+            return Err(ApiError::bad_request(
+                "protocol_mismatch",
+                format!(
+                "protocol_version: required (this coordinator speaks protocol {PROTOCOL_VERSION})"
+            ),
+            ))
+        }
+        Some(v) if v != PROTOCOL_VERSION as u64 => {
+            return Err(ApiError::bad_request(
+                "protocol_mismatch",
+                format!(
+                    "protocol version mismatch: the daemon speaks {v}, this coordinator speaks \
+                     {PROTOCOL_VERSION}; upgrade the older side"
+                ),
+            ))
+        }
+        Some(_) => {}
+    }
+    serde_json::from_value(value)
+        .map_err(|e| ApiError::bad_request("malformed_body", format!("malformed {what}: {e}")))
+}
+
+async fn register(
+    State(st): State<Shared>,
+    body: Bytes,
+) -> Result<Json<grandis_wire::RegisterResponse>, ApiError> {
+    let req: RegisterRequest = parse_daemon_message(&body, "registration")?;
+    Ok(Json(st.core().register(req, Instant::now())?))
+}
+
+async fn heartbeat(
+    State(st): State<Shared>,
+    body: Bytes,
+) -> Result<Json<grandis_wire::HeartbeatResponse>, ApiError> {
+    let req: HeartbeatRequest = parse_daemon_message(&body, "heartbeat")?;
+    Ok(Json(st.core().heartbeat(req, Instant::now())?))
+}
+
+async fn daemon_job_event(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let id = parse_job_id(&id)?;
+    let req: JobEventRequest = parse_daemon_message(&body, "job event")?;
+    st.core()
+        .job_event(id, req.daemon_id, req.event, Instant::now())?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,885 @@
+//! The coordinator's state machine: jobs and their queue, daemons, per-label elections.
+//!
+//! Everything here is synchronous and takes the current [`Instant`] as an argument, so the
+//! same code runs under the HTTP handlers, the periodic tick and unit tests with a synthetic
+//! clock. Rules:
+//!
+//! - **Liveness.** A daemon is *alive* while its last heartbeat is at most `lease` old and
+//!   *up* while it is at most `down_timeout` old.
+//! - **Elections.** Each label has a term and at most one head. A head stays head while alive
+//!   (its heartbeats renew the lease). When it is not, the lowest-id alive, non-draining daemon
+//!   of the label becomes head and the term increments (the term is persisted, so it never goes
+//!   back, even across restarts). A newer daemon never preempts a live head.
+//! - **Scheduling.** Strict FIFO: the oldest queued job is assigned as soon as `servers`
+//!   labels are free (a live head with at least `devices` devices and no active job); jobs
+//!   behind it wait, so a large job is never starved by small ones. Labels are taken in name
+//!   order, so assignments are deterministic.
+//! - **Failures.** An active job fails, naming the server, as soon as the head it was assigned
+//!   to loses its lease (within `lease` of its last heartbeat) or reports a failure.
+//! - **Restart.** Jobs that were assigned or running when the coordinator stopped are failed
+//!   with "coordinator restarted": their daemons' in-memory training state cannot be trusted to
+//!   line up with a coordinator that lost every lease, and a clean failure is better than a
+//!   job that silently hangs. Daemons that still run such a job are told to cancel it in their
+//!   next heartbeat reply. Queued and finished jobs are kept as they were.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::http::StatusCode;
+use grandis_wire::{
+    Assignment, ClusterView, DaemonId, DaemonJob, DaemonState, DaemonView, DeviceInfo,
+    EpochProgress, HeadInfo, HeartbeatRequest, HeartbeatResponse, JobEvent, JobId, JobSpec,
+    JobState, JobStatus, LinkBytes, RegisterRequest, RegisterResponse, ServerSlot, ServerView,
+    PROTOCOL_VERSION,
+};
+use tokio::sync::broadcast;
+
+use crate::error::ApiError;
+use crate::store::{JobRecord, Store, NEXT_DAEMON_ID, NEXT_JOB_ID};
+
+/// The reason given to jobs that were active when the coordinator stopped.
+pub const RESTART_REASON: &str = "coordinator restarted";
+
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub heartbeat_interval: Duration,
+    pub lease: Duration,
+    pub down_timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct Daemon {
+    pub id: DaemonId,
+    pub label: String,
+    pub devices: Vec<DeviceInfo>,
+    pub memory_bytes: u64,
+    pub data_addr: String,
+    pub version: String,
+    pub last_seen: Instant,
+    pub state: DaemonState,
+    pub job: Option<DaemonJob>,
+    pub up: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Label {
+    pub term: u64,
+    pub head: Option<DaemonId>,
+}
+
+/// What changed, for server-sent event streams.
+#[derive(Clone, Debug)]
+pub enum Update {
+    /// The job's state (or servers, or summary) changed.
+    State(JobId),
+    /// The job's leader reported an epoch.
+    Progress(JobId, EpochProgress),
+}
+
+pub struct Core {
+    pub(crate) timing: Timing,
+    pub(crate) store: Store,
+    pub(crate) jobs: BTreeMap<JobId, JobRecord>,
+    pub(crate) queue: VecDeque<JobId>,
+    pub(crate) waiting: HashMap<JobId, String>,
+    pub(crate) daemons: BTreeMap<DaemonId, Daemon>,
+    pub(crate) labels: BTreeMap<String, Label>,
+    next_job_id: u64,
+    next_daemon_id: u64,
+    /// Heads elected since start (a metrics counter).
+    pub(crate) elections: u64,
+    updates: broadcast::Sender<Update>,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn age(now: Instant, then: Instant) -> Duration {
+    now.saturating_duration_since(then)
+}
+
+impl Core {
+    /// Loads the store; active jobs are failed (see the module docs).
+    pub fn open(
+        store: Store,
+        timing: Timing,
+        updates: broadcast::Sender<Update>,
+    ) -> anyhow::Result<Core> {
+        let mut jobs = BTreeMap::new();
+        let mut queue = VecDeque::new();
+        let mut restarted = 0;
+        for mut rec in store.load_jobs()? {
+            if rec.state.is_active() {
+                rec.state = JobState::Failed {
+                    reason: RESTART_REASON.into(),
+                };
+                rec.finished_at_ms = Some(now_ms());
+                store.put_job(&rec, None, true)?;
+                restarted += 1;
+            }
+            if rec.state == JobState::Queued {
+                queue.push_back(rec.id);
+            }
+            jobs.insert(rec.id, rec);
+        }
+        let max_id = jobs.keys().next_back().copied().unwrap_or(0);
+        let next_job_id = store.meta(NEXT_JOB_ID)?.unwrap_or(1).max(max_id + 1);
+        let next_daemon_id = store.meta(NEXT_DAEMON_ID)?.unwrap_or(1).max(1);
+        let labels = store
+            .load_terms()?
+            .into_iter()
+            .map(|(name, term)| (name, Label { term, head: None }))
+            .collect();
+        tracing::info!(
+            jobs = jobs.len(),
+            queued = queue.len(),
+            failed_by_restart = restarted,
+            "coordinator state loaded"
+        );
+        Ok(Core {
+            timing,
+            store,
+            jobs,
+            queue,
+            waiting: HashMap::new(),
+            daemons: BTreeMap::new(),
+            labels,
+            next_job_id,
+            next_daemon_id,
+            elections: 0,
+            updates,
+        })
+    }
+
+    pub fn close(&self) {
+        self.store.close();
+    }
+
+    fn notify(&self, update: Update) {
+        // No subscribers is fine: nobody is watching.
+        let _ = self.updates.send(update);
+    }
+
+    fn alive(&self, d: &Daemon, now: Instant) -> bool {
+        age(now, d.last_seen) <= self.timing.lease
+    }
+
+    fn commit(&mut self, rec: JobRecord, durable: bool) -> Result<(), ApiError> {
+        self.store.put_job(&rec, None, durable)?;
+        let id = rec.id;
+        self.jobs.insert(id, rec);
+        self.notify(Update::State(id));
+        Ok(())
+    }
+
+    // ---- jobs -----------------------------------------------------------------------------
+
+    pub fn submit(&mut self, spec: JobSpec, now: Instant) -> Result<JobStatus, ApiError> {
+        let id = self.next_job_id;
+        let rec = JobRecord {
+            id,
+            spec,
+            state: JobState::Queued,
+            submitted_at_ms: now_ms(),
+            started_at_ms: None,
+            finished_at_ms: None,
+            servers: Vec::new(),
+            finished_servers: Vec::new(),
+            history: Vec::new(),
+            summary: None,
+        };
+        self.store
+            .put_job(&rec, Some((NEXT_JOB_ID, id + 1)), true)?;
+        self.next_job_id = id + 1;
+        tracing::info!(job = id, name = %rec.spec.display_name(), "job submitted");
+        self.jobs.insert(id, rec);
+        self.queue.push_back(id);
+        self.notify(Update::State(id));
+        self.schedule(now);
+        Ok(self.status(id, true).expect("just inserted"))
+    }
+
+    pub fn status(&self, id: JobId, with_history: bool) -> Option<JobStatus> {
+        let rec = self.jobs.get(&id)?;
+        let mut bytes_total = LinkBytes::default();
+        for p in &rec.history {
+            bytes_total.add(&p.bytes);
+        }
+        Some(JobStatus {
+            id,
+            name: rec.spec.display_name(),
+            state: rec.state.clone(),
+            spec: rec.spec.clone(),
+            submitted_at_ms: rec.submitted_at_ms,
+            started_at_ms: rec.started_at_ms,
+            finished_at_ms: rec.finished_at_ms,
+            servers: rec.servers.iter().map(|s| s.label.clone()).collect(),
+            waiting_for: self.waiting.get(&id).cloned(),
+            latest: rec.history.last().cloned(),
+            bytes_total,
+            history: if with_history {
+                rec.history.clone()
+            } else {
+                Vec::new()
+            },
+            summary: rec.summary.clone(),
+        })
+    }
+
+    pub fn list(&self) -> Vec<JobStatus> {
+        self.jobs
+            .keys()
+            .filter_map(|&id| self.status(id, false))
+            .collect()
+    }
+
+    pub fn cancel(&mut self, id: JobId, now: Instant) -> Result<JobStatus, ApiError> {
+        let rec = self
+            .jobs
+            .get(&id)
+            .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+        if rec.state.is_terminal() {
+            return Err(ApiError::conflict(
+                "job_finished",
+                format!("job {id} already {}; nothing to cancel", rec.state.name()),
+            ));
+        }
+        let mut rec = rec.clone();
+        rec.state = JobState::Cancelled;
+        rec.finished_at_ms = Some(now_ms());
+        self.commit(rec, true)?;
+        self.queue.retain(|&q| q != id);
+        self.waiting.remove(&id);
+        tracing::info!(job = id, "job cancelled");
+        // Its servers are free now (their daemons learn to stop from heartbeat replies), or it
+        // was the head of the queue and blocked the jobs behind it.
+        self.schedule(now);
+        Ok(self.status(id, true).expect("exists"))
+    }
+
+    // ---- daemons --------------------------------------------------------------------------
+
+    pub fn register(
+        &mut self,
+        req: RegisterRequest,
+        now: Instant,
+    ) -> Result<RegisterResponse, ApiError> {
+        let label = req.label.trim();
+        if label.is_empty() || label.len() > 128 || label.chars().any(|c| c.is_control()) {
+            return Err(ApiError::bad_request(
+                "invalid_registration",
+                format!(
+                    "label: must be 1 to 128 printable characters, got {:?}",
+                    req.label
+                ),
+            ));
+        }
+        let port_ok = req
+            .data_addr
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !port_ok {
+            return Err(ApiError::bad_request(
+                "invalid_registration",
+                format!(
+                    "data_addr: expected host:port of the QUIC data plane, got {:?}",
+                    req.data_addr
+                ),
+            ));
+        }
+        let id = self.next_daemon_id;
+        self.store.put_meta(NEXT_DAEMON_ID, id + 1)?;
+        self.next_daemon_id = id + 1;
+        tracing::info!(
+            daemon = id,
+            label,
+            devices = req.devices.len(),
+            data_addr = %req.data_addr,
+            version = %req.daemon_version,
+            "daemon registered"
+        );
+        self.daemons.insert(
+            id,
+            Daemon {
+                id,
+                label: label.to_string(),
+                devices: req.devices,
+                memory_bytes: req.memory_bytes,
+                data_addr: req.data_addr,
+                version: req.daemon_version,
+                last_seen: now,
+                state: DaemonState::Idle,
+                job: None,
+                up: true,
+            },
+        );
+        self.labels.entry(label.to_string()).or_default();
+        self.tick(now);
+        Ok(RegisterResponse {
+            protocol_version: PROTOCOL_VERSION,
+            daemon_id: id,
+            heartbeat_interval_ms: self.timing.heartbeat_interval.as_millis() as u64,
+            lease_ms: self.timing.lease.as_millis() as u64,
+            down_timeout_ms: self.timing.down_timeout.as_millis() as u64,
+        })
+    }
+
+    pub fn heartbeat(
+        &mut self,
+        req: HeartbeatRequest,
+        now: Instant,
+    ) -> Result<HeartbeatResponse, ApiError> {
+        let id = req.daemon_id;
+        let d = self.daemons.get_mut(&id).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_daemon",
+                format!("unknown daemon id {id}; register again"),
+            )
+        })?;
+        if !d.up {
+            tracing::info!(daemon = id, label = %d.label, "daemon is back");
+        }
+        d.last_seen = now;
+        d.state = req.state;
+        d.job = req.job;
+        d.up = true;
+        let label = d.label.clone();
+        self.tick(now);
+
+        let mut cancel = Vec::new();
+        if let Some(job) = req.job {
+            let ours = self
+                .jobs
+                .get(&job.job_id)
+                .filter(|rec| rec.state.is_active())
+                .and_then(|rec| {
+                    rec.servers
+                        .iter()
+                        .position(|s| s.daemon_id == id)
+                        .map(|_| rec)
+                });
+            match ours {
+                Some(rec) if rec.state == JobState::Assigned => {
+                    let mut rec = rec.clone();
+                    rec.state = JobState::Running;
+                    rec.started_at_ms = Some(now_ms());
+                    self.commit(rec, true)?;
+                }
+                Some(_) => {}
+                None => cancel.push(job.job_id),
+            }
+        }
+
+        let lab = self.labels.get(&label).cloned().unwrap_or_default();
+        let is_head = lab.head == Some(id);
+        let head = lab.head.and_then(|h| {
+            self.daemons.get(&h).map(|d| HeadInfo {
+                daemon_id: h,
+                data_addr: d.data_addr.clone(),
+            })
+        });
+        let assignment = if is_head {
+            self.jobs
+                .values()
+                .filter(|rec| rec.state.is_active())
+                .find_map(|rec| {
+                    let idx = rec.servers.iter().position(|s| s.daemon_id == id)?;
+                    Some(Assignment {
+                        job_id: rec.id,
+                        spec: rec.spec.clone(),
+                        server_index: idx as u32,
+                        servers: rec.servers.clone(),
+                    })
+                })
+        } else {
+            None
+        };
+        Ok(HeartbeatResponse {
+            protocol_version: PROTOCOL_VERSION,
+            term: lab.term,
+            is_head,
+            head,
+            assignment,
+            cancel,
+        })
+    }
+
+    pub fn job_event(
+        &mut self,
+        job_id: JobId,
+        daemon_id: DaemonId,
+        event: JobEvent,
+        now: Instant,
+    ) -> Result<(), ApiError> {
+        if !self.daemons.contains_key(&daemon_id) {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_daemon",
+                format!("unknown daemon id {daemon_id}; register again"),
+            ));
+        }
+        let rec = self
+            .jobs
+            .get(&job_id)
+            .ok_or_else(|| ApiError::not_found(format!("no job {job_id}")))?;
+        let Some(idx) = rec.servers.iter().position(|s| s.daemon_id == daemon_id) else {
+            return Err(ApiError::conflict(
+                "not_assigned",
+                format!("daemon {daemon_id} is not assigned to job {job_id}"),
+            ));
+        };
+        if rec.state.is_terminal() {
+            return Err(ApiError::conflict(
+                "job_finished",
+                format!(
+                    "job {job_id} is already {}; stop working on it",
+                    rec.state.name()
+                ),
+            ));
+        }
+        let label = rec.servers[idx].label.clone();
+        let mut rec = rec.clone();
+        let start = |rec: &mut JobRecord| {
+            if rec.state == JobState::Assigned {
+                rec.state = JobState::Running;
+                rec.started_at_ms = Some(now_ms());
+            }
+        };
+        match event {
+            JobEvent::Started => {
+                start(&mut rec);
+                self.commit(rec, true)?;
+            }
+            JobEvent::Progress { progress } => {
+                if idx != 0 {
+                    return Err(ApiError::conflict(
+                        "not_leader",
+                        format!(
+                            "only the job's leader (server index 0, '{}') reports progress; \
+                             daemon {daemon_id} is server {idx} ('{label}')",
+                            rec.servers[0].label
+                        ),
+                    ));
+                }
+                if progress.epoch < 1 || progress.epoch > rec.spec.epochs {
+                    return Err(ApiError::bad_request(
+                        "invalid_event",
+                        format!(
+                            "progress.epoch: must be between 1 and the job's epochs ({}), got {}",
+                            rec.spec.epochs, progress.epoch
+                        ),
+                    ));
+                }
+                // Retries after a lost reply re-send an epoch already recorded: ignore them.
+                if rec
+                    .history
+                    .last()
+                    .is_some_and(|p| p.epoch >= progress.epoch)
+                {
+                    return Ok(());
+                }
+                let was_assigned = rec.state == JobState::Assigned;
+                start(&mut rec);
+                rec.history.push(progress.clone());
+                // Epoch records are frequent: skip the fsync (the next durable commit covers them).
+                self.store.put_job(&rec, None, false)?;
+                self.jobs.insert(job_id, rec);
+                if was_assigned {
+                    self.notify(Update::State(job_id));
+                }
+                self.notify(Update::Progress(job_id, progress));
+            }
+            JobEvent::Finished { summary } => {
+                start(&mut rec);
+                if !rec.finished_servers.contains(&(idx as u32)) {
+                    rec.finished_servers.push(idx as u32);
+                }
+                if idx == 0 {
+                    rec.summary = Some(summary);
+                }
+                let done = rec.finished_servers.len() == rec.servers.len();
+                if done {
+                    rec.state = JobState::Succeeded;
+                    rec.finished_at_ms = Some(now_ms());
+                    tracing::info!(job = job_id, "job succeeded");
+                }
+                self.commit(rec, true)?;
+                if done {
+                    self.schedule(now);
+                }
+            }
+            JobEvent::Failed { reason } => {
+                let reason = format!("server '{label}': {reason}");
+                tracing::warn!(job = job_id, %reason, "job failed");
+                rec.state = JobState::Failed { reason };
+                rec.finished_at_ms = Some(now_ms());
+                self.commit(rec, true)?;
+                self.schedule(now);
+            }
+        }
+        Ok(())
+    }
+
+    // ---- time-driven rules ----------------------------------------------------------------
+
+    /// Applies every time-driven rule: down marks, elections, lost servers, scheduling.
+    pub fn tick(&mut self, now: Instant) {
+        let down_timeout = self.timing.down_timeout;
+        for d in self.daemons.values_mut() {
+            let up = age(now, d.last_seen) <= down_timeout;
+            if d.up && !up {
+                tracing::warn!(daemon = d.id, label = %d.label,
+                    "daemon is down (no heartbeat for {:.1} s)", age(now, d.last_seen).as_secs_f64());
+            }
+            d.up = up;
+        }
+        self.elect(now);
+        self.fail_lost_jobs(now);
+        self.schedule(now);
+    }
+
+    fn elect(&mut self, now: Instant) {
+        let lease = self.timing.lease;
+        let daemons = &self.daemons;
+        let alive = |d: &Daemon| age(now, d.last_seen) <= lease;
+        for (name, lab) in self.labels.iter_mut() {
+            if lab.head.and_then(|h| daemons.get(&h)).is_some_and(&alive) {
+                continue;
+            }
+            if let Some(old) = lab.head.take() {
+                tracing::warn!(label = %name, daemon = old, term = lab.term, "head lost its lease");
+            }
+            let candidate = daemons
+                .values()
+                .filter(|d| &d.label == name && alive(d) && d.state != DaemonState::Draining)
+                .map(|d| d.id)
+                .min();
+            if let Some(c) = candidate {
+                lab.term += 1;
+                lab.head = Some(c);
+                self.elections += 1;
+                tracing::info!(label = %name, daemon = c, term = lab.term, "head elected");
+                if let Err(e) = self.store.put_term(name, lab.term) {
+                    tracing::error!("persisting the term of '{name}': {e:#}");
+                }
+            }
+        }
+    }
+
+    fn fail_lost_jobs(&mut self, now: Instant) {
+        let mut failures = Vec::new();
+        for rec in self.jobs.values().filter(|r| r.state.is_active()) {
+            for slot in &rec.servers {
+                let problem = match self.daemons.get(&slot.daemon_id) {
+                    None => Some("is no longer registered".to_string()),
+                    Some(d) if !self.alive(d, now) => Some(format!(
+                        "stopped heartbeating (last seen {:.1} s ago)",
+                        age(now, d.last_seen).as_secs_f64()
+                    )),
+                    Some(d) if self.labels.get(&d.label).and_then(|l| l.head) != Some(d.id) => {
+                        Some("lost its head daemon".to_string())
+                    }
+                    _ => None,
+                };
+                if let Some(p) = problem {
+                    failures.push((rec.id, format!("server '{}' {p}", slot.label)));
+                    break;
+                }
+            }
+        }
+        for (id, reason) in failures {
+            tracing::warn!(job = id, %reason, "job failed");
+            let mut rec = self.jobs[&id].clone();
+            rec.state = JobState::Failed { reason };
+            rec.finished_at_ms = Some(now_ms());
+            if let Err(e) = self.commit(rec, true) {
+                tracing::error!("failing job {id}: {}", e.message);
+            }
+        }
+    }
+
+    /// Assigns queued jobs in FIFO order while the oldest one fits.
+    fn schedule(&mut self, now: Instant) {
+        self.waiting.clear();
+        let busy: HashSet<&str> = self
+            .jobs
+            .values()
+            .filter(|r| r.state.is_active())
+            .flat_map(|r| r.servers.iter().map(|s| s.label.as_str()))
+            .collect();
+        let mut free: Vec<(String, DaemonId)> = self
+            .labels
+            .iter()
+            .filter(|(name, _)| !busy.contains(name.as_str()))
+            .filter_map(|(name, lab)| {
+                let d = self.daemons.get(&lab.head?)?;
+                (self.alive(d, now) && d.state != DaemonState::Draining)
+                    .then(|| (name.clone(), d.id))
+            })
+            .collect();
+        while let Some(&id) = self.queue.front() {
+            let spec = &self.jobs[&id].spec;
+            let (servers, devices) = (spec.servers as usize, spec.devices as usize);
+            let fitting: Vec<usize> = free
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, h))| self.daemons[h].devices.len() >= devices)
+                .map(|(i, _)| i)
+                .take(servers)
+                .collect();
+            if fitting.len() < servers {
+                let up = self.labels.values().filter(|l| l.head.is_some()).count();
+                self.waiting.insert(
+                    id,
+                    format!(
+                        "needs {servers} free server(s) with ≥ {devices} device(s) each; \
+                         {} free, {up} up",
+                        fitting.len()
+                    ),
+                );
+                break;
+            }
+            let slots: Vec<ServerSlot> = fitting
+                .iter()
+                .map(|&i| {
+                    let (label, h) = &free[i];
+                    ServerSlot {
+                        label: label.clone(),
+                        daemon_id: *h,
+                        data_addr: self.daemons[h].data_addr.clone(),
+                    }
+                })
+                .collect();
+            let mut rec = self.jobs[&id].clone();
+            rec.state = JobState::Assigned;
+            rec.servers = slots;
+            let labels: Vec<&str> = rec.servers.iter().map(|s| s.label.as_str()).collect();
+            tracing::info!(job = id, servers = ?labels, "job assigned");
+            if let Err(e) = self.commit(rec, true) {
+                tracing::error!("assigning job {id}: {}", e.message);
+                break;
+            }
+            self.queue.pop_front();
+            for &i in fitting.iter().rev() {
+                free.remove(i);
+            }
+        }
+        for (pos, &id) in self.queue.iter().enumerate().skip(1) {
+            let first = self.queue[0];
+            self.waiting.insert(
+                id,
+                format!("behind job {first} in the queue (position {})", pos + 1),
+            );
+        }
+    }
+
+    // ---- views ----------------------------------------------------------------------------
+
+    pub fn cluster(&self, now: Instant) -> ClusterView {
+        let active_job = |label: &str| {
+            self.jobs
+                .values()
+                .find(|r| r.state.is_active() && r.servers.iter().any(|s| s.label == label))
+                .map(|r| r.id)
+        };
+        let servers = self
+            .labels
+            .iter()
+            .map(|(name, lab)| ServerView {
+                label: name.clone(),
+                term: lab.term,
+                head: lab.head.and_then(|h| {
+                    self.daemons.get(&h).map(|d| HeadInfo {
+                        daemon_id: h,
+                        data_addr: d.data_addr.clone(),
+                    })
+                }),
+                up: lab.head.is_some(),
+                job: active_job(name),
+                daemons: self
+                    .daemons
+                    .values()
+                    .filter(|d| &d.label == name)
+                    .map(|d| d.id)
+                    .collect(),
+            })
+            .collect();
+        let daemons = self
+            .daemons
+            .values()
+            .map(|d| DaemonView {
+                id: d.id,
+                label: d.label.clone(),
+                up: d.up,
+                is_head: self.labels.get(&d.label).and_then(|l| l.head) == Some(d.id),
+                state: d.state,
+                job: d.job.map(|j| j.job_id),
+                epoch: d.job.map(|j| j.epoch),
+                devices: d.devices.clone(),
+                memory_bytes: d.memory_bytes,
+                data_addr: d.data_addr.clone(),
+                daemon_version: d.version.clone(),
+                last_heartbeat_age_s: age(now, d.last_seen).as_secs_f64(),
+            })
+            .collect();
+        ClusterView {
+            heartbeat_interval_ms: self.timing.heartbeat_interval.as_millis() as u64,
+            lease_ms: self.timing.lease.as_millis() as u64,
+            down_timeout_ms: self.timing.down_timeout.as_millis() as u64,
+            servers,
+            daemons,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The rules with a synthetic clock (the HTTP tests in `tests/` cover the same paths
+    //! end to end with real time).
+    use super::*;
+
+    fn core(dir: &std::path::Path) -> Core {
+        let store = Store::open(&dir.join("c.redb")).unwrap();
+        let timing = Timing {
+            heartbeat_interval: Duration::from_millis(100),
+            lease: Duration::from_millis(300),
+            down_timeout: Duration::from_millis(1000),
+        };
+        Core::open(store, timing, broadcast::channel(16).0).unwrap()
+    }
+
+    fn reg(c: &mut Core, label: &str, devices: usize, now: Instant) -> DaemonId {
+        c.register(
+            RegisterRequest {
+                protocol_version: PROTOCOL_VERSION,
+                label: label.into(),
+                devices: vec![
+                    DeviceInfo {
+                        name: "cpu".into(),
+                        memory_bytes: 1 << 30
+                    };
+                    devices
+                ],
+                memory_bytes: 1 << 34,
+                data_addr: format!("{label}:4433"),
+                daemon_version: "test".into(),
+            },
+            now,
+        )
+        .unwrap()
+        .daemon_id
+    }
+
+    fn hb(c: &mut Core, id: DaemonId, now: Instant) -> HeartbeatResponse {
+        c.heartbeat(
+            HeartbeatRequest {
+                protocol_version: PROTOCOL_VERSION,
+                daemon_id: id,
+                state: DaemonState::Idle,
+                job: None,
+            },
+            now,
+        )
+        .unwrap()
+    }
+
+    fn spec(servers: u32, devices: u32) -> JobSpec {
+        JobSpec {
+            dataset: "/d".into(),
+            servers,
+            devices,
+            ..JobSpec::default()
+        }
+    }
+
+    #[test]
+    fn election_failover_and_no_preemption() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = core(dir.path());
+        let t0 = Instant::now();
+        let a = reg(&mut c, "x", 1, t0);
+        let b = reg(&mut c, "x", 1, t0);
+        assert_eq!((c.labels["x"].head, c.labels["x"].term), (Some(a), 1));
+        let r = hb(&mut c, b, t0 + Duration::from_millis(100));
+        assert!(!r.is_head);
+        assert_eq!(r.head.unwrap().daemon_id, a);
+        // a stops; b keeps heartbeating past a's lease.
+        let t1 = t0 + Duration::from_millis(400);
+        let r = hb(&mut c, b, t1);
+        assert!(r.is_head);
+        assert_eq!(r.term, 2);
+        assert_eq!(c.elections, 2);
+        // a comes back: b stays head (no preemption by the lower id).
+        let r = hb(&mut c, a, t1 + Duration::from_millis(50));
+        assert!(!r.is_head);
+        assert_eq!(r.term, 2);
+    }
+
+    #[test]
+    fn fifo_with_head_of_line_blocking_and_device_fit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = core(dir.path());
+        let t0 = Instant::now();
+        reg(&mut c, "a", 2, t0);
+        reg(&mut c, "b", 1, t0);
+        let big = c.submit(spec(2, 2), t0).unwrap().id;
+        let small = c.submit(spec(1, 1), t0).unwrap().id;
+        assert_eq!(c.jobs[&big].state, JobState::Queued);
+        assert_eq!(c.jobs[&small].state, JobState::Queued, "strict FIFO");
+        assert!(c.waiting[&big].contains("needs 2 free server(s) with ≥ 2 device(s)"));
+        assert!(c.waiting[&small].starts_with("behind job 1"));
+        c.cancel(big, t0).unwrap();
+        assert_eq!(c.jobs[&small].state, JobState::Assigned);
+        assert_eq!(c.jobs[&small].servers[0].label, "a", "labels in name order");
+    }
+
+    #[test]
+    fn lost_head_fails_its_job_naming_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = core(dir.path());
+        let t0 = Instant::now();
+        let a = reg(&mut c, "node-a", 1, t0);
+        let b = reg(&mut c, "node-b", 1, t0);
+        let job = c.submit(spec(2, 1), t0).unwrap().id;
+        assert_eq!(c.jobs[&job].state, JobState::Assigned);
+        let r = hb(&mut c, b, t0 + Duration::from_millis(50));
+        assert_eq!(r.assignment.as_ref().unwrap().server_index, 1);
+        // a keeps going, b goes silent.
+        let mut t = t0;
+        for _ in 0..5 {
+            t += Duration::from_millis(100);
+            hb(&mut c, a, t);
+        }
+        match &c.jobs[&job].state {
+            JobState::Failed { reason } => {
+                assert!(
+                    reason.starts_with("server 'node-b' stopped heartbeating (last seen 0."),
+                    "{reason}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // a is told to cancel when it reports the job.
+        let r = c
+            .heartbeat(
+                HeartbeatRequest {
+                    protocol_version: PROTOCOL_VERSION,
+                    daemon_id: a,
+                    state: DaemonState::Running,
+                    job: Some(DaemonJob {
+                        job_id: job,
+                        epoch: 3,
+                    }),
+                },
+                t,
+            )
+            .unwrap();
+        assert_eq!(r.cancel, vec![job]);
+        assert!(r.assignment.is_none());
+    }
+}

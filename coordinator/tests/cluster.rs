@@ -1,0 +1,371 @@
+//! Jobs and daemons end to end over real HTTP, with the test playing the daemons: a job's
+//! whole life (GET, SSE, metrics), elections and failover, a silent server failing its job,
+//! cancellation of a running job, and persistence across a restart.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use grandis_wire::{EpochProgress, JobEvent, LinkBytes};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+fn progress(epoch: u32) -> JobEvent {
+    JobEvent::Progress {
+        progress: EpochProgress {
+            epoch,
+            loss: 2.0 / epoch as f64,
+            train_acc: 0.5 + 0.1 * epoch as f64,
+            val_acc: 0.4 + 0.1 * epoch as f64,
+            seconds: 0.25,
+            bytes: LinkBytes {
+                intra_server: 1000 * epoch as u64,
+                inter_server: 10 * epoch as u64,
+            },
+        },
+    }
+}
+
+fn summary(text: &str) -> JobEvent {
+    JobEvent::Finished {
+        summary: json!({"test_acc": 0.81, "note": text})
+            .as_object()
+            .unwrap()
+            .clone(),
+    }
+}
+
+#[tokio::test]
+async fn job_runs_from_queue_to_success_visible_in_get_sse_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(config(&dir.path().join("c.redb"))).await;
+    let id = h
+        .submit(json!({"dataset": "/data/synth", "servers": 2, "devices": 2, "epochs": 3, "mode": "flx"}))
+        .await;
+    assert_eq!(h.job(id).await["state"], "queued");
+
+    // Follow the job from the start with server-sent events.
+    // The response headers arrive once the stream is subscribed, so nothing is missed.
+    let resp = h
+        .client
+        .get(h.url(&format!("/v1/jobs/{id}/events")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let sse = tokio::spawn(async move { resp.text().await.unwrap() });
+
+    // One server with too few devices does not count.
+    let small = FakeDaemon::register(&h, "node-c", 1).await;
+    let a = FakeDaemon::register(&h, "node-a", 2).await;
+    assert_eq!(h.job(id).await["state"], "queued");
+    let b = FakeDaemon::register(&h, "node-b", 4).await;
+    let job = h.wait_state(id, "assigned").await;
+    assert_eq!(job["servers"], json!(["node-a", "node-b"]));
+
+    let ra = a.heartbeat(None).await;
+    let rb = b.heartbeat(None).await;
+    assert!(ra.is_head && rb.is_head);
+    assert!(small.heartbeat(None).await.assignment.is_none());
+    let asg_a = ra.assignment.expect("node-a gets the job");
+    let asg_b = rb.assignment.expect("node-b gets the job");
+    assert_eq!((asg_a.job_id, asg_a.server_index), (id, 0));
+    assert_eq!((asg_b.job_id, asg_b.server_index), (id, 1));
+    assert_eq!(asg_a.servers, asg_b.servers);
+    assert_eq!(asg_a.servers[1].data_addr, b.data_addr);
+    assert_eq!(asg_a.spec.epochs, 3);
+
+    // Reporting the job in a heartbeat starts it; the assignment is repeated (idempotent).
+    let again = a.heartbeat(Some((id, 0))).await;
+    assert_eq!(again.assignment.unwrap().job_id, id);
+    assert!(again.cancel.is_empty());
+    assert_eq!(h.job(id).await["state"], "running");
+
+    for epoch in 1..=3 {
+        let (status, v) = a.event(id, progress(epoch)).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{v}");
+    }
+    // A retried epoch is ignored; progress from a non-leader is refused.
+    assert_eq!(a.event(id, progress(3)).await.0, StatusCode::NO_CONTENT);
+    let (status, v) = b.event(id, progress(1)).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("only the job's leader"),
+        "{v}"
+    );
+
+    let job = h.job(id).await;
+    assert_eq!(job["latest"]["epoch"], 3);
+    assert_eq!(job["history"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        job["bytes_total"],
+        json!({"intra_server": 6000, "inter_server": 60})
+    );
+    let metrics = h.get("/metrics").await;
+    let metrics = metrics.as_str().unwrap();
+    for line in [
+        "grandis_job_epoch{job=\"1\"} 3",
+        "grandis_job_link_bytes{job=\"1\",link_class=\"inter_server\"} 60.0",
+        "grandis_jobs{state=\"running\"} 1",
+        "grandis_elections_total 3",
+    ] {
+        assert!(metrics.contains(line), "metrics lack {line:?}:\n{metrics}");
+    }
+    assert!(metrics.contains("grandis_daemon_heartbeat_age_seconds{daemon=\"1\",label=\"node-c\"}"));
+
+    // Both servers must finish; the leader's summary is the job's.
+    assert_eq!(b.event(id, summary("b")).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(h.job(id).await["state"], "running");
+    assert_eq!(a.event(id, summary("a")).await.0, StatusCode::NO_CONTENT);
+    let job = h.job(id).await;
+    assert_eq!(job["state"], "succeeded");
+    assert_eq!(job["summary"]["note"], "a");
+    assert!(job["finished_at_ms"].as_u64().unwrap() >= job["started_at_ms"].as_u64().unwrap());
+
+    // The event stream saw everything and ended by itself.
+    let text = tokio::time::timeout(Duration::from_secs(10), sse)
+        .await
+        .expect("SSE stream ends when the job ends")
+        .unwrap();
+    let events = parse_sse(&text);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["state", "state", "state", "progress", "progress", "progress", "state", "end"],
+        "{text}"
+    );
+    let states: Vec<&Value> = events
+        .iter()
+        .filter(|(n, _)| n == "state")
+        .map(|(_, v)| &v["state"])
+        .collect();
+    assert_eq!(states, ["queued", "assigned", "running", "succeeded"]);
+    assert_eq!(events[5].1["loss"], 2.0 / 3.0);
+    assert_eq!(events[7].1["summary"]["test_acc"], 0.81);
+
+    // A late subscriber gets the whole story at once, then the end.
+    let late = h.get(&format!("/v1/jobs/{id}/events")).await;
+    let late = parse_sse(late.as_str().unwrap());
+    assert_eq!(late.len(), 5);
+    assert_eq!(late.last().unwrap().0, "end");
+
+    // The servers are free again: the next job is assigned at once.
+    let next = h.submit(json!({"dataset": "/d", "servers": 2})).await;
+    assert_eq!(h.job(next).await["servers"], json!(["node-a", "node-b"]));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn election_with_two_daemons_per_label_and_failover_on_lease_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(fast_config(&dir.path().join("c.redb"))).await;
+    let a1 = FakeDaemon::register(&h, "node-a", 1).await;
+    let a2 = FakeDaemon::register(&h, "node-a", 1).await;
+    let r1 = a1.heartbeat(None).await;
+    let r2 = a2.heartbeat(None).await;
+    assert!(r1.is_head && !r2.is_head);
+    assert_eq!((r1.term, r2.term), (1, 1));
+    let head = r2.head.unwrap();
+    assert_eq!(
+        (head.daemon_id, head.data_addr.as_str()),
+        (a1.id, a1.data_addr.as_str())
+    );
+
+    // a1 stops heartbeating; a2 keeps going and takes over in a new term.
+    let keep = keep_alive(&a2, None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let view = loop {
+        let view = h.get("/v1/cluster").await;
+        if view["servers"][0]["head"]["daemon_id"] == a2.id {
+            break view;
+        }
+        assert!(std::time::Instant::now() < deadline, "no failover: {view}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(view["servers"][0]["term"], 2);
+    assert_eq!(view["servers"][0]["label"], "node-a");
+    let r2 = a2.heartbeat(None).await;
+    assert!(r2.is_head);
+    assert_eq!(r2.term, 2);
+
+    // Past the down timeout a1 is reported down; the label stays up with its new head.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let view = loop {
+        let view = h.get("/v1/cluster").await;
+        if view["daemons"][0]["up"] == false {
+            break view;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a1 never down: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(view["daemons"][0]["last_heartbeat_age_s"].as_f64().unwrap() >= 1.0);
+    assert_eq!(view["daemons"][1]["is_head"], true);
+    assert_eq!(view["servers"][0]["up"], true);
+
+    // a1 comes back as a follower: no preemption, same term.
+    let r1 = a1.heartbeat(None).await;
+    assert!(!r1.is_head);
+    assert_eq!(r1.term, 2);
+    let metrics = h.get("/metrics").await;
+    assert!(metrics
+        .as_str()
+        .unwrap()
+        .contains("grandis_elections_total 2"));
+    assert!(metrics
+        .as_str()
+        .unwrap()
+        .contains("grandis_server_term{label=\"node-a\"} 2"));
+    keep.abort();
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn server_that_stops_heartbeating_fails_its_running_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(fast_config(&dir.path().join("c.redb"))).await;
+    let a = FakeDaemon::register(&h, "node-a", 1).await;
+    let b = FakeDaemon::register(&h, "node-b", 1).await;
+    let id = h.submit(json!({"dataset": "/d", "servers": 2})).await;
+    h.wait_state(id, "assigned").await;
+    let ka = keep_alive(&a, Some((id, 1)));
+    let kb = keep_alive(&b, Some((id, 1)));
+    h.wait_state(id, "running").await;
+    assert_eq!(a.event(id, progress(1)).await.0, StatusCode::NO_CONTENT);
+    kb.abort();
+    let job = h.wait_state(id, "failed").await;
+    let reason = job["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("server 'node-b' stopped heartbeating (last seen "),
+        "{reason}"
+    );
+    assert!(reason.ends_with(" s ago)"), "{reason}");
+    // The surviving server is told to stop, and its later events are refused.
+    let r = a.heartbeat(Some((id, 2))).await;
+    assert_eq!(r.cancel, vec![id]);
+    let (status, v) = a.event(id, progress(2)).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(v["code"], "job_finished");
+    ka.abort();
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn daemon_reported_failure_and_cancel_of_a_running_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(config(&dir.path().join("c.redb"))).await;
+    let a = FakeDaemon::register(&h, "node-a", 1).await;
+    let first = h.submit(json!({"dataset": "/data/missing"})).await;
+    let second = h.submit(json!({"dataset": "/data/ok"})).await;
+    assert_eq!(
+        h.job(second).await["waiting_for"],
+        "needs 1 free server(s) with ≥ 1 device(s) each; 0 free, 1 up"
+    );
+    assert_eq!(a.heartbeat(None).await.assignment.unwrap().job_id, first);
+    let (status, _) = a
+        .event(
+            first,
+            JobEvent::Failed {
+                reason: "dataset /data/missing not found".into(),
+            },
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let job = h.job(first).await;
+    assert_eq!(job["state"], "failed");
+    assert_eq!(
+        job["reason"],
+        "server 'node-a': dataset /data/missing not found"
+    );
+
+    // The server is free, so the second job moves on; cancel it while it runs.
+    let r = a.heartbeat(None).await;
+    assert_eq!(r.assignment.unwrap().job_id, second);
+    assert_eq!(
+        a.event(second, JobEvent::Started).await.0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(h.job(second).await["state"], "running");
+    let (status, v) = h
+        .request(Method::DELETE, &format!("/v1/jobs/{second}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["state"], "cancelled");
+    let r = a.heartbeat(Some((second, 0))).await;
+    assert_eq!(r.cancel, vec![second]);
+    assert!(r.assignment.is_none());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn restart_keeps_queued_and_finished_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state/c.redb");
+    let h = start(config(&db)).await;
+    let a = FakeDaemon::register(&h, "node-a", 1).await;
+    let done = h.submit(json!({"dataset": "/d1", "epochs": 2})).await;
+    let running = h.submit(json!({"dataset": "/d2"})).await;
+    let queued = h
+        .submit(json!({"dataset": "/d3", "servers": 3, "name": "big"}))
+        .await;
+    assert_eq!(
+        a.heartbeat(Some((done, 0)))
+            .await
+            .assignment
+            .unwrap()
+            .job_id,
+        done
+    );
+    for epoch in 1..=2 {
+        assert_eq!(
+            a.event(done, progress(epoch)).await.0,
+            StatusCode::NO_CONTENT
+        );
+    }
+    assert_eq!(
+        a.event(done, summary("kept")).await.0,
+        StatusCode::NO_CONTENT
+    );
+    let r = a.heartbeat(Some((running, 0))).await;
+    assert_eq!(r.assignment.unwrap().job_id, running);
+    h.wait_state(running, "running").await;
+    let before = h.job(done).await;
+    h.stop().await;
+
+    let h = start(config(&db)).await;
+    let after = h.job(done).await;
+    assert_eq!(after, before, "a finished job survives unchanged");
+    assert_eq!(after["history"].as_array().unwrap().len(), 2);
+    let job = h.job(running).await;
+    assert_eq!(job["state"], "failed");
+    assert_eq!(job["reason"], "coordinator restarted");
+    let job = h.job(queued).await;
+    assert_eq!(job["state"], "queued");
+    assert_eq!(job["name"], "big");
+    // Old daemon ids are unknown; ids keep increasing.
+    let resp = h
+        .client
+        .post(h.url("/v1/daemon/heartbeat"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"protocol_version": 1, "daemon_id": a.id, "state": "idle"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    let a2 = FakeDaemon::register(&h, "node-a", 1).await;
+    assert!(a2.id > a.id);
+    assert_eq!(a2.heartbeat(None).await.term, 2, "terms never go back");
+    assert_eq!(h.submit(json!({"dataset": "/d4"})).await, queued + 1);
+    h.stop().await;
+}
