@@ -257,7 +257,8 @@ fn write_key(path: &Path, pem: &str) -> Result<()> {
     .map_err(|e| store_err(path, e))
 }
 
-/// The `grandis certs init` command: `nodes` is a comma-separated list of node names.
+/// The `grandis certs init` command: `nodes` is a comma-separated list of node names. Prints
+/// what it wrote to stdout.
 pub fn run_init(out: &Path, nodes: &str, options: &InitOptions) -> anyhow::Result<ClusterFiles> {
     let names: Vec<&str> = nodes
         .split(',')
@@ -268,6 +269,15 @@ pub fn run_init(out: &Path, nodes: &str, options: &InitOptions) -> anyhow::Resul
         anyhow::bail!("--nodes lists no node names (expected e.g. --nodes a,b,c)");
     }
     let files = init_cluster_with(out, &names, options)?;
+    println!(
+        "wrote the cluster CA and {} node certificates to {}",
+        files.nodes.len(),
+        out.display()
+    );
+    println!(
+        "  give each node {CA_CERT_FILE}, <node>.pem and <node>.key; keep {CA_KEY_FILE} off the \
+         nodes (it signs new members)"
+    );
     Ok(files)
 }
 

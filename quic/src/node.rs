@@ -876,6 +876,10 @@ async fn dial(
             .connect_with(client, addr, &name)
             .map_err(|e| format!("cannot start connecting: {e}"))?;
         let conn = connecting.await.map_err(|e| {
+            if matches!(e, ConnectionError::TimedOut) {
+                // Nobody answered (the peer's daemon may not be up yet): retryable.
+                return format!("{NO_ANSWER} the QUIC idle timeout");
+            }
             let reason = format!("TLS/QUIC handshake failed: {}", close_reason(&e));
             shared.refuse(addr, true, reason.clone());
             reason
