@@ -74,13 +74,13 @@ pub fn auto_mode(
     match ctx.choose_k(dims, budget) {
         Ok(choice) => {
             let e = &choice.estimates[choice.k];
-            return Ok(AutoDecision {
+            Ok(AutoDecision {
                 mode: Mode::Flx { k: choice.k },
                 budget_bytes: budget,
                 estimate_bytes: e.max_bytes,
                 worst_rank: e.worst_rank,
                 reason: format!("the full graph fits; {}", choice.reason),
-            });
+            })
         }
         Err(MaskingError::BudgetTooSmall { needed, rank, .. }) => {
             tracing::info!(

@@ -1,0 +1,142 @@
+//! Cooperative batching against the per-GPU baseline on a power-law graph, resampling, and
+//! the `--mode auto` decision.
+
+use grandis_masking::{estimate_masked, Layout, ModelDims, PlanContext, SplitMembership};
+use grandis_sampling::{
+    auto_mode, cob_epoch_stats, cob_plan, mb_epoch_stats, mb_plans, round_for_epoch, sample_stats,
+    CoBatcher, Eas, Exact, Fanout, MiniBatcher, Mode, Priority,
+};
+use grandis_synth::{generate_in_memory, SynthConfig};
+
+fn dataset(nodes: u64) -> grandis_store::InMemoryDataset {
+    generate_in_memory(&SynthConfig {
+        nodes,
+        avg_degree: 10.0,
+        features: 4,
+        classes: 3,
+        seed: 5,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn ctx(ds: &grandis_store::InMemoryDataset) -> PlanContext<'_> {
+    let v = ds.view();
+    let n = v.graph.num_vertices();
+    let layout = Layout::even(n as u32, 2, 2).unwrap();
+    let splits = SplitMembership::from_lists(n, v.train, v.val, v.test).unwrap();
+    PlanContext::new(v.graph, layout, splits).unwrap()
+}
+
+#[test]
+fn server_wise_mfg_computes_less_than_per_device_mfgs() {
+    let ds = dataset(3000);
+    let cx = ctx(&ds);
+    let mb = MiniBatcher::new(&cx, 32, 1).unwrap();
+    let per_rank = mb.batch(0, 0).unwrap();
+    // The co-batch of a server = the union of its devices' mini-batches: same targets.
+    let co: Vec<Vec<u32>> = (0..2)
+        .map(|s| {
+            let mut t: Vec<u32> = per_rank[s * 2..s * 2 + 2].concat();
+            t.sort_unstable();
+            t
+        })
+        .collect();
+    for layers in [2, 3] {
+        let mb_plans = mb_plans(&cx, &per_rank, layers, &Exact, 0).unwrap();
+        let mb_work: u64 = mb_plans.iter().flat_map(|p| p.computed_rows(layers)).sum();
+        let cob = cob_plan(&cx, &co, layers, &Exact, 0).unwrap();
+        let cob_work = sample_stats(&cx, &cob).computed_vertex_layers;
+        assert!(
+            cob_work < mb_work,
+            "{layers} layers: CoB computes {cob_work} vertex-layers, MB {mb_work}"
+        );
+        // Same targets at the last layer.
+        let last: u64 = mb_plans
+            .iter()
+            .map(|p| p.valid_owned(layers - 1).len() as u64)
+            .sum();
+        assert_eq!(last, co.iter().map(|t| t.len() as u64).sum::<u64>());
+    }
+    // Epoch counters agree with the per-plan counts and cover the train set.
+    let fan = Fanout::new(vec![5, 3], 2).unwrap();
+    let dims = ModelDims {
+        layers: 2,
+        features: 4,
+        hidden: 8,
+        classes: 3,
+    };
+    let cob = CoBatcher::new(&cx, 64, 1).unwrap();
+    let e = cob_epoch_stats(&cx, &cob, 2, &fan, Some(&dims), 0).unwrap();
+    assert_eq!(e.targets, ds.view().train.len() as u64);
+    assert_eq!(e.computed_vertices_per_layer[1], e.targets);
+    assert!(e.peak_bytes > 0);
+    let m = mb_epoch_stats(
+        &cx,
+        &MiniBatcher::new(&cx, 16, 1).unwrap(),
+        2,
+        &fan,
+        Some(&dims),
+        0,
+    )
+    .unwrap();
+    assert_eq!(m.targets, e.targets);
+}
+
+#[test]
+fn resampling_changes_the_sample_and_rounds_are_reproducible() {
+    let ds = dataset(2000);
+    let cx = ctx(&ds);
+    for priority in [Priority::Degree, Priority::Uniform] {
+        let eas = Eas::new(1, 2, priority, 3).unwrap();
+        let a = eas.flx_plan(&cx, 2, round_for_epoch(0, Some(2))).unwrap();
+        let b = eas.flx_plan(&cx, 2, round_for_epoch(1, Some(2))).unwrap();
+        let c = eas.flx_plan(&cx, 2, round_for_epoch(2, Some(2))).unwrap();
+        assert_eq!(a, b, "epochs 0 and 1 share a sampling round");
+        assert_ne!(a, c, "{priority:?}: epoch 2 must resample");
+        // Sampling reduces the replicated set against the exact FLX plan.
+        let exact = cx.flx_plan(2).unwrap();
+        let rep =
+            |p: &grandis_masking::FlxPlan| p.servers.iter().map(|s| s.replicated).sum::<usize>();
+        assert!(rep(&a) < rep(&exact));
+    }
+    assert_eq!(round_for_epoch(7, None), 0);
+}
+
+#[test]
+fn auto_mode_picks_flx_when_it_fits_else_the_largest_cob_batch() {
+    let ds = dataset(1500);
+    let cx = ctx(&ds);
+    let dims = ModelDims {
+        layers: 2,
+        features: 4,
+        hidden: 16,
+        classes: 3,
+    };
+    let d = auto_mode(&cx, &dims, u64::MAX, &Exact, 0).unwrap();
+    assert_eq!(d.mode, Mode::Flx { k: 2 });
+    assert!(d.to_string().contains("FLX with k = 2"), "{d}");
+    // Below plain FB but above a tiny co-batch: CoB, and the chosen size is maximal.
+    let fb = cx.choose_k(&dims, u64::MAX).unwrap().estimates[0].max_bytes;
+    let budget = fb / 2;
+    let d = auto_mode(&cx, &dims, budget, &Exact, 0).unwrap();
+    let Mode::Cob { batch_size } = d.mode else {
+        panic!("expected CoB, got {d}")
+    };
+    assert!(d.estimate_bytes <= budget, "{d}");
+    let est = |b: usize| {
+        let batcher = CoBatcher::new(&cx, b, 0).unwrap();
+        estimate_masked(
+            &dims,
+            &cob_plan(&cx, &batcher.batch(0, 0).unwrap(), 2, &Exact, 0).unwrap(),
+        )
+        .max_bytes
+    };
+    assert_eq!(est(batch_size), d.estimate_bytes);
+    assert!(est(batch_size + 1) > budget, "{d}");
+    assert!(d.to_string().contains("CoB with co-batch size"), "{d}");
+    let e = auto_mode(&cx, &dims, 10, &Exact, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("even a co-batch of 1"), "{e}");
+}
