@@ -12,12 +12,26 @@
 //! comes from a row of level `<= level + 1`, valid at layer `l - 1`: the level rule of the
 //! exact plan, applied to the sampled graph.
 //!
-//! Per-layer edges (layer-wise sampling, GraphSAGE): when [`SampledEdges::layers`] is set,
+//! Per-layer edges (layer-wise sampling, GraphSAGE): when the edges carry per-layer flags ([`SampledEdges::from_layer_rows`]),
 //! kept edge e is used at layer l only if `layers[l][e]`. Levels then follow the per-layer
 //! sets: `V_{L-1}` = targets, `V_{l-1}` = `V_l` plus the sources of the layer-l edges of rows
 //! in `V_l`, and level(v) = `hops - 1 - max{l : v in V_l}` (the hop at which the sampler
 //! reached v). The one-hop graph holds the union of the edges a row uses at a layer where it
 //! is valid; [`crate::DevicePlan::layer_graphs`] holds each layer's subset.
+//!
+//! Normalisation contract for a runner (per device plan, owned row `i` at layer `l`; the
+//! aggregation reads `plan.layer_graph(l)` and `m = plan.agg_degree_at(l, i)`,
+//! `d = plan.in_degree[i]`; for exact rows `m == d`, so every formula below reduces bit for
+//! bit to the full-graph scales and FB/FLX plans are unaffected):
+//! - Mean (GraphSAGE): divide by `m` (0 when `m == 0`): the mean over the KEPT in-edges,
+//!   i.e. the sampled estimate of the full mean.
+//! - Sum: plain sum over the kept edges (no rescaling).
+//! - GCN (`D^-1/2 (A + I) D^-1/2`): source scales and the self-loop weight stay GLOBAL
+//!   (`1/sqrt(d_u + 1)`, `1/(d + 1)`, from `in_degree`), and the destination scale of the
+//!   neighbour sum is multiplied by `d / m` (0 when `m == 0`): the kept neighbour sum is
+//!   scaled up to an unbiased estimate of the full one (the VR-GCN/GraphSAGE estimator),
+//!   while the self term is exact. Samplers here never drop a self-loop edge except the
+//!   layer-wise fanout sampler, where a dropped loop is simply a dropped neighbour.
 
 use crate::error::{MaskingError, Result};
 
