@@ -370,6 +370,121 @@ fn prefetch(p: *const f32) {
     let _ = p;
 }
 
+/// Largest `k * n` (elements of B) for the tall-skinny GEMM kernel: B stays in L1/L2.
+const SKINNY_MAX_B: usize = 1 << 14;
+
+/// `C = alpha * A B + beta * C` for row-major A (`rows x k`), B (`k x n`), C (`rows x n`),
+/// four rows at a time with the output columns in register blocks. Multiply and add are kept
+/// separate (no FMA contraction) so every instruction set gives the same bits.
+struct Skinny {
+    k: usize,
+    n: usize,
+    alpha: f32,
+    beta: f32,
+}
+
+impl Skinny {
+    /// # Safety
+    /// `level` must only name features this CPU has.
+    unsafe fn dispatch(&self, level: Simd, a: &[f32], b: &[f32], c: &mut [f32]) {
+        match level {
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx512 => self.run_avx512(a, b, c),
+            #[cfg(target_arch = "x86_64")]
+            Simd::Avx2 => self.run_avx2(a, b, c),
+            _ => self.run(a, b, c),
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn run_avx512(&self, a: &[f32], b: &[f32], c: &mut [f32]) {
+        self.run(a, b, c)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_avx2(&self, a: &[f32], b: &[f32], c: &mut [f32]) {
+        self.run(a, b, c)
+    }
+
+    #[inline(always)]
+    fn run(&self, a: &[f32], b: &[f32], c: &mut [f32]) {
+        let n = self.n;
+        let mut j0 = 0;
+        while j0 < n {
+            let left = n - j0;
+            if left >= 64 {
+                self.cols::<64>(a, b, c, j0);
+                j0 += 64;
+            } else if left >= 32 {
+                self.cols::<32>(a, b, c, j0);
+                j0 += 32;
+            } else if left >= 16 {
+                self.cols::<16>(a, b, c, j0);
+                j0 += 16;
+            } else if left >= 8 {
+                self.cols::<8>(a, b, c, j0);
+                j0 += 8;
+            } else {
+                self.cols::<1>(a, b, c, j0);
+                j0 += 1;
+            }
+        }
+    }
+
+    /// Columns `j0..j0 + W` of every row.
+    #[inline(always)]
+    fn cols<const W: usize>(&self, a: &[f32], b: &[f32], c: &mut [f32], j0: usize) {
+        let (k, n) = (self.k, self.n);
+        let rows = c.len() / n;
+        // Two rows at a time for the wide blocks (register budget), four for narrow ones.
+        const RB: usize = 2;
+        let mut r = 0;
+        while r + RB <= rows {
+            let mut acc = [[0.0f32; W]; RB];
+            for p in 0..k {
+                let brow: &[f32; W] = b[p * n + j0..p * n + j0 + W].try_into().unwrap();
+                for (q, acc) in acc.iter_mut().enumerate() {
+                    let av = a[(r + q) * k + p];
+                    for j in 0..W {
+                        acc[j] += av * brow[j];
+                    }
+                }
+            }
+            for (q, acc) in acc.iter().enumerate() {
+                self.store(&mut c[(r + q) * n + j0..(r + q) * n + j0 + W], acc);
+            }
+            r += RB;
+        }
+        while r < rows {
+            let mut acc = [0.0f32; W];
+            for p in 0..k {
+                let brow: &[f32; W] = b[p * n + j0..p * n + j0 + W].try_into().unwrap();
+                let av = a[r * k + p];
+                for j in 0..W {
+                    acc[j] += av * brow[j];
+                }
+            }
+            self.store(&mut c[r * n + j0..r * n + j0 + W], &acc);
+            r += 1;
+        }
+    }
+
+    #[inline(always)]
+    fn store<const W: usize>(&self, c: &mut [f32], acc: &[f32; W]) {
+        if self.beta == 0.0 {
+            for j in 0..W {
+                c[j] = self.alpha * acc[j];
+            }
+        } else {
+            for j in 0..W {
+                c[j] = self.alpha * acc[j] + self.beta * c[j];
+            }
+        }
+    }
+}
+
 /// The dropout mask of one call, applied to rows in a vectorisable loop (the hash is the one
 /// of [`crate::backend::dropout_keep`], evaluated with `stream ^ (gid << 32)` hoisted out of the column loop).
 struct Mask {
@@ -723,6 +838,34 @@ impl Backend for CpuBackend {
                         alpha * t + beta * *ci
                     };
                 }
+            } else if !trans_a && k * n <= SKINNY_MAX_B && m >= 4 * ROW_CHUNK {
+                // Tall-skinny products (activations times a weight matrix): a register-blocked
+                // kernel that keeps B in L1 and never packs A beats a general GEMM here.
+                let bt;
+                let b_rows: &[f32] = if trans_b {
+                    // B is stored n x k; make the k x n copy once (it is a weight: small).
+                    let mut t = vec![0.0f32; k * n];
+                    for j in 0..n {
+                        for p in 0..k {
+                            t[p * n + j] = b[j * k + p];
+                        }
+                    }
+                    bt = t;
+                    &bt
+                } else {
+                    &b[..k * n]
+                };
+                let level = simd_level();
+                c.par_chunks_mut(ROW_CHUNK * n)
+                    .enumerate()
+                    .for_each(|(ch, c_rows)| {
+                        let r0 = ch * ROW_CHUNK;
+                        let rows = c_rows.len() / n;
+                        let a_rows = &a[r0 * k..(r0 + rows) * k];
+                        let sk = Skinny { k, n, alpha, beta };
+                        // SAFETY: the level only names features this CPU has.
+                        unsafe { sk.dispatch(level, a_rows, b_rows, c_rows) }
+                    });
             } else {
                 // Independent row blocks of C.
                 let rows_per = ROW_CHUNK.max(1);
