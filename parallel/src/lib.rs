@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use anyhow::{bail, Context};
 use grandis_engine::norm::global_scales;
 use grandis_engine::CpuBackend;
-use grandis_fabric::{Counters, Fabric, FabricConfig, LinkClass, LinkModel, Phase};
+use grandis_fabric::{Counters, Fabric, FabricConfig, LinkClass, Phase};
 use grandis_masking::{
     KChoice, KEstimate, ModelDims, PlanContext, PreloadPlan, SplitMembership, SPLIT_TEST,
     SPLIT_TRAIN, SPLIT_VAL,
@@ -35,6 +35,7 @@ use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, TrainOptions, TrainReport};
 use serde::Serialize;
 
+pub use grandis_fabric::LinkModel;
 pub use input::PartitionedGraph;
 pub use worker::EVAL_EPOCH_BIT;
 
@@ -104,7 +105,8 @@ pub struct ClassBytes {
     pub inter_server: u64,
 }
 
-/// Mean seconds per training epoch, averaged over ranks and epochs.
+/// Mean seconds per training epoch, averaged over ranks and over epochs (the first, warm-up
+/// epoch left out when there are several).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct TimeSplit {
     /// Wall time of the training step.
@@ -390,6 +392,7 @@ pub fn train(
         totals,
         eval_every_epoch: popts.eval_every_epoch,
         collect_logits: popts.collect_logits,
+        row_normalize: row_normalize(opts),
     };
     let fabric = Fabric::new(FabricConfig {
         servers,
@@ -512,8 +515,10 @@ pub fn predicted_halo_bytes(plan: &PreloadPlan, config: &ModelConfig) -> ClassBy
 fn time_split(results: &[worker::RankResult], epochs: usize) -> TimeSplit {
     let mut t = TimeSplit::default();
     let mut count = 0.0;
+    // The first epoch warms caches and allocators; leave it out when there are others.
+    let first = if epochs > 1 { 2 } else { 1 };
     for r in results {
-        for e in 1..=epochs {
+        for e in first..=epochs {
             let wall = r.step_seconds[e - 1];
             let Some(c) = r.counters.epoch(e as u32) else {
                 continue;
@@ -560,6 +565,15 @@ fn time_split(results: &[worker::RankResult], epochs: usize) -> TimeSplit {
         }
     }
     t
+}
+
+/// Whether the trainer's options ask for row-normalised features. Read by field name through
+/// serde: the option is newer than some trainer builds, and absent means off.
+fn row_normalize(opts: &TrainOptions) -> bool {
+    serde_json::to_value(opts)
+        .ok()
+        .and_then(|v| v.get("row_normalize").and_then(|b| b.as_bool()))
+        .unwrap_or(false)
 }
 
 fn median(xs: &[f64]) -> f64 {

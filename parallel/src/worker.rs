@@ -35,6 +35,8 @@ pub(crate) struct Shared<'a> {
     pub totals: [usize; 3],
     pub eval_every_epoch: bool,
     pub collect_logits: bool,
+    /// Scale each feature row to sum 1, exactly as the single-process trainer does.
+    pub row_normalize: bool,
 }
 
 /// The per-epoch callback; only rank 0 calls it.
@@ -196,7 +198,16 @@ impl<'w, B: Backend> Worker<'w, B> {
         let mut host = vec![0f32; rows * f];
         for (i, &g) in p0.global_ids[..p0.n_owned].iter().enumerate() {
             let o = sh.new_to_old[g as usize];
-            host[i * f..(i + 1) * f].copy_from_slice(sh.view.feature_row(o));
+            let row = &mut host[i * f..(i + 1) * f];
+            row.copy_from_slice(sh.view.feature_row(o));
+            if sh.row_normalize {
+                // Same arithmetic as the trainer (f64 sum, f32 inverse), so bit-identical.
+                let sum: f64 = row.iter().map(|&v| v as f64).sum();
+                if sum != 0.0 {
+                    let inv = (1.0 / sum) as f32;
+                    row.iter_mut().for_each(|v| *v *= inv);
+                }
+            }
         }
         let features = b.upload(&host)?;
         drop(host);

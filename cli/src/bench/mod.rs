@@ -1,6 +1,7 @@
 //! `grandis bench ...`: each benchmark runs its baseline in the same invocation and reports
 //! ratios against it, so results are comparable across machines.
 
+mod modes;
 mod partition;
 mod train;
 
@@ -12,11 +13,14 @@ pub enum BenchCommand {
     Partition(partition::BenchPartitionArgs),
     /// Full-batch training epoch time and memory on a synthetic graph.
     Train(train::BenchTrainArgs),
+    /// FB_base vs FLX (k = 1..L) epoch time split and traffic; speedups against FB_base.
+    Modes(modes::BenchModesArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Partition(args) => partition::run(args),
         BenchCommand::Train(args) => train::run(args),
+        BenchCommand::Modes(args) => modes::run(args),
     }
 }

@@ -2,12 +2,11 @@
 //! path) and the comparison the exactness tests use.
 #![allow(dead_code)]
 
-use grandis_engine::CpuBackend;
 use grandis_masking::Layout;
-use grandis_models::{Model, ModelConfig, ModelKind};
+use grandis_models::{ModelConfig, ModelKind};
 use grandis_parallel::{Mode, ParallelOptions, ParallelReport, PartitionedGraph};
 use grandis_store::{CsrGraph, DatasetView, EdgeOptions, InMemoryDataset, SelfLoops, Split};
-use grandis_trainer::{Prepared, TrainOptions};
+use grandis_trainer::{CheckpointOptions, TrainOptions};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -97,28 +96,35 @@ pub fn config(view: &DatasetView<'_>, kind: ModelKind, layers: usize) -> ModelCo
 }
 
 pub fn opts(epochs: usize) -> TrainOptions {
-    TrainOptions {
-        epochs,
-        lr: 0.01,
-        weight_decay: 5e-4,
-        adamw: false,
-        grad_clip: None,
-        seed: 3,
-    }
+    // Through serde so that options the trainer adds later take their defaults.
+    serde_json::from_value(serde_json::json!({
+        "epochs": epochs,
+        "lr": 0.01,
+        "weight_decay": 5e-4,
+        "adamw": false,
+        "grad_clip": null,
+        "seed": 3,
+    }))
+    .unwrap()
 }
 
-/// `--mode single`: the trainer's `Prepared::train_step` and `Prepared::logits`.
+/// `--mode single` exactly as the CLI runs it: `grandis_trainer::train` (per-epoch losses),
+/// with a checkpoint that `grandis_trainer::predict_logits` reads back (final logits).
 pub fn single(
     view: DatasetView<'_>,
     config: &ModelConfig,
     opts: &TrainOptions,
 ) -> (Vec<f64>, Vec<f32>) {
-    let prepared = Prepared::new(view, config.kind, Some(1)).unwrap();
-    let mut model: Model<CpuBackend> = Model::new(&prepared.backend, config.clone()).unwrap();
-    let losses = (1..=opts.epochs)
-        .map(|e| prepared.train_step(&mut model, opts, e).unwrap())
-        .collect();
-    (losses, prepared.logits(&model).unwrap())
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("single.safetensors");
+    let ckpt = CheckpointOptions {
+        path: Some(path.clone()),
+        resume: false,
+    };
+    let report =
+        grandis_trainer::train(view, config.clone(), opts, &ckpt, Some(1), |_| {}).unwrap();
+    let logits = grandis_trainer::predict_logits(view, &path, Some(1)).unwrap();
+    (report.epochs.iter().map(|s| s.loss).collect(), logits)
 }
 
 pub fn parallel(

@@ -1,0 +1,262 @@
+//! `grandis bench modes`: the shape of GraNNDIS Figure 8 — FB_base against FLX with k = 1..L
+//! on one synthetic power-law graph, S servers x G devices as threads over the emulated fabric
+//! (inter-server bandwidth a fraction of the intra-server one). Per mode: epoch time split into
+//! compute / intra comm / inter comm / all-reduce, bytes per link class, and the speedup over
+//! FB_base run in the same invocation; then the paper's performance model (Eqs. 1-5) evaluated
+//! on the rates measured here.
+
+use anyhow::Context;
+use grandis_models::{ModelConfig, ModelKind};
+use grandis_parallel::{Mode, ParallelOptions, ParallelReport, PartitionedGraph};
+use grandis_partition::Method;
+use grandis_synth::SynthConfig;
+use grandis_trainer::TrainOptions;
+
+#[derive(clap::Args)]
+pub struct BenchModesArgs {
+    #[arg(long, default_value_t = 200_000)]
+    pub vertices: u64,
+    /// Target average directed degree of the power-law graph.
+    #[arg(long, default_value_t = 20.0)]
+    pub avg_degree: f64,
+    /// Input features (equal to --hidden by default, as the paper's model assumes).
+    #[arg(long, default_value_t = 64)]
+    pub features: usize,
+    #[arg(long, default_value_t = 64)]
+    pub hidden: usize,
+    #[arg(long, default_value_t = 16)]
+    pub classes: usize,
+    #[arg(long, default_value_t = 3)]
+    pub layers: usize,
+    /// Epochs per mode; the first is a warm-up and is left out of the times.
+    #[arg(long, default_value_t = 3)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = 2)]
+    pub servers: usize,
+    #[arg(long, default_value_t = 2)]
+    pub devices: usize,
+    #[arg(long, default_value = "metis")]
+    pub partition: String,
+    /// Intra-server bandwidth per device link, bytes/s.
+    #[arg(long, default_value_t = 400e6)]
+    pub intra_bandwidth: f64,
+    /// Inter-server bandwidth per server NIC = intra-bandwidth / this.
+    #[arg(long, default_value_t = 8.0)]
+    pub inter_ratio: f64,
+    /// Inter-server latency per message, milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub inter_latency_ms: f64,
+    /// Rayon threads per rank.
+    #[arg(long, default_value_t = 1)]
+    pub threads_per_rank: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print one JSON object as the last stdout line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+struct Row {
+    name: String,
+    report: ParallelReport,
+}
+
+pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
+    let synth = SynthConfig {
+        name: "bench-modes".into(),
+        nodes: args.vertices,
+        avg_degree: args.avg_degree,
+        features: args.features,
+        classes: args.classes,
+        seed: args.seed,
+        ..SynthConfig::default()
+    };
+    let t = std::time::Instant::now();
+    let ds = grandis_synth::generate_in_memory(&synth).context("generating the graph")?;
+    let view = ds.view();
+    let stats = grandis_synth::measure(&view);
+    eprintln!(
+        "graph: {} vertices, {} edges (avg degree {:.2}, max {}) in {:.1}s",
+        stats.num_vertices,
+        stats.num_edges,
+        stats.avg_degree,
+        stats.max_degree,
+        t.elapsed().as_secs_f64()
+    );
+    let method: Method = args.partition.parse()?;
+    let t = std::time::Instant::now();
+    let part = PartitionedGraph::partition(
+        &view,
+        view.graph.is_symmetric(),
+        args.servers,
+        args.devices,
+        method,
+        args.seed,
+    )?;
+    eprintln!(
+        "partition: {} into {} x {} in {:.1}s",
+        method,
+        args.servers,
+        args.devices,
+        t.elapsed().as_secs_f64()
+    );
+    let config = ModelConfig {
+        kind: ModelKind::Sage,
+        layers: args.layers,
+        in_dim: args.features,
+        hidden: args.hidden,
+        classes: args.classes,
+        dropout: 0.5,
+        layer_norm: false,
+        seed: args.seed,
+    };
+    // Through serde so that options the trainer adds later take their defaults.
+    let opts: TrainOptions = serde_json::from_value(serde_json::json!({
+        "epochs": args.epochs.max(2),
+        "lr": 0.01,
+        "weight_decay": 5e-4,
+        "adamw": false,
+        "grad_clip": null,
+        "seed": args.seed,
+    }))?;
+    let intra = grandis_parallel::LinkModel::new(args.intra_bandwidth, std::time::Duration::ZERO);
+    let inter_bw = args.intra_bandwidth / args.inter_ratio;
+    let inter = grandis_parallel::LinkModel::new(
+        inter_bw,
+        std::time::Duration::from_secs_f64(args.inter_latency_ms / 1000.0),
+    );
+    let mut rows: Vec<Row> = Vec::new();
+    let modes: Vec<(Mode, Option<usize>)> = std::iter::once((Mode::Fb, None))
+        .chain((1..=args.layers).map(|k| (Mode::Flx, Some(k))))
+        .collect();
+    for (mode, k) in modes {
+        let name = match k {
+            None => "FB_base".to_string(),
+            Some(k) => format!("FLX k={k}"),
+        };
+        let popts = ParallelOptions {
+            mode,
+            preload_hops: k,
+            intra,
+            inter,
+            threads_per_rank: Some(args.threads_per_rank),
+            eval_every_epoch: false,
+            ..Default::default()
+        };
+        eprintln!("running {name} ...");
+        let report =
+            grandis_parallel::train(view, &part, config.clone(), &opts, &popts, &mut |s| {
+                eprintln!("  epoch {} loss {:.4} {:.3}s", s.epoch, s.loss, s.seconds)
+            })
+            .with_context(|| format!("running {name}"))?;
+        rows.push(Row { name, report });
+    }
+
+    let base = rows[0].report.time.epoch_s;
+    println!(
+        "{:<10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>14} {:>11} {:>8}",
+        "mode",
+        "epoch_s",
+        "compute",
+        "intra",
+        "inter",
+        "allred",
+        "inter_B/ep",
+        "intra_B/ep",
+        "replicated",
+        "speedup"
+    );
+    for r in &rows {
+        let t = &r.report.time;
+        println!(
+            "{:<10} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>14} {:>14} {:>11} {:>7.2}x",
+            r.name,
+            t.epoch_s,
+            t.compute_s,
+            t.intra_comm_s,
+            t.inter_comm_s,
+            t.all_reduce_s,
+            r.report.halo_bytes_per_epoch.inter_server,
+            r.report.halo_bytes_per_epoch.intra_server,
+            r.report.replicated_vertices,
+            base / t.epoch_s
+        );
+    }
+
+    // The paper's model on our measured rates. Widths are equal (features = hidden), so a
+    // vertex row is `hidden * 4` bytes in every exchange; the inter-server NIC is shared by
+    // the G devices of a server, so per device B_inter is the NIC bandwidth / G.
+    let (ns, ng) = (args.servers as f64, args.devices as f64);
+    let v = stats.num_vertices as f64;
+    let e = stats.num_edges as f64;
+    let d = e / v;
+    let l = args.layers as f64;
+    let row_bytes = (args.hidden * 4) as f64;
+    let fb = &rows[0].report;
+    // C: vertex-layers per second of one device, from FB_base's compute time (each device
+    // computes V / (Ns Ng) rows per layer, forward and backward).
+    let c = v * l / (ns * ng) / fb.time.compute_s;
+    let b_intra = args.intra_bandwidth / row_bytes;
+    let b_inter = inter_bw / ng / row_bytes;
+    let t_prev = v * l / (ns * ng * c)
+        + e / (ns * ng) * ((ng - 1.0) / (ng * ns) / b_intra + (1.0 - 1.0 / ns) / b_inter);
+    // D^alpha L: how much bigger the preloaded (k = L) graph is than the plain one.
+    let full = rows
+        .last()
+        .map(|r| &r.report)
+        .context("at least one FLX run")?;
+    let growth = (v + full.replicated_vertices as f64) / v;
+    let t_pre =
+        growth * v * l / (ns * ng * c) + growth * e / (ns * ng) * ((ng - 1.0) / ng / b_intra);
+    let lhs = c / b_inter;
+    let rhs = (growth - 1.0) / d;
+    println!(
+        "model: C = {c:.0} vertex-layers/s/device, B_intra = {b_intra:.0} rows/s, B_inter = \
+         {b_inter:.0} rows/s/device, D = {d:.1}, D^a L ~ {growth:.2}"
+    );
+    println!(
+        "model: T_prev (Eq. 1) = {t_prev:.2}s, T_preload (Eq. 2, k = L) = {t_pre:.2}s, \
+         predicted speedup {:.2}x; Eq. 5: C/B_inter = {lhs:.2} vs (D^a L - 1)/D = {rhs:.2} \
+         -> preloading {} pay off",
+        t_prev / t_pre,
+        if lhs > rhs { "should" } else { "should not" }
+    );
+    if args.json {
+        let json = serde_json::json!({
+            "bench": "modes",
+            "graph": stats,
+            "servers": args.servers,
+            "devices": args.devices,
+            "layers": args.layers,
+            "features": args.features,
+            "hidden": args.hidden,
+            "intra_bandwidth": args.intra_bandwidth,
+            "inter_bandwidth": inter_bw,
+            "threads_per_rank": args.threads_per_rank,
+            "modes": rows.iter().map(|r| serde_json::json!({
+                "name": r.name,
+                "preload_hops": r.report.preload_hops,
+                "time": r.report.time,
+                "halo_bytes_per_epoch": r.report.halo_bytes_per_epoch,
+                "all_reduce_bytes_per_epoch": r.report.all_reduce_bytes_per_epoch,
+                "replicated_vertices": r.report.replicated_vertices,
+                "memory": r.report.memory,
+                "speedup_vs_fb": base / r.report.time.epoch_s,
+                "losses": r.report.train.epochs.iter().map(|s| s.loss).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+            "model": {
+                "C_vertex_layers_per_s": c,
+                "B_intra_rows_per_s": b_intra,
+                "B_inter_rows_per_s_per_device": b_inter,
+                "D": d,
+                "D_alpha_L": growth,
+                "T_prev_s": t_prev,
+                "T_preload_s": t_pre,
+                "eq5_lhs": lhs,
+                "eq5_rhs": rhs,
+            },
+        });
+        println!("{json}");
+    }
+    Ok(())
+}
