@@ -14,7 +14,6 @@ pub mod cuda;
 pub mod norm;
 
 pub use backend::{
-    dropout_keep, dropout_threshold, AdamStep, Backend, BlockGraph, DropoutKey, EngineError,
-    Result,
+    dropout_keep, dropout_threshold, AdamStep, Backend, BlockGraph, DropoutKey, EngineError, Result,
 };
 pub use cpu::CpuBackend;
