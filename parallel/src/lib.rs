@@ -18,6 +18,7 @@
 pub mod cli;
 pub mod input;
 pub mod metered;
+pub mod server;
 mod worker;
 
 use std::sync::Mutex;
@@ -255,6 +256,20 @@ pub fn train(
     popts: &ParallelOptions,
     on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
 ) -> anyhow::Result<ParallelReport> {
+    train_ranks(view, part, config, opts, popts, on_epoch, None)
+}
+
+/// [`train`], or — with `local` — only the ranks of one server over the given endpoints
+/// ([`server::train_server`]): the setup, the plans and the worker are the same either way.
+pub(crate) fn train_ranks(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: ModelConfig,
+    opts: &TrainOptions,
+    popts: &ParallelOptions,
+    on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
+    local: Option<Vec<grandis_fabric::Endpoint>>,
+) -> anyhow::Result<ParallelReport> {
     let n = view.num_vertices();
     if config.in_dim != view.feature_dim || config.classes != view.num_classes {
         bail!(
@@ -394,21 +409,32 @@ pub fn train(
         collect_logits: popts.collect_logits,
         row_normalize: row_normalize(opts),
     };
-    let fabric = Fabric::new(FabricConfig {
-        servers,
-        devices,
-        intra: popts.intra,
-        inter: popts.inter,
-        ..FabricConfig::default()
-    })?;
     let callback: worker::EpochCallback<'_> = Mutex::new(on_epoch);
-    let results = fabric.run(|ep| {
+    // In-process: rank 0 reports epochs; one server's ranks: its first device does.
+    let server_mode = local.is_some();
+    let work = |ep: grandis_fabric::Endpoint| {
         let rank = ep.rank();
+        let reports = if server_mode {
+            ep.device() == 0
+        } else {
+            rank == 0
+        };
         let backend = metered::Metered::new(CpuBackend::new(Some(threads_per_rank))?);
         let w = worker::Worker::new(&shared, &backend, ep)
             .with_context(|| format!("setting up rank {rank}"))?;
-        w.run(&backend.meter, (rank == 0).then_some(&callback))
-    })?;
+        w.run(&backend.meter, reports.then_some(&callback))
+    };
+    let results = match local {
+        Some(endpoints) => server::run_endpoints(endpoints, work)?,
+        None => Fabric::new(FabricConfig {
+            servers,
+            devices,
+            intra: popts.intra,
+            inter: popts.inter,
+            ..FabricConfig::default()
+        })?
+        .run(work)?,
+    };
 
     let r0 = &results[0];
     let epochs = opts.epochs.max(1);
