@@ -213,7 +213,9 @@ fn cora_gcn_reaches_kipf_welling_accuracy() {
     };
     let ds = grandis_store::Dataset::open_verified(&dir).unwrap();
     let view = ds.view();
-    let seeds = 5;
+    // Three seeds keep the debug-build test near 40 s; over seeds 0-4 the mean is 0.794
+    // (docs/benchmarks.md, "Training engine").
+    let seeds = 3;
     let mut total = 0.0;
     for seed in 0..seeds {
         let cfg = ModelConfig {
