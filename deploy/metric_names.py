@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Checks that every grandis metric the alert rules and the Grafana dashboard use is exported.
+
+    metric_names.py --exported FILE [FILE...] --rules alerts.yml --dashboard grandis.json
+    metric_names.py --self-test
+
+FILEs are /metrics pages (OpenMetrics or Prometheus text) scraped from a live coordinator and
+daemon. A family is exported when its `# TYPE` line is there, even without samples (a daemon that
+has run no job still declares its per-job families). Sample names are derived from the type the
+way Prometheus sees them: counters as `<name>_total`, histograms and summaries with `_bucket`,
+`_sum`, `_count`. Referenced names are the `grandis_*` identifiers in every PromQL expression
+(alert `expr`, dashboard target `expr` and query-variable definitions). Also checks the
+dashboard's structure: unique panel ids, a datasource and at least one query per panel, panels
+inside the 24-column grid and not overlapping. Exit 1 with one line per problem.
+"""
+
+import argparse
+import json
+import re
+import sys
+
+NAME = re.compile(r"\bgrandis_[a-zA-Z0-9_]*[a-zA-Z0-9]\b")
+# Label names after `by (` / `on (` ... and inside selectors `{a="..."}`: checked against the
+# labels of exported samples when samples exist.
+SELECTOR = re.compile(r"(grandis_[a-zA-Z0-9_]+)\s*\{([^}]*)\}")
+MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s")
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="')
+
+SUFFIXES = {
+    "counter": ["_total"],
+    "histogram": ["_bucket", "_sum", "_count", "_created"],
+    "summary": ["_sum", "_count", "_created", ""],
+    "gaugehistogram": ["_bucket", "_gsum", "_gcount"],
+}
+
+# Labels that Prometheus adds (scrape target labels) or that deploy/prometheus/prometheus.yml
+# creates by relabelling the exported `job` label.
+TARGET_LABELS = {"job", "instance", "grandis_job"}
+
+
+def exported(texts):
+    """Sample names and, per sample name, the label names seen on its samples."""
+    names, labels = set(), {}
+    for text in texts:
+        for line in text.splitlines():
+            if line.startswith("# TYPE "):
+                parts = line.split()
+                if len(parts) >= 4:
+                    fam, kind = parts[2], parts[3]
+                    for suffix in SUFFIXES.get(kind, [""]):
+                        names.add(fam + suffix)
+            elif line and not line.startswith("#"):
+                m = SAMPLE.match(line)
+                if m:
+                    names.add(m.group(1))
+                    seen = labels.setdefault(m.group(1), set())
+                    seen.update(LABEL.findall(m.group(3) or ""))
+    return names, labels
+
+
+def rule_exprs(text):
+    """The `expr:` values of a Prometheus rule file (folded `>-` blocks included), without a YAML
+    library: the file is ours and uses only these two forms."""
+    exprs, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        m = re.match(r"^(\s*(?:-\s+)?)expr:\s*(.*)$", lines[i])
+        if m:
+            indent, rest = len(m.group(1)), m.group(2).strip()
+            if rest in (">-", ">", "|", "|-"):
+                block = []
+                i += 1
+                while i < len(lines) and (
+                    not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent
+                ):
+                    block.append(lines[i].strip())
+                    i += 1
+                exprs.append(" ".join(block))
+                continue
+            exprs.append(rest)
+        i += 1
+    return exprs
+
+
+def dashboard_exprs(dash, problems):
+    exprs, ids, boxes = [], set(), []
+
+    def walk(panels):
+        for p in panels:
+            pid, title = p.get("id"), p.get("title", "?")
+            if pid in ids:
+                problems.append(f"dashboard: panel id {pid} is used twice ({title!r})")
+            ids.add(pid)
+            g = p.get("gridPos", {})
+            x, y, w, h = (g.get(k) for k in ("x", "y", "w", "h"))
+            if None in (x, y, w, h) or x < 0 or w < 1 or x + w > 24 or h < 1:
+                problems.append(f"dashboard: panel {title!r} has a bad gridPos {g}")
+            elif not (p.get("type") == "row" and p.get("collapsed")):
+                for (bx, by, bw, bh, bt) in boxes:
+                    if x < bx + bw and bx < x + w and y < by + bh and by < y + h:
+                        problems.append(f"dashboard: panels {title!r} and {bt!r} overlap")
+                boxes.append((x, y, w, h, title))
+            if p.get("type") == "row":
+                walk(p.get("panels", []))
+                continue
+            if not p.get("datasource"):
+                problems.append(f"dashboard: panel {title!r} has no datasource")
+            targets = p.get("targets", [])
+            if not targets:
+                problems.append(f"dashboard: panel {title!r} has no query")
+            for t in targets:
+                if not t.get("expr"):
+                    problems.append(f"dashboard: panel {title!r} has a query without expr")
+                else:
+                    exprs.append((f"dashboard panel {title!r}", t["expr"]))
+
+    walk(dash.get("panels", []))
+    for v in dash.get("templating", {}).get("list", []):
+        if v.get("type") == "query":
+            q = v.get("query")
+            q = q.get("query", "") if isinstance(q, dict) else (q or "")
+            exprs.append((f"dashboard variable ${v.get('name')}", q))
+            if v.get("definition") and v["definition"] != q:
+                problems.append(f"dashboard: variable ${v.get('name')}: definition != query")
+    return exprs
+
+
+def check(texts, rules_text, dash, problems):
+    names, labels = exported(texts)
+    if not any(n.startswith("grandis_") for n in names):
+        problems.append("exported: no grandis_* metric at all in the scraped pages")
+    refs = [("alert rule", e) for e in rule_exprs(rules_text)]
+    if not refs:
+        problems.append("alerts: no `expr:` found")
+    refs += dashboard_exprs(dash, problems)
+    used = 0
+    for where, expr in refs:
+        for name in NAME.findall(expr):
+            used += 1
+            if name not in names:
+                problems.append(f"{where}: {name} is not exported (expression: {expr})")
+        for name, body in SELECTOR.findall(expr):
+            seen = labels.get(name)
+            if not seen:
+                continue  # no samples scraped: label names cannot be checked
+            for label in MATCHER.findall(body):
+                if label not in seen and label not in TARGET_LABELS:
+                    problems.append(
+                        f"{where}: {name} has no label {label!r} (exported labels: "
+                        f"{', '.join(sorted(seen)) or 'none'})"
+                    )
+    return used
+
+
+def self_test():
+    page = (
+        "# TYPE grandis_up gauge\ngrandis_up{label=\"a\"} 1\n"
+        "# TYPE grandis_jobs counter\n# TYPE grandis_lat histogram\n"
+    )
+    rules = "groups:\n  - rules:\n      - expr: >-\n          grandis_up{label=\"a\"} == 0\n" \
+        "          and grandis_jobs_total > 0\n      - expr: grandis_lat_bucket > 1\n"
+    panel = {"id": 1, "title": "p", "datasource": {"uid": "x"},
+             "gridPos": {"x": 0, "y": 0, "w": 24, "h": 2},
+             "targets": [{"expr": "sum(grandis_up)"}]}
+    good = {"panels": [panel]}
+    probs = []
+    assert check([page], rules, good, probs) == 4 and probs == [], probs
+    bad_rules = rules.replace("grandis_jobs_total", "grandis_jobz_total").replace(
+        'label="a"', 'lable="a"')
+    bad = {"panels": [panel, dict(panel, gridPos={"x": 12, "y": 1, "w": 12, "h": 2})]}
+    probs = []
+    check([page], bad_rules, bad, probs)
+    text = "\n".join(probs)
+    for want in ("grandis_jobz_total is not exported", "has no label 'lable'",
+                 "panel id 1 is used twice", "overlap"):
+        assert want in text, (want, text)
+    probs = []
+    check([""], rules, good, probs)
+    assert any("no grandis_* metric" in p for p in probs), probs
+    print("metric_names.py self-test: ok")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--exported", nargs="+", metavar="FILE")
+    ap.add_argument("--rules")
+    ap.add_argument("--dashboard")
+    ap.add_argument("--self-test", action="store_true")
+    a = ap.parse_args()
+    if a.self_test:
+        self_test()
+        return 0
+    if not (a.exported and a.rules and a.dashboard):
+        ap.error("--exported, --rules and --dashboard are required")
+    texts = []
+    for f in a.exported:
+        with open(f, encoding="utf-8") as fh:
+            texts.append(fh.read())
+    with open(a.rules, encoding="utf-8") as fh:
+        rules_text = fh.read()
+    try:
+        with open(a.dashboard, encoding="utf-8") as fh:
+            dash = json.load(fh)
+    except (OSError, ValueError) as e:
+        print(f"{a.dashboard}: {e}", file=sys.stderr)
+        return 1
+    problems = []
+    used = check(texts, rules_text, dash, problems)
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        return 1
+    names, _ = exported(texts)
+    print(f"metric names: {used} references in {a.rules} and {a.dashboard}, all among the "
+          f"{len([n for n in names if n.startswith('grandis_')])} exported grandis_* names")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
