@@ -51,7 +51,7 @@ pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$tmp"
+    [ -n "${GRANDIS_CHECK_KEEP:-}" ] && echo "kept $tmp" >&2 || rm -rf "$tmp"
 }
 trap cleanup EXIT
 
@@ -96,7 +96,6 @@ wait_http() { # url seconds pid: until the URL answers, the time is up or the pr
     return 1
 }
 cport="$(free_port)"
-mport="$(free_port)"
 token="check-$RANDOM$RANDOM"
 cat >"$tmp/coordinator.toml" <<EOF
 listen = "127.0.0.1:$cport"
@@ -108,30 +107,51 @@ pids+=($!)
 wait_http "http://127.0.0.1:$cport/healthz" 30 "${pids[-1]}" || fail "coordinator did not answer within 30 s (or exited):
 $(tail -20 "$tmp/coordinator.log")"
 
-"$bin" certs init --out "$tmp/certs" --nodes check-a --localhost >/dev/null
-cat >"$tmp/daemon.toml" <<EOF
+# Two daemons (two servers) and one small job, so that every per-job family has samples: the
+# exporters render no family without samples.
+"$bin" -q certs init --out "$tmp/certs" --nodes check-a,check-b --localhost >/dev/null
+"$bin" -q data synth --nodes 600 --avg-degree 6 --features 8 --classes 4 --out "$tmp/data" >/dev/null
+mports=()
+for label in check-a check-b; do
+    mport="$(free_port)"
+    mports+=("$mport")
+    cat >"$tmp/$label.toml" <<EOF
 coordinator = "http://127.0.0.1:$cport"
 token = "$token"
-label = "check-a"
+label = "$label"
+threads = 1
 data_listen = "127.0.0.1:0"
 cert_dir = "$tmp/certs"
-work_dir = "$tmp/work"
+work_dir = "$tmp/work-$label"
 metrics_listen = "127.0.0.1:$mport"
 EOF
-"$bin" daemon --config "$tmp/daemon.toml" >"$tmp/daemon.log" 2>&1 &
-pids+=($!)
-wait_http "http://127.0.0.1:$mport/metrics" 30 "${pids[-1]}" || fail "daemon metrics did not answer within 30 s (or it exited):
-$(tail -20 "$tmp/daemon.log")"
-# Wait until the coordinator lists the daemon, so the per-daemon series have samples.
-for ((i = 0; i < 100; i++)); do
-    curl -fsS --max-time 1 "http://127.0.0.1:$cport/metrics" >"$tmp/coordinator.metrics"
-    grep -q '^grandis_daemon_up{' "$tmp/coordinator.metrics" && break
+    "$bin" daemon --config "$tmp/$label.toml" >"$tmp/$label.log" 2>&1 &
+    pids+=($!)
+    wait_http "http://127.0.0.1:$mport/healthz" 30 "${pids[-1]}" || fail "daemon $label did not answer within 30 s (or it exited):
+$(tail -20 "$tmp/$label.log")"
+done
+api() { curl -fsS --max-time 5 -H "Authorization: Bearer $token" "$@"; }
+job="$(api -H 'Content-Type: application/json' -X POST "http://127.0.0.1:$cport/v1/jobs" \
+    -d "{\"name\": \"deploy-check\", \"dataset\": \"$tmp/data\", \"mode\": \"fb\", \"layers\": 2,
+         \"hidden\": 8, \"epochs\": 2, \"servers\": 2, \"devices\": 1}")" \
+    || fail "submitting the check job"
+id="$(python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])' <<<"$job")"
+state=""
+for ((i = 0; i < 600; i++)); do
+    state="$(api "http://127.0.0.1:$cport/v1/jobs/$id" | python3 -c 'import json, sys; print(json.load(sys.stdin)["state"])')"
+    case "$state" in succeeded|failed|cancelled) break ;; esac
     sleep 0.1
 done
-grep -q '^grandis_daemon_up{' "$tmp/coordinator.metrics" || fail "the daemon never registered:
-$(tail -20 "$tmp/daemon.log")"
-curl -fsS --max-time 2 "http://127.0.0.1:$mport/metrics" >"$tmp/daemon.metrics"
-python3 "$here/metric_names.py" --exported "$tmp/coordinator.metrics" "$tmp/daemon.metrics" \
+[ "$state" = succeeded ] || fail "check job $id ended as '$state' (or did not end in 60 s): $(api "http://127.0.0.1:$cport/v1/jobs/$id")
+$(tail -5 "$tmp"/check-*.log)"
+# The daemons set their end-of-job figures right after reporting success: give them a moment.
+sleep 1
+curl -fsS --max-time 2 "http://127.0.0.1:$cport/metrics" >"$tmp/coordinator.metrics"
+for n in 0 1; do
+    curl -fsS --max-time 2 "http://127.0.0.1:${mports[n]}/metrics" >"$tmp/daemon-$n.metrics"
+done
+python3 "$here/metric_names.py" --exported "coordinator=$tmp/coordinator.metrics" \
+    "daemon=$tmp/daemon-0.metrics" "daemon=$tmp/daemon-1.metrics" \
     --rules "$here/prometheus/alerts.yml" --dashboard "$here/grafana/grandis.json" \
     | sed 's/^/[deploy\/check] /' || fail "metric names (see above)"
 say "all deployment checks passed"

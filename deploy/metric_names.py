@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Checks that every grandis metric the alert rules and the Grafana dashboard use is exported.
 
-    metric_names.py --exported FILE [FILE...] --rules alerts.yml --dashboard grandis.json
+    metric_names.py --exported ROLE=FILE [ROLE=FILE...] --rules alerts.yml --dashboard grandis.json
     metric_names.py --self-test
 
-FILEs are /metrics pages (OpenMetrics or Prometheus text) scraped from a live coordinator and
-daemon. A family is exported when its `# TYPE` line is there, even without samples (a daemon that
-has run no job still declares its per-job families). Sample names are derived from the type the
+ROLE is `coordinator` or `daemon` (the scrape job `grandis-ROLE` of prometheus.yml), FILE a
+/metrics page (OpenMetrics or Prometheus text) scraped from a live coordinator and
+daemons after a job ran (families without samples are not rendered at all, so a page scraped
+before any job lacks the per-job families). Sample names are derived from the type the
 way Prometheus sees them: counters as `<name>_total`, histograms and summaries with `_bucket`,
 `_sum`, `_count`. Referenced names are the `grandis_*` identifiers in every PromQL expression
 (alert `expr`, dashboard target `expr` and query-variable definitions). Also checks the
@@ -40,9 +41,10 @@ TARGET_LABELS = {"job", "instance", "grandis_job"}
 
 
 def exported(texts):
-    """Sample names and, per sample name, the label names seen on its samples."""
+    """The sample names (both bare and as (scrape job, name)) and, per (scrape job, name), the
+    label names seen on its samples. `texts` is a list of (scrape job, page text)."""
     names, labels = set(), {}
-    for text in texts:
+    for job, text in texts:
         for line in text.splitlines():
             if line.startswith("# TYPE "):
                 parts = line.split()
@@ -50,11 +52,13 @@ def exported(texts):
                     fam, kind = parts[2], parts[3]
                     for suffix in SUFFIXES.get(kind, [""]):
                         names.add(fam + suffix)
+                        names.add((job, fam + suffix))
             elif line and not line.startswith("#"):
                 m = SAMPLE.match(line)
                 if m:
                     names.add(m.group(1))
-                    seen = labels.setdefault(m.group(1), set())
+                    names.add((job, m.group(1)))
+                    seen = labels.setdefault((job, m.group(1)), set())
                     seen.update(LABEL.findall(m.group(3) or ""))
     return names, labels
 
@@ -127,7 +131,7 @@ def dashboard_exprs(dash, problems):
 
 def check(texts, rules_text, dash, problems):
     names, labels = exported(texts)
-    if not any(n.startswith("grandis_") for n in names):
+    if not any(isinstance(n, str) and n.startswith("grandis_") for n in names):
         problems.append("exported: no grandis_* metric at all in the scraped pages")
     refs = [("alert rule", e) for e in rule_exprs(rules_text)]
     if not refs:
@@ -136,11 +140,23 @@ def check(texts, rules_text, dash, problems):
     used = 0
     for where, expr in refs:
         for name in NAME.findall(expr):
+            if name in TARGET_LABELS:
+                continue  # a label (grandis_job), not a metric
             used += 1
             if name not in names:
                 problems.append(f"{where}: {name} is not exported (expression: {expr})")
         for name, body in SELECTOR.findall(expr):
-            seen = labels.get(name)
+            # A selector pinned to one scrape job is checked against that exporter's labels
+            # only (the coordinator and the daemons export some names with different labels).
+            pinned = re.findall(r'\bjob\s*=\s*"([^"]+)"', body)
+            for j in pinned:
+                if (j, name) not in names:
+                    problems.append(f"{where}: {name} is not exported by the {j} scrape job "
+                                    f"(expression: {expr})")
+            jobs = pinned or sorted({j for j, _ in labels})
+            seen = set()
+            for j in jobs:
+                seen |= labels.get((j, name), set())
             if not seen:
                 continue  # no samples scraped: label names cannot be checked
             for label in MATCHER.findall(body):
@@ -164,18 +180,23 @@ def self_test():
              "targets": [{"expr": "sum(grandis_up)"}]}
     good = {"panels": [panel]}
     probs = []
-    assert check([page], rules, good, probs) == 4 and probs == [], probs
+    pages = [("grandis-coordinator", page), ("grandis-daemon", 'grandis_up{server="x"} 1\n')]
+    assert check(pages, rules, good, probs) == 4 and probs == [], probs
     bad_rules = rules.replace("grandis_jobs_total", "grandis_jobz_total").replace(
         'label="a"', 'lable="a"')
     bad = {"panels": [panel, dict(panel, gridPos={"x": 12, "y": 1, "w": 12, "h": 2})]}
     probs = []
-    check([page], bad_rules, bad, probs)
+    bad_rules += '      - expr: grandis_up{job="grandis-daemon", label="a"} > 0\n'
+    bad_rules += '      - expr: grandis_lat_sum{job="grandis-daemon"} > 0\n'
+    check(pages, bad_rules, bad, probs)
     text = "\n".join(probs)
+    assert sum("has no label 'label'" in p for p in probs) == 1, probs  # only the daemon one
     for want in ("grandis_jobz_total is not exported", "has no label 'lable'",
+                 "grandis_lat_sum is not exported by the grandis-daemon scrape job",
                  "panel id 1 is used twice", "overlap"):
         assert want in text, (want, text)
     probs = []
-    check([""], rules, good, probs)
+    check([("grandis-daemon", "")], rules, good, probs)
     assert any("no grandis_* metric" in p for p in probs), probs
     print("metric_names.py self-test: ok")
 
@@ -193,9 +214,12 @@ def main():
     if not (a.exported and a.rules and a.dashboard):
         ap.error("--exported, --rules and --dashboard are required")
     texts = []
-    for f in a.exported:
+    for item in a.exported:
+        role, sep, f = item.partition("=")
+        if not sep or role not in ("coordinator", "daemon"):
+            ap.error(f"--exported {item}: expected coordinator=FILE or daemon=FILE")
         with open(f, encoding="utf-8") as fh:
-            texts.append(fh.read())
+            texts.append((f"grandis-{role}", fh.read()))
     with open(a.rules, encoding="utf-8") as fh:
         rules_text = fh.read()
     try:
@@ -211,8 +235,9 @@ def main():
     if problems:
         return 1
     names, _ = exported(texts)
+    count = len([n for n in names if isinstance(n, str) and n.startswith("grandis_")])
     print(f"metric names: {used} references in {a.rules} and {a.dashboard}, all among the "
-          f"{len([n for n in names if n.startswith('grandis_')])} exported grandis_* names")
+          f"{count} exported grandis_* names, with the labels they select on")
     return 0
 
 
