@@ -4,7 +4,8 @@
 #      `systemd-analyze verify` without a single warning;
 #   2. prometheus.yml and alerts.yml pass `promtool check`, and the alert unit tests
 #      (alerts_test.yml) pass `promtool test rules`;
-#   3. every grandis_* metric that alerts.yml and the Grafana dashboard use is exported by a real
+#   3. the example configurations load in the real binary and document every key it knows;
+#   4. every grandis_* metric that alerts.yml and the Grafana dashboard use is exported by a real
 #      coordinator and a real daemon started here on 127.0.0.1 (scraped from /metrics), every
 #      label they select on exists, and the dashboard is structurally sound (metric_names.py).
 #
@@ -82,7 +83,19 @@ promtool check rules "$here/prometheus/alerts.yml" >/dev/null \
 $(cat "$tmp/promtool-test.txt")"
 say "promtool: prometheus.yml, alerts.yml valid; alert unit tests pass"
 
-# --- 3. Metric names against a live coordinator and daemon ------------------------------------
+# --- 3. Example configurations: valid for the real binary, and every key documented ------------
+for role in coordinator daemon; do
+    conf="$here/config/$role.toml"
+    printed="$("$bin" "$role" --config "$conf" --print-config 2>&1)" \
+        || fail "$conf is not a valid $role configuration: $printed"
+    # Every key the binary knows appears in the example, set or commented out ("# key = ...").
+    for key in $(sed -n 's/^\(# \)\{0,1\}\([a-z_]*\) .*/\2/p' <<<"$printed" | grep -v '^grandis$'); do
+        grep -Eq "^(# )?$key = " "$conf" || fail "$conf does not document the key '$key'"
+    done
+done
+say "example configurations: valid, every key documented"
+
+# --- 4. Metric names against a live coordinator and daemon ------------------------------------
 python3 "$here/metric_names.py" --self-test >/dev/null || fail "metric_names.py self-test"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
