@@ -1,5 +1,6 @@
-//! `grandis train`: full-batch training. `--mode single` runs the exact single-process
-//! trainer (`grandis-trainer`); `--mode fb|flx` run partition-parallel (`grandis-parallel`).
+//! `grandis train`: `--mode single` runs the exact single-process trainer
+//! (`grandis-trainer`); `--mode fb|flx|cob|mb|auto` run partition-parallel
+//! (`grandis-parallel`), with `--sampling none|eas|fanout|saint`.
 
 use anyhow::{bail, Context};
 use grandis_models::{ModelConfig, ModelKind};
@@ -10,7 +11,9 @@ use std::path::PathBuf;
 pub struct TrainArgs {
     /// Dataset directory (as written by `grandis data ...`).
     pub dataset: PathBuf,
-    /// Execution mode: single (one process, exact reference), fb, flx or cob (distributed).
+    /// Execution mode: single (one process, exact reference), fb, flx, cob (cooperative
+    /// batching), mb (per-GPU mini-batches) or auto (FLX when the graph fits --device-memory,
+    /// else CoB with the largest co-batch that fits).
     #[arg(long, default_value = "single")]
     pub mode: String,
     /// Model: sage, gcn, ressage, or mlp (features only, no graph).
@@ -63,12 +66,8 @@ pub struct TrainArgs {
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     match args.mode.as_str() {
-        "single" | "fb" | "flx" => {}
-        "cob" => bail!(
-            "--mode {} is not implemented yet in this build; use --mode single",
-            args.mode
-        ),
-        other => bail!("unknown --mode '{other}' (expected single, fb, flx or cob)"),
+        "single" | "fb" | "flx" | "cob" | "mb" | "auto" => {}
+        other => bail!("unknown --mode '{other}' (expected single, fb, flx, cob, mb or auto)"),
     }
     let kind = ModelKind::parse(&args.model).with_context(|| {
         format!(
@@ -105,7 +104,12 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         grad_clip: args.grad_clip,
         seed: args.seed,
     };
-    if let Some(mode) = grandis_parallel::Mode::parse(&args.mode) {
+    // `auto` picks FLX or CoB from the memory model (None below).
+    let parallel_mode = match args.mode.as_str() {
+        "auto" => Some(None),
+        m => grandis_parallel::Mode::parse(m).map(Some),
+    };
+    if let Some(mode) = parallel_mode {
         if args.checkpoint.is_some() {
             bail!("--checkpoint and --resume work with --mode single only");
         }

@@ -1,6 +1,9 @@
-//! The `grandis train --mode fb|flx` front end: the extra flags (flattened into the CLI's
-//! `TrainArgs`), partitioning on the fly or from a partition directory, per-epoch lines like
-//! `--mode single`, and the JSON summary (single-mode keys plus traffic, k and memory).
+//! The `grandis train --mode fb|flx|cob|mb|auto` front end: the extra flags (flattened into
+//! the CLI's `TrainArgs`), partitioning on the fly or from a partition directory, the
+//! `--mode auto` decision (FLX when the full graph fits the budget, else CoB with the largest
+//! co-batch that fits), per-epoch lines like `--mode single`, and the JSON summary
+//! (single-mode keys plus traffic, k, memory and the sampling counters `sampled_edges`,
+//! `computed_vertices_per_layer`, `beta`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,7 +15,7 @@ use grandis_partition::{Method, PartitionBook};
 use grandis_store::Dataset;
 use grandis_trainer::TrainOptions;
 
-use crate::{Mode, ParallelOptions, PartitionedGraph};
+use crate::{Mode, ParallelOptions, PartitionedGraph, Priority, Sampling};
 
 /// Flags of the partition-parallel modes.
 #[derive(clap::Args, Debug, Clone)]
@@ -50,6 +53,34 @@ pub struct ParallelArgs {
     /// Emulated intra-server latency per message, milliseconds.
     #[arg(long, default_value_t = 0.0)]
     pub intra_latency_ms: f64,
+    /// flx/cob/mb: dependency sampling: none, eas (expansion-aware), fanout (GraphSAGE) or
+    /// saint (GraphSAINT, cob only).
+    #[arg(long, default_value = "none")]
+    pub sampling: String,
+    /// eas: external vertices at most this many hops from the server.
+    #[arg(long, default_value_t = 1)]
+    pub eas_hops: usize,
+    /// eas: at most this many external in-neighbours per vertex.
+    #[arg(long, default_value_t = 15)]
+    pub eas_fanout: usize,
+    /// eas: degree (the paper's priority) or uniform (the published artifact).
+    #[arg(long, default_value = "degree")]
+    pub eas_priority: String,
+    /// fanout: per-hop fanouts from the targets, one per layer (e.g. 25,10,5).
+    #[arg(long)]
+    pub fanouts: Option<String>,
+    /// saint: random-walk length (0 = the node sampler); the budget is --cobatch-size.
+    #[arg(long, default_value_t = 2)]
+    pub saint_walk_length: usize,
+    /// flx with sampling: draw a new sample every N epochs (default: sample once).
+    #[arg(long)]
+    pub resample_every: Option<u64>,
+    /// cob: target vertices per server per iteration (auto: the largest that fits).
+    #[arg(long)]
+    pub cobatch_size: Option<usize>,
+    /// mb: target vertices per device per iteration.
+    #[arg(long)]
+    pub batch_size: Option<usize>,
 }
 
 fn link(bandwidth: Option<f64>, latency_ms: f64, what: &str) -> anyhow::Result<LinkModel> {
@@ -68,9 +99,55 @@ fn link(bandwidth: Option<f64>, latency_ms: f64, what: &str) -> anyhow::Result<L
 }
 
 impl ParallelArgs {
+    /// The sampler the flags ask for.
+    pub fn sampling(&self) -> anyhow::Result<Sampling> {
+        Ok(match self.sampling.as_str() {
+            "none" => Sampling::None,
+            "eas" => Sampling::Eas {
+                hops: self.eas_hops,
+                fanout: self.eas_fanout,
+                priority: self
+                    .eas_priority
+                    .parse::<Priority>()
+                    .map_err(|e| anyhow::anyhow!("--eas-priority: {e}"))?,
+            },
+            "fanout" => {
+                let f = self
+                    .fanouts
+                    .as_deref()
+                    .context("--sampling fanout needs --fanouts F1,F2,... (one per layer)")?;
+                let parsed = grandis_sampling::Fanout::parse(f, 0)
+                    .map_err(|e| anyhow::anyhow!("--fanouts {f}: {e}"))?;
+                Sampling::Fanout {
+                    fanouts: parsed.fanouts,
+                }
+            }
+            "saint" => Sampling::Saint {
+                walk_length: (self.saint_walk_length > 0).then_some(self.saint_walk_length),
+            },
+            other => bail!("unknown --sampling '{other}' (expected none, eas, fanout or saint)"),
+        })
+    }
+
     /// The fabric/preloading options for `mode`; `threads` is the total thread budget.
     pub fn options(&self, mode: Mode, threads: Option<usize>) -> anyhow::Result<ParallelOptions> {
         let ranks = self.servers.max(1) * self.devices.max(1);
+        let mut sampling = self.sampling()?;
+        // MB is the per-GPU GraphSAGE baseline: --fanouts alone means fanout sampling.
+        if mode == Mode::Mb && sampling.is_none() {
+            if let Some(f) = &self.fanouts {
+                sampling = Sampling::Fanout {
+                    fanouts: grandis_sampling::Fanout::parse(f, 0)
+                        .map_err(|e| anyhow::anyhow!("--fanouts {f}: {e}"))?
+                        .fanouts,
+                };
+            }
+        }
+        let batch_size = match mode {
+            Mode::Cob => self.cobatch_size,
+            Mode::Mb => self.batch_size,
+            _ => None,
+        };
         Ok(ParallelOptions {
             mode,
             preload_hops: self.preload_hops,
@@ -78,6 +155,9 @@ impl ParallelArgs {
             intra: link(self.intra_bandwidth, self.intra_latency_ms, "intra")?,
             inter: link(self.inter_bandwidth, self.inter_latency_ms, "inter")?,
             threads_per_rank: threads.map(|t| (t / ranks).max(1)),
+            sampling,
+            batch_size,
+            resample_every: self.resample_every,
             ..Default::default()
         })
     }
@@ -135,19 +215,74 @@ impl ParallelArgs {
     }
 }
 
-/// Runs `grandis train DATASET --mode fb|flx ...` and prints like `--mode single`.
+/// `--mode auto` (GraNNDIS §8.6): FLX with the largest k that fits when plain FB fits the
+/// per-device budget (the full graph fits the servers' aggregate memory), otherwise CoB with
+/// the largest co-batch that fits (with the sampler the run will use). Prints the decision,
+/// the budget and the estimate, and returns the options to train with.
+pub fn decide_auto(
+    view: &grandis_store::DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    popts: &ParallelOptions,
+    seed: u64,
+) -> anyhow::Result<(ParallelOptions, grandis_sampling::AutoDecision)> {
+    let ctx = crate::plan_context(view, part)?;
+    let dims = crate::model_dims(config);
+    let ranks = part.layout.num_ranks();
+    let budget = match popts.device_memory {
+        Some(b) => b,
+        None => crate::default_device_memory(ranks)?,
+    };
+    let sampler = popts
+        .sampling
+        .sampler(seed)?
+        .unwrap_or_else(|| Box::new(grandis_sampling::Exact));
+    let decision = grandis_sampling::auto_mode(&ctx, &dims, budget, sampler.as_ref(), seed)
+        .context("--mode auto")?;
+    eprintln!("{decision}");
+    let popts = match decision.mode {
+        grandis_sampling::Mode::Flx { k } => ParallelOptions {
+            mode: if k == 0 { Mode::Fb } else { Mode::Flx },
+            preload_hops: (k > 0).then_some(k),
+            // FLX trains on the exact graph or with EAS; other samplers are co-batch ones.
+            sampling: match popts.sampling {
+                Sampling::Eas { .. } if k > 0 => popts.sampling.clone(),
+                _ => Sampling::None,
+            },
+            ..popts.clone()
+        },
+        grandis_sampling::Mode::Cob { batch_size } => ParallelOptions {
+            mode: Mode::Cob,
+            preload_hops: None,
+            batch_size: Some(batch_size),
+            ..popts.clone()
+        },
+    };
+    Ok((popts, decision))
+}
+
+/// Runs `grandis train DATASET --mode fb|flx|cob|mb|auto ...` (`mode` None = auto) and prints
+/// like `--mode single`.
 pub fn run(
     dataset: &Dataset,
-    mode: Mode,
+    mode: Option<Mode>,
     args: &ParallelArgs,
     config: ModelConfig,
     opts: TrainOptions,
     threads: Option<usize>,
     json: bool,
 ) -> anyhow::Result<()> {
-    let popts = args.options(mode, threads)?;
     let part = args.partitioned(dataset)?;
     let view = dataset.view();
+    let (popts, auto) = match mode {
+        Some(m) => (args.options(m, threads)?, None),
+        None => {
+            let base = args.options(Mode::Cob, threads)?;
+            let (p, d) = decide_auto(&view, &part, &config, &base, opts.seed)?;
+            (p, Some(d))
+        }
+    };
+    let mode = popts.mode;
     tracing::info!(
         "training {} ({} layers, hidden {}) with --mode {} on {} servers x {} devices ({}), \
          {} vertices, {} edges",
@@ -186,6 +321,19 @@ pub fn run(
     );
     let t = &report.time;
     let tr = &report.train;
+    eprintln!(
+        "sampling {}: {} iteration(s)/epoch, {} sampled edges/epoch, computed vertices per \
+         layer {:?}, beta per server {:?}",
+        report.sampling,
+        report.iterations_per_epoch,
+        report.sampled_edges,
+        report.computed_vertices_per_layer,
+        report
+            .beta
+            .iter()
+            .map(|b| (b * 1000.0).round() / 1000.0)
+            .collect::<Vec<_>>()
+    );
     let summary = format!(
         "final loss {:.4}  train {:.4}  val {:.4}  test {:.4}  median epoch {:.3}s  \
          (compute {:.3}s, intra {:.3}s, inter {:.3}s, all-reduce {:.3}s)  halo bytes/epoch \
@@ -237,6 +385,26 @@ pub fn run(
             "time_split": report.time,
             "memory": report.memory,
         });
+        // A second object: one json! invocation of every key exceeds the macro recursion
+        // limit.
+        let extra = serde_json::json!({
+            "sampling": report.sampling,
+            "sampling_options": popts.sampling,
+            "batch_size": report.batch_size,
+            "iterations_per_epoch": report.iterations_per_epoch,
+            "targets_per_epoch": report.targets_per_epoch,
+            "resample_every": popts.resample_every,
+            "sampled_edges": report.sampled_edges,
+            "computed_vertices_per_layer": report.computed_vertices_per_layer,
+            "computed_vertex_layers": report.computed_vertex_layers,
+            "aggregated_edges_per_layer": report.aggregated_edges_per_layer,
+            "beta": report.beta,
+            "auto": auto,
+        });
+        let mut json = json;
+        if let (Some(a), serde_json::Value::Object(b)) = (json.as_object_mut(), extra) {
+            a.extend(b);
+        }
         println!("{json}");
     } else {
         println!("{summary}");

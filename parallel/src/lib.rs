@@ -14,29 +14,45 @@
 //! single-process trainer's (`grandis-trainer`) up to float summation order. Each rank's backend
 //! is wrapped in [`metered::Metered`], which counts its live buffer bytes so the masking crate's
 //! memory model can be checked against what a rank really holds.
+//!
+//! Sampled and mini-batch modes (GraNNDIS §5.2, §5.3) run on the plans of `grandis-sampling`:
+//! FLX-EAS (`Mode::Flx` with [`Sampling::Eas`]) swaps the exact FLX plan for an
+//! expansion-aware sampled one, resampled every `resample_every` epochs; cooperative batching
+//! (`Mode::Cob`) takes one optimiser step per iteration on one co-batch plan per server
+//! (exact, EAS, layer-wise fanout or GraphSAINT), spread over the server's devices with
+//! one-hop masking and intra-server exchanges only; the per-GPU mini-batch baseline
+//! (`Mode::Mb`) gives every device its own standalone plan. Plans of later steps are built by
+//! a producer thread while the ranks compute. Rows that aggregate over a sampled subset of
+//! their in-edges are normalised by the kept count (`DevicePlan::agg_degree_at`), per layer
+//! for layer-wise sampling. Sampled and mini-batch modes evaluate on the exact FB plan
+//! (full-neighbourhood inference), and [`embeddings`] runs one forward pass on any masked
+//! plan with given weights (exactness tests, `grandis analyze error`).
 
 pub mod cli;
 pub mod input;
 pub mod metered;
 pub mod server;
+mod steps;
 mod worker;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use grandis_engine::norm::global_scales;
-use grandis_engine::CpuBackend;
+use grandis_engine::{Backend, CpuBackend};
 use grandis_fabric::{Counters, Fabric, FabricConfig, LinkClass, Phase};
 use grandis_masking::{
-    KChoice, KEstimate, ModelDims, PlanContext, PreloadPlan, SplitMembership, SPLIT_TEST,
-    SPLIT_TRAIN, SPLIT_VAL,
+    DevicePlan, FlxPlan, KChoice, KEstimate, ModelDims, PlanContext, PreloadPlan, SplitMembership,
+    SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL,
 };
 use grandis_models::{ModelConfig, ModelKind};
+use grandis_sampling::{CoBatcher, Eas, Exact, Fanout, MiniBatcher, Saint, SaintKind, Sampler};
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, TrainOptions, TrainReport};
 use serde::Serialize;
 
 pub use grandis_fabric::LinkModel;
+pub use grandis_sampling::Priority;
 pub use input::PartitionedGraph;
 pub use worker::EVAL_EPOCH_BIT;
 
@@ -48,6 +64,10 @@ pub enum Mode {
     Fb,
     /// Flexible preloading (k hops) with one-hop graph masking.
     Flx,
+    /// Cooperative batching: one co-batch MFG per server per iteration.
+    Cob,
+    /// Per-GPU mini-batches: one MFG per device per iteration, no sharing.
+    Mb,
 }
 
 impl Mode {
@@ -55,6 +75,8 @@ impl Mode {
         match s {
             "fb" => Some(Mode::Fb),
             "flx" => Some(Mode::Flx),
+            "cob" => Some(Mode::Cob),
+            "mb" => Some(Mode::Mb),
             _ => None,
         }
     }
@@ -62,7 +84,67 @@ impl Mode {
         match self {
             Mode::Fb => "fb",
             Mode::Flx => "flx",
+            Mode::Cob => "cob",
+            Mode::Mb => "mb",
         }
+    }
+}
+
+/// Which dependency sampler a run uses (the seed is the training seed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "sampler", rename_all = "lowercase")]
+pub enum Sampling {
+    /// Exact dependencies.
+    None,
+    /// Expansion-aware sampling: at most `fanout` external in-neighbours per vertex, external
+    /// vertices at most `hops` hops from the server.
+    Eas {
+        hops: usize,
+        fanout: usize,
+        priority: Priority,
+    },
+    /// GraphSAGE layer-wise fanouts, hop 1 (the last layer) first.
+    Fanout { fanouts: Vec<usize> },
+    /// GraphSAINT per server per iteration with a budget of the co-batch size: the node
+    /// sampler (`walk_length` None) or random walks of `walk_length` steps from
+    /// `budget / (walk_length + 1)` roots.
+    Saint { walk_length: Option<usize> },
+}
+
+impl Sampling {
+    /// The dependency sampler (None for GraphSAINT, which samples targets too).
+    pub fn sampler(&self, seed: u64) -> anyhow::Result<Option<Box<dyn Sampler>>> {
+        Ok(match self {
+            Sampling::None => Some(Box::new(Exact)),
+            Sampling::Eas {
+                hops,
+                fanout,
+                priority,
+            } => Some(Box::new(Eas::new(*hops, *fanout, *priority, seed)?)),
+            Sampling::Fanout { fanouts } => Some(Box::new(Fanout::new(fanouts.clone(), seed)?)),
+            Sampling::Saint { .. } => None,
+        })
+    }
+
+    /// The GraphSAINT sampler for a per-server budget.
+    pub fn saint(&self, budget: usize, seed: u64) -> Option<Saint> {
+        match self {
+            Sampling::Saint { walk_length } => Some(Saint {
+                kind: match walk_length {
+                    None => SaintKind::Node { budget },
+                    Some(len) => SaintKind::RandomWalk {
+                        roots: (budget / (len + 1)).max(1),
+                        length: *len,
+                    },
+                },
+                seed,
+            }),
+            _ => None,
+        }
+    }
+
+    pub fn is_none(&self) -> bool {
+        matches!(self, Sampling::None)
     }
 }
 
@@ -82,6 +164,12 @@ pub struct ParallelOptions {
     pub eval_every_epoch: bool,
     /// Return the final logits of every vertex (tests).
     pub collect_logits: bool,
+    /// Dependency sampling (FLX: EAS or fanout; CoB: any; MB: none, EAS or fanout).
+    pub sampling: Sampling,
+    /// CoB: co-batch size per server; MB: mini-batch size per device.
+    pub batch_size: Option<usize>,
+    /// FLX-EAS: draw a new sample every N epochs (None or 0: sample once).
+    pub resample_every: Option<u64>,
 }
 
 impl Default for ParallelOptions {
@@ -95,6 +183,9 @@ impl Default for ParallelOptions {
             threads_per_rank: None,
             eval_every_epoch: true,
             collect_logits: false,
+            sampling: Sampling::None,
+            batch_size: None,
+            resample_every: None,
         }
     }
 }
@@ -161,6 +252,22 @@ pub struct ParallelReport {
     pub all_reduce_bytes_per_epoch: ClassBytes,
     pub time: TimeSplit,
     pub memory: Vec<RankMemory>,
+    /// The sampler's name ("exact", "eas(h=1,f=15,degree)", "sage(25,10,5)", "saint(...)").
+    pub sampling: String,
+    /// CoB co-batch size / MB mini-batch size.
+    pub batch_size: Option<usize>,
+    pub iterations_per_epoch: usize,
+    /// Labelled loss rows per epoch (sum over steps).
+    pub targets_per_epoch: u64,
+    /// Edges of the one-hop graphs the ranks hold, summed over the steps of an epoch.
+    pub sampled_edges: u64,
+    /// Rows computed at each layer, summed over ranks and the steps of an epoch.
+    pub computed_vertices_per_layer: Vec<u64>,
+    pub computed_vertex_layers: u64,
+    /// Edges aggregated at each layer per epoch.
+    pub aggregated_edges_per_layer: Vec<u64>,
+    /// Boundary ratio β of every server (§5.3.2), mean over the steps.
+    pub beta: Vec<f64>,
     #[serde(skip)]
     pub train: TrainReport,
     /// Final logits (dropout off) in ORIGINAL vertex order, `n x classes`, when requested.
@@ -205,6 +312,10 @@ pub fn choose_preload_hops(
 ) -> anyhow::Result<KChoice> {
     let dims = model_dims(config);
     match (popts.mode, popts.preload_hops) {
+        (Mode::Cob | Mode::Mb, _) => bail!(
+            "--mode {} runs every layer on its per-iteration plans; preloading is for --mode flx",
+            popts.mode.name()
+        ),
         (Mode::Fb, Some(k)) if k > 0 => {
             bail!("--preload-hops {k} needs --mode flx (FB_base never preloads)")
         }
@@ -246,30 +357,79 @@ pub fn choose_preload_hops(
     }
 }
 
-/// Trains `config` on `view` (the dataset in its ORIGINAL ids) partitioned as `part`,
-/// calling `on_epoch` after every epoch with the same numbers `--mode single` reports.
-pub fn train(
-    view: DatasetView<'_>,
+/// Labelled-vertex flags (`SPLIT_*` by NEW id, only vertices with a valid label) and the
+/// labelled train / val / test totals.
+fn labelled(
+    view: &DatasetView<'_>,
     part: &PartitionedGraph,
-    config: ModelConfig,
-    opts: &TrainOptions,
-    popts: &ParallelOptions,
-    on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
-) -> anyhow::Result<ParallelReport> {
-    train_ranks(view, part, config, opts, popts, on_epoch, None)
+) -> anyhow::Result<(Vec<u8>, [usize; 3])> {
+    let n = view.num_vertices();
+    let mut old_to_new = vec![0u32; n];
+    for (new, &old) in part.new_to_old.iter().enumerate() {
+        old_to_new[old as usize] = new as u32;
+    }
+    let mut flags = vec![0u8; n];
+    let mut totals = [0usize; 3];
+    for (j, (ids, bit)) in [
+        (view.train, SPLIT_TRAIN),
+        (view.val, SPLIT_VAL),
+        (view.test, SPLIT_TEST),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for &o in ids {
+            let l = *view
+                .labels
+                .get(o as usize)
+                .with_context(|| format!("split id {o} is out of range ({n} vertices)"))?;
+            if l >= 0 && (l as usize) < view.num_classes {
+                let f = &mut flags[old_to_new[o as usize] as usize];
+                if *f & bit == 0 {
+                    *f |= bit;
+                    totals[j] += 1;
+                }
+            }
+        }
+    }
+    Ok((flags, totals))
 }
 
-/// [`train`], or — with `local` — only the ranks of one server over the given endpoints
-/// ([`server::train_server`]): the setup, the plans and the worker are the same either way.
-pub(crate) fn train_ranks(
-    view: DatasetView<'_>,
+/// The planning context of a partitioned dataset: the relabelled graph, its layout and the
+/// LABELLED split membership (so co-batches and mini-batches only draw vertices that carry a
+/// loss).
+pub fn plan_context<'a>(
+    view: &DatasetView<'_>,
+    part: &'a PartitionedGraph,
+) -> anyhow::Result<PlanContext<'a>> {
+    let n = view.num_vertices();
+    if part.graph.view().num_vertices() != n || part.new_to_old.len() != n {
+        bail!(
+            "the partitioned graph has {} vertices, the dataset {n}",
+            part.graph.view().num_vertices()
+        );
+    }
+    let (flags, _) = labelled(view, part)?;
+    let ids = |bit: u8| -> Vec<u32> {
+        (0..n as u32)
+            .filter(|&v| flags[v as usize] & bit != 0)
+            .collect()
+    };
+    let splits =
+        SplitMembership::from_lists(n, &ids(SPLIT_TRAIN), &ids(SPLIT_VAL), &ids(SPLIT_TEST))?;
+    Ok(PlanContext::new(
+        part.graph.view(),
+        part.layout.clone(),
+        splits,
+    )?)
+}
+
+/// Checks that `view`, `part` and `config` belong together.
+fn check_inputs(
+    view: &DatasetView<'_>,
     part: &PartitionedGraph,
-    config: ModelConfig,
-    opts: &TrainOptions,
-    popts: &ParallelOptions,
-    on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
-    local: Option<Vec<grandis_fabric::Endpoint>>,
-) -> anyhow::Result<ParallelReport> {
+    config: &ModelConfig,
+) -> anyhow::Result<()> {
     let n = view.num_vertices();
     if config.in_dim != view.feature_dim || config.classes != view.num_classes {
         bail!(
@@ -300,7 +460,7 @@ pub(crate) fn train_ranks(
             part.graph.view().num_vertices()
         );
     }
-    let layout = part.layout.clone();
+    let layout = &part.layout;
     let (servers, devices) = (layout.servers(), layout.devices());
     let ranks = layout.num_ranks();
     if ranks > n {
@@ -316,91 +476,269 @@ pub(crate) fn train_ranks(
             layout.device_of_rank(r)
         );
     }
-    // Labels and splits by NEW id (only vertices with a valid label count, as in single mode).
-    let mut old_to_new = vec![0u32; n];
-    for (new, &old) in part.new_to_old.iter().enumerate() {
-        old_to_new[old as usize] = new as u32;
-    }
-    let mut labelled_flags = vec![0u8; n];
-    let mut totals = [0usize; 3];
-    for (j, (ids, bit)) in [
-        (view.train, SPLIT_TRAIN),
-        (view.val, SPLIT_VAL),
-        (view.test, SPLIT_TEST),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        for &o in ids {
-            let l = *view
-                .labels
-                .get(o as usize)
-                .with_context(|| format!("split id {o} is out of range ({n} vertices)"))?;
-            if l >= 0 && (l as usize) < view.num_classes {
-                let f = &mut labelled_flags[old_to_new[o as usize] as usize];
-                if *f & bit == 0 {
-                    *f |= bit;
-                    totals[j] += 1;
-                }
-            }
+    Ok(())
+}
+
+/// The per-device budget of a run and where it came from.
+fn budget(popts: &ParallelOptions, ranks: usize) -> anyhow::Result<(u64, String)> {
+    Ok(match popts.device_memory {
+        Some(b) => (b, "--device-memory".to_string()),
+        None => (
+            default_device_memory(ranks)?,
+            format!("available system memory / {ranks} ranks on this machine"),
+        ),
+    })
+}
+
+/// FLX with a sampler: the largest k whose sampled FLX plan (over the FB plan) fits the
+/// budget, built from k = L downwards (sampled plans are small, and the first that fits wins).
+fn choose_sampled_k(
+    ctx: &PlanContext<'_>,
+    dims: &ModelDims,
+    fb: &grandis_masking::FbPlan,
+    sampler: &dyn Sampler,
+    popts: &ParallelOptions,
+) -> anyhow::Result<KChoice> {
+    let (budget, from) = budget(popts, ctx.layout().num_ranks())?;
+    let mut estimates = Vec::new();
+    for k in (1..=dims.layers).rev() {
+        let flx = steps::flx_sampled(ctx, sampler, k, 0)?;
+        let e = grandis_masking::estimate(dims, fb, Some(&flx));
+        let fits = e.max_bytes <= budget;
+        let (bytes, rank) = (e.max_bytes, e.worst_rank);
+        estimates.push(e);
+        if fits {
+            estimates.reverse();
+            return Ok(KChoice {
+                k,
+                estimates,
+                reason: format!(
+                    "k = {k} with {}: worst device (rank {rank}) needs {bytes} bytes of the \
+                     {budget}-byte budget (from {from})",
+                    sampler.name()
+                ),
+            });
         }
     }
+    bail!(
+        "no k >= 1 fits the {budget}-byte per-device budget ({from}) with {}; the smallest \
+         sampled FLX plan (k = 1) needs {} bytes: use --mode cob",
+        sampler.name(),
+        estimates.last().map_or(0, |e| e.max_bytes)
+    )
+}
+
+/// Trains `config` on `view` (the dataset in its ORIGINAL ids) partitioned as `part`,
+/// calling `on_epoch` after every epoch with the same numbers `--mode single` reports.
+pub fn train(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: ModelConfig,
+    opts: &TrainOptions,
+    popts: &ParallelOptions,
+    on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
+) -> anyhow::Result<ParallelReport> {
+    train_ranks(view, part, config, opts, popts, on_epoch, None)
+}
+
+/// [`train`], or — with `local` — only the ranks of one server over the given endpoints
+/// ([`server::train_server`]): the setup, the plans and the worker are the same either way.
+pub(crate) fn train_ranks(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: ModelConfig,
+    opts: &TrainOptions,
+    popts: &ParallelOptions,
+    on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
+    local: Option<Vec<grandis_fabric::Endpoint>>,
+) -> anyhow::Result<ParallelReport> {
+    check_inputs(&view, part, &config)?;
+    let n = view.num_vertices();
+    let layout = part.layout.clone();
+    let (servers, devices) = (layout.servers(), layout.devices());
+    let ranks = layout.num_ranks();
+    let (labelled_flags, totals) = labelled(&view, part)?;
     if totals[0] == 0 {
         bail!("the dataset's train split has no labelled vertices");
     }
-    let map = |ids: &[u32]| {
-        ids.iter()
-            .map(|&o| old_to_new[o as usize])
-            .collect::<Vec<_>>()
-    };
-    let splits = SplitMembership::from_lists(n, &map(view.train), &map(view.val), &map(view.test))?;
-    let ctx = PlanContext::new(part.graph.view(), layout.clone(), splits)?;
+    let ctx = plan_context(&view, part)?;
+    let dims = model_dims(&config);
+    let seed = opts.seed;
+    let epochs = opts.epochs.max(1);
+    let is_train = |g: u32| labelled_flags[g as usize] & SPLIT_TRAIN != 0;
 
-    let choice = choose_preload_hops(&ctx, &config, popts)?;
-    for e in &choice.estimates {
-        tracing::info!(
-            "memory estimate k = {}: worst device (rank {}) {} bytes",
-            e.k,
-            e.worst_rank,
-            e.max_bytes
+    // Samplers outlive the schedule that borrows them.
+    let sampler = popts.sampling.sampler(seed)?;
+    let batch_size = || -> anyhow::Result<usize> {
+        match popts.batch_size {
+            Some(b) if b > 0 => Ok(b),
+            Some(_) => bail!("the batch size must be at least 1"),
+            None => bail!(
+                "--mode {} needs a batch size (--cobatch-size for cob, --batch-size for mb)",
+                popts.mode.name()
+            ),
+        }
+    };
+    let mut choice = KChoice {
+        k: config.layers,
+        estimates: Vec::new(),
+        reason: String::new(),
+    };
+    let mut predicted = ClassBytes::default();
+    let mut replicated_vertices = 0;
+    let mut eval_plans: Option<Vec<Vec<Arc<DevicePlan>>>> = None;
+    let fb_arcs = |fb: grandis_masking::FbPlan| -> Vec<Arc<DevicePlan>> {
+        fb.devices.into_iter().map(Arc::new).collect()
+    };
+    let per_layer = |fb: &[Arc<DevicePlan>]| -> Vec<Vec<Arc<DevicePlan>>> {
+        fb.iter().map(|d| vec![d.clone(); config.layers]).collect()
+    };
+    if let (Mode::Cob | Mode::Mb, Some(k)) = (popts.mode, popts.preload_hops) {
+        bail!(
+            "--preload-hops {k}: --mode {} runs every layer on its per-iteration plans; \
+             preloading is for --mode flx",
+            popts.mode.name()
         );
     }
-    tracing::info!("preload hops: {}", choice.reason);
-    let k = choice.k;
-    let plan: PreloadPlan = ctx.preload_plan(k, config.layers)?;
-    if !plan.reshape_is_identity_prefix() {
-        bail!("internal: the FLX plan's inner rows are not the FB plan's owned prefix");
-    }
-    let dims = model_dims(&config);
-    let estimate: KEstimate = plan.estimate(&dims);
-    if let (Some(budget), Mode::Flx, Some(_)) =
-        (popts.device_memory, popts.mode, popts.preload_hops)
-    {
-        if estimate.max_bytes > budget {
-            tracing::warn!(
-                "--preload-hops {k} needs an estimated {} bytes on rank {}, over the \
-                 --device-memory budget of {budget} bytes",
-                estimate.max_bytes,
-                estimate.worst_rank
-            );
+    let schedule: steps::Schedule<'_> = match (popts.mode, &popts.sampling) {
+        (Mode::Fb | Mode::Flx, Sampling::None) => {
+            choice = choose_preload_hops(&ctx, &config, popts)?;
+            for e in &choice.estimates {
+                tracing::info!(
+                    "memory estimate k = {}: worst device (rank {}) {} bytes",
+                    e.k,
+                    e.worst_rank,
+                    e.max_bytes
+                );
+            }
+            tracing::info!("preload hops: {}", choice.reason);
+            let k = choice.k;
+            let plan: PreloadPlan = ctx.preload_plan(k, config.layers)?;
+            if !plan.reshape_is_identity_prefix() {
+                bail!("internal: the FLX plan's inner rows are not the FB plan's owned prefix");
+            }
+            let estimate: KEstimate = plan.estimate(&dims);
+            if let (Some(budget), Mode::Flx, Some(_)) =
+                (popts.device_memory, popts.mode, popts.preload_hops)
+            {
+                if estimate.max_bytes > budget {
+                    tracing::warn!(
+                        "--preload-hops {k} needs an estimated {} bytes on rank {}, over the \
+                         --device-memory budget of {budget} bytes",
+                        estimate.max_bytes,
+                        estimate.worst_rank
+                    );
+                }
+            }
+            replicated_vertices = plan
+                .flx
+                .as_ref()
+                .map_or(0, |f| f.servers.iter().map(|s| s.replicated).sum());
+            predicted = predicted_halo_bytes(&plan, &config);
+            let (step, stats) =
+                steps::static_step(&ctx, plan.fb.devices, plan.flx, k, &dims, &is_train);
+            steps::Schedule::Static { step, stats }
         }
+        (Mode::Fb, s) => bail!(
+            "--mode fb trains on the exact graph; --sampling {} needs --mode flx, cob or mb",
+            sampling_flag(s)
+        ),
+        (Mode::Flx, Sampling::Saint { .. }) => {
+            bail!("GraphSAINT samples a subgraph per iteration: use --mode cob --sampling saint")
+        }
+        (Mode::Flx, _) => {
+            let sampler = sampler.as_deref().context("a dependency sampler")?;
+            let fb = ctx.fb_plan()?;
+            choice = match popts.preload_hops {
+                Some(k) if k == 0 || k > config.layers => bail!(
+                    "--preload-hops {k}: FLX with sampling needs 1 <= k <= {} layers",
+                    config.layers
+                ),
+                Some(k) => KChoice {
+                    k,
+                    estimates: Vec::new(),
+                    reason: format!(
+                        "k = {k} fixed by --preload-hops, sampled with {}",
+                        sampler.name()
+                    ),
+                },
+                None => choose_sampled_k(&ctx, &dims, &fb, sampler, popts)?,
+            };
+            tracing::info!("preload hops: {}", choice.reason);
+            let fb = fb_arcs(fb);
+            eval_plans = Some(per_layer(&fb));
+            steps::Schedule::FlxSampled {
+                k: choice.k,
+                fb,
+                sampler,
+                every: popts.resample_every,
+            }
+        }
+        (Mode::Cob, s) => {
+            let b = batch_size()?;
+            let batcher = CoBatcher::new(&ctx, b, seed)?;
+            let sampler = match s {
+                Sampling::Saint { .. } => steps::CobSampler::Saint(
+                    popts.sampling.saint(b, seed).context("saint sampler")?,
+                ),
+                _ => steps::CobSampler::Deps(sampler.as_deref().context("a dependency sampler")?),
+            };
+            choice.reason = format!(
+                "cooperative batching: co-batches of at most {b} per server, {} iterations per \
+                 epoch, every layer masked",
+                batcher.iterations()
+            );
+            eval_plans = Some(per_layer(&fb_arcs(ctx.fb_plan()?)));
+            steps::Schedule::Cob { batcher, sampler }
+        }
+        (Mode::Mb, Sampling::Saint { .. }) => {
+            bail!("GraphSAINT is server-wise here: use --mode cob --sampling saint")
+        }
+        (Mode::Mb, _) => {
+            let b = batch_size()?;
+            let batcher = MiniBatcher::new(&ctx, b, seed)?;
+            choice.reason = format!(
+                "per-GPU mini-batches of at most {b} per device, {} iterations per epoch",
+                batcher.iterations()
+            );
+            eval_plans = Some(per_layer(&fb_arcs(ctx.fb_plan()?)));
+            steps::Schedule::Mb {
+                batcher,
+                sampler: sampler.as_deref().context("a dependency sampler")?,
+            }
+        }
+    };
+    let iterations = schedule.iterations();
+    if iterations == 0 {
+        bail!("no training vertex to batch: the train split is empty");
     }
-    let replicated_vertices = plan
-        .flx
-        .as_ref()
-        .map_or(0, |f| f.servers.iter().map(|s| s.replicated).sum());
-    let predicted = predicted_halo_bytes(&plan, &config);
+    let sampling_name = match (&popts.sampling, &schedule) {
+        (
+            _,
+            steps::Schedule::Cob {
+                sampler: steps::CobSampler::Saint(s),
+                ..
+            },
+        ) => {
+            format!("saint({:?})", s.kind)
+        }
+        _ => sampler.as_ref().map_or("exact".into(), |s| s.name()),
+    };
     let scales = global_scales(part.graph.view(), config.kind.aggregation());
-    drop(ctx);
 
     let threads_per_rank = popts.threads_per_rank.unwrap_or_else(|| {
         (std::thread::available_parallelism().map_or(1, |c| c.get()) / ranks).max(1)
     });
+    let is_static = matches!(schedule, steps::Schedule::Static { .. });
+    // Every step is kept until each rank run HERE took it.
+    let local_ranks = local.as_ref().map_or(ranks, Vec::len);
+    let feed = steps::Feed::new(local_ranks, if is_static { epochs } else { PREFETCH_STEPS });
+    let run_stats = Mutex::new(steps::RunStats::default());
     let shared = worker::Shared {
         view,
         new_to_old: &part.new_to_old,
-        plan: &plan,
         scales: &scales,
+        agg: config.kind.aggregation(),
         config: &config,
         opts,
         labelled_flags: &labelled_flags,
@@ -408,6 +746,10 @@ pub(crate) fn train_ranks(
         eval_every_epoch: popts.eval_every_epoch,
         collect_logits: popts.collect_logits,
         row_normalize: row_normalize(opts),
+        feed: &feed,
+        iterations,
+        eval: eval_plans.as_deref(),
+        weights: None,
     };
     let callback: worker::EpochCallback<'_> = Mutex::new(on_epoch);
     // In-process: rank 0 reports epochs; one server's ranks: its first device does.
@@ -424,20 +766,48 @@ pub(crate) fn train_ranks(
             .with_context(|| format!("setting up rank {rank}"))?;
         w.run(&backend.meter, reports.then_some(&callback))
     };
-    let results = match local {
-        Some(endpoints) => server::run_endpoints(endpoints, work)?,
-        None => Fabric::new(FabricConfig {
-            servers,
-            devices,
-            intra: popts.intra,
-            inter: popts.inter,
-            ..FabricConfig::default()
-        })?
-        .run(work)?,
+    let run_all = |work| -> anyhow::Result<Vec<worker::RankResult>> {
+        match local {
+            Some(endpoints) => server::run_endpoints(endpoints, work),
+            None => Fabric::new(FabricConfig {
+                servers,
+                devices,
+                intra: popts.intra,
+                inter: popts.inter,
+                ..FabricConfig::default()
+            })?
+            .run(work),
+        }
     };
+    let results = if let steps::Schedule::Static { step, stats } = &schedule {
+        // One plan for every epoch: hand it out up front and free the planning context (its
+        // transposed graph) before training.
+        for e in 0..epochs as u64 {
+            feed.push(e, step.clone());
+            if let Ok(mut s) = run_stats.lock() {
+                s.add(stats);
+            }
+        }
+        drop(ctx);
+        run_all(work)
+    } else {
+        std::thread::scope(|scope| {
+            let producer = std::thread::Builder::new()
+                .name("grandis-plans".into())
+                .spawn_scoped(scope, || {
+                    steps::produce(&ctx, &schedule, &dims, epochs, &feed, &run_stats, &is_train)
+                })
+                .context("starting the plan producer thread")?;
+            let r = run_all(work);
+            feed.close();
+            if producer.join().is_err() {
+                bail!("the plan producer thread panicked");
+            }
+            r
+        })
+    }?;
 
     let r0 = &results[0];
-    let epochs = opts.epochs.max(1);
     let counters = Counters::sum(results.iter().map(|r| &r.counters));
     let per_epoch = |phase: Phase, class: LinkClass| -> u64 {
         let total: u64 = counters
@@ -468,15 +838,20 @@ pub(crate) fn train_ranks(
         }
         logits = Some(all);
     }
+    let rs = run_stats
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("run statistics poisoned"))?;
     let memory = results
         .iter()
         .map(|r| RankMemory {
             rank: r.rank,
             measured_peak_bytes: r.peak_bytes,
             setup_bytes: r.setup_bytes,
-            model_bytes: estimate.devices[r.rank].total,
+            model_bytes: rs.model_peak.get(r.rank).copied().unwrap_or(0),
         })
         .collect();
+    let per_ep = |x: u64| x / epochs as u64;
+    let steps_n = rs.steps.max(1) as f64;
     let stats = r0.epochs.clone();
     let train = TrainReport {
         final_loss: stats.last().map_or(f64::NAN, |s| s.loss),
@@ -488,13 +863,14 @@ pub(crate) fn train_ranks(
         num_parameters: r0.num_parameters,
         epochs: stats,
     };
+    let computed: Vec<u64> = rs.computed_per_layer.iter().map(|&x| per_ep(x)).collect();
     Ok(ParallelReport {
         mode: popts.mode,
         servers,
         devices,
         partition: part.source.clone(),
         threads_per_rank,
-        preload_hops: k,
+        preload_hops: choice.k,
         k_reason: choice.reason,
         k_estimates: choice
             .estimates
@@ -512,10 +888,180 @@ pub(crate) fn train_ranks(
         all_reduce_bytes_per_epoch: class_bytes(Phase::AllReduce),
         time,
         memory,
+        sampling: sampling_name,
+        batch_size: popts
+            .batch_size
+            .filter(|_| matches!(popts.mode, Mode::Cob | Mode::Mb)),
+        iterations_per_epoch: iterations,
+        targets_per_epoch: per_ep(rs.targets),
+        sampled_edges: per_ep(rs.sampled_edges),
+        computed_vertex_layers: computed.iter().sum(),
+        computed_vertices_per_layer: computed,
+        aggregated_edges_per_layer: rs
+            .aggregated_edges_per_layer
+            .iter()
+            .map(|&x| per_ep(x))
+            .collect(),
+        beta: rs.beta_sum.iter().map(|b| b / steps_n).collect(),
         train,
         logits,
         counters,
     })
+}
+
+/// Steps the plan producer may build ahead of the slowest rank.
+const PREFETCH_STEPS: usize = 2;
+
+fn sampling_flag(s: &Sampling) -> &'static str {
+    match s {
+        Sampling::None => "none",
+        Sampling::Eas { .. } => "eas",
+        Sampling::Fanout { .. } => "fanout",
+        Sampling::Saint { .. } => "saint",
+    }
+}
+
+/// Per-layer and final outputs of one forward pass, in ORIGINAL vertex order.
+#[derive(Debug, Clone)]
+pub struct Embeddings {
+    /// `layers[l]`: `n x widths[l]` outputs of conv layer l (after its activation; the
+    /// logits for the last layer of sage/gcn). Rows of vertices that were no target are NaN.
+    pub layers: Vec<Vec<f32>>,
+    pub widths: Vec<usize>,
+    /// `n x classes` model outputs (NaN rows for non-targets).
+    pub logits: Vec<f32>,
+    /// Which vertices were targets (computed).
+    pub computed: Vec<bool>,
+}
+
+/// One forward pass (dropout off) over the partition-parallel runner: on the exact FB plan
+/// (`plan` None), or on a masked plan whose every layer is masked (`plan.k` = the model's
+/// layers: a co-batch, EAS, fanout or SAINT plan built over [`plan_context`] of the same
+/// `part`). `weights` (model parameter order, e.g. from [`checkpoint_weights`]) replace the
+/// seeded initialisation. Only the plan's targets (inner rows) get outputs.
+pub fn embeddings(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    weights: Option<&[Vec<f32>]>,
+    plan: Option<FlxPlan>,
+    threads_per_rank: Option<usize>,
+) -> anyhow::Result<Embeddings> {
+    check_inputs(&view, part, config)?;
+    let n = view.num_vertices();
+    let layout = &part.layout;
+    let ranks = layout.num_ranks();
+    let (labelled_flags, totals) = labelled(&view, part)?;
+    let per_rank: Vec<Vec<Arc<DevicePlan>>> = match plan {
+        Some(p) => {
+            if p.k != config.layers || p.devices.len() != ranks {
+                bail!(
+                    "the plan has {} masked layers over {} devices; the model has {} layers \
+                     and the layout {ranks} devices",
+                    p.k,
+                    p.devices.len(),
+                    config.layers
+                );
+            }
+            p.devices
+                .into_iter()
+                .map(|d| steps::every_layer(d, config.layers))
+                .collect()
+        }
+        None => {
+            let ctx = plan_context(&view, part)?;
+            ctx.fb_plan()?
+                .devices
+                .into_iter()
+                .map(|d| steps::every_layer(d, config.layers))
+                .collect()
+        }
+    };
+    let feed = steps::Feed::new(ranks, 1);
+    feed.push(
+        0,
+        Arc::new(steps::Step {
+            plans: per_rank,
+            targets: 0,
+        }),
+    );
+    let scales = global_scales(part.graph.view(), config.kind.aggregation());
+    let opts: TrainOptions = serde_json::from_value(serde_json::json!({
+        "epochs": 0, "lr": 0.0, "weight_decay": 0.0, "adamw": false, "grad_clip": null, "seed": 0
+    }))?;
+    let shared = worker::Shared {
+        view,
+        new_to_old: &part.new_to_old,
+        scales: &scales,
+        agg: config.kind.aggregation(),
+        config,
+        opts: &opts,
+        labelled_flags: &labelled_flags,
+        totals,
+        eval_every_epoch: false,
+        collect_logits: false,
+        row_normalize: false,
+        feed: &feed,
+        iterations: 1,
+        eval: None,
+        weights,
+    };
+    let threads = threads_per_rank.unwrap_or_else(|| {
+        (std::thread::available_parallelism().map_or(1, |c| c.get()) / ranks).max(1)
+    });
+    let fabric = Fabric::new(FabricConfig {
+        servers: layout.servers(),
+        devices: layout.devices(),
+        ..FabricConfig::default()
+    })?;
+    let results = fabric.run(|ep| {
+        let backend = CpuBackend::new(Some(threads))?;
+        worker::Worker::new(&shared, &backend, ep)?.embed()
+    })?;
+    let model = grandis_models::Model::new(&CpuBackend::new(Some(1))?, config.clone())?;
+    let first_conv = usize::from(config.kind == ModelKind::ResSage);
+    let widths: Vec<usize> = (0..config.layers)
+        .map(|l| model.stage_dims(first_conv + l).1)
+        .collect();
+    let c = config.classes;
+    let mut layers: Vec<Vec<f32>> = widths.iter().map(|&w| vec![f32::NAN; n * w]).collect();
+    let mut logits = vec![f32::NAN; n * c];
+    let mut computed = vec![false; n];
+    for r in &results {
+        for (i, &o) in r.ids.iter().enumerate() {
+            let o = o as usize;
+            computed[o] = true;
+            logits[o * c..(o + 1) * c].copy_from_slice(&r.logits[i * c..(i + 1) * c]);
+            for (l, &w) in widths.iter().enumerate() {
+                let src = r.layers.get(l).context("a captured layer")?;
+                layers[l][o * w..(o + 1) * w].copy_from_slice(&src[i * w..(i + 1) * w]);
+            }
+        }
+    }
+    Ok(Embeddings {
+        layers,
+        widths,
+        logits,
+        computed,
+    })
+}
+
+/// The model configuration and host weights (parameter order) of a trainer checkpoint.
+pub fn checkpoint_weights(path: &std::path::Path) -> anyhow::Result<(ModelConfig, Vec<Vec<f32>>)> {
+    let ck = grandis_trainer::load_checkpoint(path)?;
+    let b = CpuBackend::new(Some(1))?;
+    let mut model = grandis_models::Model::new(&b, ck.model.clone())?;
+    ck.restore(&b, &mut model, false)
+        .with_context(|| format!("restoring checkpoint {}", path.display()))?;
+    let weights = model
+        .params
+        .iter()
+        .map(|p| {
+            let mut host = vec![0f32; p.len()];
+            b.download(&p.value, 0, &mut host).map(|_| host)
+        })
+        .collect::<grandis_engine::Result<Vec<_>>>()?;
+    Ok((ck.model, weights))
 }
 
 /// The plan's prediction of one epoch's halo traffic: the forward exchange feeding every

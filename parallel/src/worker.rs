@@ -1,21 +1,26 @@
-//! One rank's training loop: forward with per-layer halo exchanges (and FLX masks), loss on its
-//! inner train rows, backward with halo-gradient exchanges, hierarchical all-reduce of the
-//! weight gradients, Adam. Every step returns errors (never panics) so a failing rank drops its
-//! endpoint and the fabric wakes its peers with `PeerGone` instead of letting them hang.
+//! One rank's training loop: per optimiser step, the step's plans (one per layer), forward
+//! with per-layer halo exchanges (and masks), loss on its inner train rows normalised by the
+//! step's GLOBAL loss-row count, backward with halo-gradient exchanges, hierarchical
+//! all-reduce of the weight gradients, Adam. Full-batch modes take one step per epoch on a
+//! plan that never (FB, FLX) or rarely (FLX-EAS) changes; cooperative batching and the
+//! mini-batch baseline take one step per iteration on fresh plans from the producer
+//! (`steps`). Every step returns errors (never panics) so a failing rank drops its endpoint
+//! and the fabric wakes its peers with `PeerGone` instead of letting them hang.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use grandis_engine::norm::GlobalScales;
+use grandis_engine::norm::{Aggregation, GlobalScales};
 use grandis_engine::{AdamStep, Backend, BlockGraph};
 use grandis_fabric::{Endpoint, Tag};
-use grandis_masking::{DevicePlan, PreloadPlan, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
+use grandis_masking::{DevicePlan, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
 use grandis_models::{Model, ModelConfig, ModelKind, StageCache, StageCtx};
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, TrainOptions};
 
 use crate::metered::Meter;
+use crate::steps::{Feed, Step};
 
 /// Tags of evaluation traffic carry this bit in their epoch, so evaluation never mixes with
 /// the training bytes and seconds of the same epoch in the fabric counters.
@@ -25,8 +30,8 @@ pub const EVAL_EPOCH_BIT: u32 = 1 << 31;
 pub(crate) struct Shared<'a> {
     pub view: DatasetView<'a>,
     pub new_to_old: &'a [u32],
-    pub plan: &'a PreloadPlan,
     pub scales: &'a GlobalScales,
+    pub agg: Aggregation,
     pub config: &'a ModelConfig,
     pub opts: &'a TrainOptions,
     /// `SPLIT_*` flags by NEW id, only for vertices with a valid label.
@@ -37,6 +42,14 @@ pub(crate) struct Shared<'a> {
     pub collect_logits: bool,
     /// Scale each feature row to sum 1, exactly as the single-process trainer does.
     pub row_normalize: bool,
+    /// Training steps, in order (`iterations` per epoch).
+    pub feed: &'a Feed,
+    pub iterations: usize,
+    /// Exact plans (`[rank][layer]`) to evaluate on when training runs on sampled or
+    /// mini-batch plans; None: evaluate on the training plans (FB, exact FLX).
+    pub eval: Option<&'a [Vec<Arc<DevicePlan>>]>,
+    /// Host weights (model parameter order) replacing the seeded initialisation.
+    pub weights: Option<&'a [Vec<f32>]>,
 }
 
 /// The per-epoch callback; only rank 0 calls it.
@@ -54,17 +67,29 @@ pub(crate) struct RankResult {
     pub counters: grandis_fabric::Counters,
     /// Train-step wall seconds per epoch.
     pub step_seconds: Vec<f64>,
+    /// Peak live bytes during training steps (evaluation excluded).
     pub peak_bytes: u64,
     /// Live bytes after setup (features, graphs, parameters) before the first epoch.
     pub setup_bytes: u64,
 }
 
-/// Per distinct plan (FLX and/or FB): its uploaded graph block and dropout ids.
-struct PlanRt<'p, B: Backend> {
-    plan: &'p DevicePlan,
-    graph: B::Graph,
+/// Per distinct plan of a step: its uploaded graph block(s) and dropout ids.
+struct PlanRt<B: Backend> {
+    plan: Arc<DevicePlan>,
+    /// One block, or one per layer for layer-wise sampled plans.
+    graphs: Vec<B::Graph>,
     /// Original ids of the `n_local` rows (dropout masks key on them).
     ids: B::Index,
+}
+
+impl<B: Backend> PlanRt<B> {
+    fn graph(&self, layer: usize) -> &B::Graph {
+        if self.graphs.len() == 1 {
+            &self.graphs[0]
+        } else {
+            &self.graphs[layer.min(self.graphs.len() - 1)]
+        }
+    }
 }
 
 /// Per conv layer: which plan, and the send index buffers of its exchange prefixes.
@@ -74,6 +99,17 @@ struct LayerRt<B: Backend> {
     send_idx: Vec<Option<B::Index>>,
     /// Number of valid owned rows when the layer is masked.
     valid: Option<usize>,
+}
+
+/// Everything a rank uploads for one step's plans.
+struct Rt<B: Backend> {
+    plans: Vec<PlanRt<B>>,
+    layers: Vec<LayerRt<B>>,
+    /// `n_local(layer-0 plan) x F`: owned rows loaded once, halo rows filled by exchange
+    /// (sage/gcn), or just the owned rows' input of the encoder (ressage).
+    features: B::Buf,
+    loss_rows: B::Index,
+    loss_labels: B::Index,
 }
 
 struct LayerTape<B: Backend> {
@@ -95,21 +131,23 @@ pub(crate) struct Worker<'w, B: Backend> {
     b: &'w B,
     ep: Endpoint,
     model: Model<B>,
-    plans: Vec<PlanRt<'w, B>>,
-    layers: Vec<LayerRt<B>>,
-    /// `n_local(layer-0 plan) x F`: owned rows loaded once, halo rows filled by exchange
-    /// (sage/gcn), or just the owned rows' input of the encoder (ressage).
-    features: B::Buf,
+    rt: Rt<B>,
+    /// The step `rt` was built for (a new step with other plans rebuilds it).
+    step: Arc<Step>,
     /// Stage index of conv layer 0 (1 for ressage: the encoder comes first).
     first_conv: usize,
     has_head: bool,
-    loss_rows: B::Index,
-    loss_labels: B::Index,
+    /// When set, the forward pass stores every conv layer's inner-row outputs here.
+    capture: Option<Vec<Vec<f32>>>,
 }
 
-fn ctx<'x, B: Backend>(p: &'x PlanRt<'x, B>, train: Option<(u64, u64)>) -> StageCtx<'x, B> {
+fn ctx<'x, B: Backend>(
+    p: &'x PlanRt<B>,
+    layer: usize,
+    train: Option<(u64, u64)>,
+) -> StageCtx<'x, B> {
     StageCtx {
-        graph: &p.graph,
+        graph: p.graph(layer),
         n_dst: p.plan.n_owned,
         n_src: p.plan.n_local(),
         global_ids: &p.ids,
@@ -117,54 +155,93 @@ fn ctx<'x, B: Backend>(p: &'x PlanRt<'x, B>, train: Option<(u64, u64)>) -> Stage
     }
 }
 
-/// The plan's one-hop graph as an engine block with GLOBAL normalisation picked by new id.
-fn block(plan: &DevicePlan, scales: &GlobalScales) -> BlockGraph {
+/// The plan's one-hop graph (or its layer-`layer` graph) as an engine block. Normalisation is
+/// GLOBAL (picked by new id) for every row that aggregates over all its in-edges, so exact
+/// plans reproduce the full-graph scales bit for bit; a row that aggregates over `m < d` kept
+/// edges follows masking's contract: mean divides by `m`, sum is unscaled, GCN keeps its
+/// global source and self-loop scales and multiplies the neighbour sum by `d / m`.
+fn block(
+    plan: &DevicePlan,
+    layer: Option<usize>,
+    scales: &GlobalScales,
+    agg: Aggregation,
+) -> BlockGraph {
     let pick = |s: &Vec<f32>, ids: &[u32]| ids.iter().map(|&g| s[g as usize]).collect();
     let owned = &plan.global_ids[..plan.n_owned];
+    let g = match layer {
+        Some(l) => plan.layer_graph(l),
+        None => plan.graph.view(),
+    };
+    let dst_scale = owned
+        .iter()
+        .enumerate()
+        .map(|(i, &gid)| {
+            let d = plan.in_degree[i];
+            let m = match layer {
+                Some(l) => plan.agg_degree_at(l, i as u32),
+                None => plan.agg_degree[i],
+            };
+            let global = scales.dst[gid as usize];
+            if m == d {
+                return global;
+            }
+            match agg {
+                Aggregation::Sum => global,
+                _ if m == 0 => 0.0,
+                Aggregation::Mean => (1.0 / m as f64) as f32,
+                Aggregation::Gcn => (global as f64 * d as f64 / m as f64) as f32,
+            }
+        })
+        .collect();
     BlockGraph {
         n_dst: plan.n_owned,
         n_src: plan.n_local(),
-        offsets: plan.graph.offsets.clone(),
-        indices: plan.graph.indices.clone(),
-        dst_scale: pick(&scales.dst, owned),
+        offsets: g.offsets.to_vec(),
+        indices: g.indices.to_vec(),
+        dst_scale,
         src_scale: scales.src.as_ref().map(|s| pick(s, &plan.global_ids)),
         self_scale: scales.self_loop.as_ref().map(|s| pick(s, owned)),
     }
 }
 
-impl<'w, B: Backend> Worker<'w, B> {
-    pub fn new(sh: &'w Shared<'w>, b: &'w B, ep: Endpoint) -> anyhow::Result<Self> {
-        let rank = ep.rank();
-        let pre = sh.plan;
-        let model = Model::new(b, sh.config.clone())?;
-        let first_conv = usize::from(sh.config.kind == ModelKind::ResSage);
-        let has_head = sh.config.kind == ModelKind::ResSage;
-        if (0..model.num_stages()).any(|s| {
-            let conv = s >= first_conv && s < first_conv + pre.layers;
-            conv != model.stage_reads_neighbors(s)
-        }) {
+impl<B: Backend> Rt<B> {
+    /// Uploads `per_layer` (this rank's plan of every layer) with the features of the layer-0
+    /// plan's owned rows and the loss rows of the last layer's plan.
+    fn build(
+        sh: &Shared<'_>,
+        b: &B,
+        per_layer: &[Arc<DevicePlan>],
+        has_head: bool,
+    ) -> anyhow::Result<Rt<B>> {
+        if per_layer.len() != sh.config.layers {
             bail!(
-                "model {} does not have the stage layout the parallel runner expects",
-                sh.config.kind.name()
+                "internal: a step has {} layer plans for a {}-layer model",
+                per_layer.len(),
+                sh.config.layers
             );
         }
-        // One runtime per distinct plan: FLX (layers < k) and FB (layers >= k).
-        let mut plans: Vec<PlanRt<'w, B>> = Vec::new();
-        let mut plan_of_layer = Vec::with_capacity(pre.layers);
-        for l in 0..pre.layers {
-            let p = pre.device_plan(l, rank);
-            let idx = match plans.iter().position(|r| std::ptr::eq(r.plan, p)) {
+        // One runtime per distinct plan: FLX (layers < k) and FB (layers >= k), or one.
+        let mut plans: Vec<PlanRt<B>> = Vec::new();
+        let mut plan_of_layer = Vec::with_capacity(per_layer.len());
+        for p in per_layer {
+            let idx = match plans.iter().position(|r| Arc::ptr_eq(&r.plan, p)) {
                 Some(i) => i,
                 None => {
-                    let graph = b.upload_graph(&block(p, sh.scales))?;
+                    let graphs = if p.layer_graphs.is_empty() {
+                        vec![b.upload_graph(&block(p, None, sh.scales, sh.agg))?]
+                    } else {
+                        (0..p.layer_graphs.len())
+                            .map(|l| b.upload_graph(&block(p, Some(l), sh.scales, sh.agg)))
+                            .collect::<grandis_engine::Result<Vec<_>>>()?
+                    };
                     let orig: Vec<u32> = p
                         .global_ids
                         .iter()
                         .map(|&g| sh.new_to_old[g as usize])
                         .collect();
                     plans.push(PlanRt {
-                        plan: p,
-                        graph,
+                        plan: p.clone(),
+                        graphs,
                         ids: b.upload_index(&orig)?,
                     });
                     plans.len() - 1
@@ -172,9 +249,9 @@ impl<'w, B: Backend> Worker<'w, B> {
             };
             plan_of_layer.push(idx);
         }
-        let mut layers = Vec::with_capacity(pre.layers);
+        let mut layers = Vec::with_capacity(per_layer.len());
         for (l, &pi) in plan_of_layer.iter().enumerate() {
-            let p = plans[pi].plan;
+            let p = &plans[pi].plan;
             let send_idx = (0..p.sends.len())
                 .map(|i| {
                     let rows = p.send_rows(l, i);
@@ -192,7 +269,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             });
         }
         // Features of the owned rows of the layer-0 plan (halo rows arrive by exchange).
-        let p0 = plans[layers[0].plan].plan;
+        let p0 = &plans[layers[0].plan].plan;
         let f = sh.view.feature_dim;
         let rows = if has_head { p0.n_owned } else { p0.n_local() };
         let mut host = vec![0f32; rows * f];
@@ -212,7 +289,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         let features = b.upload(&host)?;
         drop(host);
         // Loss rows: inner rows of the last layer's plan that are labelled train vertices.
-        let last = plans[layers[pre.layers - 1].plan].plan;
+        let last = &plans[layers[per_layer.len() - 1].plan].plan;
         let (mut rows, mut labels) = (Vec::new(), Vec::new());
         for i in 0..last.n_inner {
             let g = last.global_ids[i] as usize;
@@ -221,23 +298,68 @@ impl<'w, B: Backend> Worker<'w, B> {
                 labels.push(sh.view.labels[sh.new_to_old[g] as usize] as u32);
             }
         }
+        Ok(Rt {
+            plans,
+            layers,
+            features,
+            loss_rows: b.upload_index(&rows)?,
+            loss_labels: b.upload_index(&labels)?,
+        })
+    }
+}
+
+impl<'w, B: Backend> Worker<'w, B> {
+    pub fn new(sh: &'w Shared<'w>, b: &'w B, ep: Endpoint) -> anyhow::Result<Self> {
+        let rank = ep.rank();
+        let mut model = Model::new(b, sh.config.clone())?;
+        if let Some(w) = sh.weights {
+            if w.len() != model.params.len() {
+                bail!(
+                    "{} weight tensors given for a model with {} parameters tensors",
+                    w.len(),
+                    model.params.len()
+                );
+            }
+            for (p, host) in model.params.iter_mut().zip(w) {
+                if host.len() != p.len() {
+                    bail!(
+                        "weight tensor {} has {} values, the model expects {}",
+                        p.name,
+                        host.len(),
+                        p.len()
+                    );
+                }
+                b.upload_into(&mut p.value, 0, host)?;
+            }
+        }
+        let first_conv = usize::from(sh.config.kind == ModelKind::ResSage);
+        let has_head = sh.config.kind == ModelKind::ResSage;
+        if (0..model.num_stages()).any(|s| {
+            let conv = s >= first_conv && s < first_conv + sh.config.layers;
+            conv != model.stage_reads_neighbors(s)
+        }) {
+            bail!(
+                "model {} does not have the stage layout the parallel runner expects",
+                sh.config.kind.name()
+            );
+        }
+        let step = sh.feed.take(0)?;
+        let rt = Rt::build(sh, b, plans_of(&step, rank)?, has_head)?;
         Ok(Worker {
             sh,
             b,
             ep,
             model,
-            plans,
-            layers,
-            features,
+            rt,
+            step,
             first_conv,
             has_head,
-            loss_rows: b.upload_index(&rows)?,
-            loss_labels: b.upload_index(&labels)?,
+            capture: None,
         })
     }
 
-    fn plan(&self, l: usize) -> &PlanRt<'w, B> {
-        &self.plans[self.layers[l].plan]
+    fn plan(&self, l: usize) -> &PlanRt<B> {
+        &self.rt.plans[self.rt.layers[l].plan]
     }
 
     fn zero_rows(&self, buf: &mut B::Buf, from: usize, to: usize, d: usize) -> anyhow::Result<()> {
@@ -258,9 +380,9 @@ impl<'w, B: Backend> Worker<'w, B> {
         tag: Tag,
     ) -> anyhow::Result<Vec<(std::ops::Range<u32>, Vec<f32>)>> {
         let b = self.b;
-        let lr = &self.layers[l];
-        let plan = self.plans[lr.plan].plan;
-        let src = src.unwrap_or(&self.features);
+        let lr = &self.rt.layers[l];
+        let plan = &self.rt.plans[lr.plan].plan;
+        let src = src.unwrap_or(&self.rt.features);
         let mut sends = Vec::new();
         for (i, s) in plan.sends.iter().enumerate() {
             if let Some(idx) = &lr.send_idx[i] {
@@ -302,8 +424,8 @@ impl<'w, B: Backend> Worker<'w, B> {
         tag: Tag,
     ) -> anyhow::Result<()> {
         let b = self.b;
-        let lr = &self.layers[l];
-        let plan = self.plans[lr.plan].plan;
+        let lr = &self.rt.layers[l];
+        let plan = &self.rt.plans[lr.plan].plan;
         let mut sends = Vec::new();
         for (gi, g) in plan.halo.iter().enumerate() {
             let r = plan.recv_rows(l, gi);
@@ -325,7 +447,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             .ep
             .exchange_sized(sends, &expect, tag)
             .with_context(|| format!("backward halo exchange of layer {l}"))?;
-        let lr = &self.layers[l];
+        let lr = &self.rt.layers[l];
         for (i, (_, data)) in lists.into_iter().zip(got) {
             let idx = lr.send_idx[i].as_ref().context("send index")?;
             let tmp = b.upload(&data)?;
@@ -344,7 +466,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         keep: bool,
     ) -> anyhow::Result<(B::Buf, Option<Tape<B>>)> {
         let b = self.b;
-        let n_layers = self.layers.len();
+        let n_layers = self.rt.layers.len();
         let mut tape = Tape {
             encoder: None,
             layers: Vec::with_capacity(n_layers),
@@ -355,9 +477,9 @@ impl<'w, B: Backend> Worker<'w, B> {
             let p = self.plan(0);
             let c = StageCtx {
                 n_src: p.plan.n_owned,
-                ..ctx(p, train)
+                ..ctx(p, 0, train)
             };
-            let (y, cache) = self.model.forward_stage(b, 0, &c, &self.features)?;
+            let (y, cache) = self.model.forward_stage(b, 0, &c, &self.rt.features)?;
             if keep {
                 tape.encoder = Some(cache);
             }
@@ -372,12 +494,12 @@ impl<'w, B: Backend> Worker<'w, B> {
                     // Layer 0 of sage/gcn: halo rows of the features buffer, in place.
                     let got = self.exchange_forward(l, None, d_in, tag)?;
                     for (r, data) in got {
-                        b.upload_into(&mut self.features, r.start as usize * d_in, &data)?;
+                        b.upload_into(&mut self.rt.features, r.start as usize * d_in, &data)?;
                     }
                     None
                 }
                 Some(prev) => {
-                    let p = self.plan(l).plan;
+                    let p = self.plan(l).plan.clone();
                     let mut inp = b.alloc(p.n_local() * d_in)?;
                     b.copy(&prev, &mut inp, p.n_owned * d_in)?;
                     drop(prev);
@@ -392,12 +514,20 @@ impl<'w, B: Backend> Worker<'w, B> {
             let (mut out, cache) = self.model.forward_stage(
                 b,
                 s,
-                &ctx(p, train),
-                input.as_ref().unwrap_or(&self.features),
+                &ctx(p, l, train),
+                input.as_ref().unwrap_or(&self.rt.features),
             )?;
-            if let Some(valid) = self.layers[l].valid {
+            if let Some(valid) = self.rt.layers[l].valid {
                 // One-hop graph masking: rows not exact at this layer are zero-filled.
                 self.zero_rows(&mut out, valid, p.plan.n_owned, d_out)?;
+            }
+            if self.capture.is_some() {
+                let n_inner = self.plan(l).plan.n_inner;
+                let mut host = vec![0f32; n_inner * d_out];
+                b.download(&out, 0, &mut host)?;
+                if let Some(c) = self.capture.as_mut() {
+                    c.push(host);
+                }
             }
             let last = l + 1 == n_layers;
             // The output must outlive this layer where the next input cannot stand in for it:
@@ -405,7 +535,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             let keep_output = if last {
                 self.has_head
             } else {
-                self.layers[l + 1].plan != self.layers[l].plan
+                self.rt.layers[l + 1].plan != self.rt.layers[l].plan
             };
             if keep {
                 tape.layers.push(LayerTape {
@@ -427,7 +557,9 @@ impl<'w, B: Backend> Worker<'w, B> {
         if self.has_head {
             let s = self.first_conv + n_layers;
             let p = self.plan(n_layers - 1);
-            let (y, cache) = self.model.forward_stage(b, s, &ctx(p, train), &logits)?;
+            let (y, cache) =
+                self.model
+                    .forward_stage(b, s, &ctx(p, n_layers - 1, train), &logits)?;
             if keep {
                 tape.head = Some(cache);
             }
@@ -445,11 +577,11 @@ impl<'w, B: Backend> Worker<'w, B> {
         grad_logits: B::Buf,
     ) -> anyhow::Result<()> {
         let b = self.b;
-        let n_layers = self.layers.len();
+        let n_layers = self.rt.layers.len();
         let mut g = grad_logits;
         if self.has_head {
             let s = self.first_conv + n_layers;
-            let p = &self.plans[self.layers[n_layers - 1].plan];
+            let p = &self.rt.plans[self.rt.layers[n_layers - 1].plan];
             let input = tape.layers[n_layers - 1]
                 .output
                 .as_ref()
@@ -457,15 +589,24 @@ impl<'w, B: Backend> Worker<'w, B> {
             let cache = tape.head.take().context("head cache")?;
             g = self
                 .model
-                .backward_stage(b, s, &ctx(p, train), input, logits, cache, g, true)?
+                .backward_stage(
+                    b,
+                    s,
+                    &ctx(p, n_layers - 1, train),
+                    input,
+                    logits,
+                    cache,
+                    g,
+                    true,
+                )?
                 .context("head returns an input gradient")?;
         }
         for l in (0..n_layers).rev() {
             let s = self.first_conv + l;
             let (d_in, d_out) = self.model.stage_dims(s);
-            let pr = &self.plans[self.layers[l].plan];
+            let pr = &self.rt.plans[self.rt.layers[l].plan];
             let n_owned = pr.plan.n_owned;
-            if let Some(valid) = self.layers[l].valid {
+            if let Some(valid) = self.rt.layers[l].valid {
                 self.zero_rows(&mut g, valid, n_owned, d_out)?;
             }
             let cache = tape.layers[l].cache.take().context("layer cache")?;
@@ -473,7 +614,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             let gx = {
                 let (head, tail) = tape.layers.split_at_mut(l + 1);
                 let me = &head[l];
-                let input = me.input.as_ref().unwrap_or(&self.features);
+                let input = me.input.as_ref().unwrap_or(&self.rt.features);
                 let output = match (&me.output, tail.first()) {
                     (Some(o), _) => o,
                     (None, Some(next)) => next.input.as_ref().context("next layer input")?,
@@ -482,7 +623,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 self.model.backward_stage(
                     b,
                     s,
-                    &ctx(pr, train),
+                    &ctx(pr, l, train),
                     input,
                     output,
                     cache,
@@ -508,18 +649,18 @@ impl<'w, B: Backend> Worker<'w, B> {
                 }
             } else {
                 // ResSAGE+ encoder (row-local; its input gradient is not needed).
-                let p = &self.plans[self.layers[0].plan];
+                let p = &self.rt.plans[self.rt.layers[0].plan];
                 let c = StageCtx {
                     n_src: p.plan.n_owned,
-                    ..ctx(p, train)
+                    ..ctx(p, 0, train)
                 };
                 let cache = tape.encoder.take().context("encoder cache")?;
                 self.model.backward_stage(
                     b,
                     0,
                     &c,
-                    &self.features,
-                    &self.features,
+                    &self.rt.features,
+                    &self.rt.features,
                     cache,
                     gx,
                     false,
@@ -530,25 +671,29 @@ impl<'w, B: Backend> Worker<'w, B> {
         Ok(())
     }
 
-    /// One training step; returns this rank's loss sum (not normalised).
-    fn train_step(&mut self, epoch: usize) -> anyhow::Result<f64> {
+    /// One optimiser step (`step` counts from 1 over the whole run; it keys dropout and
+    /// Adam's bias correction, and equals the epoch in full-batch modes); the loss is
+    /// normalised by `targets`, the step's global loss-row count. Returns this rank's loss sum
+    /// (not normalised).
+    fn train_step(&mut self, epoch: usize, step: u64, targets: usize) -> anyhow::Result<f64> {
         let b = self.b;
         let sh = self.sh;
         let e = epoch as u32;
-        let train = Some((sh.opts.seed, epoch as u64));
+        let train = Some((sh.opts.seed, step));
         self.model.zero_grads(b)?;
         let (logits, tape) = self.forward(e, train, true)?;
         let tape = tape.context("forward keeps a tape in training")?;
         let classes = sh.config.classes;
-        let n = self.plan(self.layers.len() - 1).plan.n_owned;
+        let n = self.plan(self.rt.layers.len() - 1).plan.n_owned;
         let mut grad = b.alloc(n * classes)?;
-        let normalizer = sh.totals[0] as f32;
+        // A step whose co-batches hold no labelled vertex has no loss; avoid 0 / 0.
+        let normalizer = targets.max(1) as f32;
         let loss_sum = b.cross_entropy(
             &logits,
             n,
             classes,
-            &self.loss_rows,
-            &self.loss_labels,
+            &self.rt.loss_rows,
+            &self.rt.loss_labels,
             normalizer,
             &mut grad,
         )?;
@@ -584,7 +729,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 eps: 1e-8,
                 weight_decay: sh.opts.weight_decay,
                 decoupled: sh.opts.adamw,
-                step: epoch as u64,
+                step,
                 grad_scale,
             },
         )?;
@@ -597,7 +742,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         let b = self.b;
         let sh = self.sh;
         let (logits, _) = self.forward(epoch as u32 | EVAL_EPOCH_BIT, None, false)?;
-        let last = self.plan(self.layers.len() - 1).plan;
+        let last = self.plan(self.rt.layers.len() - 1).plan.clone();
         let c = sh.config.classes;
         let mut host = vec![0f32; last.n_inner * c];
         b.download(&logits, 0, &mut host)?;
@@ -637,6 +782,40 @@ impl<'w, B: Backend> Worker<'w, B> {
         })
     }
 
+    /// Evaluates on the exact plans when training runs on others (see [`Shared::eval`]).
+    fn evaluate_exact(&mut self, epoch: usize, with_logits: bool) -> anyhow::Result<EvalOut> {
+        let Some(eval) = self.sh.eval else {
+            return self.evaluate(epoch, with_logits);
+        };
+        let rank = self.ep.rank();
+        let plans = eval
+            .get(rank)
+            .with_context(|| format!("no evaluation plans for rank {rank}"))?;
+        let eval_rt = Rt::build(self.sh, self.b, plans, self.has_head)?;
+        let train_rt = std::mem::replace(&mut self.rt, eval_rt);
+        let out = self.evaluate(epoch, with_logits);
+        self.rt = train_rt;
+        out
+    }
+
+    /// Switches to the plans of `step` (frees the current step's buffers first, so a rank
+    /// never holds two steps at once).
+    fn switch_to(&mut self, step: Arc<Step>) -> anyhow::Result<()> {
+        if Arc::ptr_eq(&step, &self.step) {
+            return Ok(());
+        }
+        let rank = self.ep.rank();
+        let b = self.b;
+        self.rt.plans.clear();
+        self.rt.layers.clear();
+        self.rt.features = b.alloc(0)?;
+        self.rt.loss_rows = b.upload_index(&[])?;
+        self.rt.loss_labels = b.upload_index(&[])?;
+        self.rt = Rt::build(self.sh, b, plans_of(&step, rank)?, self.has_head)?;
+        self.step = step;
+        Ok(())
+    }
+
     pub fn run(
         mut self,
         meter: &Meter,
@@ -645,11 +824,24 @@ impl<'w, B: Backend> Worker<'w, B> {
         let sh = self.sh;
         let rank = self.ep.rank();
         let setup_bytes = meter.live();
+        let mut train_peak = meter.peak();
         let mut epochs = Vec::new();
         let mut step_seconds = Vec::new();
+        let mut index = 0u64;
         for epoch in 1..=sh.opts.epochs {
             let start = Instant::now();
-            let local = self.train_step(epoch)?;
+            let mut local = 0f64;
+            let mut targets = 0usize;
+            for _ in 0..sh.iterations {
+                if index > 0 {
+                    let step = sh.feed.take(index)?;
+                    self.switch_to(step)?;
+                }
+                index += 1;
+                let t = self.step.targets;
+                local += self.train_step(epoch, index, t)?;
+                targets += t;
+            }
             let seconds = start.elapsed().as_secs_f64();
             // The loss in two f32 halves so the all-reduced sum keeps ~f64 precision.
             let hi = local as f32;
@@ -658,16 +850,18 @@ impl<'w, B: Backend> Worker<'w, B> {
             self.ep
                 .all_reduce_sum(&mut buf, Tag::other(epoch as u32, 0))
                 .context("loss all-reduce")?;
-            let loss = (buf[0] as f64 + buf[1] as f64) / sh.totals[0] as f64;
+            let loss = (buf[0] as f64 + buf[1] as f64) / targets.max(1) as f64;
             if !loss.is_finite() {
                 bail!("loss became {loss} at epoch {epoch}; try a lower --lr or --grad-clip");
             }
+            train_peak = train_peak.max(meter.peak());
             let (train_acc, val_acc) = if sh.eval_every_epoch {
-                let ev = self.evaluate(epoch, false)?;
+                let ev = self.evaluate_exact(epoch, false)?;
                 (ev.acc[0], ev.acc[1])
             } else {
                 (f64::NAN, f64::NAN)
             };
+            meter.reset_peak();
             let stats = EpochStats {
                 epoch,
                 loss,
@@ -684,8 +878,8 @@ impl<'w, B: Backend> Worker<'w, B> {
             epochs.push(stats);
             step_seconds.push(seconds);
         }
-        let peak_bytes = meter.peak();
-        let ev = self.evaluate(sh.opts.epochs + 1, sh.collect_logits)?;
+        let peak_bytes = train_peak.max(meter.peak());
+        let ev = self.evaluate_exact(sh.opts.epochs + 1, sh.collect_logits)?;
         Ok(RankResult {
             rank,
             epochs,
@@ -698,6 +892,44 @@ impl<'w, B: Backend> Worker<'w, B> {
             setup_bytes,
         })
     }
+
+    /// One forward pass (dropout off) on the first step's plans: every conv layer's output
+    /// and the final output of this rank's inner rows, with their original ids.
+    pub fn embed(mut self) -> anyhow::Result<Embedded> {
+        self.capture = Some(Vec::new());
+        let (logits, _) = self.forward(EVAL_EPOCH_BIT, None, false)?;
+        let last = self.plan(self.rt.layers.len() - 1).plan.clone();
+        let c = self.sh.config.classes;
+        let mut out = vec![0f32; last.n_inner * c];
+        self.b.download(&logits, 0, &mut out)?;
+        let ids = last.global_ids[..last.n_inner]
+            .iter()
+            .map(|&g| self.sh.new_to_old[g as usize])
+            .collect();
+        Ok(Embedded {
+            ids,
+            layers: self.capture.take().unwrap_or_default(),
+            logits: out,
+        })
+    }
+}
+
+/// What [`Worker::embed`] returns for one rank.
+pub(crate) struct Embedded {
+    /// Original ids of the inner rows.
+    pub ids: Vec<u32>,
+    /// Per conv layer, `ids.len() x width` outputs.
+    pub layers: Vec<Vec<f32>>,
+    /// `ids.len() x classes`.
+    pub logits: Vec<f32>,
+}
+
+/// Rank `rank`'s per-layer plans of `step`.
+fn plans_of(step: &Step, rank: usize) -> anyhow::Result<&[Arc<DevicePlan>]> {
+    step.plans
+        .get(rank)
+        .map(Vec::as_slice)
+        .with_context(|| format!("internal: the step has no plans for rank {rank}"))
 }
 
 struct EvalOut {

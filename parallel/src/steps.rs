@@ -1,0 +1,531 @@
+//! Training steps and where their plans come from.
+//!
+//! A *step* is one optimiser step: the per-layer device plan of every rank plus the global
+//! number of loss rows (the loss normaliser). Full-batch modes have one step per epoch (FB and
+//! exact FLX reuse one plan forever; FLX-EAS swaps in a freshly sampled FLX plan every
+//! `--resample-every` epochs); cooperative batching has one co-batch plan per server per
+//! iteration; the mini-batch baseline one standalone plan per rank per iteration.
+//!
+//! Plans are built once per step by a producer thread ([`produce`]) and handed to every rank
+//! through a bounded [`Feed`], so sampling and extraction of the next iterations overlap with
+//! the ranks' compute (as DGL / SALIENT++ sampler workers do) and are never repeated per rank.
+//! The producer also counts what each step computes (sampled edges, vertex-layers, β, the
+//! memory model's bytes) for the run summary.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex};
+
+use anyhow::Context;
+use grandis_masking::{
+    estimate_device, estimate_masked, estimate_masked_device, DevicePlan, FlxPlan, ModelDims,
+    PlanContext,
+};
+use grandis_sampling::{
+    boundary_ratio, round_for_epoch, round_of, CoBatcher, MiniBatcher, Saint, Sampler,
+};
+
+/// One optimiser step's plans.
+pub(crate) struct Step {
+    /// `plans[rank][layer]`: the plan each rank runs each layer on (layers sharing a plan
+    /// share the `Arc`).
+    pub plans: Vec<Vec<Arc<DevicePlan>>>,
+    /// Labelled training rows that are loss rows of some rank in this step.
+    pub targets: usize,
+}
+
+/// What one step computes, for the run summary.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StepStats {
+    pub sampled_edges: u64,
+    pub computed_per_layer: Vec<u64>,
+    pub aggregated_edges_per_layer: Vec<u64>,
+    pub beta: Vec<f64>,
+    /// Memory-model bytes of every rank for this step.
+    pub model_bytes: Vec<u64>,
+    pub targets: u64,
+}
+
+/// Sums of [`StepStats`] over the run.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunStats {
+    pub steps: u64,
+    pub sampled_edges: u64,
+    pub computed_per_layer: Vec<u64>,
+    pub aggregated_edges_per_layer: Vec<u64>,
+    pub beta_sum: Vec<f64>,
+    pub model_peak: Vec<u64>,
+    pub targets: u64,
+}
+
+impl RunStats {
+    pub fn add(&mut self, s: &StepStats) {
+        self.steps += 1;
+        self.sampled_edges += s.sampled_edges;
+        self.targets += s.targets;
+        add_u64(&mut self.computed_per_layer, &s.computed_per_layer);
+        add_u64(
+            &mut self.aggregated_edges_per_layer,
+            &s.aggregated_edges_per_layer,
+        );
+        if self.beta_sum.len() < s.beta.len() {
+            self.beta_sum.resize(s.beta.len(), 0.0);
+        }
+        for (a, b) in self.beta_sum.iter_mut().zip(&s.beta) {
+            *a += b;
+        }
+        if self.model_peak.len() < s.model_bytes.len() {
+            self.model_peak.resize(s.model_bytes.len(), 0);
+        }
+        for (a, &b) in self.model_peak.iter_mut().zip(&s.model_bytes) {
+            *a = (*a).max(b);
+        }
+    }
+}
+
+fn add_u64(acc: &mut Vec<u64>, x: &[u64]) {
+    if acc.len() < x.len() {
+        acc.resize(x.len(), 0);
+    }
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += b;
+    }
+}
+
+/// How the steps of a run are made.
+pub(crate) enum Schedule<'s> {
+    /// The same plans every epoch (FB, exact FLX).
+    Static { step: Arc<Step>, stats: StepStats },
+    /// FLX with a sampled FLX plan (layers `< k`) over the exact FB plan (layers `>= k`),
+    /// resampled every `every` epochs.
+    FlxSampled {
+        k: usize,
+        fb: Vec<Arc<DevicePlan>>,
+        sampler: &'s dyn Sampler,
+        every: Option<u64>,
+    },
+    /// Cooperative batching: one masked plan (all layers) per iteration.
+    Cob {
+        batcher: CoBatcher,
+        sampler: CobSampler<'s>,
+    },
+    /// Per-GPU mini-batches: one standalone plan per rank per iteration.
+    Mb {
+        batcher: MiniBatcher,
+        sampler: &'s dyn Sampler,
+    },
+}
+
+/// What builds a co-batch's dependency graph.
+pub(crate) enum CobSampler<'s> {
+    /// Exact closure, EAS or layer-wise fanout over the co-batch.
+    Deps(&'s dyn Sampler),
+    /// GraphSAINT: the co-batch slot only sets the iteration count; each server samples its
+    /// own subgraph (the unmasked one-hop graph).
+    Saint(Saint),
+}
+
+impl Schedule<'_> {
+    /// Optimiser steps per epoch.
+    pub fn iterations(&self) -> usize {
+        match self {
+            Schedule::Static { .. } | Schedule::FlxSampled { .. } => 1,
+            Schedule::Cob { batcher, .. } => batcher.iterations(),
+            Schedule::Mb { batcher, .. } => batcher.iterations(),
+        }
+    }
+}
+
+/// One plan shared by every layer (the same `Arc`, so a rank uploads it once).
+pub(crate) fn every_layer(d: DevicePlan, layers: usize) -> Vec<Arc<DevicePlan>> {
+    let a = Arc::new(d);
+    (0..layers).map(|_| a.clone()).collect()
+}
+
+/// Counts of a step from every rank's per-layer plans (`beta` and memory filled by the caller).
+fn count(plans: &[Vec<Arc<DevicePlan>>], layers: usize) -> StepStats {
+    let mut s = StepStats {
+        computed_per_layer: vec![0; layers],
+        aggregated_edges_per_layer: vec![0; layers],
+        ..Default::default()
+    };
+    for rank in plans {
+        let mut seen: Vec<&Arc<DevicePlan>> = Vec::new();
+        for (l, p) in rank.iter().enumerate() {
+            let rows = p.valid_owned(l);
+            s.computed_per_layer[l] += rows.len() as u64;
+            s.aggregated_edges_per_layer[l] +=
+                rows.map(|r| p.agg_degree_at(l, r) as u64).sum::<u64>();
+            if !seen.iter().any(|q| Arc::ptr_eq(q, p)) {
+                seen.push(p);
+                s.sampled_edges += p.num_edges() as u64;
+            }
+        }
+    }
+    s
+}
+
+/// Loss rows of a step: labelled training vertices among the inner rows of every rank's
+/// last-layer plan.
+fn targets(plans: &[Vec<Arc<DevicePlan>>], labelled_train: &dyn Fn(u32) -> bool) -> usize {
+    plans
+        .iter()
+        .filter_map(|r| r.last())
+        .map(|p| {
+            p.global_ids[..p.n_inner]
+                .iter()
+                .filter(|&&g| labelled_train(g))
+                .count()
+        })
+        .sum()
+}
+
+/// β of every server of `plan` (its device plans moved in and back out).
+fn betas(ctx: &PlanContext<'_>, plan: &FlxPlan) -> Vec<f64> {
+    (0..ctx.layout().servers())
+        .map(|s| boundary_ratio(ctx, plan, s))
+        .collect()
+}
+
+/// A masked plan for every layer, as a step.
+fn masked_step(
+    ctx: &PlanContext<'_>,
+    plan: FlxPlan,
+    dims: &ModelDims,
+    labelled_train: &dyn Fn(u32) -> bool,
+) -> (Arc<Step>, StepStats) {
+    let beta = betas(ctx, &plan);
+    let est = estimate_masked(dims, &plan);
+    let plans: Vec<Vec<Arc<DevicePlan>>> = plan
+        .devices
+        .into_iter()
+        .map(|d| every_layer(d, dims.layers))
+        .collect();
+    finish(
+        plans,
+        dims.layers,
+        beta,
+        est.devices.iter().map(|d| d.total).collect(),
+        labelled_train,
+    )
+}
+
+fn finish(
+    plans: Vec<Vec<Arc<DevicePlan>>>,
+    layers: usize,
+    beta: Vec<f64>,
+    model_bytes: Vec<u64>,
+    labelled_train: &dyn Fn(u32) -> bool,
+) -> (Arc<Step>, StepStats) {
+    let mut stats = count(&plans, layers);
+    stats.beta = beta;
+    stats.model_bytes = model_bytes;
+    let t = targets(&plans, labelled_train);
+    stats.targets = t as u64;
+    (Arc::new(Step { plans, targets: t }), stats)
+}
+
+/// The static step of an FB / exact FLX run: `fb[r]`, `flx[r]` per rank, FLX for layers `< k`.
+pub(crate) fn static_step(
+    ctx: &PlanContext<'_>,
+    fb: Vec<DevicePlan>,
+    flx: Option<FlxPlan>,
+    k: usize,
+    dims: &ModelDims,
+    labelled_train: &dyn Fn(u32) -> bool,
+) -> (Arc<Step>, StepStats) {
+    let layers = dims.layers;
+    let model_bytes: Vec<u64> = fb
+        .iter()
+        .enumerate()
+        .map(|(r, d)| estimate_device(dims, k, d, flx.as_ref().map(|f| &f.devices[r])).total)
+        .collect();
+    let (beta, flx_devices) = match flx {
+        Some(f) => {
+            let b = betas(ctx, &f);
+            (b, Some(f.devices))
+        }
+        None => {
+            let wrapper = FlxPlan {
+                k: 0,
+                servers: Vec::new(),
+                devices: fb,
+            };
+            let b = betas(ctx, &wrapper);
+            return finish_static(
+                wrapper.devices,
+                None,
+                k,
+                layers,
+                b,
+                model_bytes,
+                labelled_train,
+            );
+        }
+    };
+    finish_static(
+        fb,
+        flx_devices,
+        k,
+        layers,
+        beta,
+        model_bytes,
+        labelled_train,
+    )
+}
+
+fn finish_static(
+    fb: Vec<DevicePlan>,
+    flx: Option<Vec<DevicePlan>>,
+    k: usize,
+    layers: usize,
+    beta: Vec<f64>,
+    model_bytes: Vec<u64>,
+    labelled_train: &dyn Fn(u32) -> bool,
+) -> (Arc<Step>, StepStats) {
+    let fb: Vec<Arc<DevicePlan>> = fb.into_iter().map(Arc::new).collect();
+    let flx: Option<Vec<Arc<DevicePlan>>> = flx.map(|v| v.into_iter().map(Arc::new).collect());
+    let plans = (0..fb.len())
+        .map(|r| {
+            (0..layers)
+                .map(|l| match &flx {
+                    Some(f) if l < k => f[r].clone(),
+                    _ => fb[r].clone(),
+                })
+                .collect()
+        })
+        .collect();
+    finish(plans, layers, beta, model_bytes, labelled_train)
+}
+
+/// Builds step `it` of `epoch` (0-based both). `prev` is the previous step, which FLX-EAS
+/// reuses while its sampling round is unchanged.
+pub(crate) fn build_step(
+    ctx: &PlanContext<'_>,
+    schedule: &Schedule<'_>,
+    dims: &ModelDims,
+    epoch: u64,
+    it: usize,
+    prev: Option<&(u64, Arc<Step>, StepStats)>,
+    labelled_train: &dyn Fn(u32) -> bool,
+) -> anyhow::Result<(u64, Arc<Step>, StepStats)> {
+    let layers = dims.layers;
+    match schedule {
+        Schedule::Static { step, stats } => Ok((0, step.clone(), stats.clone())),
+        Schedule::FlxSampled {
+            k,
+            fb,
+            sampler,
+            every,
+        } => {
+            let round = round_for_epoch(epoch, *every);
+            if let Some(p) = prev.filter(|p| p.0 == round) {
+                return Ok(p.clone());
+            }
+            let flx = flx_sampled(ctx, *sampler, *k, round)?;
+            let beta = betas(ctx, &flx);
+            let model_bytes = fb
+                .iter()
+                .enumerate()
+                .map(|(r, d)| estimate_device(dims, *k, d, Some(&flx.devices[r])).total)
+                .collect();
+            let flx: Vec<Arc<DevicePlan>> = flx.devices.into_iter().map(Arc::new).collect();
+            let plans = (0..fb.len())
+                .map(|r| {
+                    (0..layers)
+                        .map(|l| {
+                            if l < *k {
+                                flx[r].clone()
+                            } else {
+                                fb[r].clone()
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            let (step, stats) = finish(plans, layers, beta, model_bytes, labelled_train);
+            Ok((round, step, stats))
+        }
+        Schedule::Cob { batcher, sampler } => {
+            let n = batcher.iterations();
+            let round = round_of(epoch, it, n);
+            let plan = match sampler {
+                CobSampler::Deps(s) => {
+                    let batch = batcher.batch(epoch, it)?;
+                    grandis_sampling::cob_plan(ctx, &batch, layers, *s, round)?
+                }
+                CobSampler::Saint(s) => s.plan(ctx, layers, round)?,
+            };
+            let (step, stats) = masked_step(ctx, plan, dims, labelled_train);
+            Ok((round, step, stats))
+        }
+        Schedule::Mb { batcher, sampler } => {
+            let n = batcher.iterations();
+            let round = round_of(epoch, it, n);
+            let batch = batcher.batch(epoch, it)?;
+            let devices = grandis_sampling::mb_plans(ctx, &batch, layers, *sampler, round)?;
+            let model_bytes = devices
+                .iter()
+                .map(|d| estimate_masked_device(dims, d).total)
+                .collect();
+            let wrapper = FlxPlan {
+                k: layers,
+                servers: Vec::new(),
+                devices,
+            };
+            let beta = betas(ctx, &wrapper);
+            let plans = wrapper
+                .devices
+                .into_iter()
+                .map(|d| every_layer(d, layers))
+                .collect();
+            let (step, stats) = finish(plans, layers, beta, model_bytes, labelled_train);
+            Ok((round, step, stats))
+        }
+    }
+}
+
+/// The sampled FLX plan with `k` hops: every server's whole range as targets.
+pub(crate) fn flx_sampled(
+    ctx: &PlanContext<'_>,
+    sampler: &dyn Sampler,
+    k: usize,
+    round: u64,
+) -> anyhow::Result<FlxPlan> {
+    let layout = ctx.layout();
+    let specs = (0..layout.servers())
+        .map(|s| sampler.spec(ctx, s, layout.server_range(s).collect(), k, round))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("sampling the FLX plan with {}", sampler.name()))?;
+    Ok(ctx.extract_plan(&specs)?)
+}
+
+/// Steps handed from the producer to the ranks: each step is kept until every rank took it,
+/// and at most `depth` steps wait at a time.
+pub(crate) struct Feed {
+    state: Mutex<FeedState>,
+    cv: Condvar,
+    ranks: usize,
+    depth: usize,
+}
+
+#[derive(Default)]
+struct FeedState {
+    /// step index -> (step, ranks that have not taken it yet)
+    ready: BTreeMap<u64, (Arc<Step>, usize)>,
+    failed: Option<String>,
+    closed: bool,
+}
+
+impl Feed {
+    pub fn new(ranks: usize, depth: usize) -> Feed {
+        Feed {
+            state: Mutex::new(FeedState::default()),
+            cv: Condvar::new(),
+            ranks,
+            depth: depth.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FeedState> {
+        // A panicking rank poisons nothing we rely on: the state stays consistent per call.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Offers step `index`; waits while `depth` steps are pending. False once closed.
+    pub fn push(&self, index: u64, step: Arc<Step>) -> bool {
+        let mut st = self.lock();
+        while st.ready.len() >= self.depth && !st.closed {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.closed {
+            return false;
+        }
+        st.ready.insert(index, (step, self.ranks));
+        self.cv.notify_all();
+        true
+    }
+
+    /// Records that the producer failed; every waiting rank returns this error.
+    pub fn fail(&self, message: String) {
+        let mut st = self.lock();
+        st.failed = Some(message);
+        self.cv.notify_all();
+    }
+
+    /// Stops the producer (after the ranks are done, or gave up).
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        self.cv.notify_all();
+    }
+
+    /// Step `index` for one rank (each rank takes every step exactly once, in order).
+    pub fn take(&self, index: u64) -> anyhow::Result<Arc<Step>> {
+        let mut st = self.lock();
+        loop {
+            if let Some(entry) = st.ready.get_mut(&index) {
+                let step = entry.0.clone();
+                entry.1 -= 1;
+                if entry.1 == 0 {
+                    st.ready.remove(&index);
+                    self.cv.notify_all();
+                }
+                return Ok(step);
+            }
+            if let Some(m) = &st.failed {
+                anyhow::bail!("building the plan of step {index}: {m}");
+            }
+            if st.closed {
+                anyhow::bail!("the plan producer stopped before step {index}");
+            }
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Builds every step of `epochs` epochs into `feed`, accumulating `stats`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn produce(
+    ctx: &PlanContext<'_>,
+    schedule: &Schedule<'_>,
+    dims: &ModelDims,
+    epochs: usize,
+    feed: &Feed,
+    stats: &Mutex<RunStats>,
+    labelled_train: &(dyn Fn(u32) -> bool + Sync),
+) {
+    let n = schedule.iterations();
+    let mut prev: Option<(u64, Arc<Step>, StepStats)> = None;
+    let mut index = 0u64;
+    for epoch in 0..epochs as u64 {
+        for it in 0..n {
+            let built = build_step(
+                ctx,
+                schedule,
+                dims,
+                epoch,
+                it,
+                prev.as_ref(),
+                labelled_train,
+            )
+            .with_context(|| format!("epoch {} iteration {it}", epoch + 1));
+            match built {
+                Ok(b) => {
+                    if let Ok(mut s) = stats.lock() {
+                        s.add(&b.2);
+                    }
+                    let step = b.1.clone();
+                    prev = Some(b);
+                    if !feed.push(index, step) {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    feed.fail(format!("{e:#}"));
+                    return;
+                }
+            }
+            index += 1;
+        }
+    }
+}
