@@ -7,11 +7,13 @@
 #   3. the example configurations load in the real binary and document every key it knows;
 #   4. every grandis_* metric that alerts.yml and the Grafana dashboard use is exported by a real
 #      coordinator and a real daemon started here on 127.0.0.1 (scraped from /metrics), every
-#      label they select on exists, and the dashboard is structurally sound (metric_names.py).
+#      label they select on exists, and the dashboard is structurally sound (metric_names.py);
+#   5. a real Prometheus running prometheus.yml + alerts.yml against those processes: targets up,
+#      rules healthy, per-job series relabelled to `grandis_job`, every dashboard query has data.
 #
 #   deploy/check.sh [--bin PATH]     (default: $GRANDIS_BIN, else target/debug/grandis)
 #
-# Missing tools (systemd-analyze, promtool, curl) are installed with apt-get when running as root;
+# Missing tools (systemd-analyze, prometheus + promtool, curl) are installed with apt-get when running as root;
 # otherwise the script stops and names them. Only 127.0.0.1 is used; everything started is stopped
 # on exit.
 set -euo pipefail
@@ -167,4 +169,24 @@ python3 "$here/metric_names.py" --exported "coordinator=$tmp/coordinator.metrics
     "daemon=$tmp/daemon-0.metrics" "daemon=$tmp/daemon-1.metrics" \
     --rules "$here/prometheus/alerts.yml" --dashboard "$here/grafana/grandis.json" \
     | sed 's/^/[deploy\/check] /' || fail "metric names (see above)"
+
+# --- 5. A real Prometheus with prometheus.yml and alerts.yml scrapes them; every dashboard query
+# returns data, the relabelling gives per-job series a `grandis_job` label, no rule errors.
+prom="$tmp/prometheus"
+mkdir -p "$prom"
+cp "$here/prometheus/alerts.yml" "$prom/"
+pport="$(free_port)"
+sed -e "s/\"10.0.0.1:7700\"/\"127.0.0.1:$cport\"/" \
+    -e "s/\"10.0.0.11:7702\", \"10.0.0.12:7702\"/\"127.0.0.1:${mports[0]}\", \"127.0.0.1:${mports[1]}\"/" \
+    -e "s/scrape_interval: 15s/scrape_interval: 1s/; s/evaluation_interval: 15s/evaluation_interval: 1s/" \
+    "$here/prometheus/prometheus.yml" >"$prom/prometheus.yml"
+grep -q "127.0.0.1:${mports[1]}" "$prom/prometheus.yml" || fail "could not point prometheus.yml at the local targets"
+prometheus --config.file="$prom/prometheus.yml" --storage.tsdb.path="$prom/data" \
+    --web.listen-address="127.0.0.1:$pport" >"$tmp/prometheus.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:$pport/-/ready" 30 "${pids[-1]}" || fail "prometheus did not start:
+$(tail -20 "$tmp/prometheus.log")"
+python3 "$here/metric_names.py" --prometheus "http://127.0.0.1:$pport" \
+    --dashboard "$here/grafana/grandis.json" | sed 's/^/[deploy\/check] /' \
+    || fail "dashboard queries against a real Prometheus (see above)"
 say "all deployment checks passed"

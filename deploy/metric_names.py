@@ -2,6 +2,7 @@
 """Checks that every grandis metric the alert rules and the Grafana dashboard use is exported.
 
     metric_names.py --exported ROLE=FILE [ROLE=FILE...] --rules alerts.yml --dashboard grandis.json
+    metric_names.py --prometheus URL --dashboard grandis.json
     metric_names.py --self-test
 
 ROLE is `coordinator` or `daemon` (the scrape job `grandis-ROLE` of prometheus.yml), FILE a
@@ -12,13 +13,21 @@ way Prometheus sees them: counters as `<name>_total`, histograms and summaries w
 `_sum`, `_count`. Referenced names are the `grandis_*` identifiers in every PromQL expression
 (alert `expr`, dashboard target `expr` and query-variable definitions). Also checks the
 dashboard's structure: unique panel ids, a datasource and at least one query per panel, panels
-inside the 24-column grid and not overlapping. Exit 1 with one line per problem.
+inside the 24-column grid and not overlapping.
+
+With --prometheus, checks against a real Prometheus that scrapes grandis with
+deploy/prometheus/prometheus.yml and alerts.yml: every target up, every rule evaluates without
+error, per-job series carry the `grandis_job` label (and no `exported_job`), and every dashboard
+query (template variables filled with "all") returns data. Exit 1 with one line per problem.
 """
 
 import argparse
 import json
 import re
 import sys
+import time
+import urllib.parse
+import urllib.request
 
 NAME = re.compile(r"\bgrandis_[a-zA-Z0-9_]*[a-zA-Z0-9]\b")
 # Label names after `by (` / `on (` ... and inside selectors `{a="..."}`: checked against the
@@ -168,6 +177,72 @@ def check(texts, rules_text, dash, problems):
     return used
 
 
+GRAFANA_VARS = {"grandis_job": ".*", "server": ".*", "__range": "1h", "__rate_interval": "1m",
+                "__interval": "15s"}
+
+
+def fill_vars(expr):
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: GRAFANA_VARS.get(m.group(1), m.group(0)), expr)
+
+
+def prom_get(base, path, **params):
+    url = f"{base}{path}?{urllib.parse.urlencode(params, doseq=True)}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.load(r)
+    if body.get("status") != "success":
+        raise RuntimeError(f"{path}: {body}")
+    data = body["data"]
+    # Queries answer {"resultType": ..., "result": [...]}; label values a plain list.
+    return data["result"] if isinstance(data, dict) and "result" in data else data
+
+
+def check_prometheus(base, dash, problems, wait_s=60):
+    # Until every target is up and has been scraped a few times (increase() needs two samples).
+    deadline = time.monotonic() + wait_s
+    while True:
+        ups = prom_get(base, "/api/v1/query", query="count_over_time(up[5m])")
+        down = prom_get(base, "/api/v1/query", query="up == 0")
+        if len(ups) >= 3 and not down and all(float(u["value"][1]) >= 3 for u in ups):
+            break
+        if time.monotonic() > deadline:
+            problems.append(f"prometheus: targets not all up and scraped 3 times within {wait_s} "
+                            f"s: {ups} down: {down}")
+            return 0
+        time.sleep(0.5)
+    # One evaluation of the rules after the scrapes.
+    time.sleep(1.5)
+    for group in prom_get(base, "/api/v1/rules")["groups"]:
+        for rule in group["rules"]:
+            if rule.get("health") != "ok":
+                problems.append(f"prometheus: rule {rule.get('name')}: health "
+                                f"{rule.get('health')}: {rule.get('lastError')}")
+    series = prom_get(base, "/api/v1/query", query='grandis_job_loss{job="grandis-daemon"}')
+    if not series:
+        problems.append("prometheus: no grandis_job_loss series from the daemons")
+    for s in series:
+        if "grandis_job" not in s["metric"] or "exported_job" in s["metric"]:
+            problems.append(f"prometheus: relabelling did not give {s['metric']} a grandis_job "
+                            f"label (prometheus.yml metric_relabel_configs)")
+    queries = 0
+    for where, expr in dashboard_exprs(dash, problems):
+        expr = fill_vars(expr)
+        m = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\)\s*", expr)
+        try:
+            if m:
+                data = prom_get(base, f"/api/v1/label/{m.group(2)}/values",
+                                **{"match[]": m.group(1)})
+            else:
+                data = prom_get(base, "/api/v1/query", query=expr)
+        except Exception as e:  # HTTP 400 carries the PromQL parse error
+            detail = e.read().decode() if hasattr(e, "read") else str(e)
+            problems.append(f"{where}: query failed: {expr}: {detail}")
+            continue
+        queries += 1
+        if not data:
+            problems.append(f"{where}: no data for {expr}")
+    return queries
+
+
 def self_test():
     page = (
         "# TYPE grandis_up gauge\ngrandis_up{label=\"a\"} 1\n"
@@ -206,10 +281,25 @@ def main():
     ap.add_argument("--exported", nargs="+", metavar="FILE")
     ap.add_argument("--rules")
     ap.add_argument("--dashboard")
+    ap.add_argument("--prometheus", metavar="URL")
     ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args()
     if a.self_test:
         self_test()
+        return 0
+    if a.prometheus:
+        if not a.dashboard:
+            ap.error("--prometheus needs --dashboard")
+        with open(a.dashboard, encoding="utf-8") as fh:
+            dash = json.load(fh)
+        problems = []
+        n = check_prometheus(a.prometheus.rstrip("/"), dash, problems)
+        for p in problems:
+            print(p, file=sys.stderr)
+        if problems:
+            return 1
+        print(f"prometheus: targets up, rules healthy, grandis_job label present, all {n} "
+              f"dashboard queries return data")
         return 0
     if not (a.exported and a.rules and a.dashboard):
         ap.error("--exported, --rules and --dashboard are required")
