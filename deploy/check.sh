@@ -13,9 +13,9 @@
 #
 #   deploy/check.sh [--bin PATH]     (default: $GRANDIS_BIN, else target/debug/grandis)
 #
-# Missing tools (systemd-analyze, prometheus + promtool, curl) are installed with apt-get when running as root;
-# otherwise the script stops and names them. Only 127.0.0.1 is used; everything started is stopped
-# on exit.
+# Missing tools (systemd-analyze, prometheus + promtool, curl) are installed with apt-get when
+# running as root; otherwise the script stops and names them. Only 127.0.0.1 is used; everything
+# started is stopped on exit.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -24,7 +24,7 @@ bin="${GRANDIS_BIN:-$repo/target/debug/grandis}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin) bin="${2:?--bin needs a path}"; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -35,7 +35,7 @@ fail() { printf '[deploy/check] FAILED: %s\n' "$*" >&2; exit 1; }
 
 need=()
 command -v systemd-analyze >/dev/null || need+=(systemd)
-command -v promtool >/dev/null || need+=(prometheus)
+{ command -v promtool && command -v prometheus; } >/dev/null || need+=(prometheus)
 command -v curl >/dev/null || need+=(curl)
 command -v python3 >/dev/null || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
