@@ -2,9 +2,14 @@
 //! parses arguments, calls into the library crates, and prints; no algorithm lives here.
 
 mod bench;
+mod certs;
+mod cluster;
+mod coordinator;
+mod daemon;
 mod data;
 mod partition;
 mod predict;
+mod submit;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +43,18 @@ enum Command {
     /// Benchmarks, reported as ratios against a baseline run in the same invocation.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run a local cluster (coordinator + one daemon process per server) for one job.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
+    /// Run the coordinator: the REST API jobs are submitted to and daemons report to.
+    Coordinator(coordinator::CoordinatorArgs),
+    /// Run the per-server daemon (one per server, e.g. under systemd).
+    Daemon(daemon::DaemonArgs),
+    /// Submit a job to a coordinator and optionally follow its progress.
+    Submit(submit::SubmitArgs),
+    /// Certificates of the data plane's mutual TLS.
+    #[command(subcommand)]
+    Certs(certs::CertsCommand),
 }
 
 fn main() {
@@ -56,6 +73,11 @@ fn main() {
         Command::Train(args) => train::run(*args),
         Command::Predict(args) => predict::run(args),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Cluster(cmd) => cluster::run(cmd),
+        Command::Coordinator(args) => coordinator::run(args),
+        Command::Daemon(args) => daemon::run(args),
+        Command::Submit(args) => submit::run(args),
+        Command::Certs(cmd) => certs::run(cmd),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

@@ -1,0 +1,547 @@
+//! `grandis cluster up`: a whole cluster on this machine for trying grandis out and for
+//! end-to-end tests: certificates, a coordinator and one daemon PROCESS per server on
+//! 127.0.0.1 (ports chosen at run time), one job submitted and followed, a summary printed,
+//! and everything shut down again — also on failure and on Ctrl-C. The child processes are
+//! this same executable (`grandis coordinator` / `grandis daemon`); each also exits by itself
+//! when this process disappears (it watches its parent), so no orphans are left behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use crate::submit::{progress_line, require_success, Api};
+
+/// Environment variable telling a child process to exit when its parent (this pid) is gone.
+pub const PARENT_ENV: &str = "GRANDIS_EXIT_WITH_PARENT";
+
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Start a coordinator and S daemons on this machine, run one job, print its summary and
+    /// shut everything down.
+    ///
+    /// Each server is a separate `grandis daemon` process with its own certificate (from a
+    /// fresh cluster CA), talking QUIC over loopback; the coordinator is a `grandis
+    /// coordinator` process. Without --dataset a small synthetic graph is generated. Logs of
+    /// the processes go to <work dir>/logs (kept with --keep-work-dir or --work-dir).
+    Up(Box<UpArgs>),
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Servers (daemon processes).
+    #[arg(long, default_value_t = 2)]
+    pub servers: u32,
+    /// Devices (worker groups) per server.
+    #[arg(long, default_value_t = 2)]
+    pub devices: u32,
+    /// Dataset directory (default: a synthetic graph of --synthetic-vertices vertices).
+    #[arg(long)]
+    pub dataset: Option<PathBuf>,
+    /// Vertices of the default synthetic dataset.
+    #[arg(long, default_value_t = 3000)]
+    pub synthetic_vertices: u64,
+    /// Distribution mode: flx, fb or auto.
+    #[arg(long, default_value = "flx")]
+    pub mode: String,
+    /// flx: preloaded hops k (default: chosen from the memory budget).
+    #[arg(long)]
+    pub preload_hops: Option<u32>,
+    /// Per-device memory budget in bytes (flx/auto without --preload-hops).
+    #[arg(long)]
+    pub device_memory: Option<u64>,
+    /// Model: sage, gcn or ressage.
+    #[arg(long, default_value = "sage")]
+    pub model: String,
+    /// Graph convolutions.
+    #[arg(long, default_value_t = 2)]
+    pub layers: u32,
+    /// Hidden width.
+    #[arg(long, default_value_t = 64)]
+    pub hidden: u32,
+    #[arg(long, default_value_t = 30)]
+    pub epochs: u32,
+    /// Dropout probability.
+    #[arg(long, default_value_t = 0.5)]
+    pub dropout: f64,
+    /// Adam learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    pub lr: f64,
+    /// Weight decay.
+    #[arg(long, default_value_t = 5e-4)]
+    pub weight_decay: f64,
+    /// Seed of weights and dropout.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Partitioning: metis, spring or random.
+    #[arg(long, default_value = "metis")]
+    pub partition: String,
+    /// Heartbeat interval of the daemons in ms (the lease is 5 intervals, the down timeout 10).
+    #[arg(long, default_value_t = 200)]
+    pub heartbeat_ms: u64,
+    /// Compute threads per daemon (default: cores / servers).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Use (and keep) this work directory instead of a temporary one.
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// Keep the temporary work directory (certificates, logs, job reports).
+    #[arg(long)]
+    pub keep_work_dir: bool,
+    /// Give up if the job has not ended after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_s: u64,
+    /// Print one JSON object (losses, accuracies, traffic per server) as the last stdout line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Called by `grandis coordinator` / `grandis daemon`: when started by `cluster up`, exit as
+/// soon as the parent process is gone, so a killed `cluster up` leaves no processes behind.
+pub fn exit_with_parent() {
+    #[cfg(unix)]
+    if let Some(pid) = std::env::var(PARENT_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        let _ = std::thread::Builder::new()
+            .name("grandis-parent-watch".into())
+            .spawn(move || loop {
+                if std::os::unix::process::parent_id() != pid {
+                    eprintln!("parent process {pid} is gone; exiting");
+                    std::process::exit(1);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            });
+    }
+}
+
+/// The child processes; terminated (SIGTERM, then SIGKILL after a grace period) on drop.
+struct Children(Vec<(String, Child)>);
+
+impl Children {
+    fn check_alive(&mut self) -> anyhow::Result<()> {
+        for (name, c) in &mut self.0 {
+            if let Ok(Some(status)) = c.try_wait() {
+                bail!("{name} exited early ({status})");
+            }
+        }
+        Ok(())
+    }
+
+    fn shutdown(&mut self) {
+        for (_, c) in &mut self.0 {
+            terminate(c);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (name, c) in &mut self.0 {
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Ok(None) => {
+                        tracing::warn!("{name} did not stop within 5 s; killing it");
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        self.0.clear();
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn terminate(c: &mut Child) {
+    #[cfg(unix)]
+    {
+        // SIGTERM: the coordinator closes its database, a daemon cancels its job.
+        // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
+        let rc = unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+        if rc == 0 {
+            return;
+        }
+    }
+    let _ = c.kill();
+}
+
+/// Waits until `path` exists and is non-empty (written atomically by the child), checking
+/// that the children are still alive.
+fn wait_file(path: &Path, children: &mut Children, what: &str) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(t) = std::fs::read_to_string(path) {
+            if !t.trim().is_empty() {
+                return Ok(t);
+            }
+        }
+        children.check_alive()?;
+        if Instant::now() > deadline {
+            bail!("{what} did not start within 60 s (no {})", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn(
+    exe: &Path,
+    args: &[&str],
+    log: &Path,
+    name: &str,
+    children: &mut Children,
+) -> anyhow::Result<()> {
+    let file = std::fs::File::create(log)
+        .with_context(|| format!("creating log file {}", log.display()))?;
+    let child = Command::new(exe)
+        .args(args)
+        .env(PARENT_ENV, std::process::id().to_string())
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .spawn()
+        .with_context(|| format!("starting {name} ({})", exe.display()))?;
+    children.0.push((name.to_string(), child));
+    Ok(())
+}
+
+fn toml_quote(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+pub fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
+    match cmd {
+        ClusterCommand::Up(args) => up(*args),
+    }
+}
+
+fn up(args: UpArgs) -> anyhow::Result<()> {
+    if args.servers == 0 || args.devices == 0 {
+        bail!("--servers and --devices must be at least 1");
+    }
+    if !matches!(args.mode.as_str(), "flx" | "fb" | "auto") {
+        bail!("--mode {}: expected flx, fb or auto", args.mode);
+    }
+    if args.heartbeat_ms < 10 {
+        bail!("--heartbeat-ms must be at least 10");
+    }
+    let started = Instant::now();
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let flag = interrupted.clone();
+        ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+            .map_err(|e| anyhow::anyhow!("cannot install the Ctrl-C handler: {e}"))?;
+    }
+    let (_temp, work): (Option<tempfile::TempDir>, PathBuf) = match &args.work_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)
+                .with_context(|| format!("--work-dir: cannot create {}", d.display()))?;
+            (None, std::fs::canonicalize(d)?)
+        }
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix("grandis-cluster-")
+                .tempdir()
+                .context("creating a temporary work directory")?;
+            let p = t.path().to_path_buf();
+            if args.keep_work_dir {
+                (None, t.keep())
+            } else {
+                (Some(t), p)
+            }
+        }
+    };
+    let logs = work.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    eprintln!("work directory {}", work.display());
+
+    // Certificates: one CA, one node per server (label = node name).
+    let labels: Vec<String> = (0..args.servers).map(|i| format!("server-{i}")).collect();
+    let certs = work.join("certs");
+    grandis_quic::init_cluster_with(
+        &certs,
+        &labels,
+        &grandis_quic::InitOptions {
+            include_localhost: true,
+            validity_days: 2,
+            overwrite: true,
+        },
+    )?;
+
+    // Dataset.
+    let dataset = match &args.dataset {
+        Some(d) => std::fs::canonicalize(d)
+            .with_context(|| format!("--dataset {}: not found", d.display()))?,
+        None => {
+            let dir = work.join("dataset");
+            let cfg = grandis_synth::SynthConfig {
+                name: "synthetic".into(),
+                nodes: args.synthetic_vertices,
+                ..Default::default()
+            };
+            grandis_synth::generate(&cfg, &dir, true)
+                .context("generating the default synthetic dataset")?;
+            eprintln!(
+                "synthetic dataset: {} vertices, {} features, {} classes",
+                cfg.nodes, cfg.features, cfg.classes
+            );
+            dir
+        }
+    };
+
+    let exe = std::env::current_exe().context("locating the grandis executable")?;
+    let mut children = Children(Vec::new());
+    let token = format!(
+        "cluster-up-{}-{}",
+        std::process::id(),
+        started.elapsed().as_nanos()
+    );
+    let hb = args.heartbeat_ms;
+    let coord_cfg = work.join("coordinator.toml");
+    std::fs::write(
+        &coord_cfg,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndb_path = {}\ntoken = {}\nheartbeat_interval_ms = {hb}\n\
+             lease_ms = {}\ndown_timeout_ms = {}\nsse_keepalive_ms = 1000\n",
+            toml_quote(&work.join("coordinator.redb").display().to_string()),
+            toml_quote(&token),
+            hb * 5,
+            hb * 10
+        ),
+    )?;
+    let addr_file = work.join("coordinator.addr");
+    let _ = std::fs::remove_file(&addr_file);
+    spawn(
+        &exe,
+        &[
+            "coordinator",
+            "--config",
+            &coord_cfg.display().to_string(),
+            "--addr-file",
+            &addr_file.display().to_string(),
+        ],
+        &logs.join("coordinator.log"),
+        "coordinator",
+        &mut children,
+    )?;
+    let coord_addr = wait_file(&addr_file, &mut children, "the coordinator")?;
+    let url = format!("http://{}", coord_addr.trim());
+    eprintln!("coordinator at {url}");
+
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let threads = args
+        .threads
+        .unwrap_or((cores / args.servers as usize).max(1));
+    let mut ready_files = Vec::new();
+    for label in &labels {
+        let cfg = work.join(format!("{label}.toml"));
+        let ready = work.join(format!("{label}.ready.json"));
+        let _ = std::fs::remove_file(&ready);
+        std::fs::write(
+            &cfg,
+            format!(
+                "coordinator = {}\ntoken = {}\nlabel = {}\ndevices = {}\nthreads = {threads}\n\
+                 data_listen = \"127.0.0.1:0\"\ncert_dir = {}\nwork_dir = {}\n\
+                 metrics_listen = \"127.0.0.1:0\"\nready_file = {}\nconnect_timeout_ms = 20000\n\
+                 peer_timeout_ms = {}\n",
+                toml_quote(&url),
+                toml_quote(&token),
+                toml_quote(label),
+                args.devices,
+                toml_quote(&certs.display().to_string()),
+                toml_quote(&work.display().to_string()),
+                toml_quote(&ready.display().to_string()),
+                (hb * 10).max(2000)
+            ),
+        )?;
+        spawn(
+            &exe,
+            &["daemon", "--config", &cfg.display().to_string()],
+            &logs.join(format!("{label}.log")),
+            label,
+            &mut children,
+        )?;
+        ready_files.push((label.clone(), ready));
+    }
+    let mut daemons = Vec::new();
+    for (label, ready) in &ready_files {
+        let text = wait_file(ready, &mut children, &format!("daemon {label}"))?;
+        let r: grandis_daemon::Ready = serde_json::from_str(&text)
+            .with_context(|| format!("malformed ready file {}", ready.display()))?;
+        eprintln!(
+            "daemon {label}: data plane {}, metrics http://{}/metrics",
+            r.data_addr,
+            r.metrics_addr.as_deref().unwrap_or("-")
+        );
+        daemons.push(r);
+    }
+
+    let mut spec = json!({
+        "name": format!("cluster-up-{}", args.mode),
+        "dataset": dataset.display().to_string(),
+        "model": args.model,
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "dropout": args.dropout,
+        "lr": args.lr,
+        "weight_decay": args.weight_decay,
+        "mode": args.mode,
+        "epochs": args.epochs,
+        "seed": args.seed,
+        "servers": args.servers,
+        "devices": args.devices,
+        "partition": args.partition,
+    });
+    if let Some(k) = args.preload_hops {
+        spec["preload_hops"] = json!(k);
+    }
+    if let Some(m) = args.device_memory {
+        spec["device_memory"] = json!(m);
+    }
+    let api = Api::new(&url, &token);
+    let job = api.submit(&spec.to_string(), false)?;
+    eprintln!(
+        "submitted job {}: {} on {} servers x {} devices",
+        job.id, args.mode, args.servers, args.devices
+    );
+
+    // Follow on a helper thread so this one can watch for Ctrl-C, dead children and the
+    // overall timeout.
+    let (tx, rx) = mpsc::channel();
+    let follower = {
+        let api = Api::new(&url, &token);
+        let id = job.id;
+        std::thread::spawn(move || {
+            let r = api.follow(id, &mut |p| println!("{}", progress_line(p)), &mut |s| {
+                let state = s.get("state").and_then(|v| v.as_str()).unwrap_or("?");
+                let servers = s.get("servers").cloned().unwrap_or_default();
+                eprintln!("job {id}: {state} {servers}");
+            });
+            let _ = tx.send(r);
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_s);
+    let end = loop {
+        if interrupted.load(Ordering::SeqCst) {
+            eprintln!("interrupted; stopping the cluster");
+            children.shutdown();
+            std::process::exit(130);
+        }
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(r) => break r?,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the progress stream ended"),
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "job {} did not end within --timeout-s {}",
+                job.id,
+                args.timeout_s
+            );
+        }
+        if let Err(e) = children.check_alive() {
+            // The coordinator fails the job within the lease; give it that long to say why.
+            if let Ok(Ok(end)) = rx.recv_timeout(Duration::from_millis(hb * 20)) {
+                require_success(&end)?;
+            }
+            return Err(e.context(format!("see the logs in {}", logs.display())));
+        }
+    };
+    let _ = follower.join();
+    require_success(&end).map_err(|e| e.context(format!("logs in {}", logs.display())))?;
+
+    // Per-server reports written by the daemons.
+    let mut reports = Vec::new();
+    for label in &labels {
+        let p = work
+            .join("jobs")
+            .join(end.id.to_string())
+            .join(format!("{label}.json"));
+        let text = std::fs::read_to_string(&p)
+            .with_context(|| format!("reading the job report {}", p.display()))?;
+        reports.push(serde_json::from_str::<serde_json::Value>(&text)?);
+    }
+    children.shutdown();
+    let sum = end.summary.clone().unwrap_or_default();
+    let get = |k: &str| sum.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+    let field = |r: &serde_json::Value, path: &[&str]| -> u64 {
+        path.iter().fold(r, |v, k| &v[*k]).as_u64().unwrap_or(0)
+    };
+    let inter: u64 = reports
+        .iter()
+        .map(|r| field(r, &["halo_bytes_per_epoch", "inter_server"]))
+        .sum();
+    let intra: u64 = reports
+        .iter()
+        .map(|r| field(r, &["halo_bytes_per_epoch", "intra_server"]))
+        .sum();
+    let wire_payload: u64 = reports
+        .iter()
+        .map(|r| field(r, &["wire", "payload_bytes_sent"]))
+        .sum();
+    let wire_total: u64 = reports
+        .iter()
+        .map(|r| field(r, &["wire", "bytes_sent"]))
+        .sum();
+    let counted: u64 = reports
+        .iter()
+        .map(|r| field(r, &["inter_server_payload_sent"]))
+        .sum();
+    let wall = started.elapsed().as_secs_f64();
+    let line = format!(
+        "final loss {:.4}  train {:.4}  val {:.4}  test {:.4}  median epoch {:.3}s  k = {}  \
+         halo bytes/epoch inter {inter} intra {intra}  QUIC bytes {wire_total} (payload \
+         {wire_payload}, fabric-counted {counted})  wall {wall:.1}s",
+        get("final_loss"),
+        get("train_acc"),
+        get("val_acc"),
+        get("test_acc"),
+        get("median_epoch_s"),
+        sum.get("preload_hops").cloned().unwrap_or_default(),
+    );
+    if args.json {
+        eprintln!("{line}");
+        let out = json!({
+            "job": end.id,
+            "mode": args.mode,
+            "servers": args.servers,
+            "devices": args.devices,
+            "dataset": dataset.display().to_string(),
+            "losses": end.history.iter().map(|p| p.loss).collect::<Vec<_>>(),
+            "final_loss": get("final_loss"),
+            "train_acc": get("train_acc"),
+            "val_acc": get("val_acc"),
+            "test_acc": get("test_acc"),
+            "median_epoch_s": get("median_epoch_s"),
+            "preload_hops": sum.get("preload_hops"),
+            "halo_bytes_per_epoch": {"inter_server": inter, "intra_server": intra},
+            "predicted_halo_bytes_per_epoch": sum.get("predicted_halo_bytes_per_epoch"),
+            "quic_payload_bytes_sent": wire_payload,
+            "quic_bytes_sent": wire_total,
+            "fabric_inter_server_bytes_sent": counted,
+            "wall_seconds": wall,
+            "work_dir": if _temp.is_some() { serde_json::Value::Null } else { json!(work.display().to_string()) },
+            "reports": reports,
+        });
+        println!("{out}");
+    } else {
+        println!("{line}");
+    }
+    Ok(())
+}

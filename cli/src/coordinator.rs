@@ -1,0 +1,49 @@
+//! `grandis coordinator`: the job service users submit to and daemons report to
+//! (`grandis-coordinator`).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+#[derive(clap::Args)]
+pub struct CoordinatorArgs {
+    /// Configuration file (TOML). Keys: listen, db_path, token, daemon_token,
+    /// heartbeat_interval_ms, lease_ms, down_timeout_ms, sse_keepalive_ms; each can be
+    /// overridden by GRANDIS_COORDINATOR_<KEY>. Without a file, defaults and the environment.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print the merged configuration (with the source of every key) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+    /// Once listening, write the bound address (host:port) to this file (useful with
+    /// `listen = "127.0.0.1:0"`).
+    #[arg(long)]
+    pub addr_file: Option<PathBuf>,
+}
+
+pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
+    if args.print_config {
+        print!(
+            "{}",
+            grandis_coordinator::print_config(args.config.as_deref())?
+        );
+        return Ok(());
+    }
+    crate::cluster::exit_with_parent();
+    let config = grandis_coordinator::CoordinatorConfig::load(args.config.as_deref())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("listen: cannot bind {}", config.listen))?;
+        let addr = listener.local_addr()?;
+        if let Some(path) = &args.addr_file {
+            grandis_store::write_file_atomic(path, addr.to_string().as_bytes())
+                .with_context(|| format!("--addr-file: writing {}", path.display()))?;
+        }
+        grandis_coordinator::serve(config, listener).await
+    })
+}

@@ -1,0 +1,358 @@
+//! End-to-end tests with real processes: `grandis coordinator` and one `grandis daemon` per
+//! server, talking HTTP and QUIC over 127.0.0.1 on ports chosen at run time. The harness
+//! (process handling, configs, REST client) is the `grandis-e2e` package in `tests/`. Every
+//! wait is bounded; every process is killed when its handle drops.
+
+use std::time::Duration;
+
+use grandis_e2e::{last_json_line, run_grandis, wait_for, Cluster, Rest, Timing};
+use grandis_quic::frame::{FRAME_OVERHEAD, PREAMBLE_BYTES};
+use serde_json::{json, Value};
+
+const EXE: &str = env!("CARGO_BIN_EXE_grandis");
+const LONG: Duration = Duration::from_secs(120);
+
+fn losses(v: &Value) -> Vec<f64> {
+    v["losses"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no losses in {v}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// `grandis cluster up` on `dataset` against `grandis train` in one process, same flags.
+fn cluster_up_equals_in_process(dataset: &str, mode: &str, extra: &[&str], epochs: u32) {
+    let epochs_s = epochs.to_string();
+    let mut args = vec![
+        "cluster",
+        "up",
+        "--servers",
+        "2",
+        "--devices",
+        "2",
+        "--dataset",
+        dataset,
+        "--mode",
+        mode,
+        "--epochs",
+        &epochs_s,
+        "--hidden",
+        "16",
+        "--seed",
+        "3",
+        "--threads",
+        "1",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = run_grandis(EXE, &args, LONG).unwrap();
+    assert!(ok, "cluster up failed:\n{err}");
+    let cluster = last_json_line(&out).unwrap_or_else(|| panic!("no JSON in {out}"));
+
+    let mut args = vec![
+        "train",
+        dataset,
+        "--mode",
+        mode,
+        "--servers",
+        "2",
+        "--devices",
+        "2",
+        "--epochs",
+        &epochs_s,
+        "--hidden",
+        "16",
+        "--seed",
+        "3",
+        "--threads",
+        "4",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = run_grandis(EXE, &args, LONG).unwrap();
+    assert!(ok, "train failed:\n{err}");
+    let local = last_json_line(&out).unwrap();
+
+    let (a, b) = (losses(&cluster), losses(&local));
+    assert_eq!(a.len(), epochs as usize, "{cluster}");
+    assert_eq!(a.len(), b.len());
+    for (e, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-4,
+            "{mode} epoch {}: cluster {x} vs in-process {y}",
+            e + 1
+        );
+    }
+    assert_eq!(cluster["preload_hops"], local["preload_hops"]);
+
+    // Traffic: the fabric counted what the plan predicts, and the QUIC wire carried exactly
+    // the fabric's inter-server bytes plus framing.
+    assert_eq!(
+        cluster["halo_bytes_per_epoch"]["inter_server"],
+        local["bytes_inter_server"]
+    );
+    assert_eq!(
+        cluster["halo_bytes_per_epoch"]["inter_server"],
+        cluster["predicted_halo_bytes_per_epoch"]["inter_server"]
+    );
+    assert_eq!(
+        cluster["halo_bytes_per_epoch"]["intra_server"],
+        cluster["predicted_halo_bytes_per_epoch"]["intra_server"]
+    );
+    let payload = cluster["quic_payload_bytes_sent"].as_u64().unwrap();
+    assert!(payload > 0);
+    assert_eq!(
+        payload,
+        cluster["fabric_inter_server_bytes_sent"].as_u64().unwrap()
+    );
+    for r in cluster["reports"].as_array().unwrap() {
+        let w = &r["wire"];
+        let u = |k: &str| w[k].as_u64().unwrap();
+        assert_eq!(
+            u("bytes_sent"),
+            u("payload_bytes_sent")
+                + u("frames_sent") * FRAME_OVERHEAD as u64
+                + u("streams_opened") * PREAMBLE_BYTES as u64,
+            "{r}"
+        );
+        assert_eq!(
+            u("payload_bytes_sent"),
+            r["inter_server_payload_sent"].as_u64().unwrap()
+        );
+    }
+}
+
+#[test]
+fn cluster_up_matches_in_process_training_on_a_synthetic_graph() {
+    let c = Cluster::new(EXE, &["unused"], Timing::default()).unwrap();
+    let ds = c.synth("synth", 1500, 11).unwrap();
+    let ds = ds.display().to_string();
+    cluster_up_equals_in_process(&ds, "flx", &["--preload-hops", "1"], 4);
+    cluster_up_equals_in_process(&ds, "fb", &[], 4);
+}
+
+#[test]
+fn cluster_up_matches_in_process_training_on_cora() {
+    let Some(dir) = std::env::var_os("GRANDIS_CORA") else {
+        if std::env::var_os("CI").is_some() {
+            panic!("GRANDIS_CORA must point at an imported Cora dataset when CI is set");
+        }
+        eprintln!("skipping: set GRANDIS_CORA to an imported Cora dataset directory");
+        return;
+    };
+    let ds = dir.to_string_lossy().to_string();
+    cluster_up_equals_in_process(&ds, "flx", &["--preload-hops", "1"], 3);
+    cluster_up_equals_in_process(&ds, "fb", &[], 3);
+}
+
+#[test]
+fn killed_daemon_fails_the_job_naming_the_server_and_nothing_hangs() {
+    let c = Cluster::new(EXE, &["node-a", "node-b"], Timing::default()).unwrap();
+    let ds = c.synth("synth", 2000, 1).unwrap();
+    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let (_a, _) = c.daemon(&url, "node-a", 2, "certs").unwrap();
+    let (mut b, _) = c.daemon(&url, "node-b", 2, "certs").unwrap();
+    let api = Rest::new(&url);
+    let t = c.token.clone();
+    let id = api
+        .submit(
+            &t,
+            &json!({"dataset": ds, "mode": "fb", "epochs": 1_000_000, "layers": 2,
+                    "hidden": 16, "servers": 2, "devices": 2}),
+        )
+        .unwrap();
+    // Running, with epochs coming in.
+    wait_for("two epochs", LONG, || {
+        let j = api.job(&t, id).ok()?;
+        (j["latest"]["epoch"].as_u64().unwrap_or(0) >= 2).then_some(())
+    })
+    .unwrap();
+    b.kill9();
+    let killed = std::time::Instant::now();
+    let end = api.wait_end(&t, id, Duration::from_secs(20)).unwrap();
+    let took = killed.elapsed();
+    assert_eq!(end["state"], "failed", "{end}");
+    let reason = end["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("node-b"),
+        "reason does not name the server: {reason}"
+    );
+    eprintln!("job failed {took:?} after kill -9: {reason}");
+    // The surviving daemon stops its part and is idle again (nothing hangs).
+    wait_for("node-a idle again", Duration::from_secs(20), || {
+        let cl = api.get("/v1/cluster", Some(&t)).ok()?.body;
+        let d = cl["daemons"]
+            .as_array()?
+            .iter()
+            .find(|d| d["label"] == "node-a")?
+            .clone();
+        (d["state"] == "idle" && d["job"].is_null()).then_some(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn coordinator_restart_keeps_queued_and_finished_jobs() {
+    let c = Cluster::new(EXE, &["solo"], Timing::default()).unwrap();
+    let ds = c.synth("synth", 400, 2).unwrap();
+    let (mut coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let (daemon, _) = c.daemon(&url, "solo", 1, "certs").unwrap();
+    let api = Rest::new(&url);
+    let t = c.token.clone();
+    let done = api
+        .submit(
+            &t,
+            &json!({"dataset": ds, "mode": "fb", "epochs": 2, "layers": 2, "hidden": 8,
+                    "servers": 1, "devices": 1}),
+        )
+        .unwrap();
+    let end = api.wait_end(&t, done, LONG).unwrap();
+    assert_eq!(end["state"], "succeeded", "{end}");
+    // Needs two servers: stays queued.
+    let queued = api
+        .submit(&t, &json!({"dataset": ds, "servers": 2, "epochs": 1}))
+        .unwrap();
+    assert_eq!(api.job(&t, queued).unwrap()["state"], "queued");
+
+    coord.kill9();
+    let addr = url.trim_start_matches("http://").to_string();
+    let (_coord2, url2) = c.coordinator(&addr, "coord.redb").unwrap();
+    assert_eq!(url2, url);
+    let finished = api.job(&t, done).unwrap();
+    assert_eq!(finished["state"], "succeeded");
+    assert_eq!(finished["history"].as_array().map(|h| h.len()), Some(2));
+    assert!(finished["summary"]["losses"].is_array(), "{finished}");
+    assert_eq!(api.job(&t, queued).unwrap()["state"], "queued");
+    // The daemon finds out it is unknown and registers again.
+    wait_for(
+        "the daemon to register again",
+        Duration::from_secs(20),
+        || {
+            let cl = api.get("/v1/cluster", Some(&t)).ok()?.body;
+            cl["daemons"]
+                .as_array()?
+                .iter()
+                .any(|d| d["label"] == "solo" && d["up"] == true)
+                .then_some(())
+        },
+    )
+    .unwrap();
+    assert!(
+        daemon.log_text().contains("registering again"),
+        "{}",
+        daemon.log_text()
+    );
+}
+
+#[test]
+fn bad_requests_are_4xx_with_a_message_and_no_token_is_401() {
+    let c = Cluster::new(EXE, &["solo"], Timing::default()).unwrap();
+    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let api = Rest::new(&url);
+    let t = Some(c.token.as_str());
+    let json_ct = "application/json";
+    let cases: &[(&str, &str, u16, &str)] = &[
+        (json_ct, "{\"dataset\": ", 400, "malformed JSON"),
+        ("application/toml", "dataset = [", 400, "malformed TOML"),
+        (
+            json_ct,
+            r#"{"dataset": "/d", "model": "transformer"}"#,
+            422,
+            "model",
+        ),
+        (json_ct, r#"{"dataset": "/d", "epochs": -3}"#, 422, "epochs"),
+        (json_ct, r#"{"model": "sage"}"#, 422, "dataset"),
+        ("text/plain", r#"{"dataset": "/d"}"#, 415, "Content-Type"),
+    ];
+    for (ct, body, status, needle) in cases {
+        let r = api.post("/v1/jobs", t, ct, body).unwrap();
+        assert_eq!(r.status, *status, "{body}: {:?}", r.body);
+        let msg = r.body["error"].as_str().unwrap_or_default();
+        assert!(msg.contains(needle), "{body}: {msg}");
+    }
+    let ok = r#"{"dataset": "/d"}"#;
+    let r = api.post("/v1/jobs", None, json_ct, ok).unwrap();
+    assert_eq!(r.status, 401, "{:?}", r.body);
+    let r = api.post("/v1/jobs", Some("wrong"), json_ct, ok).unwrap();
+    assert_eq!(r.status, 401, "{:?}", r.body);
+    assert_eq!(api.get("/v1/jobs", None).unwrap().status, 401);
+    // Through the CLI too: a clear message and a non-zero exit.
+    let (ok, _, err) = run_grandis(
+        EXE,
+        &[
+            "submit",
+            "--coordinator",
+            &url,
+            "--token",
+            "wrong",
+            "--json",
+            r#"{"dataset": "/d"}"#,
+        ],
+        LONG,
+    )
+    .unwrap();
+    assert!(!ok && err.contains("401"), "{err}");
+}
+
+#[test]
+fn missing_dataset_fails_the_job_naming_the_server() {
+    let c = Cluster::new(EXE, &["solo"], Timing::default()).unwrap();
+    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let (_d, _) = c.daemon(&url, "solo", 1, "certs").unwrap();
+    let api = Rest::new(&url);
+    let id = api
+        .submit(
+            &c.token,
+            &json!({"dataset": "/nonexistent/grandis-data", "epochs": 1}),
+        )
+        .unwrap();
+    let end = api.wait_end(&c.token, id, LONG).unwrap();
+    assert_eq!(end["state"], "failed");
+    let reason = end["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("solo") && reason.contains("/nonexistent/grandis-data"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn daemon_with_a_certificate_from_another_ca_is_refused_and_logged() {
+    let c = Cluster::new(EXE, &["node-a", "node-b"], Timing::default()).unwrap();
+    // node-b's identity comes from a different CA.
+    grandis_quic::init_cluster_with(
+        c.path("rogue"),
+        &["node-b"],
+        &grandis_quic::InitOptions {
+            include_localhost: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let ds = c.synth("synth", 300, 3).unwrap();
+    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let (a, _) = c.daemon(&url, "node-a", 1, "certs").unwrap();
+    let (b, _) = c.daemon(&url, "node-b", 1, "rogue").unwrap();
+    let api = Rest::new(&url);
+    let id = api
+        .submit(
+            &c.token,
+            &json!({"dataset": ds, "mode": "fb", "epochs": 2, "layers": 2, "servers": 2}),
+        )
+        .unwrap();
+    let end = api.wait_end(&c.token, id, LONG).unwrap();
+    assert_eq!(end["state"], "failed", "{end}");
+    let reason = end["reason"].as_str().unwrap();
+    assert!(reason.contains("node-"), "{reason}");
+    let log = wait_for(
+        "the refusal in node-a's log",
+        Duration::from_secs(20),
+        || {
+            let l = a.log_text();
+            l.contains("refused QUIC connection").then_some(l)
+        },
+    )
+    .unwrap();
+    assert!(log.contains("incoming"), "{log}");
+    eprintln!("job failed: {reason}\nnode-b log:\n{}", b.log_text());
+}

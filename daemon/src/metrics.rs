@@ -1,0 +1,359 @@
+//! Prometheus metrics of one daemon (OpenMetrics text at `GET /metrics`): per job and server,
+//! the epoch, epoch seconds, loss and accuracies (updated every epoch); bytes and receive-wait
+//! seconds per link class, layer and phase, all-reduce seconds, peak memory, preloaded hops
+//! and the bytes the QUIC data plane really moved (set when the server's part of the job
+//! ends); and per daemon, jobs by outcome.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use grandis_fabric::Counters;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Content type of the metrics page.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type FGauge = Gauge<f64, AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    pub job: String,
+    pub server: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SplitLabels {
+    job: String,
+    server: String,
+    split: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LinkLabels {
+    job: String,
+    server: String,
+    class: String,
+    layer: String,
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    job: String,
+    server: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+/// All metrics of a daemon.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    epoch: Family<JobLabels, FGauge>,
+    epoch_seconds: Family<JobLabels, FGauge>,
+    loss: Family<JobLabels, FGauge>,
+    accuracy: Family<SplitLabels, FGauge>,
+    link_bytes: Family<LinkLabels, FGauge>,
+    link_wait_seconds: Family<LinkLabels, FGauge>,
+    all_reduce_seconds: Family<JobLabels, FGauge>,
+    peak_memory: Family<KindLabels, FGauge>,
+    preload_hops: Family<JobLabels, FGauge>,
+    wire_bytes: Family<KindLabels, FGauge>,
+    jobs: Family<OutcomeLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut r = Registry::with_prefix("grandis");
+        let m = Metrics {
+            registry: Mutex::new(Registry::default()),
+            epoch: Family::default(),
+            epoch_seconds: Family::default(),
+            loss: Family::default(),
+            accuracy: Family::default(),
+            link_bytes: Family::default(),
+            link_wait_seconds: Family::default(),
+            all_reduce_seconds: Family::default(),
+            peak_memory: Family::default(),
+            preload_hops: Family::default(),
+            wire_bytes: Family::default(),
+            jobs: Family::default(),
+        };
+        r.register(
+            "job_epoch",
+            "Last epoch completed by the job",
+            m.epoch.clone(),
+        );
+        r.register(
+            "job_epoch_seconds",
+            "Wall seconds of the last training step",
+            m.epoch_seconds.clone(),
+        );
+        r.register(
+            "job_loss",
+            "Training loss of the last epoch (cluster-wide)",
+            m.loss.clone(),
+        );
+        r.register(
+            "job_accuracy",
+            "Accuracy by split (train/val: last epoch; test: at the end)",
+            m.accuracy.clone(),
+        );
+        r.register(
+            "job_link_bytes",
+            "Payload bytes sent by this server's ranks over the job, by link class, layer and phase",
+            m.link_bytes.clone(),
+        );
+        r.register(
+            "job_link_wait_seconds",
+            "Seconds this server's ranks waited on receives over the job, by link class, layer and phase",
+            m.link_wait_seconds.clone(),
+        );
+        r.register(
+            "job_all_reduce_seconds",
+            "Mean seconds per epoch in the weight-gradient all-reduce",
+            m.all_reduce_seconds.clone(),
+        );
+        r.register(
+            "job_peak_memory_bytes",
+            "Peak memory: process RSS, and the largest device worker's metered buffers",
+            m.peak_memory.clone(),
+        );
+        r.register(
+            "job_preload_hops",
+            "Hops k preloaded per server (0 = FB_base)",
+            m.preload_hops.clone(),
+        );
+        r.register(
+            "job_wire_bytes",
+            "Bytes the QUIC data plane wrote and read (payload and framing)",
+            m.wire_bytes.clone(),
+        );
+        r.register(
+            "daemon_jobs",
+            "Jobs this daemon's server took part in, by outcome",
+            m.jobs.clone(),
+        );
+        *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = r;
+        m
+    }
+
+    pub fn labels(job: u64, server: &str) -> JobLabels {
+        JobLabels {
+            job: job.to_string(),
+            server: server.to_string(),
+        }
+    }
+
+    /// One epoch done.
+    pub fn epoch(&self, l: &JobLabels, epoch: usize, seconds: f64, loss: f64, acc: [f64; 2]) {
+        self.epoch.get_or_create(l).set(epoch as f64);
+        self.epoch_seconds.get_or_create(l).set(seconds);
+        self.loss.get_or_create(l).set(loss);
+        for (split, a) in ["train", "val"].into_iter().zip(acc) {
+            self.accuracy.get_or_create(&split_labels(l, split)).set(a);
+        }
+    }
+
+    /// The server's part of the job ended: traffic, time and memory figures.
+    pub fn finished(&self, l: &JobLabels, f: &Finished<'_>) {
+        self.accuracy
+            .get_or_create(&split_labels(l, "test"))
+            .set(f.test_acc);
+        for e in f.counters.epochs.iter() {
+            for r in &e.links {
+                let key = LinkLabels {
+                    job: l.job.clone(),
+                    server: l.server.clone(),
+                    class: serde_name(&r.class),
+                    layer: r.layer.to_string(),
+                    phase: serde_name(&r.phase),
+                };
+                self.link_bytes
+                    .get_or_create(&key)
+                    .inc_by(r.bytes_sent as f64);
+                self.link_wait_seconds
+                    .get_or_create(&key)
+                    .inc_by(r.wait_seconds);
+            }
+        }
+        self.all_reduce_seconds
+            .get_or_create(l)
+            .set(f.all_reduce_seconds);
+        for (kind, v) in [("rss", f.peak_rss), ("device_max", f.peak_device)] {
+            self.peak_memory
+                .get_or_create(&kind_labels(l, kind))
+                .set(v as f64);
+        }
+        self.preload_hops
+            .get_or_create(l)
+            .set(f.preload_hops as f64);
+        for (kind, v) in [("sent", f.wire_sent), ("received", f.wire_received)] {
+            self.wire_bytes
+                .get_or_create(&kind_labels(l, kind))
+                .set(v as f64);
+        }
+    }
+
+    /// Counts a job outcome (`succeeded`, `failed`, `cancelled`).
+    pub fn outcome(&self, outcome: &str) {
+        self.jobs
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// The OpenMetrics text.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let reg = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
+            tracing::error!("encoding metrics: {e}");
+        }
+        out
+    }
+}
+
+/// What [`Metrics::finished`] records.
+pub struct Finished<'a> {
+    pub counters: &'a Counters,
+    pub test_acc: f64,
+    pub all_reduce_seconds: f64,
+    pub peak_rss: u64,
+    pub peak_device: u64,
+    pub preload_hops: usize,
+    pub wire_sent: u64,
+    pub wire_received: u64,
+}
+
+fn split_labels(l: &JobLabels, split: &str) -> SplitLabels {
+    SplitLabels {
+        job: l.job.clone(),
+        server: l.server.clone(),
+        split: split.into(),
+    }
+}
+
+fn kind_labels(l: &JobLabels, kind: &str) -> KindLabels {
+    KindLabels {
+        job: l.job.clone(),
+        server: l.server.clone(),
+        kind: kind.into(),
+    }
+}
+
+/// The serde name of a unit enum value (`inter_server`, `forward`).
+fn serde_name(v: &impl serde::Serialize) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        other => format!("{other:?}"),
+    }
+}
+
+/// Serves `GET /metrics` (and `GET /healthz`) on `addr` from a background thread; returns the
+/// bound address. A deliberately tiny HTTP/1.1 responder: one request per connection, bounded
+/// reads, so a scraper can never hold the daemon up.
+pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<SocketAddr> {
+    let listener =
+        TcpListener::bind(addr).with_context(|| format!("metrics_listen: cannot bind {addr}"))?;
+    let bound = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("grandis-metrics".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                match conn {
+                    Ok(s) => {
+                        if let Err(e) = answer(s, &metrics) {
+                            tracing::debug!("metrics request: {e}");
+                        }
+                    }
+                    Err(e) => tracing::debug!("metrics accept: {e}"),
+                }
+            }
+        })
+        .context("starting the metrics thread")?;
+    tracing::info!(addr = %bound, "metrics at http://{bound}/metrics");
+    Ok(bound)
+}
+
+fn answer(mut s: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let line = String::from_utf8_lossy(&buf);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, ctype, body) = match (method, path.split('?').next().unwrap_or("")) {
+        ("GET", "/metrics") => ("200 OK", CONTENT_TYPE, metrics.render()),
+        ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
+        ("GET", p) => ("404 Not Found", "text/plain", format!("no page {p}\n")),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET\n".to_string(),
+        ),
+    };
+    write!(
+        s,
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    s.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_metrics_render_and_are_served() {
+        let m = Arc::new(Metrics::new());
+        let l = Metrics::labels(7, "node-a");
+        m.epoch(&l, 3, 0.25, 1.5, [0.5, 0.25]);
+        m.outcome("succeeded");
+        let text = m.render();
+        assert!(
+            text.contains("grandis_job_loss{job=\"7\",server=\"node-a\"} 1.5"),
+            "{text}"
+        );
+        assert!(text.contains("split=\"val\""), "{text}");
+        assert!(
+            text.contains("grandis_daemon_jobs_total{outcome=\"succeeded\"} 1"),
+            "{text}"
+        );
+        let addr = serve("127.0.0.1:0".parse().unwrap(), m).unwrap();
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+        assert!(reply.contains("grandis_job_epoch{"), "{reply}");
+    }
+}
