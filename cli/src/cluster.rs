@@ -64,6 +64,7 @@ pub struct UpArgs {
     /// Hidden width.
     #[arg(long, default_value_t = 64)]
     pub hidden: u32,
+    /// Training epochs.
     #[arg(long, default_value_t = 30)]
     pub epochs: u32,
     /// Dropout probability.
@@ -205,7 +206,12 @@ fn spawn(
 ) -> anyhow::Result<()> {
     let file = std::fs::File::create(log)
         .with_context(|| format!("creating log file {}", log.display()))?;
-    let child = Command::new(exe)
+    let mut cmd = Command::new(exe);
+    // Own process group: a terminal's Ctrl-C reaches only `cluster up`, which then stops the
+    // children in order (they still exit by themselves if it dies: see exit_with_parent).
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let child = cmd
         .args(args)
         .env(PARENT_ENV, std::process::id().to_string())
         .env(
@@ -438,15 +444,15 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     };
     let deadline = Instant::now() + Duration::from_secs(args.timeout_s);
     let end = loop {
-        if interrupted.load(Ordering::SeqCst) {
-            eprintln!("interrupted; stopping the cluster");
-            children.shutdown();
-            std::process::exit(130);
-        }
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(r) => break r?,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the progress stream ended"),
+        }
+        if interrupted.load(Ordering::SeqCst) {
+            eprintln!("interrupted; stopping the cluster");
+            children.shutdown();
+            std::process::exit(130);
         }
         if Instant::now() > deadline {
             bail!(

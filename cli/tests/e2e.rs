@@ -197,18 +197,40 @@ fn coordinator_restart_keeps_queued_and_finished_jobs() {
     let c = Cluster::new(EXE, &["solo"], Timing::default()).unwrap();
     let ds = c.synth("synth", 400, 2).unwrap();
     let (mut coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
-    let (daemon, _) = c.daemon(&url, "solo", 1, "certs").unwrap();
+    let (daemon, ready) = c.daemon(&url, "solo", 2, "certs").unwrap();
     let api = Rest::new(&url);
     let t = c.token.clone();
     let done = api
         .submit(
             &t,
             &json!({"dataset": ds, "mode": "fb", "epochs": 2, "layers": 2, "hidden": 8,
-                    "servers": 1, "devices": 1}),
+                    "servers": 1, "devices": 2}),
         )
         .unwrap();
     let end = api.wait_end(&t, done, LONG).unwrap();
     assert_eq!(end["state"], "succeeded", "{end}");
+    // The daemon's metrics carry the job's figures.
+    let metrics = Rest::new(&format!(
+        "http://{}",
+        ready["metrics_addr"].as_str().unwrap()
+    ));
+    let page = wait_for("the job's final metrics", Duration::from_secs(10), || {
+        let body = metrics.get("/metrics", None).ok()?.body;
+        let text = body.as_str()?.to_string();
+        text.contains("grandis_daemon_jobs_total{outcome=\"succeeded\"} 1")
+            .then_some(text)
+    })
+    .unwrap();
+    for needle in [
+        format!("grandis_job_epoch{{job=\"{done}\",server=\"solo\"}} 2.0"),
+        "grandis_job_loss{".to_string(),
+        "grandis_job_link_bytes{".to_string(),
+        "grandis_job_all_reduce_seconds{".to_string(),
+        "grandis_job_peak_memory_bytes{".to_string(),
+        "grandis_job_preload_hops{".to_string(),
+    ] {
+        assert!(page.contains(&needle), "{needle} missing from:\n{page}");
+    }
     // Needs two servers: stays queued.
     let queued = api
         .submit(&t, &json!({"dataset": ds, "servers": 2, "epochs": 1}))
