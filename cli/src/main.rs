@@ -1,6 +1,7 @@
 //! `grandis`: one binary for every role. Each subcommand lives in its own module and only
 //! parses arguments, calls into the library crates, and prints; no algorithm lives here.
 
+mod analyze;
 mod bench;
 mod certs;
 mod cluster;
@@ -43,6 +44,9 @@ enum Command {
     /// Benchmarks, reported as ratios against a baseline run in the same invocation.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Analyses of a trained model (sampling error against full batch).
+    #[command(subcommand)]
+    Analyze(analyze::AnalyzeCommand),
     /// Run a local cluster (coordinator + one daemon process per server) for one job.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
@@ -73,6 +77,7 @@ fn main() {
         Command::Train(args) => train::run(*args),
         Command::Predict(args) => predict::run(args),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Analyze(cmd) => analyze::run(cmd),
         Command::Cluster(cmd) => cluster::run(cmd),
         Command::Coordinator(args) => coordinator::run(args),
         Command::Daemon(args) => daemon::run(args),

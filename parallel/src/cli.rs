@@ -101,7 +101,12 @@ fn link(bandwidth: Option<f64>, latency_ms: f64, what: &str) -> anyhow::Result<L
 impl ParallelArgs {
     /// The sampler the flags ask for.
     pub fn sampling(&self) -> anyhow::Result<Sampling> {
-        Ok(match self.sampling.as_str() {
+        self.sampling_of(&self.sampling)
+    }
+
+    /// Sampler `name` (none, eas, fanout, saint) with the parameters of the flags.
+    pub fn sampling_of(&self, name: &str) -> anyhow::Result<Sampling> {
+        Ok(match name {
             "none" => Sampling::None,
             "eas" => Sampling::Eas {
                 hops: self.eas_hops,

@@ -52,6 +52,9 @@ use grandis_trainer::{EpochStats, TrainOptions, TrainReport};
 use serde::Serialize;
 
 pub use grandis_fabric::LinkModel;
+pub use grandis_masking::FlxPlan as MaskedPlan;
+/// The samplers this runner executes (re-exported so front ends need no extra dependency).
+pub use grandis_sampling as sampling;
 pub use grandis_sampling::Priority;
 pub use input::PartitionedGraph;
 pub use worker::EVAL_EPOCH_BIT;

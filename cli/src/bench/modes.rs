@@ -3,11 +3,15 @@
 //! (inter-server bandwidth a fraction of the intra-server one). Per mode: epoch time split into
 //! compute / intra comm / inter comm / all-reduce, bytes per link class, and the speedup over
 //! FB_base run in the same invocation; then the paper's performance model (Eqs. 1-5) evaluated
-//! on the rates measured here.
+//! on the rates measured here. Sampled rows follow (GraNNDIS Figures 9-10): FLX-EAS (k = L,
+//! expansion-aware sampling) against FB_base and exact FLX k = L, and cooperative batching
+//! with GraphSAGE fanouts (CoB-SAGE) against CoB with EAS (CoB-EAS), same co-batch size.
 
 use anyhow::Context;
 use grandis_models::{ModelConfig, ModelKind};
-use grandis_parallel::{Mode, ParallelOptions, ParallelReport, PartitionedGraph};
+use grandis_parallel::{
+    Mode, ParallelOptions, ParallelReport, PartitionedGraph, Priority, Sampling,
+};
 use grandis_partition::Method;
 use grandis_synth::SynthConfig;
 use grandis_trainer::TrainOptions;
@@ -51,6 +55,21 @@ pub struct BenchModesArgs {
     pub threads_per_rank: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// FLX-EAS / CoB-EAS: external hops h.
+    #[arg(long, default_value_t = 1)]
+    pub eas_hops: usize,
+    /// FLX-EAS / CoB-EAS: external fanout f.
+    #[arg(long, default_value_t = 15)]
+    pub eas_fanout: usize,
+    /// CoB-SAGE fanouts, one per layer (default 25,10,5,... cut to --layers).
+    #[arg(long)]
+    pub fanouts: Option<String>,
+    /// CoB-SAGE / CoB-EAS: co-batch size per server.
+    #[arg(long, default_value_t = 1024)]
+    pub cobatch_size: usize,
+    /// Skip the sampled rows (FLX-EAS, CoB-SAGE, CoB-EAS).
+    #[arg(long)]
+    pub no_sampled: bool,
     /// Print one JSON object as the last stdout line.
     #[arg(long)]
     pub json: bool,
@@ -126,22 +145,64 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         std::time::Duration::from_secs_f64(args.inter_latency_ms / 1000.0),
     );
     let mut rows: Vec<Row> = Vec::new();
-    let modes: Vec<(Mode, Option<usize>)> = std::iter::once((Mode::Fb, None))
+    let mut modes: Vec<(String, ParallelOptions)> = std::iter::once((Mode::Fb, None))
         .chain((1..=args.layers).map(|k| (Mode::Flx, Some(k))))
+        .map(|(mode, k)| {
+            let name = match k {
+                None => "FB_base".to_string(),
+                Some(k) => format!("FLX k={k}"),
+            };
+            (
+                name,
+                ParallelOptions {
+                    mode,
+                    preload_hops: k,
+                    ..Default::default()
+                },
+            )
+        })
         .collect();
-    for (mode, k) in modes {
-        let name = match k {
-            None => "FB_base".to_string(),
-            Some(k) => format!("FLX k={k}"),
+    if !args.no_sampled {
+        let eas = Sampling::Eas {
+            hops: args.eas_hops,
+            fanout: args.eas_fanout,
+            priority: Priority::Degree,
         };
+        let fanouts: Vec<usize> = match &args.fanouts {
+            Some(f) => f
+                .split(',')
+                .map(|x| x.trim().parse::<usize>())
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("--fanouts {f}: expected integers like 25,10,5"))?,
+            None => (0..args.layers)
+                .map(|i| [25, 10].get(i).copied().unwrap_or(5))
+                .collect(),
+        };
+        let cob = |sampling| ParallelOptions {
+            mode: Mode::Cob,
+            batch_size: Some(args.cobatch_size),
+            sampling,
+            ..Default::default()
+        };
+        modes.push((
+            "FLX-EAS".into(),
+            ParallelOptions {
+                mode: Mode::Flx,
+                preload_hops: Some(args.layers),
+                sampling: eas.clone(),
+                ..Default::default()
+            },
+        ));
+        modes.push(("CoB-SAGE".into(), cob(Sampling::Fanout { fanouts })));
+        modes.push(("CoB-EAS".into(), cob(eas)));
+    }
+    for (name, popts) in modes {
         let popts = ParallelOptions {
-            mode,
-            preload_hops: k,
             intra,
             inter,
             threads_per_rank: Some(args.threads_per_rank),
             eval_every_epoch: false,
-            ..Default::default()
+            ..popts
         };
         eprintln!("running {name} ...");
         let report =
@@ -153,8 +214,22 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
     }
 
     let base = rows[0].report.time.epoch_s;
+    let epoch_of = |name: &str| {
+        rows.iter()
+            .find(|r| r.name == name)
+            .map(|r| r.report.time.epoch_s)
+    };
+    let flx_full = format!("FLX k={}", args.layers);
+    // Sampled rows are also compared with their exact / GraphSAGE counterpart.
+    let versus = |name: &str| -> Option<(&'static str, f64)> {
+        match name {
+            "FLX-EAS" => epoch_of(&flx_full).map(|t| ("FLX k=L", t)),
+            "CoB-EAS" => epoch_of("CoB-SAGE").map(|t| ("CoB-SAGE", t)),
+            _ => None,
+        }
+    };
     println!(
-        "{:<10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>14} {:>11} {:>8}",
+        "{:<10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>14} {:>11} {:>12} {:>8} {:>18}",
         "mode",
         "epoch_s",
         "compute",
@@ -164,12 +239,17 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         "inter_B/ep",
         "intra_B/ep",
         "replicated",
-        "speedup"
+        "vertex-layers",
+        "vs FB",
+        "vs counterpart"
     );
     for r in &rows {
         let t = &r.report.time;
+        let vs = versus(&r.name)
+            .map(|(n, b)| format!("{:.2}x vs {n}", b / t.epoch_s))
+            .unwrap_or_default();
         println!(
-            "{:<10} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>14} {:>14} {:>11} {:>7.2}x",
+            "{:<10} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>14} {:>14} {:>11} {:>12} {:>7.2}x {:>18}",
             r.name,
             t.epoch_s,
             t.compute_s,
@@ -179,7 +259,9 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
             r.report.halo_bytes_per_epoch.inter_server,
             r.report.halo_bytes_per_epoch.intra_server,
             r.report.replicated_vertices,
-            base / t.epoch_s
+            r.report.computed_vertex_layers,
+            base / t.epoch_s,
+            vs
         );
     }
 
@@ -202,7 +284,8 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         + e / (ns * ng) * ((ng - 1.0) / (ng * ns) / b_intra + (1.0 - 1.0 / ns) / b_inter);
     // D^alpha L: how much bigger the preloaded (k = L) graph is than the plain one.
     let full = rows
-        .last()
+        .iter()
+        .find(|r| r.name == flx_full)
         .map(|r| &r.report)
         .context("at least one FLX run")?;
     let growth = (v + full.replicated_vertices as f64) / v;
@@ -242,6 +325,15 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
                 "replicated_vertices": r.report.replicated_vertices,
                 "memory": r.report.memory,
                 "speedup_vs_fb": base / r.report.time.epoch_s,
+                "speedup_vs_counterpart": versus(&r.name).map(|(n, b)| serde_json::json!({
+                    "counterpart": n,
+                    "speedup": b / r.report.time.epoch_s,
+                })),
+                "sampling": r.report.sampling,
+                "iterations_per_epoch": r.report.iterations_per_epoch,
+                "sampled_edges": r.report.sampled_edges,
+                "computed_vertices_per_layer": r.report.computed_vertices_per_layer,
+                "beta": r.report.beta,
                 "losses": r.report.train.epochs.iter().map(|s| s.loss).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
             "model": {
