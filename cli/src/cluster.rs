@@ -46,15 +46,41 @@ pub struct UpArgs {
     /// Vertices of the default synthetic dataset.
     #[arg(long, default_value_t = 3000)]
     pub synthetic_vertices: u64,
-    /// Distribution mode: flx, fb or auto.
+    /// Distribution mode: flx, fb, cob, mb or auto (FLX if the full graph fits
+    /// --device-memory, else CoB with the largest co-batch that fits).
     #[arg(long, default_value = "flx")]
     pub mode: String,
     /// flx: preloaded hops k (default: chosen from the memory budget).
     #[arg(long)]
     pub preload_hops: Option<u32>,
-    /// Per-device memory budget in bytes (flx/auto without --preload-hops).
+    /// Per-device memory budget in bytes (flx without --preload-hops, auto; auto default:
+    /// available memory / (servers x devices), as `grandis train --mode auto`).
     #[arg(long)]
     pub device_memory: Option<u64>,
+    /// flx/cob/mb: dependency sampling: none, eas, fanout or saint (cob only).
+    #[arg(long, default_value = "none")]
+    pub sampling: String,
+    /// eas: external vertices at most this many hops from the server.
+    #[arg(long, default_value_t = 1)]
+    pub eas_hops: u32,
+    /// eas: at most this many external in-neighbours per vertex.
+    #[arg(long, default_value_t = 15)]
+    pub eas_fanout: u32,
+    /// fanout: per-hop fanouts, one per layer (e.g. 25,10) or one for every layer.
+    #[arg(long)]
+    pub fanouts: Option<String>,
+    /// saint: random-walk length; the per-server budget is --cobatch-size.
+    #[arg(long, default_value_t = 2)]
+    pub saint_walk_length: u32,
+    /// flx with sampling: draw a new sample every N epochs (default: sample once).
+    #[arg(long)]
+    pub resample_every: Option<u64>,
+    /// cob (and auto when it picks CoB): target vertices per server per iteration.
+    #[arg(long)]
+    pub cobatch_size: Option<u32>,
+    /// mb: target vertices per device per iteration.
+    #[arg(long)]
+    pub batch_size: Option<u32>,
     /// Model: sage, gcn or ressage.
     #[arg(long, default_value = "sage")]
     pub model: String,
@@ -231,6 +257,47 @@ fn toml_quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }
 
+/// The job's `sampling` from the flags (None = no sampling), with the meaning of the same
+/// flags of `grandis train`: `--mode mb --fanouts F` alone means fanout sampling, and
+/// GraphSAINT's per-server budget is the co-batch size (roots = budget / (walk length + 1)).
+fn sampling_spec(args: &UpArgs) -> anyhow::Result<Option<serde_json::Value>> {
+    let fanouts = || -> anyhow::Result<Vec<u32>> {
+        let f = args
+            .fanouts
+            .as_deref()
+            .context("--sampling fanout needs --fanouts F1,F2,... (one per layer)")?;
+        f.split(',')
+            .map(|p| {
+                p.trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&x| x > 0)
+                    .with_context(|| format!("--fanouts {f}: {p:?} is not a positive integer"))
+            })
+            .collect()
+    };
+    let method = match (args.sampling.as_str(), args.mode.as_str()) {
+        ("none", "mb") if args.fanouts.is_some() => "fanout",
+        (m, _) => m,
+    };
+    Ok(match method {
+        "none" => None,
+        "eas" => Some(json!({"method": "eas", "hops": args.eas_hops, "fanout": args.eas_fanout})),
+        "fanout" => Some(json!({"method": "fanout", "fanouts": fanouts()?})),
+        "saint" => {
+            if args.saint_walk_length == 0 {
+                bail!("--saint-walk-length must be at least 1 on a cluster (the job spec has no node sampler)");
+            }
+            let budget = args
+                .cobatch_size
+                .context("--sampling saint needs --cobatch-size (the per-server budget)")?;
+            let roots = (budget / (args.saint_walk_length + 1)).max(1);
+            Some(json!({"method": "saint", "roots": roots, "walk_length": args.saint_walk_length}))
+        }
+        other => bail!("unknown --sampling '{other}' (expected none, eas, fanout or saint)"),
+    })
+}
+
 pub fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
     match cmd {
         ClusterCommand::Up(args) => up(*args),
@@ -241,9 +308,10 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     if args.servers == 0 || args.devices == 0 {
         bail!("--servers and --devices must be at least 1");
     }
-    if !matches!(args.mode.as_str(), "flx" | "fb" | "auto") {
-        bail!("--mode {}: expected flx, fb or auto", args.mode);
+    if !matches!(args.mode.as_str(), "flx" | "fb" | "cob" | "mb" | "auto") {
+        bail!("--mode {}: expected flx, fb, cob, mb or auto", args.mode);
     }
+    let sampling = sampling_spec(&args)?;
     if args.heartbeat_ms < 10 {
         bail!("--heartbeat-ms must be at least 10");
     }
@@ -417,8 +485,32 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     if let Some(k) = args.preload_hops {
         spec["preload_hops"] = json!(k);
     }
-    if let Some(m) = args.device_memory {
+    let device_memory = match (args.device_memory, args.mode.as_str()) {
+        // Every daemon must make the same auto decision, so the job carries the budget; all
+        // servers share this machine, so it is what `grandis train --mode auto` would use.
+        (None, "auto") => Some(grandis_parallel::default_device_memory(
+            (args.servers * args.devices) as usize,
+        )?),
+        (m, _) => m,
+    };
+    if let Some(m) = device_memory {
         spec["device_memory"] = json!(m);
+    }
+    if let Some(s) = sampling {
+        spec["sampling"] = s;
+    }
+    if let Some(n) = args.resample_every {
+        spec["resample_every"] = json!(n);
+    }
+    // One batch field in the job: per server for cob (and auto), per device for mb. The other
+    // flag is ignored, as `grandis train` ignores it.
+    let batch = match args.mode.as_str() {
+        "cob" | "auto" => args.cobatch_size,
+        "mb" => args.batch_size,
+        _ => None,
+    };
+    if let Some(b) = batch {
+        spec["batch_size"] = json!(b);
     }
     let api = Api::new(&url, &token);
     let job = api.submit(&spec.to_string(), false)?;
@@ -536,6 +628,13 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
             "test_acc": get("test_acc"),
             "median_epoch_s": get("median_epoch_s"),
             "preload_hops": sum.get("preload_hops"),
+            "sampling": sum.get("sampling"),
+            "batch_size": sum.get("batch_size"),
+            "iterations_per_epoch": sum.get("iterations_per_epoch"),
+            "sampled_edges": sum.get("sampled_edges"),
+            "computed_vertices_per_layer": sum.get("computed_vertices_per_layer"),
+            "beta": sum.get("beta"),
+            "auto": sum.get("auto"),
             "halo_bytes_per_epoch": {"inter_server": inter, "intra_server": intra},
             "predicted_halo_bytes_per_epoch": sum.get("predicted_halo_bytes_per_epoch"),
             "quic_payload_bytes_sent": wire_payload,

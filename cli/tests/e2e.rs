@@ -21,8 +21,14 @@ fn losses(v: &Value) -> Vec<f64> {
         .collect()
 }
 
-/// `grandis cluster up` on `dataset` against `grandis train` in one process, same flags.
-fn cluster_up_equals_in_process(dataset: &str, mode: &str, extra: &[&str], epochs: u32) {
+/// Runs `grandis cluster up` (2 servers x 2 devices) and `grandis train` in one process with
+/// the same flags; asserts equal per-epoch losses and returns both JSON summaries.
+fn cluster_and_in_process(
+    dataset: &str,
+    mode: &str,
+    extra: &[&str],
+    epochs: u32,
+) -> (Value, Value) {
     let epochs_s = epochs.to_string();
     let mut args = vec![
         "cluster",
@@ -85,6 +91,13 @@ fn cluster_up_equals_in_process(dataset: &str, mode: &str, extra: &[&str], epoch
         );
     }
     assert_eq!(cluster["preload_hops"], local["preload_hops"]);
+    (cluster, local)
+}
+
+/// `grandis cluster up` on `dataset` against `grandis train` in one process, same flags, for
+/// the exact full-batch modes: also the traffic against the plan's prediction.
+fn cluster_up_equals_in_process(dataset: &str, mode: &str, extra: &[&str], epochs: u32) {
+    let (cluster, local) = cluster_and_in_process(dataset, mode, extra, epochs);
 
     // Traffic: the fabric counted what the plan predicts, and the QUIC wire carried exactly
     // the fabric's inter-server bytes plus framing.
@@ -130,6 +143,65 @@ fn cluster_up_matches_in_process_training_on_a_synthetic_graph() {
     let ds = ds.display().to_string();
     cluster_up_equals_in_process(&ds, "flx", &["--preload-hops", "1"], 4);
     cluster_up_equals_in_process(&ds, "fb", &[], 4);
+}
+
+/// The sampled and mini-batch modes: the daemons build the same per-step plans as the
+/// in-process run (samplers and co-batches seeded by the job's seed), so the losses and the
+/// sampling counters agree exactly.
+#[test]
+fn cluster_up_cob_and_flx_eas_match_in_process_training() {
+    let c = Cluster::new(EXE, &["unused"], Timing::default()).unwrap();
+    let ds = c.synth("synth", 1200, 5).unwrap();
+    let ds = ds.display().to_string();
+    for (mode, extra) in [
+        ("cob", &["--cobatch-size", "150"][..]),
+        (
+            "flx",
+            &[
+                "--sampling",
+                "eas",
+                "--eas-fanout",
+                "3",
+                "--preload-hops",
+                "1",
+                "--resample-every",
+                "2",
+            ][..],
+        ),
+    ] {
+        let (cluster, local) = cluster_and_in_process(&ds, mode, extra, 4);
+        eprintln!(
+            "{mode}: losses {} / sampled_edges {} / beta {}",
+            cluster["losses"], cluster["sampled_edges"], cluster["beta"]
+        );
+        for key in [
+            "sampled_edges",
+            "computed_vertices_per_layer",
+            "beta",
+            "iterations_per_epoch",
+            "sampling",
+        ] {
+            assert!(!cluster[key].is_null(), "{mode}: no {key} in {cluster}");
+            assert_eq!(cluster[key], local[key], "{mode}: {key}");
+        }
+        assert!(cluster["sampled_edges"].as_u64().unwrap() > 0);
+        assert_eq!(
+            cluster["halo_bytes_per_epoch"]["inter_server"], local["bytes_inter_server"],
+            "{mode}"
+        );
+        match mode {
+            // A co-batch is masked to its server: nothing crosses servers in training, and
+            // there are several iterations per epoch.
+            "cob" => {
+                assert_eq!(cluster["halo_bytes_per_epoch"]["inter_server"], 0);
+                assert!(cluster["iterations_per_epoch"].as_u64().unwrap() > 1);
+            }
+            _ => assert!(
+                cluster["sampling"].as_str().unwrap().starts_with("eas"),
+                "{cluster}"
+            ),
+        }
+    }
 }
 
 #[test]

@@ -154,22 +154,153 @@ fn post_event(client: &Client, daemon_id: u64, job: JobId, ev: JobEvent) {
     }
 }
 
-/// The parallel mode a job spec runs in on the daemons.
-pub fn parallel_mode(spec: &JobSpec) -> anyhow::Result<Mode> {
-    if spec.sampling != Sampling::None {
-        bail!(
-            "sampling {}: the daemon runs exact full-batch training only (sampling = none)",
-            spec.sampling.method()
-        );
-    }
-    Ok(match spec.mode {
+/// The parallel mode a job spec runs in on the daemons; None = `auto` (decided per job by
+/// [`parallel_options`]).
+pub fn parallel_mode(spec: &JobSpec) -> anyhow::Result<Option<Mode>> {
+    Ok(Some(match spec.mode {
         grandis_wire::Mode::Fb => Mode::Fb,
-        // auto: FLX with k from the memory model (k = 0 is FB_base when nothing fits).
-        grandis_wire::Mode::Flx | grandis_wire::Mode::Auto => Mode::Flx,
-        other => bail!(
-            "mode {other}: not supported by the daemon (fb, flx or auto; single runs with \
-             `grandis train`)"
+        grandis_wire::Mode::Flx => Mode::Flx,
+        grandis_wire::Mode::Cob => Mode::Cob,
+        grandis_wire::Mode::Mb => Mode::Mb,
+        grandis_wire::Mode::Auto => return Ok(None),
+        grandis_wire::Mode::Single => bail!(
+            "mode single: one process on one device; run it with `grandis train --mode single` \
+             (the daemons run fb, flx, cob, mb and auto)"
         ),
+    }))
+}
+
+/// Batch size of cob/mb jobs without `batch_size` (the default the job spec documents).
+pub const DEFAULT_BATCH_SIZE: u32 = 1024;
+
+/// The job spec as the flags of `grandis train` (`grandis_parallel::cli::ParallelArgs`), so
+/// the daemons and the in-process trainer share ONE mapping from flags to
+/// `ParallelOptions` (`ParallelArgs::options`) and one partitioner call
+/// (`ParallelArgs::partitioned`): a cluster job equals `grandis train` with the same values.
+/// `device_memory` is the per-device budget already resolved for this job.
+pub fn parallel_args(
+    spec: &JobSpec,
+    device_memory: Option<u64>,
+) -> anyhow::Result<grandis_parallel::cli::ParallelArgs> {
+    let mut a = grandis_parallel::cli::ParallelArgs {
+        servers: spec.servers as usize,
+        devices: spec.devices as usize,
+        partition: spec.partition.name().to_string(),
+        // Seed 0, as `grandis train` partitions by default: same partition, same losses.
+        partition_seed: 0,
+        partition_dir: None,
+        preload_hops: spec.preload_hops.map(|k| k as usize),
+        device_memory,
+        // The links are real here; emulation flags are ignored by `train_server`.
+        inter_bandwidth: None,
+        intra_bandwidth: None,
+        inter_latency_ms: 0.0,
+        intra_latency_ms: 0.0,
+        sampling: spec.sampling.method().to_string(),
+        eas_hops: 1,
+        eas_fanout: 15,
+        // The paper's priority, `grandis train`'s default (the spec has no field for it).
+        eas_priority: "degree".into(),
+        fanouts: None,
+        saint_walk_length: 2,
+        resample_every: spec.resample_every,
+        cobatch_size: None,
+        batch_size: None,
+    };
+    match &spec.sampling {
+        Sampling::None => {}
+        Sampling::Eas { hops, fanout } => {
+            a.eas_hops = *hops as usize;
+            a.eas_fanout = *fanout as usize;
+        }
+        Sampling::Fanout { fanouts } => {
+            // One value means the same fanout at every layer (the spec's convention); the
+            // sampler wants one per layer.
+            let per_layer: Vec<u32> = if fanouts.len() == 1 {
+                vec![fanouts[0]; spec.layers as usize]
+            } else {
+                fanouts.clone()
+            };
+            a.fanouts = Some(
+                per_layer
+                    .iter()
+                    .map(|f| f.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+        Sampling::Saint { walk_length, .. } => a.saint_walk_length = *walk_length as usize,
+    }
+    let batch = match (&spec.sampling, spec.batch_size) {
+        // GraphSAINT's budget per server is the co-batch size; `grandis train` draws
+        // budget / (walk_length + 1) roots, so the spec's roots give the budget when no
+        // batch size is set, and must agree with it when one is.
+        (Sampling::Saint { roots, walk_length }, b) => {
+            let from_roots = roots.saturating_mul(walk_length + 1);
+            match b {
+                None => Some(from_roots),
+                Some(b) if (b / (walk_length + 1)).max(1) == *roots => Some(b),
+                Some(b) => bail!(
+                    "sampling.roots {roots} disagrees with batch_size {b}: GraphSAINT draws \
+                     batch_size / (walk_length + 1) = {} roots per server; drop one of them",
+                    (b / (walk_length + 1)).max(1)
+                ),
+            }
+        }
+        (_, b) => b,
+    };
+    match spec.mode {
+        grandis_wire::Mode::Cob => {
+            a.cobatch_size = Some(batch.unwrap_or(DEFAULT_BATCH_SIZE) as usize)
+        }
+        grandis_wire::Mode::Mb => a.batch_size = Some(batch.unwrap_or(DEFAULT_BATCH_SIZE) as usize),
+        // auto: absent = the largest co-batch that fits, if it comes to CoB.
+        grandis_wire::Mode::Auto => a.cobatch_size = batch.map(|b| b as usize),
+        _ => {}
+    }
+    Ok(a)
+}
+
+/// The per-device budget of a job. `auto` decides between FLX and CoB from it, so every
+/// server must reach the same decision: only the job's own `device_memory` is used (the
+/// servers' local budgets may differ, and different decisions would deadlock the job).
+/// Other modes take the job's value, else the daemon's `device_memory`, else available
+/// memory / devices (only FLX's k depends on it; set it in the job on mixed servers).
+pub fn device_memory(
+    spec: &JobSpec,
+    daemon_budget: Option<u64>,
+    devices: usize,
+) -> anyhow::Result<u64> {
+    match (spec.mode, spec.device_memory, daemon_budget) {
+        (_, Some(b), _) => Ok(b),
+        (grandis_wire::Mode::Auto, None, _) => bail!(
+            "mode auto needs device_memory in the job: every server must make the same \
+             FLX-or-CoB decision, so it is taken from the job, not from each server's memory \
+             (`grandis cluster up` fills it in with available memory / ranks)"
+        ),
+        (_, None, Some(b)) => Ok(b),
+        (_, None, None) => grandis_parallel::default_device_memory(devices),
+    }
+}
+
+/// The options every server of the job trains with (a pure function of the job, the
+/// dataset and the partition, so every server builds the same plans: the samplers are
+/// seeded with the job's seed). For `auto`, also the decision, for the summary.
+pub fn parallel_options(
+    spec: &JobSpec,
+    args: &grandis_parallel::cli::ParallelArgs,
+    view: &grandis_store::DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+) -> anyhow::Result<(ParallelOptions, Option<String>)> {
+    Ok(match parallel_mode(spec)? {
+        Some(mode) => (args.options(mode, None)?, None),
+        None => {
+            let base = args.options(Mode::Cob, None)?;
+            let (p, d) = grandis_parallel::cli::decide_auto(view, part, config, &base, spec.seed)?;
+            tracing::info!("{d}");
+            (p, Some(d.to_string()))
+        }
     })
 }
 
@@ -212,7 +343,7 @@ fn execute(
     let spec = &a.spec;
     spec.validate()
         .context("the assigned job spec is invalid")?;
-    let mode = parallel_mode(spec)?;
+    parallel_mode(spec)?;
     let (s, g) = (a.servers.len(), spec.devices as usize);
     let me = a.server_index as usize;
     if s != spec.servers as usize || me >= s {
@@ -244,35 +375,24 @@ fn execute(
     let dataset = grandis_store::Dataset::open(&dir)
         .with_context(|| format!("opening dataset {}", dir.display()))?;
     let view = dataset.view();
-    let n = view.num_vertices();
-    if s * g > n {
-        bail!(
-            "{s} servers x {g} devices is more than the {n} vertices of {}",
-            dir.display()
-        );
-    }
-    let method: grandis_partition::Method = spec
-        .partition
-        .name()
-        .parse()
-        .with_context(|| format!("partition method {}", spec.partition))?;
-    // Seed 0, as `grandis train` partitions by default: same partition, same losses.
-    let part = PartitionedGraph::partition(&view, dataset.manifest().symmetric, s, g, method, 0)
+    let budget = device_memory(spec, cfg.device_memory, g)?;
+    let pargs = parallel_args(spec, Some(budget))?;
+    let part = pargs
+        .partitioned(&dataset)
         .context("partitioning the dataset")?;
     check_cancel(ctx)?;
     let config = model_config(spec, view.feature_dim, view.num_classes);
     let opts = train_options(spec);
-    let device_memory = match (spec.device_memory, cfg.device_memory) {
-        (Some(b), _) | (None, Some(b)) => b,
-        (None, None) => grandis_parallel::default_device_memory(g)?,
-    };
-    let popts = ParallelOptions {
-        mode,
-        preload_hops: spec.preload_hops.map(|k| k as usize),
-        device_memory: Some(device_memory),
-        threads_per_rank: cfg.threads.map(|t| (t / g).max(1)),
-        ..Default::default()
-    };
+    let (mut popts, auto) = parallel_options(spec, &pargs, &view, &part, &config)?;
+    popts.threads_per_rank = cfg.threads.map(|t| (t / g).max(1));
+    tracing::info!(
+        mode = popts.mode.name(),
+        sampling = ?popts.sampling,
+        batch_size = ?popts.batch_size,
+        device_memory = budget,
+        "job options"
+    );
+    check_cancel(ctx)?;
 
     // The data plane.
     let identity = NodeIdentity::load(&cfg.cert_dir, &cfg.label).with_context(|| {
@@ -360,7 +480,7 @@ fn execute(
     // The transports are gone with the workers: let the writers drain, then close.
     let wire = node.shutdown(Duration::from_secs(5));
     let report = report?;
-    let summary = summary(ctx, a, &report, &wire);
+    let summary = summary(ctx, a, &report, &popts, auto, &wire);
     write_report(cfg, a.job_id, &summary)?;
     let peak_device = report
         .memory
@@ -377,6 +497,7 @@ fn execute(
             peak_rss: grandis_telemetry::peak_rss_bytes(),
             peak_device,
             preload_hops: report.preload_hops,
+            sampled_edges: report.sampled_edges,
             wire_sent: wire.bytes_sent,
             wire_received: wire.bytes_received,
         },
@@ -397,6 +518,8 @@ fn summary(
     ctx: &JobContext,
     a: &Assignment,
     r: &ParallelReport,
+    popts: &ParallelOptions,
+    auto: Option<String>,
     wire: &WireStats,
 ) -> Map<String, Value> {
     let c = &r.counters;
@@ -434,8 +557,26 @@ fn summary(
         "peak_rss_bytes": grandis_telemetry::peak_rss_bytes(),
         "memory": r.memory,
     });
-    match v {
-        Value::Object(m) => m,
+    // A second object: one json! invocation of every key exceeds the macro recursion limit.
+    // Sampling counters are cluster-wide (every server builds every rank's plans).
+    let extra = json!({
+        "sampling": r.sampling,
+        "sampling_options": popts.sampling,
+        "batch_size": r.batch_size,
+        "resample_every": popts.resample_every,
+        "iterations_per_epoch": r.iterations_per_epoch,
+        "targets_per_epoch": r.targets_per_epoch,
+        "sampled_edges": r.sampled_edges,
+        "computed_vertices_per_layer": r.computed_vertices_per_layer,
+        "aggregated_edges_per_layer": r.aggregated_edges_per_layer,
+        "beta": r.beta,
+        "auto": auto,
+    });
+    match (v, extra) {
+        (Value::Object(mut m), Value::Object(e)) => {
+            m.extend(e);
+            m
+        }
         _ => Map::new(),
     }
 }
@@ -542,19 +683,143 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_modes_are_named() {
-        let spec = JobSpec {
+    fn every_mode_maps_and_single_is_refused() {
+        let spec = |mode| JobSpec {
             dataset: "d".into(),
-            mode: grandis_wire::Mode::Cob,
+            mode,
             ..JobSpec::default()
         };
-        let e = parallel_mode(&spec).unwrap_err().to_string();
-        assert!(e.starts_with("mode cob"), "{e}");
+        let e = parallel_mode(&spec(grandis_wire::Mode::Single))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("mode single"), "{e}");
+        assert_eq!(
+            parallel_mode(&spec(grandis_wire::Mode::Auto)).unwrap(),
+            None
+        );
+        for (w, m) in [
+            (grandis_wire::Mode::Fb, Mode::Fb),
+            (grandis_wire::Mode::Flx, Mode::Flx),
+            (grandis_wire::Mode::Cob, Mode::Cob),
+            (grandis_wire::Mode::Mb, Mode::Mb),
+        ] {
+            assert_eq!(parallel_mode(&spec(w)).unwrap(), Some(m));
+        }
+    }
+
+    #[test]
+    fn specs_map_to_the_options_of_grandis_train() {
+        use grandis_parallel::Sampling as P;
+        let base = JobSpec {
+            dataset: "d".into(),
+            layers: 3,
+            seed: 7,
+            ..JobSpec::default()
+        };
+        // FLX-EAS with resampling.
+        let spec = JobSpec {
+            mode: grandis_wire::Mode::Flx,
+            sampling: Sampling::Eas { hops: 2, fanout: 4 },
+            resample_every: Some(3),
+            ..base.clone()
+        };
+        let o = parallel_args(&spec, Some(1 << 20))
+            .unwrap()
+            .options(Mode::Flx, None)
+            .unwrap();
+        assert_eq!(
+            o.sampling,
+            P::Eas {
+                hops: 2,
+                fanout: 4,
+                priority: grandis_parallel::Priority::Degree
+            }
+        );
+        assert_eq!(
+            (o.resample_every, o.device_memory, o.batch_size),
+            (Some(3), Some(1 << 20), None)
+        );
+        // CoB with one fanout for every layer and a co-batch size.
+        let spec = JobSpec {
+            mode: grandis_wire::Mode::Cob,
+            sampling: Sampling::Fanout { fanouts: vec![5] },
+            batch_size: Some(64),
+            ..base.clone()
+        };
+        let o = parallel_args(&spec, None)
+            .unwrap()
+            .options(Mode::Cob, None)
+            .unwrap();
+        assert_eq!(
+            o.sampling,
+            P::Fanout {
+                fanouts: vec![5, 5, 5]
+            }
+        );
+        assert_eq!(o.batch_size, Some(64));
+        // MB without a batch size takes the spec's documented default.
+        let spec = JobSpec {
+            mode: grandis_wire::Mode::Mb,
+            ..base.clone()
+        };
+        let o = parallel_args(&spec, None)
+            .unwrap()
+            .options(Mode::Mb, None)
+            .unwrap();
+        assert_eq!(o.batch_size, Some(DEFAULT_BATCH_SIZE as usize));
+        // SAINT: the roots give the budget; a disagreeing batch size is named.
+        let saint = Sampling::Saint {
+            roots: 10,
+            walk_length: 2,
+        };
+        let spec = JobSpec {
+            mode: grandis_wire::Mode::Cob,
+            sampling: saint.clone(),
+            ..base.clone()
+        };
+        let o = parallel_args(&spec, None)
+            .unwrap()
+            .options(Mode::Cob, None)
+            .unwrap();
+        assert_eq!(o.batch_size, Some(30));
+        assert_eq!(
+            o.sampling,
+            P::Saint {
+                walk_length: Some(2)
+            }
+        );
+        let spec = JobSpec {
+            batch_size: Some(90),
+            ..spec
+        };
+        let e = parallel_args(&spec, None).unwrap_err().to_string();
+        assert!(
+            e.contains("sampling.roots 10 disagrees with batch_size 90"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn auto_takes_its_budget_from_the_job_only() {
         let spec = JobSpec {
             dataset: "d".into(),
             mode: grandis_wire::Mode::Auto,
             ..JobSpec::default()
         };
-        assert_eq!(parallel_mode(&spec).unwrap(), Mode::Flx);
+        let e = device_memory(&spec, Some(1 << 30), 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("mode auto needs device_memory"), "{e}");
+        let spec = JobSpec {
+            device_memory: Some(5 << 20),
+            ..spec
+        };
+        assert_eq!(device_memory(&spec, Some(1 << 30), 2).unwrap(), 5 << 20);
+        let spec = JobSpec {
+            mode: grandis_wire::Mode::Flx,
+            device_memory: None,
+            ..spec
+        };
+        assert_eq!(device_memory(&spec, Some(1 << 30), 2).unwrap(), 1 << 30);
     }
 }

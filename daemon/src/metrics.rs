@@ -69,6 +69,7 @@ pub struct Metrics {
     all_reduce_seconds: Family<JobLabels, FGauge>,
     peak_memory: Family<KindLabels, FGauge>,
     preload_hops: Family<JobLabels, FGauge>,
+    sampled_edges: Family<JobLabels, FGauge>,
     wire_bytes: Family<KindLabels, FGauge>,
     jobs: Family<OutcomeLabels, Counter>,
 }
@@ -93,6 +94,7 @@ impl Metrics {
             all_reduce_seconds: Family::default(),
             peak_memory: Family::default(),
             preload_hops: Family::default(),
+            sampled_edges: Family::default(),
             wire_bytes: Family::default(),
             jobs: Family::default(),
         };
@@ -140,6 +142,12 @@ impl Metrics {
             "job_preload_hops",
             "Hops k preloaded per server (0 = FB_base)",
             m.preload_hops.clone(),
+        );
+        r.register(
+            "job_sampled_edges",
+            "Edges of the one-hop graphs the job's ranks hold per epoch, summed over steps \
+             (cluster-wide; the exact graph's when not sampling)",
+            m.sampled_edges.clone(),
         );
         r.register(
             "job_wire_bytes",
@@ -205,6 +213,9 @@ impl Metrics {
         self.preload_hops
             .get_or_create(l)
             .set(f.preload_hops as f64);
+        self.sampled_edges
+            .get_or_create(l)
+            .set(f.sampled_edges as f64);
         for (kind, v) in [("sent", f.wire_sent), ("received", f.wire_received)] {
             self.wire_bytes
                 .get_or_create(&kind_labels(l, kind))
@@ -240,6 +251,7 @@ pub struct Finished<'a> {
     pub peak_rss: u64,
     pub peak_device: u64,
     pub preload_hops: usize,
+    pub sampled_edges: u64,
     pub wire_sent: u64,
     pub wire_received: u64,
 }

@@ -162,6 +162,9 @@ pub struct JobSpec {
     pub batch_size: Option<u32>,
     /// Sampling (default none).
     pub sampling: Sampling,
+    /// flx with sampling: draw a new sample every N epochs; absent = sample once (as
+    /// `grandis train --resample-every`).
+    pub resample_every: Option<u64>,
     /// Epochs (default 100).
     pub epochs: u32,
     /// Seed of weights, dropout and samplers (default 0).
@@ -191,6 +194,7 @@ impl Default for JobSpec {
             preload_hops: None,
             batch_size: None,
             sampling: Sampling::None,
+            resample_every: None,
             epochs: 100,
             seed: 0,
             servers: 1,
@@ -260,6 +264,7 @@ const FIELDS: &[&str] = &[
     "preload_hops",
     "batch_size",
     "sampling",
+    "resample_every",
     "epochs",
     "seed",
     "servers",
@@ -334,6 +339,7 @@ impl JobSpec {
             preload_hops: r.uint("preload_hops", 0, 1024),
             batch_size: r.uint("batch_size", 1, u32::MAX as i64),
             sampling: d.sampling.clone(),
+            resample_every: r.u64("resample_every"),
             epochs: r.uint("epochs", 1, 10_000_000).unwrap_or(d.epochs),
             seed: r.u64("seed").unwrap_or(d.seed),
             servers: r.uint("servers", 1, 4096).unwrap_or(d.servers),
@@ -466,6 +472,16 @@ impl JobSpec {
                 );
             } else if b < 1 {
                 err("batch_size", format!("must be ≥ 1, got {b}"));
+            }
+        }
+        if let Some(n) = self.resample_every {
+            if n < 1 {
+                err("resample_every", format!("must be ≥ 1, got {n}"));
+            } else if self.sampling == Sampling::None {
+                err(
+                    "resample_every",
+                    "only used with sampling (sampling is 'none')".into(),
+                );
             }
         }
         if self.device_memory == Some(0) {
