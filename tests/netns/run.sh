@@ -7,7 +7,8 @@
 #   --servers N    servers (daemon namespaces), 2 or 3 (default 3)
 #   --rate RATE    tc rate of every server's data-network uplink (default 20mbit)
 #   --delay DELAY  netem delay added on the data network when the kernel has netem (default 1ms)
-#   --keep         keep the work directory (logs, job reports, results.json)
+#   --keep         keep the work directory (logs, job reports, results.json); with
+#                  GRANDIS_NETNS_KEEP_ON_FAILURE=1 it is kept only when the test fails
 #
 # Needs root (network namespaces, veth, bridge, tc). Where namespaces cannot be created (no root,
 # or a sandbox that forbids them) it prints "skipped: no permission to create network
@@ -50,7 +51,7 @@ while [ $# -gt 0 ]; do
         --rate) rate="${2:?}"; shift 2 ;;
         --delay) delay="${2:?}"; shift 2 ;;
         --keep) keep=1; shift ;;
-        -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -105,7 +106,7 @@ cleanup() {
             tail -15 "$f" >&2
         done
     fi
-    if [ "$keep" = 1 ] || [ $rc -ne 0 -a -n "${GRANDIS_NETNS_KEEP_ON_FAILURE:-}" ]; then
+    if [ "$keep" = 1 ] || { [ $rc -ne 0 ] && [ -n "${GRANDIS_NETNS_KEEP_ON_FAILURE:-}" ]; }; then
         echo "[netns] work directory kept: $work" >&2
     else
         rm -rf "$work"
