@@ -51,7 +51,7 @@ while [ $# -gt 0 ]; do
         --rate) rate="${2:?}"; shift 2 ;;
         --delay) delay="${2:?}"; shift 2 ;;
         --keep) keep=1; shift ;;
-        -h|--help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
