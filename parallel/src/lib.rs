@@ -243,7 +243,7 @@ pub struct ParallelReport {
     pub k_reason: String,
     /// `(k, worst-device bytes)` of the estimates computed for the choice.
     pub k_estimates: Vec<(usize, u64)>,
-    /// Vertices replicated by FLX preloading over all servers.
+    /// Vertices replicated by FLX preloading over all servers (per-step plans: mean per step).
     pub replicated_vertices: usize,
     /// Feature and gradient halo traffic per epoch (forward + backward phases).
     pub halo_bytes_per_epoch: ClassBytes,
@@ -880,7 +880,12 @@ pub(crate) fn train_ranks(
             .iter()
             .map(|e| (e.k, e.max_bytes))
             .collect(),
-        replicated_vertices,
+        // Static plans: the FLX plan's; per-step plans: the mean over steps.
+        replicated_vertices: if is_static {
+            replicated_vertices
+        } else {
+            (rs.replicated as f64 / steps_n).round() as usize
+        },
         halo_bytes_per_epoch: ClassBytes {
             intra_server: fwd.intra_server + bwd.intra_server,
             inter_server: fwd.inter_server + bwd.inter_server,

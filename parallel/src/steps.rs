@@ -43,6 +43,8 @@ pub(crate) struct StepStats {
     /// Memory-model bytes of every rank for this step.
     pub model_bytes: Vec<u64>,
     pub targets: u64,
+    /// Vertices the servers extracted from other servers (masked plans).
+    pub replicated: u64,
 }
 
 /// Sums of [`StepStats`] over the run.
@@ -55,6 +57,7 @@ pub(crate) struct RunStats {
     pub beta_sum: Vec<f64>,
     pub model_peak: Vec<u64>,
     pub targets: u64,
+    pub replicated: u64,
 }
 
 impl RunStats {
@@ -62,6 +65,7 @@ impl RunStats {
         self.steps += 1;
         self.sampled_edges += s.sampled_edges;
         self.targets += s.targets;
+        self.replicated += s.replicated;
         add_u64(&mut self.computed_per_layer, &s.computed_per_layer);
         add_u64(
             &mut self.aggregated_edges_per_layer,
@@ -195,18 +199,21 @@ fn masked_step(
 ) -> (Arc<Step>, StepStats) {
     let beta = betas(ctx, &plan);
     let est = estimate_masked(dims, &plan);
+    let replicated = plan.servers.iter().map(|s| s.replicated as u64).sum();
     let plans: Vec<Vec<Arc<DevicePlan>>> = plan
         .devices
         .into_iter()
         .map(|d| every_layer(d, dims.layers))
         .collect();
-    finish(
+    let (step, mut stats) = finish(
         plans,
         dims.layers,
         beta,
         est.devices.iter().map(|d| d.total).collect(),
         labelled_train,
-    )
+    );
+    stats.replicated = replicated;
+    (step, stats)
 }
 
 fn finish(
@@ -323,6 +330,7 @@ pub(crate) fn build_step(
             }
             let flx = flx_sampled(ctx, *sampler, *k, round)?;
             let beta = betas(ctx, &flx);
+            let replicated = flx.servers.iter().map(|s| s.replicated as u64).sum();
             let model_bytes = fb
                 .iter()
                 .enumerate()
@@ -342,7 +350,8 @@ pub(crate) fn build_step(
                         .collect()
                 })
                 .collect();
-            let (step, stats) = finish(plans, layers, beta, model_bytes, labelled_train);
+            let (step, mut stats) = finish(plans, layers, beta, model_bytes, labelled_train);
+            stats.replicated = replicated;
             Ok((round, step, stats))
         }
         Schedule::Cob { batcher, sampler } => {
