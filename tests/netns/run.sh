@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi-host test of the grandis runtime over real network interfaces with shaped links.
 #
-#   tests/netns/run.sh [--bin PATH] [--servers 2|3] [--rate RATE] [--keep]
+#   tests/netns/run.sh [--bin PATH] [--servers 2|3] [--rate RATE] [--delay DELAY] [--keep]
 #
 #   --bin PATH     grandis binary (default: $GRANDIS_BIN, else target/debug/grandis)
 #   --servers N    servers (daemon namespaces), 2 or 3 (default 3)
