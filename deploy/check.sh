@@ -91,7 +91,12 @@ for role in coordinator daemon; do
     printed="$("$bin" "$role" --config "$conf" --print-config 2>&1)" \
         || fail "$conf is not a valid $role configuration: $printed"
     # Every key the binary knows appears in the example, set or commented out ("# key = ...").
-    for key in $(sed -n 's/^\(# \)\{0,1\}\([a-z_]*\) .*/\2/p' <<<"$printed" | grep -v '^grandis$'); do
+    # --print-config lists every key, one per line: "key = value  # from ..." when set,
+    # "# key # (not set) ..." when not.
+    keys="$(sed -n 's/^\(# \)\{0,1\}\([a-z][a-z0-9_]*\) \{1,\}[=#].*/\2/p' <<<"$printed")"
+    [ "$(wc -w <<<"$keys")" -ge 5 ] || fail "could not read the keys from '$role --print-config':
+$printed"
+    for key in $keys; do
         grep -Eq "^(# )?$key = " "$conf" || fail "$conf does not document the key '$key'"
     done
 done
