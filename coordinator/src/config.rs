@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use figment::providers::{Env, Format, Serialized, Toml};
+use anyhow::bail;
 use figment::Figment;
-use serde::{Deserialize, Deserializer, Serialize};
+use grandis_config::Layers;
+use serde::{Deserialize, Serialize};
 
 /// Prefix of the environment variables that override the file (`GRANDIS_COORDINATOR_LISTEN`,
 /// `GRANDIS_COORDINATOR_TOKEN`, ...: the prefix followed by the key in upper case).
@@ -25,6 +25,13 @@ pub const KEYS: &[&str] = &[
     "sse_keepalive_ms",
 ];
 
+const LAYERS: Layers = Layers {
+    service: "coordinator",
+    env_prefix: ENV_PREFIX,
+    keys: KEYS,
+    secrets: &["token", "daemon_token"],
+};
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CoordinatorConfig {
@@ -33,11 +40,11 @@ pub struct CoordinatorConfig {
     /// The redb database holding jobs, id counters and election terms.
     pub db_path: PathBuf,
     /// Bearer token for the REST API (and for daemons unless `daemon_token` is set). Required.
-    #[serde(deserialize_with = "opt_string_lenient")]
+    #[serde(deserialize_with = "grandis_config::opt_string_lenient")]
     pub token: Option<String>,
     /// Separate bearer token for the daemon protocol; when set, the user token is not accepted
     /// there and this one is not accepted on the user API.
-    #[serde(deserialize_with = "opt_string_lenient")]
+    #[serde(deserialize_with = "grandis_config::opt_string_lenient")]
     pub daemon_token: Option<String>,
     /// How often daemons heartbeat.
     pub heartbeat_interval_ms: u64,
@@ -65,49 +72,15 @@ impl Default for CoordinatorConfig {
     }
 }
 
-/// Tokens made only of digits arrive from the environment as numbers; accept them as text.
-fn opt_string_lenient<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Lenient {
-        S(String),
-        U(u64),
-        I(i64),
-        F(f64),
-    }
-    Ok(Option::<Lenient>::deserialize(d)?.map(|v| match v {
-        Lenient::S(s) => s,
-        Lenient::U(n) => n.to_string(),
-        Lenient::I(n) => n.to_string(),
-        Lenient::F(n) => n.to_string(),
-    }))
-}
-
 impl CoordinatorConfig {
     /// The merged sources: defaults < `path` (if given; it must exist) < environment.
     pub fn figment(path: Option<&Path>) -> anyhow::Result<Figment> {
-        let mut fig = Figment::from(Serialized::defaults(CoordinatorConfig::default()));
-        if let Some(path) = path {
-            if !path.is_file() {
-                bail!("config file {}: not found", path.display());
-            }
-            fig = fig.merge(Toml::file_exact(path));
-        }
-        // Only known keys are taken from the environment, so unrelated GRANDIS_COORDINATOR_*
-        // variables cannot break startup; typos in the file are still errors.
-        Ok(fig.merge(Env::prefixed(ENV_PREFIX).only(KEYS)))
+        LAYERS.figment::<CoordinatorConfig>(path)
     }
 
     /// Loads and checks the configuration.
     pub fn load(path: Option<&Path>) -> anyhow::Result<CoordinatorConfig> {
-        let fig = Self::figment(path)?;
-        let config: CoordinatorConfig = fig.extract().map_err(|e| {
-            anyhow::anyhow!(
-                "invalid coordinator configuration{}: {e}",
-                path.map(|p| format!(" ({})", p.display()))
-                    .unwrap_or_default()
-            )
-        })?;
+        let config: CoordinatorConfig = LAYERS.extract(path)?;
         config.validate()?;
         Ok(config)
     }
@@ -165,35 +138,6 @@ impl CoordinatorConfig {
 /// Renders the merged configuration as TOML, each key annotated with the source it came from;
 /// tokens are redacted.
 pub fn print_config(path: Option<&Path>) -> anyhow::Result<String> {
-    let fig = CoordinatorConfig::figment(path)?;
     let config = CoordinatorConfig::load(path)?;
-    let table = toml::Table::try_from(&config).context("rendering the configuration")?;
-    let mut out = String::from(
-        "# grandis coordinator configuration: defaults < config file < GRANDIS_COORDINATOR_* \
-         environment\n",
-    );
-    for key in KEYS {
-        let value = match (*key, table.get(*key)) {
-            ("token" | "daemon_token", Some(_)) => "\"<redacted>\"".to_string(),
-            (_, Some(v)) => v.to_string(),
-            (_, None) => "# (not set)".to_string(),
-        };
-        let source = match fig.find_metadata(key) {
-            Some(m) if m.name.contains("environment") => {
-                format!("environment {ENV_PREFIX}{}", key.to_ascii_uppercase())
-            }
-            Some(m) => match &m.source {
-                Some(figment::Source::File(file)) => format!("config file {}", file.display()),
-                _ => "default".to_string(),
-            },
-            None => "default".to_string(),
-        };
-        let line = if value.starts_with('#') {
-            format!("# {key} {value}")
-        } else {
-            format!("{key} = {value}")
-        };
-        out.push_str(&format!("{line:<48} # from {source}\n"));
-    }
-    Ok(out)
+    LAYERS.render(path, &config)
 }

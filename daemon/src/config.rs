@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
-use serde::{Deserialize, Deserializer, Serialize};
+use grandis_config::Layers;
+use serde::{Deserialize, Serialize};
 
 /// Prefix of the environment variables that override the file (`GRANDIS_DAEMON_LABEL`,
 /// `GRANDIS_DAEMON_TOKEN`, ...: the prefix followed by the key in upper case).
@@ -35,6 +35,13 @@ pub const KEYS: &[&str] = &[
     "recv_timeout_ms",
 ];
 
+const LAYERS: Layers = Layers {
+    service: "daemon",
+    env_prefix: ENV_PREFIX,
+    keys: KEYS,
+    secrets: &["token"],
+};
+
 /// Everything a daemon needs. See `docs/daemon.md` for an annotated example.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -43,7 +50,7 @@ pub struct DaemonConfig {
     pub coordinator: String,
     /// Bearer token of the daemon protocol (the coordinator's `daemon_token`, or its `token`).
     /// Required.
-    #[serde(deserialize_with = "opt_string_lenient")]
+    #[serde(deserialize_with = "grandis_config::opt_string_lenient")]
     pub token: Option<String>,
     /// This server's name: daemons with the same label are the same server. It is also the
     /// node name of the data-plane certificate (`<cert_dir>/<label>.pem`), so it must be a DNS
@@ -110,46 +117,15 @@ impl Default for DaemonConfig {
     }
 }
 
-/// Tokens made only of digits arrive from the environment as numbers; accept them as text.
-fn opt_string_lenient<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Lenient {
-        S(String),
-        U(u64),
-        I(i64),
-    }
-    Ok(Option::<Lenient>::deserialize(d)?.map(|v| match v {
-        Lenient::S(s) => s,
-        Lenient::U(n) => n.to_string(),
-        Lenient::I(n) => n.to_string(),
-    }))
-}
-
 impl DaemonConfig {
     /// The merged sources: defaults < `path` (if given; it must exist) < environment.
     pub fn figment(path: Option<&Path>) -> anyhow::Result<Figment> {
-        let mut fig = Figment::from(Serialized::defaults(DaemonConfig::default()));
-        if let Some(path) = path {
-            if !path.is_file() {
-                bail!("config file {}: not found", path.display());
-            }
-            fig = fig.merge(Toml::file_exact(path));
-        }
-        // Only known keys from the environment: unrelated GRANDIS_DAEMON_* variables must not
-        // break start-up, while typos in the file still do.
-        Ok(fig.merge(Env::prefixed(ENV_PREFIX).only(KEYS)))
+        LAYERS.figment::<DaemonConfig>(path)
     }
 
     /// Loads and checks the configuration.
     pub fn load(path: Option<&Path>) -> anyhow::Result<DaemonConfig> {
-        let config: DaemonConfig = Self::figment(path)?.extract().map_err(|e| {
-            anyhow::anyhow!(
-                "invalid daemon configuration{}: {e}",
-                path.map(|p| format!(" ({})", p.display()))
-                    .unwrap_or_default()
-            )
-        })?;
+        let config: DaemonConfig = LAYERS.extract(path)?;
         config.validate()?;
         Ok(config)
     }
@@ -238,36 +214,8 @@ pub fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
 /// Renders the merged configuration as TOML, each key annotated with the source it came from;
 /// the token is redacted.
 pub fn print_config(path: Option<&Path>) -> anyhow::Result<String> {
-    let fig = DaemonConfig::figment(path)?;
     let config = DaemonConfig::load(path)?;
-    let table = toml::Table::try_from(&config).context("rendering the configuration")?;
-    let mut out = String::from(
-        "# grandis daemon configuration: defaults < config file < GRANDIS_DAEMON_* environment\n",
-    );
-    for key in KEYS {
-        let value = match (*key, table.get(*key)) {
-            ("token", Some(_)) => "\"<redacted>\"".to_string(),
-            (_, Some(v)) => v.to_string(),
-            (_, None) => "# (not set)".to_string(),
-        };
-        let source = match fig.find_metadata(key) {
-            Some(m) if m.name.contains("environment") => {
-                format!("environment {ENV_PREFIX}{}", key.to_ascii_uppercase())
-            }
-            Some(m) => match &m.source {
-                Some(figment::Source::File(file)) => format!("config file {}", file.display()),
-                _ => "default".to_string(),
-            },
-            None => "default".to_string(),
-        };
-        let line = if value.starts_with('#') {
-            format!("# {key} {value}")
-        } else {
-            format!("{key} = {value}")
-        };
-        out.push_str(&format!("{line:<48} # from {source}\n"));
-    }
-    Ok(out)
+    LAYERS.render(path, &config)
 }
 
 #[cfg(test)]
