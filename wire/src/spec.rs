@@ -154,7 +154,7 @@ pub struct JobSpec {
     pub lr: f64,
     /// Weight decay (default 5e-4).
     pub weight_decay: f64,
-    /// Distribution mode (default auto).
+    /// Distribution mode (default flx: the largest preloading k that fits each daemon's memory).
     pub mode: Mode,
     /// Hops preloaded per server (flx/cob/auto); absent = chosen by the memory model.
     pub preload_hops: Option<u32>,
@@ -190,7 +190,7 @@ impl Default for JobSpec {
             dropout: 0.5,
             lr: 0.01,
             weight_decay: 5e-4,
-            mode: Mode::Auto,
+            mode: Mode::Flx,
             preload_hops: None,
             batch_size: None,
             sampling: Sampling::None,
@@ -486,6 +486,14 @@ impl JobSpec {
         }
         if self.device_memory == Some(0) {
             err("device_memory", "must be > 0 bytes".into());
+        }
+        if self.mode == Mode::Auto && self.device_memory.is_none() {
+            // Every server must reach the same FLX/CoB decision, so the budget comes from the
+            // job, not from each daemon's own memory.
+            err(
+                "device_memory",
+                "required with mode 'auto' (the per-device budget every server decides with)".into(),
+            );
         }
         match &self.sampling {
             Sampling::None => {}
