@@ -492,7 +492,8 @@ impl JobSpec {
             // job, not from each daemon's own memory.
             err(
                 "device_memory",
-                "required with mode 'auto' (the per-device budget every server decides with)".into(),
+                "required with mode 'auto' (the per-device budget every server decides with)"
+                    .into(),
             );
         }
         match &self.sampling {
