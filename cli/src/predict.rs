@@ -1,6 +1,7 @@
 //! `grandis predict`: class ids (int64, one per vertex) or logits (f32, vertices x classes)
 //! of a trained checkpoint, written as `.npy`.
 
+use crate::train::Device;
 use anyhow::Context;
 use std::path::PathBuf;
 
@@ -20,13 +21,29 @@ pub struct PredictArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Compute device: cpu or cuda:N (needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 pub fn run(args: PredictArgs) -> anyhow::Result<()> {
+    let device = Device::parse(&args.device)?;
+    // Open the device before reading the dataset so a missing GPU fails fast.
+    let cuda = match device {
+        Device::Cpu => None,
+        Device::Cuda(ordinal) => Some(Device::cuda_backend(ordinal)?),
+    };
     let dataset = grandis_store::Dataset::open_verified(&args.dataset)
         .with_context(|| format!("opening dataset {}", args.dataset.display()))?;
     let view = dataset.view();
-    let logits = grandis_trainer::predict_logits(view, &args.checkpoint, args.threads)?;
+    let logits = match cuda {
+        // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
+        #[cfg(not(feature = "cuda"))]
+        Some(backend) => match backend {},
+        #[cfg(feature = "cuda")]
+        Some(backend) => grandis_trainer::predict_logits_on(backend, view, &args.checkpoint)?,
+        None => grandis_trainer::predict_logits(view, &args.checkpoint, args.threads)?,
+    };
     let (n, c) = (view.num_vertices(), view.num_classes);
     if args.logits {
         grandis_npy::write_npy(&args.out, &[n as u64, c as u64], &logits)

@@ -7,6 +7,42 @@ use grandis_models::{ModelConfig, ModelKind};
 use grandis_trainer::{CheckpointOptions, TrainOptions};
 use std::path::PathBuf;
 
+/// Where the single-process trainer (and `grandis predict`) computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+impl Device {
+    /// Parses `cpu` or `cuda:N`.
+    pub fn parse(s: &str) -> anyhow::Result<Device> {
+        if s == "cpu" {
+            return Ok(Device::Cpu);
+        }
+        if let Some(n) = s.strip_prefix("cuda:") {
+            if let Ok(ordinal) = n.parse::<usize>() {
+                return Ok(Device::Cuda(ordinal));
+            }
+        }
+        bail!("invalid --device '{s}' (expected cpu or cuda:N, e.g. cuda:0)")
+    }
+
+    /// Opens the CUDA backend of `cuda:N`; a clean error when this binary has no CUDA
+    /// support or the machine has no driver/device.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_backend(ordinal: usize) -> anyhow::Result<grandis_engine::cuda::CudaBackend> {
+        let backend = grandis_engine::cuda::CudaBackend::new(ordinal)?;
+        tracing::info!("using CUDA device {ordinal}: {}", backend.device_name());
+        Ok(backend)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    pub fn cuda_backend(_ordinal: usize) -> anyhow::Result<std::convert::Infallible> {
+        bail!("this grandis was built without CUDA support; rebuild with `--features cuda`")
+    }
+}
+
 #[derive(clap::Args)]
 pub struct TrainArgs {
     /// Dataset directory (as written by `grandis data ...`).
@@ -51,6 +87,9 @@ pub struct TrainArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Compute device of --mode single: cpu or cuda:N (needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// Print one JSON object as the last stdout line.
     #[arg(long)]
     pub json: bool,
@@ -83,6 +122,19 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if args.resume && args.checkpoint.is_none() {
         bail!("--resume needs --checkpoint PATH");
     }
+    let device = Device::parse(&args.device)?;
+    if device != Device::Cpu && args.mode != "single" {
+        bail!(
+            "--device {} works with --mode single only: the distributed modes run on CPU \
+             workers in this build",
+            args.device
+        );
+    }
+    // Open the device before reading the dataset so a missing GPU fails fast.
+    let cuda = match device {
+        Device::Cpu => None,
+        Device::Cuda(ordinal) => Some(Device::cuda_backend(ordinal)?),
+    };
     let dataset = grandis_store::Dataset::open_verified(&args.dataset)
         .with_context(|| format!("opening dataset {}", args.dataset.display()))?;
     let view = dataset.view();
@@ -133,23 +185,27 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         view.graph.num_edges()
     );
     let mut progress = grandis_telemetry::Progress::new("train", Some(args.epochs as u64));
-    let report = grandis_trainer::train(
-        view,
-        config.clone(),
-        &opts,
-        &CheckpointOptions {
-            path: args.checkpoint.clone(),
-            resume: args.resume,
-        },
-        args.threads,
-        |s| {
-            progress.println(format!(
-                "epoch {:>4}  loss {:.4}  train {:.4}  val {:.4}  {:.3}s",
-                s.epoch, s.loss, s.train_acc, s.val_acc, s.seconds
-            ));
-            progress.inc(1);
-        },
-    )?;
+    let ckpt = CheckpointOptions {
+        path: args.checkpoint.clone(),
+        resume: args.resume,
+    };
+    let on_epoch = |s: &grandis_trainer::EpochStats| {
+        progress.println(format!(
+            "epoch {:>4}  loss {:.4}  train {:.4}  val {:.4}  {:.3}s",
+            s.epoch, s.loss, s.train_acc, s.val_acc, s.seconds
+        ));
+        progress.inc(1);
+    };
+    let report = match cuda {
+        // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
+        #[cfg(not(feature = "cuda"))]
+        Some(backend) => match backend {},
+        #[cfg(feature = "cuda")]
+        Some(backend) => {
+            grandis_trainer::train_on(backend, view, config.clone(), &opts, &ckpt, on_epoch)?
+        }
+        None => grandis_trainer::train(view, config.clone(), &opts, &ckpt, args.threads, on_epoch)?,
+    };
     progress.finish();
     let summary = format!(
         "final loss {:.4}  train {:.4}  val {:.4}  test {:.4}  median epoch {:.3}s",
@@ -159,6 +215,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         eprintln!("{summary}");
         let json = serde_json::json!({
             "mode": "single",
+            "device": args.device,
             "model": config,
             "train": opts,
             "num_parameters": report.num_parameters,
@@ -177,4 +234,65 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         println!("{summary}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        train: TrainArgs,
+    }
+
+    fn args(extra: &[&str]) -> TrainArgs {
+        let mut argv = vec!["grandis", "/nonexistent/dataset"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).unwrap().train
+    }
+
+    #[test]
+    fn device_parses_cpu_and_cuda_ordinals_only() {
+        assert_eq!(Device::parse("cpu").unwrap(), Device::Cpu);
+        assert_eq!(Device::parse("cuda:3").unwrap(), Device::Cuda(3));
+        for bad in ["gpu", "cuda", "cuda:", "cuda:-1", "cuda:x", "CPU", ""] {
+            let err = format!("{:#}", Device::parse(bad).unwrap_err());
+            assert!(err.contains("expected cpu or cuda:N"), "{bad}: {err}");
+        }
+    }
+
+    /// On a machine without an NVIDIA driver (this build machine), `--device cuda:0` fails with
+    /// the clean message before the dataset is even opened; with a driver it is skipped.
+    #[test]
+    fn cuda_device_without_support_or_driver_is_a_clean_error() {
+        #[cfg(feature = "cuda")]
+        if grandis_engine::cuda::driver_library_present() {
+            eprintln!("skipped: a CUDA driver is present");
+            return;
+        }
+        let err = format!("{:#}", run(args(&["--device", "cuda:0"])).unwrap_err());
+        #[cfg(not(feature = "cuda"))]
+        assert!(
+            err.contains("built without CUDA support; rebuild with `--features cuda`"),
+            "{err}"
+        );
+        #[cfg(feature = "cuda")]
+        assert!(err.contains("CUDA driver library not found"), "{err}");
+    }
+
+    #[test]
+    fn cuda_device_with_a_distributed_mode_is_refused() {
+        let err = format!(
+            "{:#}",
+            run(args(&["--device", "cuda:0", "--mode", "flx"])).unwrap_err()
+        );
+        assert!(
+            err.contains("distributed modes run on CPU workers"),
+            "{err}"
+        );
+        let err = format!("{:#}", run(args(&["--device", "tpu"])).unwrap_err());
+        assert!(err.contains("invalid --device 'tpu'"), "{err}");
+    }
 }

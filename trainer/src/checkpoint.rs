@@ -4,7 +4,7 @@
 
 use crate::TrainOptions;
 use anyhow::{bail, Context};
-use grandis_engine::{Backend, CpuBackend};
+use grandis_engine::Backend;
 use grandis_models::{Model, ModelConfig};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
@@ -38,10 +38,10 @@ fn to_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 /// Writes `model` (and, with `with_optimizer`, its Adam moments) to `path` atomically.
-pub fn save_checkpoint(
+pub fn save_checkpoint<B: Backend>(
     path: &Path,
-    b: &CpuBackend,
-    model: &Model<CpuBackend>,
+    b: &B,
+    model: &Model<B>,
     train: Option<&TrainOptions>,
     epochs_done: usize,
     with_optimizer: bool,
@@ -147,10 +147,10 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
 impl Checkpoint {
     /// Copies the stored tensors into `model` (built from `self.model`); with `optimizer`,
     /// also the Adam moments.
-    pub fn restore(
+    pub fn restore<B: Backend>(
         &self,
-        b: &CpuBackend,
-        model: &mut Model<CpuBackend>,
+        b: &B,
+        model: &mut Model<B>,
         optimizer: bool,
     ) -> anyhow::Result<()> {
         if optimizer && !self.has_optimizer {

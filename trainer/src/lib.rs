@@ -1,5 +1,6 @@
 //! The exact single-process full-batch trainer of grandis: builds a model from
-//! `grandis-models` on the CPU backend, runs full-graph forward/backward every epoch (dropout
+//! `grandis-models` on any engine backend (the CPU one by default; [`train_on`] and
+//! [`Prepared::with_backend`] take e.g. the CUDA backend), runs full-graph forward/backward every epoch (dropout
 //! masks keyed by `(seed, epoch, stage, vertex, column)`, loss normalised by the number of
 //! labelled train vertices), evaluates with dropout off, and saves/resumes safetensors
 //! checkpoints that carry the model configuration, optimiser state and epoch count. It is the
@@ -68,16 +69,19 @@ pub struct TrainReport {
     pub num_parameters: usize,
 }
 
-/// A dataset view prepared for training on the CPU backend: uploaded graph, features,
-/// labelled train/val/test rows.
-pub struct Prepared<'a> {
+/// A dataset view prepared for training on backend `B` (the CPU backend unless told
+/// otherwise): uploaded graph, features, labelled train rows. Host-side copies of the split
+/// stay in `view`, so accuracy is computed on downloaded logits whatever the backend.
+pub struct Prepared<'a, B: Backend = CpuBackend> {
     pub view: DatasetView<'a>,
-    pub backend: CpuBackend,
-    graph: <CpuBackend as Backend>::Graph,
-    features: Vec<f32>,
-    ids: Vec<u32>,
-    train_rows: Vec<u32>,
-    train_labels: Vec<u32>,
+    pub backend: B,
+    graph: B::Graph,
+    features: B::Buf,
+    ids: B::Index,
+    train_rows: B::Index,
+    train_labels: B::Index,
+    /// Host count of `train_rows` (the loss normaliser), so no device query is needed.
+    num_train: usize,
 }
 
 /// Labelled vertices of `ids` (label in `0..classes`), with their labels.
@@ -90,49 +94,83 @@ fn labelled(view: &DatasetView<'_>, ids: &[u32]) -> (Vec<u32>, Vec<u32>) {
         .unzip()
 }
 
-impl<'a> Prepared<'a> {
-    /// Uploads the whole graph as one block with the normalisation `kind` needs.
+/// Checks that the features and labels of `view` match its vertex count.
+fn check_view(view: &DatasetView<'_>) -> anyhow::Result<()> {
+    let n = view.num_vertices();
+    if view.features.len() != n * view.feature_dim {
+        bail!(
+            "dataset features hold {} values, expected {} vertices x {} = {}",
+            view.features.len(),
+            n,
+            view.feature_dim,
+            n * view.feature_dim
+        );
+    }
+    if view.labels.len() != n {
+        bail!(
+            "dataset has {} labels for {} vertices",
+            view.labels.len(),
+            n
+        );
+    }
+    Ok(())
+}
+
+impl<'a> Prepared<'a, CpuBackend> {
+    /// Uploads the whole graph as one block with the normalisation `kind` needs, on a CPU
+    /// backend with `threads` workers (default: one per core).
     pub fn new(
         view: DatasetView<'a>,
         kind: ModelKind,
         threads: Option<usize>,
     ) -> anyhow::Result<Self> {
         let backend = CpuBackend::new(threads)?;
-        let n = view.num_vertices();
-        if view.features.len() != n * view.feature_dim {
-            bail!(
-                "dataset features hold {} values, expected {} vertices x {} = {}",
-                view.features.len(),
-                n,
-                view.feature_dim,
-                n * view.feature_dim
-            );
-        }
-        if view.labels.len() != n {
-            bail!(
-                "dataset has {} labels for {} vertices",
-                view.labels.len(),
-                n
-            );
-        }
+        check_view(&view)?;
+        // Build the normalised block inside the backend's own thread pool so `--threads`
+        // bounds this step too.
         let block = backend.install(|| full_block(view.graph, kind.aggregation()));
+        Self::from_block(backend, view, block)
+    }
+}
+
+impl<'a, B: Backend> Prepared<'a, B> {
+    /// Uploads the whole graph as one block with the normalisation `kind` needs onto
+    /// `backend` (any engine backend, e.g. CUDA).
+    pub fn with_backend(
+        backend: B,
+        view: DatasetView<'a>,
+        kind: ModelKind,
+    ) -> anyhow::Result<Self> {
+        check_view(&view)?;
+        let block = full_block(view.graph, kind.aggregation());
+        Self::from_block(backend, view, block)
+    }
+
+    fn from_block(
+        backend: B,
+        view: DatasetView<'a>,
+        block: grandis_engine::BlockGraph,
+    ) -> anyhow::Result<Self> {
+        let n = view.num_vertices();
         let graph = backend.upload_graph(&block)?;
         drop(block);
         let (train_rows, train_labels) = labelled(&view, view.train);
+        let ids: Vec<u32> = (0..n as u32).collect();
         Ok(Prepared {
             view,
-            // The CPU backend reads the features in place through a copy-free upload would
-            // need a borrowed buffer type; one copy keeps the trait simple.
+            // One copy of the features onto the backend keeps the trait simple (a copy-free
+            // CPU upload would need a borrowed buffer type).
             features: backend.upload(view.features)?,
             graph,
-            ids: (0..n as u32).collect(),
-            train_rows,
-            train_labels,
+            ids: backend.upload_index(&ids)?,
+            num_train: train_rows.len(),
+            train_rows: backend.upload_index(&train_rows)?,
+            train_labels: backend.upload_index(&train_labels)?,
             backend,
         })
     }
 
-    fn ctx(&self, train: Option<(u64, u64)>) -> StageCtx<'_, CpuBackend> {
+    fn ctx(&self, train: Option<(u64, u64)>) -> StageCtx<'_, B> {
         let n = self.view.num_vertices();
         StageCtx {
             graph: &self.graph,
@@ -144,9 +182,11 @@ impl<'a> Prepared<'a> {
     }
 
     /// Logits of every vertex with dropout off (`n x classes`).
-    pub fn logits(&self, model: &Model<CpuBackend>) -> anyhow::Result<Vec<f32>> {
+    pub fn logits(&self, model: &Model<B>) -> anyhow::Result<Vec<f32>> {
         let (logits, _) = model.forward(&self.backend, &self.ctx(None), &self.features, false)?;
-        Ok(logits)
+        let mut host = vec![0.0f32; self.view.num_vertices() * self.view.num_classes];
+        self.backend.download(&logits, 0, &mut host)?;
+        Ok(host)
     }
 
     /// Fraction of labelled vertices of `ids` whose argmax logit is their label.
@@ -167,21 +207,21 @@ impl<'a> Prepared<'a> {
     /// One training step; returns the loss (mean over labelled train vertices).
     pub fn train_step(
         &self,
-        model: &mut Model<CpuBackend>,
+        model: &mut Model<B>,
         opts: &TrainOptions,
         epoch: usize,
     ) -> anyhow::Result<f64> {
         let b = &self.backend;
         let n = self.view.num_vertices();
         let c = self.view.num_classes;
-        if self.train_rows.is_empty() {
+        if self.num_train == 0 {
             bail!("the dataset's train split has no labelled vertices");
         }
         let ctx = self.ctx(Some((opts.seed, epoch as u64)));
         model.zero_grads(b)?;
         let (logits, tape) = model.forward(b, &ctx, &self.features, true)?;
         let mut grad = b.alloc(n * c)?;
-        let normalizer = self.train_rows.len() as f32;
+        let normalizer = self.num_train as f32;
         let loss_sum = b.cross_entropy(
             &logits,
             n,
@@ -234,16 +274,38 @@ fn median(xs: &[f64]) -> f64 {
     }
 }
 
-/// Trains `config` on `view` for `opts.epochs` epochs (or the remaining ones when resuming),
-/// calling `on_epoch` after each. Saves a checkpoint at the end when a path is given.
+/// Trains `config` on `view` for `opts.epochs` epochs (or the remaining ones when resuming)
+/// on a CPU backend with `threads` workers, calling `on_epoch` after each. Saves a
+/// checkpoint at the end when a path is given. See [`train_on`] for other backends.
 pub fn train(
     view: DatasetView<'_>,
     config: ModelConfig,
     opts: &TrainOptions,
     ckpt: &CheckpointOptions,
     threads: Option<usize>,
-    mut on_epoch: impl FnMut(&EpochStats),
+    on_epoch: impl FnMut(&EpochStats),
 ) -> anyhow::Result<TrainReport> {
+    check_config(&view, &config)?;
+    let prepared = Prepared::new(view, config.kind, threads)?;
+    train_prepared(&prepared, config, opts, ckpt, on_epoch)
+}
+
+/// [`train`] on any engine backend (e.g. `grandis_engine::cuda::CudaBackend`). The
+/// checkpoint format does not depend on the backend, so a run may resume on another one.
+pub fn train_on<B: Backend>(
+    backend: B,
+    view: DatasetView<'_>,
+    config: ModelConfig,
+    opts: &TrainOptions,
+    ckpt: &CheckpointOptions,
+    on_epoch: impl FnMut(&EpochStats),
+) -> anyhow::Result<TrainReport> {
+    check_config(&view, &config)?;
+    let prepared = Prepared::with_backend(backend, view, config.kind)?;
+    train_prepared(&prepared, config, opts, ckpt, on_epoch)
+}
+
+fn check_config(view: &DatasetView<'_>, config: &ModelConfig) -> anyhow::Result<()> {
     if config.in_dim != view.feature_dim || config.classes != view.num_classes {
         bail!(
             "model expects {} features and {} classes, dataset has {} and {}",
@@ -253,7 +315,17 @@ pub fn train(
             view.num_classes
         );
     }
-    let prepared = Prepared::new(view, config.kind, threads)?;
+    Ok(())
+}
+
+fn train_prepared<B: Backend>(
+    prepared: &Prepared<'_, B>,
+    config: ModelConfig,
+    opts: &TrainOptions,
+    ckpt: &CheckpointOptions,
+    mut on_epoch: impl FnMut(&EpochStats),
+) -> anyhow::Result<TrainReport> {
+    let view = prepared.view;
     let b = &prepared.backend;
     let mut model = Model::new(b, config.clone())?;
     let mut first_epoch = 1;
@@ -343,12 +415,33 @@ pub fn train(
     })
 }
 
-/// Logits (`n x classes`, dropout off) of the model stored in a checkpoint.
+/// Logits (`n x classes`, dropout off) of the model stored in a checkpoint, computed on a
+/// CPU backend with `threads` workers.
 pub fn predict_logits(
     view: DatasetView<'_>,
     checkpoint: &std::path::Path,
     threads: Option<usize>,
 ) -> anyhow::Result<Vec<f32>> {
+    let ck = load_checked(&view, checkpoint)?;
+    let prepared = Prepared::new(view, ck.model.kind, threads)?;
+    logits_of(&prepared, &ck)
+}
+
+/// [`predict_logits`] on any engine backend.
+pub fn predict_logits_on<B: Backend>(
+    backend: B,
+    view: DatasetView<'_>,
+    checkpoint: &std::path::Path,
+) -> anyhow::Result<Vec<f32>> {
+    let ck = load_checked(&view, checkpoint)?;
+    let prepared = Prepared::with_backend(backend, view, ck.model.kind)?;
+    logits_of(&prepared, &ck)
+}
+
+fn load_checked(
+    view: &DatasetView<'_>,
+    checkpoint: &std::path::Path,
+) -> anyhow::Result<Checkpoint> {
     let ck = load_checkpoint(checkpoint)?;
     if ck.model.in_dim != view.feature_dim || ck.model.classes != view.num_classes {
         bail!(
@@ -360,7 +453,10 @@ pub fn predict_logits(
             view.num_classes
         );
     }
-    let prepared = Prepared::new(view, ck.model.kind, threads)?;
+    Ok(ck)
+}
+
+fn logits_of<B: Backend>(prepared: &Prepared<'_, B>, ck: &Checkpoint) -> anyhow::Result<Vec<f32>> {
     let mut model = Model::new(&prepared.backend, ck.model.clone())?;
     ck.restore(&prepared.backend, &mut model, false)?;
     prepared.logits(&model)

@@ -244,3 +244,77 @@ fn cora_gcn_reaches_kipf_welling_accuracy() {
     eprintln!("Cora 2-layer GCN mean test accuracy over {seeds} seeds: {mean:.4}");
     assert!(mean >= 0.78, "mean test accuracy {mean}");
 }
+
+/// The generic entry point on the CPU backend is the same computation as `train`.
+#[test]
+fn train_on_cpu_backend_matches_train_bit_for_bit() {
+    let ds = community_dataset(300, 3, 6, 5);
+    let cfg = config(&ds, ModelKind::Sage, 2);
+    let ck = CheckpointOptions::default();
+    let a = train(ds.view(), cfg.clone(), &opts(5), &ck, Some(1), |_| {}).unwrap();
+    let backend = grandis_engine::CpuBackend::new(Some(2)).unwrap();
+    let b = grandis_trainer::train_on(backend, ds.view(), cfg, &opts(5), &ck, |_| {}).unwrap();
+    let la: Vec<u64> = a.epochs.iter().map(|s| s.loss.to_bits()).collect();
+    let lb: Vec<u64> = b.epochs.iter().map(|s| s.loss.to_bits()).collect();
+    assert_eq!(la, lb);
+    assert_eq!(a.test_acc.to_bits(), b.test_acc.to_bits());
+}
+
+/// CPU vs CUDA: per-epoch losses within 1e-3 over 10 epochs, and the CUDA checkpoint predicts
+/// like the CPU one. Runs only with `--features cuda` on a machine with an NVIDIA driver.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_losses_match_cpu_within_tolerance() {
+    use grandis_engine::cuda::{driver_library_present, CudaBackend};
+    if !driver_library_present() {
+        eprintln!("skipped: no CUDA driver on this machine");
+        return;
+    }
+    let gpu = match CudaBackend::new(0) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("skipped: CUDA device 0 unavailable: {e}");
+            return;
+        }
+    };
+    let ds = community_dataset(400, 4, 8, 11);
+    let mut cfg = config(&ds, ModelKind::ResSage, 2);
+    cfg.layer_norm = true;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpu.safetensors");
+    let cpu = train(
+        ds.view(),
+        cfg.clone(),
+        &opts(10),
+        &CheckpointOptions::default(),
+        Some(2),
+        |_| {},
+    )
+    .unwrap();
+    let ck = CheckpointOptions {
+        path: Some(path.clone()),
+        resume: false,
+    };
+    let cuda = grandis_trainer::train_on(gpu, ds.view(), cfg, &opts(10), &ck, |_| {}).unwrap();
+    assert_eq!(cpu.epochs.len(), 10);
+    assert_eq!(cuda.epochs.len(), 10);
+    for (c, g) in cpu.epochs.iter().zip(&cuda.epochs) {
+        assert!(
+            (c.loss - g.loss).abs() < 1e-3,
+            "epoch {}: cpu loss {} vs cuda loss {}",
+            c.epoch,
+            c.loss,
+            g.loss
+        );
+    }
+    // The checkpoint format is backend-independent: CPU and CUDA predictions agree.
+    let on_cpu = grandis_trainer::predict_logits(ds.view(), &path, Some(1)).unwrap();
+    let on_gpu =
+        grandis_trainer::predict_logits_on(CudaBackend::new(0).unwrap(), ds.view(), &path).unwrap();
+    let worst = on_cpu
+        .iter()
+        .zip(&on_gpu)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst < 1e-3, "logits differ by {worst}");
+}
