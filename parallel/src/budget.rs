@@ -1,0 +1,156 @@
+//! Memory budgets: default budget, priced model shape, choice of k, predicted halo bytes.
+
+use anyhow::{bail, Context};
+use grandis_masking::{KChoice, ModelDims, PlanContext, PreloadPlan};
+use grandis_models::{ModelConfig, ModelKind};
+use grandis_sampling::Sampler;
+
+use crate::{steps, ClassBytes, Mode, ParallelOptions};
+
+/// Available system memory divided by the `ranks` that share this machine: the default
+/// per-device budget of CPU workers (all S × G ranks run in this process, so the "server's"
+/// memory is the machine's). `MemAvailable` from `/proc/meminfo`.
+pub fn default_device_memory(ranks: usize) -> anyhow::Result<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo")
+        .context("reading /proc/meminfo for the default --device-memory")?;
+    let kib: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("/proc/meminfo has no MemAvailable line; pass --device-memory BYTES")?;
+    Ok(kib * 1024 / ranks.max(1) as u64)
+}
+
+/// The shape the memory model prices. ResSAGE+ exchanges hidden-width rows at every layer
+/// (the encoder runs before layer 0), so its layer-0 width is the hidden width.
+pub fn model_dims(config: &ModelConfig) -> ModelDims {
+    let res = config.kind == ModelKind::ResSage;
+    ModelDims {
+        layers: config.layers,
+        features: if res { config.hidden } else { config.in_dim },
+        hidden: config.hidden,
+        classes: if res { config.hidden } else { config.classes },
+    }
+}
+
+/// The k a run will use, with its reason and estimates.
+pub fn choose_preload_hops(
+    ctx: &PlanContext<'_>,
+    config: &ModelConfig,
+    popts: &ParallelOptions,
+) -> anyhow::Result<KChoice> {
+    let dims = model_dims(config);
+    match (popts.mode, popts.preload_hops) {
+        (Mode::Cob | Mode::Mb, _) => bail!(
+            "--mode {} runs every layer on its per-iteration plans; preloading is for --mode flx",
+            popts.mode.name()
+        ),
+        (Mode::Fb, Some(k)) if k > 0 => {
+            bail!("--preload-hops {k} needs --mode flx (FB_base never preloads)")
+        }
+        (Mode::Fb, _) => Ok(KChoice {
+            k: 0,
+            estimates: vec![grandis_masking::estimate(&dims, &ctx.fb_plan()?, None)],
+            reason: "FB_base: no preloading (k = 0)".into(),
+        }),
+        (Mode::Flx, Some(k)) => {
+            if k > config.layers {
+                bail!(
+                    "--preload-hops {k} is more than the model's {} layers",
+                    config.layers
+                );
+            }
+            Ok(KChoice {
+                k,
+                estimates: Vec::new(),
+                reason: format!("k = {k} fixed by --preload-hops"),
+            })
+        }
+        (Mode::Flx, None) => {
+            let ranks = ctx.layout().num_ranks();
+            let (budget, from) = match popts.device_memory {
+                Some(b) => (b, "--device-memory".to_string()),
+                None => (
+                    default_device_memory(ranks)?,
+                    format!("available system memory / {ranks} ranks on this machine"),
+                ),
+            };
+            let choice = ctx.choose_k(&dims, budget).with_context(|| {
+                format!("choosing k for a per-device budget of {budget} bytes ({from})")
+            })?;
+            Ok(KChoice {
+                reason: format!("{} (budget from {from})", choice.reason),
+                ..choice
+            })
+        }
+    }
+}
+
+/// The per-device budget of a run and where it came from.
+pub(crate) fn budget(popts: &ParallelOptions, ranks: usize) -> anyhow::Result<(u64, String)> {
+    Ok(match popts.device_memory {
+        Some(b) => (b, "--device-memory".to_string()),
+        None => (
+            default_device_memory(ranks)?,
+            format!("available system memory / {ranks} ranks on this machine"),
+        ),
+    })
+}
+
+/// FLX with a sampler: the largest k whose sampled FLX plan (over the FB plan) fits the
+/// budget, built from k = L downwards (sampled plans are small, and the first that fits wins).
+pub(crate) fn choose_sampled_k(
+    ctx: &PlanContext<'_>,
+    dims: &ModelDims,
+    fb: &grandis_masking::FbPlan,
+    sampler: &dyn Sampler,
+    popts: &ParallelOptions,
+) -> anyhow::Result<KChoice> {
+    let (budget, from) = budget(popts, ctx.layout().num_ranks())?;
+    let mut estimates = Vec::new();
+    for k in (1..=dims.layers).rev() {
+        let flx = steps::flx_sampled(ctx, sampler, k, 0)?;
+        let e = grandis_masking::estimate(dims, fb, Some(&flx));
+        let fits = e.max_bytes <= budget;
+        let (bytes, rank) = (e.max_bytes, e.worst_rank);
+        estimates.push(e);
+        if fits {
+            estimates.reverse();
+            return Ok(KChoice {
+                k,
+                estimates,
+                reason: format!(
+                    "k = {k} with {}: worst device (rank {rank}) needs {bytes} bytes of the \
+                     {budget}-byte budget (from {from})",
+                    sampler.name()
+                ),
+            });
+        }
+    }
+    bail!(
+        "no k >= 1 fits the {budget}-byte per-device budget ({from}) with {}; the smallest \
+         sampled FLX plan (k = 1) needs {} bytes: use --mode cob",
+        sampler.name(),
+        estimates.last().map_or(0, |e| e.max_bytes)
+    )
+}
+
+/// The plan's prediction of one epoch's halo traffic: the forward exchange feeding every
+/// layer, plus the same rows back as gradients for every layer whose input gradient is needed
+/// (all but layer 0 of sage/gcn, whose input is the features; ResSAGE+ needs layer 0's for its
+/// encoder).
+pub fn predicted_halo_bytes(plan: &PreloadPlan, config: &ModelConfig) -> ClassBytes {
+    let dims = model_dims(config);
+    let mut out = ClassBytes::default();
+    for l in 0..plan.layers {
+        let b = plan.forward_exchange_bytes(l, &dims);
+        let times = if l > 0 || config.kind == ModelKind::ResSage {
+            2
+        } else {
+            1
+        };
+        out.intra_server += times * b.intra;
+        out.inter_server += times * b.inter;
+    }
+    out
+}

@@ -1,0 +1,130 @@
+//! Setup shared by training and embedding: input checks, labelled flags, planning context.
+
+use anyhow::{bail, Context};
+use grandis_masking::{PlanContext, SplitMembership, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
+use grandis_models::{ModelConfig, ModelKind};
+use grandis_store::DatasetView;
+
+use crate::PartitionedGraph;
+
+/// Labelled-vertex flags (`SPLIT_*` by NEW id, only vertices with a valid label) and the
+/// labelled train / val / test totals.
+pub(crate) fn labelled(
+    view: &DatasetView<'_>,
+    part: &PartitionedGraph,
+) -> anyhow::Result<(Vec<u8>, [usize; 3])> {
+    let n = view.num_vertices();
+    let mut old_to_new = vec![0u32; n];
+    for (new, &old) in part.new_to_old.iter().enumerate() {
+        old_to_new[old as usize] = new as u32;
+    }
+    let mut flags = vec![0u8; n];
+    let mut totals = [0usize; 3];
+    for (j, (ids, bit)) in [
+        (view.train, SPLIT_TRAIN),
+        (view.val, SPLIT_VAL),
+        (view.test, SPLIT_TEST),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for &o in ids {
+            let l = *view
+                .labels
+                .get(o as usize)
+                .with_context(|| format!("split id {o} is out of range ({n} vertices)"))?;
+            if l >= 0 && (l as usize) < view.num_classes {
+                let f = &mut flags[old_to_new[o as usize] as usize];
+                if *f & bit == 0 {
+                    *f |= bit;
+                    totals[j] += 1;
+                }
+            }
+        }
+    }
+    Ok((flags, totals))
+}
+
+/// The planning context of a partitioned dataset: the relabelled graph, its layout and the
+/// LABELLED split membership (so co-batches and mini-batches only draw vertices that carry a
+/// loss).
+pub fn plan_context<'a>(
+    view: &DatasetView<'_>,
+    part: &'a PartitionedGraph,
+) -> anyhow::Result<PlanContext<'a>> {
+    let n = view.num_vertices();
+    if part.graph.view().num_vertices() != n || part.new_to_old.len() != n {
+        bail!(
+            "the partitioned graph has {} vertices, the dataset {n}",
+            part.graph.view().num_vertices()
+        );
+    }
+    let (flags, _) = labelled(view, part)?;
+    let ids = |bit: u8| -> Vec<u32> {
+        (0..n as u32)
+            .filter(|&v| flags[v as usize] & bit != 0)
+            .collect()
+    };
+    let splits =
+        SplitMembership::from_lists(n, &ids(SPLIT_TRAIN), &ids(SPLIT_VAL), &ids(SPLIT_TEST))?;
+    Ok(PlanContext::new(
+        part.graph.view(),
+        part.layout.clone(),
+        splits,
+    )?)
+}
+
+/// Checks that `view`, `part` and `config` belong together.
+pub(crate) fn check_inputs(
+    view: &DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+) -> anyhow::Result<()> {
+    let n = view.num_vertices();
+    if config.in_dim != view.feature_dim || config.classes != view.num_classes {
+        bail!(
+            "model expects {} features and {} classes, dataset has {} and {}",
+            config.in_dim,
+            config.classes,
+            view.feature_dim,
+            view.num_classes
+        );
+    }
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;
+    if config.kind == ModelKind::Mlp {
+        bail!("--model mlp reads no graph; partition-parallel modes need sage, gcn or ressage");
+    }
+    if view.features.len() != n * view.feature_dim || view.labels.len() != n {
+        bail!(
+            "dataset holds {} feature values and {} labels for {n} vertices x {} features",
+            view.features.len(),
+            view.labels.len(),
+            view.feature_dim
+        );
+    }
+    if part.graph.view().num_vertices() != n || part.new_to_old.len() != n {
+        bail!(
+            "the partitioned graph has {} vertices, the dataset {n}",
+            part.graph.view().num_vertices()
+        );
+    }
+    let layout = &part.layout;
+    let (servers, devices) = (layout.servers(), layout.devices());
+    let ranks = layout.num_ranks();
+    if ranks > n {
+        bail!(
+            "{servers} servers x {devices} devices = {ranks} ranks is more than the {n} vertices"
+        );
+    }
+    if let Some(r) = layout.ranges().iter().position(|r| r.is_empty()) {
+        bail!(
+            "rank {r} (server {}, device {}) owns no vertex; use fewer servers/devices or \
+             another partition",
+            layout.server_of_rank(r),
+            layout.device_of_rank(r)
+        );
+    }
+    Ok(())
+}
