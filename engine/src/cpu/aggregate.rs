@@ -1,0 +1,245 @@
+//! CSR aggregation kernels: the uploaded graph block (forward CSR and its transpose) and the register-blocked, prefetching gather behind `aggregate` / `aggregate_backward`.
+
+use super::simd::{simd_level, Simd};
+use super::ROW_CHUNK;
+use crate::backend::{BlockGraph, Result};
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// An uploaded graph block: forward CSR and its transpose, with their scale vectors.
+pub struct CpuGraph {
+    pub(super) fwd: Csr,
+    pub(super) bwd: Csr,
+    pub(super) n_dst: usize,
+    pub(super) n_src: usize,
+}
+
+/// `out[v] = dst[v] * sum_{u in row v} src[u] * x[u] + self_[v] * x[v]`.
+pub(super) struct Csr {
+    offsets: Vec<usize>,
+    pub(super) indices: Vec<u32>,
+    dst: Vec<f32>,
+    src: Option<Vec<f32>>,
+    self_: Option<Vec<f32>>,
+}
+
+impl Csr {
+    /// The kernel shared by forward (A) and backward (A^T): parallel over output rows. Each
+    /// row is computed in column blocks whose accumulators live in registers, reading the
+    /// neighbour rows in CSR order with software prefetch a few neighbours ahead (the gather
+    /// is latency-bound otherwise). The arithmetic order is the same on every instruction set
+    /// (no FMA contraction), so results do not depend on the CPU it runs on.
+    pub(super) fn run(&self, x: &[f32], d: usize, out: &mut [f32]) {
+        let n_rows = self.offsets.len() - 1;
+        let level = simd_level();
+        out[..n_rows * d]
+            .par_chunks_mut(ROW_CHUNK * d)
+            .enumerate()
+            .for_each(|(chunk, rows)| {
+                let first = chunk * ROW_CHUNK;
+                // SAFETY: `simd_level` only reports features the CPU has; `rows_kernel`'s own
+                // preconditions (validated graph, x holding n_src * d values) are checked by
+                // the callers (`aggregate`, `aggregate_backward`).
+                unsafe {
+                    match level {
+                        Simd::Avx512 => self.rows_avx512(first, rows, x, d),
+                        Simd::Avx2 => self.rows_avx2(first, rows, x, d),
+                        Simd::Base => self.rows_kernel(first, rows, x, d),
+                    }
+                }
+            });
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows_avx512(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
+        self.rows_kernel(first, rows, x, d)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn rows_avx2(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
+        self.rows_kernel(first, rows, x, d)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn rows_avx512(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
+        self.rows_kernel(first, rows, x, d)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn rows_avx2(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
+        self.rows_kernel(first, rows, x, d)
+    }
+
+    /// Computes output rows `first..` into `rows` (a multiple of `d` values).
+    ///
+    /// # Safety
+    /// Every index in the graph is `< x.len() / d` (guaranteed by `BlockGraph::validate` and
+    /// the callers' length checks), and for rows with a self term `v < x.len() / d`.
+    #[inline(always)]
+    unsafe fn rows_kernel(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
+        for (i, out) in rows.chunks_exact_mut(d).enumerate() {
+            let v = first + i;
+            let nbrs = &self.indices[self.offsets[v]..self.offsets[v + 1]];
+            let ds = self.dst[v];
+            // In A^T, halo rows (v >= n_dst) have no self term and no row in the input:
+            // their weight is 0 and the read is skipped.
+            let own = match &self.self_ {
+                Some(sl) if sl[v] != 0.0 => Some((sl[v], &x[v * d..v * d + d])),
+                _ => None,
+            };
+            let src = self.src.as_deref();
+            let mut c0 = 0;
+            while c0 < d {
+                let left = d - c0;
+                if left >= 64 {
+                    // A whole 256-byte row segment per neighbour: four cache lines in flight
+                    // per gather, accumulators still fit in registers (4 zmm / 8 ymm).
+                    block::<64>(nbrs, src, x, d, c0, ds, own, &mut out[c0..c0 + 64]);
+                    c0 += 64;
+                } else if left >= 32 {
+                    block::<32>(nbrs, src, x, d, c0, ds, own, &mut out[c0..c0 + 32]);
+                    c0 += 32;
+                } else if left >= 16 {
+                    block::<16>(nbrs, src, x, d, c0, ds, own, &mut out[c0..c0 + 16]);
+                    c0 += 16;
+                } else if left >= 8 {
+                    block::<8>(nbrs, src, x, d, c0, ds, own, &mut out[c0..c0 + 8]);
+                    c0 += 8;
+                } else {
+                    block::<1>(nbrs, src, x, d, c0, ds, own, &mut out[c0..c0 + 1]);
+                    c0 += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Neighbours to look ahead when prefetching.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Columns `c0..c0 + W` of one output row.
+///
+/// # Safety
+/// See [`Csr::rows_kernel`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block<const W: usize>(
+    nbrs: &[u32],
+    src: Option<&[f32]>,
+    x: &[f32],
+    d: usize,
+    c0: usize,
+    ds: f32,
+    own: Option<(f32, &[f32])>,
+    out: &mut [f32],
+) {
+    let mut acc = [0.0f32; W];
+    let xp = x.as_ptr();
+    for (i, &u) in nbrs.iter().enumerate() {
+        if let Some(&ahead) = nbrs.get(i + PREFETCH_AHEAD) {
+            let p = xp.add(ahead as usize * d + c0);
+            let mut off = 0;
+            while off < W {
+                prefetch(p.add(off));
+                off += 16;
+            }
+        }
+        // SAFETY: u < n_src and x holds n_src * d values (caller contract).
+        let row = &*(xp.add(u as usize * d + c0) as *const [f32; W]);
+        match src {
+            None => {
+                for j in 0..W {
+                    acc[j] += row[j];
+                }
+            }
+            Some(s) => {
+                let w = *s.get_unchecked(u as usize);
+                for j in 0..W {
+                    acc[j] += w * row[j];
+                }
+            }
+        }
+    }
+    match own {
+        None => {
+            for j in 0..W {
+                out[j] = ds * acc[j];
+            }
+        }
+        Some((w, own)) => {
+            for j in 0..W {
+                out[j] = ds * acc[j] + w * own[c0 + j];
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn prefetch(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint and never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// The body of [`Backend::upload_graph`](crate::backend::Backend::upload_graph) for
+/// `CpuBackend`: validates the block and builds the forward CSR and its transpose.
+pub(super) fn upload_graph(g: &BlockGraph) -> Result<CpuGraph> {
+    g.validate()?;
+    let start = Instant::now();
+    let fwd = Csr {
+        offsets: g.offsets.iter().map(|&o| o as usize).collect(),
+        indices: g.indices.clone(),
+        dst: g.dst_scale.clone(),
+        src: g.src_scale.clone(),
+        self_: g.self_scale.clone(),
+    };
+    // Transpose: row u (< n_src) lists the destinations v whose rows contain u. Visiting
+    // destinations in order keeps every transposed row sorted.
+    let mut t_off = vec![0usize; g.n_src + 1];
+    for &u in &g.indices {
+        t_off[u as usize + 1] += 1;
+    }
+    for i in 0..g.n_src {
+        t_off[i + 1] += t_off[i];
+    }
+    let mut cursor = t_off.clone();
+    let mut t_idx = vec![0u32; g.indices.len()];
+    for v in 0..g.n_dst {
+        for &u in &g.indices[fwd.offsets[v]..fwd.offsets[v + 1]] {
+            let slot = &mut cursor[u as usize];
+            t_idx[*slot] = v as u32;
+            *slot += 1;
+        }
+    }
+    // In A^T the roles of the scales swap; the self term only exists for u < n_dst.
+    let bwd = Csr {
+        offsets: t_off,
+        indices: t_idx,
+        dst: g.src_scale.clone().unwrap_or_else(|| vec![1.0; g.n_src]),
+        src: Some(g.dst_scale.clone()),
+        self_: g.self_scale.as_ref().map(|s| {
+            let mut full = s.clone();
+            full.resize(g.n_src, 0.0);
+            full
+        }),
+    };
+    tracing::debug!(
+        "uploaded graph block {}x{} with {} edges in {:.3}s",
+        g.n_dst,
+        g.n_src,
+        g.indices.len(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(CpuGraph {
+        fwd,
+        bwd,
+        n_dst: g.n_dst,
+        n_src: g.n_src,
+    })
+}

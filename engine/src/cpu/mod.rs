@@ -1,0 +1,686 @@
+//! The reference CPU backend: rayon over rows, `matrixmultiply` for GEMM, hand-written CSR
+//! aggregation kernels.
+//!
+//! Reductions (column sums, loss, squared norms, LayerNorm parameter gradients, and GEMMs
+//! with a long inner dimension) are split into chunks of a FIXED size and the partial results
+//! are added in chunk order, so results are bit-identical whatever the thread count.
+//!
+//! Layout: this file holds [`CpuBackend`] (thread pool, timers) and its [`Backend`] impl,
+//! which checks arguments and times each call; the kernels live in `aggregate` (CSR
+//! aggregation), `gemm` (dense products), `elementwise` (ReLU, dropout, LayerNorm, loss,
+//! Adam) and `simd` (run-time instruction-set detection).
+
+mod aggregate;
+mod elementwise;
+mod gemm;
+mod simd;
+
+pub use aggregate::CpuGraph;
+
+use crate::backend::{
+    dropout_threshold, shape_err, AdamStep, Backend, BlockGraph, DropoutKey, EngineError, Result,
+};
+use rayon::prelude::*;
+use simd::simd_level;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Rows per parallel task in row-wise kernels.
+const ROW_CHUNK: usize = 256;
+/// Rows per partial sum in deterministic reductions.
+const RED_CHUNK: usize = 4096;
+/// Elements per task in element-wise kernels.
+const ELEM_CHUNK: usize = 1 << 15;
+
+/// Wall time spent per operation class since the last [`CpuBackend::reset_op_times`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OpTimes {
+    pub aggregate_s: f64,
+    pub gemm_s: f64,
+    pub other_s: f64,
+    /// Bytes the aggregation kernels gathered (source rows read, with repetition) plus wrote.
+    pub aggregate_bytes: u64,
+}
+
+#[derive(Default)]
+struct Timers {
+    agg_ns: AtomicU64,
+    gemm_ns: AtomicU64,
+    other_ns: AtomicU64,
+    agg_bytes: AtomicU64,
+    /// Nanoseconds per operation name for everything that is neither GEMM nor aggregation.
+    by_op: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+}
+
+/// CPU backend with its own rayon pool (so `--threads` does not touch the global pool).
+pub struct CpuBackend {
+    pool: rayon::ThreadPool,
+    timers: Timers,
+}
+
+fn need(op: &'static str, what: &str, have: usize, want: usize) -> Result<()> {
+    if have < want {
+        Err(shape_err(
+            op,
+            format!("{what} has {have} elements, needs at least {want}"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+enum Kind {
+    Agg,
+    Gemm,
+    Other(&'static str),
+}
+
+/// Makes glibc keep freed memory for reuse instead of unmapping it (process-wide, once).
+///
+/// Every training step allocates and frees tensors of tens of MB; by default glibc serves
+/// those with fresh `mmap`s, so each step pays a page fault and a kernel zeroing for every
+/// 4 KiB touched (a measurable share of an epoch). Serving them from the heap without
+/// trimming recycles the same pages. Peak memory is unchanged: what is kept is what the
+/// previous step already used.
+pub fn retain_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            extern "C" {
+                fn mallopt(param: i32, value: i32) -> i32;
+            }
+            const M_TRIM_THRESHOLD: i32 = -1;
+            const M_MMAP_MAX: i32 = -4;
+            // SAFETY: mallopt only changes allocator tuning parameters; it is safe to call at
+            // any time from any thread.
+            unsafe {
+                mallopt(M_MMAP_MAX, 0);
+                mallopt(M_TRIM_THRESHOLD, i32::MAX);
+            }
+        });
+    }
+}
+
+impl CpuBackend {
+    /// `threads = None` uses rayon's default (one per core). Calls [`retain_freed_memory`].
+    pub fn new(threads: Option<usize>) -> Result<CpuBackend> {
+        retain_freed_memory();
+        let mut builder = rayon::ThreadPoolBuilder::new();
+        if let Some(t) = threads {
+            builder = builder.num_threads(t.max(1));
+        }
+        let pool = builder.build().map_err(|e| EngineError::Device {
+            backend: "cpu",
+            message: format!("cannot start thread pool: {e}"),
+        })?;
+        Ok(CpuBackend {
+            pool,
+            timers: Timers::default(),
+        })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Runs `f` inside this backend's pool (callers may use it for their own parallel loops).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    pub fn op_times(&self) -> OpTimes {
+        let t = &self.timers;
+        OpTimes {
+            aggregate_s: t.agg_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            gemm_s: t.gemm_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            other_s: t.other_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            aggregate_bytes: t.agg_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Seconds per operation name (the "other" class broken down), largest first.
+    pub fn other_op_times(&self) -> Vec<(&'static str, f64)> {
+        let mut v: Vec<(&'static str, f64)> = match self.timers.by_op.lock() {
+            Ok(m) => m.iter().map(|(&k, &ns)| (k, ns as f64 * 1e-9)).collect(),
+            Err(_) => Vec::new(),
+        };
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    }
+
+    pub fn reset_op_times(&self) {
+        if let Ok(mut m) = self.timers.by_op.lock() {
+            m.clear();
+        }
+        let t = &self.timers;
+        for c in [&t.agg_ns, &t.gemm_ns, &t.other_ns, &t.agg_bytes] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn timed<R: Send>(&self, kind: Kind, f: impl FnOnce() -> R + Send) -> R {
+        let start = Instant::now();
+        let r = self.pool.install(f);
+        let ns = start.elapsed().as_nanos() as u64;
+        let counter = match kind {
+            Kind::Agg => &self.timers.agg_ns,
+            Kind::Gemm => &self.timers.gemm_ns,
+            Kind::Other(name) => {
+                if let Ok(mut m) = self.timers.by_op.lock() {
+                    *m.entry(name).or_default() += ns;
+                }
+                &self.timers.other_ns
+            }
+        };
+        counter.fetch_add(ns, Ordering::Relaxed);
+        r
+    }
+}
+
+/// Sums `f(chunk_index)` over `n_chunks` in parallel and combines the partial vectors in
+/// chunk order (deterministic for any thread count).
+fn ordered_partials(
+    n_chunks: usize,
+    width: usize,
+    f: impl Fn(usize, &mut [f64]) + Sync,
+) -> Vec<f64> {
+    let partials: Vec<Vec<f64>> = (0..n_chunks)
+        .into_par_iter()
+        .map(|c| {
+            let mut p = vec![0.0f64; width];
+            f(c, &mut p);
+            p
+        })
+        .collect();
+    let mut total = vec![0.0f64; width];
+    for p in partials {
+        for (t, v) in total.iter_mut().zip(p) {
+            *t += v;
+        }
+    }
+    total
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Index = Vec<u32>;
+    type Graph = CpuGraph;
+
+    fn name(&self) -> String {
+        format!("cpu({} threads)", self.threads())
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+
+    fn len(&self, buf: &Vec<f32>) -> usize {
+        buf.len()
+    }
+
+    fn upload(&self, host: &[f32]) -> Result<Vec<f32>> {
+        Ok(host.to_vec())
+    }
+
+    fn upload_into(&self, buf: &mut Vec<f32>, offset: usize, host: &[f32]) -> Result<()> {
+        need("upload_into", "buffer", buf.len(), offset + host.len())?;
+        buf[offset..offset + host.len()].copy_from_slice(host);
+        Ok(())
+    }
+
+    fn download(&self, buf: &Vec<f32>, offset: usize, out: &mut [f32]) -> Result<()> {
+        need("download", "buffer", buf.len(), offset + out.len())?;
+        out.copy_from_slice(&buf[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    fn upload_index(&self, host: &[u32]) -> Result<Vec<u32>> {
+        Ok(host.to_vec())
+    }
+
+    fn index_len(&self, idx: &Vec<u32>) -> usize {
+        idx.len()
+    }
+
+    fn fill(&self, buf: &mut Vec<f32>, len: usize, value: f32) -> Result<()> {
+        need("fill", "buffer", buf.len(), len)?;
+        self.timed(Kind::Other("fill"), || {
+            buf[..len]
+                .par_chunks_mut(ELEM_CHUNK)
+                .for_each(|c| c.fill(value))
+        });
+        Ok(())
+    }
+
+    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) -> Result<()> {
+        need("copy", "src", src.len(), len)?;
+        need("copy", "dst", dst.len(), len)?;
+        self.timed(Kind::Other("copy"), || {
+            dst[..len]
+                .par_chunks_mut(ELEM_CHUNK)
+                .zip(src[..len].par_chunks(ELEM_CHUNK))
+                .for_each(|(d, s)| d.copy_from_slice(s))
+        });
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn gather_rows(
+        &self,
+        src: &Vec<f32>,
+        cols: usize,
+        idx: &Vec<u32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        need("gather_rows", "out", out.len(), idx.len() * cols)?;
+        if let Some(&bad) = idx.iter().find(|&&r| (r as usize + 1) * cols > src.len()) {
+            return Err(shape_err(
+                "gather_rows",
+                format!("row {bad} is outside src ({} elements)", src.len()),
+            ));
+        }
+        if cols == 0 {
+            return Ok(());
+        }
+        self.timed(Kind::Other("gather_rows"), || {
+            out[..idx.len() * cols]
+                .par_chunks_mut(cols)
+                .zip(idx.par_iter())
+                .for_each(|(o, &r)| {
+                    o.copy_from_slice(&src[r as usize * cols..(r as usize + 1) * cols])
+                })
+        });
+        Ok(())
+    }
+
+    fn scatter_add_rows(
+        &self,
+        src: &Vec<f32>,
+        cols: usize,
+        idx: &Vec<u32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        need("scatter_add_rows", "src", src.len(), idx.len() * cols)?;
+        if let Some(&bad) = idx.iter().find(|&&r| (r as usize + 1) * cols > out.len()) {
+            return Err(shape_err(
+                "scatter_add_rows",
+                format!("row {bad} is outside out ({} elements)", out.len()),
+            ));
+        }
+        // Sequential on purpose: repeated ids must add up in a fixed order, and this runs on
+        // halo rows only.
+        self.timed(Kind::Other("scatter_add_rows"), || {
+            for (i, &r) in idx.iter().enumerate() {
+                let o = &mut out[r as usize * cols..(r as usize + 1) * cols];
+                for (a, &b) in o.iter_mut().zip(&src[i * cols..(i + 1) * cols]) {
+                    *a += b;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn gemm(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        beta: f32,
+        c: &mut Vec<f32>,
+    ) -> Result<()> {
+        need("gemm", "A", a.len(), m * k)?;
+        need("gemm", "B", b.len(), k * n)?;
+        need("gemm", "C", c.len(), m * n)?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        self.timed(Kind::Gemm, || {
+            gemm::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c)
+        });
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
+        need("add_bias", "x", x.len(), rows * cols)?;
+        need("add_bias", "bias", bias.len(), cols)?;
+        if cols == 0 {
+            return Ok(());
+        }
+        self.timed(Kind::Other("add_bias"), || {
+            x[..rows * cols].par_chunks_mut(cols).for_each(|r| {
+                for (a, &b) in r.iter_mut().zip(&bias[..cols]) {
+                    *a += b;
+                }
+            })
+        });
+        Ok(())
+    }
+
+    fn col_sum(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+        beta: f32,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        need("col_sum", "x", x.len(), rows * cols)?;
+        need("col_sum", "out", out.len(), cols)?;
+        self.timed(Kind::Other("col_sum"), || {
+            let sums = ordered_partials(rows.div_ceil(RED_CHUNK), cols, |ch, p| {
+                let r0 = ch * RED_CHUNK;
+                let r1 = (r0 + RED_CHUNK).min(rows);
+                for r in r0..r1 {
+                    for (acc, &v) in p.iter_mut().zip(&x[r * cols..(r + 1) * cols]) {
+                        *acc += v as f64;
+                    }
+                }
+            });
+            for (o, s) in out[..cols].iter_mut().zip(sums) {
+                *o = if beta == 0.0 {
+                    s as f32
+                } else {
+                    beta * *o + s as f32
+                };
+            }
+        });
+        Ok(())
+    }
+
+    fn upload_graph(&self, g: &BlockGraph) -> Result<CpuGraph> {
+        aggregate::upload_graph(g)
+    }
+
+    fn graph_dims(&self, g: &CpuGraph) -> (usize, usize, usize) {
+        (g.n_dst, g.n_src, g.fwd.indices.len())
+    }
+
+    fn aggregate(&self, g: &CpuGraph, x: &Vec<f32>, d: usize, out: &mut Vec<f32>) -> Result<()> {
+        need("aggregate", "x", x.len(), g.n_src * d)?;
+        need("aggregate", "out", out.len(), g.n_dst * d)?;
+        if d == 0 {
+            return Ok(());
+        }
+        self.timed(Kind::Agg, || g.fwd.run(x, d, out));
+        let bytes = (g.fwd.indices.len() * (d * 4 + 4) + g.n_dst * d * 4) as u64;
+        self.timers.agg_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn aggregate_backward(
+        &self,
+        g: &CpuGraph,
+        grad_out: &Vec<f32>,
+        d: usize,
+        grad_x: &mut Vec<f32>,
+    ) -> Result<()> {
+        need(
+            "aggregate_backward",
+            "grad_out",
+            grad_out.len(),
+            g.n_dst * d,
+        )?;
+        need("aggregate_backward", "grad_x", grad_x.len(), g.n_src * d)?;
+        if d == 0 {
+            return Ok(());
+        }
+        self.timed(Kind::Agg, || g.bwd.run(grad_out, d, grad_x));
+        let bytes = (g.bwd.indices.len() * (d * 4 + 4) + g.n_src * d * 4) as u64;
+        self.timers.agg_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn relu(&self, x: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
+        need("relu", "x", x.len(), len)?;
+        need("relu", "out", out.len(), len)?;
+        self.timed(Kind::Other("relu"), || elementwise::relu(x, out, len));
+        Ok(())
+    }
+
+    fn relu_backward(&self, y: &Vec<f32>, grad: &mut Vec<f32>, len: usize) -> Result<()> {
+        need("relu_backward", "y", y.len(), len)?;
+        need("relu_backward", "grad", grad.len(), len)?;
+        self.timed(Kind::Other("relu_backward"), || {
+            elementwise::relu_backward(y, grad, len)
+        });
+        Ok(())
+    }
+
+    fn dropout(
+        &self,
+        x: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+        cols: usize,
+        global_ids: &Vec<u32>,
+        p: f32,
+        key: DropoutKey,
+    ) -> Result<()> {
+        need("dropout", "x", x.len(), rows * cols)?;
+        need("dropout", "out", out.len(), rows * cols)?;
+        need("dropout", "global_ids", global_ids.len(), rows)?;
+        if !(0.0..1.0).contains(&p) {
+            return Err(shape_err(
+                "dropout",
+                format!("p must be in [0, 1), got {p}"),
+            ));
+        }
+        if cols == 0 {
+            return Ok(());
+        }
+        let stream = key.stream();
+        let thr = dropout_threshold(p);
+        let scale = 1.0 / (1.0 - p);
+        let level = simd_level();
+        self.timed(Kind::Other("dropout"), || {
+            elementwise::dropout(x, out, rows, cols, global_ids, stream, thr, scale, level)
+        });
+        Ok(())
+    }
+
+    fn dropout_backward(
+        &self,
+        grad: &mut Vec<f32>,
+        rows: usize,
+        cols: usize,
+        global_ids: &Vec<u32>,
+        p: f32,
+        key: DropoutKey,
+    ) -> Result<()> {
+        need("dropout_backward", "grad", grad.len(), rows * cols)?;
+        need("dropout_backward", "global_ids", global_ids.len(), rows)?;
+        if !(0.0..1.0).contains(&p) {
+            return Err(shape_err(
+                "dropout_backward",
+                format!("p must be in [0, 1), got {p}"),
+            ));
+        }
+        if cols == 0 || p == 0.0 {
+            return Ok(());
+        }
+        let stream = key.stream();
+        let thr = dropout_threshold(p);
+        let scale = 1.0 / (1.0 - p);
+        let level = simd_level();
+        self.timed(Kind::Other("dropout_backward"), || {
+            elementwise::dropout_backward(grad, rows, cols, global_ids, stream, thr, scale, level)
+        });
+        Ok(())
+    }
+
+    fn axpy(&self, alpha: f32, x: &Vec<f32>, y: &mut Vec<f32>, len: usize) -> Result<()> {
+        need("axpy", "x", x.len(), len)?;
+        need("axpy", "y", y.len(), len)?;
+        self.timed(Kind::Other("axpy"), || {
+            y[..len]
+                .par_chunks_mut(ELEM_CHUNK)
+                .zip(x[..len].par_chunks(ELEM_CHUNK))
+                .for_each(|(y, x)| {
+                    for (a, &b) in y.iter_mut().zip(x) {
+                        *a += alpha * b;
+                    }
+                })
+        });
+        Ok(())
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, alpha: f32, len: usize) -> Result<()> {
+        need("scale", "x", x.len(), len)?;
+        self.timed(Kind::Other("scale"), || {
+            x[..len]
+                .par_chunks_mut(ELEM_CHUNK)
+                .for_each(|c| c.iter_mut().for_each(|a| *a *= alpha))
+        });
+        Ok(())
+    }
+
+    fn layer_norm(
+        &self,
+        x: &Vec<f32>,
+        gamma: &Vec<f32>,
+        beta: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+        out: &mut Vec<f32>,
+        mean: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+    ) -> Result<()> {
+        need("layer_norm", "x", x.len(), rows * cols)?;
+        need("layer_norm", "out", out.len(), rows * cols)?;
+        need("layer_norm", "gamma", gamma.len(), cols)?;
+        need("layer_norm", "beta", beta.len(), cols)?;
+        need("layer_norm", "mean", mean.len(), rows)?;
+        need("layer_norm", "rstd", rstd.len(), rows)?;
+        if cols == 0 {
+            return Ok(());
+        }
+        self.timed(Kind::Other("layer_norm"), || {
+            elementwise::layer_norm(x, gamma, beta, rows, cols, eps, out, mean, rstd)
+        });
+        Ok(())
+    }
+
+    fn layer_norm_backward(
+        &self,
+        grad_out: &Vec<f32>,
+        x: &Vec<f32>,
+        gamma: &Vec<f32>,
+        mean: &Vec<f32>,
+        rstd: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+        grad_x: &mut Vec<f32>,
+        grad_gamma: &mut Vec<f32>,
+        grad_beta: &mut Vec<f32>,
+    ) -> Result<()> {
+        let op = "layer_norm_backward";
+        need(op, "grad_out", grad_out.len(), rows * cols)?;
+        need(op, "x", x.len(), rows * cols)?;
+        need(op, "grad_x", grad_x.len(), rows * cols)?;
+        need(op, "gamma", gamma.len(), cols)?;
+        need(op, "grad_gamma", grad_gamma.len(), cols)?;
+        need(op, "grad_beta", grad_beta.len(), cols)?;
+        need(op, "mean", mean.len(), rows)?;
+        need(op, "rstd", rstd.len(), rows)?;
+        if cols == 0 {
+            return Ok(());
+        }
+        self.timed(Kind::Other("layer_norm_backward"), || {
+            elementwise::layer_norm_backward(
+                grad_out, x, gamma, mean, rstd, rows, cols, grad_x, grad_gamma, grad_beta,
+            )
+        });
+        Ok(())
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: &Vec<f32>,
+        n: usize,
+        classes: usize,
+        rows: &Vec<u32>,
+        labels: &Vec<u32>,
+        normalizer: f32,
+        grad: &mut Vec<f32>,
+    ) -> Result<f64> {
+        let op = "cross_entropy";
+        need(op, "logits", logits.len(), n * classes)?;
+        need(op, "grad", grad.len(), n * classes)?;
+        if rows.len() != labels.len() {
+            return Err(shape_err(
+                op,
+                format!("{} rows but {} labels", rows.len(), labels.len()),
+            ));
+        }
+        if let Some(&r) = rows.iter().find(|&&r| r as usize >= n) {
+            return Err(shape_err(op, format!("row {r} out of range (n = {n})")));
+        }
+        if let Some(&l) = labels.iter().find(|&&l| l as usize >= classes) {
+            return Err(shape_err(
+                op,
+                format!("label {l} out of range ({classes} classes)"),
+            ));
+        }
+        if normalizer.is_nan() || normalizer <= 0.0 {
+            return Err(shape_err(
+                op,
+                format!("normalizer must be positive, got {normalizer}"),
+            ));
+        }
+        let loss = self.timed(Kind::Other("cross_entropy"), || {
+            elementwise::cross_entropy(logits, n, classes, rows, labels, normalizer, grad)
+        });
+        Ok(loss)
+    }
+
+    fn sum_squares(&self, x: &Vec<f32>, len: usize) -> Result<f64> {
+        need("sum_squares", "x", x.len(), len)?;
+        Ok(self.timed(Kind::Other("sum_squares"), || {
+            ordered_partials(len.div_ceil(ELEM_CHUNK), 1, |ch, p| {
+                let s = ch * ELEM_CHUNK;
+                let e = (s + ELEM_CHUNK).min(len);
+                p[0] = x[s..e].iter().map(|&v| (v as f64) * (v as f64)).sum();
+            })[0]
+        }))
+    }
+
+    fn adam_step(
+        &self,
+        param: &mut Vec<f32>,
+        grad: &Vec<f32>,
+        m: &mut Vec<f32>,
+        v: &mut Vec<f32>,
+        len: usize,
+        s: &AdamStep,
+    ) -> Result<()> {
+        for (what, have) in [
+            ("param", param.len()),
+            ("grad", grad.len()),
+            ("m", m.len()),
+            ("v", v.len()),
+        ] {
+            need("adam_step", what, have, len)?;
+        }
+        if s.step == 0 {
+            return Err(shape_err("adam_step", "step counter must start at 1"));
+        }
+        let bc1 = 1.0 - (s.beta1 as f64).powf(s.step as f64);
+        let bc2 = 1.0 - (s.beta2 as f64).powf(s.step as f64);
+        let (bc1, bc2) = (bc1 as f32, bc2 as f32);
+        let s = *s;
+        self.timed(Kind::Other("adam_step"), || {
+            elementwise::adam_step(param, grad, m, v, len, &s, bc1, bc2)
+        });
+        Ok(())
+    }
+}
