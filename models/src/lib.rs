@@ -601,6 +601,60 @@ impl<B: Backend> Model<B> {
         }
     }
 
+    /// `grad(W) += xᵀ g` for the linear map `y = x W` (`x` is `rows x d_in`, `g` = dL/dy).
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate_weight_grad(
+        &mut self,
+        b: &B,
+        w: usize,
+        x: &B::Buf,
+        g: &B::Buf,
+        rows: usize,
+        d_in: usize,
+        d_out: usize,
+    ) -> Result<()> {
+        b.gemm(
+            true,
+            false,
+            d_in,
+            d_out,
+            rows,
+            1.0,
+            x,
+            g,
+            1.0,
+            &mut self.params[w].grad,
+        )
+    }
+
+    /// `out = g Wᵀ + beta * out`: the gradient of the input of the linear map `y = x W`
+    /// (`beta = 1` adds to a gradient already there).
+    #[allow(clippy::too_many_arguments)]
+    fn input_grad(
+        &self,
+        b: &B,
+        w: usize,
+        g: &B::Buf,
+        rows: usize,
+        d_in: usize,
+        d_out: usize,
+        beta: f32,
+        out: &mut B::Buf,
+    ) -> Result<()> {
+        b.gemm(
+            false,
+            true,
+            rows,
+            d_in,
+            d_out,
+            1.0,
+            g,
+            &self.params[w].value,
+            beta,
+            out,
+        )
+    }
+
     /// Backward of stage `s`: adds this stage's weight gradients into [`Param::grad`] and
     /// returns the gradient wrt its input (`n_src` rows for conv stages, halo rows holding
     /// partial gradients for their owners), or `None` when `input_grad` is false (the first
@@ -624,67 +678,23 @@ impl<B: Backend> Model<B> {
             StageKind::Encoder => {
                 let rows = ctx.n_dst;
                 let wi = st.w_self.unwrap();
-                b.gemm(
-                    true,
-                    false,
-                    d_in,
-                    d_out,
-                    rows,
-                    1.0,
-                    input,
-                    &grad_out,
-                    1.0,
-                    &mut self.params[wi].grad,
-                )?;
+                self.accumulate_weight_grad(b, wi, input, &grad_out, rows, d_in, d_out)?;
                 b.col_sum(&grad_out, rows, d_out, 1.0, &mut self.params[st.bias].grad)?;
                 if !input_grad {
                     return Ok(None);
                 }
                 let mut gx = b.alloc(rows * d_in)?;
-                b.gemm(
-                    false,
-                    true,
-                    rows,
-                    d_in,
-                    d_out,
-                    1.0,
-                    &grad_out,
-                    &self.params[wi].value,
-                    0.0,
-                    &mut gx,
-                )?;
+                self.input_grad(b, wi, &grad_out, rows, d_in, d_out, 0.0, &mut gx)?;
                 Ok(Some(gx))
             }
             StageKind::Head => {
                 let rows = ctx.n_dst;
                 let wi = st.w_self.unwrap();
                 let z = cache.z.as_ref().expect("head caches its input");
-                b.gemm(
-                    true,
-                    false,
-                    d_in,
-                    d_out,
-                    rows,
-                    1.0,
-                    z,
-                    &grad_out,
-                    1.0,
-                    &mut self.params[wi].grad,
-                )?;
+                self.accumulate_weight_grad(b, wi, z, &grad_out, rows, d_in, d_out)?;
                 b.col_sum(&grad_out, rows, d_out, 1.0, &mut self.params[st.bias].grad)?;
                 let mut gz = b.alloc(rows * d_in)?;
-                b.gemm(
-                    false,
-                    true,
-                    rows,
-                    d_in,
-                    d_out,
-                    1.0,
-                    &grad_out,
-                    &self.params[wi].value,
-                    0.0,
-                    &mut gz,
-                )?;
+                self.input_grad(b, wi, &grad_out, rows, d_in, d_out, 0.0, &mut gz)?;
                 let gx = self.pre_ops_backward(
                     b,
                     &st,
@@ -740,62 +750,18 @@ impl<B: Backend> Model<B> {
                     if d_out <= d_in {
                         let mut gt = b.alloc(n_src * d_out)?;
                         b.aggregate_backward(ctx.graph, &g, d_out, &mut gt)?;
-                        b.gemm(
-                            true,
-                            false,
-                            d_in,
-                            d_out,
-                            n_src,
-                            1.0,
-                            z,
-                            &gt,
-                            1.0,
-                            &mut self.params[wn].grad,
-                        )?;
+                        self.accumulate_weight_grad(b, wn, z, &gt, n_src, d_in, d_out)?;
                         if need_gz {
                             let mut buf = b.alloc(n_src * d_in)?;
-                            b.gemm(
-                                false,
-                                true,
-                                n_src,
-                                d_in,
-                                d_out,
-                                1.0,
-                                &gt,
-                                &self.params[wn].value,
-                                0.0,
-                                &mut buf,
-                            )?;
+                            self.input_grad(b, wn, &gt, n_src, d_in, d_out, 0.0, &mut buf)?;
                             gz = Some(buf);
                         }
                     } else {
                         let a = cache.agg.as_ref().expect("aggregate-first caches agg");
-                        b.gemm(
-                            true,
-                            false,
-                            d_in,
-                            d_out,
-                            n_dst,
-                            1.0,
-                            a,
-                            &g,
-                            1.0,
-                            &mut self.params[wn].grad,
-                        )?;
+                        self.accumulate_weight_grad(b, wn, a, &g, n_dst, d_in, d_out)?;
                         if need_gz {
                             let mut ga = b.alloc(n_dst * d_in)?;
-                            b.gemm(
-                                false,
-                                true,
-                                n_dst,
-                                d_in,
-                                d_out,
-                                1.0,
-                                &g,
-                                &self.params[wn].value,
-                                0.0,
-                                &mut ga,
-                            )?;
+                            self.input_grad(b, wn, &g, n_dst, d_in, d_out, 0.0, &mut ga)?;
                             let mut buf = b.alloc(n_src * d_in)?;
                             b.aggregate_backward(ctx.graph, &ga, d_in, &mut buf)?;
                             gz = Some(buf);
@@ -803,36 +769,14 @@ impl<B: Backend> Model<B> {
                     }
                 }
                 if let Some(ws) = st.w_self {
-                    b.gemm(
-                        true,
-                        false,
-                        d_in,
-                        d_out,
-                        n_dst,
-                        1.0,
-                        z,
-                        &g,
-                        1.0,
-                        &mut self.params[ws].grad,
-                    )?;
+                    self.accumulate_weight_grad(b, ws, z, &g, n_dst, d_in, d_out)?;
                     if need_gz {
                         let (buf, beta) = match gz.take() {
                             Some(buf) => (buf, 1.0),
                             None => (b.alloc(n_src * d_in)?, 0.0),
                         };
                         let mut buf = buf;
-                        b.gemm(
-                            false,
-                            true,
-                            n_dst,
-                            d_in,
-                            d_out,
-                            1.0,
-                            &g,
-                            &self.params[ws].value,
-                            beta,
-                            &mut buf,
-                        )?;
+                        self.input_grad(b, ws, &g, n_dst, d_in, d_out, beta, &mut buf)?;
                         gz = Some(buf);
                     }
                 }
