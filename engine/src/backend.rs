@@ -49,6 +49,19 @@ pub fn shape_err(op: &'static str, message: impl Into<String>) -> EngineError {
     }
 }
 
+/// Checks that a buffer argument `what` of `op` holds at least `want` elements (buffers may
+/// be longer than an operation uses). Every backend validates its arguments with this.
+pub(crate) fn need(op: &'static str, what: &str, have: usize, want: usize) -> Result<()> {
+    if have < want {
+        Err(shape_err(
+            op,
+            format!("{what} has {have} elements, needs at least {want}"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// A graph block on the host, ready to be uploaded with [`Backend::upload_graph`].
 ///
 /// Destination rows `0..n_dst` aggregate from source rows `0..n_src` of the input matrix

@@ -18,7 +18,8 @@ mod simd;
 pub use aggregate::CpuGraph;
 
 use crate::backend::{
-    dropout_threshold, shape_err, AdamStep, Backend, BlockGraph, DropoutKey, EngineError, Result,
+    dropout_threshold, need, shape_err, AdamStep, Backend, BlockGraph, DropoutKey, EngineError,
+    Result,
 };
 use rayon::prelude::*;
 use simd::simd_level;
@@ -56,17 +57,6 @@ struct Timers {
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     timers: Timers,
-}
-
-fn need(op: &'static str, what: &str, have: usize, want: usize) -> Result<()> {
-    if have < want {
-        Err(shape_err(
-            op,
-            format!("{what} has {have} elements, needs at least {want}"),
-        ))
-    } else {
-        Ok(())
-    }
 }
 
 enum Kind {

@@ -28,7 +28,8 @@ mod emulated;
 pub mod kernels;
 
 use crate::backend::{
-    dropout_threshold, shape_err, AdamStep, Backend, BlockGraph, DropoutKey, EngineError, Result,
+    dropout_threshold, need, shape_err, AdamStep, Backend, BlockGraph, DropoutKey, EngineError,
+    Result,
 };
 use cudarc::cublas::{sys as cublas_sys, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
@@ -53,17 +54,6 @@ fn dev_err(context: impl std::fmt::Display, e: impl std::fmt::Display) -> Engine
     EngineError::Device {
         backend: BACKEND,
         message: format!("{context}: {e}"),
-    }
-}
-
-fn need(op: &'static str, what: &str, have: usize, want: usize) -> Result<()> {
-    if have < want {
-        Err(shape_err(
-            op,
-            format!("{what} has {have} elements, needs at least {want}"),
-        ))
-    } else {
-        Ok(())
     }
 }
 
