@@ -14,8 +14,10 @@
 //! plans are built from per-server extraction specs ([`ExtractionSpec`]: target vertices, hops,
 //! exact or sampled kept in-edges, optionally per layer): FLX is "targets = range, exact k-hop",
 //! cooperative batching and the samplers of `grandis-sampling` use co-batches and
-//! [`SampledEdges`]; sampled rows aggregate over `DevicePlan::agg_degree` kept edges. The memory
-//! model ([`memory`]) prices a plan per device and [`choose_k`] picks the largest k that fits a
+//! [`SampledEdges`]; sampled rows aggregate over `DevicePlan::agg_degree` kept edges. Each layer
+//! runs in a compact row space holding just the rows it reads and writes ([`LayerRows`]), so a
+//! masked layer costs its valid prefix, not the whole plan. The memory model ([`memory`]) prices
+//! a plan per device and [`choose_k`] picks the largest k that fits a
 //! budget. No numerics live here; the trainer runs layers over these plans.
 
 mod context;
@@ -25,6 +27,7 @@ mod flx;
 mod layout;
 pub mod memory;
 mod plan;
+mod rows;
 mod stats;
 
 pub use context::{PlanContext, SplitMembership, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
@@ -37,6 +40,7 @@ pub use memory::{
     KEstimate, LayerMemory, MemoryTerms, ModelDims,
 };
 pub use plan::{DevicePlan, HaloGroup, LayerMask, SendList};
+pub use rows::{CompactHalo, LayerRows};
 pub use stats::{
     exchange_bytes, exchange_rows, DeviceStats, LinkClass, PeerHalo, PerLink, PlanStats,
 };

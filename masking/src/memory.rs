@@ -4,35 +4,40 @@
 //! Every term is public and explicit so the trainer can compare it with measured usage. All
 //! tensors are f32 ([`F32_BYTES`]). Layer `l` reads width `in_width(l)` (F for layer 0, else H)
 //! and writes `out_width(l)` (C for the last layer, else H). Layer `l` runs on the FLX device
-//! plan when `l < k`, otherwise on the FB device plan; "local"/"owned" below are that plan's
-//! `n_local`/`n_owned`. Per device:
+//! plan when `l < k`, otherwise on the FB device plan, in that plan's compact row space for the
+//! layer ([`crate::LayerRows`]): "src"/"dst" below are its `n_src` (input rows: valid owned
+//! rows of the previous layer plus received halo rows) and `n_dst` (valid owned rows). For an
+//! unmasked layer they are the plan's `n_local`/`n_owned`. Per device:
 //!
-//! - `features` = n_local(layer 0 plan) x F x 4: raw features of every local row (halo
-//!   included: they are loaded or exchanged once and kept).
+//! - `features` = src(layer 0) x F x 4: raw features of every local row (halo included: they
+//!   are loaded or exchanged once and kept).
 //! - per layer ([`LayerMemory`]), [`SAVED_TENSORS_PER_LAYER`] = 3 tensors kept for backward:
-//!   `input` (layers >= 1: the layer's input incl. halo rows, n_local x in_width; layer 0's
-//!   input is `features`), `aggregated` (n_owned x in_width, needed for the weight gradient)
-//!   and `pre_activation` (n_owned x out_width, needed for the activation derivative; it is
-//!   the logits at the last layer).
-//! - `backward_scratch` = 2 x max over layers of n_local x max(in_width, out_width) x 4: the
+//!   `input` (layers >= 1: the layer's input incl. halo rows, src x in_width; layer 0's input
+//!   is `features`), `aggregated` (dst x in_width, needed for the weight gradient) and
+//!   `pre_activation` (dst x out_width, needed for the activation derivative; it is the logits
+//!   at the last layer).
+//! - `backward_scratch` = 2 x max over layers of src x max(in_width, out_width) x 4: the
 //!   gradient flowing in and the gradient flowing out of the layer being differentiated.
 //! - `halo_buffers` = 2 x max over the plans in use of (rows sent per exchange) x max width x 4:
 //!   a send staging buffer (forward) and a gradient receive staging buffer (backward);
 //!   received forward rows land directly in the input buffer.
-//! - `graph` = for every plan held: (n_owned + 1) x [`OFFSET_BYTES`] + edges x
+//! - `graph` = for every distinct compact layer graph the runner uploads (layers of one plan
+//!   with equal row spaces share one): (dst + 1) x [`OFFSET_BYTES`] + edges x
 //!   ([`INDEX_BYTES`] + [`VALUE_BYTES`]) (column indices and a normalised edge value).
+//!   Per-layer graphs of layer-wise sampling are distinct per layer.
 //! - `metadata` = for every plan held: n_local x [`METADATA_BYTES_PER_ROW`] (global id,
 //!   in-degree, out-degree, global-to-local pair).
 //! - `params` = [`PARAM_COPIES`] x parameters x 4 (weights, gradients, Adam m and v).
 //!
 //! A plan that runs every layer on one masked plan (cooperative batching, per-GPU mini-batch)
 //! is priced by [`estimate_masked_device`]: the same terms with that plan at every layer and
-//! only it held. Per-layer graphs of layer-wise sampling add their CSR bytes to `graph`.
+//! only it held.
 //!
-//! Plans held: the FB plan always (a [`crate::PreloadPlan`] keeps it; at k = L this slightly
-//! overestimates), plus the FLX plan when k >= 1. With the FLX placement rule the FLX plan for
-//! k is contained in the one for k + 1 and contains the FB rows of each device, so every term
-//! is non-decreasing in k.
+//! Plans held: the FB plan always (a [`crate::PreloadPlan`] keeps it), plus the FLX plan when
+//! k >= 1. With the FLX placement rule the FLX plan for k is contained in the one for k + 1 and
+//! contains the FB rows of each device, so `features` and `metadata` are non-decreasing in k.
+//! The total is not (the plan for k + 1 may run a layer on a smaller valid prefix than the
+//! FB plan runs it for k), which is why [`PlanContext::choose_k`] prices every k.
 
 use grandis_store::CsrView;
 
@@ -41,6 +46,7 @@ use crate::error::{MaskingError, Result};
 use crate::flx::{FbPlan, FlxPlan, PreloadPlan};
 use crate::layout::Layout;
 use crate::plan::DevicePlan;
+use crate::rows::LayerRows;
 
 pub const F32_BYTES: u64 = 4;
 pub const OFFSET_BYTES: u64 = 8;
@@ -147,8 +153,8 @@ pub struct KEstimate {
     pub devices: Vec<MemoryTerms>,
 }
 
-/// Result of [`choose_k`]: the chosen k, the estimates it computed (k = 0 upwards, stopping at
-/// the first k that does not fit, since estimates are monotone in k) and why.
+/// Result of [`choose_k`]: the chosen k, the estimates it computed (`estimates[k]` for k = 0
+/// upwards, see [`PlanContext::choose_k`] for where it stops) and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct KChoice {
     pub k: usize,
@@ -156,16 +162,14 @@ pub struct KChoice {
     pub reason: String,
 }
 
-fn graph_bytes(p: &DevicePlan) -> u64 {
-    let csr = |edges: usize| {
-        (p.n_owned as u64 + 1) * OFFSET_BYTES + edges as u64 * (INDEX_BYTES + VALUE_BYTES)
+/// CSR bytes of one uploaded compact layer graph (see [`crate::LayerRows`]).
+fn compact_graph_bytes(p: &DevicePlan, rows: &LayerRows) -> u64 {
+    let g = match rows.graph_layer {
+        Some(l) => p.layer_graph(l),
+        None => p.graph.view(),
     };
-    // Per-layer graphs (layer-wise sampling) are held next to the union graph.
-    csr(p.num_edges())
-        + p.layer_graphs
-            .iter()
-            .map(|g| csr(g.indices.len()))
-            .sum::<u64>()
+    let edges = g.offsets[rows.n_dst];
+    (rows.n_dst as u64 + 1) * OFFSET_BYTES + edges * (INDEX_BYTES + VALUE_BYTES)
 }
 
 fn send_rows(p: &DevicePlan) -> u64 {
@@ -226,38 +230,48 @@ fn terms<'p>(
     masked_at: impl Fn(usize) -> bool,
     held: &[&DevicePlan],
 ) -> MemoryTerms {
-    let features = plan_at(0).n_local() as u64 * dims.features as u64 * F32_BYTES;
-    let layers: Vec<LayerMemory> = (0..dims.layers)
-        .map(|l| {
-            let p = plan_at(l);
-            let (local, owned) = (p.n_local() as u64, p.n_owned as u64);
+    // Every layer runs in its compact row space; layers with equal spaces on the same plan
+    // share one uploaded graph, exactly as the runner does.
+    let rows: Vec<LayerRows> = (0..dims.layers).map(|l| plan_at(l).layer_rows(l)).collect();
+    let features = rows.first().map_or(0, |r| r.n_src as u64) * dims.features as u64 * F32_BYTES;
+    let layers: Vec<LayerMemory> = rows
+        .iter()
+        .enumerate()
+        .map(|(l, r)| {
+            let (src, dst) = (r.n_src as u64, r.n_dst as u64);
             let (iw, ow) = (dims.in_width(l) as u64, dims.out_width(l) as u64);
             LayerMemory {
                 layer: l,
                 flx: masked_at(l),
-                rows_local: local,
-                rows_owned: owned,
-                input: if l == 0 { 0 } else { local * iw * F32_BYTES },
-                aggregated: owned * iw * F32_BYTES,
-                pre_activation: owned * ow * F32_BYTES,
+                rows_local: src,
+                rows_owned: dst,
+                input: if l == 0 { 0 } else { src * iw * F32_BYTES },
+                aggregated: dst * iw * F32_BYTES,
+                pre_activation: dst * ow * F32_BYTES,
             }
         })
         .collect();
     let activations = layers.iter().map(LayerMemory::total).sum();
-    let backward_scratch = 2
-        * (0..dims.layers)
-            .map(|l| {
-                plan_at(l).n_local() as u64
-                    * dims.in_width(l).max(dims.out_width(l)) as u64
-                    * F32_BYTES
-            })
-            .max()
-            .unwrap_or(0);
+    let backward_scratch = 2 * rows
+        .iter()
+        .enumerate()
+        .map(|(l, r)| r.n_src as u64 * dims.in_width(l).max(dims.out_width(l)) as u64 * F32_BYTES)
+        .max()
+        .unwrap_or(0);
+    let mut uploaded: Vec<(*const DevicePlan, &LayerRows)> = Vec::new();
+    let mut graph = 0;
+    for (l, r) in rows.iter().enumerate() {
+        let p = plan_at(l);
+        let key = (p as *const DevicePlan, r);
+        if !uploaded.contains(&key) {
+            graph += compact_graph_bytes(p, r);
+            uploaded.push(key);
+        }
+    }
     let halo_buffers = 2
         * held.iter().map(|p| send_rows(p)).max().unwrap_or(0)
         * dims.max_width() as u64
         * F32_BYTES;
-    let graph = held.iter().map(|p| graph_bytes(p)).sum();
     let metadata = held
         .iter()
         .map(|p| p.n_local() as u64 * METADATA_BYTES_PER_ROW)
@@ -300,8 +314,12 @@ impl PreloadPlan {
 
 impl<'a> PlanContext<'a> {
     /// The largest k in `0..=dims.layers` whose worst-device estimate fits `budget` bytes.
-    /// Stops building plans at the first k that does not fit: estimates are non-decreasing in
-    /// k, so no larger k can fit, and the FLX plans of large k are the expensive ones.
+    ///
+    /// Totals are NOT monotone in k (a masked layer costs only its valid prefix, so the FLX
+    /// plan for k + 1 can need less than the one for k), so every k is priced, except that
+    /// the search stops at the first k whose monotone floor (features, metadata and
+    /// parameters: the held rows only grow with k) is already over budget, since no larger
+    /// k can fit then. The FLX plans of large k are the expensive ones to build.
     pub fn choose_k(&self, dims: &ModelDims, budget: u64) -> Result<KChoice> {
         dims.validate()?;
         let fb = self.fb_plan()?;
@@ -314,35 +332,41 @@ impl<'a> PlanContext<'a> {
             });
         }
         let mut estimates = vec![base];
-        let mut over = None;
-        for k in 1..=dims.layers {
-            let flx = self.flx_plan(k)?;
+        let mut k = 0;
+        for candidate in 1..=dims.layers {
+            let flx = self.flx_plan(candidate)?;
             let e = estimate(dims, &fb, Some(&flx));
-            let fits = e.max_bytes <= budget;
+            let floor = e
+                .devices
+                .iter()
+                .map(|t| t.features + t.metadata + t.params)
+                .max()
+                .unwrap_or(0);
+            if e.max_bytes <= budget {
+                k = candidate;
+            }
             estimates.push(e);
-            if !fits {
-                over = Some(k);
+            if floor > budget {
                 break;
             }
         }
-        let k = over.map_or(dims.layers, |o| o - 1);
         let chosen = &estimates[k];
         let mut reason = format!(
             "k = {k}: worst device (rank {}) needs {} bytes of the {budget}-byte budget",
             chosen.worst_rank, chosen.max_bytes
         );
-        match over {
-            Some(o) => {
-                let e = &estimates[o];
-                reason.push_str(&format!(
-                    "; k = {o} would need {} bytes on rank {}, over budget",
-                    e.max_bytes, e.worst_rank
-                ));
-            }
-            None => reason.push_str(&format!(
+        match estimates.get(k + 1) {
+            Some(e) => reason.push_str(&format!(
+                "; k = {} would need {} bytes on rank {}, over budget",
+                k + 1,
+                e.max_bytes,
+                e.worst_rank
+            )),
+            None if k == dims.layers => reason.push_str(&format!(
                 "; k = L = {} preloads every hop: no inter-server feature traffic",
                 dims.layers
             )),
+            None => {}
         }
         tracing::info!(k, budget, %reason, "chose k");
         Ok(KChoice {

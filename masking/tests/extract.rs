@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use grandis_masking::{
-    estimate_masked, Edges, ExtractionSpec, FlxPlan, Layout, ModelDims, PlanContext, SampledEdges,
-    SplitMembership,
+    estimate_masked, DevicePlan, Edges, ExtractionSpec, FlxPlan, Layout, ModelDims, PlanContext,
+    SampledEdges, SplitMembership,
 };
 use grandis_store::{CsrGraph, EdgeOptions};
 use proptest::prelude::*;
@@ -136,6 +136,39 @@ fn reference(c: &Case, mode: Mode, s: usize) -> Vec<BTreeSet<u32>> {
     sets
 }
 
+/// The compact row space of `layer` holds exactly the rows the layer reads and writes: every
+/// compact edge names the same vertex as the plan's edge, the layer-0 space is the local one,
+/// and the layer's output rows are the next layer's owned input rows.
+fn check_compact(d: &DevicePlan, layer: usize) -> Result<(), TestCaseError> {
+    let rows = d.layer_rows(layer);
+    let g = d.compact_graph(&rows).unwrap();
+    let ids = d.compact_global_ids(&rows);
+    prop_assert_eq!(ids.len(), rows.n_src);
+    prop_assert_eq!(rows.n_dst, d.valid_owned(layer).len());
+    let lg = d.layer_graph(layer);
+    for i in 0..rows.n_dst as u32 {
+        let compact: Vec<u32> = g
+            .view()
+            .neighbors(i)
+            .iter()
+            .map(|&x| ids[x as usize])
+            .collect();
+        let local: Vec<u32> = lg
+            .neighbors(i)
+            .iter()
+            .map(|&x| d.global_ids[x as usize])
+            .collect();
+        prop_assert_eq!(compact, local, "rank {} layer {} row {}", d.rank, layer, i);
+    }
+    d.check_sends(layer, &rows).unwrap();
+    if layer == 0 {
+        prop_assert!(rows.n_src == d.n_local() && rows.owned_src == d.n_owned);
+    } else {
+        prop_assert_eq!(rows.owned_src, d.layer_rows(layer - 1).n_dst);
+    }
+    Ok(())
+}
+
 fn check(c: &Case, mode: Mode, plan: &FlxPlan) -> Result<(), TestCaseError> {
     let k = c.k;
     prop_assert_eq!(plan.k, k);
@@ -200,6 +233,9 @@ fn check(c: &Case, mode: Mode, plan: &FlxPlan) -> Result<(), TestCaseError> {
                 }
             }
             prop_assert_eq!(&valid, want_valid, "server {} layer {}", s, l);
+            for d in &devs {
+                check_compact(d, l)?;
+            }
         }
         // The extraction holds V_0 plus the layer-0 inputs, nothing else.
         let mut all: BTreeSet<u32> = refs[0].clone();

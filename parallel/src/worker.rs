@@ -1,5 +1,7 @@
 //! One rank's training loop: per optimiser step, the step's plans (one per layer), forward
-//! with per-layer halo exchanges (and masks), loss on its inner train rows normalised by the
+//! with per-layer halo exchanges, each layer computed and stored in its compact row space
+//! (only the rows its mask makes exact and the rows they read, see
+//! `grandis_masking::LayerRows`), loss on its inner train rows normalised by the
 //! step's GLOBAL loss-row count, backward with halo-gradient exchanges, hierarchical
 //! all-reduce of the weight gradients, Adam. Full-batch modes take one step per epoch on a
 //! plan that never (FB, FLX) or rarely (FLX-EAS) changes; cooperative batching and the
@@ -14,8 +16,9 @@ use anyhow::{bail, Context};
 use grandis_engine::norm::{Aggregation, GlobalScales};
 use grandis_engine::{AdamStep, Backend, BlockGraph};
 use grandis_fabric::{Endpoint, Tag};
-use grandis_masking::{DevicePlan, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
+use grandis_masking::{DevicePlan, LayerRows, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
 use grandis_models::{Model, ModelConfig, ModelKind, StageCache, StageCtx};
+use grandis_store::CsrGraph;
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, TrainOptions};
 
@@ -73,40 +76,36 @@ pub(crate) struct RankResult {
     pub setup_bytes: u64,
 }
 
-/// Per distinct plan of a step: its uploaded graph block(s) and dropout ids.
-struct PlanRt<B: Backend> {
-    plan: Arc<DevicePlan>,
-    /// One block, or one per layer for layer-wise sampled plans.
-    graphs: Vec<B::Graph>,
-    /// Original ids of the `n_local` rows (dropout masks key on them).
+/// One uploaded compact layer space (see `grandis_masking::LayerRows`): the graph block a
+/// layer aggregates over and the dropout ids of its input rows. Layers of one plan with equal
+/// spaces (every FB layer, the saturated layers of a deep masked plan) share one.
+struct BlockRt<B: Backend> {
+    /// Index into `Rt::plans`.
+    plan: usize,
+    rows: LayerRows,
+    graph: B::Graph,
+    /// Original ids of the `rows.n_src` compact input rows (dropout masks key on them).
     ids: B::Index,
 }
 
-impl<B: Backend> PlanRt<B> {
-    fn graph(&self, layer: usize) -> &B::Graph {
-        if self.graphs.len() == 1 {
-            &self.graphs[0]
-        } else {
-            &self.graphs[layer.min(self.graphs.len() - 1)]
-        }
-    }
-}
-
-/// Per conv layer: which plan, and the send index buffers of its exchange prefixes.
+/// Per conv layer: which plan and block, and the send index buffers of its exchange prefixes.
 struct LayerRt<B: Backend> {
     plan: usize,
+    /// Index into `Rt::blocks`.
+    block: usize,
     /// Per send list of the plan: the rows sent before this layer (None when empty).
     send_idx: Vec<Option<B::Index>>,
-    /// Number of valid owned rows when the layer is masked.
-    valid: Option<usize>,
 }
 
 /// Everything a rank uploads for one step's plans.
 struct Rt<B: Backend> {
-    plans: Vec<PlanRt<B>>,
+    /// The step's distinct plans (FLX for layers < k and FB for the rest, or one).
+    plans: Vec<Arc<DevicePlan>>,
+    blocks: Vec<BlockRt<B>>,
     layers: Vec<LayerRt<B>>,
-    /// `n_local(layer-0 plan) x F`: owned rows loaded once, halo rows filled by exchange
-    /// (sage/gcn), or just the owned rows' input of the encoder (ressage).
+    /// Layer 0's input rows x F (the layer-0 plan's local rows): owned rows loaded once, halo
+    /// rows filled by exchange (sage/gcn), or just the owned rows' input of the encoder
+    /// (ressage).
     features: B::Buf,
     loss_rows: B::Index,
     loss_labels: B::Index,
@@ -141,43 +140,49 @@ pub(crate) struct Worker<'w, B: Backend> {
     capture: Option<Vec<Vec<f32>>>,
 }
 
-fn ctx<'x, B: Backend>(
-    p: &'x PlanRt<B>,
-    layer: usize,
-    train: Option<(u64, u64)>,
-) -> StageCtx<'x, B> {
+fn ctx<B: Backend>(blk: &BlockRt<B>, train: Option<(u64, u64)>) -> StageCtx<'_, B> {
     StageCtx {
-        graph: p.graph(layer),
-        n_dst: p.plan.n_owned,
-        n_src: p.plan.n_local(),
-        global_ids: &p.ids,
+        graph: &blk.graph,
+        n_dst: blk.rows.n_dst,
+        n_src: blk.rows.n_src,
+        global_ids: &blk.ids,
         train,
     }
 }
 
-/// The plan's one-hop graph (or its layer-`layer` graph) as an engine block. Normalisation is
-/// GLOBAL (picked by new id) for every row that aggregates over all its in-edges, so exact
-/// plans reproduce the full-graph scales bit for bit; a row that aggregates over `m < d` kept
-/// edges follows masking's contract: mean divides by `m`, sum is unscaled, GCN keeps its
-/// global source and self-loop scales and multiplies the neighbour sum by `d / m`.
+/// The ResSAGE+ encoder: row-local over every owned row of the layer-0 plan (all of them are
+/// layer 0's owned inputs; the layer-0 block's ids start with exactly those rows).
+fn encoder_ctx<B: Backend>(rt: &Rt<B>, train: Option<(u64, u64)>) -> StageCtx<'_, B> {
+    let blk = &rt.blocks[rt.layers[0].block];
+    StageCtx {
+        n_dst: blk.rows.owned_src,
+        n_src: blk.rows.owned_src,
+        ..ctx(blk, train)
+    }
+}
+
+/// One layer's compact graph (`plan.compact_graph(rows)`) as an engine block; `src_ids` are
+/// the global ids of its input rows. Normalisation is GLOBAL (picked by new id) for every row
+/// that aggregates over all its in-edges, so exact plans reproduce the full-graph scales bit
+/// for bit; a row that aggregates over `m < d` kept edges follows masking's contract: mean
+/// divides by `m`, sum is unscaled, GCN keeps its global source and self-loop scales and
+/// multiplies the neighbour sum by `d / m`.
 fn block(
     plan: &DevicePlan,
-    layer: Option<usize>,
+    rows: &LayerRows,
+    compact: CsrGraph,
+    src_ids: &[u32],
     scales: &GlobalScales,
     agg: Aggregation,
 ) -> BlockGraph {
     let pick = |s: &Vec<f32>, ids: &[u32]| ids.iter().map(|&g| s[g as usize]).collect();
-    let owned = &plan.global_ids[..plan.n_owned];
-    let g = match layer {
-        Some(l) => plan.layer_graph(l),
-        None => plan.graph.view(),
-    };
-    let dst_scale = owned
+    let dst = &plan.global_ids[..rows.n_dst];
+    let dst_scale = dst
         .iter()
         .enumerate()
         .map(|(i, &gid)| {
             let d = plan.in_degree[i];
-            let m = match layer {
+            let m = match rows.graph_layer {
                 Some(l) => plan.agg_degree_at(l, i as u32),
                 None => plan.agg_degree[i],
             };
@@ -194,13 +199,13 @@ fn block(
         })
         .collect();
     BlockGraph {
-        n_dst: plan.n_owned,
-        n_src: plan.n_local(),
-        offsets: g.offsets.to_vec(),
-        indices: g.indices.to_vec(),
+        n_dst: rows.n_dst,
+        n_src: rows.n_src,
+        offsets: compact.offsets,
+        indices: compact.indices,
         dst_scale,
-        src_scale: scales.src.as_ref().map(|s| pick(s, &plan.global_ids)),
-        self_scale: scales.self_loop.as_ref().map(|s| pick(s, owned)),
+        src_scale: scales.src.as_ref().map(|s| pick(s, src_ids)),
+        self_scale: scales.self_loop.as_ref().map(|s| pick(s, dst)),
     }
 }
 
@@ -220,38 +225,52 @@ impl<B: Backend> Rt<B> {
                 sh.config.layers
             );
         }
-        // One runtime per distinct plan: FLX (layers < k) and FB (layers >= k), or one.
-        let mut plans: Vec<PlanRt<B>> = Vec::new();
-        let mut plan_of_layer = Vec::with_capacity(per_layer.len());
-        for p in per_layer {
-            let idx = match plans.iter().position(|r| Arc::ptr_eq(&r.plan, p)) {
+        // Distinct plans: FLX (layers < k) and FB (layers >= k), or one.
+        let mut plans: Vec<Arc<DevicePlan>> = Vec::new();
+        let mut blocks: Vec<BlockRt<B>> = Vec::new();
+        let mut layers: Vec<LayerRt<B>> = Vec::with_capacity(per_layer.len());
+        for (l, p) in per_layer.iter().enumerate() {
+            let pi = match plans.iter().position(|q| Arc::ptr_eq(q, p)) {
                 Some(i) => i,
                 None => {
-                    let graphs = if p.layer_graphs.is_empty() {
-                        vec![b.upload_graph(&block(p, None, sh.scales, sh.agg))?]
-                    } else {
-                        (0..p.layer_graphs.len())
-                            .map(|l| b.upload_graph(&block(p, Some(l), sh.scales, sh.agg)))
-                            .collect::<grandis_engine::Result<Vec<_>>>()?
-                    };
-                    let orig: Vec<u32> = p
-                        .global_ids
-                        .iter()
-                        .map(|&g| sh.new_to_old[g as usize])
-                        .collect();
-                    plans.push(PlanRt {
-                        plan: p.clone(),
-                        graphs,
-                        ids: b.upload_index(&orig)?,
-                    });
+                    plans.push(p.clone());
                     plans.len() - 1
                 }
             };
-            plan_of_layer.push(idx);
-        }
-        let mut layers = Vec::with_capacity(per_layer.len());
-        for (l, &pi) in plan_of_layer.iter().enumerate() {
-            let p = &plans[pi].plan;
+            // Each layer runs in its compact row space: its valid prefix and the rows it reads.
+            let rows = p.layer_rows(l);
+            p.check_sends(l, &rows)?;
+            if let Some(prev) = layers.last() {
+                // A layer's output must be exactly the owned part of the next layer's input
+                // (also at the FLX -> FB reshape, where both are the inner rows).
+                let prev_dst = blocks[prev.block].rows.n_dst;
+                if prev_dst != rows.owned_src {
+                    bail!(
+                        "internal: layer {} outputs {prev_dst} rows but layer {l} reads {} owned \
+                         rows",
+                        l - 1,
+                        rows.owned_src
+                    );
+                }
+            }
+            let bi = match blocks.iter().position(|k| k.plan == pi && k.rows == rows) {
+                Some(i) => i,
+                None => {
+                    let src_ids = p.compact_global_ids(&rows);
+                    let compact = p.compact_graph(&rows)?;
+                    let graph =
+                        b.upload_graph(&block(p, &rows, compact, &src_ids, sh.scales, sh.agg))?;
+                    let orig: Vec<u32> =
+                        src_ids.iter().map(|&g| sh.new_to_old[g as usize]).collect();
+                    blocks.push(BlockRt {
+                        plan: pi,
+                        rows,
+                        graph,
+                        ids: b.upload_index(&orig)?,
+                    });
+                    blocks.len() - 1
+                }
+            };
             let send_idx = (0..p.sends.len())
                 .map(|i| {
                     let rows = p.send_rows(l, i);
@@ -264,14 +283,18 @@ impl<B: Backend> Rt<B> {
                 .collect::<grandis_engine::Result<Vec<_>>>()?;
             layers.push(LayerRt {
                 plan: pi,
+                block: bi,
                 send_idx,
-                valid: p.is_masked(l).then(|| p.valid_owned(l).end as usize),
             });
         }
         // Features of the owned rows of the layer-0 plan (halo rows arrive by exchange).
-        let p0 = &plans[layers[0].plan].plan;
+        let p0 = &plans[layers[0].plan];
         let f = sh.view.feature_dim;
-        let rows = if has_head { p0.n_owned } else { p0.n_local() };
+        let rows = if has_head {
+            p0.n_owned
+        } else {
+            blocks[layers[0].block].rows.n_src
+        };
         let mut host = vec![0f32; rows * f];
         for (i, &g) in p0.global_ids[..p0.n_owned].iter().enumerate() {
             let o = sh.new_to_old[g as usize];
@@ -289,7 +312,7 @@ impl<B: Backend> Rt<B> {
         let features = b.upload(&host)?;
         drop(host);
         // Loss rows: inner rows of the last layer's plan that are labelled train vertices.
-        let last = &plans[layers[per_layer.len() - 1].plan].plan;
+        let last = &plans[layers[per_layer.len() - 1].plan];
         let (mut rows, mut labels) = (Vec::new(), Vec::new());
         for i in 0..last.n_inner {
             let g = last.global_ids[i] as usize;
@@ -300,6 +323,7 @@ impl<B: Backend> Rt<B> {
         }
         Ok(Rt {
             plans,
+            blocks,
             layers,
             features,
             loss_rows: b.upload_index(&rows)?,
@@ -358,30 +382,29 @@ impl<'w, B: Backend> Worker<'w, B> {
         })
     }
 
-    fn plan(&self, l: usize) -> &PlanRt<B> {
+    fn plan(&self, l: usize) -> &Arc<DevicePlan> {
         &self.rt.plans[self.rt.layers[l].plan]
     }
 
-    fn zero_rows(&self, buf: &mut B::Buf, from: usize, to: usize, d: usize) -> anyhow::Result<()> {
-        if to > from {
-            self.b
-                .upload_into(buf, from * d, &vec![0.0; (to - from) * d])?;
-        }
-        Ok(())
+    /// The compact block layer `l` runs on.
+    fn blk(&self, l: usize) -> &BlockRt<B> {
+        &self.rt.blocks[self.rt.layers[l].block]
     }
 
-    /// Sends the owned rows peers need for layer `l` (gathered from `src`) and writes the
-    /// received halo rows into `inp` (`n_local x d`).
+    /// Sends the owned rows peers need for layer `l` (gathered from `src`, the layer's input
+    /// or the previous layer's output: owned ids are the same in both) and returns the
+    /// received halo rows with the compact input row each group starts at.
     fn exchange_forward(
         &mut self,
         l: usize,
         src: Option<&B::Buf>,
         d: usize,
         tag: Tag,
-    ) -> anyhow::Result<Vec<(std::ops::Range<u32>, Vec<f32>)>> {
+    ) -> anyhow::Result<Vec<(usize, Vec<f32>)>> {
         let b = self.b;
         let lr = &self.rt.layers[l];
-        let plan = &self.rt.plans[lr.plan].plan;
+        let plan = &self.rt.plans[lr.plan];
+        let rows = &self.rt.blocks[lr.block].rows;
         let src = src.unwrap_or(&self.rt.features);
         let mut sends = Vec::new();
         for (i, s) in plan.sends.iter().enumerate() {
@@ -395,27 +418,26 @@ impl<'w, B: Backend> Worker<'w, B> {
             }
         }
         let mut expect = Vec::new();
-        let mut ranges = Vec::new();
-        for (gi, g) in plan.halo.iter().enumerate() {
-            let r = plan.recv_rows(l, gi);
-            if !r.is_empty() {
-                expect.push((g.peer, r.len() * d));
-                ranges.push(r);
+        let mut starts = Vec::new();
+        for (g, h) in plan.halo.iter().zip(&rows.halo) {
+            if h.len > 0 {
+                expect.push((g.peer, h.len as usize * d));
+                starts.push(h.compact_start as usize);
             }
         }
         let got = self
             .ep
             .exchange_sized(sends, &expect, tag)
             .with_context(|| format!("forward halo exchange of layer {l}"))?;
-        Ok(ranges
+        Ok(starts
             .into_iter()
             .zip(got)
-            .map(|(r, (_, data))| (r, data))
+            .map(|(start, (_, data))| (start, data))
             .collect())
     }
 
-    /// Sends the gradients of the halo rows of `gx` back to their owners and adds the
-    /// gradients received for this rank's owned rows into `gx`.
+    /// Sends the gradients of the halo rows of `gx` (layer `l`'s compact input gradient) back
+    /// to their owners and adds the gradients received for this rank's owned rows into `gx`.
     fn exchange_backward(
         &mut self,
         l: usize,
@@ -425,13 +447,13 @@ impl<'w, B: Backend> Worker<'w, B> {
     ) -> anyhow::Result<()> {
         let b = self.b;
         let lr = &self.rt.layers[l];
-        let plan = &self.rt.plans[lr.plan].plan;
+        let plan = &self.rt.plans[lr.plan];
+        let rows = &self.rt.blocks[lr.block].rows;
         let mut sends = Vec::new();
-        for (gi, g) in plan.halo.iter().enumerate() {
-            let r = plan.recv_rows(l, gi);
-            if !r.is_empty() {
-                let mut host = vec![0f32; r.len() * d];
-                b.download(gx, r.start as usize * d, &mut host)?;
+        for (g, h) in plan.halo.iter().zip(&rows.halo) {
+            if h.len > 0 {
+                let mut host = vec![0f32; h.len as usize * d];
+                b.download(gx, h.compact_start as usize * d, &mut host)?;
                 sends.push((g.peer, host));
             }
         }
@@ -474,11 +496,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         };
         let mut act: Option<B::Buf> = None;
         if self.has_head {
-            let p = self.plan(0);
-            let c = StageCtx {
-                n_src: p.plan.n_owned,
-                ..ctx(p, 0, train)
-            };
+            let c = encoder_ctx(&self.rt, train);
             let (y, cache) = self.model.forward_stage(b, 0, &c, &self.rt.features)?;
             if keep {
                 tape.encoder = Some(cache);
@@ -493,36 +511,36 @@ impl<'w, B: Backend> Worker<'w, B> {
                 None => {
                     // Layer 0 of sage/gcn: halo rows of the features buffer, in place.
                     let got = self.exchange_forward(l, None, d_in, tag)?;
-                    for (r, data) in got {
-                        b.upload_into(&mut self.rt.features, r.start as usize * d_in, &data)?;
+                    for (start, data) in got {
+                        b.upload_into(&mut self.rt.features, start * d_in, &data)?;
                     }
                     None
                 }
                 Some(prev) => {
-                    let p = self.plan(l).plan.clone();
-                    let mut inp = b.alloc(p.n_local() * d_in)?;
-                    b.copy(&prev, &mut inp, p.n_owned * d_in)?;
+                    // The previous output is the owned part of this layer's input (checked
+                    // when the step was built); the halo part arrives by exchange.
+                    let rows = &self.blk(l).rows;
+                    let (owned, n_src) = (rows.owned_src, rows.n_src);
+                    let mut inp = b.alloc(n_src * d_in)?;
+                    b.copy(&prev, &mut inp, owned * d_in)?;
                     drop(prev);
                     let got = self.exchange_forward(l, Some(&inp), d_in, tag)?;
-                    for (r, data) in got {
-                        b.upload_into(&mut inp, r.start as usize * d_in, &data)?;
+                    for (start, data) in got {
+                        b.upload_into(&mut inp, start * d_in, &data)?;
                     }
                     Some(inp)
                 }
             };
-            let p = self.plan(l);
-            let (mut out, cache) = self.model.forward_stage(
+            // One-hop graph masking: the block holds only the rows exact at this layer, so
+            // nothing is computed (or stored) for the rest.
+            let (out, cache) = self.model.forward_stage(
                 b,
                 s,
-                &ctx(p, l, train),
+                &ctx(self.blk(l), train),
                 input.as_ref().unwrap_or(&self.rt.features),
             )?;
-            if let Some(valid) = self.rt.layers[l].valid {
-                // One-hop graph masking: rows not exact at this layer are zero-filled.
-                self.zero_rows(&mut out, valid, p.plan.n_owned, d_out)?;
-            }
             if self.capture.is_some() {
-                let n_inner = self.plan(l).plan.n_inner;
+                let n_inner = self.plan(l).n_inner;
                 let mut host = vec![0f32; n_inner * d_out];
                 b.download(&out, 0, &mut host)?;
                 if let Some(c) = self.capture.as_mut() {
@@ -535,7 +553,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             let keep_output = if last {
                 self.has_head
             } else {
-                self.rt.layers[l + 1].plan != self.rt.layers[l].plan
+                self.blk(l + 1).rows.owned_src != self.blk(l).rows.n_dst
             };
             if keep {
                 tape.layers.push(LayerTape {
@@ -556,10 +574,9 @@ impl<'w, B: Backend> Worker<'w, B> {
         let mut logits = act.context("a model has at least one layer")?;
         if self.has_head {
             let s = self.first_conv + n_layers;
-            let p = self.plan(n_layers - 1);
             let (y, cache) =
                 self.model
-                    .forward_stage(b, s, &ctx(p, n_layers - 1, train), &logits)?;
+                    .forward_stage(b, s, &ctx(self.blk(n_layers - 1), train), &logits)?;
             if keep {
                 tape.head = Some(cache);
             }
@@ -581,7 +598,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         let mut g = grad_logits;
         if self.has_head {
             let s = self.first_conv + n_layers;
-            let p = &self.rt.plans[self.rt.layers[n_layers - 1].plan];
+            let p = &self.rt.blocks[self.rt.layers[n_layers - 1].block];
             let input = tape.layers[n_layers - 1]
                 .output
                 .as_ref()
@@ -589,26 +606,13 @@ impl<'w, B: Backend> Worker<'w, B> {
             let cache = tape.head.take().context("head cache")?;
             g = self
                 .model
-                .backward_stage(
-                    b,
-                    s,
-                    &ctx(p, n_layers - 1, train),
-                    input,
-                    logits,
-                    cache,
-                    g,
-                    true,
-                )?
+                .backward_stage(b, s, &ctx(p, train), input, logits, cache, g, true)?
                 .context("head returns an input gradient")?;
         }
         for l in (0..n_layers).rev() {
             let s = self.first_conv + l;
-            let (d_in, d_out) = self.model.stage_dims(s);
-            let pr = &self.rt.plans[self.rt.layers[l].plan];
-            let n_owned = pr.plan.n_owned;
-            if let Some(valid) = self.rt.layers[l].valid {
-                self.zero_rows(&mut g, valid, n_owned, d_out)?;
-            }
+            let (d_in, _) = self.model.stage_dims(s);
+            let blk = &self.rt.blocks[self.rt.layers[l].block];
             let cache = tape.layers[l].cache.take().context("layer cache")?;
             let need_input_grad = l > 0 || self.has_head;
             let gx = {
@@ -623,7 +627,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 self.model.backward_stage(
                     b,
                     s,
-                    &ctx(pr, l, train),
+                    &ctx(blk, train),
                     input,
                     output,
                     cache,
@@ -638,22 +642,13 @@ impl<'w, B: Backend> Worker<'w, B> {
             let Some(mut gx) = gx else { break };
             self.exchange_backward(l, &mut gx, d_in, Tag::backward(epoch, l as u32))?;
             if l > 0 {
-                let prev_owned = self.plan(l - 1).plan.n_owned;
-                if prev_owned > n_owned {
-                    // Reshape: the FLX plan's owned block extends the FB one (identity prefix).
-                    let mut gp = b.alloc(prev_owned * d_in)?;
-                    b.copy(&gx, &mut gp, n_owned * d_in)?;
-                    g = gp;
-                } else {
-                    g = gx;
-                }
+                // The owned rows of this layer's input are the previous layer's outputs (same
+                // ids and count, checked when the step was built): their gradient is the
+                // first rows of `gx`, and the stages read only those.
+                g = gx;
             } else {
                 // ResSAGE+ encoder (row-local; its input gradient is not needed).
-                let p = &self.rt.plans[self.rt.layers[0].plan];
-                let c = StageCtx {
-                    n_src: p.plan.n_owned,
-                    ..ctx(p, 0, train)
-                };
+                let c = encoder_ctx(&self.rt, train);
                 let cache = tape.encoder.take().context("encoder cache")?;
                 self.model.backward_stage(
                     b,
@@ -684,7 +679,8 @@ impl<'w, B: Backend> Worker<'w, B> {
         let (logits, tape) = self.forward(e, train, true)?;
         let tape = tape.context("forward keeps a tape in training")?;
         let classes = sh.config.classes;
-        let n = self.plan(self.rt.layers.len() - 1).plan.n_owned;
+        // Logits exist for the last layer's valid rows only (the inner rows come first).
+        let n = self.blk(self.rt.layers.len() - 1).rows.n_dst;
         let mut grad = b.alloc(n * classes)?;
         // A step whose co-batches hold no labelled vertex has no loss; avoid 0 / 0.
         let normalizer = targets.max(1) as f32;
@@ -742,7 +738,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         let b = self.b;
         let sh = self.sh;
         let (logits, _) = self.forward(epoch as u32 | EVAL_EPOCH_BIT, None, false)?;
-        let last = self.plan(self.rt.layers.len() - 1).plan.clone();
+        let last = self.plan(self.rt.layers.len() - 1).clone();
         let c = sh.config.classes;
         let mut host = vec![0f32; last.n_inner * c];
         b.download(&logits, 0, &mut host)?;
@@ -807,6 +803,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         let rank = self.ep.rank();
         let b = self.b;
         self.rt.plans.clear();
+        self.rt.blocks.clear();
         self.rt.layers.clear();
         self.rt.features = b.alloc(0)?;
         self.rt.loss_rows = b.upload_index(&[])?;
@@ -898,7 +895,7 @@ impl<'w, B: Backend> Worker<'w, B> {
     pub fn embed(mut self) -> anyhow::Result<Embedded> {
         self.capture = Some(Vec::new());
         let (logits, _) = self.forward(EVAL_EPOCH_BIT, None, false)?;
-        let last = self.plan(self.rt.layers.len() - 1).plan.clone();
+        let last = self.plan(self.rt.layers.len() - 1).clone();
         let c = self.sh.config.classes;
         let mut out = vec![0f32; last.n_inner * c];
         self.b.download(&logits, 0, &mut out)?;
