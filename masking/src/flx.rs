@@ -175,7 +175,7 @@ impl<'a> PlanContext<'a> {
     /// most of u's out-neighbours at level d - 1 (exactly the rows that read u when they are
     /// computed), ties broken by smaller load, then smaller device index. Such a device always
     /// exists (pigeonhole). Since level d's placement depends only on levels < d, the plan for
-    /// k is the restriction of the plan for k + 1: plans (and the rows they hold) grow monotonically in k.
+    /// k is the restriction of the plan for k + 1: the rows plans hold grow monotonically in k.
     pub fn flx_plan(&self, k: usize) -> Result<FlxPlan> {
         if k == 0 || k >= ABSENT as usize {
             return Err(MaskingError::InvalidK {
