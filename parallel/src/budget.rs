@@ -86,6 +86,33 @@ pub fn choose_preload_hops(
     }
 }
 
+/// Enforces an explicit `--device-memory` the way a device of that size would, but before
+/// anything is allocated: a plan whose memory-model estimate (`model_bytes`, per rank) exceeds
+/// the budget is out of memory. Without an explicit budget nothing is checked (the default
+/// budget is a share of this machine's free memory, which the model only approximates).
+pub(crate) fn check_budget(
+    budget: Option<u64>,
+    model_bytes: &[u64],
+    what: &str,
+) -> anyhow::Result<()> {
+    let Some(budget) = budget else {
+        return Ok(());
+    };
+    if let Some((rank, &need)) = model_bytes
+        .iter()
+        .enumerate()
+        .filter(|&(_, &b)| b > budget)
+        .max_by_key(|&(_, &b)| b)
+    {
+        bail!(
+            "out of memory (memory model): {what} needs {need} bytes on rank {rank}, over the \
+             --device-memory budget of {budget} bytes; try a smaller --cobatch-size or \
+             --batch-size, --sampling eas, or --mode auto"
+        );
+    }
+    Ok(())
+}
+
 /// The per-device budget of a run and where it came from.
 pub(crate) fn budget(popts: &ParallelOptions, ranks: usize) -> anyhow::Result<(u64, String)> {
     Ok(match popts.device_memory {

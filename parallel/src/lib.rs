@@ -46,7 +46,7 @@ use anyhow::{bail, Context};
 use grandis_engine::norm::global_scales;
 use grandis_engine::CpuBackend;
 use grandis_fabric::{Counters, Fabric, FabricConfig, Phase};
-use grandis_masking::{DevicePlan, KChoice, KEstimate, PreloadPlan, SPLIT_TRAIN};
+use grandis_masking::{DevicePlan, KChoice, PreloadPlan, SPLIT_TRAIN};
 use grandis_models::ModelConfig;
 use grandis_sampling::{CoBatcher, MiniBatcher};
 use grandis_store::DatasetView;
@@ -158,19 +158,6 @@ pub(crate) fn train_ranks(
             let plan: PreloadPlan = ctx.preload_plan(k, config.layers)?;
             if !plan.reshape_is_identity_prefix() {
                 bail!("internal: the FLX plan's inner rows are not the FB plan's owned prefix");
-            }
-            let estimate: KEstimate = plan.estimate(&dims);
-            if let (Some(budget), Mode::Flx, Some(_)) =
-                (popts.device_memory, popts.mode, popts.preload_hops)
-            {
-                if estimate.max_bytes > budget {
-                    tracing::warn!(
-                        "--preload-hops {k} needs an estimated {} bytes on rank {}, over the \
-                         --device-memory budget of {budget} bytes",
-                        estimate.max_bytes,
-                        estimate.worst_rank
-                    );
-                }
             }
             replicated_vertices = plan
                 .flx
@@ -321,6 +308,9 @@ pub(crate) fn train_ranks(
             .run(work),
         }
     };
+    if let steps::Schedule::Static { stats, .. } = &schedule {
+        budget::check_budget(popts.device_memory, &stats.model_bytes, "the plan")?;
+    }
     let results = if let steps::Schedule::Static { step, stats } = &schedule {
         // One plan for every epoch: hand it out up front and free the planning context (its
         // transposed graph) before training.
@@ -337,7 +327,16 @@ pub(crate) fn train_ranks(
             let producer = std::thread::Builder::new()
                 .name("grandis-plans".into())
                 .spawn_scoped(scope, || {
-                    steps::produce(&ctx, &schedule, &dims, epochs, &feed, &run_stats, &is_train)
+                    steps::produce(
+                        &ctx,
+                        &schedule,
+                        &dims,
+                        epochs,
+                        popts.device_memory,
+                        &feed,
+                        &run_stats,
+                        &is_train,
+                    )
                 })
                 .context("starting the plan producer thread")?;
             let r = run_all(work);

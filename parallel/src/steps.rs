@@ -492,13 +492,16 @@ impl Feed {
     }
 }
 
-/// Builds every step of `epochs` epochs into `feed`, accumulating `stats`.
+/// Builds every step of `epochs` epochs into `feed`, accumulating `stats`. A step whose
+/// memory-model estimate exceeds `budget` (an explicit `--device-memory`) fails the run as
+/// out of memory, as the device would when that step's buffers were allocated.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn produce(
     ctx: &PlanContext<'_>,
     schedule: &Schedule<'_>,
     dims: &ModelDims,
     epochs: usize,
+    budget: Option<u64>,
     feed: &Feed,
     stats: &Mutex<RunStats>,
     labelled_train: &(dyn Fn(u32) -> bool + Sync),
@@ -517,6 +520,10 @@ pub(crate) fn produce(
                 prev.as_ref(),
                 labelled_train,
             )
+            .and_then(|b| {
+                crate::budget::check_budget(budget, &b.2.model_bytes, "this step's plan")?;
+                Ok(b)
+            })
             .with_context(|| format!("epoch {} iteration {it}", epoch + 1));
             match built {
                 Ok(b) => {

@@ -120,3 +120,34 @@ fn partition_dir_of_another_dataset() {
     let e = err_of(PartitionedGraph::from_book(&book, &b));
     assert!(e.contains("different dataset"), "{e}");
 }
+
+#[test]
+fn explicit_budget_is_enforced_by_the_memory_model_in_every_mode() {
+    let ds = random_dataset(4, 120, 600, 8, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 4);
+    let config = config(&view, ModelKind::Sage, 2);
+    for (mode, batch_size) in [(Mode::Fb, None), (Mode::Cob, Some(16)), (Mode::Mb, Some(8))] {
+        let popts = |device_memory| ParallelOptions {
+            mode,
+            batch_size,
+            device_memory,
+            ..Default::default()
+        };
+        let run = |p: &ParallelOptions| {
+            grandis_parallel::train(view, &part, config.clone(), &opts(1), p, &mut |_| {})
+        };
+        // The largest per-step estimate of any rank is exactly what the budget must cover.
+        let need = run(&popts(None))
+            .unwrap()
+            .memory
+            .iter()
+            .map(|m| m.model_bytes)
+            .max()
+            .unwrap();
+        let e = err_of(run(&popts(Some(need - 1))));
+        assert!(e.contains("out of memory (memory model)"), "{mode:?}: {e}");
+        assert!(e.contains(&format!("needs {need} bytes")), "{mode:?}: {e}");
+        run(&popts(Some(need))).unwrap();
+    }
+}
