@@ -65,6 +65,7 @@ fn main() {
         features: 128,
         hidden: 256,
         classes: 16,
+        input_copy: false,
     };
     println!(
         "k=0 estimate: {} MiB max/device",

@@ -15,7 +15,8 @@
 //!   `input` (layers >= 1: the layer's input incl. halo rows, src x in_width; layer 0's input
 //!   is `features`), `aggregated` (dst x in_width, needed for the weight gradient) and
 //!   `pre_activation` (dst x out_width, needed for the activation derivative; it is the logits
-//!   at the last layer).
+//!   at the last layer); plus `input_copy` (src x in_width) for models that transform the
+//!   input before the convolution ([`ModelDims::input_copy`]).
 //! - `backward_scratch` = 2 x max over layers of src x max(in_width, out_width) x 4: the
 //!   gradient flowing in and the gradient flowing out of the layer being differentiated.
 //! - `halo_buffers` = 2 x max over the plans in use of (rows sent per exchange) x max width x 4:
@@ -63,6 +64,11 @@ pub struct ModelDims {
     pub features: usize,
     pub hidden: usize,
     pub classes: usize,
+    /// Every layer also keeps a transformed copy of its WHOLE input (src rows) for backward:
+    /// true when something runs on the input before the convolution (ResSAGE+'s pre-norm and
+    /// ReLU, or dropout). The halo rows make this copy large exactly where halos are large.
+    #[serde(default)]
+    pub input_copy: bool,
 }
 
 impl ModelDims {
@@ -118,13 +124,15 @@ pub struct LayerMemory {
     pub rows_local: u64,
     pub rows_owned: u64,
     pub input: u64,
+    /// The transformed input copy of [`ModelDims::input_copy`] (0 without one).
+    pub input_copy: u64,
     pub aggregated: u64,
     pub pre_activation: u64,
 }
 
 impl LayerMemory {
     pub fn total(&self) -> u64 {
-        self.input + self.aggregated + self.pre_activation
+        self.input + self.input_copy + self.aggregated + self.pre_activation
     }
 }
 
@@ -246,6 +254,11 @@ fn terms<'p>(
                 rows_local: src,
                 rows_owned: dst,
                 input: if l == 0 { 0 } else { src * iw * F32_BYTES },
+                input_copy: if dims.input_copy {
+                    src * iw * F32_BYTES
+                } else {
+                    0
+                },
                 aggregated: dst * iw * F32_BYTES,
                 pre_activation: dst * ow * F32_BYTES,
             }

@@ -286,7 +286,7 @@ proptest! {
                 }
             }
         }
-        let dims = ModelDims { layers: c.k, features: 3, hidden: 4, classes: 2 };
+        let dims = ModelDims { layers: c.k, features: 3, hidden: 4, classes: 2, input_copy: false };
         let e = estimate_masked(&dims, &plan);
         prop_assert_eq!(e.devices.len(), c.layout.num_ranks());
     }

@@ -114,6 +114,7 @@ fn flx_plan_k2_by_hand() {
         features: 3,
         hidden: 4,
         classes: 2,
+        input_copy: false,
     };
     for l in 0..2 {
         assert_eq!(plan.forward_exchange_bytes(l, &dims).inter, 0);
@@ -162,6 +163,7 @@ fn bad_inputs_give_clear_errors() {
         features: 3,
         hidden: 4,
         classes: 2,
+        input_copy: false,
     };
     let layout = Layout::from_bounds(2, 2, &[0, 2, 4, 6, 8]).unwrap();
     let e = grandis_masking::choose_k(g.view(), &layout, &dims, 10).unwrap_err();

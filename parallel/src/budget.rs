@@ -30,6 +30,9 @@ pub fn model_dims(config: &ModelConfig) -> ModelDims {
         features: if res { config.hidden } else { config.in_dim },
         hidden: config.hidden,
         classes: if res { config.hidden } else { config.classes },
+        // ResSAGE+ normalises and activates every conv input, and dropout masks it: either way
+        // the stage keeps the transformed input for backward.
+        input_copy: res || config.dropout > 0.0,
     }
 }
 

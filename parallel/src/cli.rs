@@ -38,8 +38,10 @@ pub struct ParallelArgs {
     /// flx: preloaded hops k (default: the largest k that fits --device-memory).
     #[arg(long)]
     pub preload_hops: Option<usize>,
-    /// flx: per-device memory budget in bytes (default: available memory / ranks).
-    #[arg(long)]
+    /// Per-device memory budget, bytes or with a unit ("64MiB", "16GiB"). flx: the largest k
+    /// that fits; auto: FLX or CoB; every mode: a plan the memory model prices above it is
+    /// out of memory (default: available memory / ranks, not enforced).
+    #[arg(long, value_parser = grandis_wire::spec::parse_bytes)]
     pub device_memory: Option<u64>,
     /// Emulated inter-server bandwidth per server NIC, bytes/s (default unlimited).
     #[arg(long)]

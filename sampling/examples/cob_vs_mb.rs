@@ -84,6 +84,7 @@ fn main() {
         features: 128,
         hidden: 256,
         classes: 8,
+        input_copy: false,
     };
     let sage = Fanout::new(vec![25, 10, 5], 1).expect("fanouts");
     let eas = Eas::paper_default(1);

@@ -65,6 +65,7 @@ fn server_wise_mfg_computes_less_than_per_device_mfgs() {
         features: 4,
         hidden: 8,
         classes: 3,
+        input_copy: false,
     };
     let cob = CoBatcher::new(&cx, 64, 1).unwrap();
     let e = cob_epoch_stats(&cx, &cob, 2, &fan, Some(&dims), 0).unwrap();
@@ -112,6 +113,7 @@ fn auto_mode_picks_flx_when_it_fits_else_the_largest_cob_batch() {
         features: 4,
         hidden: 16,
         classes: 3,
+        input_copy: false,
     };
     let d = auto_mode(&cx, &dims, u64::MAX, &Exact, 0).unwrap();
     assert_eq!(d.mode, Mode::Flx { k: 2 });
