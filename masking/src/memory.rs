@@ -13,7 +13,8 @@
 //!   are loaded or exchanged once and kept).
 //! - per layer ([`LayerMemory`]), [`SAVED_TENSORS_PER_LAYER`] = 3 tensors kept for backward:
 //!   `input` (layers >= 1: the layer's input incl. halo rows, src x in_width; layer 0's input
-//!   is `features`), `aggregated` (dst x in_width, needed for the weight gradient) and
+//!   is `features`), `aggregated` (dst x in_width, needed for the weight gradient; only
+//!   layers with out_width > in_width aggregate first and keep it) and
 //!   `pre_activation` (dst x out_width, needed for the activation derivative; it is the logits
 //!   at the last layer); plus `input_copy` (src x in_width) for models that transform the
 //!   input before the convolution ([`ModelDims::input_copy`]).
@@ -259,7 +260,9 @@ fn terms<'p>(
                 } else {
                     0
                 },
-                aggregated: dst * iw * F32_BYTES,
+                // Kept only by aggregate-then-transform layers (widening ones); a layer that
+                // does not widen transforms first and aggregates a temporary.
+                aggregated: if ow > iw { dst * iw * F32_BYTES } else { 0 },
                 pre_activation: dst * ow * F32_BYTES,
             }
         })
