@@ -25,7 +25,6 @@
 //! Normalisation: a row that lost external in-edges aggregates over its kept ones; the plan's
 //! `DevicePlan::agg_degree` is the kept count (the global in-degree when nothing was dropped).
 
-use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use grandis_masking::{Edges, ExtractionSpec, FlxPlan, PlanContext, SampledEdges};
@@ -164,11 +163,31 @@ fn greedy_cover(cands: &[Vec<u32>], f: usize, key: impl Fn(u32) -> u64) -> Vec<V
     let mut budget = vec![f; cands.len()];
     let mut score: Vec<usize> = (0..ids.len()).map(|c| start[c + 1] - start[c]).collect();
     let mut taken = vec![false; ids.len()];
-    let entry = |c: usize, s: usize| (s, Reverse(key(ids[c])), Reverse(ids[c]), c);
-    let mut heap: BinaryHeap<_> = (0..ids.len()).map(|c| entry(c, score[c])).collect();
-    while let Some((s, _, _, c)) = heap.pop() {
-        // Scores only decrease; an entry is current iff it matches the score table.
-        if taken[c] || s != score[c] || s == 0 {
+    // Ties go to the smaller (hash key, id): precompute that order once, so a heap entry is
+    // one integer, (score << 32) | (u32::MAX - tie position), and compares in one instruction.
+    let mut by_tie: Vec<u32> = (0..ids.len() as u32).collect();
+    by_tie.sort_unstable_by_key(|&c| (key(ids[c as usize]), ids[c as usize]));
+    let mut tie_pos = vec![0u32; ids.len()];
+    for (p, &c) in by_tie.iter().enumerate() {
+        tie_pos[c as usize] = p as u32;
+    }
+    let entry = |c: usize, s: usize| ((s as u64) << 32) | (u32::MAX - tie_pos[c]) as u64;
+    let mut heap: BinaryHeap<u64> = (0..ids.len()).map(|c| entry(c, score[c])).collect();
+    // Lazy greedy: scores only decrease, so a stored entry bounds its candidate's current
+    // score. A popped entry that is stale is pushed back with its current score instead of
+    // pushing a new entry at every decrement; a current one is the true maximum (every other
+    // entry's current key is at most its stored key, which is at most this one), so the picks
+    // are exactly those of the eager greedy.
+    while let Some(top) = heap.pop() {
+        let s = (top >> 32) as usize;
+        let c = by_tie[(u32::MAX - top as u32) as usize] as usize;
+        if taken[c] || s == 0 {
+            continue;
+        }
+        if s != score[c] {
+            if score[c] > 0 {
+                heap.push(entry(c, score[c]));
+            }
             continue;
         }
         taken[c] = true;
@@ -184,9 +203,6 @@ fn greedy_cover(cands: &[Vec<u32>], f: usize, key: impl Fn(u32) -> u64) -> Vec<V
                     let c2 = c2 as usize;
                     if !taken[c2] {
                         score[c2] -= 1;
-                        if score[c2] > 0 {
-                            heap.push(entry(c2, score[c2]));
-                        }
                     }
                 }
             }
@@ -289,5 +305,60 @@ impl Sampler for Eas {
             Priority::Uniform => "uniform",
         };
         format!("eas(h={},f={},{p})", self.hops, self.fanout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The greedy cover straight from its definition: every round recomputes every candidate's
+    /// edges into unsaturated frontier vertices and takes the best (most edges, then smaller
+    /// key, then smaller id).
+    fn reference(cands: &[Vec<u32>], f: usize, key: impl Fn(u32) -> u64) -> Vec<Vec<u32>> {
+        let mut chosen = vec![Vec::new(); cands.len()];
+        let mut ids: Vec<u32> = cands.iter().flatten().copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut taken = vec![false; ids.len()];
+        loop {
+            let score = |c: usize| {
+                cands
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, cs)| chosen[*i].len() < f && cs.contains(&ids[c]))
+                    .count()
+            };
+            let best = (0..ids.len())
+                .filter(|&c| !taken[c])
+                .map(|c| (score(c), std::cmp::Reverse((key(ids[c]), ids[c])), c))
+                .max();
+            match best {
+                Some((s, _, c)) if s > 0 => {
+                    taken[c] = true;
+                    for (i, cs) in cands.iter().enumerate() {
+                        if chosen[i].len() < f && cs.contains(&ids[c]) {
+                            chosen[i].push(ids[c]);
+                        }
+                    }
+                }
+                _ => return chosen,
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn lazy_greedy_cover_equals_the_definition(
+            cands in prop::collection::vec(prop::collection::btree_set(0u32..24, 0..8), 0..20),
+            f in 0usize..4,
+            salt in any::<u64>(),
+        ) {
+            let cands: Vec<Vec<u32>> = cands.into_iter().map(|s| s.into_iter().collect()).collect();
+            // A key with many ties, so tie-breaking by id is exercised too.
+            let key = |u: u32| mix(&[salt, u as u64]) % 3;
+            prop_assert_eq!(greedy_cover(&cands, f, key), reference(&cands, f, key));
+        }
     }
 }
