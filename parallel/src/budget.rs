@@ -89,10 +89,11 @@ pub fn choose_preload_hops(
     }
 }
 
-/// Enforces an explicit `--device-memory` the way a device of that size would, but before
-/// anything is allocated: a plan whose memory-model estimate (`model_bytes`, per rank) exceeds
-/// the budget is out of memory. Without an explicit budget nothing is checked (the default
-/// budget is a share of this machine's free memory, which the model only approximates).
+/// Enforces a given per-device budget (`--device-memory`; a daemon always resolves one) the
+/// way a device of that size would, but before anything is allocated: a plan whose
+/// memory-model estimate (`model_bytes`, per rank) exceeds the budget is out of memory.
+/// Without a budget nothing is checked (an in-process run's default budget is a share of this
+/// machine's free memory, which the model only approximates).
 pub(crate) fn check_budget(
     budget: Option<u64>,
     model_bytes: &[u64],
@@ -109,8 +110,9 @@ pub(crate) fn check_budget(
     {
         bail!(
             "out of memory (memory model): {what} needs {need} bytes on rank {rank}, over the \
-             --device-memory budget of {budget} bytes; try a smaller --cobatch-size or \
-             --batch-size, --sampling eas, or --mode auto"
+             per-device budget of {budget} bytes (--device-memory, or device_memory of the job \
+             or daemon); try a smaller --cobatch-size or --batch-size, --sampling eas, or \
+             --mode auto"
         );
     }
     Ok(())
