@@ -340,7 +340,8 @@ impl<'a> PlanContext<'a> {
                 ));
             }
             None => reason.push_str(&format!(
-                "; k = L = {} preloads every hop: no inter-server feature traffic",
+                "; k = L = {} preloads every hop: no inter-server feature traffic after setup, \
+                 where the replicated features are fetched once",
                 dims.layers
             )),
         }
