@@ -589,6 +589,16 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
         .iter()
         .map(|r| field(r, &["halo_bytes_per_epoch", "intra_server"]))
         .sum();
+    // Features of replicated vertices, fetched from their home server: inter-server only
+    // (same-server rows are read from host memory), so no intra figure.
+    let fetch: u64 = reports
+        .iter()
+        .map(|r| field(r, &["fetch_bytes_per_epoch", "inter_server"]))
+        .sum();
+    let fetch_setup: u64 = reports
+        .iter()
+        .map(|r| field(r, &["setup_fetch_bytes", "inter_server"]))
+        .sum();
     let wire_payload: u64 = reports
         .iter()
         .map(|r| field(r, &["wire", "payload_bytes_sent"]))
@@ -604,8 +614,9 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     let wall = started.elapsed().as_secs_f64();
     let line = format!(
         "final loss {:.4}  train {:.4}  val {:.4}  test {:.4}  median epoch {:.3}s  k = {}  \
-         halo bytes/epoch inter {inter} intra {intra}  QUIC bytes {wire_total} (payload \
-         {wire_payload}, fabric-counted {counted})  wall {wall:.1}s",
+         halo bytes/epoch inter {inter} intra {intra}  fetched bytes inter/epoch {fetch} (setup \
+         {fetch_setup})  QUIC bytes {wire_total} (payload {wire_payload}, fabric-counted \
+         {counted})  wall {wall:.1}s",
         get("final_loss"),
         get("train_acc"),
         get("val_acc"),
@@ -637,6 +648,8 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
             "auto": sum.get("auto"),
             "halo_bytes_per_epoch": {"inter_server": inter, "intra_server": intra},
             "predicted_halo_bytes_per_epoch": sum.get("predicted_halo_bytes_per_epoch"),
+            "fetch_bytes_per_epoch": {"inter_server": fetch},
+            "setup_fetch_bytes": {"inter_server": fetch_setup},
             "quic_payload_bytes_sent": wire_payload,
             "quic_bytes_sent": wire_total,
             "fabric_inter_server_bytes_sent": counted,

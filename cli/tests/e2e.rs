@@ -91,6 +91,17 @@ fn cluster_and_in_process(
         );
     }
     assert_eq!(cluster["preload_hops"], local["preload_hops"]);
+    // The daemons fetch the same replicated features over QUIC as the threads over channels.
+    for key in ["fetch_bytes_per_epoch", "setup_fetch_bytes"] {
+        assert!(
+            cluster[key]["inter_server"].is_u64(),
+            "{mode}: no {key} in {cluster}"
+        );
+        assert_eq!(
+            cluster[key]["inter_server"], local[key]["inter_server"],
+            "{mode}: {key}"
+        );
+    }
     (cluster, local)
 }
 
@@ -190,11 +201,18 @@ fn cluster_up_cob_and_flx_eas_match_in_process_training() {
             "{mode}"
         );
         match mode {
-            // A co-batch is masked to its server: nothing crosses servers in training, and
+            // A co-batch is masked to its server: no halo crosses servers in training, and
             // there are several iterations per epoch.
             "cob" => {
                 assert_eq!(cluster["halo_bytes_per_epoch"]["inter_server"], 0);
                 assert!(cluster["iterations_per_epoch"].as_u64().unwrap() > 1);
+                // ... except the features of the vertices a co-batch replicates, every step.
+                assert!(
+                    cluster["fetch_bytes_per_epoch"]["inter_server"]
+                        .as_u64()
+                        .unwrap()
+                        > 0
+                );
             }
             _ => assert!(
                 cluster["sampling"].as_str().unwrap().starts_with("eas"),

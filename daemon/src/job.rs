@@ -549,6 +549,9 @@ fn summary(
         // This server's ranks only (sum over servers for the cluster).
         "halo_bytes_per_epoch": r.halo_bytes_per_epoch,
         "all_reduce_bytes_per_epoch": r.all_reduce_bytes_per_epoch,
+        // Replicated vertices' features this server's ranks fetched from other servers.
+        "fetch_bytes_per_epoch": r.fetch_bytes_per_epoch,
+        "setup_fetch_bytes": r.setup_fetch_bytes,
         "inter_server_payload_sent": inter_sent,
         "inter_server_payload_received": inter_received,
         // The whole cluster, from the plan.

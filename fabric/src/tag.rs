@@ -17,6 +17,10 @@ pub enum Phase {
     AllReduce,
     /// Anything else (setup, metadata, evaluation, barriers).
     Other,
+    /// Input features of replicated vertices, fetched from the rank whose partition holds
+    /// them (masked plans own vertices whose home is another server). Declared last: a
+    /// variant's position is its number in binary encodings (the QUIC frame head).
+    Fetch,
 }
 
 impl Phase {
@@ -27,6 +31,7 @@ impl Phase {
             Phase::Backward => "backward",
             Phase::AllReduce => "all_reduce",
             Phase::Other => "other",
+            Phase::Fetch => "fetch",
         }
     }
 }
@@ -80,6 +85,12 @@ impl Tag {
     /// Any other transfer (setup, metadata, barriers).
     pub fn other(epoch: u32, layer: u32) -> Self {
         Tag::new(epoch, layer, Phase::Other)
+    }
+
+    /// Feature fetch of replicated vertices for a plan built in `epoch` (layer 0: the
+    /// features are the first layer's input).
+    pub fn fetch(epoch: u32) -> Self {
+        Tag::new(epoch, 0, Phase::Fetch)
     }
 }
 
@@ -136,5 +147,29 @@ impl Op {
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names are public (JSON reports, the daemon's `phase` metric label): existing ones
+    /// must never change, and `name` must be the serde name.
+    #[test]
+    fn phase_names_are_stable_serde_names() {
+        for (phase, name) in [
+            (Phase::Forward, "forward"),
+            (Phase::Backward, "backward"),
+            (Phase::AllReduce, "all_reduce"),
+            (Phase::Other, "other"),
+            (Phase::Fetch, "fetch"),
+        ] {
+            assert_eq!(phase.name(), name);
+            assert_eq!(serde_json::to_value(phase).unwrap(), name);
+            let back: Phase = serde_json::from_value(serde_json::json!(name)).unwrap();
+            assert_eq!(back, phase);
+        }
+        assert_eq!(Tag::fetch(3), Tag::new(3, 0, Phase::Fetch));
     }
 }

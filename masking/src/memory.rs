@@ -379,7 +379,8 @@ impl<'a> PlanContext<'a> {
                 e.worst_rank
             )),
             None if k == dims.layers => reason.push_str(&format!(
-                "; k = L = {} preloads every hop: no inter-server feature traffic",
+                "; k = L = {} preloads every hop: no inter-server feature traffic after setup, \
+                 where the replicated features are fetched once",
                 dims.layers
             )),
             None => {}

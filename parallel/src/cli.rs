@@ -343,8 +343,8 @@ pub fn run(
     );
     let summary = format!(
         "final loss {:.4}  train {:.4}  val {:.4}  test {:.4}  median epoch {:.3}s  \
-         (compute {:.3}s, intra {:.3}s, inter {:.3}s, all-reduce {:.3}s)  halo bytes/epoch \
-         inter {} intra {}",
+         (compute {:.3}s, intra {:.3}s, inter {:.3}s, fetch {:.3}s, all-reduce {:.3}s)  halo \
+         bytes/epoch inter {} intra {}  fetched bytes inter/epoch {} (setup {})",
         tr.final_loss,
         tr.train_acc,
         tr.val_acc,
@@ -353,9 +353,12 @@ pub fn run(
         t.compute_s,
         t.intra_comm_s,
         t.inter_comm_s,
+        t.fetch_s,
         t.all_reduce_s,
         report.halo_bytes_per_epoch.inter_server,
-        report.halo_bytes_per_epoch.intra_server
+        report.halo_bytes_per_epoch.intra_server,
+        report.fetch_bytes_per_epoch.inter_server,
+        report.setup_fetch_bytes.inter_server
     );
     if json {
         eprintln!("{summary}");
@@ -389,6 +392,8 @@ pub fn run(
             "backward_bytes": report.backward_bytes_per_epoch,
             "all_reduce_bytes_inter_server": report.all_reduce_bytes_per_epoch.inter_server,
             "all_reduce_bytes_intra_server": report.all_reduce_bytes_per_epoch.intra_server,
+            "fetch_bytes_per_epoch": report.fetch_bytes_per_epoch,
+            "setup_fetch_bytes": report.setup_fetch_bytes,
             "time_split": report.time,
             "memory": report.memory,
         });

@@ -85,6 +85,7 @@ pub fn embeddings(
     let shared = worker::Shared {
         view,
         new_to_old: &part.new_to_old,
+        layout: &part.layout,
         scales: &scales,
         agg: config.kind.aggregation(),
         config,

@@ -11,7 +11,10 @@
 //! fabric's hierarchical, bit-identical all-reduce, so all ranks keep identical weights. Every
 //! normalisation uses GLOBAL degrees and every dropout mask is keyed by the dataset's ORIGINAL
 //! vertex id, so for any partition and any k the per-epoch losses and final logits equal the
-//! single-process trainer's (`grandis-trainer`) up to float summation order. Each rank's backend
+//! single-process trainer's (`grandis-trainer`) up to float summation order. A server holds
+//! only its partition's features: the rows a masked plan replicates from another server are
+//! fetched from their home rank whenever a rank builds a step's plans (`fetch`), and reported
+//! per epoch, or once as setup for a plan that serves the whole run. Each rank's backend
 //! is wrapped in [`metered::Metered`], which counts its live buffer bytes so the masking crate's
 //! memory model can be checked against what a rank really holds.
 //!
@@ -31,6 +34,7 @@
 mod budget;
 pub mod cli;
 mod embed;
+mod fetch;
 pub mod input;
 pub mod metered;
 mod options;
@@ -266,6 +270,7 @@ pub(crate) fn train_ranks(
     let shared = worker::Shared {
         view,
         new_to_old: &part.new_to_old,
+        layout: &part.layout,
         scales: &scales,
         agg: config.kind.aggregation(),
         config: &config,
@@ -354,6 +359,17 @@ pub(crate) fn train_ranks(
     let fwd = class_bytes(Phase::Forward);
     let bwd = class_bytes(Phase::Backward);
     let time = time_split(&results, opts.epochs);
+    // The plan built before the first epoch serves the whole run unless plans change per
+    // iteration (cob, mb) or FLX-EAS draws more than one sample in the run.
+    let first_plan_recurs = match &schedule {
+        steps::Schedule::Static { .. } => false,
+        steps::Schedule::FlxSampled { every, .. } => {
+            every.is_some_and(|n| n > 0 && epochs as u64 > n)
+        }
+        steps::Schedule::Cob { .. } | steps::Schedule::Mb { .. } => true,
+    };
+    let (fetch_bytes_per_epoch, setup_fetch_bytes) =
+        report::fetch_bytes(&counters, epochs, first_plan_recurs);
     let mut logits = None;
     if popts.collect_logits {
         let c = config.classes;
@@ -418,6 +434,8 @@ pub(crate) fn train_ranks(
         backward_bytes_per_epoch: bwd,
         predicted_halo_bytes_per_epoch: predicted,
         all_reduce_bytes_per_epoch: class_bytes(Phase::AllReduce),
+        fetch_bytes_per_epoch,
+        setup_fetch_bytes,
         time,
         memory,
         sampling: sampling_name,

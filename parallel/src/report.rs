@@ -4,6 +4,7 @@ use grandis_fabric::{Counters, LinkClass, Phase};
 use grandis_trainer::TrainReport;
 use serde::Serialize;
 
+use crate::fetch::SETUP_EPOCH;
 use crate::worker::{self, EVAL_EPOCH_BIT};
 use crate::Mode;
 
@@ -26,6 +27,9 @@ pub struct TimeSplit {
     pub intra_comm_s: f64,
     /// Time blocked receiving halo rows/gradients from other servers (emulated link time).
     pub inter_comm_s: f64,
+    /// Fetching replicated vertices' features from their home servers, for the plans built
+    /// inside the epoch (per-iteration modes, FLX-EAS resampling).
+    pub fetch_s: f64,
     /// Weight-gradient all-reduce calls.
     pub all_reduce_s: f64,
     /// Loss all-reduce and other small collectives.
@@ -67,6 +71,14 @@ pub struct ParallelReport {
     pub predicted_halo_bytes_per_epoch: ClassBytes,
     /// Weight-gradient all-reduce traffic per epoch.
     pub all_reduce_bytes_per_epoch: ClassBytes,
+    /// Input features of replicated vertices fetched from their home server, per epoch, for
+    /// plans that change during the run (every co-batch or mini-batch step, FLX-EAS
+    /// resampling; the first of them, built before the first epoch, included). Inter-server
+    /// only: rows whose home is a device of the same server are read from its host memory.
+    pub fetch_bytes_per_epoch: ClassBytes,
+    /// The same, once per run, for a plan built before the first epoch that serves the whole
+    /// run: the features FLX preloads (FLX-EAS sampled once too).
+    pub setup_fetch_bytes: ClassBytes,
     pub time: TimeSplit,
     pub memory: Vec<RankMemory>,
     /// The sampler's name ("exact", "eas(h=1,f=15,degree)", "sage(25,10,5)", "saint(...)").
@@ -96,26 +108,68 @@ pub struct ParallelReport {
 }
 
 /// Payload bytes of `phase` per training epoch by link class, from fabric counters summed over
-/// ranks (evaluation epochs left out), over `epochs` training epochs.
+/// ranks (evaluation epochs and the setup before the first epoch left out), over `epochs`
+/// training epochs.
 pub(crate) fn class_bytes_per_epoch(
     counters: &Counters,
     phase: Phase,
     epochs: usize,
 ) -> ClassBytes {
-    let per_epoch = |class: LinkClass| -> u64 {
-        let total: u64 = counters
+    class_bytes(counters, phase, is_training_epoch).per_epoch(epochs)
+}
+
+/// Whether a tag epoch is a training epoch (not the setup before it, not an evaluation).
+fn is_training_epoch(epoch: u32) -> bool {
+    epoch & EVAL_EPOCH_BIT == 0 && epoch != SETUP_EPOCH
+}
+
+impl ClassBytes {
+    /// Both classes divided by `epochs` (at least 1).
+    fn per_epoch(self, epochs: usize) -> ClassBytes {
+        let e = epochs.max(1) as u64;
+        ClassBytes {
+            intra_server: self.intra_server / e,
+            inter_server: self.inter_server / e,
+        }
+    }
+}
+
+/// Feature-fetch bytes by link class: (per training epoch, once at setup). The plan built
+/// before the first epoch is setup when it serves the whole run; when plans change during the
+/// run (`first_plan_recurs`) it is the first of the plans the epochs pay for, and its bytes are
+/// spread over the `epochs` with theirs.
+pub(crate) fn fetch_bytes(
+    counters: &Counters,
+    epochs: usize,
+    first_plan_recurs: bool,
+) -> (ClassBytes, ClassBytes) {
+    let setup = class_bytes(counters, Phase::Fetch, |e| e == SETUP_EPOCH);
+    let in_epochs = class_bytes(counters, Phase::Fetch, is_training_epoch);
+    if !first_plan_recurs {
+        return (in_epochs.per_epoch(epochs), setup);
+    }
+    let all = ClassBytes {
+        intra_server: in_epochs.intra_server + setup.intra_server,
+        inter_server: in_epochs.inter_server + setup.inter_server,
+    };
+    (all.per_epoch(epochs), ClassBytes::default())
+}
+
+/// Payload bytes sent under `phase` in the tag epochs that `keep` selects, by link class.
+fn class_bytes(counters: &Counters, phase: Phase, keep: impl Fn(u32) -> bool) -> ClassBytes {
+    let total = |class: LinkClass| -> u64 {
+        counters
             .epochs
             .iter()
-            .filter(|e| e.epoch & EVAL_EPOCH_BIT == 0)
+            .filter(|e| keep(e.epoch))
             .flat_map(|e| e.links.iter())
             .filter(|r| r.phase == phase && r.class == class)
             .map(|r| r.bytes_sent)
-            .sum();
-        total / epochs as u64
+            .sum()
     };
     ClassBytes {
-        intra_server: per_epoch(LinkClass::IntraServer),
-        inter_server: per_epoch(LinkClass::InterServer),
+        intra_server: total(LinkClass::IntraServer),
+        inter_server: total(LinkClass::InterServer),
     }
 }
 
@@ -149,14 +203,16 @@ pub(crate) fn time_split(results: &[worker::RankResult], epochs: usize) -> TimeS
                 .map(|x| x.wait_seconds)
                 .sum();
             let all_reduce = calls(Phase::AllReduce);
+            let fetch = calls(Phase::Fetch);
             // The loss all-reduce runs after the timed step; it is reported but not part of it.
             let other = calls(Phase::Other);
             t.epoch_s += wall;
             t.inter_comm_s += inter_wait.min(exchange);
             t.intra_comm_s += (exchange - inter_wait).max(0.0);
             t.all_reduce_s += all_reduce;
+            t.fetch_s += fetch;
             t.other_s += other;
-            t.compute_s += (wall - exchange - all_reduce).max(0.0);
+            t.compute_s += (wall - exchange - all_reduce - fetch).max(0.0);
             count += 1.0;
         }
     }
@@ -167,6 +223,7 @@ pub(crate) fn time_split(results: &[worker::RankResult], epochs: usize) -> TimeS
             &mut t.intra_comm_s,
             &mut t.inter_comm_s,
             &mut t.all_reduce_s,
+            &mut t.fetch_s,
             &mut t.other_s,
         ] {
             *x /= count;

@@ -2,9 +2,11 @@
 //! thread, over endpoints the caller built (the daemon builds them over the QUIC hybrid
 //! transport of `grandis-quic`: same-server peers over channels, other servers over QUIC).
 //!
-//! Nothing is shipped between servers before training: the plans are deterministic functions
-//! of (dataset, partition, mode, k, seed), so every server builds the same global plans from
-//! the same inputs and its ranks pick their own device plans — the head group of GraNNDIS §7.
+//! No plan is shipped between servers: the plans are deterministic functions of (dataset,
+//! partition, mode, k, seed), so every server builds the same global plans from the same inputs
+//! and its ranks pick their own device plans — the head group of GraNNDIS §7. What does travel
+//! when a plan is built are the features of the vertices it replicates from another server,
+//! sent by their home rank (`crate::fetch`).
 //! The setup and the per-rank worker are exactly those of [`crate::train`], so the losses
 //! equal the in-process run's. What differs is the report's scope: counters, bytes, time split
 //! and memory cover this server's ranks only (sum them over servers for the cluster), while

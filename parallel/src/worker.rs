@@ -16,12 +16,13 @@ use anyhow::{bail, Context};
 use grandis_engine::norm::{Aggregation, GlobalScales};
 use grandis_engine::{AdamStep, Backend, BlockGraph};
 use grandis_fabric::{Endpoint, Tag};
-use grandis_masking::{DevicePlan, LayerRows, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
+use grandis_masking::{DevicePlan, LayerRows, Layout, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
 use grandis_models::{Model, ModelConfig, ModelKind, StageCache, StageCtx};
 use grandis_store::CsrGraph;
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, TrainOptions};
 
+use crate::fetch::{FeatureSource, SETUP_EPOCH};
 use crate::metered::Meter;
 use crate::steps::{Feed, Step};
 
@@ -33,6 +34,8 @@ pub const EVAL_EPOCH_BIT: u32 = 1 << 31;
 pub(crate) struct Shared<'a> {
     pub view: DatasetView<'a>,
     pub new_to_old: &'a [u32],
+    /// Home rank of every new id (replicated rows' features are fetched from it).
+    pub layout: &'a Layout,
     pub scales: &'a GlobalScales,
     pub agg: Aggregation,
     pub config: &'a ModelConfig,
@@ -210,14 +213,19 @@ fn block(
 }
 
 impl<B: Backend> Rt<B> {
-    /// Uploads `per_layer` (this rank's plan of every layer) with the features of the layer-0
-    /// plan's owned rows and the loss rows of the last layer's plan.
+    /// Uploads this rank's plan of every layer of `step_plans` (`[rank][layer]`, all ranks)
+    /// with the features of the layer-0 plan's owned rows (replicated ones fetched under
+    /// `fetch_tag`: every rank must build the same steps in the same order) and the loss rows
+    /// of the last layer's plan.
     fn build(
         sh: &Shared<'_>,
         b: &B,
-        per_layer: &[Arc<DevicePlan>],
+        step_plans: &[Vec<Arc<DevicePlan>>],
+        ep: &mut Endpoint,
+        fetch_tag: Tag,
         has_head: bool,
     ) -> anyhow::Result<Rt<B>> {
+        let per_layer = plans_of(step_plans, ep.rank())?;
         if per_layer.len() != sh.config.layers {
             bail!(
                 "internal: a step has {} layer plans for a {}-layer model",
@@ -289,26 +297,18 @@ impl<B: Backend> Rt<B> {
         }
         // Features of the owned rows of the layer-0 plan (halo rows arrive by exchange).
         let p0 = &plans[layers[0].plan];
-        let f = sh.view.feature_dim;
         let rows = if has_head {
             p0.n_owned
         } else {
             blocks[layers[0].block].rows.n_src
         };
-        let mut host = vec![0f32; rows * f];
-        for (i, &g) in p0.global_ids[..p0.n_owned].iter().enumerate() {
-            let o = sh.new_to_old[g as usize];
-            let row = &mut host[i * f..(i + 1) * f];
-            row.copy_from_slice(sh.view.feature_row(o));
-            if sh.row_normalize {
-                // Same arithmetic as the trainer (f64 sum, f32 inverse), so bit-identical.
-                let sum: f64 = row.iter().map(|&v| v as f64).sum();
-                if sum != 0.0 {
-                    let inv = (1.0 / sum) as f32;
-                    row.iter_mut().for_each(|v| *v *= inv);
-                }
-            }
-        }
+        let source = FeatureSource {
+            view: sh.view,
+            new_to_old: sh.new_to_old,
+            layout: sh.layout,
+            row_normalize: sh.row_normalize,
+        };
+        let host = source.layer0_features(step_plans, ep, fetch_tag, rows)?;
         let features = b.upload(&host)?;
         drop(host);
         // Loss rows: inner rows of the last layer's plan that are labelled train vertices.
@@ -333,8 +333,7 @@ impl<B: Backend> Rt<B> {
 }
 
 impl<'w, B: Backend> Worker<'w, B> {
-    pub fn new(sh: &'w Shared<'w>, b: &'w B, ep: Endpoint) -> anyhow::Result<Self> {
-        let rank = ep.rank();
+    pub fn new(sh: &'w Shared<'w>, b: &'w B, mut ep: Endpoint) -> anyhow::Result<Self> {
         let mut model = Model::new(b, sh.config.clone())?;
         if let Some(w) = sh.weights {
             if w.len() != model.params.len() {
@@ -368,7 +367,14 @@ impl<'w, B: Backend> Worker<'w, B> {
             );
         }
         let step = sh.feed.take(0)?;
-        let rt = Rt::build(sh, b, plans_of(&step, rank)?, has_head)?;
+        let rt = Rt::build(
+            sh,
+            b,
+            &step.plans,
+            &mut ep,
+            Tag::fetch(SETUP_EPOCH),
+            has_head,
+        )?;
         Ok(Worker {
             sh,
             b,
@@ -783,24 +789,20 @@ impl<'w, B: Backend> Worker<'w, B> {
         let Some(eval) = self.sh.eval else {
             return self.evaluate(epoch, with_logits);
         };
-        let rank = self.ep.rank();
-        let plans = eval
-            .get(rank)
-            .with_context(|| format!("no evaluation plans for rank {rank}"))?;
-        let eval_rt = Rt::build(self.sh, self.b, plans, self.has_head)?;
+        let tag = Tag::fetch(epoch as u32 | EVAL_EPOCH_BIT);
+        let eval_rt = Rt::build(self.sh, self.b, eval, &mut self.ep, tag, self.has_head)?;
         let train_rt = std::mem::replace(&mut self.rt, eval_rt);
         let out = self.evaluate(epoch, with_logits);
         self.rt = train_rt;
         out
     }
 
-    /// Switches to the plans of `step` (frees the current step's buffers first, so a rank
-    /// never holds two steps at once).
-    fn switch_to(&mut self, step: Arc<Step>) -> anyhow::Result<()> {
+    /// Switches to the plans of `step` in training epoch `epoch` (frees the current step's
+    /// buffers first, so a rank never holds two steps at once).
+    fn switch_to(&mut self, step: Arc<Step>, epoch: usize) -> anyhow::Result<()> {
         if Arc::ptr_eq(&step, &self.step) {
             return Ok(());
         }
-        let rank = self.ep.rank();
         let b = self.b;
         self.rt.plans.clear();
         self.rt.blocks.clear();
@@ -808,7 +810,14 @@ impl<'w, B: Backend> Worker<'w, B> {
         self.rt.features = b.alloc(0)?;
         self.rt.loss_rows = b.upload_index(&[])?;
         self.rt.loss_labels = b.upload_index(&[])?;
-        self.rt = Rt::build(self.sh, b, plans_of(&step, rank)?, self.has_head)?;
+        self.rt = Rt::build(
+            self.sh,
+            b,
+            &step.plans,
+            &mut self.ep,
+            Tag::fetch(epoch as u32),
+            self.has_head,
+        )?;
         self.step = step;
         Ok(())
     }
@@ -832,7 +841,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             for _ in 0..sh.iterations {
                 if index > 0 {
                     let step = sh.feed.take(index)?;
-                    self.switch_to(step)?;
+                    self.switch_to(step, epoch)?;
                 }
                 index += 1;
                 let t = self.step.targets;
@@ -921,9 +930,9 @@ pub(crate) struct Embedded {
     pub logits: Vec<f32>,
 }
 
-/// Rank `rank`'s per-layer plans of `step`.
-fn plans_of(step: &Step, rank: usize) -> anyhow::Result<&[Arc<DevicePlan>]> {
-    step.plans
+/// Rank `rank`'s per-layer plans of a step's (or the evaluation) plans.
+fn plans_of(plans: &[Vec<Arc<DevicePlan>>], rank: usize) -> anyhow::Result<&[Arc<DevicePlan>]> {
+    plans
         .get(rank)
         .map(Vec::as_slice)
         .with_context(|| format!("internal: the step has no plans for rank {rank}"))

@@ -1,13 +1,18 @@
 //! Byte accounting and memory: the fabric's measured per-epoch halo bytes equal the masking
 //! plan's predictions per link class; FLX with k = L sends no inter-server halo bytes; the
-//! metered per-rank memory stays within a small factor of the memory model.
+//! features of replicated vertices fetched from other servers are exactly the plans' rows
+//! homed there; the metered per-rank memory stays within a small factor of the memory model.
 
 mod common;
 
 use common::*;
-use grandis_masking::{ModelDims, PlanContext, SplitMembership};
+use grandis_fabric::{Counters, LinkClass, Phase};
+use grandis_masking::{FlxPlan, Layout, ModelDims, PlanContext, SplitMembership};
 use grandis_models::ModelKind;
-use grandis_parallel::{model_dims, Mode};
+use grandis_parallel::{
+    model_dims, plan_context, Mode, ParallelOptions, Priority, Sampling, EVAL_EPOCH_BIT,
+};
+use grandis_sampling::{cob_plan, round_of, CoBatcher, Exact};
 
 /// Prediction straight from the masking crate: the forward exchange feeding each layer, and
 /// the same rows back for every layer whose input gradient is needed.
@@ -152,4 +157,152 @@ fn metered_memory_tracks_the_memory_model() {
     // k = 1 holds both plans' graphs and the extracted rows; FB holds the fewest rows. (No
     // full monotonicity: at k = L the runner never uploads the FB graph, the model counts it.)
     assert!(peaks[1] > peaks[0], "peaks by k: {peaks:?}");
+}
+
+/// (device, owned row) pairs of `plan` whose vertex lives on another server.
+fn remote_rows(layout: &Layout, plan: &FlxPlan) -> u64 {
+    plan.devices
+        .iter()
+        .enumerate()
+        .map(|(r, d)| {
+            let server = layout.server_of_rank(r);
+            d.global_ids[..d.n_owned]
+                .iter()
+                .filter(|&&g| layout.server_of(g) != server)
+                .count() as u64
+        })
+        .sum()
+}
+
+/// Fetch-phase payload bytes sent in tag epoch `epoch` over `class`.
+fn fetched(c: &Counters, epoch: u32, class: LinkClass) -> u64 {
+    c.epoch(epoch).map_or(0, |e| {
+        e.links
+            .iter()
+            .filter(|r| r.phase == Phase::Fetch && r.class == class)
+            .map(|r| r.bytes_sent)
+            .sum()
+    })
+}
+
+/// Cooperative batching (exact, 2 servers x 2 devices): every step's features of vertices
+/// homed on the other server cross the inter-server link, 4 x F bytes per (rank, owned row)
+/// pair, counted here from the co-batch plans the runner builds (same seed). The first step is
+/// built before the first epoch (tag epoch 0), the others inside their epoch, and the report
+/// spreads them all over the epochs; evaluation on the FB plans fetches nothing. FB fetches
+/// nothing at all; FLX with k = L fetches its preloaded rows once, at setup.
+#[test]
+fn fetched_bytes_equal_the_remote_rows_of_every_step() {
+    let ds = random_dataset(13, 300, 1500, 5, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 13);
+    let layers = 2;
+    let config = config(&view, ModelKind::Sage, layers);
+    let epochs = 2;
+    let opts = opts(epochs);
+    let row = 4 * view.feature_dim as u64;
+    let batch = 40;
+    let popts = ParallelOptions {
+        mode: Mode::Cob,
+        batch_size: Some(batch),
+        threads_per_rank: Some(1),
+        eval_every_epoch: true,
+        ..Default::default()
+    };
+    let r =
+        grandis_parallel::train(view, &part, config.clone(), &opts, &popts, &mut |_| {}).unwrap();
+
+    let ctx = plan_context(&view, &part).unwrap();
+    let batcher = CoBatcher::new(&ctx, batch, opts.seed).unwrap();
+    let n = batcher.iterations();
+    assert!(n > 1, "several steps per epoch");
+    let mut per_step = Vec::new();
+    for e in 0..epochs as u64 {
+        for it in 0..n {
+            let b = batcher.batch(e, it).unwrap();
+            let plan = cob_plan(&ctx, &b, layers, &Exact, round_of(e, it, n)).unwrap();
+            per_step.push(remote_rows(&part.layout, &plan));
+        }
+    }
+    assert!(
+        per_step.iter().sum::<u64>() > 0,
+        "co-batches reach the other server"
+    );
+    let c = &r.counters;
+    let inter = |epoch| fetched(c, epoch, LinkClass::InterServer);
+    assert_eq!(
+        inter(0),
+        row * per_step[0],
+        "before the first epoch: the first step"
+    );
+    for e in 1..=epochs {
+        let first = if e == 1 { 1 } else { (e - 1) * n };
+        let want: u64 = per_step[first..e * n].iter().sum();
+        assert_eq!(inter(e as u32), row * want, "epoch {e}");
+    }
+    for e in c.epochs.iter() {
+        assert_eq!(fetched(c, e.epoch, LinkClass::IntraServer), 0);
+        if e.epoch & EVAL_EPOCH_BIT != 0 {
+            assert_eq!(fetched(c, e.epoch, LinkClass::InterServer), 0);
+        }
+    }
+    assert_eq!(r.setup_fetch_bytes.inter_server, 0, "co-batch plans recur");
+    assert_eq!(
+        r.fetch_bytes_per_epoch.inter_server,
+        row * per_step.iter().sum::<u64>() / epochs as u64
+    );
+    assert_eq!(r.fetch_bytes_per_epoch.intra_server, 0);
+
+    let fb = parallel(view, &part, &config, &opts, Mode::Fb, None).unwrap();
+    assert!(
+        fb.counters
+            .epochs
+            .iter()
+            .all(|e| e.links.iter().all(|l| l.phase != Phase::Fetch)),
+        "FB owns only its own range"
+    );
+    assert_eq!(fb.setup_fetch_bytes.inter_server, 0);
+    assert_eq!(fb.fetch_bytes_per_epoch.inter_server, 0);
+
+    let flx = parallel(view, &part, &config, &opts, Mode::Flx, Some(layers)).unwrap();
+    let preload = ctx.preload_plan(layers, layers).unwrap();
+    let preloaded = remote_rows(&part.layout, preload.flx.as_ref().unwrap());
+    assert!(preloaded > 0);
+    assert_eq!(flx.setup_fetch_bytes.inter_server, row * preloaded);
+    assert_eq!(flx.fetch_bytes_per_epoch.inter_server, 0);
+    assert_eq!(flx.halo_bytes_per_epoch.inter_server, 0);
+
+    // FLX-EAS: one sample serves the run (setup); resampled every epoch, each sample's fetch
+    // is paid per epoch.
+    for (every, recurs) in [(None, false), (Some(1), true)] {
+        let popts = ParallelOptions {
+            mode: Mode::Flx,
+            preload_hops: Some(layers),
+            sampling: Sampling::Eas {
+                hops: 1,
+                fanout: 2,
+                priority: Priority::Degree,
+            },
+            resample_every: every,
+            threads_per_rank: Some(1),
+            eval_every_epoch: false,
+            ..Default::default()
+        };
+        let r = grandis_parallel::train(view, &part, config.clone(), &opts, &popts, &mut |_| {})
+            .unwrap();
+        let total: u64 = r
+            .counters
+            .epochs
+            .iter()
+            .map(|e| fetched(&r.counters, e.epoch, LinkClass::InterServer))
+            .sum();
+        assert!(total > 0, "{every:?}");
+        let (per_epoch, setup) = if recurs {
+            (total / epochs as u64, 0)
+        } else {
+            (0, total)
+        };
+        assert_eq!(r.fetch_bytes_per_epoch.inter_server, per_epoch, "{every:?}");
+        assert_eq!(r.setup_fetch_bytes.inter_server, setup, "{every:?}");
+    }
 }

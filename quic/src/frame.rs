@@ -19,8 +19,10 @@ use grandis_fabric::{Envelope, Header, Payload};
 use serde::{Deserialize, Serialize};
 
 /// Version of the protocol spoken on a connection; both sides must agree (checked in the
-/// handshake), so bump it on every incompatible change of this module.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// handshake), so bump it on every incompatible change of this module or of what its frame
+/// head encodes. 2: the fabric's `Phase::Fetch` (variant 4), which a version-1 node would
+/// reject mid-job as a bad frame head.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// First field of every [`Hello`]: rejects things that are not grandis nodes early.
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"GRANDIS\x01");
@@ -325,6 +327,23 @@ mod tests {
         assert_eq!(roundtrip(&e), e);
         let e = env(Payload::F32(vec![]));
         assert_eq!(roundtrip(&e), e);
+    }
+
+    /// Every phase crosses the wire, the feature fetch (the last variant) included.
+    #[test]
+    fn every_phase_roundtrips() {
+        use grandis_fabric::Phase;
+        for phase in [
+            Phase::Forward,
+            Phase::Backward,
+            Phase::AllReduce,
+            Phase::Other,
+            Phase::Fetch,
+        ] {
+            let mut e = env(Payload::F32(vec![2.0]));
+            e.header.tag = Tag::new(1 << 31 | 5, 0, phase);
+            assert_eq!(roundtrip(&e), e, "{phase}");
+        }
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! `grandis bench modes`: the shape of GraNNDIS Figure 8 — FB_base against FLX with k = 1..L
 //! on one synthetic power-law graph, S servers x G devices as threads over the emulated fabric
 //! (inter-server bandwidth a fraction of the intra-server one). Per mode: epoch time split into
-//! compute / intra comm / inter comm / all-reduce, bytes per link class, and the speedup over
-//! FB_base run in the same invocation; then the paper's performance model (Eqs. 1-5) evaluated
+//! compute / intra comm / inter comm / feature fetch / all-reduce, halo bytes per link class,
+//! the inter-server bytes of replicated vertices' features fetched from their home server (per
+//! epoch, and once at setup: what FLX preloading pays), and the speedup over FB_base run in the
+//! same invocation; then the paper's performance model (Eqs. 1-5) evaluated
 //! on the rates measured here. Sampled rows follow (GraNNDIS Figures 9-10): FLX-EAS (k = L,
 //! expansion-aware sampling) against FB_base and exact FLX k = L, and cooperative batching
 //! with GraphSAGE fanouts (CoB-SAGE) against CoB with EAS (CoB-EAS), same co-batch size.
@@ -229,15 +231,19 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         }
     };
     println!(
-        "{:<10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>14} {:>11} {:>12} {:>8} {:>18}",
+        "{:<10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>14} {:>14} {:>14} {:>12} {:>11} {:>12} \
+         {:>8} {:>18}",
         "mode",
         "epoch_s",
         "compute",
         "intra",
         "inter",
+        "fetch",
         "allred",
         "inter_B/ep",
         "intra_B/ep",
+        "fetch_B/ep",
+        "fetch_setup",
         "replicated",
         "vertex-layers",
         "vs FB",
@@ -249,15 +255,19 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
             .map(|(n, b)| format!("{:.2}x vs {n}", b / t.epoch_s))
             .unwrap_or_default();
         println!(
-            "{:<10} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>14} {:>14} {:>11} {:>12} {:>7.2}x {:>18}",
+            "{:<10} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>14} {:>14} {:>14} {:>12} \
+             {:>11} {:>12} {:>7.2}x {:>18}",
             r.name,
             t.epoch_s,
             t.compute_s,
             t.intra_comm_s,
             t.inter_comm_s,
+            t.fetch_s,
             t.all_reduce_s,
             r.report.halo_bytes_per_epoch.inter_server,
             r.report.halo_bytes_per_epoch.intra_server,
+            r.report.fetch_bytes_per_epoch.inter_server,
+            r.report.setup_fetch_bytes.inter_server,
             r.report.replicated_vertices,
             r.report.computed_vertex_layers,
             base / t.epoch_s,
@@ -322,6 +332,8 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
                 "time": r.report.time,
                 "halo_bytes_per_epoch": r.report.halo_bytes_per_epoch,
                 "all_reduce_bytes_per_epoch": r.report.all_reduce_bytes_per_epoch,
+                "fetch_bytes_per_epoch": r.report.fetch_bytes_per_epoch,
+                "setup_fetch_bytes": r.report.setup_fetch_bytes,
                 "replicated_vertices": r.report.replicated_vertices,
                 "memory": r.report.memory,
                 "speedup_vs_fb": base / r.report.time.epoch_s,

@@ -1,0 +1,311 @@
+//! Input features of a step's layer-0 plan, with replicated vertices fetched from their home
+//! server (GraNNDIS §5.1, §5.3).
+//!
+//! A server holds only its own partition's features in host memory. FB plans own exactly the
+//! rank's layout range (halo rows arrive by the per-layer exchange), but masked plans — FLX
+//! preloading, FLX-EAS, cooperative batches, the per-GPU mini-batch baseline — also own
+//! REPLICATED rows: vertices whose home rank, by the [`Layout`], is on another server. Their
+//! features cross the inter-server link from the home rank, which is exactly the traffic that
+//! preloading pays once and that cooperative batching with EAS cuts per iteration.
+//!
+//! No request round is needed: every rank holds the whole step (`plans[rank][layer]` of all
+//! ranks), so each rank derives what every other rank needs from it and what it receives, and
+//! one `exchange_sized` under [`Tag::fetch`] moves it. Every rank must therefore build every
+//! step, in the same order (setup, each new training step, each evaluation build).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use grandis_fabric::{Endpoint, Tag};
+use grandis_masking::{DevicePlan, Layout};
+use grandis_store::DatasetView;
+
+/// Tag epoch of the plan built before the first training epoch (training epochs count from 1;
+/// evaluation builds carry [`crate::EVAL_EPOCH_BIT`]).
+pub(crate) const SETUP_EPOCH: u32 = 0;
+
+/// Where a server's features come from: the dataset view (ORIGINAL ids), the map from new to
+/// original ids, and the layout that says which rank is each new id's home.
+#[derive(Clone, Copy)]
+pub(crate) struct FeatureSource<'a> {
+    pub view: DatasetView<'a>,
+    pub new_to_old: &'a [u32],
+    pub layout: &'a Layout,
+    /// Scale each row to sum 1, exactly as the single-process trainer does.
+    pub row_normalize: bool,
+}
+
+impl FeatureSource<'_> {
+    /// The host feature matrix (`rows x F`, `rows >= n_owned`) of the calling rank's layer-0
+    /// plan in `plans` (`plans[rank][layer]` for every rank): its owned rows' features, rows
+    /// past them zero (halo rows, filled later by the layer-0 exchange). Rows whose home is
+    /// this rank or a sibling device of its server are read from the view — a server's host
+    /// memory holds its whole partition, and its devices load from it over the host link, not
+    /// the fabric. The others are fetched from their home rank under `tag`, and this rank
+    /// sends the other servers' ranks the rows of their layer-0 plans whose home it is. Raw
+    /// values travel; every row is normalised here once, with the trainer's arithmetic, so
+    /// the result is bit-identical to reading every row locally.
+    pub fn layer0_features(
+        &self,
+        plans: &[Vec<Arc<DevicePlan>>],
+        ep: &mut Endpoint,
+        tag: Tag,
+        rows: usize,
+    ) -> anyhow::Result<Vec<f32>> {
+        let layout = self.layout;
+        let me = ep.rank();
+        let world = layout.num_ranks();
+        if plans.len() != world || ep.world() != world {
+            bail!(
+                "internal: a step with plans for {} ranks, a fabric of {} ranks and a layout of \
+                 {world}",
+                plans.len(),
+                ep.world()
+            );
+        }
+        let layer0 = |r: usize| -> anyhow::Result<&[u32]> {
+            let p = plans[r]
+                .first()
+                .with_context(|| format!("internal: rank {r} has no layer-0 plan"))?;
+            let owned = &p.global_ids[..p.n_owned];
+            let n = layout.num_vertices();
+            if let Some(&g) = owned.iter().find(|&&g| g >= n) {
+                bail!("internal: rank {r}'s plan owns vertex {g}, past the layout's {n}");
+            }
+            Ok(owned)
+        };
+        let f = self.view.feature_dim;
+        let owned = layer0(me)?;
+        if rows < owned.len() {
+            bail!(
+                "internal: {rows} feature rows for {} owned rows",
+                owned.len()
+            );
+        }
+        let mut host = vec![0f32; rows * f];
+
+        // What this rank reads itself, and which rows it receives from each other-server home.
+        let my_server = layout.server_range(layout.server_of_rank(me));
+        let mut incoming: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, &g) in owned.iter().enumerate() {
+            if my_server.contains(&g) {
+                host[i * f..(i + 1) * f].copy_from_slice(self.raw(g)?);
+            } else {
+                incoming.entry(layout.owner(g)).or_default().push(i);
+            }
+        }
+        // What the other servers' ranks need from this rank's range, in their row order.
+        let mine = layout.range(me);
+        let mut sends = Vec::new();
+        for r in (0..world).filter(|&r| !layout.same_server(r, me)) {
+            let (mut data, mut count) = (Vec::new(), 0);
+            for &g in layer0(r)?.iter().filter(|g| mine.contains(g)) {
+                data.extend_from_slice(self.raw(g)?);
+                count += 1;
+            }
+            // By rows, not values: the peer expects a message whenever it owns such a row.
+            if count > 0 {
+                sends.push((r, data));
+            }
+        }
+        let expect: Vec<(usize, usize)> = incoming
+            .iter()
+            .map(|(&home, rows)| (home, rows.len() * f))
+            .collect();
+        // Point-to-point only: a rank with nothing to move skips the call (its peers, deriving
+        // the same lists, expect nothing from it), so FB plans add no messages at all.
+        if !sends.is_empty() || !expect.is_empty() {
+            let got = ep
+                .exchange_sized(sends, &expect, tag)
+                .with_context(|| format!("fetching replicated features {tag}"))?;
+            for ((home, data), (&want, rows)) in got.into_iter().zip(&incoming) {
+                if home != want {
+                    bail!("internal: features from rank {home} where rank {want}'s were due");
+                }
+                for (&i, src) in rows.iter().zip(data.chunks_exact(f.max(1))) {
+                    host[i * f..(i + 1) * f].copy_from_slice(src);
+                }
+            }
+        }
+        if self.row_normalize {
+            for row in host[..owned.len() * f].chunks_exact_mut(f.max(1)) {
+                normalize_row(row);
+            }
+        }
+        Ok(host)
+    }
+
+    /// The raw feature row of NEW id `g`.
+    fn raw(&self, g: u32) -> anyhow::Result<&[f32]> {
+        let o = *self
+            .new_to_old
+            .get(g as usize)
+            .with_context(|| format!("internal: vertex {g} has no original id"))?;
+        Ok(self.view.feature_row(o))
+    }
+}
+
+/// Scales `row` to sum 1 with the trainer's arithmetic (f64 sum, f32 inverse), so results are
+/// bit-identical; an all-zero row stays zero.
+fn normalize_row(row: &mut [f32]) {
+    let sum: f64 = row.iter().map(|&v| v as f64).sum();
+    if sum != 0.0 {
+        let inv = (1.0 / sum) as f32;
+        row.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grandis_fabric::{Counters, Direction, Fabric, FabricConfig, LinkClass, Phase};
+    use grandis_masking::FlxPlan;
+    use grandis_sampling::{CoBatcher, Exact};
+    use grandis_synth::SynthConfig;
+
+    use crate::{plan_context, steps, PartitionedGraph};
+
+    const LAYERS: usize = 2;
+
+    fn per_rank(plan: FlxPlan) -> Vec<Vec<Arc<DevicePlan>>> {
+        plan.devices
+            .into_iter()
+            .map(|d| steps::every_layer(d, LAYERS))
+            .collect()
+    }
+
+    /// (rank, owned row) pairs of the layer-0 plans whose home is on another server.
+    fn remote_rows(layout: &Layout, plans: &[Vec<Arc<DevicePlan>>]) -> u64 {
+        plans
+            .iter()
+            .enumerate()
+            .map(|(r, p)| {
+                let s = layout.server_of_rank(r);
+                p[0].global_ids[..p[0].n_owned]
+                    .iter()
+                    .filter(|&&g| layout.server_of(g) != s)
+                    .count() as u64
+            })
+            .sum()
+    }
+
+    /// Every rank runs `layer0_features` on `plans` over an in-process 2 x 2 fabric, reading
+    /// ONLY its own server's features: rows of other servers are NaN in its view, as they are
+    /// absent from a real server's host memory. Returns each rank's matrix and the counters.
+    fn run(
+        view: DatasetView<'_>,
+        part: &PartitionedGraph,
+        plans: &[Vec<Arc<DevicePlan>>],
+        row_normalize: bool,
+    ) -> (Vec<Vec<f32>>, Counters) {
+        let layout = &part.layout;
+        let f = view.feature_dim;
+        // Per server, the dataset's features with every other server's rows poisoned.
+        let local: Vec<Vec<f32>> = (0..layout.servers())
+            .map(|s| {
+                let mut x = view.features.to_vec();
+                for (new, &old) in part.new_to_old.iter().enumerate() {
+                    if layout.server_of(new as u32) != s {
+                        let o = old as usize;
+                        x[o * f..(o + 1) * f].fill(f32::NAN);
+                    }
+                }
+                x
+            })
+            .collect();
+        let out = Fabric::new(FabricConfig::new(layout.servers(), layout.devices()))
+            .unwrap()
+            .run(|mut ep| {
+                let rank = ep.rank();
+                let src = FeatureSource {
+                    view: DatasetView {
+                        features: &local[layout.server_of_rank(rank)],
+                        ..view
+                    },
+                    new_to_old: &part.new_to_old,
+                    layout,
+                    row_normalize,
+                };
+                let p0 = &plans[rank][0];
+                let host = src.layer0_features(plans, &mut ep, Tag::fetch(1), p0.n_local())?;
+                anyhow::Ok((host, ep.counters()))
+            })
+            .unwrap();
+        let counters = Counters::sum(out.iter().map(|(_, c)| c));
+        (out.into_iter().map(|(h, _)| h).collect(), counters)
+    }
+
+    fn synth() -> grandis_store::InMemoryDataset {
+        grandis_synth::generate_in_memory(&SynthConfig {
+            nodes: 400,
+            seed: 4,
+            ..SynthConfig::default()
+        })
+        .unwrap()
+    }
+
+    /// Fetched bytes are exactly 4 x F per (rank, owned row) pair whose home is on another
+    /// server, all inter-server; every row (fetched or local) holds the dataset's own values;
+    /// FB plans fetch nothing and send no message at all.
+    #[test]
+    fn replicated_rows_are_fetched_from_their_home_and_counted() {
+        let ds = synth();
+        let view = ds.view();
+        let f = view.feature_dim;
+        let part =
+            PartitionedGraph::partition(&view, true, 2, 2, grandis_partition::Method::Random, 1)
+                .unwrap();
+        let ctx = plan_context(&view, &part).unwrap();
+        let batcher = CoBatcher::new(&ctx, 40, 2).unwrap();
+        let batch = batcher.batch(0, 0).unwrap();
+        let cob = per_rank(grandis_sampling::cob_plan(&ctx, &batch, LAYERS, &Exact, 0).unwrap());
+        let remote = remote_rows(&part.layout, &cob);
+        assert!(
+            remote > 0,
+            "a 2-layer co-batch must reach into the other server"
+        );
+
+        for row_normalize in [false, true] {
+            let (hosts, counters) = run(view, &part, &cob, row_normalize);
+            let fetched = |class, dir| -> u64 {
+                counters
+                    .epochs
+                    .iter()
+                    .map(|e| e.bytes_where(dir, |r| r.phase == Phase::Fetch && r.class == class))
+                    .sum()
+            };
+            for dir in [Direction::Sent, Direction::Received] {
+                assert_eq!(fetched(LinkClass::InterServer, dir), 4 * f as u64 * remote);
+                assert_eq!(fetched(LinkClass::IntraServer, dir), 0);
+            }
+            assert!(counters.epochs.iter().all(|e| e.epoch == 1));
+            for (rank, host) in hosts.iter().enumerate() {
+                let p = &cob[rank][0];
+                assert_eq!(host.len(), p.n_local() * f);
+                for (i, &g) in p.global_ids[..p.n_owned].iter().enumerate() {
+                    let mut want = view.feature_row(part.new_to_old[g as usize]).to_vec();
+                    if row_normalize {
+                        normalize_row(&mut want);
+                    }
+                    let got = &host[i * f..(i + 1) * f];
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(got), bits(&want), "rank {rank} row {i} (vertex {g})");
+                }
+                assert!(host[p.n_owned * f..].iter().all(|&v| v == 0.0));
+            }
+        }
+
+        let fb: Vec<Vec<Arc<DevicePlan>>> = ctx
+            .fb_plan()
+            .unwrap()
+            .devices
+            .into_iter()
+            .map(|d| steps::every_layer(d, LAYERS))
+            .collect();
+        assert_eq!(remote_rows(&part.layout, &fb), 0);
+        let (hosts, counters) = run(view, &part, &fb, false);
+        assert!(counters.epochs.is_empty(), "{counters:?}");
+        assert!(hosts.iter().flatten().all(|v| v.is_finite()));
+    }
+}
