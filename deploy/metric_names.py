@@ -17,8 +17,10 @@ inside the 24-column grid and not overlapping.
 
 With --prometheus, checks against a real Prometheus that scrapes grandis with
 deploy/prometheus/prometheus.yml and alerts.yml: every target up, every rule evaluates without
-error, per-job series carry the `grandis_job` label (and no `exported_job`), and every dashboard
-query (template variables filled with "all") returns data. Exit 1 with one line per problem.
+error, per-job series of both scrape jobs carry the `grandis_job` label and no `exported_job`
+(the coordinator exports `grandis_job`, prometheus.yml relabels the daemons' `job`), and every
+dashboard query (template variables filled with "all") returns data. Exit 1 with one line per
+problem.
 """
 
 import argparse
@@ -44,14 +46,31 @@ SUFFIXES = {
     "gaugehistogram": ["_bucket", "_gsum", "_gcount"],
 }
 
-# Labels that Prometheus adds (scrape target labels) or that deploy/prometheus/prometheus.yml
-# creates by relabelling the exported `job` label.
-TARGET_LABELS = {"job", "instance", "grandis_job"}
+# Labels that Prometheus adds to every series (scrape target labels). An exported label of the
+# same name is stored as `exported_<name>` instead (honor_labels is off).
+TARGET_LABELS = {"job", "instance"}
+# Scrape jobs whose exported `job` label (stored as exported_job) the metric_relabel_configs of
+# deploy/prometheus/prometheus.yml rename to `grandis_job`.
+JOB_RELABELLED = {"grandis-daemon"}
+# grandis_* identifiers in PromQL that are label names, not metrics.
+LABEL_NAMES = {"grandis_job"}
+
+
+def stored_labels(job, names):
+    """The label names Prometheus stores for a sample with exported label `names`, scraped by
+    scrape job `job` with deploy/prometheus/prometheus.yml (target labels not included)."""
+    out = set()
+    for n in names:
+        if n in TARGET_LABELS:
+            n = "grandis_job" if n == "job" and job in JOB_RELABELLED else f"exported_{n}"
+        out.add(n)
+    return out
 
 
 def exported(texts):
     """The sample names (both bare and as (scrape job, name)) and, per (scrape job, name), the
-    label names seen on its samples. `texts` is a list of (scrape job, page text)."""
+    label names its samples get in Prometheus (see stored_labels). `texts` is a list of
+    (scrape job, page text)."""
     names, labels = set(), {}
     for job, text in texts:
         for line in text.splitlines():
@@ -68,7 +87,7 @@ def exported(texts):
                     names.add(m.group(1))
                     names.add((job, m.group(1)))
                     seen = labels.setdefault((job, m.group(1)), set())
-                    seen.update(LABEL.findall(m.group(3) or ""))
+                    seen.update(stored_labels(job, LABEL.findall(m.group(3) or "")))
     return names, labels
 
 
@@ -149,8 +168,8 @@ def check(texts, rules_text, dash, problems):
     used = 0
     for where, expr in refs:
         for name in NAME.findall(expr):
-            if name in TARGET_LABELS:
-                continue  # a label (grandis_job), not a metric
+            if name in LABEL_NAMES:
+                continue
             used += 1
             if name not in names:
                 problems.append(f"{where}: {name} is not exported (expression: {expr})")
@@ -170,8 +189,9 @@ def check(texts, rules_text, dash, problems):
                 continue  # no samples scraped: label names cannot be checked
             for label in MATCHER.findall(body):
                 if label not in seen and label not in TARGET_LABELS:
+                    scraped = f" from {', '.join(pinned)}" if pinned else ""
                     problems.append(
-                        f"{where}: {name} has no label {label!r} (exported labels: "
+                        f"{where}: {name}{scraped} has no label {label!r} (labels as stored: "
                         f"{', '.join(sorted(seen)) or 'none'})"
                     )
     return used
@@ -216,13 +236,15 @@ def check_prometheus(base, dash, problems, wait_s=60):
             if rule.get("health") != "ok":
                 problems.append(f"prometheus: rule {rule.get('name')}: health "
                                 f"{rule.get('health')}: {rule.get('lastError')}")
-    series = prom_get(base, "/api/v1/query", query='grandis_job_loss{job="grandis-daemon"}')
-    if not series:
-        problems.append("prometheus: no grandis_job_loss series from the daemons")
-    for s in series:
-        if "grandis_job" not in s["metric"] or "exported_job" in s["metric"]:
-            problems.append(f"prometheus: relabelling did not give {s['metric']} a grandis_job "
-                            f"label (prometheus.yml metric_relabel_configs)")
+    for job, how in (("grandis-coordinator", "the coordinator's exposition"),
+                     ("grandis-daemon", "prometheus.yml metric_relabel_configs")):
+        series = prom_get(base, "/api/v1/query", query=f'grandis_job_loss{{job="{job}"}}')
+        if not series:
+            problems.append(f"prometheus: no grandis_job_loss series from {job}")
+        for s in series:
+            if "grandis_job" not in s["metric"] or "exported_job" in s["metric"]:
+                problems.append(f"prometheus: {s['metric']} has no grandis_job label, or an "
+                                f"exported_job one ({how})")
     queries = 0
     for where, expr in dashboard_exprs(dash, problems):
         expr = fill_vars(expr)
@@ -270,6 +292,22 @@ def self_test():
                  "grandis_lat_sum is not exported by the grandis-daemon scrape job",
                  "panel id 1 is used twice", "overlap"):
         assert want in text, (want, text)
+    # The per-job label as Prometheus stores it: the coordinator exports grandis_job, the
+    # daemons' `job` is relabelled to it; a coordinator exporting `job` would be stored as
+    # exported_job, which the selector below does not find.
+    per_job = {"panels": [dict(panel, targets=[
+        {"expr": 'grandis_job_loss{job="grandis-coordinator", grandis_job=~"$grandis_job"}'},
+        {"expr": 'grandis_job_loss{job="grandis-daemon", grandis_job=~"$grandis_job"}'}])]}
+    daemon = ("grandis-daemon", 'grandis_job_loss{job="1",server="x"} 1\n')
+    loss_rules = "groups:\n  - rules:\n      - expr: grandis_job_loss > 1\n"
+    probs = []
+    check([("grandis-coordinator", 'grandis_job_loss{grandis_job="1"} 1\n'), daemon],
+          loss_rules, per_job, probs)
+    assert probs == [], probs
+    check([("grandis-coordinator", 'grandis_job_loss{job="1"} 1\n'), daemon], loss_rules,
+          per_job, probs)
+    assert len(probs) == 1 and "has no label 'grandis_job' (labels as stored: exported_job)" \
+        in probs[0] and "grandis-coordinator" in probs[0], probs
     probs = []
     check([("grandis-daemon", "")], rules, good, probs)
     assert any("no grandis_* metric" in p for p in probs), probs

@@ -3,6 +3,10 @@
 //! The registry is rebuilt on every scrape instead of being updated in place: every value is
 //! a function of the state (queue, jobs, heartbeat ages), so rebuilding cannot drift from it,
 //! and series of forgotten daemons or old jobs disappear without bookkeeping.
+//!
+//! Per-job series carry the job id as `grandis_job`, not `job`: Prometheus attaches its own
+//! `job` label (the scrape job) to every series it stores and would rename an exported `job` to
+//! `exported_job`, so the exposition uses the name the alert rules and dashboard select on.
 
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
@@ -20,6 +24,9 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// Finished jobs whose last figures are still exported (besides every active job).
 const RECENT_FINISHED: usize = 20;
+
+/// The label naming the job of a per-job series (see the module docs for why not `job`).
+const JOB_LABEL: &str = "grandis_job";
 
 type Labels = Vec<(String, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -100,7 +107,7 @@ pub fn render(core: &Core, now: Instant) -> String {
         let Some(last) = rec.history.last() else {
             continue;
         };
-        let job = vec![("job".to_string(), rec.id.to_string())];
+        let job = vec![(JOB_LABEL.to_string(), rec.id.to_string())];
         epoch.get_or_create(&job).set(last.epoch as i64);
         epoch_seconds.get_or_create(&job).set(last.seconds);
         loss.get_or_create(&job).set(last.loss);

@@ -113,14 +113,22 @@ async fn job_runs_from_queue_to_success_visible_in_get_sse_and_metrics() {
     let metrics = h.get("/metrics").await;
     let metrics = metrics.as_str().unwrap();
     for line in [
-        "grandis_job_epoch{job=\"1\"} 3",
-        "grandis_job_link_bytes{job=\"1\",link_class=\"inter_server\"} 60.0",
+        "grandis_job_epoch{grandis_job=\"1\"} 3",
+        "grandis_job_link_bytes{grandis_job=\"1\",link_class=\"inter_server\"} 60.0",
         "grandis_jobs{state=\"running\"} 1",
         "grandis_elections_total 3",
     ] {
         assert!(metrics.contains(line), "metrics lack {line:?}:\n{metrics}");
     }
     assert!(metrics.contains("grandis_daemon_heartbeat_age_seconds{daemon=\"1\",label=\"node-c\"}"));
+    // No series may carry a label Prometheus attaches itself (it would rename ours to
+    // exported_job / exported_instance on scrape).
+    for clash in ["{job=", ",job=", "{instance=", ",instance="] {
+        assert!(
+            !metrics.contains(clash),
+            "metrics use {clash:?}:\n{metrics}"
+        );
+    }
 
     // Both servers must finish; the leader's summary is the job's.
     assert_eq!(b.event(id, summary("b")).await.0, StatusCode::NO_CONTENT);
