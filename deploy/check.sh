@@ -9,8 +9,8 @@
 #      coordinator and a real daemon started here on 127.0.0.1 (scraped from /metrics), every
 #      label they select on exists, and the dashboard is structurally sound (metric_names.py);
 #   5. a real Prometheus running prometheus.yml + alerts.yml against those processes: targets up,
-#      rules healthy, per-job series of both labelled `grandis_job` (the coordinator's as
-#      exported, the daemons' relabelled), every dashboard query has data.
+#      rules healthy, per-job series of both labelled `grandis_job` as exported (no relabelling),
+#      no series with an exported_job/exported_instance label, every dashboard query has data.
 #
 #   deploy/check.sh [--bin PATH]     (default: $GRANDIS_BIN, else target/debug/grandis)
 #
@@ -177,7 +177,8 @@ python3 "$here/metric_names.py" --exported "coordinator=$tmp/coordinator.metrics
     | sed 's/^/[deploy\/check] /' || fail "metric names (see above)"
 
 # --- 5. A real Prometheus with prometheus.yml and alerts.yml scrapes them; every dashboard query
-# returns data, per-job series carry `grandis_job` (and no exported_job), no rule errors.
+# returns data, per-job series carry `grandis_job`, none exported_job/exported_instance, no rule
+# errors.
 prom="$tmp/prometheus"
 mkdir -p "$prom"
 cp "$here/prometheus/alerts.yml" "$prom/"

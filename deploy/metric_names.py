@@ -13,14 +13,16 @@ way Prometheus sees them: counters as `<name>_total`, histograms and summaries w
 `_sum`, `_count`. Referenced names are the `grandis_*` identifiers in every PromQL expression
 (alert `expr`, dashboard target `expr` and query-variable definitions). Also checks the
 dashboard's structure: unique panel ids, a datasource and at least one query per panel, panels
-inside the 24-column grid and not overlapping.
+inside the 24-column grid and not overlapping. No exported series may carry a `job` or
+`instance` label: Prometheus would store it as `exported_job` / `exported_instance`, because it
+sets those two itself (the scrape job and target).
 
 With --prometheus, checks against a real Prometheus that scrapes grandis with
 deploy/prometheus/prometheus.yml and alerts.yml: every target up, every rule evaluates without
-error, per-job series of both scrape jobs carry the `grandis_job` label and no `exported_job`
-(the coordinator exports `grandis_job`, prometheus.yml relabels the daemons' `job`), and every
-dashboard query (template variables filled with "all") returns data. Exit 1 with one line per
-problem.
+error, per-job series of both scrape jobs carry the `grandis_job` label (exported so, with no
+relabelling in prometheus.yml), no grandis series has an `exported_job` or `exported_instance`
+label, and every dashboard query (template variables filled with "all") returns data. Exit 1
+with one line per problem.
 """
 
 import argparse
@@ -47,24 +49,17 @@ SUFFIXES = {
 }
 
 # Labels that Prometheus adds to every series (scrape target labels). An exported label of the
-# same name is stored as `exported_<name>` instead (honor_labels is off).
+# same name is stored as `exported_<name>` instead (honor_labels is off), and prometheus.yml
+# renames none back, so grandis must not export them.
 TARGET_LABELS = {"job", "instance"}
-# Scrape jobs whose exported `job` label (stored as exported_job) the metric_relabel_configs of
-# deploy/prometheus/prometheus.yml rename to `grandis_job`.
-JOB_RELABELLED = {"grandis-daemon"}
 # grandis_* identifiers in PromQL that are label names, not metrics.
 LABEL_NAMES = {"grandis_job"}
 
 
-def stored_labels(job, names):
-    """The label names Prometheus stores for a sample with exported label `names`, scraped by
-    scrape job `job` with deploy/prometheus/prometheus.yml (target labels not included)."""
-    out = set()
-    for n in names:
-        if n in TARGET_LABELS:
-            n = "grandis_job" if n == "job" and job in JOB_RELABELLED else f"exported_{n}"
-        out.add(n)
-    return out
+def stored_labels(names):
+    """The label names Prometheus stores for a sample with exported label `names`, scraped with
+    deploy/prometheus/prometheus.yml (target labels not included)."""
+    return {f"exported_{n}" if n in TARGET_LABELS else n for n in names}
 
 
 def exported(texts):
@@ -87,7 +82,7 @@ def exported(texts):
                     names.add(m.group(1))
                     names.add((job, m.group(1)))
                     seen = labels.setdefault((job, m.group(1)), set())
-                    seen.update(stored_labels(job, LABEL.findall(m.group(3) or "")))
+                    seen.update(stored_labels(LABEL.findall(m.group(3) or "")))
     return names, labels
 
 
@@ -161,6 +156,12 @@ def check(texts, rules_text, dash, problems):
     names, labels = exported(texts)
     if not any(isinstance(n, str) and n.startswith("grandis_") for n in names):
         problems.append("exported: no grandis_* metric at all in the scraped pages")
+    for (job, name), stored in sorted(labels.items()):
+        for label in sorted(TARGET_LABELS):
+            if f"exported_{label}" in stored:
+                problems.append(f"exported by {job}: {name} has the label {label!r}, which "
+                                f"Prometheus stores as exported_{label} (it sets {label!r} "
+                                f"itself, for the scrape target)")
     refs = [("alert rule", e) for e in rule_exprs(rules_text)]
     if not refs:
         problems.append("alerts: no `expr:` found")
@@ -236,15 +237,19 @@ def check_prometheus(base, dash, problems, wait_s=60):
             if rule.get("health") != "ok":
                 problems.append(f"prometheus: rule {rule.get('name')}: health "
                                 f"{rule.get('health')}: {rule.get('lastError')}")
-    for job, how in (("grandis-coordinator", "the coordinator's exposition"),
-                     ("grandis-daemon", "prometheus.yml metric_relabel_configs")):
+    for job in ("grandis-coordinator", "grandis-daemon"):
         series = prom_get(base, "/api/v1/query", query=f'grandis_job_loss{{job="{job}"}}')
         if not series:
             problems.append(f"prometheus: no grandis_job_loss series from {job}")
         for s in series:
-            if "grandis_job" not in s["metric"] or "exported_job" in s["metric"]:
-                problems.append(f"prometheus: {s['metric']} has no grandis_job label, or an "
-                                f"exported_job one ({how})")
+            if "grandis_job" not in s["metric"]:
+                problems.append(f"prometheus: {s['metric']} has no grandis_job label")
+    for label in sorted(TARGET_LABELS):
+        clashes = prom_get(base, "/api/v1/query",
+                           query=f'{{__name__=~"grandis_.+", exported_{label}=~".+"}}')
+        for s in clashes:
+            problems.append(f"prometheus: {s['metric']} has an exported_{label} label (the "
+                            f"exporter sent {label!r}, which Prometheus sets itself)")
     queries = 0
     for where, expr in dashboard_exprs(dash, problems):
         expr = fill_vars(expr)
@@ -292,22 +297,31 @@ def self_test():
                  "grandis_lat_sum is not exported by the grandis-daemon scrape job",
                  "panel id 1 is used twice", "overlap"):
         assert want in text, (want, text)
-    # The per-job label as Prometheus stores it: the coordinator exports grandis_job, the
-    # daemons' `job` is relabelled to it; a coordinator exporting `job` would be stored as
-    # exported_job, which the selector below does not find.
+    # The per-job label as Prometheus stores it: both exporters send grandis_job. One exporting
+    # `job` (or `instance`) instead is reported as such, and its `job` is stored as
+    # exported_job, which the selectors below do not find.
     per_job = {"panels": [dict(panel, targets=[
         {"expr": 'grandis_job_loss{job="grandis-coordinator", grandis_job=~"$grandis_job"}'},
         {"expr": 'grandis_job_loss{job="grandis-daemon", grandis_job=~"$grandis_job"}'}])]}
-    daemon = ("grandis-daemon", 'grandis_job_loss{job="1",server="x"} 1\n')
     loss_rules = "groups:\n  - rules:\n      - expr: grandis_job_loss > 1\n"
+    good_pages = [("grandis-coordinator", 'grandis_job_loss{grandis_job="1"} 1\n'),
+                  ("grandis-daemon", 'grandis_job_loss{grandis_job="1",server="x"} 1\n')]
     probs = []
-    check([("grandis-coordinator", 'grandis_job_loss{grandis_job="1"} 1\n'), daemon],
-          loss_rules, per_job, probs)
+    check(good_pages, loss_rules, per_job, probs)
     assert probs == [], probs
-    check([("grandis-coordinator", 'grandis_job_loss{job="1"} 1\n'), daemon], loss_rules,
+    for i, (role, _) in enumerate(good_pages):
+        pages = list(good_pages)
+        pages[i] = (role, 'grandis_job_loss{job="1",server="x"} 1\n')
+        probs = []
+        check(pages, loss_rules, per_job, probs)
+        assert len(probs) == 2, probs
+        assert f"exported by {role}: grandis_job_loss has the label 'job'" in probs[0], probs
+        assert "has no label 'grandis_job' (labels as stored: exported_job, server)" \
+            in probs[1] and role in probs[1], probs
+    probs = []
+    check(good_pages + [("grandis-daemon", 'grandis_up{instance="x"} 1\n')], loss_rules,
           per_job, probs)
-    assert len(probs) == 1 and "has no label 'grandis_job' (labels as stored: exported_job)" \
-        in probs[0] and "grandis-coordinator" in probs[0], probs
+    assert len(probs) == 1 and "grandis_up has the label 'instance'" in probs[0], probs
     probs = []
     check([("grandis-daemon", "")], rules, good, probs)
     assert any("no grandis_* metric" in p for p in probs), probs

@@ -312,7 +312,7 @@ fn coordinator_restart_keeps_queued_and_finished_jobs() {
     })
     .unwrap();
     for needle in [
-        format!("grandis_job_epoch{{job=\"{done}\",server=\"solo\"}} 2.0"),
+        format!("grandis_job_epoch{{grandis_job=\"{done}\",server=\"solo\"}} 2.0"),
         "grandis_job_loss{".to_string(),
         "grandis_job_link_bytes{".to_string(),
         "grandis_job_all_reduce_seconds{".to_string(),

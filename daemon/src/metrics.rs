@@ -3,6 +3,11 @@
 //! seconds per link class, layer and phase, all-reduce seconds, peak memory, preloaded hops
 //! and the bytes the QUIC data plane really moved (set when the server's part of the job
 //! ends); and per daemon, jobs by outcome.
+//!
+//! Per-job series carry the job id as `grandis_job`, not `job`, as the coordinator's do:
+//! Prometheus attaches its own `job` label (the scrape job) to every series it stores and would
+//! rename an exported `job` to `exported_job`, so the exposition uses the name the alert rules
+//! and dashboard select on, with no relabelling in the scrape config.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -12,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use grandis_fabric::Counters;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -23,23 +28,38 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 type FGauge = Gauge<f64, AtomicU64>;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// The label naming the job of a per-job series (see the module docs for why not `job`).
+const JOB_LABEL: &str = "grandis_job";
+
+/// The labels every per-job series starts with: the job and this daemon's server.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct JobLabels {
     pub job: String,
     pub server: String,
 }
 
+// Written by hand rather than derived, because the derive would name the label after the field.
+impl EncodeLabelSet for JobLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [
+            (JOB_LABEL, self.job.as_str()),
+            ("server", self.server.as_str()),
+        ]
+        .encode(encoder)
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SplitLabels {
-    job: String,
-    server: String,
+    #[prometheus(flatten)]
+    job: JobLabels,
     split: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LinkLabels {
-    job: String,
-    server: String,
+    #[prometheus(flatten)]
+    job: JobLabels,
     class: String,
     layer: String,
     phase: String,
@@ -47,8 +67,8 @@ struct LinkLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
-    job: String,
-    server: String,
+    #[prometheus(flatten)]
+    job: JobLabels,
     kind: String,
 }
 
@@ -188,8 +208,7 @@ impl Metrics {
         for e in f.counters.epochs.iter() {
             for r in &e.links {
                 let key = LinkLabels {
-                    job: l.job.clone(),
-                    server: l.server.clone(),
+                    job: l.clone(),
                     class: serde_name(&r.class),
                     layer: r.layer.to_string(),
                     phase: serde_name(&r.phase),
@@ -258,16 +277,14 @@ pub struct Finished<'a> {
 
 fn split_labels(l: &JobLabels, split: &str) -> SplitLabels {
     SplitLabels {
-        job: l.job.clone(),
-        server: l.server.clone(),
+        job: l.clone(),
         split: split.into(),
     }
 }
 
 fn kind_labels(l: &JobLabels, kind: &str) -> KindLabels {
     KindLabels {
-        job: l.job.clone(),
-        server: l.server.clone(),
+        job: l.clone(),
         kind: kind.into(),
     }
 }
@@ -351,10 +368,15 @@ mod tests {
         m.outcome("succeeded");
         let text = m.render();
         assert!(
-            text.contains("grandis_job_loss{job=\"7\",server=\"node-a\"} 1.5"),
+            text.contains("grandis_job_loss{grandis_job=\"7\",server=\"node-a\"} 1.5"),
             "{text}"
         );
-        assert!(text.contains("split=\"val\""), "{text}");
+        assert!(
+            text.contains(
+                "grandis_job_accuracy{grandis_job=\"7\",server=\"node-a\",split=\"val\"} 0.25"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("grandis_daemon_jobs_total{outcome=\"succeeded\"} 1"),
             "{text}"
@@ -367,5 +389,66 @@ mod tests {
         s.read_to_string(&mut reply).unwrap();
         assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
         assert!(reply.contains("grandis_job_epoch{"), "{reply}");
+    }
+
+    /// Every per-job family, including those with extra labels after the job's, names the job
+    /// `grandis_job` first and never exports `job` (which Prometheus would rename).
+    #[test]
+    fn per_job_series_label_the_job_grandis_job() {
+        use grandis_fabric::{EpochCounters, LinkClass, LinkRecord, Phase};
+        let m = Metrics::new();
+        let l = Metrics::labels(7, "node-a");
+        m.epoch(&l, 1, 0.5, 2.0, [0.5, 0.25]);
+        let counters = Counters {
+            epochs: vec![EpochCounters {
+                epoch: 1,
+                links: vec![LinkRecord {
+                    class: LinkClass::InterServer,
+                    layer: 0,
+                    phase: Phase::Forward,
+                    bytes_sent: 64,
+                    bytes_received: 64,
+                    messages_sent: 1,
+                    messages_received: 1,
+                    wait_seconds: 0.125,
+                }],
+                ..EpochCounters::default()
+            }],
+        };
+        m.finished(
+            &l,
+            &Finished {
+                counters: &counters,
+                test_acc: 0.75,
+                all_reduce_seconds: 0.5,
+                peak_rss: 4096,
+                peak_device: 1024,
+                preload_hops: 1,
+                sampled_edges: 10,
+                wire_sent: 100,
+                wire_received: 90,
+            },
+        );
+        let text = m.render();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("grandis_job_"))
+            .collect();
+        // Eleven families: three accuracy splits, two memory and two wire kinds, one link key.
+        assert_eq!(series.len(), 15, "{text}");
+        for line in series {
+            assert!(
+                line.contains("{grandis_job=\"7\",server=\"node-a\""),
+                "{line}"
+            );
+            assert!(!line.contains("{job=") && !line.contains(",job="), "{line}");
+        }
+        assert!(
+            text.contains(
+                "grandis_job_link_bytes{grandis_job=\"7\",server=\"node-a\",\
+                 class=\"inter_server\",layer=\"0\",phase=\"forward\"} 64.0"
+            ),
+            "{text}"
+        );
     }
 }
