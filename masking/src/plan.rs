@@ -45,7 +45,8 @@ pub struct SendList {
 /// What is exact at one masked layer (FLX layers `0..k`), all as prefix lengths.
 ///
 /// At layer `l` of a k-hop plan an owned row is computed (exact) iff its level is
-/// `<= k - 1 - l`; the rest must be masked (zero-filled). The exchange feeding layer `l` moves
+/// `<= k - 1 - l`; the rest is masked (the runner does not even hold those rows: each layer
+/// runs in its compact row space, see [`crate::LayerRows`]). The exchange feeding layer `l` moves
 /// only the halo rows some valid output row reads: need level `<= k - 1 - l`. Such rows are
 /// always exact inputs (level <= need + 1 <= k - l, i.e. valid at layer `l - 1` on their owner,
 /// or raw features at layer 0).
