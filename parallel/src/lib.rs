@@ -39,6 +39,7 @@ pub mod input;
 pub mod metered;
 mod options;
 mod report;
+mod runtime;
 pub mod server;
 mod setup;
 mod steps;
