@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use grandis_masking::{Layout, ModelDims, PlanContext, SplitMembership};
+use grandis_masking::{InputCopy, Layout, ModelDims, PlanContext, SplitMembership};
 use grandis_store::{CsrGraph, EdgeOptions};
 use rand::{Rng, SeedableRng};
 
@@ -65,7 +65,7 @@ fn main() {
         features: 128,
         hidden: 256,
         classes: 16,
-        input_copy: false,
+        input_copy: InputCopy::None,
     };
     println!(
         "k=0 estimate: {} MiB max/device",

@@ -16,10 +16,11 @@
 //!   is `features`), `aggregated` (dst x in_width, needed for the weight gradient; only
 //!   layers with out_width > in_width aggregate first and keep it) and
 //!   `pre_activation` (dst x out_width, needed for the activation derivative; it is the logits
-//!   at the last layer); plus `input_copy` (src x in_width) for models that transform the
-//!   input before the convolution ([`ModelDims::input_copy`]).
+//!   at the last layer); plus `input_copy` (src x in_width) for models that keep a
+//!   transformed input for backward ([`InputCopy::Kept`]).
 //! - `backward_scratch` = 2 x max over layers of src x max(in_width, out_width) x 4: the
-//!   gradient flowing in and the gradient flowing out of the layer being differentiated.
+//!   gradient flowing in and the gradient flowing out of the layer being differentiated (3 x
+//!   with [`InputCopy::Recomputed`]: the recomputed dropout output).
 //! - `halo_buffers` = 2 x max over the plans in use of (rows sent per exchange) x max width x 4:
 //!   a send staging buffer (forward) and a gradient receive staging buffer (backward);
 //!   received forward rows land directly in the input buffer.
@@ -65,11 +66,25 @@ pub struct ModelDims {
     pub features: usize,
     pub hidden: usize,
     pub classes: usize,
-    /// Every layer also keeps a transformed copy of its WHOLE input (src rows) for backward:
-    /// true when something runs on the input before the convolution (ResSAGE+'s pre-norm and
-    /// ReLU, or dropout). The halo rows make this copy large exactly where halos are large.
+    /// What happens to the transformed copy of a layer's WHOLE input (src rows) that the
+    /// convolution reads when something runs before it. The halo rows make this copy large
+    /// exactly where halos are large.
     #[serde(default)]
-    pub input_copy: bool,
+    pub input_copy: InputCopy,
+}
+
+/// See [`ModelDims::input_copy`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputCopy {
+    /// The convolution reads its input as is.
+    #[default]
+    None,
+    /// Kept for backward at every layer (ResSAGE+'s pre-norm, ReLU and dropout).
+    Kept,
+    /// Recomputed in backward (plain dropout: its mask is a pure function of its key), so it
+    /// only adds one transient buffer to the backward scratch.
+    Recomputed,
 }
 
 impl ModelDims {
@@ -255,7 +270,7 @@ fn terms<'p>(
                 rows_local: src,
                 rows_owned: dst,
                 input: if l == 0 { 0 } else { src * iw * F32_BYTES },
-                input_copy: if dims.input_copy {
+                input_copy: if dims.input_copy == InputCopy::Kept {
                     src * iw * F32_BYTES
                 } else {
                     0
@@ -268,12 +283,21 @@ fn terms<'p>(
         })
         .collect();
     let activations = layers.iter().map(LayerMemory::total).sum();
-    let backward_scratch = 2 * rows
-        .iter()
-        .enumerate()
-        .map(|(l, r)| r.n_src as u64 * dims.in_width(l).max(dims.out_width(l)) as u64 * F32_BYTES)
-        .max()
-        .unwrap_or(0);
+    // The gradient flowing in and the one flowing out, plus a recomputed input copy.
+    let scratch_buffers = if dims.input_copy == InputCopy::Recomputed {
+        3
+    } else {
+        2
+    };
+    let backward_scratch = scratch_buffers
+        * rows
+            .iter()
+            .enumerate()
+            .map(|(l, r)| {
+                r.n_src as u64 * dims.in_width(l).max(dims.out_width(l)) as u64 * F32_BYTES
+            })
+            .max()
+            .unwrap_or(0);
     let mut uploaded: Vec<(*const DevicePlan, &LayerRows)> = Vec::new();
     let mut graph = 0;
     for (l, r) in rows.iter().enumerate() {

@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use grandis_masking::{
-    estimate_masked, DevicePlan, Edges, ExtractionSpec, FlxPlan, Layout, ModelDims, PlanContext,
-    SampledEdges, SplitMembership,
+    estimate_masked, DevicePlan, Edges, ExtractionSpec, FlxPlan, InputCopy, Layout, ModelDims,
+    PlanContext, SampledEdges, SplitMembership,
 };
 use grandis_store::{CsrGraph, EdgeOptions};
 use proptest::prelude::*;
@@ -286,7 +286,7 @@ proptest! {
                 }
             }
         }
-        let dims = ModelDims { layers: c.k, features: 3, hidden: 4, classes: 2, input_copy: false };
+        let dims = ModelDims { layers: c.k, features: 3, hidden: 4, classes: 2, input_copy: InputCopy::None };
         let e = estimate_masked(&dims, &plan);
         prop_assert_eq!(e.devices.len(), c.layout.num_ranks());
     }

@@ -2,7 +2,9 @@
 //! (inner vertices 0-3 and 4-7), two devices each, k = 2. Every expected value below was
 //! worked out by hand from the placement rule documented on `PlanContext::flx_plan`.
 
-use grandis_masking::{Layout, ModelDims, PlanContext, SplitMembership, SPLIT_TRAIN, SPLIT_VAL};
+use grandis_masking::{
+    InputCopy, Layout, ModelDims, PlanContext, SplitMembership, SPLIT_TRAIN, SPLIT_VAL,
+};
 use grandis_store::{CsrGraph, EdgeOptions};
 
 /// Undirected edges 0-1, 1-2, 1-3, 2-4, 3-5, 4-5, 5-6, 6-7, 4-7 (stored in both directions).
@@ -114,7 +116,7 @@ fn flx_plan_k2_by_hand() {
         features: 3,
         hidden: 4,
         classes: 2,
-        input_copy: false,
+        input_copy: InputCopy::None,
     };
     for l in 0..2 {
         assert_eq!(plan.forward_exchange_bytes(l, &dims).inter, 0);
@@ -163,7 +165,7 @@ fn bad_inputs_give_clear_errors() {
         features: 3,
         hidden: 4,
         classes: 2,
-        input_copy: false,
+        input_copy: InputCopy::None,
     };
     let layout = Layout::from_bounds(2, 2, &[0, 2, 4, 6, 8]).unwrap();
     let e = grandis_masking::choose_k(g.view(), &layout, &dims, 10).unwrap_err();

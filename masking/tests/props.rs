@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use grandis_masking::{
-    choose_k, DevicePlan, Layout, MaskingError, ModelDims, PlanContext, SplitMembership,
+    choose_k, DevicePlan, InputCopy, Layout, MaskingError, ModelDims, PlanContext, SplitMembership,
 };
 use grandis_store::{CsrGraph, EdgeOptions};
 use proptest::prelude::*;
@@ -290,7 +290,7 @@ proptest! {
         prop_assert_eq!(last, (0..g.num_vertices() as u32).collect::<Vec<_>>());
         if k == layers {
             for l in 0..layers {
-                prop_assert_eq!(plan.forward_exchange_bytes(l, &ModelDims { layers, features: 2, hidden: 3, classes: 2, input_copy: false }).inter, 0);
+                prop_assert_eq!(plan.forward_exchange_bytes(l, &ModelDims { layers, features: 2, hidden: 3, classes: 2, input_copy: InputCopy::None }).inter, 0);
             }
         }
         // Nesting: the plan for k is the restriction of the plan for k + 1.
@@ -311,7 +311,7 @@ proptest! {
         h in 1usize..=16,
         pick in 0usize..=3,
     ) {
-        let dims = ModelDims { layers, features: f, hidden: h, classes: 3, input_copy: false };
+        let dims = ModelDims { layers, features: f, hidden: h, classes: 3, input_copy: InputCopy::None };
         let cx = ctx(&c);
         let est: Vec<_> = (0..=layers).map(|k| cx.preload_plan(k, layers).unwrap().estimate(&dims)).collect();
         // Only the floor choose_k stops on is monotone in k (masked layers cost their valid

@@ -381,6 +381,29 @@ impl<B: Backend> Model<B> {
         }
     }
 
+    /// Dropout of the first `rows` rows of a conv stage's input, keyed as in training.
+    fn drop_input(
+        &self,
+        b: &B,
+        input: &B::Buf,
+        rows: usize,
+        d: usize,
+        ctx: &StageCtx<'_, B>,
+        key: DropoutKey,
+    ) -> Result<B::Buf> {
+        let mut z = b.alloc(rows * d)?;
+        b.dropout(
+            input,
+            &mut z,
+            rows,
+            d,
+            ctx.global_ids,
+            self.config.dropout,
+            key,
+        )?;
+        Ok(z)
+    }
+
     /// `norm? -> relu -> dropout?` on `rows` rows of `x` (row-local pre-ops of res+ blocks
     /// and the head). Returns the result and the LayerNorm statistics.
     #[allow(clippy::type_complexity, clippy::too_many_arguments)]
@@ -531,20 +554,15 @@ impl<B: Backend> Model<B> {
                     cache.z = Some(z);
                     cache.mean = mean;
                     cache.rstd = rstd;
-                } else if let Some(key) = self.dropout_key(s, ctx.train) {
-                    let mut z = b.alloc(n_src * d_in)?;
-                    b.dropout(
-                        input,
-                        &mut z,
-                        n_src,
-                        d_in,
-                        ctx.global_ids,
-                        self.config.dropout,
-                        key,
-                    )?;
-                    cache.z = Some(z);
                 }
-                let z = cache.z.as_ref().unwrap_or(input);
+                // Plain dropout is NOT kept for backward: its mask is a pure function of
+                // (seed, step, layer, vertex, column), so backward recomputes it from the
+                // input, which is kept anyway. That saves one n_src x d_in tensor per layer.
+                let dropped = match (&cache.z, self.dropout_key(s, ctx.train)) {
+                    (None, Some(key)) => Some(self.drop_input(b, input, n_src, d_in, ctx, key)?),
+                    _ => None,
+                };
+                let z = dropped.as_ref().or(cache.z.as_ref()).unwrap_or(input);
                 let mut y = b.alloc(n_dst * d_out)?;
                 if let Some(wn) = st.w_neigh {
                     let wn = &self.params[wn].value;
@@ -743,7 +761,14 @@ impl<B: Backend> Model<B> {
                     }
                 }
                 b.col_sum(&g, n_dst, d_out, 1.0, &mut self.params[st.bias].grad)?;
-                let z = cache.z.as_ref().unwrap_or(input);
+                // Recompute plain dropout's output (see forward_stage); bit-identical.
+                let dropped = match (&cache.z, pre, self.dropout_key(s, ctx.train)) {
+                    (None, false, Some(key)) => {
+                        Some(self.drop_input(b, input, n_src, d_in, ctx, key)?)
+                    }
+                    _ => None,
+                };
+                let z = dropped.as_ref().or(cache.z.as_ref()).unwrap_or(input);
                 let need_gz = input_grad || pre;
                 let mut gz: Option<B::Buf> = None;
                 if let Some(wn) = st.w_neigh {

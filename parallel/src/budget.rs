@@ -1,7 +1,7 @@
 //! Memory budgets: default budget, priced model shape, choice of k, predicted halo bytes.
 
 use anyhow::{bail, Context};
-use grandis_masking::{KChoice, ModelDims, PlanContext, PreloadPlan};
+use grandis_masking::{InputCopy, KChoice, ModelDims, PlanContext, PreloadPlan};
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_sampling::Sampler;
 
@@ -30,9 +30,15 @@ pub fn model_dims(config: &ModelConfig) -> ModelDims {
         features: if res { config.hidden } else { config.in_dim },
         hidden: config.hidden,
         classes: if res { config.hidden } else { config.classes },
-        // ResSAGE+ normalises and activates every conv input, and dropout masks it: either way
-        // the stage keeps the transformed input for backward.
-        input_copy: res || config.dropout > 0.0,
+        // ResSAGE+ normalises and activates every conv input and keeps the result for
+        // backward; plain dropout is recomputed in backward instead (grandis-models).
+        input_copy: if res {
+            InputCopy::Kept
+        } else if config.dropout > 0.0 {
+            InputCopy::Recomputed
+        } else {
+            InputCopy::None
+        },
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use grandis_masking::{Layout, ModelDims, PlanContext, SplitMembership};
+use grandis_masking::{InputCopy, Layout, ModelDims, PlanContext, SplitMembership};
 use grandis_partition::{assign, relabel, Method, PartitionConfig};
 use grandis_sampling::{
     auto_mode, cob_epoch_stats, mb_epoch_stats, sample_stats, CoBatcher, Eas, EpochStats, Fanout,
@@ -84,7 +84,7 @@ fn main() {
         features: 128,
         hidden: 256,
         classes: 8,
-        input_copy: false,
+        input_copy: InputCopy::None,
     };
     let sage = Fanout::new(vec![25, 10, 5], 1).expect("fanouts");
     let eas = Eas::paper_default(1);

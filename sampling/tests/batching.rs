@@ -1,7 +1,9 @@
 //! Cooperative batching against the per-GPU baseline on a power-law graph, resampling, and
 //! the `--mode auto` decision.
 
-use grandis_masking::{estimate_masked, Layout, ModelDims, PlanContext, SplitMembership};
+use grandis_masking::{
+    estimate_masked, InputCopy, Layout, ModelDims, PlanContext, SplitMembership,
+};
 use grandis_sampling::{
     auto_mode, cob_epoch_stats, cob_plan, mb_epoch_stats, mb_plans, round_for_epoch, sample_stats,
     CoBatcher, Eas, Exact, Fanout, MiniBatcher, Mode, Priority,
@@ -65,7 +67,7 @@ fn server_wise_mfg_computes_less_than_per_device_mfgs() {
         features: 4,
         hidden: 8,
         classes: 3,
-        input_copy: false,
+        input_copy: InputCopy::None,
     };
     let cob = CoBatcher::new(&cx, 64, 1).unwrap();
     let e = cob_epoch_stats(&cx, &cob, 2, &fan, Some(&dims), 0).unwrap();
@@ -113,7 +115,7 @@ fn auto_mode_picks_flx_when_it_fits_else_the_largest_cob_batch() {
         features: 4,
         hidden: 16,
         classes: 3,
-        input_copy: false,
+        input_copy: InputCopy::None,
     };
     let d = auto_mode(&cx, &dims, u64::MAX, &Exact, 0).unwrap();
     assert_eq!(d.mode, Mode::Flx { k: 2 });
