@@ -581,36 +581,17 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     let field = |r: &serde_json::Value, path: &[&str]| -> u64 {
         path.iter().fold(r, |v, k| &v[*k]).as_u64().unwrap_or(0)
     };
-    let inter: u64 = reports
-        .iter()
-        .map(|r| field(r, &["halo_bytes_per_epoch", "inter_server"]))
-        .sum();
-    let intra: u64 = reports
-        .iter()
-        .map(|r| field(r, &["halo_bytes_per_epoch", "intra_server"]))
-        .sum();
+    // One figure summed over the servers' reports.
+    let total = |path: &[&str]| -> u64 { reports.iter().map(|r| field(r, path)).sum() };
+    let inter = total(&["halo_bytes_per_epoch", "inter_server"]);
+    let intra = total(&["halo_bytes_per_epoch", "intra_server"]);
     // Features of replicated vertices, fetched from their home server: inter-server only
     // (same-server rows are read from host memory), so no intra figure.
-    let fetch: u64 = reports
-        .iter()
-        .map(|r| field(r, &["fetch_bytes_per_epoch", "inter_server"]))
-        .sum();
-    let fetch_setup: u64 = reports
-        .iter()
-        .map(|r| field(r, &["setup_fetch_bytes", "inter_server"]))
-        .sum();
-    let wire_payload: u64 = reports
-        .iter()
-        .map(|r| field(r, &["wire", "payload_bytes_sent"]))
-        .sum();
-    let wire_total: u64 = reports
-        .iter()
-        .map(|r| field(r, &["wire", "bytes_sent"]))
-        .sum();
-    let counted: u64 = reports
-        .iter()
-        .map(|r| field(r, &["inter_server_payload_sent"]))
-        .sum();
+    let fetch = total(&["fetch_bytes_per_epoch", "inter_server"]);
+    let fetch_setup = total(&["setup_fetch_bytes", "inter_server"]);
+    let wire_payload = total(&["wire", "payload_bytes_sent"]);
+    let wire_total = total(&["wire", "bytes_sent"]);
+    let counted = total(&["inter_server_payload_sent"]);
     let wall = started.elapsed().as_secs_f64();
     let line = format!(
         "final loss {:.4}  train {:.4}  val {:.4}  test {:.4}  median epoch {:.3}s  k = {}  \
