@@ -16,8 +16,8 @@
 //!   is `features`), `aggregated` (dst x in_width, needed for the weight gradient; only
 //!   layers with out_width > in_width aggregate first and keep it) and
 //!   `pre_activation` (dst x out_width, needed for the activation derivative; it is the logits
-//!   at the last layer); plus `input_copy` (src x in_width) for models that keep a
-//!   transformed input for backward ([`InputCopy::Kept`]).
+//!   at the last layer). What runs on the input before the convolution (pre-ops, dropout) is
+//!   recomputed in backward, not kept ([`InputCopy`]).
 //! - `backward_scratch` = 2 x max over layers of src x max(in_width, out_width) x 4: the
 //!   gradient flowing in and the gradient flowing out of the layer being differentiated (3 x
 //!   with [`InputCopy::Recomputed`]: the recomputed dropout output).
@@ -66,9 +66,8 @@ pub struct ModelDims {
     pub features: usize,
     pub hidden: usize,
     pub classes: usize,
-    /// What happens to the transformed copy of a layer's WHOLE input (src rows) that the
-    /// convolution reads when something runs before it. The halo rows make this copy large
-    /// exactly where halos are large.
+    /// Whether something runs on a layer's WHOLE input (src rows, halo included) before the
+    /// convolution, whose result backward recomputes.
     #[serde(default)]
     pub input_copy: InputCopy,
 }
@@ -80,10 +79,10 @@ pub enum InputCopy {
     /// The convolution reads its input as is.
     #[default]
     None,
-    /// Kept for backward at every layer (ResSAGE+'s pre-norm, ReLU and dropout).
-    Kept,
-    /// Recomputed in backward (plain dropout: its mask is a pure function of its key), so it
-    /// only adds one transient buffer to the backward scratch.
+    /// Pre-ops (ResSAGE+'s norm and ReLU) or dropout run first. Their result is not kept but
+    /// recomputed in backward (every step is deterministic, dropout masks a pure function of
+    /// their key), so it adds one transient buffer to the backward scratch, not a tensor per
+    /// layer.
     Recomputed,
 }
 
@@ -140,15 +139,13 @@ pub struct LayerMemory {
     pub rows_local: u64,
     pub rows_owned: u64,
     pub input: u64,
-    /// The transformed input copy of [`ModelDims::input_copy`] (0 without one).
-    pub input_copy: u64,
     pub aggregated: u64,
     pub pre_activation: u64,
 }
 
 impl LayerMemory {
     pub fn total(&self) -> u64 {
-        self.input + self.input_copy + self.aggregated + self.pre_activation
+        self.input + self.aggregated + self.pre_activation
     }
 }
 
@@ -270,11 +267,6 @@ fn terms<'p>(
                 rows_local: src,
                 rows_owned: dst,
                 input: if l == 0 { 0 } else { src * iw * F32_BYTES },
-                input_copy: if dims.input_copy == InputCopy::Kept {
-                    src * iw * F32_BYTES
-                } else {
-                    0
-                },
                 // Kept only by aggregate-then-transform layers (widening ones); a layer that
                 // does not widen transforms first and aggregates a temporary.
                 aggregated: if ow > iw { dst * iw * F32_BYTES } else { 0 },

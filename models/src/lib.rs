@@ -168,12 +168,21 @@ pub struct StageCtx<'a, B: Backend> {
 
 /// What a stage's backward needs from its forward.
 pub struct StageCache<B: Backend> {
-    /// Convolution (or linear) input after pre-ops and dropout; `None` = the stage input.
+    /// The head's input after its pre-ops (conv stages do not keep theirs: backward
+    /// recomputes it, see `Model::transform_input`).
     z: Option<B::Buf>,
     /// Aggregated `z` (aggregate-then-transform convolutions).
     agg: Option<B::Buf>,
     /// Pre-LayerNorm values of `post` norms (the conv output before norm).
     pre_norm: Option<B::Buf>,
+    mean: Option<B::Buf>,
+    rstd: Option<B::Buf>,
+}
+
+/// A conv stage's input after what runs before the convolution, with the pre-ops' LayerNorm
+/// statistics (see `Model::transform_input`).
+struct Transformed<B: Backend> {
+    z: B::Buf,
     mean: Option<B::Buf>,
     rstd: Option<B::Buf>,
 }
@@ -381,27 +390,39 @@ impl<B: Backend> Model<B> {
         }
     }
 
-    /// Dropout of the first `rows` rows of a conv stage's input, keyed as in training.
-    fn drop_input(
+    /// What a conv stage runs on its first `rows` input rows before the convolution: its
+    /// pre-ops (with their LayerNorm statistics) or plain dropout; None when neither applies.
+    fn transform_input(
         &self,
         b: &B,
+        st: &Stage,
+        s: usize,
         input: &B::Buf,
         rows: usize,
-        d: usize,
         ctx: &StageCtx<'_, B>,
-        key: DropoutKey,
-    ) -> Result<B::Buf> {
-        let mut z = b.alloc(rows * d)?;
+    ) -> Result<Option<Transformed<B>>> {
+        if matches!(st.kind, StageKind::Conv { pre: true, .. }) {
+            let (z, mean, rstd) = self.pre_ops(b, st, s, input, rows, ctx.global_ids, ctx.train)?;
+            return Ok(Some(Transformed { z, mean, rstd }));
+        }
+        let Some(key) = self.dropout_key(s, ctx.train) else {
+            return Ok(None);
+        };
+        let mut z = b.alloc(rows * st.d_in)?;
         b.dropout(
             input,
             &mut z,
             rows,
-            d,
+            st.d_in,
             ctx.global_ids,
             self.config.dropout,
             key,
         )?;
-        Ok(z)
+        Ok(Some(Transformed {
+            z,
+            mean: None,
+            rstd: None,
+        }))
     }
 
     /// `norm? -> relu -> dropout?` on `rows` rows of `x` (row-local pre-ops of res+ blocks
@@ -537,7 +558,7 @@ impl<B: Backend> Model<B> {
                 Ok((y, cache))
             }
             StageKind::Conv {
-                pre,
+                pre: _,
                 post,
                 residual,
             } => {
@@ -547,22 +568,13 @@ impl<B: Backend> Model<B> {
                     // A linear layer needs no halo rows.
                     (ctx.n_dst, ctx.n_dst)
                 };
-                // Pre-ops and dropout over all input rows.
-                if pre {
-                    let (z, mean, rstd) =
-                        self.pre_ops(b, st, s, input, n_src, ctx.global_ids, ctx.train)?;
-                    cache.z = Some(z);
-                    cache.mean = mean;
-                    cache.rstd = rstd;
-                }
-                // Plain dropout is NOT kept for backward: its mask is a pure function of
-                // (seed, step, layer, vertex, column), so backward recomputes it from the
-                // input, which is kept anyway. That saves one n_src x d_in tensor per layer.
-                let dropped = match (&cache.z, self.dropout_key(s, ctx.train)) {
-                    (None, Some(key)) => Some(self.drop_input(b, input, n_src, d_in, ctx, key)?),
-                    _ => None,
-                };
-                let z = dropped.as_ref().or(cache.z.as_ref()).unwrap_or(input);
+                // Pre-ops (norm, ReLU, dropout) or plain dropout over all input rows. Neither
+                // result is kept for backward, which recomputes it from the input (kept anyway
+                // as the previous layer's output): every step is deterministic and dropout
+                // masks are a pure function of (seed, step, layer, vertex, column), so the
+                // recomputation is bit-identical and one n_src x d_in tensor per layer is saved.
+                let transformed = self.transform_input(b, st, s, input, n_src, ctx)?;
+                let z = transformed.as_ref().map_or(input, |t| &t.z);
                 let mut y = b.alloc(n_dst * d_out)?;
                 if let Some(wn) = st.w_neigh {
                     let wn = &self.params[wn].value;
@@ -761,14 +773,9 @@ impl<B: Backend> Model<B> {
                     }
                 }
                 b.col_sum(&g, n_dst, d_out, 1.0, &mut self.params[st.bias].grad)?;
-                // Recompute plain dropout's output (see forward_stage); bit-identical.
-                let dropped = match (&cache.z, pre, self.dropout_key(s, ctx.train)) {
-                    (None, false, Some(key)) => {
-                        Some(self.drop_input(b, input, n_src, d_in, ctx, key)?)
-                    }
-                    _ => None,
-                };
-                let z = dropped.as_ref().or(cache.z.as_ref()).unwrap_or(input);
+                // Recompute what forward_stage did to the input (see there).
+                let transformed = self.transform_input(b, &st, s, input, n_src, ctx)?;
+                let z = transformed.as_ref().map_or(input, |t| &t.z);
                 let need_gz = input_grad || pre;
                 let mut gz: Option<B::Buf> = None;
                 if let Some(wn) = st.w_neigh {
@@ -810,14 +817,17 @@ impl<B: Backend> Model<B> {
                 }
                 let mut gz = gz.expect("a conv stage has at least one weight");
                 if pre {
+                    let (mean, rstd) = transformed
+                        .as_ref()
+                        .map_or((None, None), |t| (t.mean.as_ref(), t.rstd.as_ref()));
                     gz = self.pre_ops_backward(
                         b,
                         &st,
                         s,
                         input,
                         z,
-                        cache.mean.as_ref(),
-                        cache.rstd.as_ref(),
+                        mean,
+                        rstd,
                         n_src,
                         ctx.global_ids,
                         ctx.train,

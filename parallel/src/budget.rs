@@ -30,11 +30,9 @@ pub fn model_dims(config: &ModelConfig) -> ModelDims {
         features: if res { config.hidden } else { config.in_dim },
         hidden: config.hidden,
         classes: if res { config.hidden } else { config.classes },
-        // ResSAGE+ normalises and activates every conv input and keeps the result for
-        // backward; plain dropout is recomputed in backward instead (grandis-models).
-        input_copy: if res {
-            InputCopy::Kept
-        } else if config.dropout > 0.0 {
+        // ResSAGE+ normalises and activates every conv input, other models may drop it out;
+        // either way backward recomputes the result (grandis-models).
+        input_copy: if res || config.dropout > 0.0 {
             InputCopy::Recomputed
         } else {
             InputCopy::None
