@@ -16,9 +16,12 @@
 //! [`Model::adam_step`]. The single-process trainer calls [`Model::forward`] /
 //! [`Model::backward`], which run all stages on one block.
 //!
-//! Memory: a stage keeps only what its backward needs (the post-dropout convolution input,
-//! the aggregated input when it aggregates before transforming, LayerNorm statistics); ReLU
-//! masks are recovered from the stored tensors, dropout masks are recomputed.
+//! Memory: a conv stage keeps only what its backward cannot recompute (the aggregated input
+//! when it aggregates before transforming, post-norm values and statistics). What runs on its
+//! input before the convolution (pre-norm, ReLU, dropout) is recomputed in backward from the
+//! input, which the runner keeps anyway: every step is deterministic and dropout masks are a
+//! pure function of their key, so this is bit-identical and saves one input-sized tensor per
+//! layer, the largest one when halos are large.
 
 use grandis_engine::{AdamStep, Backend, DropoutKey, Result};
 use rand::{Rng, SeedableRng};
