@@ -29,6 +29,8 @@ pub mod memory;
 mod plan;
 mod rows;
 mod stats;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use context::{PlanContext, SplitMembership, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
 pub use error::{MaskingError, Result};

@@ -3,58 +3,21 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use grandis_masking::{
-    choose_k, DevicePlan, InputCopy, Layout, MaskingError, ModelDims, PlanContext, SplitMembership,
-};
-use grandis_store::{CsrGraph, EdgeOptions};
+use grandis_masking::testing::{self, Case, CaseBounds};
+use grandis_masking::{choose_k, DevicePlan, InputCopy, MaskingError, ModelDims, PlanContext};
 use proptest::prelude::*;
 
-#[derive(Debug, Clone)]
-struct Case {
-    graph: CsrGraph,
-    layout: Layout,
-    train: Vec<u32>,
-}
-
 fn case() -> impl Strategy<Value = Case> {
-    (1usize..=3, 1usize..=4, 1u32..=48, any::<bool>()).prop_flat_map(
-        |(servers, devices, n, symmetric)| {
-            let ranks = servers * devices;
-            (
-                prop::collection::vec((0..n, 0..n), 0..=(n as usize * 3)),
-                prop::collection::vec(0..=n, ranks - 1),
-                prop::collection::vec(any::<bool>(), n as usize),
-            )
-                .prop_map(move |(edges, mut cuts, is_train)| {
-                    let graph = CsrGraph::from_edges(
-                        n as u64,
-                        edges,
-                        EdgeOptions {
-                            symmetrize: symmetric,
-                            ..Default::default()
-                        },
-                    )
-                    .unwrap();
-                    cuts.sort_unstable();
-                    let mut bounds = vec![0];
-                    bounds.extend(cuts);
-                    bounds.push(n);
-                    let layout = Layout::from_bounds(servers, devices, &bounds).unwrap();
-                    let train = (0..n).filter(|&v| is_train[v as usize]).collect();
-                    Case {
-                        graph,
-                        layout,
-                        train,
-                    }
-                })
-        },
-    )
+    testing::case(CaseBounds {
+        max_servers: 3,
+        max_devices: 4,
+        max_vertices: 48,
+        edges_per_vertex: 3,
+    })
 }
 
 fn ctx(c: &Case) -> PlanContext<'_> {
-    let n = c.graph.view().num_vertices();
-    let splits = SplitMembership::from_lists(n, &c.train, &[], &[]).unwrap();
-    PlanContext::new(c.graph.view(), c.layout.clone(), splits).unwrap()
+    c.ctx()
 }
 
 /// Reference k-hop in-neighbourhood of a server: vertex -> distance.

@@ -5,60 +5,25 @@
 
 use std::collections::BTreeSet;
 
-use grandis_masking::{Edges, FlxPlan, Layout, PlanContext, SplitMembership};
+use grandis_masking::testing::{self, Case, CaseBounds};
+use grandis_masking::{Edges, FlxPlan, PlanContext};
 use grandis_sampling::{
     cob_plan, external_distance, sample_stats, CoBatcher, Eas, Exact, Fanout, Priority, Saint,
     SaintKind, Sampler,
 };
-use grandis_store::{CsrGraph, EdgeOptions};
 use proptest::prelude::*;
 
-#[derive(Debug, Clone)]
-struct Case {
-    graph: CsrGraph,
-    layout: Layout,
-    train: Vec<u32>,
-}
-
 fn case() -> impl Strategy<Value = Case> {
-    (1usize..=3, 1usize..=3, 1u32..=40, any::<bool>()).prop_flat_map(
-        |(servers, devices, n, symmetric)| {
-            let ranks = servers * devices;
-            (
-                prop::collection::vec((0..n, 0..n), 0..=(n as usize * 4)),
-                prop::collection::vec(0..=n, ranks - 1),
-                prop::collection::vec(any::<bool>(), n as usize),
-            )
-                .prop_map(move |(edges, mut cuts, is_train)| {
-                    let graph = CsrGraph::from_edges(
-                        n as u64,
-                        edges,
-                        EdgeOptions {
-                            symmetrize: symmetric,
-                            ..Default::default()
-                        },
-                    )
-                    .unwrap();
-                    cuts.sort_unstable();
-                    let mut bounds = vec![0];
-                    bounds.extend(cuts);
-                    bounds.push(n);
-                    let layout = Layout::from_bounds(servers, devices, &bounds).unwrap();
-                    let train = (0..n).filter(|&v| is_train[v as usize]).collect();
-                    Case {
-                        graph,
-                        layout,
-                        train,
-                    }
-                })
-        },
-    )
+    testing::case(CaseBounds {
+        max_servers: 3,
+        max_devices: 3,
+        max_vertices: 40,
+        edges_per_vertex: 4,
+    })
 }
 
 fn ctx(c: &Case) -> PlanContext<'_> {
-    let n = c.graph.view().num_vertices();
-    let splits = SplitMembership::from_lists(n, &c.train, &[], &[]).unwrap();
-    PlanContext::new(c.graph.view(), c.layout.clone(), splits).unwrap()
+    c.ctx()
 }
 
 /// Exact valid sets V_l (l = 0..k) of targets over the full graph.

@@ -1,0 +1,82 @@
+//! Random planning inputs for property tests (feature `testing`): a graph, a two-level layout
+//! over it and a train split, within bounds the caller picks. Used by this crate's tests and
+//! by those of the crates that build on its plans (sampling), so they explore the same space.
+
+use grandis_store::{CsrGraph, EdgeOptions};
+use proptest::prelude::*;
+
+use crate::context::{PlanContext, SplitMembership};
+use crate::layout::Layout;
+
+/// One random planning input.
+#[derive(Debug, Clone)]
+pub struct Case {
+    pub graph: CsrGraph,
+    pub layout: Layout,
+    /// Train vertices, ascending.
+    pub train: Vec<u32>,
+}
+
+/// How large a [`case`] may be.
+#[derive(Debug, Clone, Copy)]
+pub struct CaseBounds {
+    pub max_servers: usize,
+    pub max_devices: usize,
+    pub max_vertices: u32,
+    /// Up to this many random directed edges per vertex (before optional symmetrisation).
+    pub edges_per_vertex: usize,
+}
+
+/// A graph of 1..=`max_vertices` vertices with random (possibly self-loop, possibly
+/// duplicate) edges, symmetrised or not; a layout of 1..=`max_servers` × 1..=`max_devices`
+/// ranks with random, possibly empty ranges; a random train split.
+pub fn case(bounds: CaseBounds) -> impl Strategy<Value = Case> {
+    (
+        1usize..=bounds.max_servers,
+        1usize..=bounds.max_devices,
+        1u32..=bounds.max_vertices,
+        any::<bool>(),
+    )
+        .prop_flat_map(move |(servers, devices, n, symmetric)| {
+            let ranks = servers * devices;
+            (
+                prop::collection::vec((0..n, 0..n), 0..=(n as usize * bounds.edges_per_vertex)),
+                prop::collection::vec(0..=n, ranks - 1),
+                prop::collection::vec(any::<bool>(), n as usize),
+            )
+                .prop_map(move |(edges, mut cuts, is_train)| {
+                    let graph = CsrGraph::from_edges(
+                        n as u64,
+                        edges,
+                        EdgeOptions {
+                            symmetrize: symmetric,
+                            ..Default::default()
+                        },
+                    )
+                    .expect("edges within the vertex range");
+                    cuts.sort_unstable();
+                    let mut bounds = vec![0];
+                    bounds.extend(cuts);
+                    bounds.push(n);
+                    let layout = Layout::from_bounds(servers, devices, &bounds)
+                        .expect("sorted bounds ending at n");
+                    let train = (0..n).filter(|&v| is_train[v as usize]).collect();
+                    Case {
+                        graph,
+                        layout,
+                        train,
+                    }
+                })
+        })
+}
+
+impl Case {
+    /// The planning context of this case (train split only).
+    pub fn ctx(&self) -> PlanContext<'_> {
+        let n = self.graph.view().num_vertices();
+        let splits =
+            SplitMembership::from_lists(n, &self.train, &[], &[]).expect("train ids are vertices");
+        PlanContext::new(self.graph.view(), self.layout.clone(), splits)
+            .expect("a valid layout of the graph")
+    }
+}
