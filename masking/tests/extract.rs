@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use grandis_masking::testing::{self, CaseBounds};
 use grandis_masking::{
     estimate_masked, DevicePlan, Edges, ExtractionSpec, FlxPlan, InputCopy, Layout, ModelDims,
     PlanContext, SampledEdges, SplitMembership,
@@ -24,43 +25,37 @@ struct Case {
     k: usize,
 }
 
+/// The shared random graph and layout; its train split serves as the targets, plus random
+/// per-edge, per-layer kept bits and a hop count.
 fn case() -> impl Strategy<Value = Case> {
-    (1usize..=3, 1usize..=3, 1u32..=40, any::<bool>(), 1usize..=3).prop_flat_map(
-        |(servers, devices, n, symmetric, k)| {
-            let ranks = servers * devices;
-            (
-                prop::collection::vec((0..n, 0..n), 0..=(n as usize * 3)),
-                prop::collection::vec(0..=n, ranks - 1),
-                prop::collection::vec(any::<bool>(), n as usize),
-                prop::collection::vec(any::<u8>(), n as usize * 6),
-            )
-                .prop_map(move |(edges, mut cuts, target, bits)| {
-                    let graph = CsrGraph::from_edges(
-                        n as u64,
-                        edges,
-                        EdgeOptions {
-                            symmetrize: symmetric,
-                            ..Default::default()
-                        },
-                    )
-                    .unwrap();
-                    cuts.sort_unstable();
-                    let mut bounds = vec![0];
-                    bounds.extend(cuts);
-                    bounds.push(n);
-                    let layout = Layout::from_bounds(servers, devices, &bounds).unwrap();
-                    let m = graph.indices.len();
-                    let bits = (0..m).map(|e| bits[e % bits.len().max(1)]).collect();
-                    Case {
-                        graph,
-                        layout,
-                        target,
-                        bits,
-                        k,
-                    }
-                })
-        },
+    let bounds = CaseBounds {
+        max_servers: 3,
+        max_devices: 3,
+        max_vertices: 40,
+        edges_per_vertex: 3,
+    };
+    (
+        testing::case(bounds),
+        1usize..=3,
+        prop::collection::vec(any::<u8>(), 1..=240),
     )
+        .prop_map(|(base, k, bits)| {
+            let n = base.graph.view().num_vertices();
+            let mut target = vec![false; n];
+            for &t in &base.train {
+                target[t as usize] = true;
+            }
+            let bits = (0..base.graph.indices.len())
+                .map(|e| bits[e % bits.len()])
+                .collect();
+            Case {
+                graph: base.graph,
+                layout: base.layout,
+                target,
+                bits,
+                k,
+            }
+        })
 }
 
 #[derive(Debug, Clone, Copy)]
