@@ -185,11 +185,7 @@ pub struct KChoice {
 
 /// CSR bytes of one uploaded compact layer graph (see [`crate::LayerRows`]).
 fn compact_graph_bytes(p: &DevicePlan, rows: &LayerRows) -> u64 {
-    let g = match rows.graph_layer {
-        Some(l) => p.layer_graph(l),
-        None => p.graph.view(),
-    };
-    let edges = g.offsets[rows.n_dst];
+    let edges = p.rows_graph(rows).offsets[rows.n_dst];
     (rows.n_dst as u64 + 1) * OFFSET_BYTES + edges * (INDEX_BYTES + VALUE_BYTES)
 }
 

@@ -18,7 +18,7 @@
 //! ([`DevicePlan::compact_graph`]); layers whose spaces are equal (every FB layer, the
 //! saturated layers of a deep model) share one.
 
-use grandis_store::CsrGraph;
+use grandis_store::{CsrGraph, CsrView};
 
 use crate::error::{MaskingError, Result};
 use crate::plan::DevicePlan;
@@ -88,14 +88,29 @@ impl DevicePlan {
         }
     }
 
+    /// The graph the layer of `rows` aggregates over, in LOCAL ids: its per-layer graph under
+    /// layer-wise sampling, else the plan's one-hop graph.
+    pub fn rows_graph(&self, rows: &LayerRows) -> CsrView<'_> {
+        match rows.graph_layer {
+            Some(l) => self.layer_graph(l),
+            None => self.graph.view(),
+        }
+    }
+
+    /// In-edges owned row `row` aggregates over in the layer of `rows` (the divisor of mean
+    /// aggregation, see [`DevicePlan::agg_degree_at`]).
+    pub fn rows_agg_degree(&self, rows: &LayerRows, row: u32) -> u32 {
+        match rows.graph_layer {
+            Some(l) => self.agg_degree_at(l, row),
+            None => self.agg_degree[row as usize],
+        }
+    }
+
     /// The graph `layer` aggregates over, in its compact space: `rows.n_dst` rows whose
     /// column indices are compact input rows. Fails if a valid row reads a row the layer does
     /// not hold, which would mean the plan broke its prefix invariant.
     pub fn compact_graph(&self, rows: &LayerRows) -> Result<CsrGraph> {
-        let g = match rows.graph_layer {
-            Some(l) => self.layer_graph(l),
-            None => self.graph.view(),
-        };
+        let g = self.rows_graph(rows);
         let end = g.offsets[rows.n_dst] as usize;
         let src = &g.indices[..end];
         let offsets = g.offsets[..=rows.n_dst].to_vec();

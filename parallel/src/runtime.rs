@@ -94,10 +94,7 @@ fn block(
         .enumerate()
         .map(|(i, &gid)| {
             let d = plan.in_degree[i];
-            let m = match rows.graph_layer {
-                Some(l) => plan.agg_degree_at(l, i as u32),
-                None => plan.agg_degree[i],
-            };
+            let m = plan.rows_agg_degree(rows, i as u32);
             let global = scales.dst[gid as usize];
             if m == d {
                 return global;

@@ -1,12 +1,13 @@
 //! One rank's training loop: per optimiser step, the step's runtime (`crate::runtime`: one
 //! block per compact layer space, so each layer computes and stores only the rows its mask
 //! makes exact and the rows they read), forward with per-layer halo exchanges, loss on its
-//! inner train rows normalised by the step's GLOBAL loss-row count, backward with halo-gradient exchanges, hierarchical
-//! all-reduce of the weight gradients, Adam. Full-batch modes take one step per epoch on a
-//! plan that never (FB, FLX) or rarely (FLX-EAS) changes; cooperative batching and the
-//! mini-batch baseline take one step per iteration on fresh plans from the producer
-//! (`steps`). Every step returns errors (never panics) so a failing rank drops its endpoint
-//! and the fabric wakes its peers with `PeerGone` instead of letting them hang.
+//! inner train rows normalised by the step's GLOBAL loss-row count, backward with
+//! halo-gradient exchanges, hierarchical all-reduce of the weight gradients, Adam. Full-batch
+//! modes take one step per epoch on a plan that never (FB, FLX) or rarely (FLX-EAS) changes;
+//! cooperative batching and the mini-batch baseline take one step per iteration on fresh
+//! plans from the producer (`steps`). Every step returns errors (never panics) so a failing
+//! rank drops its endpoint and the fabric wakes its peers with `PeerGone` instead of letting
+//! them hang.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
