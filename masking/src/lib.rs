@@ -42,7 +42,7 @@ pub use memory::{
     KChoice, KEstimate, LayerMemory, MemoryTerms, ModelDims,
 };
 pub use plan::{DevicePlan, HaloGroup, LayerMask, SendList};
-pub use rows::{CompactHalo, LayerRows};
+pub use rows::{layer_spaces, CompactHalo, LayerRows};
 pub use stats::{
     exchange_bytes, exchange_rows, DeviceStats, LinkClass, PeerHalo, PerLink, PlanStats,
 };

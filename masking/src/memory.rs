@@ -49,7 +49,7 @@ use crate::error::{MaskingError, Result};
 use crate::flx::{FbPlan, FlxPlan, PreloadPlan};
 use crate::layout::Layout;
 use crate::plan::DevicePlan;
-use crate::rows::LayerRows;
+use crate::rows::{layer_spaces, LayerRows};
 
 pub const F32_BYTES: u64 = 4;
 pub const OFFSET_BYTES: u64 = 8;
@@ -249,7 +249,8 @@ fn terms<'p>(
 ) -> MemoryTerms {
     // Every layer runs in its compact row space; layers with equal spaces on the same plan
     // share one uploaded graph, exactly as the runner does.
-    let rows: Vec<LayerRows> = (0..dims.layers).map(|l| plan_at(l).layer_rows(l)).collect();
+    let spaces = layer_spaces(dims.layers, &plan_at);
+    let rows: Vec<&LayerRows> = spaces.iter().map(|(r, _)| r).collect();
     let features = rows.first().map_or(0, |r| r.n_src as u64) * dims.features as u64 * F32_BYTES;
     let layers: Vec<LayerMemory> = rows
         .iter()
@@ -286,16 +287,12 @@ fn terms<'p>(
             })
             .max()
             .unwrap_or(0);
-    let mut uploaded: Vec<(*const DevicePlan, &LayerRows)> = Vec::new();
-    let mut graph = 0;
-    for (l, r) in rows.iter().enumerate() {
-        let p = plan_at(l);
-        let key = (p as *const DevicePlan, r);
-        if !uploaded.contains(&key) {
-            graph += compact_graph_bytes(p, r);
-            uploaded.push(key);
-        }
-    }
+    let graph = spaces
+        .iter()
+        .enumerate()
+        .filter(|&(l, &(_, first))| first == l)
+        .map(|(l, (r, _))| compact_graph_bytes(plan_at(l), r))
+        .sum();
     let halo_buffers = 2
         * held.iter().map(|p| send_rows(p)).max().unwrap_or(0)
         * dims.max_width() as u64

@@ -16,7 +16,8 @@
 //! both directly. For an unmasked plan, and at layer 0 of every plan built here, the compact
 //! space equals the local space. The price is one CSR per distinct compact space
 //! ([`DevicePlan::compact_graph`]); layers whose spaces are equal (every FB layer, the
-//! saturated layers of a deep model) share one.
+//! saturated layers of a deep model) share one, as [`layer_spaces`] decides for the runner and
+//! the memory model alike.
 
 use grandis_store::{CsrGraph, CsrView};
 
@@ -55,6 +56,26 @@ impl LayerRows {
     pub fn is_identity(&self, plan: &DevicePlan) -> bool {
         self.n_dst == plan.n_owned && self.n_src == plan.n_local()
     }
+}
+
+/// The compact spaces of a run of `layers` layers, layer `l` running on `plan_at(l)`: per
+/// layer, its space and the first layer whose block it shares (itself when it is the first).
+/// Layers of the same plan (same address) with equal spaces share one uploaded block; the
+/// runner and the memory model both decide sharing here, so they cannot disagree.
+pub fn layer_spaces<'p>(
+    layers: usize,
+    plan_at: impl Fn(usize) -> &'p DevicePlan,
+) -> Vec<(LayerRows, usize)> {
+    let mut out: Vec<(LayerRows, usize)> = Vec::with_capacity(layers);
+    for l in 0..layers {
+        let p = plan_at(l);
+        let rows = p.layer_rows(l);
+        let first = (0..l)
+            .find(|&e| std::ptr::eq(plan_at(e), p) && out[e].0 == rows)
+            .unwrap_or(l);
+        out.push((rows, first));
+    }
+    out
 }
 
 impl DevicePlan {

@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use grandis_engine::norm::{Aggregation, GlobalScales};
 use grandis_engine::{Backend, BlockGraph};
 use grandis_fabric::{Endpoint, Tag};
-use grandis_masking::{DevicePlan, LayerRows, SPLIT_TRAIN};
+use grandis_masking::{layer_spaces, DevicePlan, LayerRows, SPLIT_TRAIN};
 use grandis_models::StageCtx;
 use grandis_store::CsrGraph;
 
@@ -21,8 +21,6 @@ use crate::worker::Shared;
 /// layer aggregates over and the dropout ids of its input rows. Layers of one plan with equal
 /// spaces (every FB layer, the saturated layers of a deep masked plan) share one.
 pub(crate) struct BlockRt<B: Backend> {
-    /// Index into `Rt::plans`.
-    pub(crate) plan: usize,
     pub(crate) rows: LayerRows,
     pub(crate) graph: B::Graph,
     /// Original ids of the `rows.n_src` compact input rows (dropout masks key on them).
@@ -143,7 +141,9 @@ impl<B: Backend> Rt<B> {
         let mut plans: Vec<Arc<DevicePlan>> = Vec::new();
         let mut blocks: Vec<BlockRt<B>> = Vec::new();
         let mut layers: Vec<LayerRt<B>> = Vec::with_capacity(per_layer.len());
-        for (l, p) in per_layer.iter().enumerate() {
+        // Each layer runs in its compact row space: its valid prefix and the rows it reads.
+        let spaces = layer_spaces(per_layer.len(), |l| per_layer[l].as_ref());
+        for (l, (p, (rows, first))) in per_layer.iter().zip(spaces).enumerate() {
             let pi = match plans.iter().position(|q| Arc::ptr_eq(q, p)) {
                 Some(i) => i,
                 None => {
@@ -151,8 +151,6 @@ impl<B: Backend> Rt<B> {
                     plans.len() - 1
                 }
             };
-            // Each layer runs in its compact row space: its valid prefix and the rows it reads.
-            let rows = p.layer_rows(l);
             p.check_sends(l, &rows)?;
             if let Some(prev) = layers.last() {
                 // A layer's output must be exactly the owned part of the next layer's input
@@ -167,23 +165,20 @@ impl<B: Backend> Rt<B> {
                     );
                 }
             }
-            let bi = match blocks.iter().position(|k| k.plan == pi && k.rows == rows) {
-                Some(i) => i,
-                None => {
-                    let src_ids = p.compact_global_ids(&rows);
-                    let compact = p.compact_graph(&rows)?;
-                    let graph =
-                        b.upload_graph(&block(p, &rows, compact, &src_ids, sh.scales, sh.agg))?;
-                    let orig: Vec<u32> =
-                        src_ids.iter().map(|&g| sh.new_to_old[g as usize]).collect();
-                    blocks.push(BlockRt {
-                        plan: pi,
-                        rows,
-                        graph,
-                        ids: b.upload_index(&orig)?,
-                    });
-                    blocks.len() - 1
-                }
+            let bi = if first < l {
+                layers[first].block
+            } else {
+                let src_ids = p.compact_global_ids(&rows);
+                let compact = p.compact_graph(&rows)?;
+                let graph =
+                    b.upload_graph(&block(p, &rows, compact, &src_ids, sh.scales, sh.agg))?;
+                let orig: Vec<u32> = src_ids.iter().map(|&g| sh.new_to_old[g as usize]).collect();
+                blocks.push(BlockRt {
+                    rows,
+                    graph,
+                    ids: b.upload_index(&orig)?,
+                });
+                blocks.len() - 1
             };
             let send_idx = (0..p.sends.len())
                 .map(|i| {
