@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """PyTorch Geometric baseline for `grandis bench train`.
 
-Reads the graph that grandis wrote (edge_index.npy: int64 2 x E, sources in row 0 and
-destinations in row 1; features.npy: f32 N x F; labels.npy: int64 N; train.npy: int64 ids),
-trains a full-batch GraphSAGE (SAGEConv, mean aggregator, edge_index input, ReLU, dropout
-before every convolution like grandis) with Adam on the CPU, and prints one JSON line:
-median_epoch_s, peak_rss_bytes and versions.
+Reads the graph in the PyG layout that `grandis data export --format npy` writes
+(edge_index.npy: int64 2 x E, sources in row 0 and destinations in row 1; x.npy: f32 N x F;
+y.npy: int64 N; train_idx.npy / val_idx.npy: int64 ids), trains a full-batch GraphSAGE
+(SAGEConv, mean aggregator, ReLU, dropout before every convolution like grandis) with Adam on
+the CPU or a GPU, and prints one JSON line: median_epoch_s, epoch_seconds, peak_bytes (peak
+RSS on the CPU, torch.cuda.max_memory_allocated on a GPU), with --eval the validation curve
+(training seconds so far, accuracy) after every epoch, and versions.
+
+--adj csr passes a CSR adj_t (torch_geometric.utils.to_torch_csr_tensor(edge_index.flip(0))),
+PyG's fastest full-graph path; --adj edge_index passes edge_index (gather/scatter).
 """
 import argparse
 import json
@@ -24,6 +29,9 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.5)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--adj", choices=["csr", "edge_index"], default="csr")
+    ap.add_argument("--eval", action="store_true", help="validation accuracy after every epoch")
     args = ap.parse_args()
 
     import numpy as np
@@ -31,50 +39,87 @@ def main():
     import torch.nn.functional as F
     import torch_geometric
     from torch_geometric.nn import SAGEConv
+    from torch_geometric.utils import to_torch_csr_tensor
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    if cuda:
+        # Plain FP32 like grandis (no TF32 tensor-core rounding).
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     d = args.dir
-    edge_index = torch.from_numpy(np.load(os.path.join(d, "edge_index.npy")))
-    x = torch.from_numpy(np.load(os.path.join(d, "features.npy")))
-    y = torch.from_numpy(np.load(os.path.join(d, "labels.npy")))
-    train = torch.from_numpy(np.load(os.path.join(d, "train.npy")))
+    load = lambda name: torch.from_numpy(np.load(os.path.join(d, name)))
+    edge_index = load("edge_index.npy").to(dev)
+    x = load("x.npy").to(dev)
+    y = load("y.npy").to(dev)
+    train = load("train_idx.npy").to(dev)
+    val = load("val_idx.npy").to(dev)
     classes = int(y.max()) + 1
+    n = x.shape[0]
+    if args.adj == "csr":
+        adj = to_torch_csr_tensor(edge_index.flip(0), size=(n, n))
+        del edge_index
+    else:
+        adj = edge_index
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
 
     dims = [x.shape[1]] + [args.hidden] * (args.layers - 1) + [classes]
     convs = torch.nn.ModuleList(
         SAGEConv(dims[i], dims[i + 1], aggr="mean") for i in range(args.layers)
-    )
+    ).to(dev)
     opt = torch.optim.Adam(convs.parameters(), lr=0.01)
 
-    def forward(h):
+    def forward(h, training):
         for i, conv in enumerate(convs):
-            h = F.dropout(h, p=args.dropout, training=True)
-            h = conv(h, edge_index)
+            h = F.dropout(h, p=args.dropout, training=training)
+            h = conv(h, adj)
             if i + 1 < len(convs):
                 h = F.relu(h)
         return h
 
-    times = []
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    times, curve, trained = [], [], 0.0
     for epoch in range(args.epochs + 1):
+        sync()
         start = time.perf_counter()
         opt.zero_grad()
-        out = forward(x)
+        out = forward(x, True)
         loss = F.cross_entropy(out[train], y[train])
         loss.backward()
         opt.step()
+        sync()
         elapsed = time.perf_counter() - start
-        print(f"pyg epoch {epoch}: loss {loss.item():.4f}, {elapsed:.3f}s", file=sys.stderr)
+        trained += elapsed
+        line = f"pyg ({args.adj}, {args.device}) epoch {epoch}: loss {loss.item():.4f}, {elapsed:.4f}s"
+        if args.eval:
+            with torch.no_grad():
+                pred = forward(x, False)[val].argmax(dim=1)
+                acc = (pred == y[val]).float().mean().item()
+            curve.append((trained, acc))
+            line += f", val {acc:.4f} after {trained:.2f}s of training"
+        print(line, file=sys.stderr)
         if epoch > 0:  # the first epoch is warm-up, as in grandis
             times.append(elapsed)
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if cuda:
+        peak, peak_name = torch.cuda.max_memory_allocated(dev), "peak device memory (torch allocator)"
+    else:
+        peak, peak_name = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak RSS"
     print(
         json.dumps(
             {
+                "adj": args.adj,
+                "device": args.device,
                 "median_epoch_s": statistics.median(times),
                 "epoch_seconds": times,
-                "peak_rss_bytes": peak,
+                "peak_bytes": peak,
+                "peak_name": peak_name,
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "curve": curve,
                 "torch": torch.__version__,
                 "torch_geometric": torch_geometric.__version__,
                 "threads": torch.get_num_threads(),

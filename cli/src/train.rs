@@ -32,13 +32,31 @@ impl Device {
     /// support or the machine has no driver/device.
     #[cfg(feature = "cuda")]
     pub fn cuda_backend(ordinal: usize) -> anyhow::Result<grandis_engine::cuda::CudaBackend> {
-        let backend = grandis_engine::cuda::CudaBackend::new(ordinal)?;
-        tracing::info!("using CUDA device {ordinal}: {}", backend.device_name());
-        Ok(backend)
+        eprintln!("{}", grandis_engine::cuda::describe_device(ordinal)?);
+        Ok(grandis_engine::cuda::CudaBackend::new(ordinal)?)
     }
 
     #[cfg(not(feature = "cuda"))]
     pub fn cuda_backend(_ordinal: usize) -> anyhow::Result<std::convert::Infallible> {
+        bail!("this grandis was built without CUDA support; rebuild with `--features cuda`")
+    }
+
+    /// Prints one line per CUDA device the driver reports (`--device cuda` of the parallel
+    /// modes), or fails with the clean error of a build or machine without CUDA.
+    #[cfg(feature = "cuda")]
+    pub fn describe_cuda() -> anyhow::Result<()> {
+        let n = grandis_engine::cuda::device_count()?;
+        if n == 0 {
+            bail!("--device cuda: the driver reports no CUDA device");
+        }
+        for ordinal in 0..n {
+            eprintln!("{}", grandis_engine::cuda::describe_device(ordinal)?);
+        }
+        Ok(())
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    pub fn describe_cuda() -> anyhow::Result<()> {
         bail!("this grandis was built without CUDA support; rebuild with `--features cuda`")
     }
 }
@@ -87,7 +105,8 @@ pub struct TrainArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Compute device of --mode single: cpu or cuda:N (needs a build with `--features cuda`).
+    /// Compute device: cpu or cuda:N; the parallel modes also take cuda (device index d of
+    /// a server on ordinal d, see --cuda-devices). CUDA needs a build with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Print one JSON object as the last stdout line.
@@ -101,6 +120,70 @@ pub struct TrainArgs {
     pub resume: bool,
     #[command(flatten)]
     pub parallel: grandis_parallel::cli::ParallelArgs,
+}
+
+fn open_dataset(args: &TrainArgs) -> anyhow::Result<grandis_store::Dataset> {
+    grandis_store::Dataset::open_verified(&args.dataset)
+        .with_context(|| format!("opening dataset {}", args.dataset.display()))
+}
+
+fn model_and_options(
+    args: &TrainArgs,
+    kind: ModelKind,
+    layer_norm: bool,
+    view: &grandis_store::DatasetView<'_>,
+) -> (ModelConfig, TrainOptions) {
+    let config = ModelConfig {
+        kind,
+        layers: args.layers,
+        in_dim: view.feature_dim,
+        hidden: args.hidden,
+        classes: view.num_classes,
+        dropout: args.dropout,
+        layer_norm,
+        seed: args.seed,
+    };
+    let opts = TrainOptions {
+        epochs: args.epochs,
+        lr: args.lr,
+        weight_decay: args.weight_decay,
+        adamw: args.adamw,
+        grad_clip: args.grad_clip,
+        seed: args.seed,
+    };
+    (config, opts)
+}
+
+/// `--mode fb|flx|cob|mb|auto`: partition-parallel ranks on CPU threads or CUDA devices.
+fn run_parallel(args: TrainArgs, kind: ModelKind, layer_norm: bool) -> anyhow::Result<()> {
+    if args.checkpoint.is_some() || args.resume {
+        bail!("--checkpoint and --resume work with --mode single only");
+    }
+    // `auto` picks FLX or CoB from the memory model (None).
+    let mode = match args.mode.as_str() {
+        "auto" => None,
+        m => Some(grandis_parallel::Mode::parse(m).context("a parallel mode")?),
+    };
+    let compute = args.parallel.compute(&args.device)?;
+    if compute.is_cuda() {
+        // Fail fast (and show the devices) before the dataset is read and partitioned.
+        Device::describe_cuda()?;
+    }
+    let dataset = open_dataset(&args)?;
+    let view = dataset.view();
+    let (config, opts) = model_and_options(&args, kind, layer_norm, &view);
+    grandis_parallel::cli::run(
+        &dataset,
+        mode,
+        &args.parallel,
+        config,
+        opts,
+        grandis_parallel::cli::RankResources {
+            threads: args.threads,
+            compute,
+        },
+        args.json,
+    )
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
@@ -122,60 +205,18 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if args.resume && args.checkpoint.is_none() {
         bail!("--resume needs --checkpoint PATH");
     }
-    let device = Device::parse(&args.device)?;
-    if device != Device::Cpu && args.mode != "single" {
-        bail!(
-            "--device {} works with --mode single only: the distributed modes run on CPU \
-             workers in this build",
-            args.device
-        );
+    if args.mode != "single" {
+        return run_parallel(args, kind, layer_norm);
     }
+    let device = Device::parse(&args.device)?;
     // Open the device before reading the dataset so a missing GPU fails fast.
     let cuda = match device {
         Device::Cpu => None,
         Device::Cuda(ordinal) => Some(Device::cuda_backend(ordinal)?),
     };
-    let dataset = grandis_store::Dataset::open_verified(&args.dataset)
-        .with_context(|| format!("opening dataset {}", args.dataset.display()))?;
+    let dataset = open_dataset(&args)?;
     let view = dataset.view();
-    let config = ModelConfig {
-        kind,
-        layers: args.layers,
-        in_dim: view.feature_dim,
-        hidden: args.hidden,
-        classes: view.num_classes,
-        dropout: args.dropout,
-        layer_norm,
-        seed: args.seed,
-    };
-    let opts = TrainOptions {
-        epochs: args.epochs,
-        lr: args.lr,
-        weight_decay: args.weight_decay,
-        adamw: args.adamw,
-        grad_clip: args.grad_clip,
-        seed: args.seed,
-    };
-    // `auto` picks FLX or CoB from the memory model (None below).
-    let parallel_mode = match args.mode.as_str() {
-        "auto" => Some(None),
-        m => grandis_parallel::Mode::parse(m).map(Some),
-    };
-    if let Some(mode) = parallel_mode {
-        if args.checkpoint.is_some() {
-            bail!("--checkpoint and --resume work with --mode single only");
-        }
-        let (threads, json) = (args.threads, args.json);
-        return grandis_parallel::cli::run(
-            &dataset,
-            mode,
-            &args.parallel,
-            config,
-            opts,
-            threads,
-            json,
-        );
-    }
+    let (config, opts) = model_and_options(&args, kind, layer_norm, &view);
     tracing::info!(
         "training {} ({} layers, hidden {}) on {} vertices, {} edges",
         kind.name(),
@@ -283,15 +324,31 @@ mod tests {
     }
 
     #[test]
-    fn cuda_device_with_a_distributed_mode_is_refused() {
+    fn cuda_device_with_a_distributed_mode_needs_cuda() {
+        #[cfg(feature = "cuda")]
+        if grandis_engine::cuda::driver_library_present() {
+            return; // a GPU machine: covered by scripts/gpu-check.sh
+        }
+        for device in ["cuda", "cuda:0"] {
+            let err = format!(
+                "{:#}",
+                run(args(&["--device", device, "--mode", "flx"])).unwrap_err()
+            );
+            #[cfg(not(feature = "cuda"))]
+            assert!(err.contains("built without CUDA support"), "{err}");
+            #[cfg(feature = "cuda")]
+            assert!(err.contains("CUDA driver library not found"), "{err}");
+        }
         let err = format!(
             "{:#}",
-            run(args(&["--device", "cuda:0", "--mode", "flx"])).unwrap_err()
+            run(args(&["--mode", "fb", "--cuda-devices", "0,1"])).unwrap_err()
         );
-        assert!(
-            err.contains("distributed modes run on CPU workers"),
-            "{err}"
+        assert!(err.contains("--cuda-devices needs --device cuda"), "{err}");
+        let err = format!(
+            "{:#}",
+            run(args(&["--mode", "fb", "--device", "cuda:x"])).unwrap_err()
         );
+        assert!(err.contains("expected cpu, cuda or cuda:N"), "{err}");
         let err = format!("{:#}", run(args(&["--device", "tpu"])).unwrap_err());
         assert!(err.contains("invalid --device 'tpu'"), "{err}");
     }

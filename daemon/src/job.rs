@@ -206,6 +206,7 @@ pub fn parallel_args(
         resample_every: spec.resample_every,
         cobatch_size: None,
         batch_size: None,
+        cuda_devices: None,
     };
     match &spec.sampling {
         Sampling::None => {}

@@ -12,8 +12,10 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod norm;
+pub mod profile;
 
 pub use backend::{
     dropout_keep, dropout_threshold, AdamStep, Backend, BlockGraph, DropoutKey, EngineError, Result,
 };
 pub use cpu::CpuBackend;
+pub use profile::{OpClass, OpProfile, OpTimes};

@@ -1,4 +1,5 @@
-//! Importers that turn datasets in other people's layouts into grandis dataset directories.
+//! Importers that turn datasets in other people's layouts into grandis dataset directories,
+//! and the exporter back to the PyG layout ([`export_npy`]).
 //!
 //! Four input layouts are supported — a PyG-style directory of NumPy arrays ([`Format::Npy`]),
 //! the raw OGB node-property-prediction layout of gzipped CSVs ([`Format::Ogb`]), a plain
@@ -13,6 +14,7 @@
 //! recorded in the dataset's provenance.
 
 mod edgelist;
+mod export;
 mod gds;
 mod npy_dir;
 mod ogb;
@@ -26,6 +28,7 @@ use grandis_store::{
     SortedEdges, Split,
 };
 
+pub use export::{export_npy, ExportSummary};
 pub use text::Delimiter;
 
 /// Input layouts.

@@ -692,6 +692,50 @@ pub fn write_npy<T: Element>(path: impl AsRef<Path>, shape: &[u64], data: &[T]) 
     )
 }
 
+/// Writes a C-order array of `shape` whose elements `produce` hands over in order, in as
+/// many slices as it likes (so an array larger than memory can be written from a view),
+/// atomically. Fails, leaving nothing behind, when the slices do not add up to the shape.
+pub fn write_npy_streamed<T: Element>(
+    path: impl AsRef<Path>,
+    shape: &[u64],
+    produce: impl FnOnce(&mut dyn FnMut(&[T]) -> std::io::Result<()>) -> std::io::Result<()>,
+) -> Result<()> {
+    let path = path.as_ref();
+    let expected = shape
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| NpyError::Invalid {
+            path: path.to_path_buf(),
+            message: format!("shape {shape:?} overflows"),
+        })?;
+    let header = encode_header(T::DTYPE, shape);
+    grandis_store::write_file_atomic_with(path, |out| {
+        out.write_all(&header)?;
+        let mut written = 0u64;
+        produce(&mut |chunk: &[T]| {
+            written += chunk.len() as u64;
+            out.write_all(bytemuck::cast_slice(chunk))
+        })?;
+        if written != expected {
+            return Err(std::io::Error::other(format!(
+                "{written} elements written for shape {shape:?} ({expected} elements)"
+            )));
+        }
+        Ok(())
+    })
+    .map_err(|e| store_error(path, e))
+}
+
+fn store_error(path: &Path, e: grandis_store::StoreError) -> NpyError {
+    match e {
+        grandis_store::StoreError::Io { path, source } => NpyError::Io { path, source },
+        other => NpyError::Invalid {
+            path: path.to_path_buf(),
+            message: other.to_string(),
+        },
+    }
+}
+
 /// Writes booleans (one byte each) as a C-order array of `shape`, atomically.
 pub fn write_npy_bool(path: impl AsRef<Path>, shape: &[u64], data: &[bool]) -> Result<()> {
     let bytes: Vec<u8> = data.iter().map(|&b| b as u8).collect();
@@ -717,13 +761,7 @@ fn write_npy_bytes(
         out.write_all(&header)?;
         out.write_all(bytes)
     })
-    .map_err(|e| match e {
-        grandis_store::StoreError::Io { path, source } => NpyError::Io { path, source },
-        other => NpyError::Invalid {
-            path: path.to_path_buf(),
-            message: other.to_string(),
-        },
-    })
+    .map_err(|e| store_error(path, e))
 }
 
 #[cfg(test)]

@@ -74,14 +74,7 @@ pub fn choose_preload_hops(
             })
         }
         (Mode::Flx, None) => {
-            let ranks = ctx.layout().num_ranks();
-            let (budget, from) = match popts.device_memory {
-                Some(b) => (b, "--device-memory".to_string()),
-                None => (
-                    default_device_memory(ranks)?,
-                    format!("available system memory / {ranks} ranks on this machine"),
-                ),
-            };
+            let (budget, from) = budget(popts, ctx.layout())?;
             let choice = ctx.choose_k(&dims, budget).with_context(|| {
                 format!("choosing k for a per-device budget of {budget} bytes ({from})")
             })?;
@@ -122,15 +115,68 @@ pub(crate) fn check_budget(
     Ok(())
 }
 
-/// The per-device budget of a run and where it came from.
-pub(crate) fn budget(popts: &ParallelOptions, ranks: usize) -> anyhow::Result<(u64, String)> {
+/// The per-device budget of a run and where it came from: `--device-memory` when given, else
+/// a share of what this machine's ranks compute on (see [`default_budget`]).
+pub(crate) fn budget(
+    popts: &ParallelOptions,
+    layout: &grandis_masking::Layout,
+) -> anyhow::Result<(u64, String)> {
     Ok(match popts.device_memory {
         Some(b) => (b, "--device-memory".to_string()),
-        None => (
+        None => default_budget(&popts.compute, layout.servers(), layout.devices())?,
+    })
+}
+
+/// The default per-device budget of `servers` x `devices` ranks run on this machine, and
+/// where it came from. CPU ranks share the machine's available memory. CUDA ranks get
+/// 90% of their device's free memory (the rest is left to the context, the loaded
+/// kernels and cuBLAS's workspace), divided among the ranks that share the device; the
+/// smallest share over the devices used is the budget.
+pub fn default_budget(
+    compute: &crate::Compute,
+    servers: usize,
+    devices: usize,
+) -> anyhow::Result<(u64, String)> {
+    let ranks = servers.max(1) * devices.max(1);
+    match compute {
+        crate::Compute::Cpu => Ok((
             default_device_memory(ranks)?,
             format!("available system memory / {ranks} ranks on this machine"),
-        ),
-    })
+        )),
+        crate::Compute::Cuda { .. } => cuda_budget(compute, servers, devices),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_budget(
+    compute: &crate::Compute,
+    servers: usize,
+    devices: usize,
+) -> anyhow::Result<(u64, String)> {
+    use grandis_engine::cuda;
+    let available = cuda::device_count()?;
+    let mut sharing: std::collections::BTreeMap<usize, u64> = Default::default();
+    for d in 0..devices.max(1) {
+        let ordinal = compute.ordinal(d, available).unwrap_or(0);
+        *sharing.entry(ordinal).or_default() += servers.max(1) as u64;
+    }
+    let mut best: Option<(u64, String)> = None;
+    for (ordinal, ranks) in sharing {
+        let (free, _) = cuda::device_memory(ordinal)?;
+        let share = free / 10 * 9 / ranks;
+        if best.as_ref().is_none_or(|(b, _)| share < *b) {
+            best = Some((
+                share,
+                format!("90% of cuda:{ordinal}'s free memory ({free} bytes) / {ranks} ranks on it"),
+            ));
+        }
+    }
+    best.context("no CUDA device to size the budget on")
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_budget(_: &crate::Compute, _: usize, _: usize) -> anyhow::Result<(u64, String)> {
+    bail!("this grandis was built without CUDA support; rebuild with `--features cuda`")
 }
 
 /// FLX with a sampler: the largest k whose sampled FLX plan (over the FB plan) fits the
@@ -142,7 +188,7 @@ pub(crate) fn choose_sampled_k(
     sampler: &dyn Sampler,
     popts: &ParallelOptions,
 ) -> anyhow::Result<KChoice> {
-    let (budget, from) = budget(popts, ctx.layout().num_ranks())?;
+    let (budget, from) = budget(popts, ctx.layout())?;
     let mut estimates = Vec::new();
     for k in (1..=dims.layers).rev() {
         let flx = steps::flx_sampled(ctx, sampler, k, 0)?;

@@ -15,7 +15,7 @@ use grandis_partition::{Method, PartitionBook};
 use grandis_store::Dataset;
 use grandis_trainer::TrainOptions;
 
-use crate::{Mode, ParallelOptions, PartitionedGraph, Priority, Sampling};
+use crate::{Compute, Mode, ParallelOptions, PartitionedGraph, Priority, Sampling};
 
 /// Flags of the partition-parallel modes.
 #[derive(clap::Args, Debug, Clone)]
@@ -83,6 +83,10 @@ pub struct ParallelArgs {
     /// mb: target vertices per device per iteration.
     #[arg(long)]
     pub batch_size: Option<usize>,
+    /// With --device cuda: the CUDA ordinals of a server's ranks, device index d on the d-th
+    /// (cycled), e.g. 0,1,2,3. Default: device index d on ordinal d.
+    #[arg(long, value_delimiter = ',')]
+    pub cuda_devices: Option<Vec<usize>>,
 }
 
 fn link(bandwidth: Option<f64>, latency_ms: f64, what: &str) -> anyhow::Result<LinkModel> {
@@ -134,6 +138,24 @@ impl ParallelArgs {
             },
             other => bail!("unknown --sampling '{other}' (expected none, eas, fanout or saint)"),
         })
+    }
+
+    /// Where the ranks compute: `device` is `--device` (cpu, cuda or cuda:N), refined by
+    /// `--cuda-devices`.
+    pub fn compute(&self, device: &str) -> anyhow::Result<Compute> {
+        let compute = Compute::parse(device)?;
+        match (&compute, &self.cuda_devices) {
+            (_, None) => Ok(compute),
+            (Compute::Cuda { ordinals: None }, Some(list)) if !list.is_empty() => {
+                Ok(Compute::Cuda {
+                    ordinals: Some(list.clone()),
+                })
+            }
+            (_, Some(_)) => bail!(
+                "--cuda-devices needs --device cuda (not --device {device}) and at least one \
+                 ordinal"
+            ),
+        }
     }
 
     /// The fabric/preloading options for `mode`; `threads` is the total thread budget.
@@ -235,11 +257,7 @@ pub fn decide_auto(
 ) -> anyhow::Result<(ParallelOptions, grandis_sampling::AutoDecision)> {
     let ctx = crate::plan_context(view, part)?;
     let dims = crate::model_dims(config);
-    let ranks = part.layout.num_ranks();
-    let budget = match popts.device_memory {
-        Some(b) => b,
-        None => crate::default_device_memory(ranks)?,
-    };
+    let (budget, _) = crate::budget::budget(popts, &part.layout)?;
     let sampler = popts
         .sampling
         .sampler(seed)?
@@ -268,6 +286,14 @@ pub fn decide_auto(
     Ok((popts, decision))
 }
 
+/// What the ranks of a run compute on: the total CPU thread budget (`--threads`) and the
+/// device (`--device`, `--cuda-devices`).
+#[derive(Debug, Clone, Default)]
+pub struct RankResources {
+    pub threads: Option<usize>,
+    pub compute: Compute,
+}
+
 /// Runs `grandis train DATASET --mode fb|flx|cob|mb|auto ...` (`mode` None = auto) and prints
 /// like `--mode single`.
 pub fn run(
@@ -276,15 +302,20 @@ pub fn run(
     args: &ParallelArgs,
     config: ModelConfig,
     opts: TrainOptions,
-    threads: Option<usize>,
+    ranks: RankResources,
     json: bool,
 ) -> anyhow::Result<()> {
+    let RankResources { threads, compute } = ranks;
     let part = args.partitioned(dataset)?;
     let view = dataset.view();
+    let with_compute = |popts: ParallelOptions| ParallelOptions {
+        compute: compute.clone(),
+        ..popts
+    };
     let (popts, auto) = match mode {
-        Some(m) => (args.options(m, threads)?, None),
+        Some(m) => (with_compute(args.options(m, threads)?), None),
         None => {
-            let base = args.options(Mode::Cob, threads)?;
+            let base = with_compute(args.options(Mode::Cob, threads)?);
             let (p, d) = decide_auto(&view, &part, &config, &base, opts.seed)?;
             (p, Some(d))
         }
@@ -364,6 +395,7 @@ pub fn run(
         eprintln!("{summary}");
         let json = serde_json::json!({
             "mode": mode.name(),
+            "device": popts.compute,
             "model": config,
             "train": opts,
             "num_parameters": tr.num_parameters,

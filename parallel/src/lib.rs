@@ -57,7 +57,9 @@ use grandis_sampling::{CoBatcher, MiniBatcher};
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, TrainOptions, TrainReport};
 
-pub use budget::{choose_preload_hops, default_device_memory, model_dims, predicted_halo_bytes};
+pub use budget::{
+    choose_preload_hops, default_budget, default_device_memory, model_dims, predicted_halo_bytes,
+};
 pub use embed::{checkpoint_weights, embeddings, Embeddings};
 pub use grandis_fabric::LinkModel;
 pub use grandis_masking::FlxPlan as MaskedPlan;
@@ -65,7 +67,7 @@ pub use grandis_masking::FlxPlan as MaskedPlan;
 pub use grandis_sampling as sampling;
 pub use grandis_sampling::Priority;
 pub use input::PartitionedGraph;
-pub use options::{Mode, ParallelOptions, Sampling};
+pub use options::{Compute, Mode, ParallelOptions, Sampling};
 pub use report::{ClassBytes, ParallelReport, RankMemory, TimeSplit};
 pub use setup::plan_context;
 pub use worker::EVAL_EPOCH_BIT;
@@ -296,10 +298,21 @@ pub(crate) fn train_ranks(
         } else {
             rank == 0
         };
-        let backend = metered::Metered::new(CpuBackend::new(Some(threads_per_rank))?);
-        let w = worker::Worker::new(&shared, &backend, ep)
-            .with_context(|| format!("setting up rank {rank}"))?;
-        w.run(&backend.meter, reports.then_some(&callback))
+        let callback = reports.then_some(&callback);
+        match &popts.compute {
+            Compute::Cpu => {
+                let backend = CpuBackend::new(Some(threads_per_rank))?;
+                run_rank(&shared, backend, ep, callback)
+            }
+            #[cfg(feature = "cuda")]
+            Compute::Cuda { .. } => {
+                let backend = cuda_rank_backend(&popts.compute, &ep)?;
+                run_rank(&shared, backend, ep, callback)
+            }
+            // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
+            #[cfg(not(feature = "cuda"))]
+            Compute::Cuda { .. } => match cuda_rank_backend(&popts.compute, &ep)? {},
+        }
     };
     let run_all = |work| -> anyhow::Result<Vec<worker::RankResult>> {
         match local {
@@ -458,6 +471,41 @@ pub(crate) fn train_ranks(
         logits,
         counters,
     })
+}
+
+/// Sets up and runs one rank on `backend` (wrapped in the byte meter).
+fn run_rank<B: grandis_engine::Backend>(
+    shared: &worker::Shared<'_>,
+    backend: B,
+    ep: grandis_fabric::Endpoint,
+    callback: Option<&worker::EpochCallback<'_>>,
+) -> anyhow::Result<worker::RankResult> {
+    let rank = ep.rank();
+    let backend = metered::Metered::new(backend);
+    let w = worker::Worker::new(shared, &backend, ep)
+        .with_context(|| format!("setting up rank {rank}"))?;
+    w.run(&backend.meter, callback)
+}
+
+/// The CUDA backend of the rank behind `ep`: its device index inside the server picks the
+/// ordinal ([`Compute::ordinal`]).
+#[cfg(feature = "cuda")]
+fn cuda_rank_backend(
+    compute: &Compute,
+    ep: &grandis_fabric::Endpoint,
+) -> anyhow::Result<grandis_engine::cuda::CudaBackend> {
+    let available = grandis_engine::cuda::device_count()?;
+    let ordinal = compute.ordinal(ep.device(), available).unwrap_or(0);
+    grandis_engine::cuda::CudaBackend::new(ordinal)
+        .with_context(|| format!("rank {} on cuda:{ordinal}", ep.rank()))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_rank_backend(
+    _: &Compute,
+    _: &grandis_fabric::Endpoint,
+) -> anyhow::Result<std::convert::Infallible> {
+    bail!("this grandis was built without CUDA support; rebuild with `--features cuda`")
 }
 
 /// Steps the plan producer may build ahead of the slowest rank.

@@ -96,10 +96,59 @@ impl Sampling {
     }
 }
 
+/// Where each rank computes.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compute {
+    /// A CPU backend per rank (its own rayon pool of `threads_per_rank`).
+    #[default]
+    Cpu,
+    /// A CUDA backend per rank: the rank with device index `d` inside its server runs on
+    /// `ordinals[d % ordinals.len()]`, or on ordinal `d % (devices the driver reports)` when no
+    /// list is given. Ranks that share an ordinal each get their own stream on it.
+    Cuda { ordinals: Option<Vec<usize>> },
+}
+
+impl Compute {
+    /// Parses `cpu`, `cuda` (rank d on device d) or `cuda:N` (every rank on device N).
+    pub fn parse(s: &str) -> anyhow::Result<Compute> {
+        match s {
+            "cpu" => Ok(Compute::Cpu),
+            "cuda" => Ok(Compute::Cuda { ordinals: None }),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Compute::Cuda {
+                    ordinals: Some(vec![n]),
+                }),
+                _ => anyhow::bail!(
+                    "invalid --device '{s}' (expected cpu, cuda or cuda:N, e.g. cuda:0)"
+                ),
+            },
+        }
+    }
+
+    /// The CUDA ordinal of the rank with device index `device` inside its server, given the
+    /// number of devices the driver reports.
+    pub fn ordinal(&self, device: usize, available: usize) -> Option<usize> {
+        match self {
+            Compute::Cpu => None,
+            Compute::Cuda {
+                ordinals: Some(list),
+            } if !list.is_empty() => Some(list[device % list.len()]),
+            Compute::Cuda { .. } => Some(device % available.max(1)),
+        }
+    }
+
+    pub fn is_cuda(&self) -> bool {
+        matches!(self, Compute::Cuda { .. })
+    }
+}
+
 /// Options of a parallel run beyond the model and optimiser.
 #[derive(Debug, Clone)]
 pub struct ParallelOptions {
     pub mode: Mode,
+    /// Where the ranks compute (CPU threads by default).
+    pub compute: Compute,
     /// FLX: force k instead of choosing it from the memory budget.
     pub preload_hops: Option<usize>,
     /// FLX: per-device memory budget in bytes; None =
@@ -125,6 +174,7 @@ impl Default for ParallelOptions {
     fn default() -> Self {
         ParallelOptions {
             mode: Mode::Fb,
+            compute: Compute::Cpu,
             preload_hops: None,
             device_memory: None,
             intra: LinkModel::unlimited(),
@@ -146,5 +196,38 @@ pub(crate) fn sampling_flag(s: &Sampling) -> &'static str {
         Sampling::Eas { .. } => "eas",
         Sampling::Fanout { .. } => "fanout",
         Sampling::Saint { .. } => "saint",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compute_parses_and_maps_device_indices_to_ordinals() {
+        assert_eq!(Compute::parse("cpu").unwrap(), Compute::Cpu);
+        let auto = Compute::parse("cuda").unwrap();
+        assert_eq!(auto, Compute::Cuda { ordinals: None });
+        // Device index d on ordinal d, wrapped at the number of devices present.
+        assert_eq!(
+            (0..5).map(|d| auto.ordinal(d, 4)).collect::<Vec<_>>(),
+            [Some(0), Some(1), Some(2), Some(3), Some(0)]
+        );
+        // cuda:N: every rank on N (several ranks share one GPU).
+        let one = Compute::parse("cuda:1").unwrap();
+        assert_eq!(one.ordinal(0, 2), Some(1));
+        assert_eq!(one.ordinal(3, 2), Some(1));
+        let list = Compute::Cuda {
+            ordinals: Some(vec![2, 3]),
+        };
+        assert_eq!(
+            (0..3).map(|d| list.ordinal(d, 8)).collect::<Vec<_>>(),
+            [Some(2), Some(3), Some(2)]
+        );
+        assert_eq!(Compute::Cpu.ordinal(0, 8), None);
+        for bad in ["gpu", "cuda:", "cuda:x", "CUDA", ""] {
+            let err = Compute::parse(bad).unwrap_err().to_string();
+            assert!(err.contains("expected cpu, cuda or cuda:N"), "{bad}: {err}");
+        }
     }
 }

@@ -1,9 +1,12 @@
 //! `grandis bench train`: full-batch GraphSAGE epoch time and peak memory on a synthetic
-//! graph, with the epoch split into aggregation, GEMM and the rest, the aggregation compared
-//! with a memory-bandwidth bound measured in the same run, and (with `--baseline pyg`)
-//! PyTorch Geometric on the same graph run in the same invocation.
+//! graph, on the CPU or a CUDA device (`--device`), with the epoch split into aggregation,
+//! GEMM and the rest, the aggregation compared with a memory-bandwidth bound measured in the
+//! same run (a STREAM triad on the CPU, a device-to-device copy on a GPU), seconds of training
+//! to a validation accuracy (`--target-acc`), and (with `--baseline pyg`) PyTorch Geometric on
+//! the same graph and device in the same invocation, with a CSR `adj_t` and with `edge_index`.
 
 use anyhow::{bail, Context};
+use grandis_engine::OpProfile;
 use grandis_models::{Model, ModelConfig, ModelKind};
 use grandis_store::{CsrGraph, EdgeOptions, InMemoryDataset, SelfLoops, Split};
 use grandis_trainer::{Prepared, TrainOptions};
@@ -35,6 +38,17 @@ pub struct BenchTrainArgs {
     pub threads: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Where grandis (and the baseline) train: cpu or cuda:N (a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Report the training seconds (evaluation excluded) until the validation accuracy first
+    /// reaches this fraction; evaluates after every epoch.
+    #[arg(long)]
+    pub target_acc: Option<f64>,
+    /// Adjacency inputs of the PyG baseline, each run in turn: csr (`adj_t`, PyG's fastest
+    /// path) and/or edge_index.
+    #[arg(long, value_delimiter = ',', default_value = "csr,edge_index")]
+    pub pyg_adj: Vec<String>,
     /// Also run a baseline in this invocation: `pyg` (scripts/bench_pyg.py).
     #[arg(long)]
     pub baseline: Option<String>,
@@ -93,7 +107,7 @@ fn synthetic(args: &BenchTrainArgs) -> anyhow::Result<InMemoryDataset> {
                 }
         })
         .collect();
-    let train: Vec<u32> = (0..n as u32).filter(|v| v % 10 == 0).collect();
+    let every_tenth = |r: u32| (0..n as u32).filter(|v| v % 10 == r).collect::<Vec<u32>>();
     Ok(InMemoryDataset {
         name: "bench-synthetic".into(),
         graph,
@@ -102,9 +116,9 @@ fn synthetic(args: &BenchTrainArgs) -> anyhow::Result<InMemoryDataset> {
         labels,
         num_classes: args.classes,
         split: Split {
-            train,
-            val: vec![],
-            test: vec![],
+            train: every_tenth(0),
+            val: every_tenth(1),
+            test: every_tenth(2),
         },
     })
 }
@@ -156,7 +170,8 @@ struct Split3 {
     aggregate_bytes: u64,
 }
 
-fn run_pyg(args: &BenchTrainArgs, ds: &InMemoryDataset) -> anyhow::Result<serde_json::Value> {
+/// Exports `ds` in the PyG layout once, then runs the PyG script per `--pyg-adj`.
+fn run_pyg(args: &BenchTrainArgs, ds: &InMemoryDataset) -> anyhow::Result<Vec<serde_json::Value>> {
     let probe = std::process::Command::new(&args.python)
         .args(["-c", "import torch, torch_geometric"])
         .output()
@@ -168,34 +183,17 @@ fn run_pyg(args: &BenchTrainArgs, ds: &InMemoryDataset) -> anyhow::Result<serde_
             String::from_utf8_lossy(&probe.stderr).trim()
         );
     }
-    let dir = tempfile::tempdir().context("creating a temporary directory")?;
-    let g = &ds.graph;
-    let n = ds.labels.len();
-    let mut edge_index = Vec::with_capacity(2 * g.indices.len());
-    edge_index.extend(g.indices.iter().map(|&u| u as i64));
-    for v in 0..n {
-        let deg = (g.offsets[v + 1] - g.offsets[v]) as usize;
-        edge_index.extend(std::iter::repeat_n(v as i64, deg));
-    }
-    let e = g.indices.len() as u64;
-    let p = |name: &str| dir.path().join(name);
-    grandis_npy::write_npy(p("edge_index.npy"), &[2, e], &edge_index)?;
-    drop(edge_index);
-    grandis_npy::write_npy(
-        p("features.npy"),
-        &[n as u64, ds.feature_dim as u64],
-        &ds.features,
-    )?;
-    let labels: Vec<i64> = ds.labels.iter().map(|&l| l as i64).collect();
-    grandis_npy::write_npy(p("labels.npy"), &[n as u64], &labels)?;
-    let train: Vec<i64> = ds.split.train.iter().map(|&v| v as i64).collect();
-    grandis_npy::write_npy(p("train.npy"), &[train.len() as u64], &train)?;
-    tracing::info!("running the PyG baseline ({})", args.pyg_script.display());
-    let out = std::process::Command::new(&args.python)
-        .arg(&args.pyg_script)
-        .arg("--dir")
-        .arg(dir.path())
-        .args([
+    let tmp = tempfile::tempdir().context("creating a temporary directory")?;
+    let dir = tmp.path().join("pyg");
+    grandis_import::export_npy(&ds.view(), &dir, false).context("exporting the graph for PyG")?;
+    let mut results = Vec::new();
+    for adj in &args.pyg_adj {
+        tracing::info!(
+            "running the PyG baseline ({}, {adj})",
+            args.pyg_script.display()
+        );
+        let mut cmd = std::process::Command::new(&args.python);
+        cmd.arg(&args.pyg_script).arg("--dir").arg(&dir).args([
             "--layers",
             &args.layers.to_string(),
             "--hidden",
@@ -206,20 +204,204 @@ fn run_pyg(args: &BenchTrainArgs, ds: &InMemoryDataset) -> anyhow::Result<serde_
             &args.epochs.to_string(),
             "--threads",
             &args.threads.to_string(),
-        ])
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", args.pyg_script.display()))?;
-    if !out.status.success() {
-        bail!("{} failed ({})", args.pyg_script.display(), out.status);
+            "--device",
+            &args.device,
+            "--adj",
+            adj,
+        ]);
+        if args.target_acc.is_some() {
+            cmd.arg("--eval");
+        }
+        let out = cmd
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .with_context(|| format!("running {}", args.pyg_script.display()))?;
+        if !out.status.success() {
+            bail!(
+                "{} --adj {adj} failed ({})",
+                args.pyg_script.display(),
+                out.status
+            );
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout
+            .lines()
+            .last()
+            .context("the PyG baseline printed nothing")?;
+        results.push(
+            serde_json::from_str(last)
+                .with_context(|| format!("the PyG baseline's last line is not JSON: {last}"))?,
+        );
     }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout
-        .lines()
-        .last()
-        .context("the PyG baseline printed nothing")?;
-    serde_json::from_str(last)
-        .with_context(|| format!("the PyG baseline's last line is not JSON: {last}"))
+    Ok(results)
+}
+
+/// What one run of the timed loop measured.
+struct Measured {
+    splits: Vec<Split3>,
+    /// (training seconds so far, validation accuracy) after every epoch, with --target-acc.
+    curve: Vec<(f64, f64)>,
+    last_loss: f64,
+}
+
+/// Trains `args.epochs + 1` epochs (the first is warm-up) on `prepared`, timing each epoch to
+/// the end of its device work and splitting it with `profile`'s operation timers.
+fn timed_epochs<B: grandis_engine::Backend>(
+    prepared: &Prepared<'_, B>,
+    profile: &dyn OpProfile,
+    args: &BenchTrainArgs,
+    cfg: ModelConfig,
+) -> anyhow::Result<Measured> {
+    let b = &prepared.backend;
+    let mut model = Model::new(b, cfg)?;
+    let opts = TrainOptions {
+        epochs: args.epochs + 1,
+        lr: 0.01,
+        weight_decay: 0.0,
+        adamw: false,
+        grad_clip: None,
+        seed: args.seed,
+    };
+    let mut m = Measured {
+        splits: Vec::new(),
+        curve: Vec::new(),
+        last_loss: f64::NAN,
+    };
+    let mut trained_s = 0.0;
+    let mut progress = grandis_telemetry::Progress::new("bench train", Some(opts.epochs as u64));
+    profile.set_op_timing(true);
+    for epoch in 1..=opts.epochs {
+        profile.reset_op_times();
+        let t = Instant::now();
+        let loss = prepared.train_step(&mut model, &opts, epoch)?;
+        b.synchronize()?;
+        let epoch_s = t.elapsed().as_secs_f64();
+        trained_s += epoch_s;
+        m.last_loss = loss;
+        let ops = profile.op_times();
+        let others = profile.other_op_times();
+        let mut line = format!(
+            "epoch {epoch}: loss {loss:.4}, {epoch_s:.3}s (aggregation {:.3}s, gemm {:.3}s)",
+            ops.aggregate_s, ops.gemm_s
+        );
+        if args.target_acc.is_some() {
+            let logits = prepared.logits(&model)?;
+            let val = prepared.accuracy(&logits, prepared.view.val);
+            m.curve.push((trained_s, val));
+            line.push_str(&format!(", val {val:.4} after {trained_s:.2}s of training"));
+        }
+        progress.println(line);
+        progress.inc(1);
+        if epoch > 1 {
+            m.splits.push(Split3 {
+                epoch_s,
+                aggregate_s: ops.aggregate_s,
+                gemm_s: ops.gemm_s,
+                other_s: epoch_s - ops.aggregate_s - ops.gemm_s,
+                aggregate_bytes: ops.aggregate_bytes,
+                other_ops: others.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            });
+        }
+    }
+    profile.set_op_timing(false);
+    progress.finish();
+    Ok(m)
+}
+
+/// Training seconds until the validation accuracy first reached `target`.
+fn seconds_to(curve: &[(f64, f64)], target: f64) -> Option<f64> {
+    curve
+        .iter()
+        .find(|(_, acc)| *acc >= target)
+        .map(|(s, _)| *s)
+}
+
+/// Device-to-device copy rate of `b` (bytes read plus written per second), best of 5 copies
+/// of a 1 GiB buffer: the bandwidth bound an aggregation is held against on a GPU.
+#[cfg(feature = "cuda")]
+fn copy_bandwidth<B: grandis_engine::Backend>(b: &B) -> anyhow::Result<f64> {
+    let n = 256 << 20;
+    let src = b.alloc(n)?;
+    let mut dst = b.alloc(n)?;
+    b.copy(&src, &mut dst, n)?;
+    b.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let start = Instant::now();
+        b.copy(&src, &mut dst, n)?;
+        b.synchronize()?;
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok((2 * n * 4) as f64 / best)
+}
+
+/// What the device side of a run reports.
+struct DeviceRun {
+    measured: Measured,
+    bandwidth: f64,
+    bandwidth_name: &'static str,
+    /// Peak bytes: the process's RSS on the CPU, grandis's live device buffers on a GPU.
+    peak_bytes: u64,
+    peak_name: &'static str,
+    resident_before: u64,
+    device_name: String,
+}
+
+fn run_on_cpu(
+    args: &BenchTrainArgs,
+    ds: &InMemoryDataset,
+    cfg: ModelConfig,
+) -> anyhow::Result<DeviceRun> {
+    grandis_telemetry::reset_peak_rss();
+    let resident_before = grandis_telemetry::current_rss_bytes();
+    let prepared = Prepared::new(ds.view(), ModelKind::Sage, Some(args.threads))?;
+    let bandwidth = triad_bandwidth(&prepared.backend);
+    let measured = timed_epochs(&prepared, &prepared.backend, args, cfg)?;
+    Ok(DeviceRun {
+        measured,
+        bandwidth,
+        bandwidth_name: "triad",
+        peak_bytes: grandis_telemetry::peak_rss_bytes(),
+        peak_name: "peak RSS",
+        resident_before,
+        device_name: format!("cpu ({} threads)", args.threads),
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn run_on_cuda(
+    ordinal: usize,
+    args: &BenchTrainArgs,
+    ds: &InMemoryDataset,
+    cfg: ModelConfig,
+) -> anyhow::Result<DeviceRun> {
+    let backend = crate::train::Device::cuda_backend(ordinal)?;
+    let device_name = backend.device_name().to_string();
+    let bandwidth = copy_bandwidth(&backend)?;
+    let metered = grandis_parallel::metered::Metered::new(backend);
+    let meter = metered.meter.clone();
+    let prepared = Prepared::with_backend(metered, ds.view(), ModelKind::Sage)?;
+    let resident_before = meter.peak();
+    let measured = timed_epochs(&prepared, &prepared.backend.inner, args, cfg)?;
+    Ok(DeviceRun {
+        measured,
+        bandwidth,
+        bandwidth_name: "device-to-device copy",
+        peak_bytes: meter.peak(),
+        peak_name: "peak device memory (grandis buffers)",
+        resident_before,
+        device_name,
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_on_cuda(
+    ordinal: usize,
+    _: &BenchTrainArgs,
+    _: &InMemoryDataset,
+    _: ModelConfig,
+) -> anyhow::Result<DeviceRun> {
+    match crate::train::Device::cuda_backend(ordinal)? {}
 }
 
 pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
@@ -228,6 +410,17 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
             bail!("unknown --baseline '{b}' (expected pyg)");
         }
     }
+    for adj in &args.pyg_adj {
+        if adj != "csr" && adj != "edge_index" {
+            bail!("unknown --pyg-adj '{adj}' (expected csr and/or edge_index)");
+        }
+    }
+    if let Some(t) = args.target_acc {
+        if !(0.0..=1.0).contains(&t) {
+            bail!("--target-acc must be a fraction in 0..1, got {t}");
+        }
+    }
+    let device = crate::train::Device::parse(&args.device)?;
     // Other processes on the machine distort every timing here; the load average is reported
     // with the results so readers can judge them.
     let loadavg = std::fs::read_to_string("/proc/loadavg")
@@ -242,12 +435,6 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
         ds.feature_dim,
         start.elapsed().as_secs_f64()
     );
-    grandis_telemetry::reset_peak_rss();
-    let rss_before = grandis_telemetry::current_rss_bytes();
-    let view = ds.view();
-    let prepared = Prepared::new(view, ModelKind::Sage, Some(args.threads))?;
-    let b = &prepared.backend;
-    let bandwidth = triad_bandwidth(b);
     let cfg = ModelConfig {
         kind: ModelKind::Sage,
         layers: args.layers,
@@ -258,43 +445,11 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
         layer_norm: false,
         seed: args.seed,
     };
-    let mut model = Model::new(b, cfg)?;
-    let opts = TrainOptions {
-        epochs: args.epochs + 1,
-        lr: 0.01,
-        weight_decay: 0.0,
-        adamw: false,
-        grad_clip: None,
-        seed: args.seed,
+    let run = match device {
+        crate::train::Device::Cpu => run_on_cpu(&args, &ds, cfg)?,
+        crate::train::Device::Cuda(ordinal) => run_on_cuda(ordinal, &args, &ds, cfg)?,
     };
-    let mut splits = Vec::new();
-    let mut progress = grandis_telemetry::Progress::new("bench train", Some(opts.epochs as u64));
-    for epoch in 1..=opts.epochs {
-        b.reset_op_times();
-        let t = Instant::now();
-        let loss = prepared.train_step(&mut model, &opts, epoch)?;
-        let epoch_s = t.elapsed().as_secs_f64();
-        let ops = b.op_times();
-        let others = b.other_op_times();
-        progress.println(format!(
-            "epoch {epoch}: loss {loss:.4}, {epoch_s:.3}s (aggregation {:.3}s, gemm {:.3}s)",
-            ops.aggregate_s, ops.gemm_s
-        ));
-        progress.inc(1);
-        tracing::debug!("other ops: {others:?}");
-        if epoch > 1 {
-            splits.push(Split3 {
-                epoch_s,
-                aggregate_s: ops.aggregate_s,
-                gemm_s: ops.gemm_s,
-                other_s: epoch_s - ops.aggregate_s - ops.gemm_s,
-                aggregate_bytes: ops.aggregate_bytes,
-                other_ops: others.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-            });
-        }
-    }
-    progress.finish();
-    let peak = grandis_telemetry::peak_rss_bytes();
+    let mut splits = run.measured.splits.clone();
     // The epoch with the median time, so its split adds up.
     splits.sort_by(|a, b| a.epoch_s.total_cmp(&b.epoch_s));
     let med = splits[splits.len() / 2].clone();
@@ -302,74 +457,96 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
     let median_epoch_s = median(&mut times);
     // The fastest epoch is the least disturbed by other processes on a shared machine.
     let min_epoch_s = times[0];
+    let bandwidth = run.bandwidth;
     let agg_bound_s = med.aggregate_bytes as f64 / bandwidth;
+    let peak = run.peak_bytes;
     println!(
-        "grandis: {} vertices, {} edges, {}-layer SAGE hidden {}, {} threads (load average at start: {loadavg})",
+        "grandis on {}: {} vertices, {} edges, {}-layer SAGE hidden {} (load average at start: {loadavg})",
+        run.device_name,
         ds.labels.len(),
         ds.graph.indices.len(),
         args.layers,
         args.hidden,
-        args.threads
     );
     println!(
-        "  median epoch {:.3}s = aggregation {:.3}s + gemm {:.3}s + rest {:.3}s",
+        "  median epoch {:.4}s = aggregation {:.4}s + gemm {:.4}s + rest {:.4}s",
         median_epoch_s, med.aggregate_s, med.gemm_s, med.other_s
     );
     let listed: Vec<String> = med
         .other_ops
         .iter()
         .take(6)
-        .map(|(k, v)| format!("{k} {v:.3}s"))
+        .map(|(k, v)| format!("{k} {v:.4}s"))
         .collect();
     println!(
-        "  rest: {} (untimed: allocation and bookkeeping {:.3}s)",
+        "  rest: {} (untimed: allocation, launches and bookkeeping {:.4}s)",
         listed.join(", "),
         med.other_s - med.other_ops.iter().map(|(_, v)| v).sum::<f64>()
     );
     println!(
-        "  aggregation moved {:.2} GB; triad bandwidth {:.2} GB/s -> bound {:.3}s ({:.0}% of bound achieved)",
+        "  aggregation moved {:.2} GB; {} bandwidth {:.2} GB/s -> bound {:.4}s ({:.2}x the bound)",
         med.aggregate_bytes as f64 / 1e9,
+        run.bandwidth_name,
         bandwidth / 1e9,
         agg_bound_s,
-        100.0 * agg_bound_s / med.aggregate_s
+        med.aggregate_s / agg_bound_s
     );
     println!(
-        "  peak RSS {:.1} MiB (dataset resident before training: {:.1} MiB)",
+        "  {} {:.1} MiB (resident before training: {:.1} MiB)",
+        run.peak_name,
         peak as f64 / (1 << 20) as f64,
-        rss_before as f64 / (1 << 20) as f64
+        run.resident_before as f64 / (1 << 20) as f64
     );
-    let mut pyg = serde_json::Value::Null;
+    let to_target = args
+        .target_acc
+        .map(|t| (t, seconds_to(&run.measured.curve, t)));
+    if let Some((t, secs)) = to_target {
+        match secs {
+            Some(s) => println!("  validation accuracy {t} after {s:.2}s of training"),
+            None => println!(
+                "  validation accuracy {t} not reached in {} epochs (best {:.4})",
+                args.epochs + 1,
+                run.measured.curve.iter().map(|c| c.1).fold(0.0, f64::max)
+            ),
+        }
+    }
+    let mut pyg = Vec::new();
     if args.baseline.is_some() {
         pyg = run_pyg(&args, &ds)?;
-        let pyg_min = pyg
-            .get("epoch_seconds")
-            .and_then(|v| v.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_f64())
-                    .fold(f64::INFINITY, f64::min)
-            });
-        if let Some(pmin) = pyg_min {
+        for (adj, p) in args.pyg_adj.iter().zip(&pyg) {
+            let get = |k: &str| p.get(k).and_then(|v| v.as_f64());
+            let (Some(t), Some(mem)) = (get("median_epoch_s"), get("peak_bytes")) else {
+                continue;
+            };
             println!(
-                "fastest epochs: grandis {min_epoch_s:.3}s, PyG {pmin:.3}s -> {:.1}x",
-                pmin / min_epoch_s
-            );
-        }
-        if let Some(t) = pyg.get("median_epoch_s").and_then(|v| v.as_f64()) {
-            let rss = pyg
-                .get("peak_rss_bytes")
-                .and_then(|v| v.as_f64())
-                .unwrap_or(f64::NAN);
-            println!(
-                "PyG: median epoch {t:.3}s, peak RSS {:.1} MiB -> grandis is {:.1}x faster, uses {:.2}x the memory",
-                rss / (1 << 20) as f64,
+                "PyG ({adj}): median epoch {t:.4}s, {} {:.1} MiB -> grandis is {:.2}x faster per \
+                 epoch, uses {:.2}x the memory",
+                p.get("peak_name")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("peak"),
+                mem / (1 << 20) as f64,
                 t / median_epoch_s,
-                peak as f64 / rss
+                peak as f64 / mem
             );
+            if let (Some((target, ours)), Some(curve)) =
+                (to_target, p.get("curve").and_then(|c| c.as_array()))
+            {
+                let theirs: Vec<(f64, f64)> = curve
+                    .iter()
+                    .filter_map(|c| Some((c.get(0)?.as_f64()?, c.get(1)?.as_f64()?)))
+                    .collect();
+                let fmt = |s: Option<f64>| s.map_or("not reached".into(), |s| format!("{s:.2}s"));
+                println!(
+                    "  seconds to validation accuracy {target}: grandis {}, PyG ({adj}) {}",
+                    fmt(ours),
+                    fmt(seconds_to(&theirs, target))
+                );
+            }
         }
     }
     if args.json {
         let json = serde_json::json!({
+            "device": run.device_name,
             "vertices": ds.labels.len(),
             "edges": ds.graph.indices.len(),
             "features": ds.feature_dim,
@@ -380,9 +557,15 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
             "median_epoch_s": median_epoch_s,
             "min_epoch_s": min_epoch_s,
             "median_split": med,
-            "triad_bandwidth_bytes_per_s": bandwidth,
+            "bandwidth_kind": run.bandwidth_name,
+            "bandwidth_bytes_per_s": bandwidth,
             "aggregation_bound_s": agg_bound_s,
-            "peak_rss_bytes": peak,
+            "peak_bytes": peak,
+            "peak_kind": run.peak_name,
+            "target_acc": args.target_acc,
+            "seconds_to_target": to_target.and_then(|t| t.1),
+            "val_curve": run.measured.curve,
+            "final_loss": run.measured.last_loss,
             "load_average_at_start": loadavg,
             "pyg": pyg,
         });

@@ -1,5 +1,6 @@
-//! `grandis data ...`: dataset import, generation and inspection.
+//! `grandis data ...`: dataset import, export, generation and inspection.
 
+mod export;
 mod import;
 mod info;
 mod synth;
@@ -10,6 +11,8 @@ use clap::Subcommand;
 pub enum DataCommand {
     /// Convert a dataset from another format into a grandis dataset directory.
     Import(import::ImportArgs),
+    /// Write a dataset in another layout (the PyG .npy layout), for baselines.
+    Export(export::ExportArgs),
     /// Print counts, split sizes and degree statistics of a dataset.
     Info(info::InfoArgs),
     /// Check every checksum, id and label of a dataset.
@@ -21,6 +24,7 @@ pub enum DataCommand {
 pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
     match cmd {
         DataCommand::Import(args) => import::run(args),
+        DataCommand::Export(args) => export::run(args),
         DataCommand::Info(args) => info::run(args),
         DataCommand::Verify(args) => info::verify(args),
         DataCommand::Synth(args) => synth::run(args),

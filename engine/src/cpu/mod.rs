@@ -21,6 +21,7 @@ use crate::backend::{
     dropout_threshold, need, shape_err, AdamStep, Backend, BlockGraph, DropoutKey, EngineError,
     Result,
 };
+use crate::profile::{aggregate_bytes, OpClass, OpProfile, OpTimes};
 use rayon::prelude::*;
 use simd::simd_level;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,16 +33,6 @@ const ROW_CHUNK: usize = 256;
 const RED_CHUNK: usize = 4096;
 /// Elements per task in element-wise kernels.
 const ELEM_CHUNK: usize = 1 << 15;
-
-/// Wall time spent per operation class since the last [`CpuBackend::reset_op_times`].
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct OpTimes {
-    pub aggregate_s: f64,
-    pub gemm_s: f64,
-    pub other_s: f64,
-    /// Bytes the aggregation kernels gathered (source rows read, with repetition) plus wrote.
-    pub aggregate_bytes: u64,
-}
 
 #[derive(Default)]
 struct Timers {
@@ -57,12 +48,6 @@ struct Timers {
 pub struct CpuBackend {
     pool: rayon::ThreadPool,
     timers: Timers,
-}
-
-enum Kind {
-    Agg,
-    Gemm,
-    Other(&'static str),
 }
 
 /// Makes glibc keep freed memory for reuse instead of unmapping it (process-wide, once).
@@ -119,7 +104,30 @@ impl CpuBackend {
         self.pool.install(f)
     }
 
-    pub fn op_times(&self) -> OpTimes {
+    fn timed<R: Send>(&self, kind: OpClass, f: impl FnOnce() -> R + Send) -> R {
+        let start = Instant::now();
+        let r = self.pool.install(f);
+        let ns = start.elapsed().as_nanos() as u64;
+        let counter = match kind {
+            OpClass::Aggregate => &self.timers.agg_ns,
+            OpClass::Gemm => &self.timers.gemm_ns,
+            OpClass::Other(name) => {
+                if let Ok(mut m) = self.timers.by_op.lock() {
+                    *m.entry(name).or_default() += ns;
+                }
+                &self.timers.other_ns
+            }
+        };
+        counter.fetch_add(ns, Ordering::Relaxed);
+        r
+    }
+}
+
+impl OpProfile for CpuBackend {
+    /// Always on: wall-clock timers cost nothing next to a CPU operation.
+    fn set_op_timing(&self, _on: bool) {}
+
+    fn op_times(&self) -> OpTimes {
         let t = &self.timers;
         OpTimes {
             aggregate_s: t.agg_ns.load(Ordering::Relaxed) as f64 * 1e-9,
@@ -129,8 +137,7 @@ impl CpuBackend {
         }
     }
 
-    /// Seconds per operation name (the "other" class broken down), largest first.
-    pub fn other_op_times(&self) -> Vec<(&'static str, f64)> {
+    fn other_op_times(&self) -> Vec<(&'static str, f64)> {
         let mut v: Vec<(&'static str, f64)> = match self.timers.by_op.lock() {
             Ok(m) => m.iter().map(|(&k, &ns)| (k, ns as f64 * 1e-9)).collect(),
             Err(_) => Vec::new(),
@@ -139,7 +146,7 @@ impl CpuBackend {
         v
     }
 
-    pub fn reset_op_times(&self) {
+    fn reset_op_times(&self) {
         if let Ok(mut m) = self.timers.by_op.lock() {
             m.clear();
         }
@@ -147,24 +154,6 @@ impl CpuBackend {
         for c in [&t.agg_ns, &t.gemm_ns, &t.other_ns, &t.agg_bytes] {
             c.store(0, Ordering::Relaxed);
         }
-    }
-
-    fn timed<R: Send>(&self, kind: Kind, f: impl FnOnce() -> R + Send) -> R {
-        let start = Instant::now();
-        let r = self.pool.install(f);
-        let ns = start.elapsed().as_nanos() as u64;
-        let counter = match kind {
-            Kind::Agg => &self.timers.agg_ns,
-            Kind::Gemm => &self.timers.gemm_ns,
-            Kind::Other(name) => {
-                if let Ok(mut m) = self.timers.by_op.lock() {
-                    *m.entry(name).or_default() += ns;
-                }
-                &self.timers.other_ns
-            }
-        };
-        counter.fetch_add(ns, Ordering::Relaxed);
-        r
     }
 }
 
@@ -235,7 +224,7 @@ impl Backend for CpuBackend {
 
     fn fill(&self, buf: &mut Vec<f32>, len: usize, value: f32) -> Result<()> {
         need("fill", "buffer", buf.len(), len)?;
-        self.timed(Kind::Other("fill"), || {
+        self.timed(OpClass::Other("fill"), || {
             buf[..len]
                 .par_chunks_mut(ELEM_CHUNK)
                 .for_each(|c| c.fill(value))
@@ -246,7 +235,7 @@ impl Backend for CpuBackend {
     fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) -> Result<()> {
         need("copy", "src", src.len(), len)?;
         need("copy", "dst", dst.len(), len)?;
-        self.timed(Kind::Other("copy"), || {
+        self.timed(OpClass::Other("copy"), || {
             dst[..len]
                 .par_chunks_mut(ELEM_CHUNK)
                 .zip(src[..len].par_chunks(ELEM_CHUNK))
@@ -276,7 +265,7 @@ impl Backend for CpuBackend {
         if cols == 0 {
             return Ok(());
         }
-        self.timed(Kind::Other("gather_rows"), || {
+        self.timed(OpClass::Other("gather_rows"), || {
             out[..idx.len() * cols]
                 .par_chunks_mut(cols)
                 .zip(idx.par_iter())
@@ -303,7 +292,7 @@ impl Backend for CpuBackend {
         }
         // Sequential on purpose: repeated ids must add up in a fixed order, and this runs on
         // halo rows only.
-        self.timed(Kind::Other("scatter_add_rows"), || {
+        self.timed(OpClass::Other("scatter_add_rows"), || {
             for (i, &r) in idx.iter().enumerate() {
                 let o = &mut out[r as usize * cols..(r as usize + 1) * cols];
                 for (a, &b) in o.iter_mut().zip(&src[i * cols..(i + 1) * cols]) {
@@ -333,7 +322,7 @@ impl Backend for CpuBackend {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        self.timed(Kind::Gemm, || {
+        self.timed(OpClass::Gemm, || {
             gemm::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c)
         });
         Ok(())
@@ -345,7 +334,7 @@ impl Backend for CpuBackend {
         if cols == 0 {
             return Ok(());
         }
-        self.timed(Kind::Other("add_bias"), || {
+        self.timed(OpClass::Other("add_bias"), || {
             x[..rows * cols].par_chunks_mut(cols).for_each(|r| {
                 for (a, &b) in r.iter_mut().zip(&bias[..cols]) {
                     *a += b;
@@ -365,7 +354,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         need("col_sum", "x", x.len(), rows * cols)?;
         need("col_sum", "out", out.len(), cols)?;
-        self.timed(Kind::Other("col_sum"), || {
+        self.timed(OpClass::Other("col_sum"), || {
             let sums = ordered_partials(rows.div_ceil(RED_CHUNK), cols, |ch, p| {
                 let r0 = ch * RED_CHUNK;
                 let r1 = (r0 + RED_CHUNK).min(rows);
@@ -400,8 +389,8 @@ impl Backend for CpuBackend {
         if d == 0 {
             return Ok(());
         }
-        self.timed(Kind::Agg, || g.fwd.run(x, d, out));
-        let bytes = (g.fwd.indices.len() * (d * 4 + 4) + g.n_dst * d * 4) as u64;
+        self.timed(OpClass::Aggregate, || g.fwd.run(x, d, out));
+        let bytes = aggregate_bytes(g.fwd.indices.len(), g.n_dst, d);
         self.timers.agg_bytes.fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
@@ -423,8 +412,8 @@ impl Backend for CpuBackend {
         if d == 0 {
             return Ok(());
         }
-        self.timed(Kind::Agg, || g.bwd.run(grad_out, d, grad_x));
-        let bytes = (g.bwd.indices.len() * (d * 4 + 4) + g.n_src * d * 4) as u64;
+        self.timed(OpClass::Aggregate, || g.bwd.run(grad_out, d, grad_x));
+        let bytes = aggregate_bytes(g.bwd.indices.len(), g.n_src, d);
         self.timers.agg_bytes.fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
@@ -432,14 +421,14 @@ impl Backend for CpuBackend {
     fn relu(&self, x: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
         need("relu", "x", x.len(), len)?;
         need("relu", "out", out.len(), len)?;
-        self.timed(Kind::Other("relu"), || elementwise::relu(x, out, len));
+        self.timed(OpClass::Other("relu"), || elementwise::relu(x, out, len));
         Ok(())
     }
 
     fn relu_backward(&self, y: &Vec<f32>, grad: &mut Vec<f32>, len: usize) -> Result<()> {
         need("relu_backward", "y", y.len(), len)?;
         need("relu_backward", "grad", grad.len(), len)?;
-        self.timed(Kind::Other("relu_backward"), || {
+        self.timed(OpClass::Other("relu_backward"), || {
             elementwise::relu_backward(y, grad, len)
         });
         Ok(())
@@ -471,7 +460,7 @@ impl Backend for CpuBackend {
         let thr = dropout_threshold(p);
         let scale = 1.0 / (1.0 - p);
         let level = simd_level();
-        self.timed(Kind::Other("dropout"), || {
+        self.timed(OpClass::Other("dropout"), || {
             elementwise::dropout(x, out, rows, cols, global_ids, stream, thr, scale, level)
         });
         Ok(())
@@ -501,7 +490,7 @@ impl Backend for CpuBackend {
         let thr = dropout_threshold(p);
         let scale = 1.0 / (1.0 - p);
         let level = simd_level();
-        self.timed(Kind::Other("dropout_backward"), || {
+        self.timed(OpClass::Other("dropout_backward"), || {
             elementwise::dropout_backward(grad, rows, cols, global_ids, stream, thr, scale, level)
         });
         Ok(())
@@ -510,7 +499,7 @@ impl Backend for CpuBackend {
     fn axpy(&self, alpha: f32, x: &Vec<f32>, y: &mut Vec<f32>, len: usize) -> Result<()> {
         need("axpy", "x", x.len(), len)?;
         need("axpy", "y", y.len(), len)?;
-        self.timed(Kind::Other("axpy"), || {
+        self.timed(OpClass::Other("axpy"), || {
             y[..len]
                 .par_chunks_mut(ELEM_CHUNK)
                 .zip(x[..len].par_chunks(ELEM_CHUNK))
@@ -525,7 +514,7 @@ impl Backend for CpuBackend {
 
     fn scale(&self, x: &mut Vec<f32>, alpha: f32, len: usize) -> Result<()> {
         need("scale", "x", x.len(), len)?;
-        self.timed(Kind::Other("scale"), || {
+        self.timed(OpClass::Other("scale"), || {
             x[..len]
                 .par_chunks_mut(ELEM_CHUNK)
                 .for_each(|c| c.iter_mut().for_each(|a| *a *= alpha))
@@ -554,7 +543,7 @@ impl Backend for CpuBackend {
         if cols == 0 {
             return Ok(());
         }
-        self.timed(Kind::Other("layer_norm"), || {
+        self.timed(OpClass::Other("layer_norm"), || {
             elementwise::layer_norm(x, gamma, beta, rows, cols, eps, out, mean, rstd)
         });
         Ok(())
@@ -585,7 +574,7 @@ impl Backend for CpuBackend {
         if cols == 0 {
             return Ok(());
         }
-        self.timed(Kind::Other("layer_norm_backward"), || {
+        self.timed(OpClass::Other("layer_norm_backward"), || {
             elementwise::layer_norm_backward(
                 grad_out, x, gamma, mean, rstd, rows, cols, grad_x, grad_gamma, grad_beta,
             )
@@ -627,7 +616,7 @@ impl Backend for CpuBackend {
                 format!("normalizer must be positive, got {normalizer}"),
             ));
         }
-        let loss = self.timed(Kind::Other("cross_entropy"), || {
+        let loss = self.timed(OpClass::Other("cross_entropy"), || {
             elementwise::cross_entropy(logits, n, classes, rows, labels, normalizer, grad)
         });
         Ok(loss)
@@ -635,7 +624,7 @@ impl Backend for CpuBackend {
 
     fn sum_squares(&self, x: &Vec<f32>, len: usize) -> Result<f64> {
         need("sum_squares", "x", x.len(), len)?;
-        Ok(self.timed(Kind::Other("sum_squares"), || {
+        Ok(self.timed(OpClass::Other("sum_squares"), || {
             ordered_partials(len.div_ceil(ELEM_CHUNK), 1, |ch, p| {
                 let s = ch * ELEM_CHUNK;
                 let e = (s + ELEM_CHUNK).min(len);
@@ -668,7 +657,7 @@ impl Backend for CpuBackend {
         let bc2 = 1.0 - (s.beta2 as f64).powf(s.step as f64);
         let (bc1, bc2) = (bc1 as f32, bc2 as f32);
         let s = *s;
-        self.timed(Kind::Other("adam_step"), || {
+        self.timed(OpClass::Other("adam_step"), || {
             elementwise::adam_step(param, grad, m, v, len, &s, bc1, bc2)
         });
         Ok(())

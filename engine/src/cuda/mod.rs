@@ -31,14 +31,16 @@ use crate::backend::{
     dropout_threshold, need, shape_err, AdamStep, Backend, BlockGraph, DropoutKey, EngineError,
     Result,
 };
+use crate::profile::{aggregate_bytes, OpClass, OpProfile, OpTimes};
 use cudarc::cublas::{sys as cublas_sys, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
-    ValidAsZeroBits,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 const BACKEND: &str = "cuda";
@@ -116,6 +118,60 @@ pub fn device_count() -> Result<usize> {
     })
 }
 
+/// Free and total memory of device `ordinal` in bytes (opens its primary context), or a
+/// clean error when there is no driver or no such device.
+pub fn device_memory(ordinal: usize) -> Result<(u64, u64)> {
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(EngineError::Device {
+            backend: BACKEND,
+            message: format!(
+                "device cuda:{ordinal} does not exist: the driver reports {count} device(s)"
+            ),
+        });
+    }
+    guarded("querying device memory", || {
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| dev_err(format!("creating a context on cuda:{ordinal}"), e))?;
+        let (free, total) = ctx.mem_get_info().map_err(|e| dev_err("cuMemGetInfo", e))?;
+        Ok((free as u64, total as u64))
+    })
+}
+
+/// What `grandis train --device cuda:N` prints: the device's name, its memory and the CUDA
+/// versions found (the driver's and NVRTC's), or the clean error of a missing driver,
+/// device or library.
+pub fn describe_device(ordinal: usize) -> Result<String> {
+    let (free, total) = device_memory(ordinal)?;
+    guarded("describing the CUDA device", || {
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| dev_err(format!("creating a context on cuda:{ordinal}"), e))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown device".into());
+        let mut driver = 0i32;
+        // SAFETY: writes one int; the driver library is loaded (device_memory succeeded).
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }
+            .result()
+            .map_err(|e| dev_err("cuDriverGetVersion", e))?;
+        // SAFETY: only tries to dlopen the library by its usual names.
+        let nvrtc = if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            let (mut major, mut minor) = (0i32, 0i32);
+            // SAFETY: writes two ints; the library is present.
+            unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+            format!("NVRTC {major}.{minor}")
+        } else {
+            "NVRTC not found".into()
+        };
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        Ok(format!(
+            "cuda:{ordinal}: {name}, {:.1} GiB ({:.1} GiB free), driver CUDA {}.{}, {nvrtc}",
+            gib(total),
+            gib(free),
+            driver / 1000,
+            (driver % 1000) / 10
+        ))
+    })
+}
+
 /// PTX of [`kernels::SOURCE`], compiled once per process (PTX does not depend on the
 /// context; each backend loads it into its own).
 static PTX: OnceLock<std::result::Result<Ptx, String>> = OnceLock::new();
@@ -189,6 +245,7 @@ impl CudaIndex {
 /// One direction of an uploaded graph: `out[v] = dst[v] * sum_u src[u] * x[u] + self[v] x[v]`.
 struct DevCsr {
     n_rows: usize,
+    n_edges: usize,
     offsets: CudaSlice<u64>,
     indices: CudaSlice<u32>,
     dst: CudaSlice<f32>,
@@ -213,6 +270,15 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     funcs: HashMap<&'static str, CudaFunction>,
+    clock: OpClock,
+}
+
+/// The event pairs recorded around operations while timing is on ([`OpProfile`]).
+#[derive(Default)]
+struct OpClock {
+    on: AtomicBool,
+    spans: Mutex<Vec<(OpClass, CudaEvent, CudaEvent)>>,
+    aggregate_bytes: AtomicU64,
 }
 
 fn elem_cfg(n: u64) -> LaunchConfig {
@@ -443,6 +509,7 @@ impl CudaBackend {
             stream,
             blas,
             funcs,
+            clock: OpClock::default(),
         })
     }
 
@@ -462,6 +529,28 @@ impl CudaBackend {
     /// The stream every operation of this backend is queued on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Runs `f` (which queues work on the stream) between two recorded events when timing is
+    /// on; the events are read by [`OpProfile::op_times`].
+    fn timed<R>(&self, class: OpClass, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        if !self.clock.on.load(Ordering::Relaxed) {
+            return f();
+        }
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = self
+            .stream
+            .record_event(flags)
+            .map_err(|e| dev_err("recording a timing event", e))?;
+        let r = f()?;
+        let end = self
+            .stream
+            .record_event(flags)
+            .map_err(|e| dev_err("recording a timing event", e))?;
+        if let Ok(mut spans) = self.clock.spans.lock() {
+            spans.push((class, start, end));
+        }
+        Ok(r)
     }
 
     fn func(&self, name: &'static str) -> Result<&CudaFunction> {
@@ -526,6 +615,7 @@ impl CudaBackend {
     ) -> Result<DevCsr> {
         Ok(DevCsr {
             n_rows: offsets.len() - 1,
+            n_edges: indices.len(),
             offsets: self.to_dev("graph offsets", offsets)?,
             indices: self.to_dev("graph indices", indices)?,
             dst: self.to_dev("graph scales", dst)?,
@@ -545,6 +635,23 @@ impl CudaBackend {
         if g.n_rows == 0 || d == 0 {
             return Ok(());
         }
+        if self.clock.on.load(Ordering::Relaxed) {
+            let edges = g.indices.len().min(g.n_edges);
+            self.clock
+                .aggregate_bytes
+                .fetch_add(aggregate_bytes(edges, g.n_rows, d), Ordering::Relaxed);
+        }
+        self.timed(OpClass::Aggregate, || self.launch_csr(op, g, x, d, out))
+    }
+
+    fn launch_csr(
+        &self,
+        op: &'static str,
+        g: &DevCsr,
+        x: &CudaBuf,
+        d: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
         let cfg = csr_cfg(op, g.n_rows, d)?;
         let (has_src, has_self) = (g.src.is_some() as i32, g.self_.is_some() as i32);
         // Absent scale vectors are never read (flag 0); any valid pointer stands in.
@@ -645,6 +752,62 @@ impl CudaBackend {
     }
 }
 
+impl OpProfile for CudaBackend {
+    fn set_op_timing(&self, on: bool) {
+        self.clock.on.store(on, Ordering::Relaxed);
+    }
+
+    fn reset_op_times(&self) {
+        if let Ok(mut spans) = self.clock.spans.lock() {
+            spans.clear();
+        }
+        self.clock.aggregate_bytes.store(0, Ordering::Relaxed);
+    }
+
+    fn op_times(&self) -> OpTimes {
+        let mut t = OpTimes {
+            aggregate_bytes: self.clock.aggregate_bytes.load(Ordering::Relaxed),
+            ..OpTimes::default()
+        };
+        for (class, seconds) in self.span_seconds() {
+            match class {
+                OpClass::Aggregate => t.aggregate_s += seconds,
+                OpClass::Gemm => t.gemm_s += seconds,
+                OpClass::Other(_) => t.other_s += seconds,
+            }
+        }
+        t
+    }
+
+    fn other_op_times(&self) -> Vec<(&'static str, f64)> {
+        let mut by_name: std::collections::BTreeMap<&'static str, f64> = Default::default();
+        for (class, seconds) in self.span_seconds() {
+            if let OpClass::Other(name) = class {
+                *by_name.entry(name).or_default() += seconds;
+            }
+        }
+        let mut v: Vec<_> = by_name.into_iter().collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    }
+}
+
+impl CudaBackend {
+    /// Seconds between each recorded event pair (waits for the events).
+    fn span_seconds(&self) -> Vec<(OpClass, f64)> {
+        let Ok(spans) = self.clock.spans.lock() else {
+            return Vec::new();
+        };
+        spans
+            .iter()
+            .map(|(class, start, end)| {
+                let ms = start.elapsed_ms(end).unwrap_or(f32::NAN);
+                (*class, ms as f64 * 1e-3)
+            })
+            .collect()
+    }
+}
+
 fn check_index_range(op: &'static str, what: &str, idx: &CudaIndex, limit: usize) -> Result<()> {
     match idx.max {
         Some(m) if m as usize >= limit => Err(shape_err(
@@ -718,30 +881,34 @@ impl Backend for CudaBackend {
     }
 
     fn fill(&self, buf: &mut CudaBuf, len: usize, value: f32) -> Result<()> {
-        need("fill", "buffer", buf.len, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let n = len as u64;
-        let f = self.func("fill_f32")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&mut buf.data).arg(&n).arg(&value);
-        // SAFETY: buf has at least n elements.
-        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("fill", e))?;
-        Ok(())
+        self.timed(OpClass::Other("fill"), || {
+            need("fill", "buffer", buf.len, len)?;
+            if len == 0 {
+                return Ok(());
+            }
+            let n = len as u64;
+            let f = self.func("fill_f32")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&mut buf.data).arg(&n).arg(&value);
+            // SAFETY: buf has at least n elements.
+            unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("fill", e))?;
+            Ok(())
+        })
     }
 
     fn copy(&self, src: &CudaBuf, dst: &mut CudaBuf, len: usize) -> Result<()> {
-        need("copy", "src", src.len, len)?;
-        need("copy", "dst", dst.len, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let s = src.data.slice(0..len);
-        let mut d = dst.data.slice_mut(0..len);
-        self.stream
-            .memcpy_dtod(&s, &mut d)
-            .map_err(|e| dev_err("copy", e))
+        self.timed(OpClass::Other("copy"), || {
+            need("copy", "src", src.len, len)?;
+            need("copy", "dst", dst.len, len)?;
+            if len == 0 {
+                return Ok(());
+            }
+            let s = src.data.slice(0..len);
+            let mut d = dst.data.slice_mut(0..len);
+            self.stream
+                .memcpy_dtod(&s, &mut d)
+                .map_err(|e| dev_err("copy", e))
+        })
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -755,30 +922,32 @@ impl Backend for CudaBackend {
         idx: &CudaIndex,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let n = elems("gather_rows", idx.host.len(), cols)?;
-        need("gather_rows", "out", out.len, n)?;
-        if let Some(m) = idx.max {
-            if (m as usize + 1) * cols > src.len {
-                return Err(shape_err(
-                    "gather_rows",
-                    format!("row {m} is outside src ({} elements)", src.len),
-                ));
+        self.timed(OpClass::Other("gather_rows"), || {
+            let n = elems("gather_rows", idx.host.len(), cols)?;
+            need("gather_rows", "out", out.len, n)?;
+            if let Some(m) = idx.max {
+                if (m as usize + 1) * cols > src.len {
+                    return Err(shape_err(
+                        "gather_rows",
+                        format!("row {m} is outside src ({} elements)", src.len),
+                    ));
+                }
             }
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let (n, cols) = (n as u64, cols as u64);
-        let f = self.func("gather_rows")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&src.data)
-            .arg(&idx.data)
-            .arg(&mut out.data)
-            .arg(&n)
-            .arg(&cols);
-        // SAFETY: every idx row is inside src (checked above), out has n elements.
-        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("gather_rows", e))?;
-        Ok(())
+            if n == 0 {
+                return Ok(());
+            }
+            let (n, cols) = (n as u64, cols as u64);
+            let f = self.func("gather_rows")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&src.data)
+                .arg(&idx.data)
+                .arg(&mut out.data)
+                .arg(&n)
+                .arg(&cols);
+            // SAFETY: every idx row is inside src (checked above), out has n elements.
+            unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("gather_rows", e))?;
+            Ok(())
+        })
     }
 
     fn scatter_add_rows(
@@ -788,35 +957,37 @@ impl Backend for CudaBackend {
         idx: &CudaIndex,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let n = elems("scatter_add_rows", idx.host.len(), cols)?;
-        need("scatter_add_rows", "src", src.len, n)?;
-        if let Some(m) = idx.max {
-            if (m as usize + 1) * cols > out.len {
-                return Err(shape_err(
-                    "scatter_add_rows",
-                    format!("row {m} is outside out ({} elements)", out.len),
-                ));
+        self.timed(OpClass::Other("scatter_add_rows"), || {
+            let n = elems("scatter_add_rows", idx.host.len(), cols)?;
+            need("scatter_add_rows", "src", src.len, n)?;
+            if let Some(m) = idx.max {
+                if (m as usize + 1) * cols > out.len {
+                    return Err(shape_err(
+                        "scatter_add_rows",
+                        format!("row {m} is outside out ({} elements)", out.len),
+                    ));
+                }
             }
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let plan = self.scatter_plan(idx)?;
-        let (n_groups, cols) = (plan.n_groups as u64, cols as u64);
-        let f = self.func("scatter_add_grouped")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&src.data)
-            .arg(&plan.targets)
-            .arg(&plan.offsets)
-            .arg(&plan.positions)
-            .arg(&mut out.data)
-            .arg(&n_groups)
-            .arg(&cols);
-        // SAFETY: the plan's targets are idx values (inside out), positions < idx.len()
-        // (inside src); each output element is written by exactly one thread.
-        unsafe { b.launch(elem_cfg(n_groups * cols)) }
-            .map_err(|e| dev_err("scatter_add_rows", e))?;
-        Ok(())
+            if n == 0 {
+                return Ok(());
+            }
+            let plan = self.scatter_plan(idx)?;
+            let (n_groups, cols) = (plan.n_groups as u64, cols as u64);
+            let f = self.func("scatter_add_grouped")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&src.data)
+                .arg(&plan.targets)
+                .arg(&plan.offsets)
+                .arg(&plan.positions)
+                .arg(&mut out.data)
+                .arg(&n_groups)
+                .arg(&cols);
+            // SAFETY: the plan's targets are idx values (inside out), positions < idx.len()
+            // (inside src); each output element is written by exactly one thread.
+            unsafe { b.launch(elem_cfg(n_groups * cols)) }
+                .map_err(|e| dev_err("scatter_add_rows", e))?;
+            Ok(())
+        })
     }
 
     fn gemm(
@@ -832,74 +1003,78 @@ impl Backend for CudaBackend {
         beta: f32,
         c: &mut CudaBuf,
     ) -> Result<()> {
-        need("gemm", "A", a.len, elems("gemm", m, k)?)?;
-        need("gemm", "B", b.len, elems("gemm", k, n)?)?;
-        let mn = elems("gemm", m, n)?;
-        need("gemm", "C", c.len, mn)?;
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        if k == 0 {
-            // cuBLAS rejects a leading dimension of 0; C = beta * C (beta = 0 clears NaN).
-            return if beta == 0.0 {
-                self.fill(c, mn, 0.0)
+        self.timed(OpClass::Gemm, || {
+            need("gemm", "A", a.len, elems("gemm", m, k)?)?;
+            need("gemm", "B", b.len, elems("gemm", k, n)?)?;
+            let mn = elems("gemm", m, n)?;
+            need("gemm", "C", c.len, mn)?;
+            if m == 0 || n == 0 {
+                return Ok(());
+            }
+            if k == 0 {
+                // cuBLAS rejects a leading dimension of 0; C = beta * C (beta = 0 clears NaN).
+                return if beta == 0.0 {
+                    self.fill(c, mn, 0.0)
+                } else {
+                    self.scale(c, beta, mn)
+                };
+            }
+            let dims = [m, n, k];
+            if dims.iter().any(|&x| x > i32::MAX as usize) {
+                return Err(shape_err(
+                    "gemm",
+                    format!("{m} x {n} x {k} exceeds cuBLAS's 32-bit dimensions"),
+                ));
+            }
+            let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+            // Row-major C (m x n) is column-major C^T (n x m): compute C^T = op(B)^T op(A)^T,
+            // where each row-major operand read column-major is already its transpose.
+            use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+            let (op_b, ldb) = if trans_b {
+                (CUBLAS_OP_T, ki)
             } else {
-                self.scale(c, beta, mn)
+                (CUBLAS_OP_N, ni)
             };
-        }
-        let dims = [m, n, k];
-        if dims.iter().any(|&x| x > i32::MAX as usize) {
-            return Err(shape_err(
-                "gemm",
-                format!("{m} x {n} x {k} exceeds cuBLAS's 32-bit dimensions"),
-            ));
-        }
-        let (mi, ni, ki) = (m as i32, n as i32, k as i32);
-        // Row-major C (m x n) is column-major C^T (n x m): compute C^T = op(B)^T op(A)^T,
-        // where each row-major operand read column-major is already its transpose.
-        use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
-        let (op_b, ldb) = if trans_b {
-            (CUBLAS_OP_T, ki)
-        } else {
-            (CUBLAS_OP_N, ni)
-        };
-        let (op_a, lda) = if trans_a {
-            (CUBLAS_OP_T, mi)
-        } else {
-            (CUBLAS_OP_N, ki)
-        };
-        let cfg = GemmConfig {
-            transa: op_b,
-            transb: op_a,
-            m: ni,
-            n: mi,
-            k: ki,
-            alpha,
-            lda: ldb,
-            ldb: lda,
-            beta,
-            ldc: ni,
-        };
-        // SAFETY: A, B and C hold at least m*k, k*n and m*n elements (checked above) and the
-        // leading dimensions describe exactly those dense matrices.
-        unsafe { self.blas.gemm(cfg, &b.data, &a.data, &mut c.data) }
-            .map_err(|e| dev_err(format!("gemm {m}x{n}x{k} (cuBLAS)"), e))
+            let (op_a, lda) = if trans_a {
+                (CUBLAS_OP_T, mi)
+            } else {
+                (CUBLAS_OP_N, ki)
+            };
+            let cfg = GemmConfig {
+                transa: op_b,
+                transb: op_a,
+                m: ni,
+                n: mi,
+                k: ki,
+                alpha,
+                lda: ldb,
+                ldb: lda,
+                beta,
+                ldc: ni,
+            };
+            // SAFETY: A, B and C hold at least m*k, k*n and m*n elements (checked above) and the
+            // leading dimensions describe exactly those dense matrices.
+            unsafe { self.blas.gemm(cfg, &b.data, &a.data, &mut c.data) }
+                .map_err(|e| dev_err(format!("gemm {m}x{n}x{k} (cuBLAS)"), e))
+        })
     }
 
     fn add_bias(&self, x: &mut CudaBuf, bias: &CudaBuf, rows: usize, cols: usize) -> Result<()> {
-        let n = elems("add_bias", rows, cols)?;
-        need("add_bias", "x", x.len, n)?;
-        need("add_bias", "bias", bias.len, cols)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let (n, cols) = (n as u64, cols as u64);
-        let f = self.func("add_bias")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&mut x.data).arg(&bias.data).arg(&n).arg(&cols);
-        // SAFETY: x has n elements, bias cols.
-        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("add_bias", e))?;
-        Ok(())
+        self.timed(OpClass::Other("add_bias"), || {
+            let n = elems("add_bias", rows, cols)?;
+            need("add_bias", "x", x.len, n)?;
+            need("add_bias", "bias", bias.len, cols)?;
+            if n == 0 {
+                return Ok(());
+            }
+            let (n, cols) = (n as u64, cols as u64);
+            let f = self.func("add_bias")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&mut x.data).arg(&bias.data).arg(&n).arg(&cols);
+            // SAFETY: x has n elements, bias cols.
+            unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("add_bias", e))?;
+            Ok(())
+        })
     }
 
     fn col_sum(
@@ -910,30 +1085,32 @@ impl Backend for CudaBackend {
         beta: f32,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        need("col_sum", "x", x.len, elems("col_sum", rows, cols)?)?;
-        need("col_sum", "out", out.len, cols)?;
-        if cols == 0 {
-            return Ok(());
-        }
-        let (rows64, cols64) = (rows as u64, cols as u64);
-        let n_chunks = rows64.div_ceil(kernels::RED_CHUNK);
-        let part = self.zeros::<f64>("column partial sums", (n_chunks * cols64) as usize)?;
-        let mut part = part;
-        if n_chunks > 0 {
-            let chunk = kernels::RED_CHUNK;
-            let f = self.func("col_partials")?;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(&x.data)
-                .arg(&rows64)
-                .arg(&cols64)
-                .arg(&chunk)
-                .arg(&n_chunks)
-                .arg(&mut part);
-            // SAFETY: x has rows*cols elements, part n_chunks*cols.
-            unsafe { b.launch(col_chunks_cfg(cols64, n_chunks)) }
-                .map_err(|e| dev_err("col_sum", e))?;
-        }
-        self.finish_partials("col_sum", &part, n_chunks, cols64, 0, cols64, beta, out)
+        self.timed(OpClass::Other("col_sum"), || {
+            need("col_sum", "x", x.len, elems("col_sum", rows, cols)?)?;
+            need("col_sum", "out", out.len, cols)?;
+            if cols == 0 {
+                return Ok(());
+            }
+            let (rows64, cols64) = (rows as u64, cols as u64);
+            let n_chunks = rows64.div_ceil(kernels::RED_CHUNK);
+            let part = self.zeros::<f64>("column partial sums", (n_chunks * cols64) as usize)?;
+            let mut part = part;
+            if n_chunks > 0 {
+                let chunk = kernels::RED_CHUNK;
+                let f = self.func("col_partials")?;
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&x.data)
+                    .arg(&rows64)
+                    .arg(&cols64)
+                    .arg(&chunk)
+                    .arg(&n_chunks)
+                    .arg(&mut part);
+                // SAFETY: x has rows*cols elements, part n_chunks*cols.
+                unsafe { b.launch(col_chunks_cfg(cols64, n_chunks)) }
+                    .map_err(|e| dev_err("col_sum", e))?;
+            }
+            self.finish_partials("col_sum", &part, n_chunks, cols64, 0, cols64, beta, out)
+        })
     }
 
     fn upload_graph(&self, g: &BlockGraph) -> Result<CudaGraph> {
@@ -993,33 +1170,37 @@ impl Backend for CudaBackend {
     }
 
     fn relu(&self, x: &CudaBuf, out: &mut CudaBuf, len: usize) -> Result<()> {
-        need("relu", "x", x.len, len)?;
-        need("relu", "out", out.len, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let n = len as u64;
-        let f = self.func("relu_fwd")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&x.data).arg(&mut out.data).arg(&n);
-        // SAFETY: both buffers have at least n elements.
-        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("relu", e))?;
-        Ok(())
+        self.timed(OpClass::Other("relu"), || {
+            need("relu", "x", x.len, len)?;
+            need("relu", "out", out.len, len)?;
+            if len == 0 {
+                return Ok(());
+            }
+            let n = len as u64;
+            let f = self.func("relu_fwd")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&x.data).arg(&mut out.data).arg(&n);
+            // SAFETY: both buffers have at least n elements.
+            unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("relu", e))?;
+            Ok(())
+        })
     }
 
     fn relu_backward(&self, y: &CudaBuf, grad: &mut CudaBuf, len: usize) -> Result<()> {
-        need("relu_backward", "y", y.len, len)?;
-        need("relu_backward", "grad", grad.len, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let n = len as u64;
-        let f = self.func("relu_bwd")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&y.data).arg(&mut grad.data).arg(&n);
-        // SAFETY: both buffers have at least n elements.
-        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("relu_backward", e))?;
-        Ok(())
+        self.timed(OpClass::Other("relu_backward"), || {
+            need("relu_backward", "y", y.len, len)?;
+            need("relu_backward", "grad", grad.len, len)?;
+            if len == 0 {
+                return Ok(());
+            }
+            let n = len as u64;
+            let f = self.func("relu_bwd")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&y.data).arg(&mut grad.data).arg(&n);
+            // SAFETY: both buffers have at least n elements.
+            unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("relu_backward", e))?;
+            Ok(())
+        })
     }
 
     fn dropout(
@@ -1032,38 +1213,40 @@ impl Backend for CudaBackend {
         p: f32,
         key: DropoutKey,
     ) -> Result<()> {
-        let n = elems("dropout", rows, cols)?;
-        need("dropout", "x", x.len, n)?;
-        need("dropout", "out", out.len, n)?;
-        need("dropout", "global_ids", global_ids.host.len(), rows)?;
-        if !(0.0..1.0).contains(&p) {
-            return Err(shape_err(
-                "dropout",
-                format!("p must be in [0, 1), got {p}"),
-            ));
-        }
-        if n == 0 {
-            return Ok(());
-        }
-        let stream = key.stream();
-        let thr = dropout_threshold(p);
-        let scale = 1.0f32 / (1.0 - p);
-        let p_zero = (p == 0.0) as i32;
-        let (rows, cols) = (rows as u64, cols as u64);
-        let f = self.func("dropout_fwd")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&x.data)
-            .arg(&mut out.data)
-            .arg(&rows)
-            .arg(&cols)
-            .arg(&global_ids.data)
-            .arg(&stream)
-            .arg(&thr)
-            .arg(&scale)
-            .arg(&p_zero);
-        // SAFETY: x and out have rows*cols elements, global_ids at least rows.
-        unsafe { b.launch(elem_cfg(rows * cols)) }.map_err(|e| dev_err("dropout", e))?;
-        Ok(())
+        self.timed(OpClass::Other("dropout"), || {
+            let n = elems("dropout", rows, cols)?;
+            need("dropout", "x", x.len, n)?;
+            need("dropout", "out", out.len, n)?;
+            need("dropout", "global_ids", global_ids.host.len(), rows)?;
+            if !(0.0..1.0).contains(&p) {
+                return Err(shape_err(
+                    "dropout",
+                    format!("p must be in [0, 1), got {p}"),
+                ));
+            }
+            if n == 0 {
+                return Ok(());
+            }
+            let stream = key.stream();
+            let thr = dropout_threshold(p);
+            let scale = 1.0f32 / (1.0 - p);
+            let p_zero = (p == 0.0) as i32;
+            let (rows, cols) = (rows as u64, cols as u64);
+            let f = self.func("dropout_fwd")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&x.data)
+                .arg(&mut out.data)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&global_ids.data)
+                .arg(&stream)
+                .arg(&thr)
+                .arg(&scale)
+                .arg(&p_zero);
+            // SAFETY: x and out have rows*cols elements, global_ids at least rows.
+            unsafe { b.launch(elem_cfg(rows * cols)) }.map_err(|e| dev_err("dropout", e))?;
+            Ok(())
+        })
     }
 
     fn dropout_backward(
@@ -1075,61 +1258,67 @@ impl Backend for CudaBackend {
         p: f32,
         key: DropoutKey,
     ) -> Result<()> {
-        let op = "dropout_backward";
-        let n = elems(op, rows, cols)?;
-        need(op, "grad", grad.len, n)?;
-        need(op, "global_ids", global_ids.host.len(), rows)?;
-        if !(0.0..1.0).contains(&p) {
-            return Err(shape_err(op, format!("p must be in [0, 1), got {p}")));
-        }
-        if n == 0 || p == 0.0 {
-            return Ok(());
-        }
-        let stream = key.stream();
-        let thr = dropout_threshold(p);
-        let scale = 1.0f32 / (1.0 - p);
-        let (rows, cols) = (rows as u64, cols as u64);
-        let f = self.func("dropout_bwd")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&mut grad.data)
-            .arg(&rows)
-            .arg(&cols)
-            .arg(&global_ids.data)
-            .arg(&stream)
-            .arg(&thr)
-            .arg(&scale);
-        // SAFETY: grad has rows*cols elements, global_ids at least rows.
-        unsafe { b.launch(elem_cfg(rows * cols)) }.map_err(|e| dev_err(op, e))?;
-        Ok(())
+        self.timed(OpClass::Other("dropout_backward"), || {
+            let op = "dropout_backward";
+            let n = elems(op, rows, cols)?;
+            need(op, "grad", grad.len, n)?;
+            need(op, "global_ids", global_ids.host.len(), rows)?;
+            if !(0.0..1.0).contains(&p) {
+                return Err(shape_err(op, format!("p must be in [0, 1), got {p}")));
+            }
+            if n == 0 || p == 0.0 {
+                return Ok(());
+            }
+            let stream = key.stream();
+            let thr = dropout_threshold(p);
+            let scale = 1.0f32 / (1.0 - p);
+            let (rows, cols) = (rows as u64, cols as u64);
+            let f = self.func("dropout_bwd")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&mut grad.data)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&global_ids.data)
+                .arg(&stream)
+                .arg(&thr)
+                .arg(&scale);
+            // SAFETY: grad has rows*cols elements, global_ids at least rows.
+            unsafe { b.launch(elem_cfg(rows * cols)) }.map_err(|e| dev_err(op, e))?;
+            Ok(())
+        })
     }
 
     fn axpy(&self, alpha: f32, x: &CudaBuf, y: &mut CudaBuf, len: usize) -> Result<()> {
-        need("axpy", "x", x.len, len)?;
-        need("axpy", "y", y.len, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let n = len as u64;
-        let f = self.func("axpy_f32")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&x.data).arg(&mut y.data).arg(&n).arg(&alpha);
-        // SAFETY: both buffers have at least n elements.
-        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("axpy", e))?;
-        Ok(())
+        self.timed(OpClass::Other("axpy"), || {
+            need("axpy", "x", x.len, len)?;
+            need("axpy", "y", y.len, len)?;
+            if len == 0 {
+                return Ok(());
+            }
+            let n = len as u64;
+            let f = self.func("axpy_f32")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&x.data).arg(&mut y.data).arg(&n).arg(&alpha);
+            // SAFETY: both buffers have at least n elements.
+            unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("axpy", e))?;
+            Ok(())
+        })
     }
 
     fn scale(&self, x: &mut CudaBuf, alpha: f32, len: usize) -> Result<()> {
-        need("scale", "x", x.len, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        let n = len as u64;
-        let f = self.func("scale_f32")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&mut x.data).arg(&n).arg(&alpha);
-        // SAFETY: x has at least n elements.
-        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("scale", e))?;
-        Ok(())
+        self.timed(OpClass::Other("scale"), || {
+            need("scale", "x", x.len, len)?;
+            if len == 0 {
+                return Ok(());
+            }
+            let n = len as u64;
+            let f = self.func("scale_f32")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&mut x.data).arg(&n).arg(&alpha);
+            // SAFETY: x has at least n elements.
+            unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("scale", e))?;
+            Ok(())
+        })
     }
 
     fn layer_norm(
@@ -1144,33 +1333,35 @@ impl Backend for CudaBackend {
         mean: &mut CudaBuf,
         rstd: &mut CudaBuf,
     ) -> Result<()> {
-        let op = "layer_norm";
-        let n = elems(op, rows, cols)?;
-        need(op, "x", x.len, n)?;
-        need(op, "out", out.len, n)?;
-        need(op, "gamma", gamma.len, cols)?;
-        need(op, "beta", beta.len, cols)?;
-        need(op, "mean", mean.len, rows)?;
-        need(op, "rstd", rstd.len, rows)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let (rows, cols) = (rows as u64, cols as u64);
-        let cfg = warp_rows_cfg(op, rows)?;
-        let f = self.func("layer_norm_fwd")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&x.data)
-            .arg(&gamma.data)
-            .arg(&beta.data)
-            .arg(&rows)
-            .arg(&cols)
-            .arg(&eps)
-            .arg(&mut out.data)
-            .arg(&mut mean.data)
-            .arg(&mut rstd.data);
-        // SAFETY: sizes checked above.
-        unsafe { b.launch(cfg) }.map_err(|e| dev_err(op, e))?;
-        Ok(())
+        self.timed(OpClass::Other("layer_norm"), || {
+            let op = "layer_norm";
+            let n = elems(op, rows, cols)?;
+            need(op, "x", x.len, n)?;
+            need(op, "out", out.len, n)?;
+            need(op, "gamma", gamma.len, cols)?;
+            need(op, "beta", beta.len, cols)?;
+            need(op, "mean", mean.len, rows)?;
+            need(op, "rstd", rstd.len, rows)?;
+            if n == 0 {
+                return Ok(());
+            }
+            let (rows, cols) = (rows as u64, cols as u64);
+            let cfg = warp_rows_cfg(op, rows)?;
+            let f = self.func("layer_norm_fwd")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&x.data)
+                .arg(&gamma.data)
+                .arg(&beta.data)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&eps)
+                .arg(&mut out.data)
+                .arg(&mut mean.data)
+                .arg(&mut rstd.data);
+            // SAFETY: sizes checked above.
+            unsafe { b.launch(cfg) }.map_err(|e| dev_err(op, e))?;
+            Ok(())
+        })
     }
 
     fn layer_norm_backward(
@@ -1186,56 +1377,59 @@ impl Backend for CudaBackend {
         grad_gamma: &mut CudaBuf,
         grad_beta: &mut CudaBuf,
     ) -> Result<()> {
-        let op = "layer_norm_backward";
-        let n = elems(op, rows, cols)?;
-        need(op, "grad_out", grad_out.len, n)?;
-        need(op, "x", x.len, n)?;
-        need(op, "grad_x", grad_x.len, n)?;
-        need(op, "gamma", gamma.len, cols)?;
-        need(op, "grad_gamma", grad_gamma.len, cols)?;
-        need(op, "grad_beta", grad_beta.len, cols)?;
-        need(op, "mean", mean.len, rows)?;
-        need(op, "rstd", rstd.len, rows)?;
-        if cols == 0 {
-            return Ok(());
-        }
-        let (rows64, cols64) = (rows as u64, cols as u64);
-        let n_chunks = rows64.div_ceil(kernels::RED_CHUNK);
-        let mut part =
-            self.zeros::<f64>("LayerNorm partial sums", (n_chunks * 2 * cols64) as usize)?;
-        if rows > 0 {
-            let cfg = warp_rows_cfg(op, rows64)?;
-            let f = self.func("layer_norm_bwd_x")?;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(&grad_out.data)
-                .arg(&x.data)
-                .arg(&gamma.data)
-                .arg(&mean.data)
-                .arg(&rstd.data)
-                .arg(&rows64)
-                .arg(&cols64)
-                .arg(&mut grad_x.data);
-            // SAFETY: sizes checked above.
-            unsafe { b.launch(cfg) }.map_err(|e| dev_err(op, e))?;
+        self.timed(OpClass::Other("layer_norm_backward"), || {
+            let op = "layer_norm_backward";
+            let n = elems(op, rows, cols)?;
+            need(op, "grad_out", grad_out.len, n)?;
+            need(op, "x", x.len, n)?;
+            need(op, "grad_x", grad_x.len, n)?;
+            need(op, "gamma", gamma.len, cols)?;
+            need(op, "grad_gamma", grad_gamma.len, cols)?;
+            need(op, "grad_beta", grad_beta.len, cols)?;
+            need(op, "mean", mean.len, rows)?;
+            need(op, "rstd", rstd.len, rows)?;
+            if cols == 0 {
+                return Ok(());
+            }
+            let (rows64, cols64) = (rows as u64, cols as u64);
+            let n_chunks = rows64.div_ceil(kernels::RED_CHUNK);
+            let mut part =
+                self.zeros::<f64>("LayerNorm partial sums", (n_chunks * 2 * cols64) as usize)?;
+            if rows > 0 {
+                let cfg = warp_rows_cfg(op, rows64)?;
+                let f = self.func("layer_norm_bwd_x")?;
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&grad_out.data)
+                    .arg(&x.data)
+                    .arg(&gamma.data)
+                    .arg(&mean.data)
+                    .arg(&rstd.data)
+                    .arg(&rows64)
+                    .arg(&cols64)
+                    .arg(&mut grad_x.data);
+                // SAFETY: sizes checked above.
+                unsafe { b.launch(cfg) }.map_err(|e| dev_err(op, e))?;
 
-            let chunk = kernels::RED_CHUNK;
-            let f = self.func("layer_norm_param_partials")?;
-            let mut b = self.stream.launch_builder(f);
-            b.arg(&grad_out.data)
-                .arg(&x.data)
-                .arg(&mean.data)
-                .arg(&rstd.data)
-                .arg(&rows64)
-                .arg(&cols64)
-                .arg(&chunk)
-                .arg(&n_chunks)
-                .arg(&mut part);
-            // SAFETY: part has n_chunks * 2 * cols elements.
-            unsafe { b.launch(col_chunks_cfg(cols64, n_chunks)) }.map_err(|e| dev_err(op, e))?;
-        }
-        let stride = 2 * cols64;
-        self.finish_partials(op, &part, n_chunks, stride, 0, cols64, 1.0, grad_gamma)?;
-        self.finish_partials(op, &part, n_chunks, stride, cols64, cols64, 1.0, grad_beta)
+                let chunk = kernels::RED_CHUNK;
+                let f = self.func("layer_norm_param_partials")?;
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&grad_out.data)
+                    .arg(&x.data)
+                    .arg(&mean.data)
+                    .arg(&rstd.data)
+                    .arg(&rows64)
+                    .arg(&cols64)
+                    .arg(&chunk)
+                    .arg(&n_chunks)
+                    .arg(&mut part);
+                // SAFETY: part has n_chunks * 2 * cols elements.
+                unsafe { b.launch(col_chunks_cfg(cols64, n_chunks)) }
+                    .map_err(|e| dev_err(op, e))?;
+            }
+            let stride = 2 * cols64;
+            self.finish_partials(op, &part, n_chunks, stride, 0, cols64, 1.0, grad_gamma)?;
+            self.finish_partials(op, &part, n_chunks, stride, cols64, cols64, 1.0, grad_beta)
+        })
     }
 
     fn cross_entropy(
@@ -1248,83 +1442,87 @@ impl Backend for CudaBackend {
         normalizer: f32,
         grad: &mut CudaBuf,
     ) -> Result<f64> {
-        let op = "cross_entropy";
-        let total = elems(op, n, classes)?;
-        need(op, "logits", logits.len, total)?;
-        need(op, "grad", grad.len, total)?;
-        if rows.host.len() != labels.host.len() {
-            return Err(shape_err(
-                op,
-                format!("{} rows but {} labels", rows.host.len(), labels.host.len()),
-            ));
-        }
-        check_index_range(op, "row", rows, n)?;
-        if let Some(l) = labels.max {
-            if l as usize >= classes {
+        self.timed(OpClass::Other("cross_entropy"), || {
+            let op = "cross_entropy";
+            let total = elems(op, n, classes)?;
+            need(op, "logits", logits.len, total)?;
+            need(op, "grad", grad.len, total)?;
+            if rows.host.len() != labels.host.len() {
                 return Err(shape_err(
                     op,
-                    format!("label {l} out of range ({classes} classes)"),
+                    format!("{} rows but {} labels", rows.host.len(), labels.host.len()),
                 ));
             }
-        }
-        if normalizer.is_nan() || normalizer <= 0.0 {
-            return Err(shape_err(
-                op,
-                format!("normalizer must be positive, got {normalizer}"),
-            ));
-        }
-        if total > 0 {
-            let mut view = grad.data.slice_mut(0..total);
-            self.stream
-                .memset_zeros(&mut view)
-                .map_err(|e| dev_err(op, e))?;
-        }
-        let n_sel = rows.host.len();
-        if n_sel == 0 {
-            self.sync(op)?;
-            return Ok(0.0);
-        }
-        let mut terms = self.zeros::<f64>("per-row loss terms", n_sel)?;
-        let inv = 1.0f32 / normalizer;
-        let (classes64, n_sel64) = (classes as u64, n_sel as u64);
-        let cfg = warp_rows_cfg(op, n_sel64)?;
-        let f = self.func("xent_rows")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&logits.data)
-            .arg(&classes64)
-            .arg(&rows.data)
-            .arg(&labels.data)
-            .arg(&n_sel64)
-            .arg(&inv)
-            .arg(&mut grad.data)
-            .arg(&mut terms);
-        // SAFETY: rows < n and labels < classes (checked above); terms has n_sel entries.
-        unsafe { b.launch(cfg) }.map_err(|e| dev_err(op, e))?;
-        // Loss terms are added on the host in row order, as the CPU backend does.
-        self.ordered_host_sum(op, &terms, n_sel)
+            check_index_range(op, "row", rows, n)?;
+            if let Some(l) = labels.max {
+                if l as usize >= classes {
+                    return Err(shape_err(
+                        op,
+                        format!("label {l} out of range ({classes} classes)"),
+                    ));
+                }
+            }
+            if normalizer.is_nan() || normalizer <= 0.0 {
+                return Err(shape_err(
+                    op,
+                    format!("normalizer must be positive, got {normalizer}"),
+                ));
+            }
+            if total > 0 {
+                let mut view = grad.data.slice_mut(0..total);
+                self.stream
+                    .memset_zeros(&mut view)
+                    .map_err(|e| dev_err(op, e))?;
+            }
+            let n_sel = rows.host.len();
+            if n_sel == 0 {
+                self.sync(op)?;
+                return Ok(0.0);
+            }
+            let mut terms = self.zeros::<f64>("per-row loss terms", n_sel)?;
+            let inv = 1.0f32 / normalizer;
+            let (classes64, n_sel64) = (classes as u64, n_sel as u64);
+            let cfg = warp_rows_cfg(op, n_sel64)?;
+            let f = self.func("xent_rows")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&logits.data)
+                .arg(&classes64)
+                .arg(&rows.data)
+                .arg(&labels.data)
+                .arg(&n_sel64)
+                .arg(&inv)
+                .arg(&mut grad.data)
+                .arg(&mut terms);
+            // SAFETY: rows < n and labels < classes (checked above); terms has n_sel entries.
+            unsafe { b.launch(cfg) }.map_err(|e| dev_err(op, e))?;
+            // Loss terms are added on the host in row order, as the CPU backend does.
+            self.ordered_host_sum(op, &terms, n_sel)
+        })
     }
 
     fn sum_squares(&self, x: &CudaBuf, len: usize) -> Result<f64> {
-        need("sum_squares", "x", x.len, len)?;
-        let n = len as u64;
-        let n_chunks = n.div_ceil(kernels::ELEM_CHUNK);
-        if n_chunks == 0 {
-            self.sync("sum_squares")?;
-            return Ok(0.0);
-        }
-        let mut part = self.zeros::<f64>("sum_squares partials", n_chunks as usize)?;
-        let chunk = kernels::ELEM_CHUNK;
-        let cfg = sumsq_cfg(n_chunks);
-        let f = self.func("sumsq_partials")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&x.data)
-            .arg(&n)
-            .arg(&chunk)
-            .arg(&n_chunks)
-            .arg(&mut part);
-        // SAFETY: x has n elements, part n_chunks.
-        unsafe { b.launch(cfg) }.map_err(|e| dev_err("sum_squares", e))?;
-        self.ordered_host_sum("sum_squares", &part, n_chunks as usize)
+        self.timed(OpClass::Other("sum_squares"), || {
+            need("sum_squares", "x", x.len, len)?;
+            let n = len as u64;
+            let n_chunks = n.div_ceil(kernels::ELEM_CHUNK);
+            if n_chunks == 0 {
+                self.sync("sum_squares")?;
+                return Ok(0.0);
+            }
+            let mut part = self.zeros::<f64>("sum_squares partials", n_chunks as usize)?;
+            let chunk = kernels::ELEM_CHUNK;
+            let cfg = sumsq_cfg(n_chunks);
+            let f = self.func("sumsq_partials")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&x.data)
+                .arg(&n)
+                .arg(&chunk)
+                .arg(&n_chunks)
+                .arg(&mut part);
+            // SAFETY: x has n elements, part n_chunks.
+            unsafe { b.launch(cfg) }.map_err(|e| dev_err("sum_squares", e))?;
+            self.ordered_host_sum("sum_squares", &part, n_chunks as usize)
+        })
     }
 
     fn adam_step(
@@ -1336,42 +1534,44 @@ impl Backend for CudaBackend {
         len: usize,
         s: &AdamStep,
     ) -> Result<()> {
-        for (what, have) in [
-            ("param", param.len),
-            ("grad", grad.len),
-            ("m", m.len),
-            ("v", v.len),
-        ] {
-            need("adam_step", what, have, len)?;
-        }
-        if s.step == 0 {
-            return Err(shape_err("adam_step", "step counter must start at 1"));
-        }
-        if len == 0 {
-            return Ok(());
-        }
-        let (bc1, bc2) = adam_bias_corrections(s);
-        let decoupled = s.decoupled as i32;
-        let n = len as u64;
-        let f = self.func("adam_step")?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&mut param.data)
-            .arg(&grad.data)
-            .arg(&mut m.data)
-            .arg(&mut v.data)
-            .arg(&n)
-            .arg(&s.lr)
-            .arg(&s.beta1)
-            .arg(&s.beta2)
-            .arg(&s.eps)
-            .arg(&s.weight_decay)
-            .arg(&decoupled)
-            .arg(&s.grad_scale)
-            .arg(&bc1)
-            .arg(&bc2);
-        // SAFETY: all four buffers have at least n elements.
-        unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("adam_step", e))?;
-        Ok(())
+        self.timed(OpClass::Other("adam_step"), || {
+            for (what, have) in [
+                ("param", param.len),
+                ("grad", grad.len),
+                ("m", m.len),
+                ("v", v.len),
+            ] {
+                need("adam_step", what, have, len)?;
+            }
+            if s.step == 0 {
+                return Err(shape_err("adam_step", "step counter must start at 1"));
+            }
+            if len == 0 {
+                return Ok(());
+            }
+            let (bc1, bc2) = adam_bias_corrections(s);
+            let decoupled = s.decoupled as i32;
+            let n = len as u64;
+            let f = self.func("adam_step")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&mut param.data)
+                .arg(&grad.data)
+                .arg(&mut m.data)
+                .arg(&mut v.data)
+                .arg(&n)
+                .arg(&s.lr)
+                .arg(&s.beta1)
+                .arg(&s.beta2)
+                .arg(&s.eps)
+                .arg(&s.weight_decay)
+                .arg(&decoupled)
+                .arg(&s.grad_scale)
+                .arg(&bc1)
+                .arg(&bc2);
+            // SAFETY: all four buffers have at least n elements.
+            unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("adam_step", e))?;
+            Ok(())
+        })
     }
 }
 

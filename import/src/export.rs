@@ -1,0 +1,155 @@
+//! The other direction: a grandis dataset written in the PyG layout that
+//! [`Format::Npy`](crate::Format::Npy) reads, so baselines (PyG, DGL, plain NumPy) train on
+//! exactly the data grandis trains on.
+//!
+//! | file | dtype | shape | contents |
+//! |---|---|---|---|
+//! | `edge_index.npy` | int64 | (2, E) | row 0 sources, row 1 destinations |
+//! | `x.npy` | float32 | (N, F) | features |
+//! | `y.npy` | int64 | (N,) | class, -1 = unlabelled |
+//! | `train_idx.npy`, `val_idx.npy`, `test_idx.npy` | int64 | (n,) | vertex ids |
+//!
+//! Edges are streamed from the CSR in chunks (never 16 bytes per edge in memory), and the
+//! directory appears only once every file is complete ([`AtomicDir`]).
+
+use std::path::{Path, PathBuf};
+
+use grandis_store::{AtomicDir, DatasetView};
+
+use crate::{ImportError, Result};
+
+/// Vertices whose edges go out per chunk of `edge_index.npy`.
+const EDGE_CHUNK_VERTICES: usize = 1 << 16;
+
+/// What [`export_npy`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportSummary {
+    pub out: PathBuf,
+    pub vertices: u64,
+    pub edges: u64,
+    pub features: u64,
+    pub files: Vec<String>,
+}
+
+/// Writes `view` into the directory `out` in the PyG layout (see the module doc). An
+/// existing `out` is refused unless `overwrite`; on any error nothing is left behind.
+pub fn export_npy(view: &DatasetView<'_>, out: &Path, overwrite: bool) -> Result<ExportSummary> {
+    let dir = AtomicDir::create(out, overwrite)?;
+    let p = |name: &str| dir.path().join(name);
+    let g = &view.graph;
+    let (n, e) = (g.num_vertices(), g.num_edges() as u64);
+    // Row 0: the sources, which are the CSR's indices in order; row 1: each row's vertex,
+    // repeated once per in-edge.
+    grandis_npy::write_npy_streamed::<i64>(p("edge_index.npy"), &[2, e], |write| {
+        let mut buf: Vec<i64> = Vec::new();
+        for chunk in g.indices.chunks(EDGE_CHUNK_VERTICES * 16) {
+            buf.clear();
+            buf.extend(chunk.iter().map(|&u| u as i64));
+            write(&buf)?;
+        }
+        for first in (0..n).step_by(EDGE_CHUNK_VERTICES) {
+            buf.clear();
+            for v in first..(first + EDGE_CHUNK_VERTICES).min(n) {
+                let deg = (g.offsets[v + 1] - g.offsets[v]) as usize;
+                buf.extend(std::iter::repeat_n(v as i64, deg));
+            }
+            write(&buf)?;
+        }
+        Ok(())
+    })?;
+    grandis_npy::write_npy(
+        p("x.npy"),
+        &[n as u64, view.feature_dim as u64],
+        view.features,
+    )?;
+    let labels: Vec<i64> = view.labels.iter().map(|&l| l as i64).collect();
+    grandis_npy::write_npy(p("y.npy"), &[n as u64], &labels)?;
+    for (name, ids) in [
+        ("train_idx.npy", view.train),
+        ("val_idx.npy", view.val),
+        ("test_idx.npy", view.test),
+    ] {
+        let ids: Vec<i64> = ids.iter().map(|&v| v as i64).collect();
+        grandis_npy::write_npy(p(name), &[ids.len() as u64], &ids)?;
+    }
+    let out = dir.commit().map_err(ImportError::from)?;
+    Ok(ExportSummary {
+        out,
+        vertices: n as u64,
+        edges: e,
+        features: view.feature_dim as u64,
+        files: [
+            "edge_index.npy",
+            "x.npy",
+            "y.npy",
+            "train_idx.npy",
+            "val_idx.npy",
+            "test_idx.npy",
+        ]
+        .map(String::from)
+        .to_vec(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{import, Format, ImportOptions};
+    use grandis_store::{CsrGraph, Dataset, EdgeOptions, InMemoryDataset, SelfLoops, Split};
+
+    fn small() -> InMemoryDataset {
+        let edges = vec![(0, 1), (1, 0), (2, 1), (3, 3), (1, 4), (4, 2)];
+        let graph = CsrGraph::from_edges(
+            5,
+            edges,
+            EdgeOptions {
+                symmetrize: false,
+                self_loops: SelfLoops::Keep,
+            },
+        )
+        .unwrap();
+        InMemoryDataset {
+            name: "small".into(),
+            graph,
+            features: (0..15).map(|i| i as f32 * 0.5 - 3.0).collect(),
+            feature_dim: 3,
+            labels: vec![0, 1, -1, 2, 1],
+            num_classes: 3,
+            split: Split {
+                train: vec![0, 3],
+                val: vec![1],
+                test: vec![4],
+            },
+        }
+    }
+
+    /// import -> export -> import: the second import is the same dataset (graph, features,
+    /// labels, split), for a graph with a self-loop, an unlabelled vertex and a vertex with
+    /// no in-edges.
+    #[test]
+    fn round_trip_gives_the_same_dataset() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ds = small();
+        let first = tmp.path().join("first");
+        ds.write(&first, false).unwrap();
+        let first = Dataset::open_verified(&first).unwrap();
+        let pyg = tmp.path().join("pyg");
+        let summary = export_npy(&first.view(), &pyg, false).unwrap();
+        assert_eq!((summary.vertices, summary.edges), (5, 6));
+        let again = tmp.path().join("again");
+        // Defaults: no symmetrization, self-loops kept (the graph exactly as given).
+        import(Format::Npy, &pyg, &again, &ImportOptions::default()).unwrap();
+        let again = Dataset::open_verified(&again).unwrap();
+        let (a, b) = (first.view(), again.view());
+        assert_eq!(a.graph.offsets, b.graph.offsets);
+        assert_eq!(a.graph.indices, b.graph.indices);
+        assert_eq!(a.features, b.features);
+        assert_eq!(a.labels, b.labels);
+        assert_eq!((a.train, a.val, a.test), (b.train, b.val, b.test));
+        assert_eq!(a.num_classes, b.num_classes);
+        // An existing output is refused and left alone.
+        let err = export_npy(&first.view(), &pyg, false).unwrap_err();
+        assert!(err.to_string().contains("already exists"), "{err}");
+        assert!(pyg.join("x.npy").exists());
+    }
+}

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Every check that needs a GPU, in one command, on a machine with an NVIDIA driver and no Rust
+# toolchain. Build here first (scripts/gpu-build.sh puts the stripped `grandis` binary and the
+# CUDA test binaries in BIN_DIR), then on the GPU machine:
+#
+#   scripts/gpu-check.sh [--bin-dir DIR] [--out DIR] [STEP...]
+#
+# Steps (default: info parity cli):
+#   info    the device, the driver and where the CUDA libraries were found
+#   parity  every backend op against the CPU backend (1e-4 relative, TF32 off) and SAGE, GCN
+#           and ResSAGE+ (28 layers) for 10 epochs on a synthetic graph and on Cora
+#           (losses within 1e-3 relative); needs data/cora for the Cora half
+#   cli     `grandis train --device cuda:N`: the device line, and one clear line for a wrong
+#           ordinal
+#   bench   full-batch 3-layer SAGE (hidden 256) on a products-scale synthetic graph against
+#           PyG on the same GPU (CSR adj_t and edge_index), in one `grandis bench train`
+#   modes   --mode mb and --mode cob (fanouts 15,10,5, batch 1024) on the same graph
+#   ranks   fb, flx (every k), cob and mb, 2 servers x 2 ranks sharing the GPU (no sampling),
+#           against the same runs on CPU threads: per-epoch losses within 1e-4 relative
+# Output of each step goes to stdout and to OUT/STEP.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+BIN_DIR=.gpu
+OUT_DIR=${OUT:-/tmp/grandis-gpu-check}
+STEPS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bin-dir) BIN_DIR=$2; shift 2 ;;
+        --out) OUT_DIR=$2; shift 2 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        *) STEPS+=("$1"); shift ;;
+    esac
+done
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(info parity cli)
+mkdir -p "$OUT_DIR"
+GRANDIS="$BIN_DIR/grandis"
+[ -x "$GRANDIS" ] || { echo "no grandis binary at $GRANDIS (run scripts/gpu-build.sh)" >&2; exit 2; }
+
+# cudarc opens libnvrtc, libcublas and libnccl by file name. They live in the CUDA toolkit
+# and in the nvidia-* Python wheels; put every such folder on the loader path, and give
+# NCCL's versioned file the plain name cudarc also tries.
+lib_dirs=()
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && lib_dirs+=("$d")
+done
+if py_nvidia=$(python3 -c 'import nvidia, os; print(os.pathsep.join(nvidia.__path__))' 2>/dev/null); then
+    IFS=: read -r -a roots <<<"$py_nvidia"
+    while IFS= read -r d; do lib_dirs+=("$d"); done < <(
+        find "${roots[@]}" -name 'lib*.so*' \( -name 'libnvrtc*' -o -name 'libcublas*' -o -name 'libnccl*' \) \
+            -printf '%h\n' 2>/dev/null | sort -u)
+fi
+shim=$(mktemp -d)
+for d in "${lib_dirs[@]}"; do
+    if [ -e "$d/libnccl.so.2" ] && [ ! -e "$shim/libnccl.so" ]; then ln -s "$d/libnccl.so.2" "$shim/libnccl.so"; fi
+done
+LD_LIBRARY_PATH="$shim:$(IFS=:; echo "${lib_dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH GRANDIS_REQUIRE_GPU=1 RUST_BACKTRACE=1
+
+failed=()
+run_step() {
+    local name=$1; shift
+    printf '\n=== %s (%s)\n' "$name" "$(date +%T)"
+    if "$@" 2>&1 | tee "$OUT_DIR/$name.log"; then
+        echo "=== $name: ok"
+    else
+        echo "=== $name: FAILED"
+        failed+=("$name")
+    fi
+}
+
+step_info() {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    echo "library folders: ${lib_dirs[*]}"
+    for l in libcuda.so libnvrtc.so libcublas.so libnccl.so; do
+        echo "$l: $(ldconfig -p | grep -m1 "$l" | awk '{print $NF}') $(for d in "$shim" "${lib_dirs[@]}"; do ls "$d"/$l* 2>/dev/null; done | head -2 | tr '\n' ' ')"
+    done
+    python3 -c 'import torch, torch_geometric; print("torch", torch.__version__, "cuda", torch.version.cuda, "pyg", torch_geometric.__version__)'
+}
+
+step_parity() {
+    local ok=0
+    "$BIN_DIR/cuda_parity" --test-threads=1 --nocapture || ok=1
+    GRANDIS_CORA=${GRANDIS_CORA:-data/cora} "$BIN_DIR/cuda_models" --test-threads=1 --nocapture || ok=1
+    "$BIN_DIR/trainer_train" cuda --nocapture || ok=1
+    return $ok
+}
+
+step_cli() {
+    local ds=$OUT_DIR/cli-synth ok=0
+    "$GRANDIS" data synth --nodes 20000 --avg-degree 10 --features 32 --classes 8 --out "$ds" >/dev/null || return 1
+    "$GRANDIS" train "$ds" --device cuda:0 --layers 3 --hidden 64 --epochs 5 || ok=1
+    echo "--- a wrong ordinal must be one clear line and exit 1:"
+    if "$GRANDIS" train "$ds" --device cuda:7 --epochs 1; then ok=1; fi
+    return $ok
+}
+
+step_bench() {
+    "$GRANDIS" bench train --device cuda:0 --vertices 2400000 --edges 125000000 --features 100 \
+        --classes 47 --layers 3 --hidden 256 --epochs ${BENCH_EPOCHS:-20} --baseline pyg \
+        --target-acc ${TARGET_ACC:-0.5} --threads 16 --json
+}
+
+step_modes() {
+    local ds=$OUT_DIR/products
+    "$GRANDIS" data synth --nodes 2400000 --avg-degree 50 --features 100 --classes 47 --out "$ds" >/dev/null || return 1
+    for mode in mb cob; do
+        local size=--batch-size
+        [ "$mode" = cob ] && size=--cobatch-size
+        "$GRANDIS" train "$ds" --mode $mode --device cuda --servers 1 --devices 1 $size 1024 \
+            --sampling fanout --fanouts 15,10,5 --layers 3 --hidden 256 --epochs 1 --json || return 1
+    done
+}
+
+# The `losses` of two `--json` runs (last stdout line each) agree within REL relative.
+same_losses() {
+    python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+a, b = (json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[1:3])
+rel = float(sys.argv[3])
+worst = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a["losses"], b["losses"]))
+ok = len(a["losses"]) == len(b["losses"]) and worst <= rel
+print(f"  {len(a['losses'])} epochs, worst relative loss difference {worst:.2e} (limit {rel:g}), "
+      f"median epoch cpu {a['median_epoch_s']:.4f}s gpu {b['median_epoch_s']:.4f}s: {'ok' if ok else 'MISMATCH'}")
+sys.exit(0 if ok else 1)
+PY
+}
+
+step_ranks() {
+    local ds=$OUT_DIR/ranks-synth ok=0
+    "$GRANDIS" data synth --nodes 20000 --avg-degree 12 --features 32 --classes 8 --out "$ds" >/dev/null || return 1
+    local common=(--servers 2 --devices 2 --layers 3 --hidden 64 --epochs 5 --json)
+    local runs=("fb" "flx --preload-hops 1" "flx --preload-hops 2" "flx --preload-hops 3" \
+                "cob --cobatch-size 2000" "mb --batch-size 1000")
+    for r in "${runs[@]}"; do
+        local tag=${r// /_}
+        echo "--- --mode $r"
+        "$GRANDIS" train "$ds" --mode $r "${common[@]}" --device cpu >"$OUT_DIR/ranks-$tag-cpu.json" 2>"$OUT_DIR/ranks-$tag-cpu.err" || { tail -3 "$OUT_DIR/ranks-$tag-cpu.err"; ok=1; continue; }
+        "$GRANDIS" train "$ds" --mode $r "${common[@]}" --device cuda:0 >"$OUT_DIR/ranks-$tag-gpu.json" 2>"$OUT_DIR/ranks-$tag-gpu.err" || { tail -3 "$OUT_DIR/ranks-$tag-gpu.err"; ok=1; continue; }
+        same_losses "$OUT_DIR/ranks-$tag-cpu.json" "$OUT_DIR/ranks-$tag-gpu.json" 1e-4 || ok=1
+    done
+    return $ok
+}
+
+for s in "${STEPS[@]}"; do
+    case "$s" in
+        info|parity|cli|bench|modes|ranks) run_step "$s" "step_$s" ;;
+        *) echo "unknown step '$s' (expected info, parity, cli, bench, modes or ranks)" >&2; exit 2 ;;
+    esac
+done
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "all steps passed: ${STEPS[*]}"
