@@ -19,20 +19,7 @@ use rand_chacha::ChaCha8Rng;
 const TOL: f32 = 1e-4;
 
 fn gpu() -> Option<CudaBackend> {
-    let require = std::env::var("GRANDIS_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    if !driver_library_present() {
-        assert!(!require, "GRANDIS_REQUIRE_GPU=1 but no CUDA driver library");
-        eprintln!("skipping: no CUDA driver library (libcuda.so) on this machine");
-        return None;
-    }
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            assert!(!require, "GRANDIS_REQUIRE_GPU=1 but cuda:0 failed: {e}");
-            eprintln!("skipping: cuda:0 unavailable: {e}");
-            None
-        }
-    }
+    grandis_engine::cuda::device_for_tests()
 }
 
 fn cpu() -> CpuBackend {

@@ -7,7 +7,7 @@
 //! `GRANDIS_REQUIRE_GPU=1` (set by `scripts/gpu-check.sh`) turns those skips into failures.
 #![cfg(feature = "cuda")]
 
-use grandis_engine::cuda::{driver_library_present, CudaBackend};
+use grandis_engine::cuda::CudaBackend;
 use grandis_engine::Backend;
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_store::DatasetView;
@@ -17,20 +17,7 @@ use grandis_trainer::{CheckpointOptions, TrainOptions, TrainReport};
 const REL: f64 = 1e-3;
 
 fn gpu() -> Option<CudaBackend> {
-    let require = std::env::var("GRANDIS_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    if !driver_library_present() {
-        assert!(!require, "GRANDIS_REQUIRE_GPU=1 but no CUDA driver library");
-        eprintln!("skipped: no CUDA driver library (libcuda.so) on this machine");
-        return None;
-    }
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            assert!(!require, "GRANDIS_REQUIRE_GPU=1 but cuda:0 failed: {e}");
-            eprintln!("skipped: cuda:0 unavailable: {e}");
-            None
-        }
-    }
+    grandis_engine::cuda::device_for_tests()
 }
 
 fn opts() -> TrainOptions {

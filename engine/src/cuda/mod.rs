@@ -172,6 +172,27 @@ pub fn describe_device(ordinal: usize) -> Result<String> {
     })
 }
 
+/// `cuda:0` for the tests that need a GPU, or `None` (with a message saying why the test
+/// skips) on a machine without a driver or device. `GRANDIS_REQUIRE_GPU=1` (set by
+/// `scripts/gpu-check.sh`) turns such a skip into a panic, so a GPU machine cannot pass by
+/// skipping.
+pub fn device_for_tests() -> Option<CudaBackend> {
+    let require = std::env::var("GRANDIS_REQUIRE_GPU").is_ok_and(|v| v == "1");
+    if !driver_library_present() {
+        assert!(!require, "GRANDIS_REQUIRE_GPU=1 but no CUDA driver library");
+        eprintln!("skipped: no CUDA driver library (libcuda.so) on this machine");
+        return None;
+    }
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            assert!(!require, "GRANDIS_REQUIRE_GPU=1 but cuda:0 failed: {e}");
+            eprintln!("skipped: cuda:0 unavailable: {e}");
+            None
+        }
+    }
+}
+
 /// PTX of [`kernels::SOURCE`], compiled once per process (PTX does not depend on the
 /// context; each backend loads it into its own).
 static PTX: OnceLock<std::result::Result<Ptx, String>> = OnceLock::new();
