@@ -132,7 +132,7 @@ pub(crate) fn budget(
 /// 90% of their device's free memory (the rest is left to the context, the loaded
 /// kernels and cuBLAS's workspace), divided among the ranks that share the device; the
 /// smallest share over the devices used is the budget.
-pub fn default_budget(
+fn default_budget(
     compute: &crate::Compute,
     servers: usize,
     devices: usize,

@@ -57,9 +57,7 @@ use grandis_sampling::{CoBatcher, MiniBatcher};
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, TrainOptions, TrainReport};
 
-pub use budget::{
-    choose_preload_hops, default_budget, default_device_memory, model_dims, predicted_halo_bytes,
-};
+pub use budget::{choose_preload_hops, default_device_memory, model_dims, predicted_halo_bytes};
 pub use embed::{checkpoint_weights, embeddings, Embeddings};
 pub use grandis_fabric::LinkModel;
 pub use grandis_masking::FlxPlan as MaskedPlan;

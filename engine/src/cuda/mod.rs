@@ -118,10 +118,12 @@ pub fn device_count() -> Result<usize> {
     })
 }
 
-/// Free and total memory of device `ordinal` in bytes (opens its primary context), or a
-/// clean error when there is no driver or no such device.
-pub fn device_memory(ordinal: usize) -> Result<(u64, u64)> {
-    let count = device_count()?;
+/// Fails with a clear message unless the driver reports device `ordinal` (call inside
+/// [`guarded`], after checking [`driver_library_present`]).
+fn check_ordinal(ordinal: usize) -> Result<()> {
+    let count = CudaContext::device_count()
+        .map_err(|e| dev_err("initialising the CUDA driver", e))?
+        .max(0) as usize;
     if ordinal >= count {
         return Err(EngineError::Device {
             backend: BACKEND,
@@ -130,11 +132,31 @@ pub fn device_memory(ordinal: usize) -> Result<(u64, u64)> {
             ),
         });
     }
-    guarded("querying device memory", || {
-        let ctx = CudaContext::new(ordinal)
-            .map_err(|e| dev_err(format!("creating a context on cuda:{ordinal}"), e))?;
-        let (free, total) = ctx.mem_get_info().map_err(|e| dev_err("cuMemGetInfo", e))?;
-        Ok((free as u64, total as u64))
+    Ok(())
+}
+
+/// The primary context of an existing device `ordinal` (see [`check_ordinal`]).
+fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    CudaContext::new(ordinal)
+        .map_err(|e| dev_err(format!("creating a context on cuda:{ordinal}"), e))
+}
+
+/// Free and total bytes of the device behind `ctx`.
+fn memory_of(ctx: &CudaContext) -> Result<(u64, u64)> {
+    let (free, total) = ctx.mem_get_info().map_err(|e| dev_err("cuMemGetInfo", e))?;
+    Ok((free as u64, total as u64))
+}
+
+/// Free and total memory of device `ordinal` in bytes (opens its primary context), or a
+/// clean error when there is no driver or no such device.
+pub fn device_memory(ordinal: usize) -> Result<(u64, u64)> {
+    let what = format!("querying the memory of cuda:{ordinal}");
+    if !driver_library_present() {
+        return Err(no_driver_error(&what));
+    }
+    guarded(&what, || {
+        check_ordinal(ordinal)?;
+        memory_of(&*context(ordinal)?)
     })
 }
 
@@ -142,13 +164,17 @@ pub fn device_memory(ordinal: usize) -> Result<(u64, u64)> {
 /// versions found (the driver's and NVRTC's), or the clean error of a missing driver,
 /// device or library.
 pub fn describe_device(ordinal: usize) -> Result<String> {
-    let (free, total) = device_memory(ordinal)?;
-    guarded("describing the CUDA device", || {
-        let ctx = CudaContext::new(ordinal)
-            .map_err(|e| dev_err(format!("creating a context on cuda:{ordinal}"), e))?;
+    let what = format!("--device cuda:{ordinal}");
+    if !driver_library_present() {
+        return Err(no_driver_error(&what));
+    }
+    guarded(&what, || {
+        check_ordinal(ordinal)?;
+        let ctx = context(ordinal)?;
+        let (free, total) = memory_of(&ctx)?;
         let name = ctx.name().unwrap_or_else(|_| "unknown device".into());
         let mut driver = 0i32;
-        // SAFETY: writes one int; the driver library is loaded (device_memory succeeded).
+        // SAFETY: writes one int; the driver library is loaded (a context exists).
         unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }
             .result()
             .map_err(|e| dev_err("cuDriverGetVersion", e))?;
@@ -457,17 +483,7 @@ impl CudaBackend {
     }
 
     fn open(ordinal: usize) -> Result<CudaBackend> {
-        let count = CudaContext::device_count()
-            .map_err(|e| dev_err("initialising the CUDA driver", e))?
-            .max(0) as usize;
-        if ordinal >= count {
-            return Err(EngineError::Device {
-                backend: BACKEND,
-                message: format!(
-                    "device cuda:{ordinal} does not exist: the driver reports {count} device(s)"
-                ),
-            });
-        }
+        check_ordinal(ordinal)?;
         // SAFETY: only tries to dlopen the libraries by their usual names.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(EngineError::Device {
@@ -486,8 +502,7 @@ impl CudaBackend {
                     .into(),
             });
         }
-        let ctx = CudaContext::new(ordinal)
-            .map_err(|e| dev_err(format!("creating a context on cuda:{ordinal}"), e))?;
+        let ctx = context(ordinal)?;
         // SAFETY: every buffer of this backend is created and used on the one stream below,
         // which orders all accesses; the per-buffer events would only add overhead.
         unsafe { ctx.disable_event_tracking() };
@@ -657,10 +672,9 @@ impl CudaBackend {
             return Ok(());
         }
         if self.clock.on.load(Ordering::Relaxed) {
-            let edges = g.indices.len().min(g.n_edges);
             self.clock
                 .aggregate_bytes
-                .fetch_add(aggregate_bytes(edges, g.n_rows, d), Ordering::Relaxed);
+                .fetch_add(aggregate_bytes(g.n_edges, g.n_rows, d), Ordering::Relaxed);
         }
         self.timed(OpClass::Aggregate, || self.launch_csr(op, g, x, d, out))
     }
