@@ -30,8 +30,6 @@ pub struct ErrorArgs {
     /// Sampling round (seed of the samples; the sampler seed is --seed).
     #[arg(long, default_value_t = 0)]
     pub round: u64,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
     /// GraphSAINT budget per server (default: a quarter of the smallest server).
     #[arg(long)]
     pub saint_budget: Option<usize>,
@@ -41,10 +39,14 @@ pub struct ErrorArgs {
     /// Print one JSON object as the last stdout line.
     #[arg(long)]
     pub json: bool,
-    /// Servers, devices, partition and sampler flags as for `grandis train` (--sampling and
-    /// the link flags are ignored: every sampler is measured).
+    /// Use a partition directory written by `grandis partition` for this dataset.
+    #[arg(long)]
+    pub partition_dir: Option<PathBuf>,
+    /// Servers, devices, partition and sampler flags as for `grandis train` (--mode,
+    /// --sampling and the model flags are ignored: the checkpoint is the model and every
+    /// sampler is measured).
     #[command(flatten)]
-    pub parallel: grandis_parallel::cli::ParallelArgs,
+    pub job: crate::job_args::JobArgs,
 }
 
 pub fn run(cmd: AnalyzeCommand) -> anyhow::Result<()> {
@@ -119,8 +121,14 @@ fn error(args: ErrorArgs) -> anyhow::Result<()> {
     let (config, weights) = grandis_parallel::checkpoint_weights(&args.checkpoint)
         .with_context(|| format!("loading checkpoint {}", args.checkpoint.display()))?;
     let layers = config.layers;
-    let pa = &args.parallel;
-    let part = pa.partitioned(&dataset)?;
+    let pa = &args.job;
+    let seed = pa.seed;
+    let spec = pa.spec(args.dataset.display().to_string(), grandis_wire::Mode::Flx)?;
+    let part = grandis_parallel::PartitionedGraph::for_job(
+        &dataset,
+        &spec,
+        args.partition_dir.as_deref(),
+    )?;
     let ctx = grandis_parallel::plan_context(&view, &part)?;
     let layout = &part.layout;
     let servers = layout.servers();
@@ -142,31 +150,32 @@ fn error(args: ErrorArgs) -> anyhow::Result<()> {
 
     // Samplers: EAS and fanout with every vertex of every server as a target (FLX-EAS and
     // full-batch GraphSAGE sampling), SAINT with its own per-server subgraph.
-    let eas = match pa.sampling_of("eas")? {
-        Sampling::Eas {
-            hops,
-            fanout,
-            priority,
-        } => Eas::new(hops, fanout, priority, args.seed)?,
-        _ => unreachable!("sampling_of(eas) is EAS"),
-    };
+    let eas = Eas::new(
+        pa.eas_hops as usize,
+        pa.eas_fanout as usize,
+        pa.eas_priority,
+        seed,
+    )?;
     let fanouts = match &pa.fanouts {
-        Some(f) => Fanout::parse(f, args.seed)?.fanouts,
+        Some(f) => Sampling::fanouts_per_layer(f, layers),
         // GraphSAGE's customary 25, 10, then 5 for deeper models.
         None => (0..layers)
             .map(|i| [25, 10].get(i).copied().unwrap_or(5))
             .collect(),
     };
-    let fanout = Fanout::new(fanouts, args.seed)?;
+    let fanout = Fanout::new(fanouts, seed)?;
     let smallest = (0..servers)
         .map(|s| layout.server_range(s).len())
         .min()
         .unwrap_or(0);
     let budget = args.saint_budget.unwrap_or((smallest / 4).max(1));
-    let saint = Sampling::Saint {
-        walk_length: (pa.saint_walk_length > 0).then_some(pa.saint_walk_length),
-    }
-    .saint(budget, args.seed)
+    let saint = grandis_parallel::sampling::saint_sampler(
+        &Sampling::Saint {
+            walk_length: pa.saint_walk_length,
+        },
+        budget,
+        seed,
+    )
     .context("saint sampler")?;
     let ranges: Vec<Vec<u32>> = (0..servers)
         .map(|s| layout.server_range(s).collect())
@@ -248,7 +257,7 @@ fn error(args: ErrorArgs) -> anyhow::Result<()> {
             "devices": layout.devices(),
             "partition": part.source,
             "round": args.round,
-            "seed": args.seed,
+            "seed": seed,
             "full_edges": view.graph.num_edges(),
             "beta_full_partition": beta_exact,
             "samplers": rows,

@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use serde_json::json;
 
+use grandis_wire::{JobSpec, Mode, RunSummary};
+
+use crate::job_args::{validate_as_flags, JobArgs};
 use crate::submit::{progress_line, require_success, Api};
 
 /// Environment variable telling a child process to exit when its parent (this pid) is gone.
@@ -34,80 +36,16 @@ pub enum ClusterCommand {
 
 #[derive(Args)]
 pub struct UpArgs {
-    /// Servers (daemon processes).
-    #[arg(long, default_value_t = 2)]
-    pub servers: u32,
-    /// Devices (worker groups) per server.
-    #[arg(long, default_value_t = 2)]
-    pub devices: u32,
     /// Dataset directory (default: a synthetic graph of --synthetic-vertices vertices).
     #[arg(long)]
     pub dataset: Option<PathBuf>,
     /// Vertices of the default synthetic dataset.
     #[arg(long, default_value_t = 3000)]
     pub synthetic_vertices: u64,
-    /// Distribution mode: flx, fb, cob, mb or auto (FLX if the full graph fits
-    /// --device-memory, else CoB with the largest co-batch that fits).
-    #[arg(long, default_value = "flx")]
-    pub mode: String,
-    /// flx: preloaded hops k (default: chosen from the memory budget).
-    #[arg(long)]
-    pub preload_hops: Option<u32>,
-    /// Per-device memory budget in bytes (flx without --preload-hops, auto; auto default:
-    /// available memory / (servers x devices), as `grandis train --mode auto`).
-    #[arg(long)]
-    pub device_memory: Option<u64>,
-    /// flx/cob/mb: dependency sampling: none, eas, fanout or saint (cob only).
-    #[arg(long, default_value = "none")]
-    pub sampling: String,
-    /// eas: external vertices at most this many hops from the server.
-    #[arg(long, default_value_t = 1)]
-    pub eas_hops: u32,
-    /// eas: at most this many external in-neighbours per vertex.
-    #[arg(long, default_value_t = 15)]
-    pub eas_fanout: u32,
-    /// fanout: per-hop fanouts, one per layer (e.g. 25,10) or one for every layer.
-    #[arg(long)]
-    pub fanouts: Option<String>,
-    /// saint: random-walk length; the per-server budget is --cobatch-size.
-    #[arg(long, default_value_t = 2)]
-    pub saint_walk_length: u32,
-    /// flx with sampling: draw a new sample every N epochs (default: sample once).
-    #[arg(long)]
-    pub resample_every: Option<u64>,
-    /// cob (and auto when it picks CoB): target vertices per server per iteration.
-    #[arg(long)]
-    pub cobatch_size: Option<u32>,
-    /// mb: target vertices per device per iteration.
-    #[arg(long)]
-    pub batch_size: Option<u32>,
-    /// Model: sage, gcn or ressage.
-    #[arg(long, default_value = "sage")]
-    pub model: String,
-    /// Graph convolutions.
-    #[arg(long, default_value_t = 2)]
-    pub layers: u32,
-    /// Hidden width.
-    #[arg(long, default_value_t = 64)]
-    pub hidden: u32,
-    /// Training epochs.
-    #[arg(long, default_value_t = 30)]
-    pub epochs: u32,
-    /// Dropout probability.
-    #[arg(long, default_value_t = 0.5)]
-    pub dropout: f64,
-    /// Adam learning rate.
-    #[arg(long, default_value_t = 0.01)]
-    pub lr: f64,
-    /// Weight decay.
-    #[arg(long, default_value_t = 5e-4)]
-    pub weight_decay: f64,
-    /// Seed of weights and dropout.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Partitioning: metis, spring or random.
-    #[arg(long, default_value = "metis")]
-    pub partition: String,
+    /// The job: the flags of `grandis train` (--mode defaults to flx here; auto's default
+    /// --device-memory is available memory / (servers x devices), as `grandis train`'s).
+    #[command(flatten)]
+    pub job: JobArgs,
     /// Heartbeat interval of the daemons in ms (the lease is 5 intervals, the down timeout 10).
     #[arg(long, default_value_t = 200)]
     pub heartbeat_ms: u64,
@@ -123,9 +61,29 @@ pub struct UpArgs {
     /// Give up if the job has not ended after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_s: u64,
-    /// Print one JSON object (losses, accuracies, traffic per server) as the last stdout line.
+    /// Print one JSON object (the cluster-wide run summary, QUIC totals and every server's
+    /// report) as the last stdout line.
     #[arg(long)]
     pub json: bool,
+}
+
+/// What `cluster up --json` prints: the cluster-wide [`RunSummary`] and what only a whole
+/// cluster measures.
+#[derive(serde::Serialize)]
+struct ClusterReport {
+    job_id: u64,
+    #[serde(flatten)]
+    summary: RunSummary,
+    /// Bytes the servers' QUIC nodes wrote, payload and all, and the fabric's own count of
+    /// the inter-server payload they sent (equal to the payload).
+    quic_payload_bytes_sent: u64,
+    quic_bytes_sent: u64,
+    fabric_inter_server_bytes_sent: u64,
+    wall_seconds: f64,
+    /// The kept work directory (None when it was temporary).
+    work_dir: Option<String>,
+    /// Every server's own report, in server-index order.
+    reports: Vec<RunSummary>,
 }
 
 /// Called by `grandis coordinator` / `grandis daemon`: when started by `cluster up`, exit as
@@ -257,47 +215,6 @@ fn toml_quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }
 
-/// The job's `sampling` from the flags (None = no sampling), with the meaning of the same
-/// flags of `grandis train`: `--mode mb --fanouts F` alone means fanout sampling, and
-/// GraphSAINT's per-server budget is the co-batch size (roots = budget / (walk length + 1)).
-fn sampling_spec(args: &UpArgs) -> anyhow::Result<Option<serde_json::Value>> {
-    let fanouts = || -> anyhow::Result<Vec<u32>> {
-        let f = args
-            .fanouts
-            .as_deref()
-            .context("--sampling fanout needs --fanouts F1,F2,... (one per layer)")?;
-        f.split(',')
-            .map(|p| {
-                p.trim()
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|&x| x > 0)
-                    .with_context(|| format!("--fanouts {f}: {p:?} is not a positive integer"))
-            })
-            .collect()
-    };
-    let method = match (args.sampling.as_str(), args.mode.as_str()) {
-        ("none", "mb") if args.fanouts.is_some() => "fanout",
-        (m, _) => m,
-    };
-    Ok(match method {
-        "none" => None,
-        "eas" => Some(json!({"method": "eas", "hops": args.eas_hops, "fanout": args.eas_fanout})),
-        "fanout" => Some(json!({"method": "fanout", "fanouts": fanouts()?})),
-        "saint" => {
-            if args.saint_walk_length == 0 {
-                bail!("--saint-walk-length must be at least 1 on a cluster (the job spec has no node sampler)");
-            }
-            let budget = args
-                .cobatch_size
-                .context("--sampling saint needs --cobatch-size (the per-server budget)")?;
-            let roots = (budget / (args.saint_walk_length + 1)).max(1);
-            Some(json!({"method": "saint", "roots": roots, "walk_length": args.saint_walk_length}))
-        }
-        other => bail!("unknown --sampling '{other}' (expected none, eas, fanout or saint)"),
-    })
-}
-
 pub fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
     match cmd {
         ClusterCommand::Up(args) => up(*args),
@@ -305,13 +222,23 @@ pub fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
 }
 
 fn up(args: UpArgs) -> anyhow::Result<()> {
-    if args.servers == 0 || args.devices == 0 {
-        bail!("--servers and --devices must be at least 1");
+    // The job is checked before anything starts (the dataset path is filled in later).
+    let mut spec = args.job.spec(String::new(), Mode::Flx)?;
+    if spec.mode == Mode::Single {
+        bail!("--mode single runs in one process: use `grandis train --mode single`");
     }
-    if !matches!(args.mode.as_str(), "flx" | "fb" | "cob" | "mb" | "auto") {
-        bail!("--mode {}: expected flx, fb, cob, mb or auto", args.mode);
+    if spec.mode == Mode::Auto && spec.device_memory.is_none() {
+        // Every daemon must make the same auto decision, so the job carries the budget; all
+        // servers share this machine, so it is what `grandis train --mode auto` would use.
+        let ranks = (spec.servers * spec.devices) as usize;
+        spec.device_memory = Some(grandis_parallel::default_device_memory(ranks)?);
     }
-    let sampling = sampling_spec(&args)?;
+    spec.name = Some(format!("cluster-up-{}", spec.mode));
+    validate_as_flags(&JobSpec {
+        dataset: "-".into(),
+        ..spec.clone()
+    })?;
+    let (servers, devices) = (spec.servers, spec.devices);
     if args.heartbeat_ms < 10 {
         bail!("--heartbeat-ms must be at least 10");
     }
@@ -346,7 +273,7 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     eprintln!("work directory {}", work.display());
 
     // Certificates: one CA, one node per server (label = node name).
-    let labels: Vec<String> = (0..args.servers).map(|i| format!("server-{i}")).collect();
+    let labels: Vec<String> = (0..servers).map(|i| format!("server-{i}")).collect();
     let certs = work.join("certs");
     grandis_quic::init_cluster_with(
         &certs,
@@ -419,9 +346,7 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     eprintln!("coordinator at {url}");
 
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let threads = args
-        .threads
-        .unwrap_or((cores / args.servers as usize).max(1));
+    let threads = args.threads.unwrap_or((cores / servers as usize).max(1));
     let mut ready_files = Vec::new();
     for label in &labels {
         let cfg = work.join(format!("{label}.toml"));
@@ -437,7 +362,7 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
                 toml_quote(&url),
                 toml_quote(&token),
                 toml_quote(label),
-                args.devices,
+                devices,
                 toml_quote(&certs.display().to_string()),
                 toml_quote(&work.display().to_string()),
                 toml_quote(&ready.display().to_string()),
@@ -466,57 +391,12 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
         daemons.push(r);
     }
 
-    let mut spec = json!({
-        "name": format!("cluster-up-{}", args.mode),
-        "dataset": dataset.display().to_string(),
-        "model": args.model,
-        "layers": args.layers,
-        "hidden": args.hidden,
-        "dropout": args.dropout,
-        "lr": args.lr,
-        "weight_decay": args.weight_decay,
-        "mode": args.mode,
-        "epochs": args.epochs,
-        "seed": args.seed,
-        "servers": args.servers,
-        "devices": args.devices,
-        "partition": args.partition,
-    });
-    if let Some(k) = args.preload_hops {
-        spec["preload_hops"] = json!(k);
-    }
-    let device_memory = match (args.device_memory, args.mode.as_str()) {
-        // Every daemon must make the same auto decision, so the job carries the budget; all
-        // servers share this machine, so it is what `grandis train --mode auto` would use.
-        (None, "auto") => Some(grandis_parallel::default_device_memory(
-            (args.servers * args.devices) as usize,
-        )?),
-        (m, _) => m,
-    };
-    if let Some(m) = device_memory {
-        spec["device_memory"] = json!(m);
-    }
-    if let Some(s) = sampling {
-        spec["sampling"] = s;
-    }
-    if let Some(n) = args.resample_every {
-        spec["resample_every"] = json!(n);
-    }
-    // One batch field in the job: per server for cob (and auto), per device for mb. The other
-    // flag is ignored, as `grandis train` ignores it.
-    let batch = match args.mode.as_str() {
-        "cob" | "auto" => args.cobatch_size,
-        "mb" => args.batch_size,
-        _ => None,
-    };
-    if let Some(b) = batch {
-        spec["batch_size"] = json!(b);
-    }
+    spec.dataset = dataset.display().to_string();
     let api = Api::new(&url, &token);
-    let job = api.submit(&spec.to_string(), false)?;
+    let job = api.submit(&serde_json::to_string(&spec)?, false)?;
     eprintln!(
-        "submitted job {}: {} on {} servers x {} devices",
-        job.id, args.mode, args.servers, args.devices
+        "submitted job {}: {} on {servers} servers x {devices} devices",
+        job.id, spec.mode
     );
 
     // Follow on a helper thread so this one can watch for Ctrl-C, dead children and the
@@ -573,72 +453,40 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
             .join(format!("{label}.json"));
         let text = std::fs::read_to_string(&p)
             .with_context(|| format!("reading the job report {}", p.display()))?;
-        reports.push(serde_json::from_str::<serde_json::Value>(&text)?);
+        let report: RunSummary = serde_json::from_str(&text)
+            .with_context(|| format!("malformed job report {}", p.display()))?;
+        reports.push(report);
     }
     children.shutdown();
-    let sum = end.summary.clone().unwrap_or_default();
-    let get = |k: &str| sum.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
-    let field = |r: &serde_json::Value, path: &[&str]| -> u64 {
-        path.iter().fold(r, |v, k| &v[*k]).as_u64().unwrap_or(0)
+    let summary = RunSummary::of_cluster(&reports).context("no server reported")?;
+    let traffic = |f: fn(&grandis_wire::ServerTraffic) -> u64| -> u64 {
+        reports
+            .iter()
+            .filter_map(|r| r.server.as_ref())
+            .map(f)
+            .sum()
     };
-    // One figure summed over the servers' reports.
-    let total = |path: &[&str]| -> u64 { reports.iter().map(|r| field(r, path)).sum() };
-    let inter = total(&["halo_bytes_per_epoch", "inter_server"]);
-    let intra = total(&["halo_bytes_per_epoch", "intra_server"]);
-    // Features of replicated vertices, fetched from their home server: inter-server only
-    // (same-server rows are read from host memory), so no intra figure.
-    let fetch = total(&["fetch_bytes_per_epoch", "inter_server"]);
-    let fetch_setup = total(&["setup_fetch_bytes", "inter_server"]);
-    let wire_payload = total(&["wire", "payload_bytes_sent"]);
-    let wire_total = total(&["wire", "bytes_sent"]);
-    let counted = total(&["inter_server_payload_sent"]);
-    let wall = started.elapsed().as_secs_f64();
+    let out = ClusterReport {
+        job_id: end.id,
+        quic_payload_bytes_sent: traffic(|t| t.wire.payload_bytes_sent),
+        quic_bytes_sent: traffic(|t| t.wire.bytes_sent),
+        fabric_inter_server_bytes_sent: traffic(|t| t.inter_server_payload_sent),
+        wall_seconds: started.elapsed().as_secs_f64(),
+        work_dir: _temp.is_none().then(|| work.display().to_string()),
+        summary,
+        reports,
+    };
     let line = format!(
-        "final loss {:.4}  train {:.4}  val {:.4}  test {:.4}  median epoch {:.3}s  k = {}  \
-         halo bytes/epoch inter {inter} intra {intra}  fetched bytes inter/epoch {fetch} (setup \
-         {fetch_setup})  QUIC bytes {wire_total} (payload {wire_payload}, fabric-counted \
-         {counted})  wall {wall:.1}s",
-        get("final_loss"),
-        get("train_acc"),
-        get("val_acc"),
-        get("test_acc"),
-        get("median_epoch_s"),
-        sum.get("preload_hops").cloned().unwrap_or_default(),
+        "{}  QUIC bytes {} (payload {}, fabric-counted {})  wall {:.1}s",
+        out.summary.line(),
+        out.quic_bytes_sent,
+        out.quic_payload_bytes_sent,
+        out.fabric_inter_server_bytes_sent,
+        out.wall_seconds
     );
     if args.json {
         eprintln!("{line}");
-        let out = json!({
-            "job": end.id,
-            "mode": args.mode,
-            "servers": args.servers,
-            "devices": args.devices,
-            "dataset": dataset.display().to_string(),
-            "losses": end.history.iter().map(|p| p.loss).collect::<Vec<_>>(),
-            "final_loss": get("final_loss"),
-            "train_acc": get("train_acc"),
-            "val_acc": get("val_acc"),
-            "test_acc": get("test_acc"),
-            "median_epoch_s": get("median_epoch_s"),
-            "preload_hops": sum.get("preload_hops"),
-            "sampling": sum.get("sampling"),
-            "batch_size": sum.get("batch_size"),
-            "iterations_per_epoch": sum.get("iterations_per_epoch"),
-            "sampled_edges": sum.get("sampled_edges"),
-            "computed_vertices_per_layer": sum.get("computed_vertices_per_layer"),
-            "beta": sum.get("beta"),
-            "auto": sum.get("auto"),
-            "halo_bytes_per_epoch": {"inter_server": inter, "intra_server": intra},
-            "predicted_halo_bytes_per_epoch": sum.get("predicted_halo_bytes_per_epoch"),
-            "fetch_bytes_per_epoch": {"inter_server": fetch},
-            "setup_fetch_bytes": {"inter_server": fetch_setup},
-            "quic_payload_bytes_sent": wire_payload,
-            "quic_bytes_sent": wire_total,
-            "fabric_inter_server_bytes_sent": counted,
-            "wall_seconds": wall,
-            "work_dir": if _temp.is_some() { serde_json::Value::Null } else { json!(work.display().to_string()) },
-            "reports": reports,
-        });
-        println!("{out}");
+        println!("{}", serde_json::to_string(&out)?);
     } else {
         println!("{line}");
     }

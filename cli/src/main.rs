@@ -8,10 +8,12 @@ mod cluster;
 mod coordinator;
 mod daemon;
 mod data;
+mod job_args;
 mod partition;
 mod predict;
 mod submit;
 mod train;
+mod train_parallel;
 
 use clap::{Parser, Subcommand};
 
@@ -69,6 +71,8 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: `cluster up > file` and journald get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
     let result = match cli.command {

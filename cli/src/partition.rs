@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use grandis_partition::{Method, PartitionConfig, PartitionReport};
+use grandis_partition::{PartitionConfig, PartitionMethod, PartitionReport};
 
 #[derive(clap::Args)]
 pub struct PartitionArgs {
@@ -36,7 +36,7 @@ pub struct PartitionArgs {
 }
 
 pub fn run(args: PartitionArgs) -> anyhow::Result<()> {
-    let method: Method = args.method.parse()?;
+    let method: PartitionMethod = args.method.parse()?;
     let cfg = PartitionConfig {
         servers: args.servers,
         devices: args.devices,

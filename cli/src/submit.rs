@@ -17,11 +17,18 @@ pub struct SubmitArgs {
     #[arg(long, env = "GRANDIS_TOKEN", hide_env_values = true)]
     pub token: String,
     /// Job file: TOML (`.toml`) or JSON (anything else). See docs/openapi.yaml for the fields.
-    #[arg(required_unless_present = "json", conflicts_with = "json")]
+    #[arg(required_unless_present_any = ["json", "dataset"], conflicts_with_all = ["json", "dataset"])]
     pub jobfile: Option<PathBuf>,
     /// The job as a JSON document on the command line instead of a file.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dataset")]
     pub json: Option<String>,
+    /// The job as flags instead of a document: its dataset directory (a path on every server),
+    /// with the job flags below (the flags of `grandis train`; --mode defaults to flx). The
+    /// job flags are read only with --dataset.
+    #[arg(long)]
+    pub dataset: Option<String>,
+    #[command(flatten)]
+    pub job: crate::job_args::JobArgs,
     /// Stream per-epoch progress until the job ends; exit non-zero unless it succeeded.
     #[arg(long)]
     pub follow: bool,
@@ -192,14 +199,19 @@ pub fn require_success(st: &JobStatus) -> anyhow::Result<()> {
 }
 
 pub fn run(args: SubmitArgs) -> anyhow::Result<()> {
-    let (text, toml) = match (&args.jobfile, &args.json) {
-        (Some(path), None) => (
+    let (text, toml) = match (&args.jobfile, &args.json, &args.dataset) {
+        (Some(path), None, None) => (
             std::fs::read_to_string(path)
                 .with_context(|| format!("reading job file {}", path.display()))?,
             path.extension().is_some_and(|e| e == "toml"),
         ),
-        (None, Some(j)) => (j.clone(), false),
-        _ => bail!("give a JOBFILE or --json, not both"),
+        (None, Some(j), None) => (j.clone(), false),
+        (None, None, Some(dataset)) => {
+            let spec = args.job.spec(dataset.clone(), grandis_wire::Mode::Flx)?;
+            crate::job_args::validate_as_flags(&spec)?;
+            (serde_json::to_string(&spec)?, false)
+        }
+        _ => bail!("give one of a JOBFILE, --json or --dataset"),
     };
     let api = Api::new(&args.coordinator, &args.token);
     let st = api.submit(&text, toml)?;

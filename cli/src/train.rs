@@ -1,11 +1,14 @@
-//! `grandis train`: `--mode single` runs the exact single-process trainer
-//! (`grandis-trainer`); `--mode fb|flx|cob|mb|auto` run partition-parallel
-//! (`grandis-parallel`), with `--sampling none|eas|fanout|saint`.
+//! `grandis train`: the job's flags ([`JobArgs`]) become a typed job spec; `--mode single`
+//! runs it on the exact single-process trainer (`grandis-trainer`), `--mode
+//! fb|flx|cob|mb|auto` partition-parallel in this process ([`crate::train_parallel`]).
 
 use anyhow::{bail, Context};
-use grandis_models::{ModelConfig, ModelKind};
+use grandis_models::ModelConfig;
 use grandis_trainer::{CheckpointOptions, TrainOptions};
+use grandis_wire::{Mode, RunSummary};
 use std::path::PathBuf;
+
+use crate::job_args::{validate_as_flags, JobArgs};
 
 /// Where the single-process trainer (and `grandis predict`) computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,43 +68,8 @@ impl Device {
 pub struct TrainArgs {
     /// Dataset directory (as written by `grandis data ...`).
     pub dataset: PathBuf,
-    /// Execution mode: single (one process, exact reference), fb, flx, cob (cooperative
-    /// batching), mb (per-GPU mini-batches) or auto (FLX when the graph fits --device-memory,
-    /// else CoB with the largest co-batch that fits).
-    #[arg(long, default_value = "single")]
-    pub mode: String,
-    /// Model: sage, gcn, ressage, or mlp (features only, no graph).
-    #[arg(long, default_value = "sage")]
-    pub model: String,
-    /// Number of graph convolutions.
-    #[arg(long, default_value_t = 2)]
-    pub layers: usize,
-    /// Hidden width.
-    #[arg(long, default_value_t = 64)]
-    pub hidden: usize,
-    #[arg(long, default_value_t = 100)]
-    pub epochs: usize,
-    /// Dropout probability.
-    #[arg(long, default_value_t = 0.5)]
-    pub dropout: f32,
-    /// Adam learning rate.
-    #[arg(long, default_value_t = 0.01)]
-    pub lr: f32,
-    /// Weight decay (an L2 penalty with Adam, decoupled with --adamw).
-    #[arg(long, default_value_t = 5e-4)]
-    pub weight_decay: f32,
-    /// Use AdamW (decoupled weight decay).
-    #[arg(long)]
-    pub adamw: bool,
-    /// Normalisation between layers: layernorm or none.
-    #[arg(long, default_value = "none")]
-    pub norm: String,
-    /// Clip the global gradient norm to this value.
-    #[arg(long)]
-    pub grad_clip: Option<f32>,
-    /// Seed of the weight init and the dropout masks.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub job: JobArgs,
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -109,7 +77,7 @@ pub struct TrainArgs {
     /// a server on ordinal d, see --cuda-devices). CUDA needs a build with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Print one JSON object as the last stdout line.
+    /// Print the run summary as one JSON object on the last stdout line.
     #[arg(long)]
     pub json: bool,
     /// Save the trained model (safetensors) here.
@@ -119,7 +87,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub resume: bool,
     #[command(flatten)]
-    pub parallel: grandis_parallel::cli::ParallelArgs,
+    pub local: crate::train_parallel::LocalArgs,
 }
 
 fn open_dataset(args: &TrainArgs) -> anyhow::Result<grandis_store::Dataset> {
@@ -127,87 +95,62 @@ fn open_dataset(args: &TrainArgs) -> anyhow::Result<grandis_store::Dataset> {
         .with_context(|| format!("opening dataset {}", args.dataset.display()))
 }
 
-fn model_and_options(
-    args: &TrainArgs,
-    kind: ModelKind,
-    layer_norm: bool,
-    view: &grandis_store::DatasetView<'_>,
-) -> (ModelConfig, TrainOptions) {
-    let config = ModelConfig {
-        kind,
-        layers: args.layers,
-        in_dim: view.feature_dim,
-        hidden: args.hidden,
-        classes: view.num_classes,
-        dropout: args.dropout,
-        layer_norm,
-        seed: args.seed,
-    };
-    let opts = TrainOptions {
-        epochs: args.epochs,
-        lr: args.lr,
-        weight_decay: args.weight_decay,
-        adamw: args.adamw,
-        grad_clip: args.grad_clip,
-        seed: args.seed,
-    };
-    (config, opts)
-}
-
-/// `--mode fb|flx|cob|mb|auto`: partition-parallel ranks on CPU threads or CUDA devices.
-fn run_parallel(args: TrainArgs, kind: ModelKind, layer_norm: bool) -> anyhow::Result<()> {
-    if args.checkpoint.is_some() || args.resume {
-        bail!("--checkpoint and --resume work with --mode single only");
-    }
-    // `auto` picks FLX or CoB from the memory model (None).
-    let mode = match args.mode.as_str() {
-        "auto" => None,
-        m => Some(grandis_parallel::Mode::parse(m).context("a parallel mode")?),
-    };
-    let compute = args.parallel.compute(&args.device)?;
-    if compute.is_cuda() {
-        // Fail fast (and show the devices) before the dataset is read and partitioned.
-        Device::describe_cuda()?;
-    }
-    let dataset = open_dataset(&args)?;
-    let view = dataset.view();
-    let (config, opts) = model_and_options(&args, kind, layer_norm, &view);
-    grandis_parallel::cli::run(
-        &dataset,
-        mode,
-        &args.parallel,
-        config,
-        opts,
-        grandis_parallel::cli::RankResources {
-            threads: args.threads,
-            compute,
-        },
-        args.json,
+/// Prints the per-epoch line of every mode.
+pub(crate) fn epoch_line(s: &grandis_trainer::EpochStats) -> String {
+    format!(
+        "epoch {:>4}  loss {:.4}  train {:.4}  val {:.4}  {:.3}s",
+        s.epoch, s.loss, s.train_acc, s.val_acc, s.seconds
     )
 }
 
-pub fn run(args: TrainArgs) -> anyhow::Result<()> {
-    match args.mode.as_str() {
-        "single" | "fb" | "flx" | "cob" | "mb" | "auto" => {}
-        other => bail!("unknown --mode '{other}' (expected single, fb, flx, cob, mb or auto)"),
+/// Prints the summary: one line, or (`json`) the line on stderr and the JSON on stdout.
+pub(crate) fn print_summary(summary: &RunSummary, json: bool) -> anyhow::Result<()> {
+    if json {
+        eprintln!("{}", summary.line());
+        println!("{}", serde_json::to_string(summary)?);
+    } else {
+        println!("{}", summary.line());
     }
-    let kind = ModelKind::parse(&args.model).with_context(|| {
-        format!(
-            "unknown --model '{}' (expected sage, gcn, ressage or mlp)",
-            args.model
-        )
-    })?;
-    let layer_norm = match args.norm.as_str() {
-        "layernorm" => true,
-        "none" => false,
-        other => bail!("unknown --norm '{other}' (expected layernorm or none)"),
-    };
+    Ok(())
+}
+
+pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    let mut spec = args
+        .job
+        .spec(args.dataset.display().to_string(), Mode::Single)?;
     if args.resume && args.checkpoint.is_none() {
         bail!("--resume needs --checkpoint PATH");
     }
-    if args.mode != "single" {
-        return run_parallel(args, kind, layer_norm);
+    if spec.mode.is_distributed() {
+        if args.checkpoint.is_some() || args.resume {
+            bail!("--checkpoint and --resume work with --mode single only");
+        }
+        let compute = args.local.compute(&args.device)?;
+        if compute.is_cuda() {
+            // Fail fast (and show the devices) before the dataset is read and partitioned.
+            Device::describe_cuda()?;
+        }
+        if spec.mode == Mode::Auto && spec.device_memory.is_none() {
+            // The budget `auto` decides with: what this machine's devices have.
+            let (servers, devices) = (spec.servers as usize, spec.devices as usize);
+            spec.device_memory =
+                Some(grandis_parallel::default_budget(&compute, servers, devices)?.0);
+        }
+        validate_as_flags(&spec)?;
+        let dataset = open_dataset(&args)?;
+        return crate::train_parallel::run(
+            &dataset,
+            &spec,
+            &args.local,
+            crate::train_parallel::Ranks {
+                threads: args.threads,
+                compute,
+                device: args.device.clone(),
+            },
+            args.json,
+        );
     }
+    validate_as_flags(&spec)?;
     let device = Device::parse(&args.device)?;
     // Open the device before reading the dataset so a missing GPU fails fast.
     let cuda = match device {
@@ -216,25 +159,23 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     };
     let dataset = open_dataset(&args)?;
     let view = dataset.view();
-    let (config, opts) = model_and_options(&args, kind, layer_norm, &view);
+    let config = ModelConfig::for_job(&spec, view.feature_dim, view.num_classes);
+    let opts = TrainOptions::for_job(&spec);
     tracing::info!(
         "training {} ({} layers, hidden {}) on {} vertices, {} edges",
-        kind.name(),
-        args.layers,
-        args.hidden,
+        spec.model,
+        spec.layers,
+        spec.hidden,
         view.num_vertices(),
         view.graph.num_edges()
     );
-    let mut progress = grandis_telemetry::Progress::new("train", Some(args.epochs as u64));
+    let mut progress = grandis_telemetry::Progress::new("train", Some(spec.epochs as u64));
     let ckpt = CheckpointOptions {
         path: args.checkpoint.clone(),
         resume: args.resume,
     };
     let on_epoch = |s: &grandis_trainer::EpochStats| {
-        progress.println(format!(
-            "epoch {:>4}  loss {:.4}  train {:.4}  val {:.4}  {:.3}s",
-            s.epoch, s.loss, s.train_acc, s.val_acc, s.seconds
-        ));
+        progress.println(epoch_line(s));
         progress.inc(1);
     };
     let report = match cuda {
@@ -248,33 +189,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         None => grandis_trainer::train(view, config.clone(), &opts, &ckpt, args.threads, on_epoch)?,
     };
     progress.finish();
-    let summary = format!(
-        "final loss {:.4}  train {:.4}  val {:.4}  test {:.4}  median epoch {:.3}s",
-        report.final_loss, report.train_acc, report.val_acc, report.test_acc, report.median_epoch_s
-    );
-    if args.json {
-        eprintln!("{summary}");
-        let json = serde_json::json!({
-            "mode": "single",
-            "device": args.device,
-            "model": config,
-            "train": opts,
-            "num_parameters": report.num_parameters,
-            "first_epoch": report.first_epoch,
-            "test_acc": report.test_acc,
-            "val_acc": report.val_acc,
-            "train_acc": report.train_acc,
-            "final_loss": report.final_loss,
-            "median_epoch_s": report.median_epoch_s,
-            "peak_rss_bytes": grandis_telemetry::peak_rss_bytes(),
-            "losses": report.epochs.iter().map(|s| s.loss).collect::<Vec<_>>(),
-            "epoch_seconds": report.epochs.iter().map(|s| s.seconds).collect::<Vec<_>>(),
-        });
-        println!("{json}");
-    } else {
-        println!("{summary}");
-    }
-    Ok(())
+    print_summary(&report.summary(&spec, args.device.clone()), args.json)
 }
 
 #[cfg(test)]

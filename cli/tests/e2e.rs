@@ -114,7 +114,7 @@ fn cluster_up_equals_in_process(dataset: &str, mode: &str, extra: &[&str], epoch
     // the fabric's inter-server bytes plus framing.
     assert_eq!(
         cluster["halo_bytes_per_epoch"]["inter_server"],
-        local["bytes_inter_server"]
+        local["halo_bytes_per_epoch"]["inter_server"]
     );
     assert_eq!(
         cluster["halo_bytes_per_epoch"]["inter_server"],
@@ -131,7 +131,7 @@ fn cluster_up_equals_in_process(dataset: &str, mode: &str, extra: &[&str], epoch
         cluster["fabric_inter_server_bytes_sent"].as_u64().unwrap()
     );
     for r in cluster["reports"].as_array().unwrap() {
-        let w = &r["wire"];
+        let w = &r["server"]["wire"];
         let u = |k: &str| w[k].as_u64().unwrap();
         assert_eq!(
             u("bytes_sent"),
@@ -142,7 +142,7 @@ fn cluster_up_equals_in_process(dataset: &str, mode: &str, extra: &[&str], epoch
         );
         assert_eq!(
             u("payload_bytes_sent"),
-            r["inter_server_payload_sent"].as_u64().unwrap()
+            r["server"]["inter_server_payload_sent"].as_u64().unwrap()
         );
     }
 }
@@ -197,7 +197,8 @@ fn cluster_up_cob_and_flx_eas_match_in_process_training() {
         }
         assert!(cluster["sampled_edges"].as_u64().unwrap() > 0);
         assert_eq!(
-            cluster["halo_bytes_per_epoch"]["inter_server"], local["bytes_inter_server"],
+            cluster["halo_bytes_per_epoch"]["inter_server"],
+            local["halo_bytes_per_epoch"]["inter_server"],
             "{mode}"
         );
         match mode {

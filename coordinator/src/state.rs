@@ -500,7 +500,7 @@ impl Core {
                     rec.finished_servers.push(idx as u32);
                 }
                 if idx == 0 {
-                    rec.summary = Some(summary);
+                    rec.summary = Some(*summary);
                 }
                 let done = rec.finished_servers.len() == rec.servers.len();
                 if done {

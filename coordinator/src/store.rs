@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::{anyhow, Context};
-use grandis_wire::{EpochProgress, JobId, JobSpec, JobState, ServerSlot};
+use grandis_wire::{EpochProgress, JobId, JobSpec, JobState, RunSummary, ServerSlot};
 use redb::{Database, Durability, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -32,7 +31,7 @@ pub struct JobRecord {
     /// Server indices that reported `finished`.
     pub finished_servers: Vec<u32>,
     pub history: Vec<EpochProgress>,
-    pub summary: Option<Map<String, Value>>,
+    pub summary: Option<RunSummary>,
 }
 
 pub struct Store {

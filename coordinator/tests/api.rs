@@ -125,7 +125,7 @@ async fn bad_bodies_are_rejected_naming_the_problem() {
             json_ct,
             r#"{"dataset": "/d", "model": "foo"}"#,
             422,
-            "model: unknown model 'foo' (expected sage, gcn or ressage)",
+            "model: unknown model 'foo' (expected sage, gcn, ressage or mlp)",
         ),
         (
             json_ct,
@@ -213,7 +213,7 @@ async fn submit_list_get_and_cancel() {
     assert_eq!(job["name"], "flx-run");
     assert_eq!(
         job["spec"]["sampling"],
-        json!({"method": "eas", "hops": 1, "fanout": 15})
+        json!({"method": "eas", "hops": 1, "fanout": 15, "priority": "degree"})
     );
     assert!(job["waiting_for"]
         .as_str()

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use grandis_wire::{EpochProgress, JobEvent, LinkBytes};
+use grandis_wire::{EpochProgress, JobEvent, LinkBytes, RunSummary};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -29,10 +29,12 @@ fn progress(epoch: u32) -> JobEvent {
 
 fn summary(text: &str) -> JobEvent {
     JobEvent::Finished {
-        summary: json!({"test_acc": 0.81, "note": text})
-            .as_object()
-            .unwrap()
-            .clone(),
+        // The sampler's name tags whose summary it is.
+        summary: Box::new(RunSummary {
+            test_acc: 0.81,
+            sampling: text.into(),
+            ..RunSummary::default()
+        }),
     }
 }
 
@@ -136,7 +138,7 @@ async fn job_runs_from_queue_to_success_visible_in_get_sse_and_metrics() {
     assert_eq!(a.event(id, summary("a")).await.0, StatusCode::NO_CONTENT);
     let job = h.job(id).await;
     assert_eq!(job["state"], "succeeded");
-    assert_eq!(job["summary"]["note"], "a");
+    assert_eq!(job["summary"]["sampling"], "a");
     assert!(job["finished_at_ms"].as_u64().unwrap() >= job["started_at_ms"].as_u64().unwrap());
 
     // The event stream saw everything and ended by itself.

@@ -28,45 +28,14 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-/// Which architecture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelKind {
-    /// GraphSAGE (Hamilton et al.): `W_self h_v + W_neigh mean_{u in N(v)} h_u + b`.
-    Sage,
-    /// GCN (Kipf & Welling): `D^-1/2 (A + I) D^-1/2 H W + b`.
-    Gcn,
-    /// DeeperGCN `res+`: encoder, SAGE conv, then `h + conv(dropout(relu(norm(h))))` blocks,
-    /// and a `norm -> relu -> dropout -> linear` head.
-    ResSage,
-    /// Features only (`W h_v + b` per layer): the no-graph baseline.
-    Mlp,
-}
+/// Which architecture: the job spec's own enum (one definition, in `grandis-wire`).
+pub use grandis_wire::ModelKind;
 
-impl ModelKind {
-    pub fn parse(s: &str) -> Option<ModelKind> {
-        match s {
-            "sage" => Some(ModelKind::Sage),
-            "gcn" => Some(ModelKind::Gcn),
-            "ressage" => Some(ModelKind::ResSage),
-            "mlp" => Some(ModelKind::Mlp),
-            _ => None,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelKind::Sage => "sage",
-            ModelKind::Gcn => "gcn",
-            ModelKind::ResSage => "ressage",
-            ModelKind::Mlp => "mlp",
-        }
-    }
-    /// The normalisation its graph blocks must be built with.
-    pub fn aggregation(self) -> grandis_engine::norm::Aggregation {
-        match self {
-            ModelKind::Gcn => grandis_engine::norm::Aggregation::Gcn,
-            _ => grandis_engine::norm::Aggregation::Mean,
-        }
+/// The normalisation the graph blocks of `kind` must be built with.
+pub fn aggregation(kind: ModelKind) -> grandis_engine::norm::Aggregation {
+    match kind {
+        ModelKind::Gcn => grandis_engine::norm::Aggregation::Gcn,
+        _ => grandis_engine::norm::Aggregation::Mean,
     }
 }
 
@@ -86,6 +55,20 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// The model of a job for a dataset of `in_dim` features and `classes` classes.
+    pub fn for_job(spec: &grandis_wire::JobSpec, in_dim: usize, classes: usize) -> ModelConfig {
+        ModelConfig {
+            kind: spec.model,
+            layers: spec.layers as usize,
+            in_dim,
+            hidden: spec.hidden as usize,
+            classes,
+            dropout: spec.dropout as f32,
+            layer_norm: spec.layer_norm,
+            seed: spec.seed,
+        }
+    }
+
     pub fn validate(&self) -> std::result::Result<(), String> {
         if self.layers == 0 {
             return Err("layers must be at least 1".into());

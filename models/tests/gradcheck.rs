@@ -38,7 +38,7 @@ fn check(kind: ModelKind, layers: usize, layer_norm: bool, dropout: f32) {
     };
     let mut model = Model::new(&b, cfg).unwrap();
     let graph = b
-        .upload_graph(&full_block(g.view(), kind.aggregation()))
+        .upload_graph(&full_block(g.view(), grandis_models::aggregation(kind)))
         .unwrap();
     let ids: Vec<u32> = (0..n as u32).collect();
     let ctx = StageCtx::<CpuBackend> {

@@ -5,7 +5,7 @@ use grandis_masking::{InputCopy, KChoice, ModelDims, PlanContext, PreloadPlan};
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_sampling::Sampler;
 
-use crate::{steps, ClassBytes, Mode, ParallelOptions};
+use crate::{steps, LinkBytes, Mode, ParallelOptions};
 
 /// Available system memory divided by the `ranks` that share this machine: the default
 /// per-device budget of CPU workers (all S × G ranks run in this process, so the "server's"
@@ -48,7 +48,7 @@ pub fn choose_preload_hops(
 ) -> anyhow::Result<KChoice> {
     let dims = model_dims(config);
     match (popts.mode, popts.preload_hops) {
-        (Mode::Cob | Mode::Mb, _) => bail!(
+        (Mode::Cob | Mode::Mb | Mode::Single | Mode::Auto, _) => bail!(
             "--mode {} runs every layer on its per-iteration plans; preloading is for --mode flx",
             popts.mode.name()
         ),
@@ -132,7 +132,7 @@ pub(crate) fn budget(
 /// 90% of their device's free memory (the rest is left to the context, the loaded
 /// kernels and cuBLAS's workspace), divided among the ranks that share the device; the
 /// smallest share over the devices used is the budget.
-fn default_budget(
+pub fn default_budget(
     compute: &crate::Compute,
     servers: usize,
     devices: usize,
@@ -221,9 +221,9 @@ pub(crate) fn choose_sampled_k(
 /// layer, plus the same rows back as gradients for every layer whose input gradient is needed
 /// (all but layer 0 of sage/gcn, whose input is the features; ResSAGE+ needs layer 0's for its
 /// encoder).
-pub fn predicted_halo_bytes(plan: &PreloadPlan, config: &ModelConfig) -> ClassBytes {
+pub fn predicted_halo_bytes(plan: &PreloadPlan, config: &ModelConfig) -> LinkBytes {
     let dims = model_dims(config);
-    let mut out = ClassBytes::default();
+    let mut out = LinkBytes::default();
     for l in 0..plan.layers {
         let b = plan.forward_exchange_bytes(l, &dims);
         let times = if l > 0 || config.kind == ModelKind::ResSage {

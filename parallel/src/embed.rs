@@ -78,7 +78,7 @@ pub fn embeddings(
             targets: 0,
         }),
     );
-    let scales = global_scales(part.graph.view(), config.kind.aggregation());
+    let scales = global_scales(part.graph.view(), grandis_models::aggregation(config.kind));
     let opts: TrainOptions = serde_json::from_value(serde_json::json!({
         "epochs": 0, "lr": 0.0, "weight_decay": 0.0, "adamw": false, "grad_clip": null, "seed": 0
     }))?;
@@ -87,14 +87,13 @@ pub fn embeddings(
         new_to_old: &part.new_to_old,
         layout: &part.layout,
         scales: &scales,
-        agg: config.kind.aggregation(),
+        agg: grandis_models::aggregation(config.kind),
         config,
         opts: &opts,
         labelled_flags: &labelled_flags,
         totals,
         eval_every_epoch: false,
         collect_logits: false,
-        row_normalize: false,
         feed: &feed,
         iterations: 1,
         eval: None,

@@ -32,8 +32,6 @@ pub(crate) struct FeatureSource<'a> {
     pub view: DatasetView<'a>,
     pub new_to_old: &'a [u32],
     pub layout: &'a Layout,
-    /// Scale each row to sum 1, exactly as the single-process trainer does.
-    pub row_normalize: bool,
 }
 
 impl FeatureSource<'_> {
@@ -128,11 +126,6 @@ impl FeatureSource<'_> {
                 }
             }
         }
-        if self.row_normalize {
-            for row in host[..owned.len() * f].chunks_exact_mut(f.max(1)) {
-                normalize_row(row);
-            }
-        }
         Ok(host)
     }
 
@@ -143,16 +136,6 @@ impl FeatureSource<'_> {
             .get(g as usize)
             .with_context(|| format!("internal: vertex {g} has no original id"))?;
         Ok(self.view.feature_row(o))
-    }
-}
-
-/// Scales `row` to sum 1 with the trainer's arithmetic (f64 sum, f32 inverse), so results are
-/// bit-identical; an all-zero row stays zero.
-fn normalize_row(row: &mut [f32]) {
-    let sum: f64 = row.iter().map(|&v| v as f64).sum();
-    if sum != 0.0 {
-        let inv = (1.0 / sum) as f32;
-        row.iter_mut().for_each(|v| *v *= inv);
     }
 }
 
@@ -197,7 +180,6 @@ mod tests {
         view: DatasetView<'_>,
         part: &PartitionedGraph,
         plans: &[Vec<Arc<DevicePlan>>],
-        row_normalize: bool,
     ) -> (Vec<Vec<f32>>, Counters) {
         let layout = &part.layout;
         let f = view.feature_dim;
@@ -225,7 +207,6 @@ mod tests {
                     },
                     new_to_old: &part.new_to_old,
                     layout,
-                    row_normalize,
                 };
                 let p0 = &plans[rank][0];
                 let host = src.layer0_features(plans, &mut ep, Tag::fetch(1), p0.n_local())?;
@@ -253,9 +234,15 @@ mod tests {
         let ds = synth();
         let view = ds.view();
         let f = view.feature_dim;
-        let part =
-            PartitionedGraph::partition(&view, true, 2, 2, grandis_partition::Method::Random, 1)
-                .unwrap();
+        let part = PartitionedGraph::partition(
+            &view,
+            true,
+            2,
+            2,
+            grandis_partition::PartitionMethod::Random,
+            1,
+        )
+        .unwrap();
         let ctx = plan_context(&view, &part).unwrap();
         let batcher = CoBatcher::new(&ctx, 40, 2).unwrap();
         let batch = batcher.batch(0, 0).unwrap();
@@ -266,8 +253,8 @@ mod tests {
             "a 2-layer co-batch must reach into the other server"
         );
 
-        for row_normalize in [false, true] {
-            let (hosts, counters) = run(view, &part, &cob, row_normalize);
+        {
+            let (hosts, counters) = run(view, &part, &cob);
             let fetched = |class, dir| -> u64 {
                 counters
                     .epochs
@@ -284,10 +271,7 @@ mod tests {
                 let p = &cob[rank][0];
                 assert_eq!(host.len(), p.n_local() * f);
                 for (i, &g) in p.global_ids[..p.n_owned].iter().enumerate() {
-                    let mut want = view.feature_row(part.new_to_old[g as usize]).to_vec();
-                    if row_normalize {
-                        normalize_row(&mut want);
-                    }
+                    let want = view.feature_row(part.new_to_old[g as usize]).to_vec();
                     let got = &host[i * f..(i + 1) * f];
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(got), bits(&want), "rank {rank} row {i} (vertex {g})");
@@ -304,7 +288,7 @@ mod tests {
             .map(|d| steps::every_layer(d, LAYERS))
             .collect();
         assert_eq!(remote_rows(&part.layout, &fb), 0);
-        let (hosts, counters) = run(view, &part, &fb, false);
+        let (hosts, counters) = run(view, &part, &fb);
         assert!(counters.epochs.is_empty(), "{counters:?}");
         assert!(hosts.iter().flatten().all(|v| v.is_finite()));
     }

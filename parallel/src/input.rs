@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Context};
 use grandis_masking::Layout;
-use grandis_partition::{Method, PartitionBook, PartitionConfig};
+use grandis_partition::{PartitionBook, PartitionConfig, PartitionMethod};
 use grandis_store::{CsrGraph, CsrView, Dataset, DatasetView};
 
 /// A relabelled graph with its layout and id map.
@@ -81,7 +81,7 @@ impl PartitionedGraph {
         symmetric: bool,
         servers: usize,
         devices: usize,
-        method: Method,
+        method: PartitionMethod,
         seed: u64,
     ) -> anyhow::Result<Self> {
         let cfg = PartitionConfig {
@@ -101,6 +101,52 @@ impl PartitionedGraph {
 
     /// The layout and id map of a partition directory written by `grandis partition` for
     /// `dataset` (checked: same vertex count and the same source file checksums).
+    /// The partition a job trains on: read from `partition_dir` (written by `grandis
+    /// partition`, checked against the dataset and the job's servers × devices), or computed
+    /// now with the job's method and seed. Deterministic, so every server of a cluster job
+    /// arrives at the same partition.
+    pub fn for_job(
+        dataset: &Dataset,
+        spec: &grandis_wire::JobSpec,
+        partition_dir: Option<&std::path::Path>,
+    ) -> anyhow::Result<Self> {
+        let (servers, devices) = (spec.servers as usize, spec.devices as usize);
+        if servers == 0 || devices == 0 {
+            bail!("servers ({servers}) and devices ({devices}) must both be at least 1");
+        }
+        let n = dataset.manifest().num_vertices;
+        let ranks = (servers * devices) as u64;
+        if ranks > n {
+            bail!(
+                "{servers} servers x {devices} devices = {ranks} ranks is more than the {n} \
+                 vertices of {}",
+                dataset.dir().display()
+            );
+        }
+        if let Some(dir) = partition_dir {
+            let book = PartitionBook::open(dir)
+                .with_context(|| format!("opening partition dir {}", dir.display()))?;
+            if book.num_servers() as usize != servers || book.num_devices() as usize != devices {
+                bail!(
+                    "partition dir {} is for {} servers x {} devices, the run asks for \
+                     --servers {servers} --devices {devices}",
+                    dir.display(),
+                    book.num_servers(),
+                    book.num_devices(),
+                );
+            }
+            return PartitionedGraph::from_book(&book, dataset);
+        }
+        PartitionedGraph::partition(
+            &dataset.view(),
+            dataset.manifest().symmetric,
+            servers,
+            devices,
+            spec.partition,
+            spec.partition_seed,
+        )
+    }
+
     pub fn from_book(book: &PartitionBook, dataset: &Dataset) -> anyhow::Result<Self> {
         let dir = book.dir().display().to_string();
         let m = dataset.manifest();

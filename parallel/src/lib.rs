@@ -31,8 +31,8 @@
 //! (full-neighbourhood inference), and [`embeddings`] runs one forward pass on any masked
 //! plan with given weights (exactness tests, `grandis analyze error`).
 
+mod auto;
 mod budget;
-pub mod cli;
 mod embed;
 mod fetch;
 pub mod input;
@@ -57,22 +57,24 @@ use grandis_sampling::{CoBatcher, MiniBatcher};
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, TrainOptions, TrainReport};
 
-pub use budget::{choose_preload_hops, default_device_memory, model_dims, predicted_halo_bytes};
+pub use auto::decide_auto;
+pub use budget::{
+    choose_preload_hops, default_budget, default_device_memory, model_dims, predicted_halo_bytes,
+};
 pub use embed::{checkpoint_weights, embeddings, Embeddings};
 pub use grandis_fabric::LinkModel;
 pub use grandis_masking::FlxPlan as MaskedPlan;
 /// The samplers this runner executes (re-exported so front ends need no extra dependency).
 pub use grandis_sampling as sampling;
-pub use grandis_sampling::Priority;
+pub use grandis_wire::{LinkBytes, Mode, Priority, RankMemory, Sampling, TimeSplit};
 pub use input::PartitionedGraph;
-pub use options::{Compute, Mode, ParallelOptions, Sampling};
-pub use report::{ClassBytes, ParallelReport, RankMemory, TimeSplit};
+pub use options::{Compute, ParallelOptions};
+pub use report::ParallelReport;
 pub use setup::plan_context;
 pub use worker::EVAL_EPOCH_BIT;
 
 use budget::choose_sampled_k;
-use options::sampling_flag;
-use report::{median, time_split};
+use report::time_split;
 use setup::{check_inputs, labelled};
 
 /// Trains `config` on `view` (the dataset in its ORIGINAL ids) partitioned as `part`,
@@ -100,6 +102,8 @@ pub(crate) fn train_ranks(
     local: Option<Vec<grandis_fabric::Endpoint>>,
 ) -> anyhow::Result<ParallelReport> {
     check_inputs(&view, part, &config)?;
+    let (resolved, auto) = auto::resolve_mode(&view, part, &config, popts, opts.seed)?;
+    let popts = &resolved;
     let n = view.num_vertices();
     let layout = part.layout.clone();
     let (servers, devices) = (layout.servers(), layout.devices());
@@ -115,7 +119,7 @@ pub(crate) fn train_ranks(
     let is_train = |g: u32| labelled_flags[g as usize] & SPLIT_TRAIN != 0;
 
     // Samplers outlive the schedule that borrows them.
-    let sampler = popts.sampling.sampler(seed)?;
+    let sampler = grandis_sampling::dependency_sampler(&popts.sampling, config.layers, seed)?;
     let batch_size = || -> anyhow::Result<usize> {
         match popts.batch_size {
             Some(b) if b > 0 => Ok(b),
@@ -131,7 +135,7 @@ pub(crate) fn train_ranks(
         estimates: Vec::new(),
         reason: String::new(),
     };
-    let mut predicted = ClassBytes::default();
+    let mut predicted = LinkBytes::default();
     let mut replicated_vertices = 0;
     let mut eval_plans: Option<Vec<Vec<Arc<DevicePlan>>>> = None;
     let fb_arcs = |fb: grandis_masking::FbPlan| -> Vec<Arc<DevicePlan>> {
@@ -175,7 +179,7 @@ pub(crate) fn train_ranks(
         }
         (Mode::Fb, s) => bail!(
             "--mode fb trains on the exact graph; --sampling {} needs --mode flx, cob or mb",
-            sampling_flag(s)
+            s.method()
         ),
         (Mode::Flx, Sampling::Saint { .. }) => {
             bail!("GraphSAINT samples a subgraph per iteration: use --mode cob --sampling saint")
@@ -213,7 +217,8 @@ pub(crate) fn train_ranks(
             let batcher = CoBatcher::new(&ctx, b, seed)?;
             let sampler = match s {
                 Sampling::Saint { .. } => steps::CobSampler::Saint(
-                    popts.sampling.saint(b, seed).context("saint sampler")?,
+                    grandis_sampling::saint_sampler(&popts.sampling, b, seed)
+                        .context("saint sampler")?,
                 ),
                 _ => steps::CobSampler::Deps(sampler.as_deref().context("a dependency sampler")?),
             };
@@ -224,6 +229,12 @@ pub(crate) fn train_ranks(
             );
             eval_plans = Some(per_layer(&fb_arcs(ctx.fb_plan()?)));
             steps::Schedule::Cob { batcher, sampler }
+        }
+        (Mode::Single | Mode::Auto, _) => {
+            bail!(
+                "internal: mode {} reached the planner unresolved",
+                popts.mode
+            )
         }
         (Mode::Mb, Sampling::Saint { .. }) => {
             bail!("GraphSAINT is server-wise here: use --mode cob --sampling saint")
@@ -258,7 +269,7 @@ pub(crate) fn train_ranks(
         }
         _ => sampler.as_ref().map_or("exact".into(), |s| s.name()),
     };
-    let scales = global_scales(part.graph.view(), config.kind.aggregation());
+    let scales = global_scales(part.graph.view(), grandis_models::aggregation(config.kind));
 
     let threads_per_rank = popts.threads_per_rank.unwrap_or_else(|| {
         (std::thread::available_parallelism().map_or(1, |c| c.get()) / ranks).max(1)
@@ -273,14 +284,13 @@ pub(crate) fn train_ranks(
         new_to_old: &part.new_to_old,
         layout: &part.layout,
         scales: &scales,
-        agg: config.kind.aggregation(),
+        agg: grandis_models::aggregation(config.kind),
         config: &config,
         opts,
         labelled_flags: &labelled_flags,
         totals,
         eval_every_epoch: popts.eval_every_epoch,
         collect_logits: popts.collect_logits,
-        row_normalize: row_normalize(opts),
         feed: &feed,
         iterations,
         eval: eval_plans.as_deref(),
@@ -413,7 +423,9 @@ pub(crate) fn train_ranks(
         train_acc: r0.final_acc[0],
         val_acc: r0.final_acc[1],
         test_acc: r0.final_acc[2],
-        median_epoch_s: median(&stats.iter().map(|s| s.seconds).collect::<Vec<_>>()),
+        median_epoch_s: grandis_telemetry::median(
+            &stats.iter().map(|s| s.seconds).collect::<Vec<_>>(),
+        ),
         first_epoch: 1,
         num_parameters: r0.num_parameters,
         epochs: stats,
@@ -421,6 +433,7 @@ pub(crate) fn train_ranks(
     let computed: Vec<u64> = rs.computed_per_layer.iter().map(|&x| per_ep(x)).collect();
     Ok(ParallelReport {
         mode: popts.mode,
+        auto,
         servers,
         devices,
         partition: part.source.clone(),
@@ -438,7 +451,7 @@ pub(crate) fn train_ranks(
         } else {
             (rs.replicated as f64 / steps_n).round() as usize
         },
-        halo_bytes_per_epoch: ClassBytes {
+        halo_bytes_per_epoch: LinkBytes {
             intra_server: fwd.intra_server + bwd.intra_server,
             inter_server: fwd.inter_server + bwd.inter_server,
         },
@@ -451,9 +464,7 @@ pub(crate) fn train_ranks(
         time,
         memory,
         sampling: sampling_name,
-        batch_size: popts
-            .batch_size
-            .filter(|_| matches!(popts.mode, Mode::Cob | Mode::Mb)),
+        batch_size: popts.batch_size.filter(|_| popts.mode.is_mini_batch()),
         iterations_per_epoch: iterations,
         targets_per_epoch: per_ep(rs.targets),
         sampled_edges: per_ep(rs.sampled_edges),
@@ -508,12 +519,3 @@ fn cuda_rank_backend(
 
 /// Steps the plan producer may build ahead of the slowest rank.
 const PREFETCH_STEPS: usize = 2;
-
-/// Whether the trainer's options ask for row-normalised features. Read by field name through
-/// serde: the option is newer than some trainer builds, and absent means off.
-fn row_normalize(opts: &TrainOptions) -> bool {
-    serde_json::to_value(opts)
-        .ok()
-        .and_then(|v| v.get("row_normalize").and_then(|b| b.as_bool()))
-        .unwrap_or(false)
-}

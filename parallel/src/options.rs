@@ -1,100 +1,10 @@
-//! Run options: the scheme ([`Mode`]), the sampler ([`Sampling`]) and [`ParallelOptions`].
+//! [`ParallelOptions`]: what a run needs beyond the model and the optimiser, made from the
+//! job spec by one pure function ([`ParallelOptions::for_job`]) plus what the machine decides
+//! (where ranks compute, threads, emulated links).
 
 use grandis_fabric::LinkModel;
-use grandis_sampling::{Eas, Exact, Fanout, Priority, Saint, SaintKind, Sampler};
+use grandis_wire::{JobSpec, Mode, Sampling};
 use serde::Serialize;
-
-/// Which partition-parallel scheme.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// FB_base: one-hop halo exchange at every layer with every peer.
-    Fb,
-    /// Flexible preloading (k hops) with one-hop graph masking.
-    Flx,
-    /// Cooperative batching: one co-batch MFG per server per iteration.
-    Cob,
-    /// Per-GPU mini-batches: one MFG per device per iteration, no sharing.
-    Mb,
-}
-
-impl Mode {
-    pub fn parse(s: &str) -> Option<Mode> {
-        match s {
-            "fb" => Some(Mode::Fb),
-            "flx" => Some(Mode::Flx),
-            "cob" => Some(Mode::Cob),
-            "mb" => Some(Mode::Mb),
-            _ => None,
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Fb => "fb",
-            Mode::Flx => "flx",
-            Mode::Cob => "cob",
-            Mode::Mb => "mb",
-        }
-    }
-}
-
-/// Which dependency sampler a run uses (the seed is the training seed).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "sampler", rename_all = "lowercase")]
-pub enum Sampling {
-    /// Exact dependencies.
-    None,
-    /// Expansion-aware sampling: at most `fanout` external in-neighbours per vertex, external
-    /// vertices at most `hops` hops from the server.
-    Eas {
-        hops: usize,
-        fanout: usize,
-        priority: Priority,
-    },
-    /// GraphSAGE layer-wise fanouts, hop 1 (the last layer) first.
-    Fanout { fanouts: Vec<usize> },
-    /// GraphSAINT per server per iteration with a budget of the co-batch size: the node
-    /// sampler (`walk_length` None) or random walks of `walk_length` steps from
-    /// `budget / (walk_length + 1)` roots.
-    Saint { walk_length: Option<usize> },
-}
-
-impl Sampling {
-    /// The dependency sampler (None for GraphSAINT, which samples targets too).
-    pub fn sampler(&self, seed: u64) -> anyhow::Result<Option<Box<dyn Sampler>>> {
-        Ok(match self {
-            Sampling::None => Some(Box::new(Exact)),
-            Sampling::Eas {
-                hops,
-                fanout,
-                priority,
-            } => Some(Box::new(Eas::new(*hops, *fanout, *priority, seed)?)),
-            Sampling::Fanout { fanouts } => Some(Box::new(Fanout::new(fanouts.clone(), seed)?)),
-            Sampling::Saint { .. } => None,
-        })
-    }
-
-    /// The GraphSAINT sampler for a per-server budget.
-    pub fn saint(&self, budget: usize, seed: u64) -> Option<Saint> {
-        match self {
-            Sampling::Saint { walk_length } => Some(Saint {
-                kind: match walk_length {
-                    None => SaintKind::Node { budget },
-                    Some(len) => SaintKind::RandomWalk {
-                        roots: (budget / (len + 1)).max(1),
-                        length: *len,
-                    },
-                },
-                seed,
-            }),
-            _ => None,
-        }
-    }
-
-    pub fn is_none(&self) -> bool {
-        matches!(self, Sampling::None)
-    }
-}
 
 /// Where each rank computes.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -146,13 +56,15 @@ impl Compute {
 /// Options of a parallel run beyond the model and optimiser.
 #[derive(Debug, Clone)]
 pub struct ParallelOptions {
+    /// fb, flx, cob, mb, or auto (decided by the memory model when the run starts); single is
+    /// the trainer's, not a parallel mode.
     pub mode: Mode,
     /// Where the ranks compute (CPU threads by default).
     pub compute: Compute,
     /// FLX: force k instead of choosing it from the memory budget.
     pub preload_hops: Option<usize>,
-    /// FLX: per-device memory budget in bytes; None =
-    /// [`default_device_memory`](crate::default_device_memory).
+    /// Per-device memory budget in bytes; None = what the device has
+    /// ([`default_device_memory`](crate::default_device_memory) on CPU, free memory on CUDA).
     pub device_memory: Option<u64>,
     pub intra: LinkModel,
     pub inter: LinkModel,
@@ -162,11 +74,12 @@ pub struct ParallelOptions {
     pub eval_every_epoch: bool,
     /// Return the final logits of every vertex (tests).
     pub collect_logits: bool,
-    /// Dependency sampling (FLX: EAS or fanout; CoB: any; MB: none, EAS or fanout).
+    /// Dependency sampling (FLX: EAS; CoB: any; MB: none, EAS or fanout).
     pub sampling: Sampling,
-    /// CoB: co-batch size per server; MB: mini-batch size per device.
+    /// CoB: co-batch size per server; MB: mini-batch size per device; auto: the co-batch size
+    /// if it comes to CoB (None = the largest that fits).
     pub batch_size: Option<usize>,
-    /// FLX-EAS: draw a new sample every N epochs (None or 0: sample once).
+    /// FLX with sampling: draw a new sample every N epochs (None or 0: sample once).
     pub resample_every: Option<u64>,
 }
 
@@ -189,19 +102,94 @@ impl Default for ParallelOptions {
     }
 }
 
-/// The `--sampling` flag value that selects `s` (for error messages).
-pub(crate) fn sampling_flag(s: &Sampling) -> &'static str {
-    match s {
-        Sampling::None => "none",
-        Sampling::Eas { .. } => "eas",
-        Sampling::Fanout { .. } => "fanout",
-        Sampling::Saint { .. } => "saint",
+impl ParallelOptions {
+    /// The options of a job: the one mapping from a spec to a run, used by `grandis train` and
+    /// by every daemon alike (so a cluster job equals `grandis train` with the same spec).
+    /// Pure: the machine's part (compute, threads, links) keeps its defaults.
+    pub fn for_job(spec: &JobSpec) -> ParallelOptions {
+        ParallelOptions {
+            mode: spec.mode,
+            preload_hops: spec.preload_hops.map(|k| k as usize),
+            device_memory: spec.device_memory,
+            sampling: spec.sampling.clone(),
+            batch_size: match spec.mode {
+                Mode::Cob | Mode::Mb => Some(spec.batch_size_or_default() as usize),
+                // auto: absent = the largest co-batch that fits, if it comes to CoB.
+                Mode::Auto => spec.batch_size.map(|b| b as usize),
+                _ => None,
+            },
+            resample_every: spec.resample_every,
+            ..ParallelOptions::default()
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use grandis_wire::Priority;
+
+    #[test]
+    fn a_job_maps_to_its_options() {
+        let base = JobSpec {
+            dataset: "d".into(),
+            layers: 3,
+            seed: 7,
+            ..JobSpec::default()
+        };
+        // FLX-EAS with resampling and a budget.
+        let eas = Sampling::Eas {
+            hops: 2,
+            fanout: 4,
+            priority: Priority::Degree,
+        };
+        let o = ParallelOptions::for_job(&JobSpec {
+            mode: Mode::Flx,
+            sampling: eas.clone(),
+            resample_every: Some(3),
+            device_memory: Some(1 << 20),
+            preload_hops: Some(2),
+            ..base.clone()
+        });
+        assert_eq!(o.sampling, eas);
+        assert_eq!(
+            (
+                o.resample_every,
+                o.device_memory,
+                o.batch_size,
+                o.preload_hops
+            ),
+            (Some(3), Some(1 << 20), None, Some(2))
+        );
+        // cob and mb take the spec's batch size, or its documented default.
+        let o = ParallelOptions::for_job(&JobSpec {
+            mode: Mode::Cob,
+            batch_size: Some(64),
+            ..base.clone()
+        });
+        assert_eq!(o.batch_size, Some(64));
+        let o = ParallelOptions::for_job(&JobSpec {
+            mode: Mode::Mb,
+            ..base.clone()
+        });
+        assert_eq!(
+            o.batch_size,
+            Some(grandis_wire::defaults::BATCH_SIZE as usize)
+        );
+        // GraphSAINT without a batch size: the default roots' worth.
+        let o = ParallelOptions::for_job(&JobSpec {
+            mode: Mode::Cob,
+            sampling: Sampling::Saint { walk_length: 2 },
+            ..base.clone()
+        });
+        assert_eq!(o.batch_size, Some(9000));
+        // auto: only an explicit co-batch size (absent = the largest that fits).
+        let o = ParallelOptions::for_job(&JobSpec {
+            mode: Mode::Auto,
+            ..base
+        });
+        assert_eq!((o.mode, o.batch_size), (Mode::Auto, None));
+    }
 
     #[test]
     fn compute_parses_and_maps_device_indices_to_ordinals() {

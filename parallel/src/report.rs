@@ -1,57 +1,21 @@
 //! What a run reports ([`ParallelReport`] and its parts), filled from fabric counters.
 
 use grandis_fabric::{Counters, LinkClass, Phase};
+use grandis_sampling::AutoDecision;
 use grandis_trainer::TrainReport;
+use grandis_wire::{JobSpec, LinkBytes, Mode, RankMemory, RunSummary, TimeSplit};
 use serde::Serialize;
 
 use crate::fetch::SETUP_EPOCH;
 use crate::worker::{self, EVAL_EPOCH_BIT};
-use crate::Mode;
-
-/// Bytes of one epoch by link class (payload bytes put on the wire, summed over ranks).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct ClassBytes {
-    pub intra_server: u64,
-    pub inter_server: u64,
-}
-
-/// Mean seconds per training epoch, averaged over ranks and over epochs (the first, warm-up
-/// epoch left out when there are several).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct TimeSplit {
-    /// Wall time of the training step.
-    pub epoch_s: f64,
-    /// Outside any fabric call: the backend's work and packing of halo buffers.
-    pub compute_s: f64,
-    /// Halo exchange calls minus the time blocked on inter-server peers.
-    pub intra_comm_s: f64,
-    /// Time blocked receiving halo rows/gradients from other servers (emulated link time).
-    pub inter_comm_s: f64,
-    /// Fetching replicated vertices' features from their home servers, for the plans built
-    /// inside the epoch (per-iteration modes, FLX-EAS resampling).
-    pub fetch_s: f64,
-    /// Weight-gradient all-reduce calls.
-    pub all_reduce_s: f64,
-    /// Loss all-reduce and other small collectives.
-    pub other_s: f64,
-}
-
-/// Measured memory of one rank next to the memory model's estimate.
-#[derive(Debug, Clone, Serialize)]
-pub struct RankMemory {
-    pub rank: usize,
-    /// Peak live bytes of backend buffers, indices and graphs (the metered backend).
-    pub measured_peak_bytes: u64,
-    /// Live bytes after setup, before the first epoch.
-    pub setup_bytes: u64,
-    /// `grandis_masking::memory` estimate for this rank.
-    pub model_bytes: u64,
-}
 
 /// Everything a parallel run reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct ParallelReport {
+    /// The mode that ran (`auto` resolved to fb, flx or cob).
     pub mode: Mode,
+    /// `auto`'s decision, when the run was asked for `auto`.
+    pub auto: Option<AutoDecision>,
     pub servers: usize,
     pub devices: usize,
     pub partition: String,
@@ -64,21 +28,21 @@ pub struct ParallelReport {
     /// Vertices replicated by FLX preloading over all servers (per-step plans: mean per step).
     pub replicated_vertices: usize,
     /// Feature and gradient halo traffic per epoch (forward + backward phases).
-    pub halo_bytes_per_epoch: ClassBytes,
-    pub forward_bytes_per_epoch: ClassBytes,
-    pub backward_bytes_per_epoch: ClassBytes,
+    pub halo_bytes_per_epoch: LinkBytes,
+    pub forward_bytes_per_epoch: LinkBytes,
+    pub backward_bytes_per_epoch: LinkBytes,
     /// The masking plan's prediction of `halo_bytes_per_epoch`.
-    pub predicted_halo_bytes_per_epoch: ClassBytes,
+    pub predicted_halo_bytes_per_epoch: LinkBytes,
     /// Weight-gradient all-reduce traffic per epoch.
-    pub all_reduce_bytes_per_epoch: ClassBytes,
+    pub all_reduce_bytes_per_epoch: LinkBytes,
     /// Input features of replicated vertices fetched from their home server, per epoch, for
     /// plans that change during the run (every co-batch or mini-batch step, FLX-EAS
     /// resampling; the first of them, built before the first epoch, included). Inter-server
     /// only: rows whose home is a device of the same server are read from its host memory.
-    pub fetch_bytes_per_epoch: ClassBytes,
+    pub fetch_bytes_per_epoch: LinkBytes,
     /// The same, once per run, for a plan built before the first epoch that serves the whole
     /// run: the features FLX preloads (FLX-EAS sampled once too).
-    pub setup_fetch_bytes: ClassBytes,
+    pub setup_fetch_bytes: LinkBytes,
     pub time: TimeSplit,
     pub memory: Vec<RankMemory>,
     /// The sampler's name ("exact", "eas(h=1,f=15,degree)", "sage(25,10,5)", "saint(...)").
@@ -107,15 +71,49 @@ pub struct ParallelReport {
     pub counters: Counters,
 }
 
+impl ParallelReport {
+    /// The run's [`RunSummary`] (`job`: the spec it ran; `device`: where the ranks computed).
+    pub fn summary(&self, job: &JobSpec, device: String) -> RunSummary {
+        RunSummary {
+            mode: self.mode,
+            auto: self.auto.as_ref().map(|d| d.to_string()),
+            servers: self.servers,
+            devices: self.devices,
+            partition: self.partition.clone(),
+            threads_per_rank: self.threads_per_rank,
+            preload_hops: self.preload_hops,
+            preload_reason: self.k_reason.clone(),
+            preload_estimates: self.k_estimates.clone(),
+            replicated_vertices: self.replicated_vertices,
+            halo_bytes_per_epoch: self.halo_bytes_per_epoch,
+            forward_bytes_per_epoch: self.forward_bytes_per_epoch,
+            backward_bytes_per_epoch: self.backward_bytes_per_epoch,
+            predicted_halo_bytes_per_epoch: self.predicted_halo_bytes_per_epoch,
+            all_reduce_bytes_per_epoch: self.all_reduce_bytes_per_epoch,
+            fetch_bytes_per_epoch: self.fetch_bytes_per_epoch,
+            setup_fetch_bytes: self.setup_fetch_bytes,
+            time_split: self.time,
+            memory: self.memory.clone(),
+            sampling: self.sampling.clone(),
+            batch_size: self.batch_size,
+            iterations_per_epoch: self.iterations_per_epoch,
+            targets_per_epoch: self.targets_per_epoch,
+            sampled_edges: self.sampled_edges,
+            computed_vertices_per_layer: self.computed_vertices_per_layer.clone(),
+            computed_vertex_layers: self.computed_vertex_layers,
+            aggregated_edges_per_layer: self.aggregated_edges_per_layer.clone(),
+            beta: self.beta.clone(),
+            // The training figures, as a single-process run reports them.
+            ..self.train.summary(job, device)
+        }
+    }
+}
+
 /// Payload bytes of `phase` per training epoch by link class, from fabric counters summed over
 /// ranks (evaluation epochs and the setup before the first epoch left out), over `epochs`
 /// training epochs.
-pub(crate) fn class_bytes_per_epoch(
-    counters: &Counters,
-    phase: Phase,
-    epochs: usize,
-) -> ClassBytes {
-    class_bytes(counters, phase, is_training_epoch).per_epoch(epochs)
+pub(crate) fn class_bytes_per_epoch(counters: &Counters, phase: Phase, epochs: usize) -> LinkBytes {
+    per_epoch(class_bytes(counters, phase, is_training_epoch), epochs)
 }
 
 /// Whether a tag epoch is a training epoch (not the setup before it, not an evaluation).
@@ -123,14 +121,12 @@ fn is_training_epoch(epoch: u32) -> bool {
     epoch & EVAL_EPOCH_BIT == 0 && epoch != SETUP_EPOCH
 }
 
-impl ClassBytes {
-    /// Both classes divided by `epochs` (at least 1).
-    fn per_epoch(self, epochs: usize) -> ClassBytes {
-        let e = epochs.max(1) as u64;
-        ClassBytes {
-            intra_server: self.intra_server / e,
-            inter_server: self.inter_server / e,
-        }
+/// Both classes divided by `epochs` (at least 1).
+fn per_epoch(b: LinkBytes, epochs: usize) -> LinkBytes {
+    let e = epochs.max(1) as u64;
+    LinkBytes {
+        intra_server: b.intra_server / e,
+        inter_server: b.inter_server / e,
     }
 }
 
@@ -142,21 +138,21 @@ pub(crate) fn fetch_bytes(
     counters: &Counters,
     epochs: usize,
     first_plan_recurs: bool,
-) -> (ClassBytes, ClassBytes) {
+) -> (LinkBytes, LinkBytes) {
     let setup = class_bytes(counters, Phase::Fetch, |e| e == SETUP_EPOCH);
     let in_epochs = class_bytes(counters, Phase::Fetch, is_training_epoch);
     if !first_plan_recurs {
-        return (in_epochs.per_epoch(epochs), setup);
+        return (per_epoch(in_epochs, epochs), setup);
     }
-    let all = ClassBytes {
+    let all = LinkBytes {
         intra_server: in_epochs.intra_server + setup.intra_server,
         inter_server: in_epochs.inter_server + setup.inter_server,
     };
-    (all.per_epoch(epochs), ClassBytes::default())
+    (per_epoch(all, epochs), LinkBytes::default())
 }
 
 /// Payload bytes sent under `phase` in the tag epochs that `keep` selects, by link class.
-fn class_bytes(counters: &Counters, phase: Phase, keep: impl Fn(u32) -> bool) -> ClassBytes {
+fn class_bytes(counters: &Counters, phase: Phase, keep: impl Fn(u32) -> bool) -> LinkBytes {
     let total = |class: LinkClass| -> u64 {
         counters
             .epochs
@@ -167,7 +163,7 @@ fn class_bytes(counters: &Counters, phase: Phase, keep: impl Fn(u32) -> bool) ->
             .map(|r| r.bytes_sent)
             .sum()
     };
-    ClassBytes {
+    LinkBytes {
         intra_server: total(LinkClass::IntraServer),
         inter_server: total(LinkClass::InterServer),
     }
@@ -230,18 +226,4 @@ pub(crate) fn time_split(results: &[worker::RankResult], epochs: usize) -> TimeS
         }
     }
     t
-}
-
-pub(crate) fn median(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        0.5 * (v[m - 1] + v[m])
-    }
 }

@@ -207,7 +207,6 @@ impl<B: Backend> Rt<B> {
             view: sh.view,
             new_to_old: sh.new_to_old,
             layout: sh.layout,
-            row_normalize: sh.row_normalize,
         };
         let host = source.layer0_features(step_plans, ep, fetch_tag, rows)?;
         let features = b.upload(&host)?;

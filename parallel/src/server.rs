@@ -158,9 +158,15 @@ mod tests {
         })
         .unwrap();
         let view = ds.view();
-        let part =
-            PartitionedGraph::partition(&view, true, 2, 2, grandis_partition::Method::Random, 3)
-                .unwrap();
+        let part = PartitionedGraph::partition(
+            &view,
+            true,
+            2,
+            2,
+            grandis_partition::PartitionMethod::Random,
+            3,
+        )
+        .unwrap();
         let config = ModelConfig {
             kind: ModelKind::Sage,
             layers: 2,
@@ -242,9 +248,15 @@ mod tests {
         })
         .unwrap();
         let view = ds.view();
-        let part =
-            PartitionedGraph::partition(&view, true, 2, 2, grandis_partition::Method::Random, 0)
-                .unwrap();
+        let part = PartitionedGraph::partition(
+            &view,
+            true,
+            2,
+            2,
+            grandis_partition::PartitionMethod::Random,
+            0,
+        )
+        .unwrap();
         let config = ModelConfig {
             kind: ModelKind::Sage,
             layers: 2,

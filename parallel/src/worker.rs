@@ -46,8 +46,6 @@ pub(crate) struct Shared<'a> {
     pub totals: [usize; 3],
     pub eval_every_epoch: bool,
     pub collect_logits: bool,
-    /// Scale each feature row to sum 1, exactly as the single-process trainer does.
-    pub row_normalize: bool,
     /// Training steps, in order (`iterations` per epoch).
     pub feed: &'a Feed,
     pub iterations: usize,

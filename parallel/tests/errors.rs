@@ -6,7 +6,7 @@ use common::*;
 use grandis_masking::Layout;
 use grandis_models::ModelKind;
 use grandis_parallel::{Mode, ParallelOptions, PartitionedGraph};
-use grandis_partition::{Method, PartitionBook, PartitionConfig};
+use grandis_partition::{PartitionBook, PartitionConfig, PartitionMethod};
 
 fn err_of(r: anyhow::Result<impl Sized>) -> String {
     match r {
@@ -24,7 +24,7 @@ fn more_ranks_than_vertices() {
         false,
         2,
         2,
-        Method::Random,
+        PartitionMethod::Random,
         0,
     ));
     assert!(e.contains("more than the 3 vertices"), "{e}");
@@ -96,7 +96,7 @@ fn partition_dir_of_another_dataset() {
         &PartitionConfig {
             servers: 2,
             devices: 1,
-            method: Method::Random,
+            method: PartitionMethod::Random,
             ..Default::default()
         },
         false,

@@ -218,9 +218,7 @@ fn sampled_modes_are_deterministic_and_report_counters() {
             ParallelOptions {
                 mode: Mode::Cob,
                 batch_size: Some(20),
-                sampling: Sampling::Saint {
-                    walk_length: Some(2),
-                },
+                sampling: Sampling::Saint { walk_length: 2 },
                 ..Default::default()
             },
         ),
@@ -355,7 +353,7 @@ fn bad_sampling_combinations_are_errors() {
     let e = err(ParallelOptions {
         mode: Mode::Mb,
         batch_size: Some(4),
-        sampling: Sampling::Saint { walk_length: None },
+        sampling: Sampling::Saint { walk_length: 0 },
         ..Default::default()
     });
     assert!(e.contains("saint"), "{e}");

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use grandis_store::{array::ArraySummary, Dataset, MappedArray};
 
 use crate::quality::Quality;
-use crate::{Method, PartitionError, Result};
+use crate::{PartitionError, PartitionMethod, Result};
 
 pub const BOOK_FILE: &str = "partition.json";
 pub const NEW_TO_OLD_FILE: &str = "new_to_old.u32";
@@ -30,7 +30,7 @@ pub struct SourceInfo {
 pub struct BookMeta {
     pub format: String,
     pub version: u32,
-    pub method: Method,
+    pub method: PartitionMethod,
     pub servers: u32,
     pub devices: u32,
     pub seed: u64,

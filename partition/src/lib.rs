@@ -49,48 +49,9 @@ pub enum PartitionError {
 
 pub type Result<T, E = PartitionError> = std::result::Result<T, E>;
 
-/// How vertices are assigned to parts (at both levels).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Method {
-    /// METIS k-way, vertex weights `[1, is_train]`.
-    Metis,
-    /// SPRING streaming partitioning (CATGNN Algorithm 1).
-    Spring,
-    /// Seeded uniform random assignment.
-    Random,
-}
-
-impl Method {
-    pub const ALL: [Method; 3] = [Method::Metis, Method::Spring, Method::Random];
-    pub fn name(self) -> &'static str {
-        match self {
-            Method::Metis => "metis",
-            Method::Spring => "spring",
-            Method::Random => "random",
-        }
-    }
-}
-
-impl std::fmt::Display for Method {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Method {
-    type Err = PartitionError;
-    fn from_str(s: &str) -> Result<Method> {
-        Method::ALL
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| {
-                PartitionError::Config(format!(
-                    "unknown method {s:?} (expected metis, spring or random)"
-                ))
-            })
-    }
-}
+/// How vertices are assigned to parts: the job spec's own enum (one definition, in
+/// `grandis-wire`).
+pub use grandis_wire::PartitionMethod;
 
 /// What to partition into and how.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,7 +59,7 @@ pub struct PartitionConfig {
     pub servers: u32,
     /// Devices per server.
     pub devices: u32,
-    pub method: Method,
+    pub method: PartitionMethod,
     pub seed: u64,
     /// SPRING's balance factor β (CATGNN uses 1.05).
     pub balance_factor: f64,
@@ -109,7 +70,7 @@ impl Default for PartitionConfig {
         PartitionConfig {
             servers: 1,
             devices: 1,
-            method: Method::Metis,
+            method: PartitionMethod::Metis,
             seed: 0,
             balance_factor: 1.05,
         }
@@ -164,9 +125,9 @@ pub fn assign(
     }
     let run = |sub: &Subgraph<'_>, parts: u32, seed: u64| -> Result<Vec<u32>> {
         Ok(match cfg.method {
-            Method::Metis => methods::metis_parts(sub, parts, seed, &is_train)?,
-            Method::Spring => methods::spring_parts(sub, parts, cfg.balance_factor),
-            Method::Random => methods::random_parts(sub, parts, seed),
+            PartitionMethod::Metis => methods::metis_parts(sub, parts, seed, &is_train)?,
+            PartitionMethod::Spring => methods::spring_parts(sub, parts, cfg.balance_factor),
+            PartitionMethod::Random => methods::random_parts(sub, parts, seed),
         })
     };
     let whole = Subgraph {
@@ -299,7 +260,7 @@ fn relabel_graph(graph: CsrView<'_>, r: &Relabel) -> grandis_store::CsrGraph {
 /// Timing, memory and quality of one partitioning run (what `--json` prints).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PartitionReport {
-    pub method: Method,
+    pub method: PartitionMethod,
     pub servers: u32,
     pub devices: u32,
     pub seed: u64,

@@ -2,7 +2,7 @@ use super::*;
 use grandis_store::{CsrGraph, EdgeOptions, InMemoryDataset, Split};
 use grandis_synth::{generate_in_memory, grid_dataset, SynthConfig};
 
-fn cfg(servers: u32, devices: u32, method: Method) -> PartitionConfig {
+fn cfg(servers: u32, devices: u32, method: PartitionMethod) -> PartitionConfig {
     PartitionConfig {
         servers,
         devices,
@@ -53,26 +53,30 @@ fn power_law(nodes: u64) -> InMemoryDataset {
 #[test]
 fn metis_cuts_a_grid_into_quadrants() {
     let ds = all_train_grid();
-    let q = quality_of(&ds, true, &cfg(4, 1, Method::Metis));
+    let q = quality_of(&ds, true, &cfg(4, 1, PartitionMethod::Metis));
     assert_eq!((q.inter_server_cut, q.intra_server_cut), (20, 0), "{q:?}");
     assert_eq!(q.undirected_edges, 180);
     assert_eq!(q.vertex_balance, 1.0);
-    let q = quality_of(&ds, true, &cfg(2, 2, Method::Metis));
+    let q = quality_of(&ds, true, &cfg(2, 2, PartitionMethod::Metis));
     assert_eq!((q.inter_server_cut, q.intra_server_cut), (10, 10), "{q:?}");
     // 4 quadrants of 25, each with a halo of 10 (5 across each of two borders).
     assert!((q.replication_factor - 1.4).abs() < 1e-9, "{q:?}");
     assert!((q.server_replication_factor - 1.2).abs() < 1e-9, "{q:?}");
 
     // With a random 60% training set the second constraint costs a little cut at most.
-    let q = quality_of(&grid_dataset(10, 10, 0), true, &cfg(4, 1, Method::Metis));
+    let q = quality_of(
+        &grid_dataset(10, 10, 0),
+        true,
+        &cfg(4, 1, PartitionMethod::Metis),
+    );
     assert!(q.inter_server_cut <= 30, "{q:?}");
 }
 
 #[test]
 fn metis_beats_random_on_a_power_law_graph() {
     let ds = power_law(3000);
-    let metis = quality_of(&ds, true, &cfg(4, 2, Method::Metis));
-    let random = quality_of(&ds, true, &cfg(4, 2, Method::Random));
+    let metis = quality_of(&ds, true, &cfg(4, 2, PartitionMethod::Metis));
+    let random = quality_of(&ds, true, &cfg(4, 2, PartitionMethod::Random));
     assert!(
         (metis.inter_server_cut as f64) < 0.6 * random.inter_server_cut as f64,
         "metis {metis:?}\nrandom {random:?}"
@@ -88,8 +92,8 @@ fn metis_beats_random_on_a_power_law_graph() {
 #[test]
 fn spring_replicates_less_than_random() {
     let ds = power_law(3000);
-    let spring = quality_of(&ds, true, &cfg(2, 2, Method::Spring));
-    let random = quality_of(&ds, true, &cfg(2, 2, Method::Random));
+    let spring = quality_of(&ds, true, &cfg(2, 2, PartitionMethod::Spring));
+    let random = quality_of(&ds, true, &cfg(2, 2, PartitionMethod::Random));
     assert!(
         spring.replication_factor < random.replication_factor,
         "spring {spring:?}\nrandom {random:?}"
@@ -102,7 +106,7 @@ fn spring_replicates_less_than_random() {
 #[test]
 fn assignments_are_deterministic_and_in_range() {
     let ds = power_law(1000);
-    for method in Method::ALL {
+    for &method in PartitionMethod::ALL {
         let c = cfg(3, 2, method);
         let a = assign(&ds.view(), true, &c).unwrap();
         assert_eq!(a, assign(&ds.view(), true, &c).unwrap(), "{method}");
@@ -128,11 +132,11 @@ fn directed_graphs_are_partitioned_on_their_undirected_view() {
     ds.split.train = (0..36).collect();
     ds.split.val.clear();
     ds.split.test.clear();
-    let q = quality_of(&ds, false, &cfg(2, 1, Method::Metis));
+    let q = quality_of(&ds, false, &cfg(2, 1, PartitionMethod::Metis));
     // The pair {0, 1} exists in both directions but is one undirected edge.
     assert_eq!(q.undirected_edges, 60);
     assert_eq!(q.inter_server_cut, 6, "{q:?}");
-    let q = quality_of(&ds, false, &cfg(2, 2, Method::Spring));
+    let q = quality_of(&ds, false, &cfg(2, 2, PartitionMethod::Spring));
     assert!(q.inter_server_cut + q.intra_server_cut <= q.undirected_edges);
 }
 
@@ -143,7 +147,7 @@ fn partition_directory_round_trips_and_is_isomorphic() {
     let ds = power_law(800);
     ds.write(&src_dir, false).unwrap();
     let original = Dataset::open(&src_dir).unwrap();
-    for method in Method::ALL {
+    for &method in PartitionMethod::ALL {
         let out = root.path().join(method.name());
         let report = partition_dataset(&src_dir, &out, &cfg(2, 3, method), false).unwrap();
         let book = PartitionBook::open(&out).unwrap();
@@ -226,13 +230,16 @@ fn bad_requests_fail_clearly_and_leave_nothing() {
         Ok(_) => panic!("{c:?} on {} should fail", src.display()),
         Err(e) => e.to_string(),
     };
-    let e = err(cfg(0, 1, Method::Metis), &src_dir);
+    let e = err(cfg(0, 1, PartitionMethod::Metis), &src_dir);
     assert!(e.contains("servers must be at least 1"), "{e}");
-    let e = err(cfg(1, 0, Method::Spring), &src_dir);
+    let e = err(cfg(1, 0, PartitionMethod::Spring), &src_dir);
     assert!(e.contains("devices must be at least 1"), "{e}");
-    let e = err(cfg(5, 2, Method::Random), &src_dir);
+    let e = err(cfg(5, 2, PartitionMethod::Random), &src_dir);
     assert!(e.contains("10 parts") && e.contains("9 vertices"), "{e}");
-    let e = err(cfg(2, 1, Method::Metis), &root.path().join("missing"));
+    let e = err(
+        cfg(2, 1, PartitionMethod::Metis),
+        &root.path().join("missing"),
+    );
     assert!(
         e.contains("missing") && e.contains("no such dataset"),
         "{e}"
@@ -241,13 +248,13 @@ fn bad_requests_fail_clearly_and_leave_nothing() {
     // Only the source dataset is left in the root: no staging directories either.
     assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
     // An existing output is refused without overwrite, replaced with it.
-    partition_dataset(&src_dir, &out, &cfg(3, 3, Method::Metis), false).unwrap();
-    let e = err(cfg(1, 1, Method::Metis), &src_dir);
+    partition_dataset(&src_dir, &out, &cfg(3, 3, PartitionMethod::Metis), false).unwrap();
+    let e = err(cfg(1, 1, PartitionMethod::Metis), &src_dir);
     assert!(e.contains("already exists"), "{e}");
-    partition_dataset(&src_dir, &out, &cfg(1, 1, Method::Random), true).unwrap();
+    partition_dataset(&src_dir, &out, &cfg(1, 1, PartitionMethod::Random), true).unwrap();
     assert_eq!(
         PartitionBook::open(&out).unwrap().meta().method,
-        Method::Random
+        PartitionMethod::Random
     );
     let e = PartitionBook::open(root.path().join("nope"))
         .err()

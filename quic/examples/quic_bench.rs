@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use grandis_fabric::{Endpoint, Envelope, Header, Op, Payload, Tag, Topology, Transport};
-use grandis_quic::{init_cluster, NodeConfig, NodeIdentity, QuicNode};
+use grandis_quic::{init_cluster, Framing, NodeConfig, NodeIdentity, QuicNode};
 
 fn arg(i: usize, default: usize) -> usize {
     std::env::args()

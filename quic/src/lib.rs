@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 pub use certs::{init_cluster, init_cluster_with, run_init, InitOptions, NodeIdentity};
-pub use node::{NodeConfig, QuicNode, Refusal, WireStats};
+pub use node::{Framing, NodeConfig, QuicNode, Refusal, WireStats};
 pub use tls::install_crypto_provider;
 pub use transport::NodeTransport;
 

@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use grandis_fabric::{Payload, Topology, Transport, TransportError};
 use grandis_quic::frame::{FRAME_OVERHEAD, PREAMBLE_BYTES};
+use grandis_quic::Framing;
 
 #[test]
 fn two_nodes_exchange_envelopes_in_order_both_ways() {

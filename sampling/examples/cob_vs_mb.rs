@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use grandis_masking::{InputCopy, Layout, ModelDims, PlanContext, SplitMembership};
-use grandis_partition::{assign, relabel, Method, PartitionConfig};
+use grandis_partition::{assign, relabel, PartitionConfig, PartitionMethod};
 use grandis_sampling::{
     auto_mode, cob_epoch_stats, mb_epoch_stats, sample_stats, CoBatcher, Eas, EpochStats, Fanout,
     MiniBatcher, Sampler,
@@ -23,7 +23,7 @@ fn main() {
     let nodes = arg(1, 200_000);
     let degree = arg(2, 20) as f64;
     let b = arg(3, 1024) as usize;
-    let method: Method = args
+    let method: PartitionMethod = args
         .get(4)
         .map_or("metis", |s| s.as_str())
         .parse()

@@ -22,7 +22,7 @@ use crate::sampler::Sampler;
 /// What `--mode auto` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "mode", rename_all = "lowercase")]
-pub enum Mode {
+pub enum AutoChoice {
     /// Full-batch flexible preloading with `k` preloaded hops (k = 0: plain FB).
     Flx { k: usize },
     /// Cooperative batching with co-batches of at most `batch_size` per server.
@@ -32,7 +32,7 @@ pub enum Mode {
 /// The decision with the numbers behind it (printable).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct AutoDecision {
-    pub mode: Mode,
+    pub mode: AutoChoice,
     /// Per-device budget in bytes.
     pub budget_bytes: u64,
     /// Worst device's estimate for the chosen mode.
@@ -45,8 +45,8 @@ impl std::fmt::Display for AutoDecision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         match self.mode {
-            Mode::Flx { k } => write!(f, "mode auto -> FLX with k = {k}")?,
-            Mode::Cob { batch_size } => write!(
+            AutoChoice::Flx { k } => write!(f, "mode auto -> FLX with k = {k}")?,
+            AutoChoice::Cob { batch_size } => write!(
                 f,
                 "mode auto -> CoB with co-batch size {batch_size} per server"
             )?,
@@ -75,7 +75,7 @@ pub fn auto_mode(
         Ok(choice) => {
             let e = &choice.estimates[choice.k];
             Ok(AutoDecision {
-                mode: Mode::Flx { k: choice.k },
+                mode: AutoChoice::Flx { k: choice.k },
                 budget_bytes: budget,
                 estimate_bytes: e.max_bytes,
                 worst_rank: e.worst_rank,
@@ -129,7 +129,7 @@ pub fn auto_mode(
                 }
             }
             Ok(AutoDecision {
-                mode: Mode::Cob { batch_size: lo },
+                mode: AutoChoice::Cob { batch_size: lo },
                 budget_bytes: budget,
                 estimate_bytes: best.0,
                 worst_rank: best.1,

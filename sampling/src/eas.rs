@@ -34,28 +34,8 @@ use crate::error::{Result, SamplingError};
 use crate::rng::{mix, rng};
 use crate::sampler::{check_targets, Sampler};
 
-/// How EAS picks among external candidates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Priority {
-    /// Greedy: most edges into unsaturated frontier vertices first (the paper).
-    Degree,
-    /// Seeded uniform choice per vertex (the published artifact).
-    Uniform,
-}
-
-impl std::str::FromStr for Priority {
-    type Err = SamplingError;
-    fn from_str(s: &str) -> Result<Priority> {
-        match s {
-            "degree" => Ok(Priority::Degree),
-            "uniform" => Ok(Priority::Uniform),
-            _ => Err(SamplingError::Config(format!(
-                "EAS priority {s:?}: expected degree or uniform"
-            ))),
-        }
-    }
-}
+/// How EAS picks among external candidates: the job spec's own enum (`grandis-wire`).
+pub use grandis_wire::Priority;
 
 /// Expansion-aware sampling parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -69,12 +49,13 @@ pub struct Eas {
 }
 
 impl Eas {
-    /// The paper's defaults: h = 1, f = 15, degree priority.
+    /// The paper's defaults (the job spec's): h = 1, f = 15, degree priority.
     pub fn paper_default(seed: u64) -> Eas {
+        use grandis_wire::defaults;
         Eas {
-            hops: 1,
-            fanout: 15,
-            priority: Priority::Degree,
+            hops: defaults::EAS_HOPS as usize,
+            fanout: defaults::EAS_FANOUT as usize,
+            priority: defaults::EAS_PRIORITY,
             seed,
         }
     }

@@ -19,9 +19,10 @@ mod fanout;
 mod rng;
 mod saint;
 mod sampler;
+mod spec;
 mod stats;
 
-pub use auto::{auto_mode, AutoDecision, Mode};
+pub use auto::{auto_mode, AutoChoice, AutoDecision};
 pub use batch::{
     cob_epoch_stats, cob_plan, mb_epoch_stats, mb_plans, CoBatcher, EpochStats, MiniBatcher,
 };
@@ -30,4 +31,5 @@ pub use error::{Result, SamplingError};
 pub use fanout::Fanout;
 pub use saint::{Saint, SaintKind};
 pub use sampler::{round_for_epoch, round_of, Exact, Sampler};
+pub use spec::{dependency_sampler, saint_sampler};
 pub use stats::{boundary_ratio, device_counts, sample_stats, SampleStats};

@@ -6,7 +6,7 @@ use grandis_masking::{
 };
 use grandis_sampling::{
     auto_mode, cob_epoch_stats, cob_plan, mb_epoch_stats, mb_plans, round_for_epoch, sample_stats,
-    CoBatcher, Eas, Exact, Fanout, MiniBatcher, Mode, Priority,
+    AutoChoice, CoBatcher, Eas, Exact, Fanout, MiniBatcher, Priority,
 };
 use grandis_synth::{generate_in_memory, SynthConfig};
 
@@ -118,13 +118,13 @@ fn auto_mode_picks_flx_when_it_fits_else_the_largest_cob_batch() {
         input_copy: InputCopy::None,
     };
     let d = auto_mode(&cx, &dims, u64::MAX, &Exact, 0).unwrap();
-    assert_eq!(d.mode, Mode::Flx { k: 2 });
+    assert_eq!(d.mode, AutoChoice::Flx { k: 2 });
     assert!(d.to_string().contains("FLX with k = 2"), "{d}");
     // Below plain FB but above a tiny co-batch: CoB, and the chosen size is maximal.
     let fb = cx.choose_k(&dims, u64::MAX).unwrap().estimates[0].max_bytes;
     let budget = fb / 2;
     let d = auto_mode(&cx, &dims, budget, &Exact, 0).unwrap();
-    let Mode::Cob { batch_size } = d.mode else {
+    let AutoChoice::Cob { batch_size } = d.mode else {
         panic!("expected CoB, got {d}")
     };
     assert!(d.estimate_bytes <= budget, "{d}");

@@ -7,6 +7,21 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
+/// The median of `xs` (the mean of the two middle values for an even count; NaN when empty).
+pub fn median(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        0.5 * (v[m - 1] + v[m])
+    }
+}
+
 /// Peak resident set size of this process in bytes (`VmHWM`), or 0 where unavailable.
 pub fn peak_rss_bytes() -> u64 {
     proc_status_kib("VmHWM:").map_or(0, |kib| kib * 1024)

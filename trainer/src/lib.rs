@@ -35,6 +35,20 @@ pub struct TrainOptions {
     pub seed: u64,
 }
 
+impl TrainOptions {
+    /// The optimiser options of a job.
+    pub fn for_job(spec: &grandis_wire::JobSpec) -> TrainOptions {
+        TrainOptions {
+            epochs: spec.epochs as usize,
+            lr: spec.lr as f32,
+            weight_decay: spec.weight_decay as f32,
+            adamw: spec.adamw,
+            grad_clip: spec.grad_clip.map(|c| c as f32),
+            seed: spec.seed,
+        }
+    }
+}
+
 /// Where the trainer saves and resumes.
 #[derive(Debug, Clone, Default)]
 pub struct CheckpointOptions {
@@ -67,6 +81,33 @@ pub struct TrainReport {
     /// First epoch of this invocation (1 unless resumed).
     pub first_epoch: usize,
     pub num_parameters: usize,
+}
+
+impl TrainReport {
+    /// The run's [`grandis_wire::RunSummary`] (`job`: the spec it ran; `device`: where it
+    /// computed), as a single-process run: one server, one device, no traffic.
+    pub fn summary(&self, job: &grandis_wire::JobSpec, device: String) -> grandis_wire::RunSummary {
+        grandis_wire::RunSummary {
+            job: job.clone(),
+            mode: grandis_wire::Mode::Single,
+            device,
+            num_parameters: self.num_parameters,
+            first_epoch: self.first_epoch,
+            losses: self.epochs.iter().map(|e| e.loss).collect(),
+            epoch_seconds: self.epochs.iter().map(|e| e.seconds).collect(),
+            final_loss: self.final_loss,
+            train_acc: self.train_acc,
+            val_acc: self.val_acc,
+            test_acc: self.test_acc,
+            median_epoch_s: self.median_epoch_s,
+            peak_rss_bytes: grandis_telemetry::peak_rss_bytes(),
+            servers: 1,
+            devices: 1,
+            iterations_per_epoch: 1,
+            sampling: "exact".into(),
+            ..grandis_wire::RunSummary::default()
+        }
+    }
 }
 
 /// A dataset view prepared for training on backend `B` (the CPU backend unless told
@@ -128,7 +169,7 @@ impl<'a> Prepared<'a, CpuBackend> {
         check_view(&view)?;
         // Build the normalised block inside the backend's own thread pool so `--threads`
         // bounds this step too.
-        let block = backend.install(|| full_block(view.graph, kind.aggregation()));
+        let block = backend.install(|| full_block(view.graph, grandis_models::aggregation(kind)));
         Self::from_block(backend, view, block)
     }
 }
@@ -142,7 +183,7 @@ impl<'a, B: Backend> Prepared<'a, B> {
         kind: ModelKind,
     ) -> anyhow::Result<Self> {
         check_view(&view)?;
-        let block = full_block(view.graph, kind.aggregation());
+        let block = full_block(view.graph, grandis_models::aggregation(kind));
         Self::from_block(backend, view, block)
     }
 
@@ -258,20 +299,6 @@ pub fn argmax(row: &[f32]) -> usize {
         }
     }
     best
-}
-
-fn median(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        0.5 * (v[m - 1] + v[m])
-    }
 }
 
 /// Trains `config` on `view` for `opts.epochs` epochs (or the remaining ones when resuming)
@@ -408,7 +435,9 @@ fn train_prepared<B: Backend>(
         train_acc: prepared.accuracy(&logits, view.train),
         val_acc: prepared.accuracy(&logits, view.val),
         test_acc: prepared.accuracy(&logits, view.test),
-        median_epoch_s: median(&stats.iter().map(|s| s.seconds).collect::<Vec<_>>()),
+        median_epoch_s: grandis_telemetry::median(
+            &stats.iter().map(|s| s.seconds).collect::<Vec<_>>(),
+        ),
         first_epoch,
         num_parameters: model.num_parameters(),
         epochs: stats,

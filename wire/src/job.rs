@@ -7,9 +7,9 @@
 //! ```
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
 use crate::spec::JobSpec;
+use crate::summary::RunSummary;
 
 /// Job identifier: assigned by the coordinator, increasing, never reused (it survives restarts).
 pub type JobId = u64;
@@ -129,9 +129,9 @@ pub struct JobStatus {
     /// Every reported epoch (omitted in listings).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<EpochProgress>,
-    /// Final summary from the leader (free-form), once succeeded.
+    /// Final summary from the leader, once succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub summary: Option<Map<String, Value>>,
+    pub summary: Option<RunSummary>,
 }
 
 #[cfg(test)]

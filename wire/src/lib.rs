@@ -2,22 +2,25 @@
 //! description users submit (JSON or TOML) with field-by-field validation whose errors name the
 //! field; [`job`] is the job state machine and per-epoch progress as the REST API reports it;
 //! [`protocol`] is the daemon ↔ coordinator control protocol (register, heartbeat, job events),
-//! versioned by [`PROTOCOL_VERSION`]; [`frame`] is the length-prefixed binary framing used on the
-//! QUIC data plane. Everything here is plain serde data with no I/O, so every side of the system
+//! versioned by [`PROTOCOL_VERSION`]; [`summary`] is the one run summary every front end prints
+//! and reads. Everything here is plain serde data with no I/O, so every side of the system
 //! agrees on one definition and the coordinator, daemon and CLI can evolve separately.
 
 pub mod cluster;
-pub mod frame;
 pub mod job;
 pub mod protocol;
 pub mod spec;
+pub mod summary;
 
 pub use cluster::{ClusterView, DaemonView, ServerView};
-pub use frame::{decode_frame, decode_payload, encode_frame, frame_len, FrameError};
 pub use job::{EpochProgress, JobId, JobState, JobStatus, LinkBytes};
 pub use protocol::{
     Assignment, DaemonId, DaemonJob, DaemonState, DeviceInfo, ErrorBody, HeadInfo,
     HeartbeatRequest, HeartbeatResponse, JobEvent, JobEventRequest, RegisterRequest,
     RegisterResponse, ServerSlot, PROTOCOL_VERSION,
 };
-pub use spec::{FieldError, JobSpec, Mode, Model, PartitionMethod, Sampling, SpecError};
+pub use spec::{
+    defaults, FieldError, JobSpec, Mode, ModelKind, PartitionMethod, Priority, Sampling, SpecError,
+    UnknownName,
+};
+pub use summary::{RankMemory, RunSummary, ServerTraffic, TimeSplit, WireStats};

@@ -18,10 +18,10 @@
 //! `protocol_mismatch` before anything else is read, so old daemons fail loudly.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
 use crate::job::{EpochProgress, JobId};
 use crate::spec::JobSpec;
+use crate::summary::RunSummary;
 
 /// Version of the messages in this module. Bump on any incompatible change.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -146,7 +146,7 @@ pub enum JobEvent {
     Progress { progress: EpochProgress },
     /// The server finished; the leader's summary becomes the job's summary. The job succeeds
     /// once every server has finished.
-    Finished { summary: Map<String, Value> },
+    Finished { summary: Box<RunSummary> },
     /// The server gave up (e.g. "dataset /data/x not found"); the job fails with the reason
     /// prefixed by the server's label.
     Failed { reason: String },

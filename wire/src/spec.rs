@@ -16,13 +16,17 @@ use serde_json::{Map, Value};
 /// Graph neural network architecture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Model {
-    /// GraphSAGE (mean aggregator).
+pub enum ModelKind {
+    /// GraphSAGE (Hamilton et al., mean aggregator): `W_self h_v + W_neigh mean_{u in N(v)} h_u + b`.
     Sage,
-    /// GCN (symmetric normalisation).
+    /// GCN (Kipf & Welling, symmetric normalisation): `D^-1/2 (A + I) D^-1/2 H W + b`.
     Gcn,
-    /// ResSAGE+ (GraphSAGE convolutions in res+ blocks), for deep GNNs.
-    Ressage,
+    /// ResSAGE+ (DeeperGCN `res+` blocks over SAGE convolutions), for deep GNNs: encoder,
+    /// SAGE conv, then `h + conv(dropout(relu(norm(h))))` blocks and a
+    /// `norm -> relu -> dropout -> linear` head.
+    ResSage,
+    /// Features only (`W h_v + b` per layer): the no-graph baseline (single mode only).
+    Mlp,
 }
 
 /// How the training is distributed (GraNNDIS §5).
@@ -43,13 +47,27 @@ pub enum Mode {
     Auto,
 }
 
-/// How vertices are split over servers and devices.
+/// How vertices are split over servers and devices (at both levels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PartitionMethod {
+    /// METIS k-way, vertex weights `[1, is_train]`.
     Metis,
+    /// SPRING streaming partitioning (CATGNN Algorithm 1).
     Spring,
+    /// Seeded uniform random assignment.
     Random,
+}
+
+/// How expansion-aware sampling picks among external candidates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Greedy: most edges into unsaturated frontier vertices first (the paper).
+    #[default]
+    Degree,
+    /// Seeded uniform choice per vertex (the published artifact).
+    Uniform,
 }
 
 /// Which edges are dropped, if any.
@@ -61,31 +79,76 @@ pub enum Sampling {
     None,
     /// Expansion-aware sampling (§5.3): only the inter-server boundary is sampled, up to `hops`
     /// hops away from the server's inner vertices and `fanout` external neighbours per vertex.
-    Eas { hops: u32, fanout: u32 },
-    /// Layer-wise neighbour sampling: `fanouts[l]` sources per vertex at layer `l` (one value
-    /// means the same fanout at every layer).
+    Eas {
+        hops: u32,
+        fanout: u32,
+        #[serde(default)]
+        priority: Priority,
+    },
+    /// GraphSAGE layer-wise neighbour sampling: `fanouts[i]` sources per vertex at hop `i + 1`
+    /// from the targets (the last layer's first, as in `--fanouts 25,10,5`); one value means
+    /// the same fanout at every layer.
     Fanout { fanouts: Vec<u32> },
-    /// GraphSAINT random-walk subgraph sampling.
-    Saint { roots: u32, walk_length: u32 },
+    /// GraphSAINT subgraph sampling per server per iteration, with a budget of the batch size:
+    /// random walks of `walk_length` steps from `batch_size / (walk_length + 1)` roots, or the
+    /// node sampler when `walk_length` is 0.
+    Saint { walk_length: u32 },
+}
+
+/// The defaults of every job field that has one, in one place: [`JobSpec::default`], the
+/// spec reader and every command-line front end take them from here.
+pub mod defaults {
+    use super::{Mode, ModelKind, PartitionMethod, Priority};
+    pub const MODEL: ModelKind = ModelKind::Sage;
+    pub const LAYERS: u32 = 2;
+    pub const HIDDEN: u32 = 64;
+    pub const DROPOUT: f64 = 0.5;
+    pub const LR: f64 = 0.01;
+    pub const WEIGHT_DECAY: f64 = 5e-4;
+    pub const MODE: Mode = Mode::Flx;
+    pub const EPOCHS: u32 = 100;
+    pub const SEED: u64 = 0;
+    pub const SERVERS: u32 = 1;
+    pub const DEVICES: u32 = 1;
+    pub const PARTITION: PartitionMethod = PartitionMethod::Metis;
+    /// Target vertices per batch of cob (per server) and mb (per device).
+    pub const BATCH_SIZE: u32 = 1024;
+    /// EAS: external vertices at most this many hops from the server (the paper's h).
+    pub const EAS_HOPS: u32 = 1;
+    /// EAS: at most this many external in-neighbours per vertex (the paper's f).
+    pub const EAS_FANOUT: u32 = 15;
+    pub const EAS_PRIORITY: Priority = Priority::Degree;
+    /// Layer-wise sampling: sources per vertex at every layer.
+    pub const FANOUT: u32 = 25;
+    /// GraphSAINT: random-walk length.
+    pub const SAINT_WALK_LENGTH: u32 = 2;
+    /// GraphSAINT: roots per server when neither `batch_size` nor `roots` is given (the
+    /// budget is then `roots × (walk_length + 1)`).
+    pub const SAINT_ROOTS: u32 = 3000;
 }
 
 impl Sampling {
-    /// The paper's defaults (h = 1, f = 15 for EAS; fanout 25; SAINT 3000 roots × 2 steps).
+    /// The method's name with the paper's defaults for its parameters ([`defaults`]).
     pub fn with_defaults(method: &str) -> Option<Sampling> {
         Some(match method {
             "none" => Sampling::None,
             "eas" => Sampling::Eas {
-                hops: 1,
-                fanout: 15,
+                hops: defaults::EAS_HOPS,
+                fanout: defaults::EAS_FANOUT,
+                priority: defaults::EAS_PRIORITY,
             },
-            "fanout" => Sampling::Fanout { fanouts: vec![25] },
+            "fanout" => Sampling::Fanout {
+                fanouts: vec![defaults::FANOUT],
+            },
             "saint" => Sampling::Saint {
-                roots: 3000,
-                walk_length: 2,
+                walk_length: defaults::SAINT_WALK_LENGTH,
             },
             _ => return None,
         })
     }
+
+    /// Accepted method names, for error messages.
+    pub const EXPECTED: &'static str = "none, eas, fanout or saint";
 
     pub fn method(&self) -> &'static str {
         match self {
@@ -93,6 +156,18 @@ impl Sampling {
             Sampling::Eas { .. } => "eas",
             Sampling::Fanout { .. } => "fanout",
             Sampling::Saint { .. } => "saint",
+        }
+    }
+
+    pub fn is_none(&self) -> bool {
+        matches!(self, Sampling::None)
+    }
+
+    /// Layer-wise fanouts, one per layer (hop 1 first): one value is repeated `layers` times.
+    pub fn fanouts_per_layer(fanouts: &[u32], layers: usize) -> Vec<usize> {
+        match fanouts {
+            [one] => vec![*one as usize; layers],
+            many => many.iter().map(|&f| f as usize).collect(),
         }
     }
 }
@@ -115,25 +190,57 @@ macro_rules! named_enum {
                 f.write_str(self.name())
             }
         }
+        impl std::str::FromStr for $ty {
+            type Err = UnknownName;
+            fn from_str(s: &str) -> Result<$ty, UnknownName> {
+                $ty::parse(s).ok_or_else(|| UnknownName {
+                    given: s.to_string(),
+                    expected: $expected,
+                })
+            }
+        }
     };
 }
 
-named_enum!(Model, "sage, gcn or ressage", [Sage => "sage", Gcn => "gcn", Ressage => "ressage"]);
+/// A name that is none of an enum's accepted names (`"unknown 'x' (expected a, b or c)"`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown '{given}' (expected {expected})")]
+pub struct UnknownName {
+    pub given: String,
+    pub expected: &'static str,
+}
+
+named_enum!(ModelKind, "sage, gcn, ressage or mlp", [
+    Sage => "sage", Gcn => "gcn", ResSage => "ressage", Mlp => "mlp"
+]);
 named_enum!(Mode, "single, fb, flx, cob, mb or auto", [
     Single => "single", Fb => "fb", Flx => "flx", Cob => "cob", Mb => "mb", Auto => "auto"
 ]);
 named_enum!(PartitionMethod, "metis, spring or random", [
     Metis => "metis", Spring => "spring", Random => "random"
 ]);
+named_enum!(Priority, "degree or uniform", [Degree => "degree", Uniform => "uniform"]);
+
+impl Default for Mode {
+    fn default() -> Mode {
+        defaults::MODE
+    }
+}
 
 impl Mode {
     /// Modes that train on mini-batches (and so use `batch_size`).
     pub fn is_mini_batch(self) -> bool {
         matches!(self, Mode::Cob | Mode::Mb)
     }
+
+    /// Modes that run on servers × devices ranks (all but `single`).
+    pub fn is_distributed(self) -> bool {
+        self != Mode::Single
+    }
 }
 
-/// A training job. Field docs give the defaults used when a field is absent.
+/// A training job: the one description of a job on its way from a front end (`grandis train`,
+/// `cluster up`, `submit`, a REST body) to the ranks. Absent fields take [`defaults`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct JobSpec {
@@ -143,8 +250,8 @@ pub struct JobSpec {
     /// coordinator; a server that lacks it fails the job naming itself). Required.
     pub dataset: String,
     /// Architecture (default sage).
-    pub model: Model,
-    /// Number of graph convolutions (default 3).
+    pub model: ModelKind,
+    /// Number of graph convolutions (default 2).
     pub layers: u32,
     /// Hidden width (default 64).
     pub hidden: u32,
@@ -152,18 +259,24 @@ pub struct JobSpec {
     pub dropout: f64,
     /// Adam learning rate (default 0.01).
     pub lr: f64,
-    /// Weight decay (default 5e-4).
+    /// Weight decay (default 5e-4): an L2 penalty with Adam, decoupled with `adamw`.
     pub weight_decay: f64,
+    /// AdamW (decoupled weight decay) instead of Adam (default false).
+    pub adamw: bool,
+    /// Clip the global gradient norm to this value (default: no clipping).
+    pub grad_clip: Option<f64>,
+    /// LayerNorm between layers (default false).
+    pub layer_norm: bool,
     /// Distribution mode (default flx: the largest preloading k that fits each daemon's memory).
     pub mode: Mode,
     /// Hops preloaded per server (flx/cob/auto); absent = chosen by the memory model.
     pub preload_hops: Option<u32>,
-    /// Target vertices per batch (mb: per device, cob: per server); absent = 1024.
+    /// Target vertices per batch (mb: per device, cob: per server, saint: the budget); absent =
+    /// [`defaults::BATCH_SIZE`] (saint: [`defaults::SAINT_ROOTS`] × (walk_length + 1)).
     pub batch_size: Option<u32>,
     /// Sampling (default none).
     pub sampling: Sampling,
-    /// flx with sampling: draw a new sample every N epochs; absent = sample once (as
-    /// `grandis train --resample-every`).
+    /// flx with sampling: draw a new sample every N epochs; absent = sample once.
     pub resample_every: Option<u64>,
     /// Epochs (default 100).
     pub epochs: u32,
@@ -175,6 +288,8 @@ pub struct JobSpec {
     pub devices: u32,
     /// Partitioning method (default metis).
     pub partition: PartitionMethod,
+    /// Seed of the partitioner (default 0).
+    pub partition_seed: u64,
     /// Memory budget per device in bytes; absent = what the device reports.
     pub device_memory: Option<u64>,
 }
@@ -184,22 +299,26 @@ impl Default for JobSpec {
         JobSpec {
             name: None,
             dataset: String::new(),
-            model: Model::Sage,
-            layers: 3,
-            hidden: 64,
-            dropout: 0.5,
-            lr: 0.01,
-            weight_decay: 5e-4,
-            mode: Mode::Flx,
+            model: defaults::MODEL,
+            layers: defaults::LAYERS,
+            hidden: defaults::HIDDEN,
+            dropout: defaults::DROPOUT,
+            lr: defaults::LR,
+            weight_decay: defaults::WEIGHT_DECAY,
+            adamw: false,
+            grad_clip: None,
+            layer_norm: false,
+            mode: defaults::MODE,
             preload_hops: None,
             batch_size: None,
             sampling: Sampling::None,
             resample_every: None,
-            epochs: 100,
-            seed: 0,
-            servers: 1,
-            devices: 1,
-            partition: PartitionMethod::Metis,
+            epochs: defaults::EPOCHS,
+            seed: defaults::SEED,
+            servers: defaults::SERVERS,
+            devices: defaults::DEVICES,
+            partition: defaults::PARTITION,
+            partition_seed: 0,
             device_memory: None,
         }
     }
@@ -260,6 +379,9 @@ const FIELDS: &[&str] = &[
     "dropout",
     "lr",
     "weight_decay",
+    "adamw",
+    "grad_clip",
+    "layer_norm",
     "mode",
     "preload_hops",
     "batch_size",
@@ -270,6 +392,7 @@ const FIELDS: &[&str] = &[
     "servers",
     "devices",
     "partition",
+    "partition_seed",
     "device_memory",
 ];
 
@@ -326,13 +449,16 @@ impl JobSpec {
                 None => String::new(),
             },
             model: r
-                .choice("model", "model", Model::parse, Model::EXPECTED)
+                .choice("model", "model", ModelKind::parse, ModelKind::EXPECTED)
                 .unwrap_or(d.model),
             layers: r.uint("layers", 1, 1024).unwrap_or(d.layers),
             hidden: r.uint("hidden", 1, 1 << 16).unwrap_or(d.hidden),
             dropout: r.float("dropout").unwrap_or(d.dropout),
             lr: r.float("lr").unwrap_or(d.lr),
             weight_decay: r.float("weight_decay").unwrap_or(d.weight_decay),
+            adamw: r.bool("adamw").unwrap_or(d.adamw),
+            grad_clip: r.float("grad_clip"),
+            layer_norm: r.bool("layer_norm").unwrap_or(d.layer_norm),
             mode: r
                 .choice("mode", "mode", Mode::parse, Mode::EXPECTED)
                 .unwrap_or(d.mode),
@@ -352,10 +478,27 @@ impl JobSpec {
                     PartitionMethod::EXPECTED,
                 )
                 .unwrap_or(d.partition),
+            partition_seed: r.u64("partition_seed").unwrap_or(d.partition_seed),
             device_memory: r.bytes("device_memory"),
         };
-        if let Some(s) = r.sampling() {
+        if let Some((s, roots)) = r.sampling() {
             spec.sampling = s;
+            // `roots` is another way to give GraphSAINT's budget (roots × (walk_length + 1)).
+            if let (Some(roots), Sampling::Saint { walk_length }) = (roots, &spec.sampling) {
+                let budget = roots.saturating_mul(walk_length + 1);
+                match spec.batch_size {
+                    None => spec.batch_size = Some(budget),
+                    Some(b) if (b / (walk_length + 1)).max(1) == roots => {}
+                    Some(b) => r.error(
+                        "sampling.roots",
+                        format!(
+                            "{roots} disagrees with batch_size {b}: GraphSAINT draws batch_size / \
+                             (walk_length + 1) = {} roots per server; drop one of them",
+                            (b / (walk_length + 1)).max(1)
+                        ),
+                    ),
+                }
+            }
         }
         let mut errors = r.errors;
         // Range and cross-field checks run even when reading failed, so one round trip shows
@@ -445,6 +588,20 @@ impl JobSpec {
                 ),
             );
         }
+        if let Some(c) = self.grad_clip {
+            if !(c.is_finite() && c > 0.0) {
+                err("grad_clip", format!("must be a finite number > 0, got {c}"));
+            }
+        }
+        if self.model == ModelKind::Mlp && self.mode.is_distributed() {
+            err(
+                "model",
+                format!(
+                    "mlp (features only) has no graph to distribute: use mode 'single' (mode is '{}')",
+                    self.mode
+                ),
+            );
+        }
         if let Some(k) = self.preload_hops {
             if !matches!(self.mode, Mode::Flx | Mode::Cob | Mode::Auto) {
                 err(
@@ -498,7 +655,7 @@ impl JobSpec {
         }
         match &self.sampling {
             Sampling::None => {}
-            Sampling::Eas { hops, fanout } => {
+            Sampling::Eas { hops, fanout, .. } => {
                 if *hops < 1 {
                     err("sampling.hops", format!("must be ≥ 1, got {hops}"));
                 }
@@ -524,14 +681,11 @@ impl JobSpec {
                     );
                 }
             }
-            Sampling::Saint { roots, walk_length } => {
-                if *roots < 1 {
-                    err("sampling.roots", format!("must be ≥ 1, got {roots}"));
-                }
-                if *walk_length < 1 {
+            Sampling::Saint { walk_length } => {
+                if *walk_length > 1024 {
                     err(
                         "sampling.walk_length",
-                        format!("must be ≥ 1, got {walk_length}"),
+                        format!("must be ≤ 1024, got {walk_length}"),
                     );
                 }
             }
@@ -540,6 +694,18 @@ impl JobSpec {
             Ok(())
         } else {
             Err(SpecError::Invalid(errors))
+        }
+    }
+
+    /// The batch size the job trains with: `batch_size`, else the documented default
+    /// ([`defaults::BATCH_SIZE`]; GraphSAINT: [`defaults::SAINT_ROOTS`] roots' worth).
+    pub fn batch_size_or_default(&self) -> u32 {
+        match (self.batch_size, &self.sampling) {
+            (Some(b), _) => b,
+            (None, Sampling::Saint { walk_length }) => {
+                defaults::SAINT_ROOTS.saturating_mul(walk_length + 1)
+            }
+            (None, _) => defaults::BATCH_SIZE,
         }
     }
 
@@ -665,6 +831,18 @@ impl Reader<'_> {
         }
     }
 
+    fn bool(&mut self, key: &str) -> Option<bool> {
+        let v = self.get(key)?;
+        match v.as_bool() {
+            Some(b) => Some(b),
+            None => {
+                let msg = format!("expected true or false, got {}", describe(v));
+                self.error(key, msg);
+                None
+            }
+        }
+    }
+
     fn float(&mut self, key: &str) -> Option<f64> {
         let v = self.get(key)?;
         match v.as_f64() {
@@ -700,21 +878,24 @@ impl Reader<'_> {
         }
     }
 
-    fn sampling(&mut self) -> Option<Sampling> {
+    /// The `sampling` field, and GraphSAINT's `roots` when given (a budget in disguise,
+    /// turned into `batch_size` by the caller).
+    fn sampling(&mut self) -> Option<(Sampling, Option<u32>)> {
         let v = self.get("sampling")?.clone();
+        let unknown = |m: &str| {
+            format!(
+                "unknown sampling method '{m}' (expected {})",
+                Sampling::EXPECTED
+            )
+        };
         match &v {
-            Value::String(s) => {
-                match Sampling::with_defaults(s) {
-                    Some(s) => Some(s),
-                    None => {
-                        self.error(
-                        "sampling",
-                        format!("unknown sampling method '{s}' (expected none, eas, fanout or saint)"),
-                    );
-                        None
-                    }
+            Value::String(s) => match Sampling::with_defaults(s) {
+                Some(s) => Some((s, None)),
+                None => {
+                    self.error("sampling", unknown(s));
+                    None
                 }
-            }
+            },
             Value::Object(obj) => {
                 let mut sub = Reader {
                     obj,
@@ -723,47 +904,57 @@ impl Reader<'_> {
                 };
                 let method = match sub.get("method") {
                     None => {
-                        sub.error("method", "required (none, eas, fanout or saint)");
+                        sub.error("method", format!("required ({})", Sampling::EXPECTED));
                         None
                     }
                     Some(_) => sub.string("method"),
                 };
                 let result = method.and_then(|m| {
                     let Some(default) = Sampling::with_defaults(&m) else {
-                        sub.error(
-                            "method",
-                            format!(
-                                "unknown sampling method '{m}' (expected none, eas, fanout or saint)"
-                            ),
-                        );
+                        sub.error("method", unknown(&m));
                         return None;
                     };
                     Some(match default {
                         Sampling::None => {
                             sub.unknown_fields(&["method"]);
-                            Sampling::None
+                            (Sampling::None, None)
                         }
-                        Sampling::Eas { hops, fanout } => {
-                            sub.unknown_fields(&["method", "hops", "fanout"]);
-                            Sampling::Eas {
+                        Sampling::Eas {
+                            hops,
+                            fanout,
+                            priority,
+                        } => {
+                            sub.unknown_fields(&["method", "hops", "fanout", "priority"]);
+                            let s = Sampling::Eas {
                                 hops: sub.uint("hops", 1, 1024).unwrap_or(hops),
                                 fanout: sub.uint("fanout", 1, u32::MAX as i64).unwrap_or(fanout),
-                            }
+                                priority: sub
+                                    .choice(
+                                        "priority",
+                                        "EAS priority",
+                                        Priority::parse,
+                                        Priority::EXPECTED,
+                                    )
+                                    .unwrap_or(priority),
+                            };
+                            (s, None)
                         }
                         Sampling::Fanout { fanouts } => {
                             sub.unknown_fields(&["method", "fanouts"]);
-                            Sampling::Fanout {
+                            let s = Sampling::Fanout {
                                 fanouts: sub.fanouts().unwrap_or(fanouts),
-                            }
+                            };
+                            (s, None)
                         }
-                        Sampling::Saint { roots, walk_length } => {
+                        Sampling::Saint { walk_length } => {
                             sub.unknown_fields(&["method", "roots", "walk_length"]);
-                            Sampling::Saint {
-                                roots: sub.uint("roots", 1, u32::MAX as i64).unwrap_or(roots),
+                            let roots = sub.uint("roots", 1, u32::MAX as i64);
+                            let s = Sampling::Saint {
                                 walk_length: sub
-                                    .uint("walk_length", 1, 1024)
+                                    .uint("walk_length", 0, 1024)
                                     .unwrap_or(walk_length),
-                            }
+                            };
+                            (s, roots)
                         }
                     })
                 });
@@ -899,7 +1090,7 @@ mod tests {
         );
         assert_eq!(
             errors(r#"{"dataset": "d", "model": "foo"}"#),
-            ["model: unknown model 'foo' (expected sage, gcn or ressage)"]
+            ["model: unknown model 'foo' (expected sage, gcn, ressage or mlp)"]
         );
         assert_eq!(
             errors(r#"{"dataset": ""}"#),
@@ -961,18 +1152,42 @@ mod tests {
             s.sampling,
             Sampling::Eas {
                 hops: 1,
-                fanout: 15
+                fanout: 15,
+                priority: Priority::Degree
             }
         );
         let s = JobSpec::from_json_str(
             r#"{"dataset": "d", "sampling": {"method": "eas", "fanout": 5}}"#,
         )
         .unwrap();
-        assert_eq!(s.sampling, Sampling::Eas { hops: 1, fanout: 5 });
+        assert_eq!(
+            s.sampling,
+            Sampling::Eas {
+                hops: 1,
+                fanout: 5,
+                priority: Priority::Degree
+            }
+        );
         assert_eq!(
             errors(r#"{"dataset": "d", "sampling": {"method": "eas", "fanouts": 5}}"#),
-            ["sampling.fanouts: unknown field (expected one of: method, hops, fanout)"]
+            ["sampling.fanouts: unknown field (expected one of: method, hops, fanout, priority)"]
         );
+        // GraphSAINT's roots are its budget: they become the batch size, or must agree with it.
+        let s = JobSpec::from_json_str(
+            r#"{"dataset": "d", "mode": "cob", "sampling": {"method": "saint", "roots": 10}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.sampling, Sampling::Saint { walk_length: 2 });
+        assert_eq!(s.batch_size, Some(30));
+        assert_eq!(
+            errors(
+                r#"{"dataset": "d", "mode": "cob", "batch_size": 90, "sampling": {"method": "saint", "roots": 10}}"#
+            ),
+            ["sampling.roots: 10 disagrees with batch_size 90: GraphSAINT draws batch_size / (walk_length + 1) = 30 roots per server; drop one of them"]
+        );
+        let s = JobSpec::from_json_str(r#"{"dataset": "d", "mode": "cob", "sampling": "saint"}"#)
+            .unwrap();
+        assert_eq!(s.batch_size_or_default(), 9000);
         assert_eq!(
             errors(r#"{"dataset": "d", "sampling": "everything"}"#),
             ["sampling: unknown sampling method 'everything' (expected none, eas, fanout or saint)"]
@@ -1004,13 +1219,14 @@ mod tests {
             "#,
         )
         .unwrap();
-        assert_eq!(s.model, Model::Ressage);
+        assert_eq!(s.model, ModelKind::ResSage);
         assert_eq!(s.device_memory, Some(48 << 30));
         assert_eq!(
             s.sampling,
             Sampling::Eas {
                 hops: 1,
-                fanout: 15
+                fanout: 15,
+                priority: Priority::Degree
             }
         );
         match JobSpec::from_toml_str("dataset = ") {
@@ -1041,6 +1257,7 @@ mod tests {
             sampling: Sampling::Fanout {
                 fanouts: vec![10, 5, 5],
             },
+            layers: 3,
             seed: u64::MAX,
             device_memory: Some(1 << 34),
             ..JobSpec::default()

@@ -14,7 +14,7 @@ use grandis_models::{ModelConfig, ModelKind};
 use grandis_parallel::{
     Mode, ParallelOptions, ParallelReport, PartitionedGraph, Priority, Sampling,
 };
-use grandis_partition::Method;
+use grandis_partition::PartitionMethod;
 use grandis_synth::SynthConfig;
 use grandis_trainer::TrainOptions;
 
@@ -104,7 +104,7 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         stats.max_degree,
         t.elapsed().as_secs_f64()
     );
-    let method: Method = args.partition.parse()?;
+    let method: PartitionMethod = args.partition.parse()?;
     let t = std::time::Instant::now();
     let part = PartitionedGraph::partition(
         &view,
@@ -166,18 +166,18 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         .collect();
     if !args.no_sampled {
         let eas = Sampling::Eas {
-            hops: args.eas_hops,
-            fanout: args.eas_fanout,
+            hops: args.eas_hops as u32,
+            fanout: args.eas_fanout as u32,
             priority: Priority::Degree,
         };
-        let fanouts: Vec<usize> = match &args.fanouts {
+        let fanouts: Vec<u32> = match &args.fanouts {
             Some(f) => f
                 .split(',')
-                .map(|x| x.trim().parse::<usize>())
+                .map(|x| x.trim().parse::<u32>())
                 .collect::<Result<_, _>>()
                 .with_context(|| format!("--fanouts {f}: expected integers like 25,10,5"))?,
-            None => (0..args.layers)
-                .map(|i| [25, 10].get(i).copied().unwrap_or(5))
+            None => (0..args.layers as u32)
+                .map(|i| [25, 10].get(i as usize).copied().unwrap_or(5))
                 .collect(),
         };
         let cob = |sampling| ParallelOptions {

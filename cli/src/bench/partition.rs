@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
-use grandis_partition::{Method, PartitionReport};
+use grandis_partition::{PartitionMethod, PartitionReport};
 
 #[derive(clap::Args)]
 pub struct BenchPartitionArgs {
@@ -95,7 +95,11 @@ pub fn run(args: BenchPartitionArgs) -> anyhow::Result<()> {
         "--json".into(),
     ])?;
     // Random first: it is the baseline the others are divided by.
-    let methods = [Method::Random, Method::Metis, Method::Spring];
+    let methods = [
+        PartitionMethod::Random,
+        PartitionMethod::Metis,
+        PartitionMethod::Spring,
+    ];
     let mut reports: Vec<PartitionReport> = Vec::new();
     for method in methods {
         let out = work.path.join(format!("part-{method}"));

@@ -149,16 +149,6 @@ fn triad_bandwidth(b: &grandis_engine::CpuBackend) -> f64 {
     (3 * n * 4) as f64 / best
 }
 
-fn median(xs: &mut [f64]) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    let m = xs.len() / 2;
-    if xs.len() % 2 == 1 {
-        xs[m]
-    } else {
-        0.5 * (xs[m - 1] + xs[m])
-    }
-}
-
 #[derive(serde::Serialize, Default, Clone)]
 struct Split3 {
     /// Seconds per backend operation inside "other" (the rest is model-side allocation).
@@ -453,8 +443,8 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
     // The epoch with the median time, so its split adds up.
     splits.sort_by(|a, b| a.epoch_s.total_cmp(&b.epoch_s));
     let med = splits[splits.len() / 2].clone();
-    let mut times: Vec<f64> = splits.iter().map(|s| s.epoch_s).collect();
-    let median_epoch_s = median(&mut times);
+    let times: Vec<f64> = splits.iter().map(|s| s.epoch_s).collect();
+    let median_epoch_s = grandis_telemetry::median(&times);
     // The fastest epoch is the least disturbed by other processes on a shared machine.
     let min_epoch_s = times[0];
     let bandwidth = run.bandwidth;

@@ -37,7 +37,7 @@ use state::{lock, PeerState, Pending};
 use stats::Stats;
 
 pub(crate) use state::Shared;
-pub use stats::WireStats;
+pub use stats::{Framing, WireStats};
 
 /// What arrives for a rank from a remote rank: an envelope, or the description of a malformed
 /// frame on that pair's stream.

@@ -2,44 +2,25 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::Serialize;
-
 use crate::frame::{FRAME_OVERHEAD, PREAMBLE_BYTES};
 
-/// Bytes and frames actually written to and read from this node's QUIC data streams.
-///
-/// `bytes_sent = streams_opened × PREAMBLE_BYTES + frames_sent × FRAME_OVERHEAD +
-/// payload_bytes_sent` (see [`WireStats::framing_bytes_sent`]), and `payload_bytes_sent` is
-/// what the fabric counts as inter-server bytes sent by this server's ranks. Sent bytes are
-/// counted once QUIC has taken them; received bytes before the envelope is handed to a rank.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct WireStats {
-    /// Data streams opened (one per ordered remote pair that was used or closed).
-    pub streams_opened: u64,
-    /// Frames written.
-    pub frames_sent: u64,
-    /// Payload bytes inside the frames written.
-    pub payload_bytes_sent: u64,
-    /// All bytes written to data streams: preambles, frame heads, payloads.
-    pub bytes_sent: u64,
-    /// Data streams accepted from peers.
-    pub streams_accepted: u64,
-    /// Frames read and decoded.
-    pub frames_received: u64,
-    /// Payload bytes inside the frames read.
-    pub payload_bytes_received: u64,
-    /// All bytes read from data streams.
-    pub bytes_received: u64,
+/// The counts (one definition, in `grandis-wire`, so job reports carry them typed).
+pub use grandis_wire::WireStats;
+
+/// The framing part of [`WireStats`]' byte counts (this crate's frame format).
+pub trait Framing {
+    /// Sent bytes that are framing rather than payload.
+    fn framing_bytes_sent(&self) -> u64;
+    /// Received bytes that are framing rather than payload.
+    fn framing_bytes_received(&self) -> u64;
 }
 
-impl WireStats {
-    /// Sent bytes that are framing rather than payload.
-    pub fn framing_bytes_sent(&self) -> u64 {
+impl Framing for WireStats {
+    fn framing_bytes_sent(&self) -> u64 {
         self.streams_opened * PREAMBLE_BYTES as u64 + self.frames_sent * FRAME_OVERHEAD as u64
     }
 
-    /// Received bytes that are framing rather than payload.
-    pub fn framing_bytes_received(&self) -> u64 {
+    fn framing_bytes_received(&self) -> u64 {
         self.streams_accepted * PREAMBLE_BYTES as u64 + self.frames_received * FRAME_OVERHEAD as u64
     }
 }

@@ -1,0 +1,280 @@
+//! [`JobArgs`]: the one set of command-line flags that describes a job. `grandis train`,
+//! `grandis cluster up` and `grandis submit` flatten it and turn it into the same typed
+//! [`JobSpec`] ([`JobArgs::spec`]); every default is the spec's ([`grandis_wire::defaults`]).
+
+use anyhow::bail;
+use grandis_wire::{defaults, JobSpec, Mode, ModelKind, PartitionMethod, Priority, Sampling};
+
+/// Flags of a job (model, optimiser, distribution, sampling).
+#[derive(clap::Args, Debug, Clone)]
+pub struct JobArgs {
+    /// Execution mode: single (one process, the exact reference; `train` only), fb, flx, cob
+    /// (cooperative batching), mb (per-GPU mini-batches) or auto (FLX when the graph fits
+    /// --device-memory, else CoB with the largest co-batch that fits). Default: single for
+    /// `train`, flx for `cluster up` and `submit`.
+    #[arg(long)]
+    pub mode: Option<Mode>,
+    /// Model: sage, gcn, ressage, or mlp (features only, no graph; single mode only).
+    #[arg(long, default_value_t = defaults::MODEL)]
+    pub model: ModelKind,
+    /// Number of graph convolutions.
+    #[arg(long, default_value_t = defaults::LAYERS)]
+    pub layers: u32,
+    /// Hidden width.
+    #[arg(long, default_value_t = defaults::HIDDEN)]
+    pub hidden: u32,
+    /// Training epochs.
+    #[arg(long, default_value_t = defaults::EPOCHS)]
+    pub epochs: u32,
+    /// Dropout probability.
+    #[arg(long, default_value_t = defaults::DROPOUT)]
+    pub dropout: f64,
+    /// Adam learning rate.
+    #[arg(long, default_value_t = defaults::LR)]
+    pub lr: f64,
+    /// Weight decay (an L2 penalty with Adam, decoupled with --adamw).
+    #[arg(long, default_value_t = defaults::WEIGHT_DECAY)]
+    pub weight_decay: f64,
+    /// Use AdamW (decoupled weight decay).
+    #[arg(long)]
+    pub adamw: bool,
+    /// Normalisation between layers: layernorm or none.
+    #[arg(long, default_value = "none", value_parser = ["layernorm", "none"])]
+    pub norm: String,
+    /// Clip the global gradient norm to this value.
+    #[arg(long)]
+    pub grad_clip: Option<f64>,
+    /// Seed of the weight init, the dropout masks and the samplers.
+    #[arg(long, default_value_t = defaults::SEED)]
+    pub seed: u64,
+    /// Servers (fb/flx/cob/mb/auto).
+    #[arg(long, default_value_t = defaults::SERVERS)]
+    pub servers: u32,
+    /// Devices per server.
+    #[arg(long, default_value_t = defaults::DEVICES)]
+    pub devices: u32,
+    /// Partitioning: metis, spring or random.
+    #[arg(long, default_value_t = defaults::PARTITION)]
+    pub partition: PartitionMethod,
+    /// Seed of the partitioner.
+    #[arg(long, default_value_t = 0)]
+    pub partition_seed: u64,
+    /// flx: preloaded hops k (default: the largest k that fits --device-memory).
+    #[arg(long)]
+    pub preload_hops: Option<u32>,
+    /// Per-device memory budget, bytes or with a unit ("64MiB", "16GiB"). flx: the largest k
+    /// that fits; auto: FLX or CoB; every mode: a plan the memory model prices above it is
+    /// out of memory (default: what the device has).
+    #[arg(long, value_parser = grandis_wire::spec::parse_bytes)]
+    pub device_memory: Option<u64>,
+    /// flx/cob/mb: dependency sampling: none, eas (expansion-aware), fanout (GraphSAGE) or
+    /// saint (GraphSAINT, cob only).
+    #[arg(long, default_value = "none", value_parser = ["none", "eas", "fanout", "saint"])]
+    pub sampling: String,
+    /// eas: external vertices at most this many hops from the server.
+    #[arg(long, default_value_t = defaults::EAS_HOPS)]
+    pub eas_hops: u32,
+    /// eas: at most this many external in-neighbours per vertex.
+    #[arg(long, default_value_t = defaults::EAS_FANOUT)]
+    pub eas_fanout: u32,
+    /// eas: degree (the paper's priority) or uniform (the published artifact).
+    #[arg(long, default_value_t = defaults::EAS_PRIORITY)]
+    pub eas_priority: Priority,
+    /// fanout: per-hop fanouts from the targets, one per layer (e.g. 25,10,5) or one for
+    /// every layer; with --mode mb alone it means --sampling fanout.
+    #[arg(long, value_delimiter = ',')]
+    pub fanouts: Option<Vec<u32>>,
+    /// saint: random-walk length (0 = the node sampler); the budget is the batch size.
+    #[arg(long, default_value_t = defaults::SAINT_WALK_LENGTH)]
+    pub saint_walk_length: u32,
+    /// flx with sampling: draw a new sample every N epochs (default: sample once).
+    #[arg(long)]
+    pub resample_every: Option<u64>,
+    /// Target vertices per iteration: per server for cob (and auto when it picks CoB; the
+    /// default there is the largest that fits), per device for mb, GraphSAINT's budget.
+    #[arg(long, visible_alias = "cobatch-size")]
+    pub batch_size: Option<u32>,
+}
+
+impl JobArgs {
+    /// The job these flags describe, on `dataset`, in `--mode` or `default_mode`. Checked
+    /// ([`JobSpec::validate`]); a message names the flag.
+    pub fn spec(&self, dataset: String, default_mode: Mode) -> anyhow::Result<JobSpec> {
+        let mode = self.mode.unwrap_or(default_mode);
+        let method = match (self.sampling.as_str(), mode) {
+            // MB is the per-GPU GraphSAGE baseline: --fanouts alone means fanout sampling.
+            ("none", Mode::Mb) if self.fanouts.is_some() => "fanout",
+            (m, _) => m,
+        };
+        let sampling = match method {
+            "none" => Sampling::None,
+            "eas" => Sampling::Eas {
+                hops: self.eas_hops,
+                fanout: self.eas_fanout,
+                priority: self.eas_priority,
+            },
+            "fanout" => match &self.fanouts {
+                Some(f) => Sampling::Fanout { fanouts: f.clone() },
+                None => bail!("--sampling fanout needs --fanouts F1,F2,... (one per layer)"),
+            },
+            "saint" => Sampling::Saint {
+                walk_length: self.saint_walk_length,
+            },
+            other => bail!(
+                "unknown --sampling '{other}' (expected {})",
+                Sampling::EXPECTED
+            ),
+        };
+        let spec = JobSpec {
+            name: None,
+            dataset,
+            model: self.model,
+            layers: self.layers,
+            hidden: self.hidden,
+            dropout: self.dropout,
+            lr: self.lr,
+            weight_decay: self.weight_decay,
+            adamw: self.adamw,
+            grad_clip: self.grad_clip,
+            layer_norm: self.norm == "layernorm",
+            mode,
+            preload_hops: self.preload_hops,
+            // Only the modes that batch read it; elsewhere it is ignored, not an error.
+            batch_size: self
+                .batch_size
+                .filter(|_| mode.is_mini_batch() || mode == Mode::Auto),
+            sampling,
+            resample_every: self.resample_every,
+            epochs: self.epochs,
+            seed: self.seed,
+            servers: self.servers,
+            devices: self.devices,
+            partition: self.partition,
+            partition_seed: self.partition_seed,
+            device_memory: self.device_memory,
+        };
+        Ok(spec)
+    }
+}
+
+/// [`JobSpec::validate`] with every field named as its flag (`--eas-fanout`, `--layers`).
+pub fn validate_as_flags(spec: &JobSpec) -> anyhow::Result<()> {
+    let Err(e) = spec.validate() else {
+        return Ok(());
+    };
+    let lines: Vec<String> = e
+        .fields()
+        .iter()
+        .map(|f| {
+            let name = f.field.rsplit('.').next().unwrap_or(&f.field);
+            let flag = match name {
+                "fanout" => "eas-fanout".to_string(),
+                "hops" => "eas-hops".to_string(),
+                "walk_length" => "saint-walk-length".to_string(),
+                "layer_norm" => "norm".to_string(),
+                other => other.replace('_', "-"),
+            };
+            format!("--{flag}: {}", f.message)
+        })
+        .collect();
+    bail!("{}", lines.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        job: JobArgs,
+    }
+
+    fn spec(argv: &[&str], default_mode: Mode) -> anyhow::Result<JobSpec> {
+        let mut all = vec!["grandis"];
+        all.extend_from_slice(argv);
+        Cli::try_parse_from(all)?.job.spec("d".into(), default_mode)
+    }
+
+    #[test]
+    fn no_flags_is_the_default_job() {
+        let s = spec(&[], Mode::Flx).unwrap();
+        assert_eq!(
+            s,
+            JobSpec {
+                dataset: "d".into(),
+                ..JobSpec::default()
+            }
+        );
+    }
+
+    #[test]
+    fn flags_map_to_the_spec() {
+        let s = spec(
+            &[
+                "--mode",
+                "cob",
+                "--cobatch-size",
+                "64",
+                "--sampling",
+                "fanout",
+                "--fanouts",
+                "5",
+            ],
+            Mode::Single,
+        )
+        .unwrap();
+        assert_eq!(s.mode, Mode::Cob);
+        assert_eq!(s.batch_size, Some(64));
+        assert_eq!(s.sampling, Sampling::Fanout { fanouts: vec![5] });
+        // --fanouts alone with mb is fanout sampling.
+        let s = spec(&["--mode", "mb", "--fanouts", "10,5"], Mode::Single).unwrap();
+        assert_eq!(
+            s.sampling,
+            Sampling::Fanout {
+                fanouts: vec![10, 5]
+            }
+        );
+        let s = spec(
+            &[
+                "--mode",
+                "flx",
+                "--sampling",
+                "eas",
+                "--eas-fanout",
+                "4",
+                "--eas-priority",
+                "uniform",
+            ],
+            Mode::Single,
+        )
+        .unwrap();
+        assert_eq!(
+            s.sampling,
+            Sampling::Eas {
+                hops: 1,
+                fanout: 4,
+                priority: Priority::Uniform
+            }
+        );
+        let e = spec(&["--mode", "fast"], Mode::Single)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown 'fast' (expected single, fb, flx, cob, mb or auto)"),
+            "{e}"
+        );
+        let e = spec(&["--sampling", "fanout"], Mode::Flx)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs --fanouts"), "{e}");
+        let s = spec(
+            &["--layers", "3", "--sampling", "fanout", "--fanouts", "1,2"],
+            Mode::Cob,
+        )
+        .unwrap();
+        let e = validate_as_flags(&s).unwrap_err().to_string();
+        assert_eq!(e, "--fanouts: expected 1 value or 3 (= layers), got 2");
+    }
+}

@@ -1,0 +1,353 @@
+//! One server's part of one job, the daemon's entry being [`run_job`]: check the assignment,
+//! open the dataset, map the job to its options (`ParallelOptions::for_job`, the same pure
+//! mapping `grandis train` uses), partition (deterministically, so every server of the job
+//! arrives at the same partition and plans), connect the data plane ([`plane`]), run this
+//! server's ranks through `grandis_parallel::server::train_server`, and report ([`report`]).
+//! Every wait is bounded: the connection set-up by `connect_timeout_ms`, a dead peer by the
+//! QUIC idle timeout (`peer_timeout_ms`), a stuck receive by `recv_timeout_ms`, and a cancel
+//! by the [`Cancellable`] transport wrapper, which wakes blocked receives within
+//! [`CANCEL_POLL`].
+
+mod cancel;
+mod plane;
+mod report;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use grandis_fabric::Topology;
+use grandis_models::ModelConfig;
+use grandis_parallel::{ParallelOptions, PartitionedGraph};
+use grandis_trainer::TrainOptions;
+use grandis_wire::{Assignment, EpochProgress, JobEvent, JobId, JobSpec, LinkBytes, RunSummary};
+
+pub use cancel::{Cancellable, CANCEL_POLL};
+
+use crate::client::Client;
+use crate::config::DaemonConfig;
+use crate::metrics::{Finished, Metrics};
+
+/// What the job thread needs from the daemon.
+pub struct JobContext {
+    pub config: Arc<DaemonConfig>,
+    pub client: Client,
+    pub daemon_id: u64,
+    pub metrics: Arc<Metrics>,
+    /// The data-plane UDP port, held between jobs so nothing else takes it.
+    pub reserved: Arc<Mutex<Option<UdpSocket>>>,
+    /// The address the data plane binds (the reserved socket's).
+    pub data_addr: SocketAddr,
+    /// Set by the heartbeat loop when the coordinator cancels the job (or on shutdown).
+    pub cancel: Arc<AtomicBool>,
+    /// Last epoch completed, for heartbeats.
+    pub epoch: Arc<AtomicU32>,
+}
+
+/// How this server's part ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Runs the job and reports its events (started, progress on server 0, finished or failed).
+pub fn run_job(ctx: JobContext, a: Assignment) -> Outcome {
+    let job = a.job_id;
+    let label = ctx.config.label.clone();
+    let (tx, rx) = mpsc::channel::<JobEvent>();
+    // Events go out in order from one thread, so a slow coordinator never stalls training.
+    let reporter = {
+        let client = ctx.client.clone();
+        let daemon_id = ctx.daemon_id;
+        std::thread::Builder::new()
+            .name(format!("grandis-report-{job}"))
+            .spawn(move || {
+                for ev in rx {
+                    post_event(&client, daemon_id, job, ev);
+                }
+            })
+    };
+    let _ = tx.send(JobEvent::Started);
+    tracing::info!(
+        job,
+        server_index = a.server_index,
+        servers = a.servers.len(),
+        "job started"
+    );
+    let start = Instant::now();
+    let result = execute(&ctx, &a, &tx);
+    let outcome = match result {
+        Ok(summary) => {
+            tracing::info!(
+                job,
+                seconds = start.elapsed().as_secs_f64(),
+                "job finished on this server"
+            );
+            let _ = tx.send(JobEvent::Finished {
+                summary: Box::new(summary),
+            });
+            Outcome::Succeeded
+        }
+        Err(e) if ctx.cancel.load(Ordering::SeqCst) => {
+            tracing::info!(job, "job cancelled: {e:#}");
+            Outcome::Cancelled
+        }
+        Err(e) => {
+            let reason = format!("{e:#}");
+            tracing::error!(job, server = %label, "job failed: {reason}");
+            let _ = tx.send(JobEvent::Failed { reason });
+            Outcome::Failed
+        }
+    };
+    drop(tx);
+    if let Ok(h) = reporter {
+        let _ = h.join();
+    }
+    ctx.metrics.outcome(outcome.name());
+    // Hold the data-plane port again for the next job.
+    let mut slot = ctx.reserved.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.is_none() {
+        match UdpSocket::bind(ctx.data_addr) {
+            Ok(s) => *slot = Some(s),
+            Err(e) => tracing::warn!(
+                "cannot reserve the data-plane port {} again: {e} (the next job binds it anew)",
+                ctx.data_addr
+            ),
+        }
+    }
+    outcome
+}
+
+/// Posts one event, retrying a few times on transport errors (the coordinator may be
+/// restarting). A 4xx is final (e.g. the job already ended): log and move on.
+fn post_event(client: &Client, daemon_id: u64, job: JobId, ev: JobEvent) {
+    for attempt in 0..5 {
+        match client.event(daemon_id, job, ev.clone()) {
+            Ok(()) => return,
+            Err(crate::client::CallError::Status { status, body }) => {
+                tracing::warn!(
+                    job,
+                    "job event refused ({status} {}): {}",
+                    body.code,
+                    body.error
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(job, attempt, "job event not delivered: {e}");
+                std::thread::sleep(Duration::from_millis(200 << attempt));
+            }
+        }
+    }
+}
+
+/// The per-device budget of a job. `auto` decides between FLX and CoB from it, so every
+/// server must reach the same decision: only the job's own `device_memory` is used (the
+/// servers' local budgets may differ, and different decisions would deadlock the job).
+/// Other modes take the job's value, else the daemon's `device_memory`, else available
+/// memory / devices (only FLX's k depends on it; set it in the job on mixed servers).
+pub fn device_memory(
+    spec: &JobSpec,
+    daemon_budget: Option<u64>,
+    devices: usize,
+) -> anyhow::Result<u64> {
+    match (spec.mode, spec.device_memory, daemon_budget) {
+        (_, Some(b), _) => Ok(b),
+        (grandis_wire::Mode::Auto, None, _) => bail!(
+            "mode auto needs device_memory in the job: every server must make the same \
+             FLX-or-CoB decision, so it is taken from the job, not from each server's memory \
+             (`grandis cluster up` fills it in with available memory / ranks)"
+        ),
+        (_, None, Some(b)) => Ok(b),
+        (_, None, None) => grandis_parallel::default_device_memory(devices),
+    }
+}
+
+fn execute(
+    ctx: &JobContext,
+    a: &Assignment,
+    events: &mpsc::Sender<JobEvent>,
+) -> anyhow::Result<RunSummary> {
+    let cfg = &ctx.config;
+    let spec = &a.spec;
+    spec.validate()
+        .context("the assigned job spec is invalid")?;
+    if !spec.mode.is_distributed() {
+        bail!(
+            "mode single: one process on one device; run it with `grandis train --mode single` \
+             (the daemons run fb, flx, cob, mb and auto)"
+        );
+    }
+    let (s, g) = (a.servers.len(), spec.devices as usize);
+    let me = a.server_index as usize;
+    if s != spec.servers as usize || me >= s {
+        bail!(
+            "assignment lists {s} servers for a job of {} (this is index {me})",
+            spec.servers
+        );
+    }
+    if a.servers[me].label != cfg.label {
+        bail!(
+            "assignment names server {me} {:?}, this daemon is {:?}",
+            a.servers[me].label,
+            cfg.label
+        );
+    }
+    if g > cfg.devices {
+        bail!(
+            "the job needs {g} devices per server, this server has {}",
+            cfg.devices
+        );
+    }
+
+    // The dataset: the whole graph is mapped (the plans are global), but only the rows this
+    // server's plans touch are ever read from the feature file.
+    let dir = PathBuf::from(&spec.dataset);
+    if !dir.exists() {
+        bail!("dataset {}: not found on this server", dir.display());
+    }
+    let dataset = grandis_store::Dataset::open(&dir)
+        .with_context(|| format!("opening dataset {}", dir.display()))?;
+    let view = dataset.view();
+    // The job as this server runs it: with the budget resolved.
+    let job = JobSpec {
+        device_memory: Some(device_memory(spec, cfg.device_memory, g)?),
+        ..spec.clone()
+    };
+    let part =
+        PartitionedGraph::for_job(&dataset, &job, None).context("partitioning the dataset")?;
+    check_cancel(ctx)?;
+    let config = ModelConfig::for_job(&job, view.feature_dim, view.num_classes);
+    let opts = TrainOptions::for_job(&job);
+    let popts = ParallelOptions {
+        threads_per_rank: cfg.threads.map(|t| (t / g).max(1)),
+        ..ParallelOptions::for_job(&job)
+    };
+    tracing::info!(
+        mode = %popts.mode,
+        sampling = ?popts.sampling,
+        batch_size = ?popts.batch_size,
+        device_memory = ?popts.device_memory,
+        "job options"
+    );
+    check_cancel(ctx)?;
+
+    let topology = Topology {
+        servers: s,
+        devices: g,
+    };
+    let (node, endpoints) = plane::connect(ctx, a, topology)?;
+    let labels = Metrics::labels(a.job_id, &cfg.label);
+    let leader = me == 0;
+    let report = grandis_parallel::server::train_server(
+        view,
+        &part,
+        config,
+        &opts,
+        &popts,
+        endpoints,
+        &mut |e| {
+            ctx.epoch.store(e.epoch as u32, Ordering::SeqCst);
+            ctx.metrics.epoch(
+                &labels,
+                e.epoch,
+                e.seconds,
+                e.loss,
+                [e.train_acc, e.val_acc],
+            );
+            if leader {
+                let _ = events.send(JobEvent::Progress {
+                    progress: EpochProgress {
+                        epoch: e.epoch as u32,
+                        loss: e.loss,
+                        train_acc: e.train_acc,
+                        val_acc: e.val_acc,
+                        seconds: e.seconds,
+                        // Cluster-wide bytes are only known at the end (each server counts its
+                        // own ranks); see the summary and the daemons' metrics.
+                        bytes: LinkBytes::default(),
+                    },
+                });
+            }
+        },
+    );
+    // The transports are gone with the workers: let the writers drain, then close.
+    let wire = node.shutdown(Duration::from_secs(5));
+    let report = report?;
+    let summary = report::server_summary(ctx, a, &job, &report, wire);
+    report::write(cfg, a.job_id, &summary)?;
+    let peak_device = report
+        .memory
+        .iter()
+        .map(|m| m.measured_peak_bytes)
+        .max()
+        .unwrap_or(0);
+    ctx.metrics.finished(
+        &labels,
+        &Finished {
+            counters: &report.counters,
+            test_acc: report.train.test_acc,
+            all_reduce_seconds: report.time.all_reduce_s,
+            peak_rss: grandis_telemetry::peak_rss_bytes(),
+            peak_device,
+            preload_hops: report.preload_hops,
+            sampled_edges: report.sampled_edges,
+            wire_sent: wire.bytes_sent,
+            wire_received: wire.bytes_received,
+        },
+    );
+    Ok(summary)
+}
+
+fn check_cancel(ctx: &JobContext) -> anyhow::Result<()> {
+    if ctx.cancel.load(Ordering::SeqCst) {
+        bail!("job cancelled");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grandis_wire::Mode;
+
+    #[test]
+    fn auto_takes_its_budget_from_the_job_only() {
+        let spec = JobSpec {
+            dataset: "d".into(),
+            mode: Mode::Auto,
+            ..JobSpec::default()
+        };
+        let e = device_memory(&spec, Some(1 << 30), 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("mode auto needs device_memory"), "{e}");
+        let spec = JobSpec {
+            device_memory: Some(5 << 20),
+            ..spec
+        };
+        assert_eq!(device_memory(&spec, Some(1 << 30), 2).unwrap(), 5 << 20);
+        let spec = JobSpec {
+            mode: Mode::Flx,
+            device_memory: None,
+            ..spec
+        };
+        assert_eq!(device_memory(&spec, Some(1 << 30), 2).unwrap(), 1 << 30);
+    }
+}

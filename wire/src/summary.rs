@@ -1,0 +1,263 @@
+//! [`RunSummary`]: what one run reports, the one definition that `grandis train --json`
+//! prints, each daemon writes as its job report and sends to the coordinator, and
+//! `grandis cluster up` reads back. Its keys are documented here, once.
+//!
+//! Traffic and memory figures are those of the ranks that the reporting process ran: every
+//! rank for `grandis train`, one server's ranks for a daemon (`cluster up` sums them over the
+//! servers). Losses, accuracies and the sampling counters are cluster-wide everywhere (the
+//! loss is all-reduced and every server builds every rank's plans).
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::LinkBytes;
+use crate::spec::{JobSpec, Mode};
+
+/// Everything one run reports.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunSummary {
+    /// The job as it ran (its `mode` as asked: `auto` stays `auto`, see [`Self::mode`]).
+    pub job: JobSpec,
+    /// The mode that ran: `single`, `fb`, `flx`, `cob` or `mb` (`auto` resolved).
+    pub mode: Mode,
+    /// `auto`'s decision with the estimate behind it (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto: Option<String>,
+    /// Where the ranks computed: `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    pub num_parameters: usize,
+    /// Epoch number of the first entry of `losses` (after `--resume`, not 1).
+    pub first_epoch: usize,
+    /// Training loss of every epoch.
+    pub losses: Vec<f64>,
+    /// Wall seconds of every epoch.
+    pub epoch_seconds: Vec<f64>,
+    pub final_loss: f64,
+    pub train_acc: f64,
+    pub val_acc: f64,
+    pub test_acc: f64,
+    pub median_epoch_s: f64,
+    /// Peak resident memory of the reporting process.
+    pub peak_rss_bytes: u64,
+    /// Servers × devices of the run (1 × 1 for `single`).
+    pub servers: usize,
+    pub devices: usize,
+    /// Where the partition came from ("metis (seed 0)", a partition directory).
+    pub partition: String,
+    pub threads_per_rank: usize,
+    /// Preloaded hops k, why this k, and `(k, worst-device bytes)` of the estimates behind it.
+    pub preload_hops: usize,
+    pub preload_reason: String,
+    pub preload_estimates: Vec<(usize, u64)>,
+    /// Vertices replicated by FLX preloading over all servers (per-step plans: mean per step).
+    pub replicated_vertices: usize,
+    /// Feature and gradient halo payload bytes per epoch (forward + backward).
+    pub halo_bytes_per_epoch: LinkBytes,
+    pub forward_bytes_per_epoch: LinkBytes,
+    pub backward_bytes_per_epoch: LinkBytes,
+    /// The masking plan's prediction of `halo_bytes_per_epoch`, for the whole cluster.
+    pub predicted_halo_bytes_per_epoch: LinkBytes,
+    /// Weight-gradient all-reduce payload bytes per epoch.
+    pub all_reduce_bytes_per_epoch: LinkBytes,
+    /// Features of replicated vertices fetched from their home server per epoch, for plans
+    /// that change during the run (inter-server only).
+    pub fetch_bytes_per_epoch: LinkBytes,
+    /// The same, once, for a plan that serves the whole run (what FLX preloads).
+    pub setup_fetch_bytes: LinkBytes,
+    pub time_split: TimeSplit,
+    pub memory: Vec<RankMemory>,
+    /// The sampler that ran ("exact", "eas(h=1,f=15,degree)", "sage(25,10,5)", "saint(...)").
+    pub sampling: String,
+    /// CoB co-batch size / MB mini-batch size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
+    pub iterations_per_epoch: usize,
+    /// Labelled loss rows per epoch (sum over steps).
+    pub targets_per_epoch: u64,
+    /// Edges of the one-hop graphs the ranks hold, summed over the steps of an epoch.
+    pub sampled_edges: u64,
+    /// Rows computed at each layer, summed over ranks and the steps of an epoch.
+    pub computed_vertices_per_layer: Vec<u64>,
+    pub computed_vertex_layers: u64,
+    /// Edges aggregated at each layer per epoch.
+    pub aggregated_edges_per_layer: Vec<u64>,
+    /// Boundary ratio β of every server (§5.3.2), mean over the steps.
+    pub beta: Vec<f64>,
+    /// One server's part of a cluster job (daemon reports only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerTraffic>,
+}
+
+/// Mean seconds per training epoch, averaged over ranks and over epochs (the first, warm-up
+/// epoch left out when there are several).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TimeSplit {
+    /// Wall time of the training step.
+    pub epoch_s: f64,
+    /// Outside any fabric call: the backend's work and packing of halo buffers.
+    pub compute_s: f64,
+    /// Halo exchange calls minus the time blocked on inter-server peers.
+    pub intra_comm_s: f64,
+    /// Time blocked receiving halo rows/gradients from other servers (emulated link time).
+    pub inter_comm_s: f64,
+    /// Fetching replicated vertices' features from their home servers, for the plans built
+    /// inside the epoch (per-iteration modes, FLX-EAS resampling).
+    pub fetch_s: f64,
+    /// Weight-gradient all-reduce calls.
+    pub all_reduce_s: f64,
+    /// Loss all-reduce and other small collectives.
+    pub other_s: f64,
+}
+
+/// Measured memory of one rank next to the memory model's estimate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankMemory {
+    pub rank: usize,
+    /// Peak live bytes of backend buffers, indices and graphs (the metered backend).
+    pub measured_peak_bytes: u64,
+    /// Live bytes after setup, before the first epoch.
+    pub setup_bytes: u64,
+    /// `grandis_masking::memory` estimate for this rank.
+    pub model_bytes: u64,
+}
+
+/// One server's traffic in a cluster job, as its daemon measured it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerTraffic {
+    /// This server's label and index, and every server of the job in index order.
+    pub label: String,
+    pub index: usize,
+    pub servers: Vec<String>,
+    /// Inter-server payload bytes this server's ranks sent and received (fabric counters).
+    pub inter_server_payload_sent: u64,
+    pub inter_server_payload_received: u64,
+    /// What the QUIC node really wrote and read.
+    pub wire: WireStats,
+}
+
+/// Bytes and frames actually written to and read from a node's QUIC data streams.
+///
+/// `bytes_sent = streams_opened × PREAMBLE_BYTES + frames_sent × FRAME_OVERHEAD +
+/// payload_bytes_sent` (`grandis-quic`'s framing), and `payload_bytes_sent` is what the fabric
+/// counts as inter-server bytes sent by the server's ranks. Sent bytes are counted once QUIC
+/// has taken them; received bytes before the envelope is handed to a rank.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireStats {
+    /// Data streams opened (one per ordered remote pair that was used or closed).
+    pub streams_opened: u64,
+    /// Frames written.
+    pub frames_sent: u64,
+    /// Payload bytes inside the frames written.
+    pub payload_bytes_sent: u64,
+    /// All bytes written to data streams: preambles, frame heads, payloads.
+    pub bytes_sent: u64,
+    /// Data streams accepted from peers.
+    pub streams_accepted: u64,
+    /// Frames read and decoded.
+    pub frames_received: u64,
+    /// Payload bytes inside the frames read.
+    pub payload_bytes_received: u64,
+    /// All bytes read from data streams.
+    pub bytes_received: u64,
+}
+
+impl RunSummary {
+    /// The cluster-wide summary of a cluster job from its servers' reports (in server-index
+    /// order): the leader's losses, accuracies and sampling counters, every per-server traffic
+    /// figure summed over the servers, every rank's memory. None without reports.
+    pub fn of_cluster(reports: &[RunSummary]) -> Option<RunSummary> {
+        let (first, rest) = reports.split_first()?;
+        let mut all = RunSummary {
+            server: None,
+            ..first.clone()
+        };
+        for r in rest {
+            for (sum, add) in [
+                (&mut all.halo_bytes_per_epoch, &r.halo_bytes_per_epoch),
+                (&mut all.forward_bytes_per_epoch, &r.forward_bytes_per_epoch),
+                (
+                    &mut all.backward_bytes_per_epoch,
+                    &r.backward_bytes_per_epoch,
+                ),
+                (
+                    &mut all.all_reduce_bytes_per_epoch,
+                    &r.all_reduce_bytes_per_epoch,
+                ),
+                (&mut all.fetch_bytes_per_epoch, &r.fetch_bytes_per_epoch),
+                (&mut all.setup_fetch_bytes, &r.setup_fetch_bytes),
+            ] {
+                sum.add(add);
+            }
+            all.memory.extend(r.memory.iter().cloned());
+            all.peak_rss_bytes = all.peak_rss_bytes.max(r.peak_rss_bytes);
+        }
+        Some(all)
+    }
+
+    /// The one-line human summary every front end prints.
+    pub fn line(&self) -> String {
+        let mut s = format!(
+            "final loss {:.4}  train {:.4}  val {:.4}  test {:.4}  median epoch {:.3}s",
+            self.final_loss, self.train_acc, self.val_acc, self.test_acc, self.median_epoch_s
+        );
+        if self.mode.is_distributed() {
+            let t = &self.time_split;
+            s.push_str(&format!(
+                "  (compute {:.3}s, intra {:.3}s, inter {:.3}s, fetch {:.3}s, all-reduce \
+                 {:.3}s)  k = {}  halo bytes/epoch inter {} intra {}  fetched bytes inter/epoch \
+                 {} (setup {})",
+                t.compute_s,
+                t.intra_comm_s,
+                t.inter_comm_s,
+                t.fetch_s,
+                t.all_reduce_s,
+                self.preload_hops,
+                self.halo_bytes_per_epoch.inter_server,
+                self.halo_bytes_per_epoch.intra_server,
+                self.fetch_bytes_per_epoch.inter_server,
+                self.setup_fetch_bytes.inter_server
+            ));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_round_trips_and_old_readers_may_omit_fields() {
+        let s = RunSummary {
+            job: JobSpec {
+                dataset: "d".into(),
+                ..JobSpec::default()
+            },
+            mode: Mode::Cob,
+            losses: vec![1.0, 0.5],
+            batch_size: Some(64),
+            halo_bytes_per_epoch: LinkBytes {
+                intra_server: 3,
+                inter_server: 4,
+            },
+            server: Some(ServerTraffic {
+                label: "a".into(),
+                servers: vec!["a".into()],
+                ..ServerTraffic::default()
+            }),
+            ..RunSummary::default()
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["halo_bytes_per_epoch"]["inter_server"], 4);
+        assert_eq!(v["mode"], "cob");
+        assert_eq!(serde_json::from_value::<RunSummary>(v).unwrap(), s);
+        let partial: RunSummary = serde_json::from_str(r#"{"final_loss": 0.25}"#).unwrap();
+        assert_eq!(partial.final_loss, 0.25);
+        assert!(s.line().contains("halo bytes/epoch inter 4 intra 3"));
+        let cluster = RunSummary::of_cluster(&[s.clone(), s.clone()]).unwrap();
+        assert_eq!(cluster.halo_bytes_per_epoch.inter_server, 8);
+        assert_eq!(cluster.losses, s.losses);
+        assert!(cluster.server.is_none());
+        assert!(RunSummary::of_cluster(&[]).is_none());
+    }
+}
