@@ -132,9 +132,6 @@ pub fn run(
     if let Ok(p) = progress.into_inner() {
         p.finish();
     }
-    if let Some(d) = &report.auto {
-        eprintln!("{d}");
-    }
     for (k, bytes) in &report.k_estimates {
         eprintln!("memory estimate k = {k}: {bytes} bytes on the worst device");
     }
