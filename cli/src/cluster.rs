@@ -230,8 +230,9 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     if spec.mode == Mode::Auto && spec.device_memory.is_none() {
         // Every daemon must make the same auto decision, so the job carries the budget; all
         // servers share this machine, so it is what `grandis train --mode auto` would use.
-        let ranks = (spec.servers * spec.devices) as usize;
-        spec.device_memory = Some(grandis_parallel::default_device_memory(ranks)?);
+        let (servers, devices) = (spec.servers as usize, spec.devices as usize);
+        let cpu = grandis_parallel::Compute::Cpu;
+        spec.device_memory = Some(grandis_parallel::default_budget(&cpu, servers, devices)?.0);
     }
     spec.name = Some(format!("cluster-up-{}", spec.mode));
     validate_as_flags(&JobSpec {

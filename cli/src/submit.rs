@@ -183,10 +183,7 @@ impl Api {
 
 /// One line per epoch, as `grandis train` prints them.
 pub fn progress_line(p: &EpochProgress) -> String {
-    format!(
-        "epoch {:>4}  loss {:.4}  train {:.4}  val {:.4}  {:.3}s",
-        p.epoch, p.loss, p.train_acc, p.val_acc, p.seconds
-    )
+    crate::train::epoch_line(p.epoch as usize, p.loss, p.train_acc, p.val_acc, p.seconds)
 }
 
 /// `Err` naming the reason unless the job succeeded.

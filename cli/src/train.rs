@@ -95,12 +95,15 @@ fn open_dataset(args: &TrainArgs) -> anyhow::Result<grandis_store::Dataset> {
         .with_context(|| format!("opening dataset {}", args.dataset.display()))
 }
 
-/// Prints the per-epoch line of every mode.
-pub(crate) fn epoch_line(s: &grandis_trainer::EpochStats) -> String {
-    format!(
-        "epoch {:>4}  loss {:.4}  train {:.4}  val {:.4}  {:.3}s",
-        s.epoch, s.loss, s.train_acc, s.val_acc, s.seconds
-    )
+/// The per-epoch line of every mode, local (`train`) or followed from a coordinator
+/// (`submit --follow`, `cluster up`).
+pub(crate) fn epoch_line(epoch: usize, loss: f64, train: f64, val: f64, seconds: f64) -> String {
+    format!("epoch {epoch:>4}  loss {loss:.4}  train {train:.4}  val {val:.4}  {seconds:.3}s")
+}
+
+/// [`epoch_line`] of a local epoch.
+pub(crate) fn stats_line(s: &grandis_trainer::EpochStats) -> String {
+    epoch_line(s.epoch, s.loss, s.train_acc, s.val_acc, s.seconds)
 }
 
 /// Prints the summary: one line, or (`json`) the line on stderr and the JSON on stdout.
@@ -175,7 +178,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         resume: args.resume,
     };
     let on_epoch = |s: &grandis_trainer::EpochStats| {
-        progress.println(epoch_line(s));
+        progress.println(stats_line(s));
         progress.inc(1);
     };
     let report = match cuda {

@@ -125,7 +125,7 @@ pub fn run(
     ));
     let report = grandis_parallel::train(view, &part, config, &opts, &popts, &mut |s| {
         if let Ok(mut p) = progress.lock() {
-            p.println(crate::train::epoch_line(s));
+            p.println(crate::train::stats_line(s));
             p.inc(1);
         }
     })?;
