@@ -170,8 +170,8 @@ def main():
         iface_tx = sum(x["tx_bytes"] for x in d.values())
         iface_pkts = sum(x["tx_packets"] for x in d.values())
         iface_udp = iface_tx - PER_PACKET_HEADERS * iface_pkts
-        wire_sent = sum(r["wire"]["bytes_sent"] for r in reps.values())
-        payload_sent = sum(r["inter_server_payload_sent"] for r in reps.values())
+        wire_sent = sum(r["server"]["wire"]["bytes_sent"] for r in reps.values())
+        payload_sent = sum(r["server"]["inter_server_payload_sent"] for r in reps.values())
         ratio = iface_udp / wire_sent if wire_sent else math.inf
         pairs = n * (n - 1) // 2
         allowed = BYTES_TOLERANCE * wire_sent + HANDSHAKE_ALLOWANCE * pairs
