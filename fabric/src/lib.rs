@@ -1,20 +1,20 @@
-//! The cluster fabric of grandis: S servers × G devices as ranks (rank = server·G + device)
-//! that move `f32` buffers and bytes between each other, with two link classes —
-//! intra-server (devices of one server) and inter-server — as in GraNNDIS §4. Today all ranks
-//! are worker threads of one process: [`Fabric::new`] builds one [`Endpoint`] per rank over an
-//! in-process [`ChannelTransport`], and [`Fabric::run`] runs a closure per rank on scoped
-//! threads. An [`Endpoint`] offers point-to-point messages, the per-peer all-to-all
+//! The cluster fabric of grandis: S servers × G devices as ranks (rank = server·G + device) that
+//! move `f32` buffers and bytes between each other, with two link classes — intra-server (devices
+//! of one server) and inter-server — as in GraNNDIS §4. Today all ranks are worker threads of one
+//! process: [`Fabric::new`] builds one [`Endpoint`] per rank over an in-process
+//! [`ChannelTransport`], and [`Fabric::run`] ([`run_ranks`] over any endpoints) runs a closure per
+//! rank on scoped threads. An [`Endpoint`] offers point-to-point messages, the per-peer all-to-all
 //! [`Endpoint::exchange`] that every GNN layer needs (each device sends every peer the rows it
 //! needs and receives its halo rows per peer), and hierarchical collectives
 //! ([`Endpoint::all_reduce_sum`], bit-identical on all ranks; [`Endpoint::broadcast`];
-//! [`Endpoint::barrier`]). Every transfer carries a [`Tag`] (epoch, layer, phase); receivers
-//! check it, and [`Counters`] account payload bytes per epoch × link class × layer × phase ×
-//! direction plus the seconds spent, serialisable for the trainer's JSON. The [`Transport`]
-//! trait is the seam where QUIC (inter-server) and NCCL (intra-server) will plug in: it only
-//! moves envelopes; accounting, tag checks and collectives stay in [`Endpoint`]. A worker that
-//! fails or panics drops its endpoint, and every peer waiting on it gets
-//! [`FabricError::PeerGone`] naming it; receives also time out ([`FabricConfig::recv_timeout`],
-//! 300 s by default) with an error naming the peer and tag.
+//! [`Endpoint::barrier`]). Every transfer carries a [`Tag`] (epoch, layer, phase); receivers check
+//! it, and [`Counters`] account payload bytes per epoch × link class × layer × phase × direction
+//! plus the seconds spent, serialisable for the trainer's JSON. The [`Transport`] trait is the seam
+//! where QUIC (inter-server) and NCCL (intra-server) will plug in: it only moves envelopes;
+//! accounting, tag checks and collectives stay in [`Endpoint`]. A worker that fails or panics drops
+//! its endpoint, and every peer waiting on it gets [`FabricError::PeerGone`] naming it; receives
+//! also time out ([`FabricConfig::recv_timeout`], 300 s by default) with an error naming the peer
+//! and tag.
 //!
 //! # Link model
 //!
@@ -103,35 +103,47 @@ impl Fabric {
         self.endpoints
     }
 
-    /// Runs `work` once per rank, each on its own scoped thread named `grandis-rank-<r>`, and
-    /// returns the results in rank order.
-    ///
-    /// If any rank fails (returns an error or panics), its endpoint is dropped, which makes
-    /// peers waiting on it fail with [`FabricError::PeerGone`] instead of hanging. The error
-    /// returned is the root cause: the first failing rank (by rank order) whose error is not
-    /// merely a `PeerGone` consequence, with the rank in its context; other ranks' errors are
-    /// logged at debug level.
+    /// Runs `work` once per rank ([`run_ranks`] over all endpoints) and returns the results in
+    /// rank order.
     pub fn run<R, F>(self, work: F) -> anyhow::Result<Vec<R>>
     where
         R: Send,
         F: Fn(Endpoint) -> anyhow::Result<R> + Sync,
     {
-        let work = &work;
-        let outcomes: Vec<anyhow::Result<R>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .endpoints
-                .into_iter()
-                .enumerate()
-                .map(|(rank, ep)| {
-                    std::thread::Builder::new()
-                        .name(format!("grandis-rank-{rank}"))
-                        .spawn_scoped(scope, move || work(ep))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .enumerate()
-                .map(|(rank, h)| match h {
+        run_ranks(self.endpoints, work)
+    }
+}
+
+/// Runs `work` once per endpoint, each on its own scoped thread named `grandis-rank-<r>`, and
+/// returns the results in the endpoints' order. The endpoints may be all ranks of an in-process
+/// [`Fabric`] or only one server's ranks over a real transport (the daemon's QUIC hybrid).
+///
+/// If any rank fails (returns an error or panics), its endpoint is dropped, which makes
+/// peers waiting on it fail with [`FabricError::PeerGone`] instead of hanging. The error
+/// returned is the root cause: the first failing rank (in the endpoints' order) whose error is
+/// not merely a `PeerGone` consequence, with the rank in its context; other ranks' errors are
+/// logged at debug level.
+pub fn run_ranks<R, F>(endpoints: Vec<Endpoint>, work: F) -> anyhow::Result<Vec<R>>
+where
+    R: Send,
+    F: Fn(Endpoint) -> anyhow::Result<R> + Sync,
+{
+    let work = &work;
+    let outcomes: Vec<(usize, anyhow::Result<R>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = endpoints
+            .into_iter()
+            .map(|ep| {
+                let rank = ep.rank();
+                let handle = std::thread::Builder::new()
+                    .name(format!("grandis-rank-{rank}"))
+                    .spawn_scoped(scope, move || work(ep));
+                (rank, handle)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(rank, handle)| {
+                let outcome = match handle {
                     Err(e) => Err(anyhow::anyhow!(
                         "cannot start worker thread of rank {rank}: {e}"
                     )),
@@ -142,40 +154,40 @@ impl Fabric {
                             panic_message(panic.as_ref())
                         )),
                     },
-                })
-                .collect()
-        });
-        let is_consequence = |e: &anyhow::Error| {
-            e.chain().any(|c| {
-                c.downcast_ref::<FabricError>()
-                    .is_some_and(FabricError::is_peer_gone)
+                };
+                (rank, outcome)
             })
-        };
-        let mut root: Option<(usize, anyhow::Error)> = None;
-        let mut results = Vec::with_capacity(outcomes.len());
-        for (rank, outcome) in outcomes.into_iter().enumerate() {
-            match outcome {
-                Ok(r) => results.push(r),
-                Err(e) => {
-                    let better = match &root {
-                        None => true,
-                        Some((_, cur)) => is_consequence(cur) && !is_consequence(&e),
-                    };
-                    if better {
-                        if let Some((r, old)) = root.take() {
-                            tracing::debug!("rank {r} also failed: {old:#}");
-                        }
-                        root = Some((rank, e));
-                    } else {
-                        tracing::debug!("rank {rank} also failed: {e:#}");
+            .collect()
+    });
+    let is_consequence = |e: &anyhow::Error| {
+        e.chain().any(|c| {
+            c.downcast_ref::<FabricError>()
+                .is_some_and(FabricError::is_peer_gone)
+        })
+    };
+    let mut root: Option<(usize, anyhow::Error)> = None;
+    let mut results = Vec::with_capacity(outcomes.len());
+    for (rank, outcome) in outcomes {
+        match outcome {
+            Ok(r) => results.push(r),
+            Err(e) => {
+                let better = match &root {
+                    None => true,
+                    Some((_, cur)) => is_consequence(cur) && !is_consequence(&e),
+                };
+                if better {
+                    if let Some((r, old)) = root.replace((rank, e)) {
+                        tracing::debug!("rank {r} also failed: {old:#}");
                     }
+                } else {
+                    tracing::debug!("rank {rank} also failed: {e:#}");
                 }
             }
         }
-        match root {
-            Some((rank, e)) => Err(e.context(format!("worker of rank {rank} failed"))),
-            None => Ok(results),
-        }
+    }
+    match root {
+        Some((rank, e)) => Err(e.context(format!("worker of rank {rank} failed"))),
+        None => Ok(results),
     }
 }
 

@@ -1,13 +1,17 @@
 //! What a run reports ([`ParallelReport`] and its parts), filled from fabric counters.
 
+use anyhow::Context;
 use grandis_fabric::{Counters, LinkClass, Phase};
 use grandis_sampling::AutoDecision;
-use grandis_trainer::TrainReport;
+use grandis_trainer::{TrainOptions, TrainReport};
 use grandis_wire::{JobSpec, LinkBytes, Mode, RankMemory, RunSummary, TimeSplit};
 use serde::Serialize;
 
+use crate::decide::Decision;
 use crate::fetch::SETUP_EPOCH;
+use crate::run::Ran;
 use crate::worker::{self, EVAL_EPOCH_BIT};
+use crate::{ParallelOptions, PartitionedGraph};
 
 /// Everything a parallel run reports.
 #[derive(Debug, Clone, Serialize)]
@@ -109,10 +113,123 @@ impl ParallelReport {
     }
 }
 
+impl Ran {
+    /// The report of this run: the ranks' counters, times and memory, what the decision chose
+    /// and the steps computed (per epoch), and rank 0's training figures.
+    pub(crate) fn report(
+        self,
+        decision: &Decision<'_>,
+        popts: &ParallelOptions,
+        auto: Option<AutoDecision>,
+        part: &PartitionedGraph,
+        classes: usize,
+        opts: &TrainOptions,
+    ) -> anyhow::Result<ParallelReport> {
+        let Ran {
+            results,
+            stats: rs,
+            threads_per_rank,
+        } = self;
+        let epochs = opts.epochs.max(1);
+        let r0 = results.first().context("no rank ran")?;
+        let counters = Counters::sum(results.iter().map(|r| &r.counters));
+        let phase_bytes = |phase: Phase| class_bytes_per_epoch(&counters, phase, epochs);
+        let fwd = phase_bytes(Phase::Forward);
+        let bwd = phase_bytes(Phase::Backward);
+        let (fetch_bytes_per_epoch, setup_fetch_bytes) =
+            fetch_bytes(&counters, epochs, decision.first_plan_recurs(epochs));
+        let logits = popts.collect_logits.then(|| {
+            let mut all = vec![f32::NAN; part.new_to_old.len() * classes];
+            for r in &results {
+                for (o, row) in &r.logits {
+                    let o = *o as usize;
+                    all[o * classes..(o + 1) * classes].copy_from_slice(row);
+                }
+            }
+            all
+        });
+        let memory = results
+            .iter()
+            .map(|r| RankMemory {
+                rank: r.rank,
+                measured_peak_bytes: r.peak_bytes,
+                setup_bytes: r.setup_bytes,
+                model_bytes: rs.model_peak.get(r.rank).copied().unwrap_or(0),
+            })
+            .collect();
+        let per_ep = |x: u64| x / epochs as u64;
+        let steps_n = rs.steps.max(1) as f64;
+        let stats = r0.epochs.clone();
+        let train = TrainReport {
+            final_loss: stats.last().map_or(f64::NAN, |s| s.loss),
+            train_acc: r0.final_acc[0],
+            val_acc: r0.final_acc[1],
+            test_acc: r0.final_acc[2],
+            median_epoch_s: grandis_telemetry::median(
+                &stats.iter().map(|s| s.seconds).collect::<Vec<_>>(),
+            ),
+            first_epoch: 1,
+            num_parameters: r0.num_parameters,
+            epochs: stats,
+        };
+        let computed: Vec<u64> = rs.computed_per_layer.iter().map(|&x| per_ep(x)).collect();
+        let choice = &decision.choice;
+        Ok(ParallelReport {
+            mode: popts.mode,
+            auto,
+            servers: part.layout.servers(),
+            devices: part.layout.devices(),
+            partition: part.source.clone(),
+            threads_per_rank,
+            preload_hops: choice.k,
+            k_reason: choice.reason.clone(),
+            k_estimates: choice
+                .estimates
+                .iter()
+                .map(|e| (e.k, e.max_bytes))
+                .collect(),
+            // Static plans: the FLX plan's; per-step plans: the mean over steps.
+            replicated_vertices: if decision.is_static() {
+                decision.replicated_vertices
+            } else {
+                (rs.replicated as f64 / steps_n).round() as usize
+            },
+            halo_bytes_per_epoch: LinkBytes {
+                intra_server: fwd.intra_server + bwd.intra_server,
+                inter_server: fwd.inter_server + bwd.inter_server,
+            },
+            forward_bytes_per_epoch: fwd,
+            backward_bytes_per_epoch: bwd,
+            predicted_halo_bytes_per_epoch: decision.predicted,
+            all_reduce_bytes_per_epoch: phase_bytes(Phase::AllReduce),
+            fetch_bytes_per_epoch,
+            setup_fetch_bytes,
+            time: time_split(&results, opts.epochs),
+            memory,
+            sampling: decision.sampling.clone(),
+            batch_size: popts.batch_size.filter(|_| popts.mode.is_mini_batch()),
+            iterations_per_epoch: decision.schedule.iterations(),
+            targets_per_epoch: per_ep(rs.targets),
+            sampled_edges: per_ep(rs.sampled_edges),
+            computed_vertex_layers: computed.iter().sum(),
+            computed_vertices_per_layer: computed,
+            aggregated_edges_per_layer: rs
+                .aggregated_edges_per_layer
+                .iter()
+                .map(|&x| per_ep(x))
+                .collect(),
+            beta: rs.beta_sum.iter().map(|b| b / steps_n).collect(),
+            train,
+            logits,
+            counters,
+        })
+    }
+}
+
 /// Payload bytes of `phase` per training epoch by link class, from fabric counters summed over
 /// ranks (evaluation epochs and the setup before the first epoch left out), over `epochs`
 /// training epochs.
-pub(crate) fn class_bytes_per_epoch(counters: &Counters, phase: Phase, epochs: usize) -> LinkBytes {
+fn class_bytes_per_epoch(counters: &Counters, phase: Phase, epochs: usize) -> LinkBytes {
     per_epoch(class_bytes(counters, phase, is_training_epoch), epochs)
 }
 
@@ -134,7 +251,7 @@ fn per_epoch(b: LinkBytes, epochs: usize) -> LinkBytes {
 /// before the first epoch is setup when it serves the whole run; when plans change during the
 /// run (`first_plan_recurs`) it is the first of the plans the epochs pay for, and its bytes are
 /// spread over the `epochs` with theirs.
-pub(crate) fn fetch_bytes(
+fn fetch_bytes(
     counters: &Counters,
     epochs: usize,
     first_plan_recurs: bool,
@@ -170,7 +287,7 @@ fn class_bytes(counters: &Counters, phase: Phase, keep: impl Fn(u32) -> bool) ->
 }
 
 /// Mean time split of the training epochs, from each rank's step wall times and counters.
-pub(crate) fn time_split(results: &[worker::RankResult], epochs: usize) -> TimeSplit {
+fn time_split(results: &[worker::RankResult], epochs: usize) -> TimeSplit {
     let mut t = TimeSplit::default();
     let mut count = 0.0;
     // The first epoch warms caches and allocators; leave it out when there are others.

@@ -12,8 +12,8 @@
 //! and memory cover this server's ranks only (sum them over servers for the cluster), while
 //! the losses and accuracies are cluster-wide (they are all-reduced).
 
-use anyhow::{bail, Context};
-use grandis_fabric::{Endpoint, FabricError};
+use anyhow::bail;
+use grandis_fabric::Endpoint;
 use grandis_models::ModelConfig;
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, TrainOptions};
@@ -24,7 +24,7 @@ use crate::{ParallelOptions, ParallelReport, PartitionedGraph};
 /// sorted by rank), built for the topology of `part.layout`. `on_epoch` is called by the
 /// server's first device after every epoch with the cluster-wide loss and accuracies.
 /// `popts.intra`/`inter` are ignored (the links are real); `popts.threads_per_rank` defaults
-/// to the machine's cores divided by this server's devices.
+/// to the machine's cores divided by this server's devices (the ranks run here).
 pub fn train_server(
     view: DatasetView<'_>,
     part: &PartitionedGraph,
@@ -64,80 +64,7 @@ pub fn train_server(
             );
         }
     }
-    let mut popts = popts.clone();
-    if popts.threads_per_rank.is_none() {
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        popts.threads_per_rank = Some((cores / devices).max(1));
-    }
-    crate::train_ranks(view, part, config, opts, &popts, on_epoch, Some(endpoints))
-}
-
-/// Runs `work` once per endpoint on scoped threads named `grandis-rank-<r>` and returns the
-/// results in the endpoints' order. As in `Fabric::run`, a failing rank drops its endpoint
-/// (peers then fail with `PeerGone` instead of waiting), and the error returned is the first
-/// one that is not merely such a consequence.
-pub(crate) fn run_endpoints<R, F>(endpoints: Vec<Endpoint>, work: F) -> anyhow::Result<Vec<R>>
-where
-    R: Send,
-    F: Fn(Endpoint) -> anyhow::Result<R> + Sync,
-{
-    let work = &work;
-    let outcomes: Vec<(usize, anyhow::Result<R>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = endpoints
-            .into_iter()
-            .map(|ep| {
-                let rank = ep.rank();
-                let h = std::thread::Builder::new()
-                    .name(format!("grandis-rank-{rank}"))
-                    .spawn_scoped(scope, move || work(ep));
-                (rank, h)
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|(rank, h)| {
-                let r = match h {
-                    Err(e) => Err(anyhow::anyhow!(
-                        "cannot start the thread of rank {rank}: {e}"
-                    )),
-                    Ok(h) => h
-                        .join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("rank {rank} panicked"))),
-                };
-                (rank, r)
-            })
-            .collect()
-    });
-    let is_consequence = |e: &anyhow::Error| {
-        e.chain().any(|c| {
-            c.downcast_ref::<FabricError>()
-                .is_some_and(FabricError::is_peer_gone)
-        })
-    };
-    let mut root: Option<(usize, anyhow::Error)> = None;
-    let mut results = Vec::with_capacity(outcomes.len());
-    for (rank, outcome) in outcomes {
-        match outcome {
-            Ok(r) => results.push(r),
-            Err(e) => {
-                let better = match &root {
-                    None => true,
-                    Some((_, cur)) => is_consequence(cur) && !is_consequence(&e),
-                };
-                if better {
-                    if let Some((r, old)) = root.replace((rank, e)) {
-                        tracing::debug!("rank {r} also failed: {old:#}");
-                    }
-                } else {
-                    tracing::debug!("rank {rank} also failed: {e:#}");
-                }
-            }
-        }
-    }
-    match root {
-        Some((rank, e)) => Err(e).with_context(|| format!("worker of rank {rank} failed")),
-        None => Ok(results),
-    }
+    crate::train_ranks(view, part, config, opts, popts, on_epoch, Some(endpoints))
 }
 
 #[cfg(test)]

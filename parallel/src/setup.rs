@@ -45,6 +45,11 @@ pub(crate) fn labelled(
     Ok((flags, totals))
 }
 
+/// Whether new id `g` is a labelled train vertex, by the flags of [`labelled`].
+pub(crate) fn in_train_split(flags: &[u8], g: u32) -> bool {
+    flags[g as usize] & SPLIT_TRAIN != 0
+}
+
 /// The planning context of a partitioned dataset: the relabelled graph, its layout and the
 /// LABELLED split membership (so co-batches and mini-batches only draw vertices that carry a
 /// loss).

@@ -1,0 +1,67 @@
+//! ResSAGE+: DeeperGCN's `res+` blocks over SAGE convolutions. A linear encoder maps the
+//! features to `hidden`; conv `l` computes `h + SAGE(dropout(relu(norm(h))))` for `l > 0` (the
+//! first reads the encoder output directly); the head is `norm -> relu -> dropout -> linear`.
+
+use grandis_engine::{Backend, Result};
+
+use crate::param::ParamBuilder;
+use crate::stage::{Stage, StageKind};
+use crate::ModelConfig;
+
+/// Encoder, `c.layers` res+ convolutions, head.
+pub(super) fn stages<B: Backend>(
+    pb: &mut ParamBuilder<'_, B>,
+    c: &ModelConfig,
+) -> Result<Vec<Stage>> {
+    let h = c.hidden;
+    let mut stages = Vec::with_capacity(c.layers + 2);
+    let w = pb.linear(0, "weight", c.in_dim, h)?;
+    let bias = pb.bias(0, h)?;
+    stages.push(Stage {
+        kind: StageKind::Encoder,
+        d_in: c.in_dim,
+        d_out: h,
+        w_self: Some(w),
+        w_neigh: None,
+        bias,
+        gamma: None,
+        beta: None,
+    });
+    for l in 0..c.layers {
+        let s = stages.len();
+        let w_self = Some(pb.linear(s, "w_self", h, h)?);
+        let w_neigh = Some(pb.linear(s, "w_neigh", h, h)?);
+        let bias = pb.bias(s, h)?;
+        // The first convolution reads the encoder output directly (DeeperGCN).
+        let (gamma, beta) = if l == 0 { (None, None) } else { pb.norm(s, h)? };
+        stages.push(Stage {
+            kind: StageKind::Conv {
+                pre: l > 0,
+                post: false,
+                residual: l > 0,
+            },
+            d_in: h,
+            d_out: h,
+            w_self,
+            w_neigh,
+            bias,
+            gamma,
+            beta,
+        });
+    }
+    let s = stages.len();
+    let (gamma, beta) = pb.norm(s, h)?;
+    let w = pb.linear(s, "weight", h, c.classes)?;
+    let bias = pb.bias(s, c.classes)?;
+    stages.push(Stage {
+        kind: StageKind::Head,
+        d_in: h,
+        d_out: c.classes,
+        w_self: Some(w),
+        w_neigh: None,
+        bias,
+        gamma,
+        beta,
+    });
+    Ok(stages)
+}

@@ -1,0 +1,19 @@
+//! GraphSAGE with the mean aggregator (Hamilton et al.): a layer computes
+//! `h' = h W_self + mean_{u in N(v)} h_u W_neigh + b`.
+
+use grandis_engine::{Backend, Result};
+
+use crate::param::ParamBuilder;
+
+/// `W_self` and `W_neigh` of stage `s`.
+pub(super) fn layer_weights<B: Backend>(
+    pb: &mut ParamBuilder<'_, B>,
+    s: usize,
+    d_in: usize,
+    d_out: usize,
+) -> Result<(Option<usize>, Option<usize>)> {
+    Ok((
+        Some(pb.linear(s, "w_self", d_in, d_out)?),
+        Some(pb.linear(s, "w_neigh", d_in, d_out)?),
+    ))
+}

@@ -1,0 +1,67 @@
+//! What fixes a model: its [`ModelConfig`] (built from a job spec by [`ModelConfig::for_job`])
+//! and the graph normalisation its architecture aggregates with.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ModelKind;
+
+/// The normalisation the graph blocks of `kind` must be built with.
+pub fn aggregation(kind: ModelKind) -> grandis_engine::norm::Aggregation {
+    match kind {
+        ModelKind::Gcn => grandis_engine::norm::Aggregation::Gcn,
+        _ => grandis_engine::norm::Aggregation::Mean,
+    }
+}
+
+/// Everything that fixes a model's shape and initial weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub kind: ModelKind,
+    /// Number of graph convolutions (linear layers for `Mlp`).
+    pub layers: usize,
+    pub in_dim: usize,
+    pub hidden: usize,
+    pub classes: usize,
+    pub dropout: f32,
+    /// LayerNorm between layers (always before the activation).
+    pub layer_norm: bool,
+    pub seed: u64,
+}
+
+impl ModelConfig {
+    /// The model of a job for a dataset of `in_dim` features and `classes` classes.
+    pub fn for_job(spec: &grandis_wire::JobSpec, in_dim: usize, classes: usize) -> ModelConfig {
+        ModelConfig {
+            kind: spec.model,
+            layers: spec.layers as usize,
+            in_dim,
+            hidden: spec.hidden as usize,
+            classes,
+            dropout: spec.dropout as f32,
+            layer_norm: spec.layer_norm,
+            seed: spec.seed,
+        }
+    }
+
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.layers == 0 {
+            return Err("layers must be at least 1".into());
+        }
+        if self.kind == ModelKind::ResSage && self.layers < 1 {
+            return Err("ressage needs at least 1 layer".into());
+        }
+        if self.in_dim == 0 || self.classes == 0 {
+            return Err(format!(
+                "input dimension ({}) and classes ({}) must be positive",
+                self.in_dim, self.classes
+            ));
+        }
+        if self.hidden == 0 && (self.layers > 1 || self.kind == ModelKind::ResSage) {
+            return Err("hidden must be positive".into());
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(format!("dropout must be in [0, 1), got {}", self.dropout));
+        }
+        Ok(())
+    }
+}

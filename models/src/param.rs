@@ -1,0 +1,110 @@
+//! Trainable parameters and how a model's constructor creates them in order, drawing
+//! Glorot-uniform weights from one seeded stream (so a seed fixes every initial weight).
+
+use grandis_engine::{Backend, Result};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// A trainable tensor with its gradient and Adam moments (all on the backend).
+pub struct Param<B: Backend> {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub value: B::Buf,
+    pub grad: B::Buf,
+    pub m: B::Buf,
+    pub v: B::Buf,
+}
+
+impl<B: Backend> Param<B> {
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Creates a model's parameters in order; stage `s`'s are named `stage{s}.<name>`.
+pub(crate) struct ParamBuilder<'b, B: Backend> {
+    backend: &'b B,
+    rng: ChaCha8Rng,
+    layer_norm: bool,
+    pub params: Vec<Param<B>>,
+}
+
+enum Init {
+    Glorot,
+    Zeros,
+    Ones,
+}
+
+impl<'b, B: Backend> ParamBuilder<'b, B> {
+    /// A builder drawing weights from `seed`; `layer_norm` says whether [`Self::norm`] creates
+    /// LayerNorm parameters.
+    pub fn new(backend: &'b B, seed: u64, layer_norm: bool) -> Self {
+        ParamBuilder {
+            backend,
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x6d6f_6465_6c73),
+            layer_norm,
+            params: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, name: String, shape: Vec<usize>, init: Init) -> Result<usize> {
+        let len: usize = shape.iter().product();
+        let host: Vec<f32> = match init {
+            Init::Glorot => {
+                let limit = (6.0 / (shape[0] + shape[1]) as f64).sqrt() as f32;
+                (0..len)
+                    .map(|_| self.rng.gen_range(-limit..limit))
+                    .collect()
+            }
+            Init::Zeros => vec![0.0; len],
+            Init::Ones => vec![1.0; len],
+        };
+        let b = self.backend;
+        self.params.push(Param {
+            name,
+            shape,
+            value: b.upload(&host)?,
+            grad: b.alloc(len)?,
+            m: b.alloc(len)?,
+            v: b.alloc(len)?,
+        });
+        Ok(self.params.len() - 1)
+    }
+
+    /// A Glorot-initialised `d_in x d_out` weight of stage `s`.
+    pub fn linear(&mut self, s: usize, name: &str, d_in: usize, d_out: usize) -> Result<usize> {
+        self.add(format!("stage{s}.{name}"), vec![d_in, d_out], Init::Glorot)
+    }
+
+    /// A zero bias of `d` values for stage `s`.
+    pub fn bias(&mut self, s: usize, d: usize) -> Result<usize> {
+        self.add(format!("stage{s}.bias"), vec![d], Init::Zeros)
+    }
+
+    /// LayerNorm gain (ones) and shift (zeros) of width `d` for stage `s`, when the model has
+    /// LayerNorm; `(None, None)` otherwise.
+    pub fn norm(&mut self, s: usize, d: usize) -> Result<(Option<usize>, Option<usize>)> {
+        if !self.layer_norm {
+            return Ok((None, None));
+        }
+        Ok((
+            Some(self.add(format!("stage{s}.ln_gamma"), vec![d], Init::Ones)?),
+            Some(self.add(format!("stage{s}.ln_beta"), vec![d], Init::Zeros)?),
+        ))
+    }
+}
+
+/// Two distinct elements of `v`, both mutable (a LayerNorm's gain and shift gradients).
+pub(crate) fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> (&mut T, &mut T) {
+    assert!(a != b, "distinct parameters");
+    if a < b {
+        let (l, r) = v.split_at_mut(b);
+        (&mut l[a], &mut r[0])
+    } else {
+        let (l, r) = v.split_at_mut(a);
+        (&mut r[0], &mut l[b])
+    }
+}

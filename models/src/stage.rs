@@ -1,0 +1,547 @@
+//! Stages: what a model is a sequence of, and their forward and backward passes (see the crate
+//! doc). A conv stage reads `n_src` rows and writes `n_dst`; a row-local stage (the ResSAGE+
+//! encoder and head) maps rows to rows. Everything before a convolution is recomputed in
+//! backward from the input rather than kept.
+
+use grandis_engine::{Backend, DropoutKey, Result};
+
+use crate::param::two_mut;
+use crate::Model;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StageKind {
+    /// Linear `in -> hidden` (ResSAGE+ only), row-local.
+    Encoder,
+    /// Graph convolution (or a linear layer for `Mlp`). `pre`: norm/relu before dropout
+    /// (res+ blocks); `post`: norm/relu after (plain models, all but the last); `residual`.
+    Conv {
+        pre: bool,
+        post: bool,
+        residual: bool,
+    },
+    /// `norm -> relu -> dropout -> linear` (ResSAGE+ only), row-local.
+    Head,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Stage {
+    pub kind: StageKind,
+    pub d_in: usize,
+    pub d_out: usize,
+    /// Indices into `Model::params`.
+    pub w_self: Option<usize>,
+    pub w_neigh: Option<usize>,
+    pub bias: usize,
+    pub gamma: Option<usize>,
+    pub beta: Option<usize>,
+}
+
+/// The block a stage runs on.
+pub struct StageCtx<'a, B: Backend> {
+    pub graph: &'a B::Graph,
+    /// Output rows of a conv stage, and the rows a row-local stage processes.
+    pub n_dst: usize,
+    /// Input rows of a conv stage (`>= n_dst`).
+    pub n_src: usize,
+    /// Global vertex ids of the `n_src` input rows (dropout masks).
+    pub global_ids: &'a B::Index,
+    /// `Some((seed, epoch))` in training; `None` evaluates with dropout off.
+    pub train: Option<(u64, u64)>,
+}
+
+/// What a stage's backward needs from its forward.
+pub struct StageCache<B: Backend> {
+    /// The head's input after its pre-ops (conv stages do not keep theirs: backward
+    /// recomputes it, see `Model::transform_input`).
+    z: Option<B::Buf>,
+    /// Aggregated `z` (aggregate-then-transform convolutions).
+    agg: Option<B::Buf>,
+    /// Pre-LayerNorm values of `post` norms (the conv output before norm).
+    pre_norm: Option<B::Buf>,
+    mean: Option<B::Buf>,
+    rstd: Option<B::Buf>,
+}
+
+/// A conv stage's input after what runs before the convolution, with the pre-ops' LayerNorm
+/// statistics (see `Model::transform_input`).
+struct Transformed<B: Backend> {
+    z: B::Buf,
+    mean: Option<B::Buf>,
+    rstd: Option<B::Buf>,
+}
+
+const LN_EPS: f32 = 1e-5;
+
+impl<B: Backend> Model<B> {
+    fn dropout_key(&self, s: usize, train: Option<(u64, u64)>) -> Option<DropoutKey> {
+        match train {
+            Some((seed, epoch)) if self.config.dropout > 0.0 => Some(DropoutKey {
+                seed,
+                epoch,
+                layer: s as u32,
+            }),
+            _ => None,
+        }
+    }
+
+    /// What a conv stage runs on its first `rows` input rows before the convolution: its
+    /// pre-ops (with their LayerNorm statistics) or plain dropout; None when neither applies.
+    fn transform_input(
+        &self,
+        b: &B,
+        st: &Stage,
+        s: usize,
+        input: &B::Buf,
+        rows: usize,
+        ctx: &StageCtx<'_, B>,
+    ) -> Result<Option<Transformed<B>>> {
+        if matches!(st.kind, StageKind::Conv { pre: true, .. }) {
+            let (z, mean, rstd) = self.pre_ops(b, st, s, input, rows, ctx.global_ids, ctx.train)?;
+            return Ok(Some(Transformed { z, mean, rstd }));
+        }
+        let Some(key) = self.dropout_key(s, ctx.train) else {
+            return Ok(None);
+        };
+        let mut z = b.alloc(rows * st.d_in)?;
+        b.dropout(
+            input,
+            &mut z,
+            rows,
+            st.d_in,
+            ctx.global_ids,
+            self.config.dropout,
+            key,
+        )?;
+        Ok(Some(Transformed {
+            z,
+            mean: None,
+            rstd: None,
+        }))
+    }
+
+    /// `norm? -> relu -> dropout?` on `rows` rows of `x` (row-local pre-ops of res+ blocks
+    /// and the head). Returns the result and the LayerNorm statistics.
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    fn pre_ops(
+        &self,
+        b: &B,
+        st: &Stage,
+        s: usize,
+        x: &B::Buf,
+        rows: usize,
+        ids: &B::Index,
+        train: Option<(u64, u64)>,
+    ) -> Result<(B::Buf, Option<B::Buf>, Option<B::Buf>)> {
+        let d = st.d_in;
+        let n = rows * d;
+        let mut u = b.alloc(n)?;
+        let (mut mean, mut rstd) = (None, None);
+        let mut r = b.alloc(n)?;
+        if let (Some(g), Some(be)) = (st.gamma, st.beta) {
+            let (mut m, mut rs) = (b.alloc(rows)?, b.alloc(rows)?);
+            b.layer_norm(
+                x,
+                &self.params[g].value,
+                &self.params[be].value,
+                rows,
+                d,
+                LN_EPS,
+                &mut u,
+                &mut m,
+                &mut rs,
+            )?;
+            b.relu(&u, &mut r, n)?;
+            mean = Some(m);
+            rstd = Some(rs);
+        } else {
+            b.relu(x, &mut r, n)?;
+        }
+        let z = match self.dropout_key(s, train) {
+            Some(key) => {
+                b.dropout(&r, &mut u, rows, d, ids, self.config.dropout, key)?;
+                u
+            }
+            None => r,
+        };
+        Ok((z, mean, rstd))
+    }
+
+    /// Backward of [`Self::pre_ops`]: `gz` (gradient wrt its output) becomes the gradient wrt
+    /// `x`. ReLU masks come from `z` (a dropped element already has zero gradient, and a kept
+    /// one has the sign of the ReLU output).
+    #[allow(clippy::too_many_arguments)]
+    fn pre_ops_backward(
+        &mut self,
+        b: &B,
+        st: &Stage,
+        s: usize,
+        x: &B::Buf,
+        z: &B::Buf,
+        mean: Option<&B::Buf>,
+        rstd: Option<&B::Buf>,
+        rows: usize,
+        ids: &B::Index,
+        train: Option<(u64, u64)>,
+        mut gz: B::Buf,
+    ) -> Result<B::Buf> {
+        let d = st.d_in;
+        if let Some(key) = self.dropout_key(s, train) {
+            b.dropout_backward(&mut gz, rows, d, ids, self.config.dropout, key)?;
+        }
+        b.relu_backward(z, &mut gz, rows * d)?;
+        match (st.gamma, st.beta, mean, rstd) {
+            (Some(g), Some(be), Some(m), Some(rs)) => {
+                let mut gx = b.alloc(rows * d)?;
+                let (pg, pb) = two_mut(&mut self.params, g, be);
+                b.layer_norm_backward(
+                    &gz,
+                    x,
+                    &pg.value,
+                    m,
+                    rs,
+                    rows,
+                    d,
+                    &mut gx,
+                    &mut pg.grad,
+                    &mut pb.grad,
+                )?;
+                Ok(gx)
+            }
+            _ => Ok(gz),
+        }
+    }
+
+    /// Forward of stage `s`. `input` has `n_src` rows (conv) or `n_dst` rows (row-local) of
+    /// `d_in` columns; the result has `n_dst` rows of `d_out` columns.
+    pub fn forward_stage(
+        &self,
+        b: &B,
+        s: usize,
+        ctx: &StageCtx<'_, B>,
+        input: &B::Buf,
+    ) -> Result<(B::Buf, StageCache<B>)> {
+        let st = &self.stages[s];
+        let (d_in, d_out) = (st.d_in, st.d_out);
+        let mut cache = StageCache {
+            z: None,
+            agg: None,
+            pre_norm: None,
+            mean: None,
+            rstd: None,
+        };
+        match st.kind {
+            StageKind::Encoder => {
+                let rows = ctx.n_dst;
+                let mut y = b.alloc(rows * d_out)?;
+                let w = &self.params[st.w_self.unwrap()].value;
+                b.gemm(false, false, rows, d_out, d_in, 1.0, input, w, 0.0, &mut y)?;
+                b.add_bias(&mut y, &self.params[st.bias].value, rows, d_out)?;
+                Ok((y, cache))
+            }
+            StageKind::Head => {
+                let rows = ctx.n_dst;
+                let (z, mean, rstd) =
+                    self.pre_ops(b, st, s, input, rows, ctx.global_ids, ctx.train)?;
+                let mut y = b.alloc(rows * d_out)?;
+                let w = &self.params[st.w_self.unwrap()].value;
+                b.gemm(false, false, rows, d_out, d_in, 1.0, &z, w, 0.0, &mut y)?;
+                b.add_bias(&mut y, &self.params[st.bias].value, rows, d_out)?;
+                cache.z = Some(z);
+                cache.mean = mean;
+                cache.rstd = rstd;
+                Ok((y, cache))
+            }
+            StageKind::Conv {
+                pre: _,
+                post,
+                residual,
+            } => {
+                let (n_dst, n_src) = if st.w_neigh.is_some() {
+                    (ctx.n_dst, ctx.n_src)
+                } else {
+                    // A linear layer needs no halo rows.
+                    (ctx.n_dst, ctx.n_dst)
+                };
+                // Pre-ops (norm, ReLU, dropout) or plain dropout over all input rows. Neither
+                // result is kept for backward, which recomputes it from the input (kept anyway
+                // as the previous layer's output): every step is deterministic and dropout
+                // masks are a pure function of (seed, step, layer, vertex, column), so the
+                // recomputation is bit-identical and one n_src x d_in tensor per layer is saved.
+                let transformed = self.transform_input(b, st, s, input, n_src, ctx)?;
+                let z = transformed.as_ref().map_or(input, |t| &t.z);
+                let mut y = b.alloc(n_dst * d_out)?;
+                if let Some(wn) = st.w_neigh {
+                    let wn = &self.params[wn].value;
+                    if d_out <= d_in {
+                        // Transform, then aggregate: the aggregation moves d_out columns.
+                        let mut t = b.alloc(n_src * d_out)?;
+                        b.gemm(false, false, n_src, d_out, d_in, 1.0, z, wn, 0.0, &mut t)?;
+                        b.aggregate(ctx.graph, &t, d_out, &mut y)?;
+                    } else {
+                        let mut a = b.alloc(n_dst * d_in)?;
+                        b.aggregate(ctx.graph, z, d_in, &mut a)?;
+                        b.gemm(false, false, n_dst, d_out, d_in, 1.0, &a, wn, 0.0, &mut y)?;
+                        cache.agg = Some(a);
+                    }
+                }
+                if let Some(ws) = st.w_self {
+                    let beta = if st.w_neigh.is_some() { 1.0 } else { 0.0 };
+                    let ws = &self.params[ws].value;
+                    b.gemm(false, false, n_dst, d_out, d_in, 1.0, z, ws, beta, &mut y)?;
+                }
+                b.add_bias(&mut y, &self.params[st.bias].value, n_dst, d_out)?;
+                if residual {
+                    b.axpy(1.0, input, &mut y, n_dst * d_out)?;
+                }
+                if post {
+                    let n = n_dst * d_out;
+                    let mut out = b.alloc(n)?;
+                    if let (Some(g), Some(be)) = (st.gamma, st.beta) {
+                        let (mut m, mut rs) = (b.alloc(n_dst)?, b.alloc(n_dst)?);
+                        let mut u = b.alloc(n)?;
+                        b.layer_norm(
+                            &y,
+                            &self.params[g].value,
+                            &self.params[be].value,
+                            n_dst,
+                            d_out,
+                            LN_EPS,
+                            &mut u,
+                            &mut m,
+                            &mut rs,
+                        )?;
+                        b.relu(&u, &mut out, n)?;
+                        cache.pre_norm = Some(y);
+                        cache.mean = Some(m);
+                        cache.rstd = Some(rs);
+                    } else {
+                        b.relu(&y, &mut out, n)?;
+                    }
+                    Ok((out, cache))
+                } else {
+                    Ok((y, cache))
+                }
+            }
+        }
+    }
+
+    /// `grad(W) += xᵀ g` for the linear map `y = x W` (`x` is `rows x d_in`, `g` = dL/dy).
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate_weight_grad(
+        &mut self,
+        b: &B,
+        w: usize,
+        x: &B::Buf,
+        g: &B::Buf,
+        rows: usize,
+        d_in: usize,
+        d_out: usize,
+    ) -> Result<()> {
+        b.gemm(
+            true,
+            false,
+            d_in,
+            d_out,
+            rows,
+            1.0,
+            x,
+            g,
+            1.0,
+            &mut self.params[w].grad,
+        )
+    }
+
+    /// `out = g Wᵀ + beta * out`: the gradient of the input of the linear map `y = x W`
+    /// (`beta = 1` adds to a gradient already there).
+    #[allow(clippy::too_many_arguments)]
+    fn input_grad(
+        &self,
+        b: &B,
+        w: usize,
+        g: &B::Buf,
+        rows: usize,
+        d_in: usize,
+        d_out: usize,
+        beta: f32,
+        out: &mut B::Buf,
+    ) -> Result<()> {
+        b.gemm(
+            false,
+            true,
+            rows,
+            d_in,
+            d_out,
+            1.0,
+            g,
+            &self.params[w].value,
+            beta,
+            out,
+        )
+    }
+
+    /// Backward of stage `s`: adds this stage's weight gradients into [`Param::grad`] and
+    /// returns the gradient wrt its input (`n_src` rows for conv stages, halo rows holding
+    /// partial gradients for their owners), or `None` when `input_grad` is false (the first
+    /// stage: nobody needs the gradient of the features). `output` is what
+    /// [`Self::forward_stage`] returned (only its first `n_dst` rows are read).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_stage(
+        &mut self,
+        b: &B,
+        s: usize,
+        ctx: &StageCtx<'_, B>,
+        input: &B::Buf,
+        output: &B::Buf,
+        cache: StageCache<B>,
+        grad_out: B::Buf,
+        input_grad: bool,
+    ) -> Result<Option<B::Buf>> {
+        let st = self.stages[s].clone();
+        let (d_in, d_out) = (st.d_in, st.d_out);
+        match st.kind {
+            StageKind::Encoder => {
+                let rows = ctx.n_dst;
+                let wi = st.w_self.unwrap();
+                self.accumulate_weight_grad(b, wi, input, &grad_out, rows, d_in, d_out)?;
+                b.col_sum(&grad_out, rows, d_out, 1.0, &mut self.params[st.bias].grad)?;
+                if !input_grad {
+                    return Ok(None);
+                }
+                let mut gx = b.alloc(rows * d_in)?;
+                self.input_grad(b, wi, &grad_out, rows, d_in, d_out, 0.0, &mut gx)?;
+                Ok(Some(gx))
+            }
+            StageKind::Head => {
+                let rows = ctx.n_dst;
+                let wi = st.w_self.unwrap();
+                let z = cache.z.as_ref().expect("head caches its input");
+                self.accumulate_weight_grad(b, wi, z, &grad_out, rows, d_in, d_out)?;
+                b.col_sum(&grad_out, rows, d_out, 1.0, &mut self.params[st.bias].grad)?;
+                let mut gz = b.alloc(rows * d_in)?;
+                self.input_grad(b, wi, &grad_out, rows, d_in, d_out, 0.0, &mut gz)?;
+                let gx = self.pre_ops_backward(
+                    b,
+                    &st,
+                    s,
+                    input,
+                    z,
+                    cache.mean.as_ref(),
+                    cache.rstd.as_ref(),
+                    rows,
+                    ctx.global_ids,
+                    ctx.train,
+                    gz,
+                )?;
+                Ok(Some(gx))
+            }
+            StageKind::Conv {
+                pre,
+                post,
+                residual,
+            } => {
+                let (n_dst, n_src) = if st.w_neigh.is_some() {
+                    (ctx.n_dst, ctx.n_src)
+                } else {
+                    (ctx.n_dst, ctx.n_dst)
+                };
+                let mut g = grad_out;
+                if post {
+                    let n = n_dst * d_out;
+                    b.relu_backward(output, &mut g, n)?;
+                    if let (Some(gi), Some(bi), Some(y)) = (st.gamma, st.beta, &cache.pre_norm) {
+                        let mut gy = b.alloc(n)?;
+                        let (pg, pb) = two_mut(&mut self.params, gi, bi);
+                        b.layer_norm_backward(
+                            &g,
+                            y,
+                            &pg.value,
+                            cache.mean.as_ref().unwrap(),
+                            cache.rstd.as_ref().unwrap(),
+                            n_dst,
+                            d_out,
+                            &mut gy,
+                            &mut pg.grad,
+                            &mut pb.grad,
+                        )?;
+                        g = gy;
+                    }
+                }
+                b.col_sum(&g, n_dst, d_out, 1.0, &mut self.params[st.bias].grad)?;
+                // Recompute what forward_stage did to the input (see there).
+                let transformed = self.transform_input(b, &st, s, input, n_src, ctx)?;
+                let z = transformed.as_ref().map_or(input, |t| &t.z);
+                let need_gz = input_grad || pre;
+                let mut gz: Option<B::Buf> = None;
+                if let Some(wn) = st.w_neigh {
+                    if d_out <= d_in {
+                        let mut gt = b.alloc(n_src * d_out)?;
+                        b.aggregate_backward(ctx.graph, &g, d_out, &mut gt)?;
+                        self.accumulate_weight_grad(b, wn, z, &gt, n_src, d_in, d_out)?;
+                        if need_gz {
+                            let mut buf = b.alloc(n_src * d_in)?;
+                            self.input_grad(b, wn, &gt, n_src, d_in, d_out, 0.0, &mut buf)?;
+                            gz = Some(buf);
+                        }
+                    } else {
+                        let a = cache.agg.as_ref().expect("aggregate-first caches agg");
+                        self.accumulate_weight_grad(b, wn, a, &g, n_dst, d_in, d_out)?;
+                        if need_gz {
+                            let mut ga = b.alloc(n_dst * d_in)?;
+                            self.input_grad(b, wn, &g, n_dst, d_in, d_out, 0.0, &mut ga)?;
+                            let mut buf = b.alloc(n_src * d_in)?;
+                            b.aggregate_backward(ctx.graph, &ga, d_in, &mut buf)?;
+                            gz = Some(buf);
+                        }
+                    }
+                }
+                if let Some(ws) = st.w_self {
+                    self.accumulate_weight_grad(b, ws, z, &g, n_dst, d_in, d_out)?;
+                    if need_gz {
+                        let (buf, beta) = match gz.take() {
+                            Some(buf) => (buf, 1.0),
+                            None => (b.alloc(n_src * d_in)?, 0.0),
+                        };
+                        let mut buf = buf;
+                        self.input_grad(b, ws, &g, n_dst, d_in, d_out, beta, &mut buf)?;
+                        gz = Some(buf);
+                    }
+                }
+                if !need_gz {
+                    return Ok(None);
+                }
+                let mut gz = gz.expect("a conv stage has at least one weight");
+                if pre {
+                    let (mean, rstd) = transformed
+                        .as_ref()
+                        .map_or((None, None), |t| (t.mean.as_ref(), t.rstd.as_ref()));
+                    gz = self.pre_ops_backward(
+                        b,
+                        &st,
+                        s,
+                        input,
+                        z,
+                        mean,
+                        rstd,
+                        n_src,
+                        ctx.global_ids,
+                        ctx.train,
+                        gz,
+                    )?;
+                } else if let Some(key) = self.dropout_key(s, ctx.train) {
+                    b.dropout_backward(
+                        &mut gz,
+                        n_src,
+                        d_in,
+                        ctx.global_ids,
+                        self.config.dropout,
+                        key,
+                    )?;
+                }
+                if residual {
+                    b.axpy(1.0, &g, &mut gz, n_dst * d_out)?;
+                }
+                Ok(Some(gz))
+            }
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The mode and sampling decision of a run, taken before any rank starts: which [`Schedule`]
+//! makes its steps (one static FB / exact FLX plan, FLX-EAS resampling, co-batches or
+//! mini-batches), the preload depth k and why, the exact plans sampled modes evaluate on, and
+//! what the static plan predicts the halo traffic to be.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use grandis_masking::{DevicePlan, FbPlan, KChoice, ModelDims, PlanContext, PreloadPlan};
+use grandis_models::ModelConfig;
+use grandis_sampling::{CoBatcher, MiniBatcher, Sampler};
+use grandis_wire::{LinkBytes, Mode, Sampling};
+
+use crate::budget::{choose_preload_hops, choose_sampled_k, predicted_halo_bytes};
+use crate::steps::{self, CobSampler, Schedule};
+use crate::ParallelOptions;
+
+/// What a run trains on, decided from its (resolved) options.
+pub(crate) struct Decision<'s> {
+    pub schedule: Schedule<'s>,
+    /// The preload depth k and why (the budget's estimates, a fixed `--preload-hops`, or the
+    /// batching mode's description).
+    pub choice: KChoice,
+    /// The static plan's predicted halo bytes per epoch (zero for per-step plans).
+    pub predicted: LinkBytes,
+    /// Vertices the static FLX plan replicates over all servers.
+    pub replicated_vertices: usize,
+    /// Exact plans (`[rank][layer]`) that sampled and batched modes evaluate on.
+    pub eval_plans: Option<Vec<Vec<Arc<DevicePlan>>>>,
+    /// The sampler's name for the report ("exact", "eas(...)", "saint(...)").
+    pub sampling: String,
+}
+
+impl Decision<'_> {
+    /// Whether one plan serves every epoch (FB, exact FLX).
+    pub fn is_static(&self) -> bool {
+        matches!(self.schedule, Schedule::Static { .. })
+    }
+
+    /// Whether the plan built before the first epoch is rebuilt during the run: plans change
+    /// per iteration (cob, mb) or FLX-EAS draws more than one sample in `epochs`.
+    pub fn first_plan_recurs(&self, epochs: usize) -> bool {
+        match &self.schedule {
+            Schedule::Static { .. } => false,
+            Schedule::FlxSampled { every, .. } => every.is_some_and(|n| n > 0 && epochs as u64 > n),
+            Schedule::Cob { .. } | Schedule::Mb { .. } => true,
+        }
+    }
+}
+
+/// Decides what a run of `popts` (mode already resolved from auto) trains on. `sampler` is
+/// the options' dependency sampler (None for exact runs); the schedule borrows it.
+pub(crate) fn decide<'s>(
+    ctx: &PlanContext<'_>,
+    config: &ModelConfig,
+    popts: &ParallelOptions,
+    dims: &ModelDims,
+    sampler: Option<&'s dyn Sampler>,
+    labelled_train: &dyn Fn(u32) -> bool,
+    seed: u64,
+) -> anyhow::Result<Decision<'s>> {
+    if let (Mode::Cob | Mode::Mb, Some(k)) = (popts.mode, popts.preload_hops) {
+        bail!(
+            "--preload-hops {k}: --mode {} runs every layer on its per-iteration plans; \
+             preloading is for --mode flx",
+            popts.mode.name()
+        );
+    }
+    let batch_size = || -> anyhow::Result<usize> {
+        match popts.batch_size {
+            Some(b) if b > 0 => Ok(b),
+            Some(_) => bail!("the batch size must be at least 1"),
+            None => bail!(
+                "--mode {} needs a batch size (--cobatch-size for cob, --batch-size for mb)",
+                popts.mode.name()
+            ),
+        }
+    };
+    let per_layer = |fb: FbPlan| -> Vec<Vec<Arc<DevicePlan>>> {
+        fb.devices
+            .into_iter()
+            .map(|d| steps::every_layer(d, config.layers))
+            .collect()
+    };
+    let sampler_name = sampler.map_or("exact".into(), |s| s.name());
+    let needs_sampler = || sampler.context("a dependency sampler");
+    let batching = |reason: String| KChoice {
+        k: config.layers,
+        estimates: Vec::new(),
+        reason,
+    };
+    match (popts.mode, &popts.sampling) {
+        (Mode::Fb | Mode::Flx, Sampling::None) => {
+            let choice = choose_preload_hops(ctx, config, popts)?;
+            for e in &choice.estimates {
+                tracing::info!(
+                    "memory estimate k = {}: worst device (rank {}) {} bytes",
+                    e.k,
+                    e.worst_rank,
+                    e.max_bytes
+                );
+            }
+            tracing::info!("preload hops: {}", choice.reason);
+            let plan: PreloadPlan = ctx.preload_plan(choice.k, config.layers)?;
+            if !plan.reshape_is_identity_prefix() {
+                bail!("internal: the FLX plan's inner rows are not the FB plan's owned prefix");
+            }
+            let replicated_vertices = plan
+                .flx
+                .as_ref()
+                .map_or(0, |f| f.servers.iter().map(|s| s.replicated).sum());
+            let predicted = predicted_halo_bytes(&plan, config);
+            let (step, stats) = steps::static_step(
+                ctx,
+                plan.fb.devices,
+                plan.flx,
+                choice.k,
+                dims,
+                labelled_train,
+            );
+            Ok(Decision {
+                schedule: Schedule::Static { step, stats },
+                choice,
+                predicted,
+                replicated_vertices,
+                eval_plans: None,
+                sampling: sampler_name,
+            })
+        }
+        (Mode::Fb, s) => bail!(
+            "--mode fb trains on the exact graph; --sampling {} needs --mode flx, cob or mb",
+            s.method()
+        ),
+        (Mode::Flx, Sampling::Saint { .. }) => {
+            bail!("GraphSAINT samples a subgraph per iteration: use --mode cob --sampling saint")
+        }
+        (Mode::Flx, _) => {
+            let sampler = needs_sampler()?;
+            let fb = ctx.fb_plan()?;
+            let choice = match popts.preload_hops {
+                Some(k) if k == 0 || k > config.layers => bail!(
+                    "--preload-hops {k}: FLX with sampling needs 1 <= k <= {} layers",
+                    config.layers
+                ),
+                Some(k) => KChoice {
+                    k,
+                    estimates: Vec::new(),
+                    reason: format!(
+                        "k = {k} fixed by --preload-hops, sampled with {}",
+                        sampler.name()
+                    ),
+                },
+                None => choose_sampled_k(ctx, dims, &fb, sampler, popts)?,
+            };
+            tracing::info!("preload hops: {}", choice.reason);
+            let fb: Vec<Arc<DevicePlan>> = fb.devices.into_iter().map(Arc::new).collect();
+            let eval_plans = fb.iter().map(|d| vec![d.clone(); config.layers]).collect();
+            Ok(Decision {
+                schedule: Schedule::FlxSampled {
+                    k: choice.k,
+                    fb,
+                    sampler,
+                    every: popts.resample_every,
+                },
+                choice,
+                predicted: LinkBytes::default(),
+                replicated_vertices: 0,
+                eval_plans: Some(eval_plans),
+                sampling: sampler_name,
+            })
+        }
+        (Mode::Cob, s) => {
+            let b = batch_size()?;
+            let batcher = CoBatcher::new(ctx, b, seed)?;
+            let (sampler, sampling) = match s {
+                Sampling::Saint { .. } => {
+                    let saint = grandis_sampling::saint_sampler(&popts.sampling, b, seed)
+                        .context("saint sampler")?;
+                    let name = format!("saint({:?})", saint.kind);
+                    (CobSampler::Saint(saint), name)
+                }
+                _ => (CobSampler::Deps(needs_sampler()?), sampler_name),
+            };
+            let choice = batching(format!(
+                "cooperative batching: co-batches of at most {b} per server, {} iterations per \
+                 epoch, every layer masked",
+                batcher.iterations()
+            ));
+            Ok(Decision {
+                schedule: Schedule::Cob { batcher, sampler },
+                choice,
+                predicted: LinkBytes::default(),
+                replicated_vertices: 0,
+                eval_plans: Some(per_layer(ctx.fb_plan()?)),
+                sampling,
+            })
+        }
+        (Mode::Mb, Sampling::Saint { .. }) => {
+            bail!("GraphSAINT is server-wise here: use --mode cob --sampling saint")
+        }
+        (Mode::Mb, _) => {
+            let b = batch_size()?;
+            let batcher = MiniBatcher::new(ctx, b, seed)?;
+            let choice = batching(format!(
+                "per-GPU mini-batches of at most {b} per device, {} iterations per epoch",
+                batcher.iterations()
+            ));
+            Ok(Decision {
+                schedule: Schedule::Mb {
+                    batcher,
+                    sampler: needs_sampler()?,
+                },
+                choice,
+                predicted: LinkBytes::default(),
+                replicated_vertices: 0,
+                eval_plans: Some(per_layer(ctx.fb_plan()?)),
+                sampling: sampler_name,
+            })
+        }
+        (Mode::Single | Mode::Auto, _) => {
+            bail!(
+                "internal: mode {} reached the planner unresolved",
+                popts.mode
+            )
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! Running a decided run: the context every rank shares, the step feed, the plan producer
+//! thread (per-step schedules), and one worker per rank on its backend, over the in-process
+//! fabric or over the endpoints of one server (`grandis_fabric::run_ranks` either way).
+
+use std::sync::Mutex;
+
+use anyhow::{bail, Context};
+use grandis_engine::norm::global_scales;
+use grandis_engine::CpuBackend;
+use grandis_fabric::{Endpoint, Fabric, FabricConfig};
+use grandis_masking::{ModelDims, PlanContext};
+use grandis_models::ModelConfig;
+use grandis_store::DatasetView;
+use grandis_trainer::{EpochStats, TrainOptions};
+
+use crate::decide::Decision;
+use crate::setup::in_train_split;
+use crate::steps::{self, RunStats, Schedule};
+use crate::worker::{self, RankResult};
+use crate::{metered, Compute, ParallelOptions, PartitionedGraph};
+
+/// Steps the plan producer may build ahead of the slowest rank.
+const PREFETCH_STEPS: usize = 2;
+
+/// What a decided run needs besides its planning context.
+pub(crate) struct RunInputs<'a, 's> {
+    pub view: DatasetView<'a>,
+    pub part: &'a PartitionedGraph,
+    pub config: &'a ModelConfig,
+    pub opts: &'a TrainOptions,
+    /// The resolved options (no auto).
+    pub popts: &'a ParallelOptions,
+    /// `SPLIT_*` flags by new id and the labelled train / val / test totals (`setup::labelled`).
+    pub labelled_flags: &'a [u8],
+    pub totals: [usize; 3],
+    pub dims: &'a ModelDims,
+    pub decision: &'a Decision<'s>,
+}
+
+/// What the ranks run here handed back.
+pub(crate) struct Ran {
+    /// One result per rank run here, in rank order.
+    pub results: Vec<RankResult>,
+    /// What the steps computed (the producer's counts).
+    pub stats: RunStats,
+    pub threads_per_rank: usize,
+}
+
+/// Trains the ranks: all of them on an in-process fabric, or — with `local` — only the given
+/// endpoints (one server's ranks over a real transport). `ctx` is dropped before training when
+/// one plan serves the whole run (it holds the transposed graph).
+pub(crate) fn run(
+    inputs: RunInputs<'_, '_>,
+    ctx: PlanContext<'_>,
+    on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
+    local: Option<Vec<Endpoint>>,
+) -> anyhow::Result<Ran> {
+    let RunInputs {
+        view,
+        part,
+        config,
+        opts,
+        popts,
+        labelled_flags,
+        totals,
+        dims,
+        decision,
+    } = inputs;
+    let epochs = opts.epochs.max(1);
+    let layout = &part.layout;
+    let local_ranks = local.as_ref().map_or(layout.num_ranks(), Vec::len);
+    let threads_per_rank = popts.threads_per_rank.unwrap_or_else(|| {
+        (std::thread::available_parallelism().map_or(1, |c| c.get()) / local_ranks).max(1)
+    });
+    let scales = global_scales(part.graph.view(), grandis_models::aggregation(config.kind));
+    // Every step is kept until each rank run HERE took it.
+    let feed = steps::Feed::new(
+        local_ranks,
+        if decision.is_static() {
+            epochs
+        } else {
+            PREFETCH_STEPS
+        },
+    );
+    let run_stats = Mutex::new(RunStats::default());
+    let shared = worker::Shared {
+        view,
+        new_to_old: &part.new_to_old,
+        layout,
+        scales: &scales,
+        agg: grandis_models::aggregation(config.kind),
+        config,
+        opts,
+        labelled_flags,
+        totals,
+        eval_every_epoch: popts.eval_every_epoch,
+        collect_logits: popts.collect_logits,
+        feed: &feed,
+        iterations: decision.schedule.iterations(),
+        eval: decision.eval_plans.as_deref(),
+        weights: None,
+    };
+    let callback: worker::EpochCallback<'_> = Mutex::new(on_epoch);
+    // In-process: rank 0 reports epochs; one server's ranks: its first device does.
+    let server_mode = local.is_some();
+    let work = |ep: Endpoint| {
+        let reports = if server_mode {
+            ep.device() == 0
+        } else {
+            ep.rank() == 0
+        };
+        let callback = reports.then_some(&callback);
+        match &popts.compute {
+            Compute::Cpu => {
+                let backend = CpuBackend::new(Some(threads_per_rank))?;
+                run_rank(&shared, backend, ep, callback)
+            }
+            #[cfg(feature = "cuda")]
+            Compute::Cuda { .. } => {
+                let backend = cuda_rank_backend(&popts.compute, &ep)?;
+                run_rank(&shared, backend, ep, callback)
+            }
+            // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
+            #[cfg(not(feature = "cuda"))]
+            Compute::Cuda { .. } => match cuda_rank_backend(&popts.compute, &ep)? {},
+        }
+    };
+    let run_all = || -> anyhow::Result<Vec<RankResult>> {
+        let endpoints = match local {
+            Some(endpoints) => endpoints,
+            None => Fabric::new(FabricConfig {
+                servers: layout.servers(),
+                devices: layout.devices(),
+                intra: popts.intra,
+                inter: popts.inter,
+                ..FabricConfig::default()
+            })?
+            .into_endpoints(),
+        };
+        grandis_fabric::run_ranks(endpoints, work)
+    };
+    let labelled_train = |g: u32| in_train_split(labelled_flags, g);
+    let results = match &decision.schedule {
+        Schedule::Static { step, stats } => {
+            crate::budget::check_budget(popts.device_memory, &stats.model_bytes, "the plan")?;
+            // One plan for every epoch: hand it out up front and free the planning context
+            // before training.
+            for e in 0..epochs as u64 {
+                feed.push(e, step.clone());
+                if let Ok(mut s) = run_stats.lock() {
+                    s.add(stats);
+                }
+            }
+            drop(ctx);
+            run_all()?
+        }
+        schedule => std::thread::scope(|scope| {
+            let producer = std::thread::Builder::new()
+                .name("grandis-plans".into())
+                .spawn_scoped(scope, || {
+                    steps::produce(
+                        &ctx,
+                        schedule,
+                        dims,
+                        epochs,
+                        popts.device_memory,
+                        &feed,
+                        &run_stats,
+                        &labelled_train,
+                    )
+                })
+                .context("starting the plan producer thread")?;
+            let r = run_all();
+            feed.close();
+            if producer.join().is_err() {
+                bail!("the plan producer thread panicked");
+            }
+            r
+        })?,
+    };
+    let stats = run_stats
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("run statistics poisoned"))?;
+    Ok(Ran {
+        results,
+        stats,
+        threads_per_rank,
+    })
+}
+
+/// Sets up and runs one rank on `backend` (wrapped in the byte meter).
+fn run_rank<B: grandis_engine::Backend>(
+    shared: &worker::Shared<'_>,
+    backend: B,
+    ep: Endpoint,
+    callback: Option<&worker::EpochCallback<'_>>,
+) -> anyhow::Result<RankResult> {
+    let rank = ep.rank();
+    let backend = metered::Metered::new(backend);
+    let w = worker::Worker::new(shared, &backend, ep)
+        .with_context(|| format!("setting up rank {rank}"))?;
+    w.run(&backend.meter, callback)
+}
+
+/// The CUDA backend of the rank behind `ep`: its device index inside the server picks the
+/// ordinal ([`Compute::ordinal`]).
+#[cfg(feature = "cuda")]
+fn cuda_rank_backend(
+    compute: &Compute,
+    ep: &Endpoint,
+) -> anyhow::Result<grandis_engine::cuda::CudaBackend> {
+    let available = grandis_engine::cuda::device_count()?;
+    let ordinal = compute.ordinal(ep.device(), available).unwrap_or(0);
+    grandis_engine::cuda::CudaBackend::new(ordinal)
+        .with_context(|| format!("rank {} on cuda:{ordinal}", ep.rank()))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_rank_backend(_: &Compute, _: &Endpoint) -> anyhow::Result<std::convert::Infallible> {
+    bail!("this grandis was built without CUDA support; rebuild with `--features cuda`")
+}
