@@ -107,272 +107,204 @@ pub fn graph_bytes(g: &BlockGraph) -> u64 {
     ((g.n_dst + 1 + g.n_src + 1) * 8 + 2 * g.indices.len() * 4 + 2 * scales * 4) as u64
 }
 
+/// What a wrapped argument becomes for the inner backend: a metered value its inner value,
+/// anything else itself. Lets [`forward!`] pass every argument the same way.
+trait Unwrapped {
+    type Inner;
+    fn unwrapped(self) -> Self::Inner;
+}
+
+impl<'a, T> Unwrapped for &'a MeteredValue<T> {
+    type Inner = &'a T;
+    fn unwrapped(self) -> &'a T {
+        &self.inner
+    }
+}
+
+impl<'a, T> Unwrapped for &'a mut MeteredValue<T> {
+    type Inner = &'a mut T;
+    fn unwrapped(self) -> &'a mut T {
+        &mut self.inner
+    }
+}
+
+macro_rules! passed_as_is {
+    ($($t:ty),*) => {
+        $(impl<'a> Unwrapped for $t {
+            type Inner = $t;
+            fn unwrapped(self) -> $t {
+                self
+            }
+        })*
+    };
+}
+passed_as_is!(
+    bool,
+    usize,
+    f32,
+    DropoutKey,
+    &'a [f32],
+    &'a mut [f32],
+    &'a AdamStep
+);
+
+/// Backend methods that only pass their arguments (unwrapped) to the inner backend.
+macro_rules! forward {
+    ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*) => {
+        $(fn $name(&self $(, $arg: $ty)*) -> $ret {
+            self.inner.$name($($arg.unwrapped()),*)
+        })*
+    };
+}
+
 impl<B: Backend> Backend for Metered<B> {
     type Buf = MeteredValue<B::Buf>;
     type Index = MeteredValue<B::Index>;
     type Graph = MeteredValue<B::Graph>;
 
+    // What allocates: the value carries its bytes.
     fn name(&self) -> String {
         format!("metered {}", self.inner.name())
     }
     fn alloc(&self, len: usize) -> Result<Self::Buf> {
         Ok(self.buf(self.inner.alloc(len)?))
     }
-    fn len(&self, buf: &Self::Buf) -> usize {
-        self.inner.len(&buf.inner)
-    }
     fn upload(&self, host: &[f32]) -> Result<Self::Buf> {
         Ok(self.buf(self.inner.upload(host)?))
-    }
-    fn upload_into(&self, buf: &mut Self::Buf, offset: usize, host: &[f32]) -> Result<()> {
-        self.inner.upload_into(&mut buf.inner, offset, host)
-    }
-    fn download(&self, buf: &Self::Buf, offset: usize, out: &mut [f32]) -> Result<()> {
-        self.inner.download(&buf.inner, offset, out)
     }
     fn upload_index(&self, host: &[u32]) -> Result<Self::Index> {
         let idx = self.inner.upload_index(host)?;
         Ok(MeteredValue::new(idx, &self.meter, host.len() as u64 * 4))
     }
-    fn index_len(&self, idx: &Self::Index) -> usize {
-        self.inner.index_len(&idx.inner)
-    }
-    fn fill(&self, buf: &mut Self::Buf, len: usize, value: f32) -> Result<()> {
-        self.inner.fill(&mut buf.inner, len, value)
-    }
-    fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize) -> Result<()> {
-        self.inner.copy(&src.inner, &mut dst.inner, len)
-    }
-    fn synchronize(&self) -> Result<()> {
-        self.inner.synchronize()
-    }
-    fn gather_rows(
-        &self,
-        src: &Self::Buf,
-        cols: usize,
-        idx: &Self::Index,
-        out: &mut Self::Buf,
-    ) -> Result<()> {
-        self.inner
-            .gather_rows(&src.inner, cols, &idx.inner, &mut out.inner)
-    }
-    fn scatter_add_rows(
-        &self,
-        src: &Self::Buf,
-        cols: usize,
-        idx: &Self::Index,
-        out: &mut Self::Buf,
-    ) -> Result<()> {
-        self.inner
-            .scatter_add_rows(&src.inner, cols, &idx.inner, &mut out.inner)
-    }
-    fn gemm(
-        &self,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f32,
-        a: &Self::Buf,
-        b: &Self::Buf,
-        beta: f32,
-        c: &mut Self::Buf,
-    ) -> Result<()> {
-        self.inner.gemm(
-            trans_a,
-            trans_b,
-            m,
-            n,
-            k,
-            alpha,
-            &a.inner,
-            &b.inner,
-            beta,
-            &mut c.inner,
-        )
-    }
-    fn add_bias(
-        &self,
-        x: &mut Self::Buf,
-        bias: &Self::Buf,
-        rows: usize,
-        cols: usize,
-    ) -> Result<()> {
-        self.inner.add_bias(&mut x.inner, &bias.inner, rows, cols)
-    }
-    fn col_sum(
-        &self,
-        x: &Self::Buf,
-        rows: usize,
-        cols: usize,
-        beta: f32,
-        out: &mut Self::Buf,
-    ) -> Result<()> {
-        self.inner
-            .col_sum(&x.inner, rows, cols, beta, &mut out.inner)
-    }
     fn upload_graph(&self, graph: &BlockGraph) -> Result<Self::Graph> {
         let g = self.inner.upload_graph(graph)?;
         Ok(MeteredValue::new(g, &self.meter, graph_bytes(graph)))
     }
-    fn graph_dims(&self, graph: &Self::Graph) -> (usize, usize, usize) {
-        self.inner.graph_dims(&graph.inner)
-    }
-    fn aggregate(
-        &self,
-        graph: &Self::Graph,
-        x: &Self::Buf,
-        d: usize,
-        out: &mut Self::Buf,
-    ) -> Result<()> {
-        self.inner
-            .aggregate(&graph.inner, &x.inner, d, &mut out.inner)
-    }
-    fn aggregate_backward(
-        &self,
-        graph: &Self::Graph,
-        grad_out: &Self::Buf,
-        d: usize,
-        grad_x: &mut Self::Buf,
-    ) -> Result<()> {
-        self.inner
-            .aggregate_backward(&graph.inner, &grad_out.inner, d, &mut grad_x.inner)
-    }
-    fn relu(&self, x: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()> {
-        self.inner.relu(&x.inner, &mut out.inner, len)
-    }
-    fn relu_backward(&self, y: &Self::Buf, grad: &mut Self::Buf, len: usize) -> Result<()> {
-        self.inner.relu_backward(&y.inner, &mut grad.inner, len)
-    }
-    fn dropout(
-        &self,
-        x: &Self::Buf,
-        out: &mut Self::Buf,
-        rows: usize,
-        cols: usize,
-        global_ids: &Self::Index,
-        p: f32,
-        key: DropoutKey,
-    ) -> Result<()> {
-        self.inner.dropout(
-            &x.inner,
-            &mut out.inner,
-            rows,
-            cols,
-            &global_ids.inner,
-            p,
-            key,
-        )
-    }
-    fn dropout_backward(
-        &self,
-        grad: &mut Self::Buf,
-        rows: usize,
-        cols: usize,
-        global_ids: &Self::Index,
-        p: f32,
-        key: DropoutKey,
-    ) -> Result<()> {
-        self.inner
-            .dropout_backward(&mut grad.inner, rows, cols, &global_ids.inner, p, key)
-    }
-    fn axpy(&self, alpha: f32, x: &Self::Buf, y: &mut Self::Buf, len: usize) -> Result<()> {
-        self.inner.axpy(alpha, &x.inner, &mut y.inner, len)
-    }
-    fn scale(&self, x: &mut Self::Buf, alpha: f32, len: usize) -> Result<()> {
-        self.inner.scale(&mut x.inner, alpha, len)
-    }
-    fn layer_norm(
-        &self,
-        x: &Self::Buf,
-        gamma: &Self::Buf,
-        beta: &Self::Buf,
-        rows: usize,
-        cols: usize,
-        eps: f32,
-        out: &mut Self::Buf,
-        mean: &mut Self::Buf,
-        rstd: &mut Self::Buf,
-    ) -> Result<()> {
-        self.inner.layer_norm(
-            &x.inner,
-            &gamma.inner,
-            &beta.inner,
-            rows,
-            cols,
-            eps,
-            &mut out.inner,
-            &mut mean.inner,
-            &mut rstd.inner,
-        )
-    }
-    fn layer_norm_backward(
-        &self,
-        grad_out: &Self::Buf,
-        x: &Self::Buf,
-        gamma: &Self::Buf,
-        mean: &Self::Buf,
-        rstd: &Self::Buf,
-        rows: usize,
-        cols: usize,
-        grad_x: &mut Self::Buf,
-        grad_gamma: &mut Self::Buf,
-        grad_beta: &mut Self::Buf,
-    ) -> Result<()> {
-        self.inner.layer_norm_backward(
-            &grad_out.inner,
-            &x.inner,
-            &gamma.inner,
-            &mean.inner,
-            &rstd.inner,
-            rows,
-            cols,
-            &mut grad_x.inner,
-            &mut grad_gamma.inner,
-            &mut grad_beta.inner,
-        )
-    }
-    fn cross_entropy(
-        &self,
-        logits: &Self::Buf,
-        n: usize,
-        classes: usize,
-        rows: &Self::Index,
-        labels: &Self::Index,
-        normalizer: f32,
-        grad: &mut Self::Buf,
-    ) -> Result<f64> {
-        self.inner.cross_entropy(
-            &logits.inner,
-            n,
-            classes,
-            &rows.inner,
-            &labels.inner,
-            normalizer,
-            &mut grad.inner,
-        )
-    }
-    fn sum_squares(&self, x: &Self::Buf, len: usize) -> Result<f64> {
-        self.inner.sum_squares(&x.inner, len)
-    }
-    fn adam_step(
-        &self,
-        param: &mut Self::Buf,
-        grad: &Self::Buf,
-        m: &mut Self::Buf,
-        v: &mut Self::Buf,
-        len: usize,
-        step: &AdamStep,
-    ) -> Result<()> {
-        self.inner.adam_step(
-            &mut param.inner,
-            &grad.inner,
-            &mut m.inner,
-            &mut v.inner,
-            len,
-            step,
-        )
+
+    // Everything else is the inner backend's.
+    forward! {
+        fn len(&self, buf: &Self::Buf) -> usize;
+        fn upload_into(&self, buf: &mut Self::Buf, offset: usize, host: &[f32]) -> Result<()>;
+        fn download(&self, buf: &Self::Buf, offset: usize, out: &mut [f32]) -> Result<()>;
+        fn index_len(&self, idx: &Self::Index) -> usize;
+        fn fill(&self, buf: &mut Self::Buf, len: usize, value: f32) -> Result<()>;
+        fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize) -> Result<()>;
+        fn synchronize(&self) -> Result<()>;
+        fn gather_rows(
+            &self,
+            src: &Self::Buf,
+            cols: usize,
+            idx: &Self::Index,
+            out: &mut Self::Buf,
+        ) -> Result<()>;
+        fn scatter_add_rows(
+            &self,
+            src: &Self::Buf,
+            cols: usize,
+            idx: &Self::Index,
+            out: &mut Self::Buf,
+        ) -> Result<()>;
+        fn gemm(
+            &self,
+            trans_a: bool,
+            trans_b: bool,
+            m: usize,
+            n: usize,
+            k: usize,
+            alpha: f32,
+            a: &Self::Buf,
+            b: &Self::Buf,
+            beta: f32,
+            c: &mut Self::Buf,
+        ) -> Result<()>;
+        fn add_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, rows: usize, cols: usize)
+            -> Result<()>;
+        fn col_sum(
+            &self,
+            x: &Self::Buf,
+            rows: usize,
+            cols: usize,
+            beta: f32,
+            out: &mut Self::Buf,
+        ) -> Result<()>;
+        fn graph_dims(&self, graph: &Self::Graph) -> (usize, usize, usize);
+        fn aggregate(&self, graph: &Self::Graph, x: &Self::Buf, d: usize, out: &mut Self::Buf)
+            -> Result<()>;
+        fn aggregate_backward(
+            &self,
+            graph: &Self::Graph,
+            grad_out: &Self::Buf,
+            d: usize,
+            grad_x: &mut Self::Buf,
+        ) -> Result<()>;
+        fn relu(&self, x: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
+        fn relu_backward(&self, y: &Self::Buf, grad: &mut Self::Buf, len: usize) -> Result<()>;
+        fn dropout(
+            &self,
+            x: &Self::Buf,
+            out: &mut Self::Buf,
+            rows: usize,
+            cols: usize,
+            global_ids: &Self::Index,
+            p: f32,
+            key: DropoutKey,
+        ) -> Result<()>;
+        fn dropout_backward(
+            &self,
+            grad: &mut Self::Buf,
+            rows: usize,
+            cols: usize,
+            global_ids: &Self::Index,
+            p: f32,
+            key: DropoutKey,
+        ) -> Result<()>;
+        fn axpy(&self, alpha: f32, x: &Self::Buf, y: &mut Self::Buf, len: usize) -> Result<()>;
+        fn scale(&self, x: &mut Self::Buf, alpha: f32, len: usize) -> Result<()>;
+        fn layer_norm(
+            &self,
+            x: &Self::Buf,
+            gamma: &Self::Buf,
+            beta: &Self::Buf,
+            rows: usize,
+            cols: usize,
+            eps: f32,
+            out: &mut Self::Buf,
+            mean: &mut Self::Buf,
+            rstd: &mut Self::Buf,
+        ) -> Result<()>;
+        fn layer_norm_backward(
+            &self,
+            grad_out: &Self::Buf,
+            x: &Self::Buf,
+            gamma: &Self::Buf,
+            mean: &Self::Buf,
+            rstd: &Self::Buf,
+            rows: usize,
+            cols: usize,
+            grad_x: &mut Self::Buf,
+            grad_gamma: &mut Self::Buf,
+            grad_beta: &mut Self::Buf,
+        ) -> Result<()>;
+        fn cross_entropy(
+            &self,
+            logits: &Self::Buf,
+            n: usize,
+            classes: usize,
+            rows: &Self::Index,
+            labels: &Self::Index,
+            normalizer: f32,
+            grad: &mut Self::Buf,
+        ) -> Result<f64>;
+        fn sum_squares(&self, x: &Self::Buf, len: usize) -> Result<f64>;
+        fn adam_step(
+            &self,
+            param: &mut Self::Buf,
+            grad: &Self::Buf,
+            m: &mut Self::Buf,
+            v: &mut Self::Buf,
+            len: usize,
+            step: &AdamStep,
+        ) -> Result<()>;
     }
 }
 
