@@ -5,8 +5,7 @@
 //! this same executable (`grandis coordinator` / `grandis daemon`); each also exits by itself
 //! when this process disappears (it watches its parent), so no orphans are left behind.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -14,13 +13,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 
+use grandis_client::JobFormat;
+use grandis_coordinator::CoordinatorConfig;
+use grandis_daemon::DaemonConfig;
+use grandis_launch::{stop_all, Proc};
 use grandis_wire::{JobSpec, Mode, RunSummary};
 
 use crate::job_args::{validate_as_flags, JobArgs};
-use crate::submit::{progress_line, require_success, Api};
-
-/// Environment variable telling a child process to exit when its parent (this pid) is gone.
-pub const PARENT_ENV: &str = "GRANDIS_EXIT_WITH_PARENT";
+use crate::submit::{client, progress_line, require_success};
 
 #[derive(Subcommand)]
 pub enum ClusterCommand {
@@ -86,60 +86,16 @@ struct ClusterReport {
     reports: Vec<RunSummary>,
 }
 
-/// Called by `grandis coordinator` / `grandis daemon`: when started by `cluster up`, exit as
-/// soon as the parent process is gone, so a killed `cluster up` leaves no processes behind.
-pub fn exit_with_parent() {
-    #[cfg(unix)]
-    if let Some(pid) = std::env::var(PARENT_ENV)
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-    {
-        let _ = std::thread::Builder::new()
-            .name("grandis-parent-watch".into())
-            .spawn(move || loop {
-                if std::os::unix::process::parent_id() != pid {
-                    eprintln!("parent process {pid} is gone; exiting");
-                    std::process::exit(1);
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            });
-    }
-}
-
-/// The child processes; terminated (SIGTERM, then SIGKILL after a grace period) on drop.
-struct Children(Vec<(String, Child)>);
+/// The child processes, stopped together (SIGTERM, then SIGKILL after a grace period) on drop.
+struct Children(Vec<Proc>);
 
 impl Children {
     fn check_alive(&mut self) -> anyhow::Result<()> {
-        for (name, c) in &mut self.0 {
-            if let Ok(Some(status)) = c.try_wait() {
-                bail!("{name} exited early ({status})");
-            }
-        }
-        Ok(())
+        self.0.iter_mut().try_for_each(Proc::check_alive)
     }
 
     fn shutdown(&mut self) {
-        for (_, c) in &mut self.0 {
-            terminate(c);
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        for (name, c) in &mut self.0 {
-            loop {
-                match c.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(20))
-                    }
-                    Ok(None) => {
-                        tracing::warn!("{name} did not stop within 5 s; killing it");
-                        let _ = c.kill();
-                        let _ = c.wait();
-                        break;
-                    }
-                }
-            }
-        }
+        stop_all(&mut self.0, Duration::from_secs(5));
         self.0.clear();
     }
 }
@@ -148,71 +104,6 @@ impl Drop for Children {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-fn terminate(c: &mut Child) {
-    #[cfg(unix)]
-    {
-        // SIGTERM: the coordinator closes its database, a daemon cancels its job.
-        // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
-        let rc = unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
-        if rc == 0 {
-            return;
-        }
-    }
-    let _ = c.kill();
-}
-
-/// Waits until `path` exists and is non-empty (written atomically by the child), checking
-/// that the children are still alive.
-fn wait_file(path: &Path, children: &mut Children, what: &str) -> anyhow::Result<String> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(t) = std::fs::read_to_string(path) {
-            if !t.trim().is_empty() {
-                return Ok(t);
-            }
-        }
-        children.check_alive()?;
-        if Instant::now() > deadline {
-            bail!("{what} did not start within 60 s (no {})", path.display());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn spawn(
-    exe: &Path,
-    args: &[&str],
-    log: &Path,
-    name: &str,
-    children: &mut Children,
-) -> anyhow::Result<()> {
-    let file = std::fs::File::create(log)
-        .with_context(|| format!("creating log file {}", log.display()))?;
-    let mut cmd = Command::new(exe);
-    // Own process group: a terminal's Ctrl-C reaches only `cluster up`, which then stops the
-    // children in order (they still exit by themselves if it dies: see exit_with_parent).
-    #[cfg(unix)]
-    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let child = cmd
-        .args(args)
-        .env(PARENT_ENV, std::process::id().to_string())
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()
-        .with_context(|| format!("starting {name} ({})", exe.display()))?;
-    children.0.push((name.to_string(), child));
-    Ok(())
-}
-
-fn toml_quote(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_default()
 }
 
 pub fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
@@ -315,86 +206,65 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
         started.elapsed().as_nanos()
     );
     let hb = args.heartbeat_ms;
-    let coord_cfg = work.join("coordinator.toml");
-    std::fs::write(
-        &coord_cfg,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndb_path = {}\ntoken = {}\nheartbeat_interval_ms = {hb}\n\
-             lease_ms = {}\ndown_timeout_ms = {}\nsse_keepalive_ms = 1000\n",
-            toml_quote(&work.join("coordinator.redb").display().to_string()),
-            toml_quote(&token),
-            hb * 5,
-            hb * 10
-        ),
-    )?;
-    let addr_file = work.join("coordinator.addr");
-    let _ = std::fs::remove_file(&addr_file);
-    spawn(
+    let coordinator = CoordinatorConfig {
+        listen: "127.0.0.1:0".into(),
+        db_path: work.join("coordinator.redb"),
+        token: Some(token.clone()),
+        heartbeat_interval_ms: hb,
+        lease_ms: hb * 5,
+        down_timeout_ms: hb * 10,
+        sse_keepalive_ms: 1000,
+        ..CoordinatorConfig::default()
+    };
+    let (proc, url) = grandis_launch::start_coordinator(
         &exe,
-        &[
-            "coordinator",
-            "--config",
-            &coord_cfg.display().to_string(),
-            "--addr-file",
-            &addr_file.display().to_string(),
-        ],
+        &coordinator,
+        &work,
         &logs.join("coordinator.log"),
-        "coordinator",
-        &mut children,
     )?;
-    let coord_addr = wait_file(&addr_file, &mut children, "the coordinator")?;
-    let url = format!("http://{}", coord_addr.trim());
+    children.0.push(proc);
     eprintln!("coordinator at {url}");
 
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let threads = args.threads.unwrap_or((cores / servers as usize).max(1));
-    let mut ready_files = Vec::new();
-    for label in &labels {
-        let cfg = work.join(format!("{label}.toml"));
-        let ready = work.join(format!("{label}.ready.json"));
-        let _ = std::fs::remove_file(&ready);
-        std::fs::write(
-            &cfg,
-            format!(
-                "coordinator = {}\ntoken = {}\nlabel = {}\ndevices = {}\nthreads = {threads}\n\
-                 data_listen = \"127.0.0.1:0\"\ncert_dir = {}\nwork_dir = {}\n\
-                 metrics_listen = \"127.0.0.1:0\"\nready_file = {}\nconnect_timeout_ms = 20000\n\
-                 peer_timeout_ms = {}\n",
-                toml_quote(&url),
-                toml_quote(&token),
-                toml_quote(label),
-                devices,
-                toml_quote(&certs.display().to_string()),
-                toml_quote(&work.display().to_string()),
-                toml_quote(&ready.display().to_string()),
-                (hb * 10).max(2000)
-            ),
-        )?;
-        spawn(
-            &exe,
-            &["daemon", "--config", &cfg.display().to_string()],
-            &logs.join(format!("{label}.log")),
-            label,
-            &mut children,
-        )?;
-        ready_files.push((label.clone(), ready));
+    let configs: Vec<DaemonConfig> = labels
+        .iter()
+        .map(|label| DaemonConfig {
+            coordinator: url.clone(),
+            token: Some(token.clone()),
+            label: label.clone(),
+            devices: devices as usize,
+            threads: Some(threads),
+            data_listen: "127.0.0.1:0".into(),
+            cert_dir: certs.clone(),
+            work_dir: work.clone(),
+            metrics_listen: Some("127.0.0.1:0".into()),
+            ready_file: Some(work.join(format!("{label}.ready.json"))),
+            connect_timeout_ms: 20_000,
+            peer_timeout_ms: (hb * 10).max(2000),
+            ..DaemonConfig::default()
+        })
+        .collect();
+    let first_daemon = children.0.len();
+    for cfg in &configs {
+        let log = logs.join(format!("{}.log", cfg.label));
+        children
+            .0
+            .push(grandis_launch::start_daemon(&exe, cfg, &work, &log)?);
     }
-    let mut daemons = Vec::new();
-    for (label, ready) in &ready_files {
-        let text = wait_file(ready, &mut children, &format!("daemon {label}"))?;
-        let r: grandis_daemon::Ready = serde_json::from_str(&text)
-            .with_context(|| format!("malformed ready file {}", ready.display()))?;
+    for (i, cfg) in configs.iter().enumerate() {
+        let r = grandis_launch::wait_ready(&mut children.0[first_daemon + i], cfg)?;
         eprintln!(
-            "daemon {label}: data plane {}, metrics http://{}/metrics",
+            "daemon {}: data plane {}, metrics http://{}/metrics",
+            cfg.label,
             r.data_addr,
             r.metrics_addr.as_deref().unwrap_or("-")
         );
-        daemons.push(r);
     }
 
     spec.dataset = dataset.display().to_string();
-    let api = Api::new(&url, &token);
-    let job = api.submit(&serde_json::to_string(&spec)?, false)?;
+    let api = client(&url, &token);
+    let job = api.submit(&serde_json::to_string(&spec)?, JobFormat::Json)?;
     eprintln!(
         "submitted job {}: {} on {servers} servers x {devices} devices",
         job.id, spec.mode
@@ -404,7 +274,6 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     // overall timeout.
     let (tx, rx) = mpsc::channel();
     let follower = {
-        let api = Api::new(&url, &token);
         let id = job.id;
         std::thread::spawn(move || {
             let r = api.follow(id, &mut |p| println!("{}", progress_line(p)), &mut |s| {

@@ -29,7 +29,7 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    crate::cluster::exit_with_parent();
+    grandis_launch::exit_with_parent();
     let config = grandis_coordinator::CoordinatorConfig::load(args.config.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -21,7 +21,7 @@ pub fn run(args: DaemonArgs) -> anyhow::Result<()> {
         print!("{}", grandis_daemon::print_config(args.config.as_deref())?);
         return Ok(());
     }
-    crate::cluster::exit_with_parent();
+    grandis_launch::exit_with_parent();
     let config = grandis_daemon::DaemonConfig::load(args.config.as_deref())?;
     let stop = Arc::new(AtomicBool::new(false));
     {

@@ -13,7 +13,6 @@
 //! receives at once. Metrics are served in the Prometheus text format ([`metrics`]).
 //! Configuration: TOML + `GRANDIS_DAEMON_*` environment ([`config`]).
 
-pub mod client;
 pub mod config;
 pub mod job;
 pub mod metrics;
@@ -34,9 +33,9 @@ use serde::Serialize;
 
 pub use config::{print_config, DaemonConfig};
 
-use crate::client::{CallError, Client};
 use crate::job::{JobContext, Outcome};
 use crate::metrics::Metrics;
+use grandis_client::{CallError, Client};
 
 /// What `ready_file` holds once the daemon registered.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
@@ -217,7 +216,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                 }
                 continue;
             }
-            Err(CallError::Status { status, body }) if status == 401 || status == 400 => {
+            Err(CallError::Status { status, body, .. }) if status == 401 || status == 400 => {
                 bail!(
                     "the coordinator refused the heartbeat ({status} {}): {}",
                     body.code,
@@ -274,7 +273,7 @@ fn register_until(
                 );
                 return Ok(Some(r));
             }
-            Err(CallError::Status { status, body }) if (400..500).contains(&status) => {
+            Err(CallError::Status { status, body, .. }) if (400..500).contains(&status) => {
                 bail!(
                     "the coordinator refused the registration ({status} {}): {}",
                     body.code,

@@ -1,88 +1,24 @@
 //! Harness of grandis's end-to-end tests: it starts REAL `grandis coordinator` and `grandis
 //! daemon` processes on 127.0.0.1 with ports chosen at run time (the processes bind port 0 and
-//! report the bound address through a file), writes their configs, keeps their logs, and
-//! talks to the coordinator's REST API. Every wait is bounded and every process is killed when
-//! its [`Proc`] is dropped, so a failing test never leaves processes behind or hangs.
+//! report the bound address through a file) through `grandis-launch`, keeps their logs, and
+//! talks to the coordinator's REST API through `grandis-client`. Every wait is bounded and
+//! every process is killed when its [`Proc`] is dropped, so a failing test never leaves
+//! processes behind or hangs.
 //!
 //! Where the tests are: `cli/tests/e2e.rs`. Cargo tells a test the path of a binary
 //! (`CARGO_BIN_EXE_grandis`) only when the test belongs to the binary's own package, so the
 //! tests live in `grandis-cli` and this package (a dev-dependency there) holds what they share.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
+use grandis_client::{Client, JobFormat};
+use grandis_coordinator::CoordinatorConfig;
+use grandis_daemon::DaemonConfig;
+pub use grandis_launch::Proc;
 use serde_json::Value;
-
-/// A child process, killed (SIGKILL) and reaped on drop; its stdout and stderr go to `log`.
-pub struct Proc {
-    pub name: String,
-    pub child: Child,
-    pub log: PathBuf,
-}
-
-impl Proc {
-    /// Starts `exe args...` with `RUST_LOG=info`, output to `log`.
-    pub fn spawn(name: &str, exe: &Path, args: &[&str], log: &Path) -> anyhow::Result<Proc> {
-        let file = std::fs::File::create(log)?;
-        let child = Command::new(exe)
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .spawn()
-            .with_context(|| format!("starting {name}: {}", exe.display()))?;
-        Ok(Proc {
-            name: name.into(),
-            child,
-            log: log.to_path_buf(),
-        })
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// The log so far.
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// `kill -9`.
-    pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM, then waits (bounded) for the exit; SIGKILL if it does not come.
-    pub fn terminate(&mut self, grace: Duration) {
-        // SAFETY: kill(2) on our own, not yet reaped child.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.kill9();
-    }
-
-    pub fn exited(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(Some(_)))
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
 
 /// Polls `cond` every 20 ms until it returns `Some`, failing after `timeout` with `what`.
 pub fn wait_for<T>(
@@ -134,10 +70,6 @@ pub struct Cluster {
     pub timing: Timing,
 }
 
-fn q(s: &str) -> String {
-    serde_json::to_string(s).expect("string")
-}
-
 impl Cluster {
     /// A fresh directory with certificates for `nodes` under `certs/`.
     pub fn new(exe: &str, nodes: &[&str], timing: Timing) -> anyhow::Result<Cluster> {
@@ -183,45 +115,20 @@ impl Cluster {
     /// across restarts) and returns it with its base URL.
     pub fn coordinator(&self, listen: &str, db: &str) -> anyhow::Result<(Proc, String)> {
         let t = self.timing;
-        let cfg = self.path("coordinator.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "listen = {}\ndb_path = {}\ntoken = {}\nheartbeat_interval_ms = {}\nlease_ms = {}\n\
-                 down_timeout_ms = {}\nsse_keepalive_ms = 500\n",
-                q(listen),
-                q(&self.path(db).display().to_string()),
-                q(&self.token),
-                t.heartbeat_ms,
-                t.lease_ms,
-                t.down_timeout_ms
-            ),
-        )?;
-        let addr_file = self.path("coordinator.addr");
-        let _ = std::fs::remove_file(&addr_file);
+        let config = CoordinatorConfig {
+            listen: listen.into(),
+            db_path: self.path(db),
+            token: Some(self.token.clone()),
+            heartbeat_interval_ms: t.heartbeat_ms,
+            lease_ms: t.lease_ms,
+            down_timeout_ms: t.down_timeout_ms,
+            sse_keepalive_ms: 500,
+            ..CoordinatorConfig::default()
+        };
+        // One log per start: a restarted coordinator keeps the first one's log.
         let n = std::fs::read_dir(self.dir.path())?.count();
-        let mut p = Proc::spawn(
-            "coordinator",
-            &self.exe,
-            &[
-                "coordinator",
-                "--config",
-                &cfg.display().to_string(),
-                "--addr-file",
-                &addr_file.display().to_string(),
-            ],
-            &self.path(&format!("coordinator-{n}.log")),
-        )?;
-        let addr = wait_for("the coordinator's address", Duration::from_secs(30), || {
-            if p.exited() {
-                return Some(Err(anyhow::anyhow!("coordinator exited: {}", p.log_text())));
-            }
-            std::fs::read_to_string(&addr_file)
-                .ok()
-                .filter(|s| !s.is_empty())
-                .map(Ok)
-        })??;
-        Ok((p, format!("http://{}", addr.trim())))
+        let log = self.path(&format!("coordinator-{n}.log"));
+        grandis_launch::start_coordinator(&self.exe, &config, self.dir.path(), &log)
     }
 
     /// Starts a daemon `label` with `devices` devices, certificates from `cert_dir` (relative
@@ -234,49 +141,26 @@ impl Cluster {
         cert_dir: &str,
     ) -> anyhow::Result<(Proc, Value)> {
         let t = self.timing;
-        let cfg = self.path(&format!("{label}.toml"));
-        let ready = self.path(&format!("{label}.ready.json"));
-        let _ = std::fs::remove_file(&ready);
-        std::fs::write(
-            &cfg,
-            format!(
-                "coordinator = {}\ntoken = {}\nlabel = {}\ndevices = {devices}\nthreads = 1\n\
-                 data_listen = \"127.0.0.1:0\"\ncert_dir = {}\nwork_dir = {}\n\
-                 metrics_listen = \"127.0.0.1:0\"\nready_file = {}\nconnect_timeout_ms = {}\n\
-                 peer_timeout_ms = {}\nrecv_timeout_ms = 60000\n",
-                q(url),
-                q(&self.token),
-                q(label),
-                q(&self.path(cert_dir).display().to_string()),
-                q(&self.dir.path().display().to_string()),
-                q(&ready.display().to_string()),
-                t.connect_timeout_ms,
-                t.peer_timeout_ms
-            ),
-        )?;
-        let mut p = Proc::spawn(
-            label,
-            &self.exe,
-            &["daemon", "--config", &cfg.display().to_string()],
-            &self.path(&format!("{label}.log")),
-        )?;
-        let r = wait_for(
-            &format!("daemon {label} to register"),
-            Duration::from_secs(30),
-            || {
-                if p.exited() {
-                    return Some(Err(anyhow::anyhow!(
-                        "daemon {label} exited: {}",
-                        p.log_text()
-                    )));
-                }
-                std::fs::read_to_string(&ready)
-                    .ok()
-                    .and_then(|s| serde_json::from_str::<Value>(&s).ok())
-                    .map(Ok)
-            },
-        )??;
-        Ok((p, r))
+        let config = DaemonConfig {
+            coordinator: url.into(),
+            token: Some(self.token.clone()),
+            label: label.into(),
+            devices,
+            threads: Some(1),
+            data_listen: "127.0.0.1:0".into(),
+            cert_dir: self.path(cert_dir),
+            work_dir: self.dir.path().to_path_buf(),
+            metrics_listen: Some("127.0.0.1:0".into()),
+            ready_file: Some(self.path(&format!("{label}.ready.json"))),
+            connect_timeout_ms: t.connect_timeout_ms,
+            peer_timeout_ms: t.peer_timeout_ms,
+            recv_timeout_ms: 60_000,
+            ..DaemonConfig::default()
+        };
+        let log = self.path(&format!("{label}.log"));
+        let mut p = grandis_launch::start_daemon(&self.exe, &config, self.dir.path(), &log)?;
+        let ready = grandis_launch::wait_ready(&mut p, &config)?;
+        Ok((p, serde_json::to_value(ready)?))
     }
 }
 
@@ -287,32 +171,25 @@ pub struct Reply {
     pub body: Value,
 }
 
-/// Minimal REST client of the coordinator.
+/// The coordinator's REST API for tests: raw calls with any token and content type (to check
+/// error answers), and typed ones through `grandis-client`.
 pub struct Rest {
-    agent: ureq::Agent,
-    pub base: String,
+    client: Client,
 }
 
 impl Rest {
     pub fn new(base: &str) -> Rest {
         Rest {
-            agent: ureq::AgentBuilder::new()
-                .timeout(Duration::from_secs(10))
-                .build(),
-            base: base.trim_end_matches('/').into(),
+            client: Client::new(base, "", Duration::from_secs(10)).with_token(None),
         }
     }
 
-    fn reply(r: Result<ureq::Response, ureq::Error>) -> anyhow::Result<Reply> {
-        let r = match r {
-            Ok(r) => r,
-            Err(ureq::Error::Status(_, r)) => r,
-            Err(e) => bail!("request failed: {e}"),
-        };
-        let status = r.status();
-        let text = r.into_string()?;
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Ok(Reply { status, body })
+    fn reply(r: grandis_client::Reply) -> Reply {
+        let body = serde_json::from_str(&r.text).unwrap_or(Value::String(r.text));
+        Reply {
+            status: r.status,
+            body,
+        }
     }
 
     /// POST `body` to `path` with `content_type`; `token` None sends no Authorization.
@@ -323,45 +200,33 @@ impl Rest {
         content_type: &str,
         body: &str,
     ) -> anyhow::Result<Reply> {
-        let mut req = self
-            .agent
-            .post(&format!("{}{path}", self.base))
-            .set("Content-Type", content_type);
-        if let Some(t) = token {
-            req = req.set("Authorization", &format!("Bearer {t}"));
-        }
-        Self::reply(req.send_string(body))
+        let r = self
+            .client
+            .with_token(token)
+            .send("POST", path, Some((content_type, body)))?;
+        Ok(Self::reply(r))
     }
 
     pub fn get(&self, path: &str, token: Option<&str>) -> anyhow::Result<Reply> {
-        let mut req = self.agent.get(&format!("{}{path}", self.base));
-        if let Some(t) = token {
-            req = req.set("Authorization", &format!("Bearer {t}"));
-        }
-        Self::reply(req.call())
+        Ok(Self::reply(
+            self.client.with_token(token).send("GET", path, None)?,
+        ))
     }
 
     /// Submits a JSON job; the new job's id.
     pub fn submit(&self, token: &str, job: &Value) -> anyhow::Result<u64> {
-        let r = self.post(
-            "/v1/jobs",
-            Some(token),
-            "application/json",
-            &job.to_string(),
-        )?;
-        if r.status != 201 {
-            bail!("submit answered {}: {}", r.status, r.body);
-        }
-        r.body["id"].as_u64().context("job id")
+        let st = self
+            .client
+            .with_token(Some(token))
+            .submit(&job.to_string(), JobFormat::Json)?;
+        Ok(st.id)
     }
 
     /// The job's status JSON.
     pub fn job(&self, token: &str, id: u64) -> anyhow::Result<Value> {
-        let r = self.get(&format!("/v1/jobs/{id}"), Some(token))?;
-        if r.status != 200 {
-            bail!("GET job {id} answered {}: {}", r.status, r.body);
-        }
-        Ok(r.body)
+        Ok(serde_json::to_value(
+            self.client.with_token(Some(token)).status(id)?,
+        )?)
     }
 
     /// Waits (bounded) until job `id` is in a terminal state; returns its status.

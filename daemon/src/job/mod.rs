@@ -28,9 +28,9 @@ use grandis_wire::{Assignment, EpochProgress, JobEvent, JobId, JobSpec, LinkByte
 
 pub use cancel::{Cancellable, CANCEL_POLL};
 
-use crate::client::Client;
 use crate::config::DaemonConfig;
 use crate::metrics::{Finished, Metrics};
+use grandis_client::{CallError, Client};
 
 /// What the job thread needs from the daemon.
 pub struct JobContext {
@@ -140,7 +140,7 @@ fn post_event(client: &Client, daemon_id: u64, job: JobId, ev: JobEvent) {
     for attempt in 0..5 {
         match client.event(daemon_id, job, ev.clone()) {
             Ok(()) => return,
-            Err(crate::client::CallError::Status { status, body }) => {
+            Err(CallError::Status { status, body, .. }) => {
                 tracing::warn!(
                     job,
                     "job event refused ({status} {}): {}",

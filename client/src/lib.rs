@@ -1,0 +1,319 @@
+//! The one REST client of the grandis coordinator (`docs/openapi.yaml`), blocking, with
+//! bounded connect, read and write timeouts so an unreachable coordinator never wedges a
+//! caller. Users' calls ([`Client::submit`], [`Client::status`], [`Client::follow`]) serve
+//! `grandis submit` and `grandis cluster up`; the daemon protocol ([`Client::register`],
+//! [`Client::heartbeat`], [`Client::event`]) serves the daemons; [`Client::send`] is the raw
+//! call under both, for callers that need the status of any answer (the end-to-end tests).
+//!
+//! Every call carries the bearer token; an error status becomes [`CallError::Status`] with the
+//! coordinator's [`ErrorBody`] and the URL, anything else (refused, timed out, malformed)
+//! [`CallError::Transport`].
+
+use std::io::{BufRead, BufReader};
+use std::time::Duration;
+
+use grandis_wire::{
+    EpochProgress, ErrorBody, HeartbeatRequest, HeartbeatResponse, JobEvent, JobEventRequest,
+    JobId, JobStatus, RegisterRequest, RegisterResponse, PROTOCOL_VERSION,
+};
+use serde::de::DeserializeOwned;
+
+/// Why a call failed.
+#[derive(Debug)]
+pub enum CallError {
+    /// The coordinator answered with an error status.
+    Status {
+        url: String,
+        status: u16,
+        body: ErrorBody,
+    },
+    /// No usable answer (connection refused, timeout, malformed reply).
+    Transport(String),
+}
+
+impl CallError {
+    /// 404 `unknown_daemon`: the coordinator forgot the daemon (it restarted); register again.
+    pub fn is_unknown_daemon(&self) -> bool {
+        matches!(self, CallError::Status { status: 404, body, .. } if body.code == "unknown_daemon")
+    }
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Status { url, status, body } => {
+                write!(
+                    f,
+                    "{url}: the coordinator answered {status}: {}",
+                    body.error
+                )
+            }
+            CallError::Transport(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+/// The error of a non-2xx answer: the coordinator's [`ErrorBody`], or the text as its message.
+fn status_error(url: String, status: u16, text: String) -> CallError {
+    let body = serde_json::from_str(&text).unwrap_or(ErrorBody {
+        code: "unknown".into(),
+        error: text,
+        fields: Vec::new(),
+    });
+    CallError::Status { url, status, body }
+}
+
+/// The format of a job document sent to [`Client::submit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobFormat {
+    Json,
+    Toml,
+}
+
+/// An answer of any status: the status and the body's text.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub text: String,
+}
+
+/// A coordinator client (cheap to clone).
+#[derive(Clone)]
+pub struct Client {
+    agent: ureq::Agent,
+    base: String,
+    auth: Option<String>,
+}
+
+/// Reconnections of [`Client::follow`] before it gives up, 250 ms apart.
+const FOLLOW_RETRIES: u32 = 20;
+
+impl Client {
+    /// A client of the coordinator at `base` (`http://host:port`) sending `token`; each
+    /// connect, read and write is bounded by `timeout`.
+    pub fn new(base: &str, token: &str, timeout: Duration) -> Client {
+        Client {
+            agent: ureq::AgentBuilder::new()
+                .timeout_connect(timeout)
+                .timeout_read(timeout)
+                .timeout_write(timeout)
+                .build(),
+            base: base.trim_end_matches('/').to_string(),
+            auth: Some(format!("Bearer {token}")),
+        }
+    }
+
+    /// The same client with another token, or none (`None` sends no Authorization).
+    pub fn with_token(&self, token: Option<&str>) -> Client {
+        Client {
+            auth: token.map(|t| format!("Bearer {t}")),
+            ..self.clone()
+        }
+    }
+
+    /// The coordinator's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: &str, path: &str) -> (String, ureq::Request) {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.agent.request(method, &url);
+        if let Some(a) = &self.auth {
+            req = req.set("Authorization", a);
+        }
+        (url, req)
+    }
+
+    /// `method path` with an optional `(content type, body)`; answers of every status are
+    /// returned as they are.
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, &str)>,
+    ) -> Result<Reply, CallError> {
+        let (url, req) = self.request(method, path);
+        let resp = match body {
+            Some((content_type, text)) => req.set("Content-Type", content_type).send_string(text),
+            None => req.call(),
+        };
+        let resp = match resp {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+            Err(ureq::Error::Transport(t)) => {
+                return Err(CallError::Transport(format!("cannot reach {url}: {t}")))
+            }
+        };
+        let status = resp.status();
+        let text = resp
+            .into_string()
+            .map_err(|e| CallError::Transport(format!("reading the reply of {url}: {e}")))?;
+        Ok(Reply { status, text })
+    }
+
+    /// A call whose 2xx answer is a `T` (None for 204); other statuses are errors.
+    fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, &str)>,
+    ) -> Result<Option<T>, CallError> {
+        let url = format!("{}{path}", self.base);
+        let Reply { status, text } = self.send(method, path, body)?;
+        if !(200..300).contains(&status) {
+            return Err(status_error(url, status, text));
+        }
+        if status == 204 {
+            return Ok(None);
+        }
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| CallError::Transport(format!("malformed reply of {url}: {e}: {text}")))
+    }
+
+    /// A call that must answer a `T`.
+    fn call_for<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<(&str, &str)>,
+    ) -> Result<T, CallError> {
+        self.call(method, path, body)?
+            .ok_or_else(|| CallError::Transport(format!("{path}: empty reply")))
+    }
+
+    fn post_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<Option<T>, CallError> {
+        let text = serde_json::to_string(body)
+            .map_err(|e| CallError::Transport(format!("encoding the request to {path}: {e}")))?;
+        self.call("POST", path, Some(("application/json", &text)))
+    }
+
+    /// Submits a job document and returns the created job.
+    pub fn submit(&self, document: &str, format: JobFormat) -> Result<JobStatus, CallError> {
+        let content_type = match format {
+            JobFormat::Json => "application/json",
+            JobFormat::Toml => "application/toml",
+        };
+        self.call_for("POST", "/v1/jobs", Some((content_type, document)))
+    }
+
+    /// A job's status.
+    pub fn status(&self, id: JobId) -> Result<JobStatus, CallError> {
+        self.call_for("GET", &format!("/v1/jobs/{id}"), None)
+    }
+
+    /// Streams the job's events, calling `on_progress` for every epoch and `on_state` for
+    /// every state change, until the job ends; returns its final status. Reconnects (replaying
+    /// from the job's state, which skips epochs already seen) if the stream breaks.
+    pub fn follow(
+        &self,
+        id: JobId,
+        on_progress: &mut dyn FnMut(&EpochProgress),
+        on_state: &mut dyn FnMut(&serde_json::Value),
+    ) -> Result<JobStatus, CallError> {
+        let path = format!("/v1/jobs/{id}/events");
+        let mut last_epoch = 0u32;
+        let mut failures = 0;
+        loop {
+            let (url, req) = self.request("GET", &path);
+            let resp = match req.set("Accept", "text/event-stream").call() {
+                Ok(r) => r,
+                Err(ureq::Error::Status(status, r)) => {
+                    return Err(status_error(
+                        url,
+                        status,
+                        r.into_string().unwrap_or_default(),
+                    ));
+                }
+                Err(ureq::Error::Transport(t)) => {
+                    failures += 1;
+                    if failures > FOLLOW_RETRIES {
+                        return Err(CallError::Transport(format!("cannot reach {url}: {t}")));
+                    }
+                    std::thread::sleep(Duration::from_millis(250));
+                    continue;
+                }
+            };
+            let (mut event, mut data) = (String::new(), String::new());
+            for line in BufReader::new(resp.into_reader()).lines() {
+                let Ok(line) = line else { break };
+                if !line.is_empty() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        event = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        if !data.is_empty() {
+                            data.push('\n');
+                        }
+                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                    }
+                    continue;
+                }
+                match event.as_str() {
+                    "progress" => {
+                        if let Ok(p) = serde_json::from_str::<EpochProgress>(&data) {
+                            if p.epoch > last_epoch {
+                                last_epoch = p.epoch;
+                                on_progress(&p);
+                            }
+                        }
+                    }
+                    "state" => {
+                        if let Ok(v) = serde_json::from_str(&data) {
+                            on_state(&v);
+                        }
+                    }
+                    "end" => {
+                        return serde_json::from_str(&data).map_err(|e| {
+                            CallError::Transport(format!("{url}: malformed end event: {e}"))
+                        });
+                    }
+                    _ => {}
+                }
+                event.clear();
+                data.clear();
+            }
+            // The stream ended without an end event (coordinator restart?): ask directly.
+            if let Ok(st) = self.status(id) {
+                if st.state.is_terminal() {
+                    return Ok(st);
+                }
+            }
+            failures += 1;
+            if failures > FOLLOW_RETRIES {
+                return Err(CallError::Transport(format!(
+                    "{url}: the event stream keeps breaking"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Daemon protocol: registers a daemon.
+    pub fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, CallError> {
+        self.post_json("/v1/daemon/register", req)?
+            .ok_or_else(|| CallError::Transport("empty registration reply".into()))
+    }
+
+    /// Daemon protocol: one heartbeat.
+    pub fn heartbeat(&self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, CallError> {
+        self.post_json("/v1/daemon/heartbeat", req)?
+            .ok_or_else(|| CallError::Transport("empty heartbeat reply".into()))
+    }
+
+    /// Daemon protocol: an event of a job the daemon runs.
+    pub fn event(&self, daemon_id: u64, job: JobId, event: JobEvent) -> Result<(), CallError> {
+        let req = JobEventRequest {
+            protocol_version: PROTOCOL_VERSION,
+            daemon_id,
+            event,
+        };
+        self.post_json::<serde_json::Value>(&format!("/v1/daemon/jobs/{job}/events"), &req)
+            .map(|_| ())
+    }
+}
