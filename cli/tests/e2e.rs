@@ -429,6 +429,43 @@ fn missing_dataset_fails_the_job_naming_the_server() {
     );
 }
 
+/// A dataset whose files have the right sizes but corrupt contents (vertex ids out of range)
+/// fails its job with the file and the bad value named, instead of panicking the daemon's job
+/// thread and leaving the job `running` for good; the next job then runs.
+#[test]
+fn corrupt_dataset_fails_the_job_and_the_queue_moves_on() {
+    let c = Cluster::new(EXE, &["solo"], Timing::default()).unwrap();
+    let bad = c.synth("bad", 300, 1).unwrap();
+    let good = c.synth("good", 300, 2).unwrap();
+    // Overwrite the payload of graph.indices (after its 64-byte header) with 0xFF bytes.
+    let indices = bad.join("graph.indices");
+    let mut bytes = std::fs::read(&indices).unwrap();
+    let n = bytes.len();
+    bytes[64..n].fill(0xFF);
+    std::fs::write(&indices, bytes).unwrap();
+
+    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let (_d, _) = c.daemon(&url, "solo", 1, "certs").unwrap();
+    let api = Rest::new(&url);
+    let first = api
+        .submit(&c.token, &json!({"dataset": bad, "epochs": 1}))
+        .unwrap();
+    let second = api
+        .submit(&c.token, &json!({"dataset": good, "epochs": 1}))
+        .unwrap();
+    let end = api.wait_end(&c.token, first, LONG).unwrap();
+    assert_eq!(end["state"], "failed", "{end}");
+    let reason = end["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("solo")
+            && reason.contains("graph.indices")
+            && reason.contains("out of range"),
+        "{reason}"
+    );
+    let end = api.wait_end(&c.token, second, LONG).unwrap();
+    assert_eq!(end["state"], "succeeded", "{end}");
+}
+
 #[test]
 fn daemon_with_a_certificate_from_another_ca_is_refused_and_logged() {
     let c = Cluster::new(EXE, &["node-a", "node-b"], Timing::default()).unwrap();

@@ -191,7 +191,8 @@ where
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+/// The message of a panic payload (`panic!` with a string or a format), for error reports.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = panic.downcast_ref::<String>() {

@@ -426,7 +426,24 @@ impl Dataset {
             Box::new(|| self.test.verify_checksum()),
         ];
         checks.par_iter().try_for_each(|c| c())?;
+        self.check_structure()?;
+        if let Some(i) = self.features().par_iter().position_any(|x| !x.is_finite()) {
+            let f = self.manifest.feature_dim.max(1) as usize;
+            return Err(StoreError::invalid(
+                self.features.path(),
+                format!("non-finite feature at vertex {}, column {}", i / f, i % f),
+            ));
+        }
+        Ok(())
+    }
 
+    /// Checks what every reader relies on without reading the features: offsets that never
+    /// decrease, vertex ids in range, labels in `-1..classes`, splits sorted, in range and
+    /// disjoint. A file with the right size but corrupt contents fails here with the file and
+    /// the first bad value named, instead of panicking whoever indexes with it. O(V + E),
+    /// parallel; the daemons run it on every dataset they open (each server maps the whole
+    /// graph but reads only its own feature rows).
+    pub fn check_structure(&self) -> Result<()> {
         let v = self.manifest.num_vertices;
         let offsets = self.offsets.as_slice();
         if let Some(i) = offsets.par_windows(2).position_any(|w| w[1] < w[0]) {
@@ -447,13 +464,6 @@ impl Dataset {
             return Err(StoreError::invalid(
                 self.labels.path(),
                 format!("label {bad} is outside 0..{c} (or -1 for unlabelled)"),
-            ));
-        }
-        if let Some(i) = self.features().par_iter().position_any(|x| !x.is_finite()) {
-            let f = self.manifest.feature_dim.max(1) as usize;
-            return Err(StoreError::invalid(
-                self.features.path(),
-                format!("non-finite feature at vertex {}, column {}", i / f, i % f),
             ));
         }
         let mut seen = vec![false; v as usize];

@@ -13,6 +13,7 @@ mod plane;
 mod report;
 
 use std::net::{SocketAddr, UdpSocket};
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc;
@@ -91,7 +92,15 @@ pub fn run_job(ctx: JobContext, a: Assignment) -> Outcome {
         "job started"
     );
     let start = Instant::now();
-    let result = execute(&ctx, &a, &tx);
+    // Whatever ends the job here, a panic included, must reach the coordinator: a job whose
+    // daemon never says it ended stays `running` and blocks the queue behind it.
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| execute(&ctx, &a, &tx)))
+        .unwrap_or_else(|panic| {
+            Err(anyhow::anyhow!(
+                "internal error (a bug: please report it): {}",
+                grandis_fabric::panic_message(panic.as_ref())
+            ))
+        });
     let outcome = match result {
         Ok(summary) => {
             tracing::info!(
@@ -223,6 +232,7 @@ fn execute(
         bail!("dataset {}: not found on this server", dir.display());
     }
     let dataset = grandis_store::Dataset::open(&dir)
+        .and_then(|d| d.check_structure().map(|()| d))
         .with_context(|| format!("opening dataset {}", dir.display()))?;
     let view = dataset.view();
     // The job as this server runs it: with the budget resolved.
