@@ -43,6 +43,20 @@ impl ModelConfig {
         }
     }
 
+    /// The name and shape of every parameter of this model, in creation order, computed
+    /// without building it (a checkpoint's tensors are checked against it before anything is
+    /// allocated).
+    pub fn parameter_shapes(&self) -> std::result::Result<Vec<(String, Vec<usize>)>, String> {
+        self.validate()?;
+        let mut layout = crate::param::ParamLayout::new(self.layer_norm);
+        crate::arch::stages(&mut layout, self);
+        Ok(layout
+            .specs
+            .into_iter()
+            .map(|p| (p.name, p.shape))
+            .collect())
+    }
+
     pub fn validate(&self) -> std::result::Result<(), String> {
         if self.layers == 0 {
             return Err("layers must be at least 1".into());

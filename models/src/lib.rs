@@ -22,7 +22,7 @@
 //! input, which the runner keeps anyway: every step is deterministic and dropout masks are a
 //! pure function of their key, so this is bit-identical and saves one input-sized tensor per
 //! layer, the largest one when halos are large.//!
-//! Files: `config` (what fixes a model), `param` (parameters and their creation), `arch` (one
+//! Files: `config` (what fixes a model), `param` (parameters, their layout and creation), `arch` (one
 //! file per architecture's stage layout), `stage` (stage forward and backward), `optim`
 //! (gradients, clipping, Adam); this file holds [`Model`] and the whole-model passes.
 
@@ -40,7 +40,7 @@ pub use grandis_wire::ModelKind;
 pub use param::Param;
 pub use stage::{StageCache, StageCtx};
 
-use param::ParamBuilder;
+use param::ParamLayout;
 use stage::{Stage, StageKind};
 
 /// A model: configuration, parameters, stages.
@@ -57,11 +57,12 @@ impl<B: Backend> Model<B> {
         config
             .validate()
             .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;
-        let mut pb = ParamBuilder::new(b, config.seed, config.layer_norm);
-        let stages = arch::stages(&mut pb, &config)?;
+        let mut layout = ParamLayout::new(config.layer_norm);
+        let stages = arch::stages(&mut layout, &config);
+        let params = layout.materialize(b, config.seed)?;
         Ok(Model {
             config,
-            params: pb.params,
+            params,
             stages,
         })
     }

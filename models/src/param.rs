@@ -24,76 +24,91 @@ impl<B: Backend> Param<B> {
     }
 }
 
-/// Creates a model's parameters in order; stage `s`'s are named `stage{s}.<name>`.
-pub(crate) struct ParamBuilder<'b, B: Backend> {
-    backend: &'b B,
-    rng: ChaCha8Rng,
+/// A model's parameters as a list of names, shapes and initialisations, in creation order;
+/// stage `s`'s are named `stage{s}.<name>`. Known without a backend (checkpoints are checked
+/// against it before any model is built); [`ParamLayout::materialize`] creates them.
+pub(crate) struct ParamLayout {
     layer_norm: bool,
-    pub params: Vec<Param<B>>,
+    pub specs: Vec<ParamSpec>,
 }
 
+/// One parameter of a [`ParamLayout`].
+pub(crate) struct ParamSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    init: Init,
+}
+
+#[derive(Clone, Copy)]
 enum Init {
     Glorot,
     Zeros,
     Ones,
 }
 
-impl<'b, B: Backend> ParamBuilder<'b, B> {
-    /// A builder drawing weights from `seed`; `layer_norm` says whether [`Self::norm`] creates
-    /// LayerNorm parameters.
-    pub fn new(backend: &'b B, seed: u64, layer_norm: bool) -> Self {
-        ParamBuilder {
-            backend,
-            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x6d6f_6465_6c73),
+impl ParamLayout {
+    /// An empty layout; `layer_norm` says whether [`Self::norm`] adds LayerNorm parameters.
+    pub fn new(layer_norm: bool) -> Self {
+        ParamLayout {
             layer_norm,
-            params: Vec::new(),
+            specs: Vec::new(),
         }
     }
 
-    fn add(&mut self, name: String, shape: Vec<usize>, init: Init) -> Result<usize> {
-        let len: usize = shape.iter().product();
-        let host: Vec<f32> = match init {
-            Init::Glorot => {
-                let limit = (6.0 / (shape[0] + shape[1]) as f64).sqrt() as f32;
-                (0..len)
-                    .map(|_| self.rng.gen_range(-limit..limit))
-                    .collect()
-            }
-            Init::Zeros => vec![0.0; len],
-            Init::Ones => vec![1.0; len],
-        };
-        let b = self.backend;
-        self.params.push(Param {
-            name,
-            shape,
-            value: b.upload(&host)?,
-            grad: b.alloc(len)?,
-            m: b.alloc(len)?,
-            v: b.alloc(len)?,
-        });
-        Ok(self.params.len() - 1)
+    fn add(&mut self, name: String, shape: Vec<usize>, init: Init) -> usize {
+        self.specs.push(ParamSpec { name, shape, init });
+        self.specs.len() - 1
     }
 
     /// A Glorot-initialised `d_in x d_out` weight of stage `s`.
-    pub fn linear(&mut self, s: usize, name: &str, d_in: usize, d_out: usize) -> Result<usize> {
+    pub fn linear(&mut self, s: usize, name: &str, d_in: usize, d_out: usize) -> usize {
         self.add(format!("stage{s}.{name}"), vec![d_in, d_out], Init::Glorot)
     }
 
     /// A zero bias of `d` values for stage `s`.
-    pub fn bias(&mut self, s: usize, d: usize) -> Result<usize> {
+    pub fn bias(&mut self, s: usize, d: usize) -> usize {
         self.add(format!("stage{s}.bias"), vec![d], Init::Zeros)
     }
 
     /// LayerNorm gain (ones) and shift (zeros) of width `d` for stage `s`, when the model has
     /// LayerNorm; `(None, None)` otherwise.
-    pub fn norm(&mut self, s: usize, d: usize) -> Result<(Option<usize>, Option<usize>)> {
+    pub fn norm(&mut self, s: usize, d: usize) -> (Option<usize>, Option<usize>) {
         if !self.layer_norm {
-            return Ok((None, None));
+            return (None, None);
         }
-        Ok((
-            Some(self.add(format!("stage{s}.ln_gamma"), vec![d], Init::Ones)?),
-            Some(self.add(format!("stage{s}.ln_beta"), vec![d], Init::Zeros)?),
-        ))
+        (
+            Some(self.add(format!("stage{s}.ln_gamma"), vec![d], Init::Ones)),
+            Some(self.add(format!("stage{s}.ln_beta"), vec![d], Init::Zeros)),
+        )
+    }
+
+    /// Creates the parameters on `b`, drawing the Glorot weights in order from one stream
+    /// seeded by `seed`.
+    pub fn materialize<B: Backend>(&self, b: &B, seed: u64) -> Result<Vec<Param<B>>> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6d6f_6465_6c73);
+        self.specs
+            .iter()
+            .map(|spec| {
+                let shape = &spec.shape;
+                let len: usize = shape.iter().product();
+                let host: Vec<f32> = match spec.init {
+                    Init::Glorot => {
+                        let limit = (6.0 / (shape[0] + shape[1]) as f64).sqrt() as f32;
+                        (0..len).map(|_| rng.gen_range(-limit..limit)).collect()
+                    }
+                    Init::Zeros => vec![0.0; len],
+                    Init::Ones => vec![1.0; len],
+                };
+                Ok(Param {
+                    name: spec.name.clone(),
+                    shape: shape.clone(),
+                    value: b.upload(&host)?,
+                    grad: b.alloc(len)?,
+                    m: b.alloc(len)?,
+                    v: b.alloc(len)?,
+                })
+            })
+            .collect()
     }
 }
 

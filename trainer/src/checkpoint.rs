@@ -1,6 +1,12 @@
 //! Checkpoints: parameters as safetensors tensors (named like the model's parameters), the
 //! model configuration, training options and epoch count as JSON in the safetensors metadata,
 //! and optionally the Adam moments (`adam_m.<name>`, `adam_v.<name>`) for `--resume`.
+//!
+//! Nothing in a checkpoint is trusted: the metadata carries an xxh3 checksum over itself and
+//! every tensor (in name order), so flipped bytes anywhere are an error, and the tensors must
+//! be exactly the parameters the stored model configuration has (names and shapes, computed
+//! without building the model), so metadata that claims a huge model is refused before
+//! anything is allocated.
 
 use crate::TrainOptions;
 use anyhow::{bail, Context};
@@ -13,6 +19,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 const META_KEY: &str = "grandis";
+/// Metadata key of the checksum: xxh3-64 (hex) of the `META_KEY` JSON and then every tensor's
+/// name and little-endian bytes, in name order.
+const CHECKSUM_KEY: &str = "grandis_xxh3";
 const FORMAT: &str = "grandis-checkpoint-v1";
 
 #[derive(Serialize, Deserialize)]
@@ -35,6 +44,20 @@ pub struct Checkpoint {
 
 fn to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The checksum of a checkpoint's metadata JSON and its `(name, bytes)` tensors.
+fn checksum<'a>(meta_json: &str, tensors: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> String {
+    let mut sorted: Vec<(&str, &[u8])> = tensors.into_iter().collect();
+    sorted.sort_by_key(|(name, _)| *name);
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(meta_json.as_bytes());
+    for (name, bytes) in sorted {
+        h.update(name.as_bytes());
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    }
+    format!("{:016x}", h.digest())
 }
 
 /// Writes `model` (and, with `with_optimizer`, its Adam moments) to `path` atomically.
@@ -73,8 +96,14 @@ pub fn save_checkpoint<B: Backend>(
         epochs_done,
         has_optimizer: with_optimizer,
     };
+    let meta_json = serde_json::to_string(&meta)?;
+    let sum = checksum(
+        &meta_json,
+        owned.iter().map(|(n, _, b)| (n.as_str(), b.as_slice())),
+    );
     let mut info = HashMap::new();
-    info.insert(META_KEY.to_string(), serde_json::to_string(&meta)?);
+    info.insert(META_KEY.to_string(), meta_json);
+    info.insert(CHECKSUM_KEY.to_string(), sum);
     let views = owned
         .iter()
         .map(|(name, shape, bytes)| {
@@ -102,11 +131,13 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
         std::fs::read(path).with_context(|| format!("reading checkpoint {}", path.display()))?;
     let (_, metadata) = SafeTensors::read_metadata(&bytes)
         .with_context(|| format!("{}: not a safetensors file", path.display()))?;
-    let meta_json = metadata
-        .metadata()
-        .as_ref()
+    let entries = metadata.metadata().as_ref();
+    let meta_json = entries
         .and_then(|m| m.get(META_KEY))
         .with_context(|| format!("{}: no '{META_KEY}' metadata entry", path.display()))?;
+    let stored_sum = entries
+        .and_then(|m| m.get(CHECKSUM_KEY))
+        .with_context(|| format!("{}: no '{CHECKSUM_KEY}' checksum entry", path.display()))?;
     let meta: Meta = serde_json::from_str(meta_json)
         .with_context(|| format!("{}: invalid '{META_KEY}' metadata", path.display()))?;
     if meta.format != FORMAT {
@@ -118,6 +149,20 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
     }
     let st = SafeTensors::deserialize(&bytes)
         .with_context(|| format!("{}: corrupt safetensors data", path.display()))?;
+    let views = st.tensors();
+    let sum = checksum(meta_json, views.iter().map(|(n, t)| (n.as_str(), t.data())));
+    if sum != *stored_sum {
+        bail!(
+            "{}: checksum mismatch (stored {stored_sum}, computed {sum}): the file is corrupt",
+            path.display()
+        );
+    }
+    check_tensors(&meta, &views).with_context(|| {
+        format!(
+            "{}: the tensors do not match the stored model configuration",
+            path.display()
+        )
+    })?;
     let mut tensors = HashMap::new();
     for name in st.names() {
         let t = st.tensor(name)?;
@@ -142,6 +187,46 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
         tensors,
         has_optimizer: meta.has_optimizer,
     })
+}
+
+/// Checks that `views` are exactly the parameters (and, with optimizer state, the Adam
+/// moments) of `meta.model`, with their shapes.
+fn check_tensors(meta: &Meta, views: &[(String, TensorView<'_>)]) -> anyhow::Result<()> {
+    // A plain stack has 2 to 5 tensors per layer: more layers than tensors cannot match, and
+    // laying out 2^40 layers would take forever.
+    if meta.model.layers > views.len() {
+        bail!(
+            "the configuration has {} layers but the file only {} tensors",
+            meta.model.layers,
+            views.len()
+        );
+    }
+    let shapes = meta
+        .model
+        .parameter_shapes()
+        .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;
+    let mut expected: HashMap<String, Vec<usize>> = HashMap::new();
+    for (name, shape) in shapes {
+        if meta.has_optimizer {
+            expected.insert(format!("adam_m.{name}"), shape.clone());
+            expected.insert(format!("adam_v.{name}"), shape.clone());
+        }
+        expected.insert(name, shape);
+    }
+    for (name, view) in views {
+        match expected.remove(name) {
+            None => bail!("unexpected tensor '{name}'"),
+            Some(shape) if shape != view.shape() => bail!(
+                "tensor '{name}' has shape {:?}, the configuration says {shape:?}",
+                view.shape()
+            ),
+            Some(_) => {}
+        }
+    }
+    if let Some(name) = expected.keys().min() {
+        bail!("tensor '{name}' is missing");
+    }
+    Ok(())
 }
 
 impl Checkpoint {
@@ -177,5 +262,124 @@ impl Checkpoint {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grandis_engine::CpuBackend;
+    use grandis_models::ModelKind;
+
+    fn saved(dir: &Path) -> std::path::PathBuf {
+        let b = CpuBackend::new(Some(1)).unwrap();
+        let config = ModelConfig {
+            kind: ModelKind::Sage,
+            layers: 2,
+            in_dim: 5,
+            hidden: 4,
+            classes: 3,
+            dropout: 0.0,
+            layer_norm: true,
+            seed: 1,
+        };
+        let model = Model::new(&b, config).unwrap();
+        let path = dir.join("m.safetensors");
+        save_checkpoint(&path, &b, &model, None, 3, true).unwrap();
+        path
+    }
+
+    /// Rewrites the checkpoint at `path` with its metadata changed by `edit` and a VALID
+    /// checksum, so only the other checks can catch the forgery.
+    fn forge(path: &Path, edit: impl Fn(&mut serde_json::Value)) {
+        let bytes = std::fs::read(path).unwrap();
+        let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+        let mut meta: serde_json::Value =
+            serde_json::from_str(&header.metadata().as_ref().unwrap()[META_KEY]).unwrap();
+        edit(&mut meta);
+        let meta_json = meta.to_string();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let views = st.tensors();
+        let sum = checksum(
+            &meta_json,
+            views.iter().map(|(n, t)| (n.as_str(), t.data())),
+        );
+        let info = HashMap::from([
+            (META_KEY.to_string(), meta_json),
+            (CHECKSUM_KEY.to_string(), sum),
+        ]);
+        let out = safetensors::serialize(views, Some(info)).unwrap();
+        std::fs::write(path, out).unwrap();
+    }
+
+    fn load_error(path: &Path) -> String {
+        match load_checkpoint(path) {
+            Ok(_) => panic!("{} loaded", path.display()),
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    #[test]
+    fn intact_checkpoint_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = load_checkpoint(&saved(dir.path())).unwrap();
+        assert_eq!(ck.epochs_done, 3);
+        assert_eq!(ck.model.hidden, 4);
+    }
+
+    #[test]
+    fn flipped_tensor_byte_is_a_checksum_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = saved(dir.path());
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0x40;
+        std::fs::write(&path, bytes).unwrap();
+        let err = load_error(&path);
+        assert!(err.contains("checksum mismatch"), "{err}");
+    }
+
+    #[test]
+    fn edited_metadata_is_a_checksum_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = saved(dir.path());
+        let text = std::fs::read(&path).unwrap();
+        // "epochs_done":3 -> "epochs_done":9 in the header, same length.
+        let needle = b"\\\"epochs_done\\\":3";
+        let at = text
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .expect("epochs_done in the header");
+        let mut bytes = text.clone();
+        bytes[at + needle.len() - 1] = b'9';
+        std::fs::write(&path, bytes).unwrap();
+        let err = load_error(&path);
+        assert!(err.contains("checksum mismatch"), "{err}");
+    }
+
+    #[test]
+    fn metadata_claiming_a_huge_model_is_refused_before_allocating() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = saved(dir.path());
+        forge(&path, |m| {
+            m["model"]["hidden"] = serde_json::json!(1u64 << 40)
+        });
+        let err = load_error(&path);
+        assert!(
+            err.contains("do not match") && err.contains("shape"),
+            "{err}"
+        );
+
+        let path = saved(dir.path());
+        forge(&path, |m| {
+            m["model"]["layers"] = serde_json::json!(1u64 << 40)
+        });
+        let err = load_error(&path);
+        assert!(err.contains("layers"), "{err}");
+
+        let path = saved(dir.path());
+        forge(&path, |m| m["has_optimizer"] = serde_json::json!(false));
+        let err = load_error(&path);
+        assert!(err.contains("unexpected tensor 'adam_"), "{err}");
     }
 }

@@ -1,16 +1,14 @@
 //! GCN (Kipf & Welling): a layer computes `h' = Â h W + b` with the symmetric normalisation
 //! `Â = D^-1/2 (A + I) D^-1/2` ([`crate::aggregation`] picks it), one weight and no self term.
 
-use grandis_engine::{Backend, Result};
-
-use crate::param::ParamBuilder;
+use crate::param::ParamLayout;
 
 /// The one weight of stage `s`, applied to the aggregated neighbourhood.
-pub(super) fn layer_weights<B: Backend>(
-    pb: &mut ParamBuilder<'_, B>,
+pub(super) fn layer_weights(
+    pb: &mut ParamLayout,
     s: usize,
     d_in: usize,
     d_out: usize,
-) -> Result<(Option<usize>, Option<usize>)> {
-    Ok((None, Some(pb.linear(s, "weight", d_in, d_out)?)))
+) -> (Option<usize>, Option<usize>) {
+    (None, Some(pb.linear(s, "weight", d_in, d_out)))
 }

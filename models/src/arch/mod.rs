@@ -1,6 +1,6 @@
-//! One file per architecture. Each lays out the stages of its model and creates their
-//! parameters through a [`ParamBuilder`] in a fixed order, so a seed fixes every initial
-//! weight. Sage, GCN and the MLP are plain stacks that differ only in the weights of a layer;
+//! One file per architecture. Each lays out the stages of its model and declares their
+//! parameters in a [`ParamLayout`] in a fixed order, so a seed fixes every initial weight and
+//! the shapes are known without a backend. Sage, GCN and the MLP are plain stacks that differ only in the weights of a layer;
 //! ResSAGE+ has an encoder, res+ blocks and a head.
 
 mod gcn;
@@ -8,17 +8,12 @@ mod mlp;
 mod ressage;
 mod sage;
 
-use grandis_engine::{Backend, Result};
-
-use crate::param::ParamBuilder;
+use crate::param::ParamLayout;
 use crate::stage::{Stage, StageKind};
 use crate::{ModelConfig, ModelKind};
 
 /// The stages of `c`'s architecture, their parameters created in `pb`.
-pub(crate) fn stages<B: Backend>(
-    pb: &mut ParamBuilder<'_, B>,
-    c: &ModelConfig,
-) -> Result<Vec<Stage>> {
+pub(crate) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
     match c.kind {
         ModelKind::Sage => plain_stack(pb, c, sage::layer_weights),
         ModelKind::Gcn => plain_stack(pb, c, gcn::layer_weights),
@@ -29,28 +24,23 @@ pub(crate) fn stages<B: Backend>(
 
 /// The weights of one layer of a plain stack, created for stage `s` (`d_in x d_out`):
 /// `(w_self, w_neigh)`, indices into the parameters.
-type LayerWeights<B> =
-    fn(&mut ParamBuilder<'_, B>, usize, usize, usize) -> Result<(Option<usize>, Option<usize>)>;
+type LayerWeights = fn(&mut ParamLayout, usize, usize, usize) -> (Option<usize>, Option<usize>);
 
 /// `c.layers` layers `in_dim -> hidden -> ... -> classes`: each drops out its input, applies
 /// its weights and bias, and all but the last apply LayerNorm (if any) and ReLU after.
-fn plain_stack<B: Backend>(
-    pb: &mut ParamBuilder<'_, B>,
-    c: &ModelConfig,
-    weights: LayerWeights<B>,
-) -> Result<Vec<Stage>> {
+fn plain_stack(pb: &mut ParamLayout, c: &ModelConfig, weights: LayerWeights) -> Vec<Stage> {
     let mut stages = Vec::with_capacity(c.layers);
     for l in 0..c.layers {
         let s = stages.len();
         let d_in = if l == 0 { c.in_dim } else { c.hidden };
         let last = l + 1 == c.layers;
         let d_out = if last { c.classes } else { c.hidden };
-        let (w_self, w_neigh) = weights(pb, s, d_in, d_out)?;
-        let bias = pb.bias(s, d_out)?;
+        let (w_self, w_neigh) = weights(pb, s, d_in, d_out);
+        let bias = pb.bias(s, d_out);
         let (gamma, beta) = if last {
             (None, None)
         } else {
-            pb.norm(s, d_out)?
+            pb.norm(s, d_out)
         };
         stages.push(Stage {
             kind: StageKind::Conv {
@@ -67,5 +57,5 @@ fn plain_stack<B: Backend>(
             beta,
         });
     }
-    Ok(stages)
+    stages
 }

@@ -2,21 +2,16 @@
 //! features to `hidden`; conv `l` computes `h + SAGE(dropout(relu(norm(h))))` for `l > 0` (the
 //! first reads the encoder output directly); the head is `norm -> relu -> dropout -> linear`.
 
-use grandis_engine::{Backend, Result};
-
-use crate::param::ParamBuilder;
+use crate::param::ParamLayout;
 use crate::stage::{Stage, StageKind};
 use crate::ModelConfig;
 
 /// Encoder, `c.layers` res+ convolutions, head.
-pub(super) fn stages<B: Backend>(
-    pb: &mut ParamBuilder<'_, B>,
-    c: &ModelConfig,
-) -> Result<Vec<Stage>> {
+pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
     let h = c.hidden;
     let mut stages = Vec::with_capacity(c.layers + 2);
-    let w = pb.linear(0, "weight", c.in_dim, h)?;
-    let bias = pb.bias(0, h)?;
+    let w = pb.linear(0, "weight", c.in_dim, h);
+    let bias = pb.bias(0, h);
     stages.push(Stage {
         kind: StageKind::Encoder,
         d_in: c.in_dim,
@@ -29,11 +24,11 @@ pub(super) fn stages<B: Backend>(
     });
     for l in 0..c.layers {
         let s = stages.len();
-        let w_self = Some(pb.linear(s, "w_self", h, h)?);
-        let w_neigh = Some(pb.linear(s, "w_neigh", h, h)?);
-        let bias = pb.bias(s, h)?;
+        let w_self = Some(pb.linear(s, "w_self", h, h));
+        let w_neigh = Some(pb.linear(s, "w_neigh", h, h));
+        let bias = pb.bias(s, h);
         // The first convolution reads the encoder output directly (DeeperGCN).
-        let (gamma, beta) = if l == 0 { (None, None) } else { pb.norm(s, h)? };
+        let (gamma, beta) = if l == 0 { (None, None) } else { pb.norm(s, h) };
         stages.push(Stage {
             kind: StageKind::Conv {
                 pre: l > 0,
@@ -50,9 +45,9 @@ pub(super) fn stages<B: Backend>(
         });
     }
     let s = stages.len();
-    let (gamma, beta) = pb.norm(s, h)?;
-    let w = pb.linear(s, "weight", h, c.classes)?;
-    let bias = pb.bias(s, c.classes)?;
+    let (gamma, beta) = pb.norm(s, h);
+    let w = pb.linear(s, "weight", h, c.classes);
+    let bias = pb.bias(s, c.classes);
     stages.push(Stage {
         kind: StageKind::Head,
         d_in: h,
@@ -63,5 +58,5 @@ pub(super) fn stages<B: Backend>(
         gamma,
         beta,
     });
-    Ok(stages)
+    stages
 }

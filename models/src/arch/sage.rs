@@ -1,19 +1,17 @@
 //! GraphSAGE with the mean aggregator (Hamilton et al.): a layer computes
 //! `h' = h W_self + mean_{u in N(v)} h_u W_neigh + b`.
 
-use grandis_engine::{Backend, Result};
-
-use crate::param::ParamBuilder;
+use crate::param::ParamLayout;
 
 /// `W_self` and `W_neigh` of stage `s`.
-pub(super) fn layer_weights<B: Backend>(
-    pb: &mut ParamBuilder<'_, B>,
+pub(super) fn layer_weights(
+    pb: &mut ParamLayout,
     s: usize,
     d_in: usize,
     d_out: usize,
-) -> Result<(Option<usize>, Option<usize>)> {
-    Ok((
-        Some(pb.linear(s, "w_self", d_in, d_out)?),
-        Some(pb.linear(s, "w_neigh", d_in, d_out)?),
-    ))
+) -> (Option<usize>, Option<usize>) {
+    (
+        Some(pb.linear(s, "w_self", d_in, d_out)),
+        Some(pb.linear(s, "w_neigh", d_in, d_out)),
+    )
 }
