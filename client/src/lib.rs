@@ -65,6 +65,11 @@ fn status_error(url: String, status: u16, text: String) -> CallError {
     CallError::Status { url, status, body }
 }
 
+/// The error of a 204 where an answer was expected.
+fn empty_reply(path: &str) -> CallError {
+    CallError::Transport(format!("{path}: empty reply"))
+}
+
 /// The format of a job document sent to [`Client::submit`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JobFormat {
@@ -181,9 +186,10 @@ impl Client {
         body: Option<(&str, &str)>,
     ) -> Result<T, CallError> {
         self.call(method, path, body)?
-            .ok_or_else(|| CallError::Transport(format!("{path}: empty reply")))
+            .ok_or_else(|| empty_reply(path))
     }
 
+    /// A POST of `body` as JSON whose answer is a `T` (None for 204).
     fn post_json<T: DeserializeOwned>(
         &self,
         path: &str,
@@ -296,14 +302,14 @@ impl Client {
 
     /// Daemon protocol: registers a daemon.
     pub fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, CallError> {
-        self.post_json("/v1/daemon/register", req)?
-            .ok_or_else(|| CallError::Transport("empty registration reply".into()))
+        let path = "/v1/daemon/register";
+        self.post_json(path, req)?.ok_or_else(|| empty_reply(path))
     }
 
     /// Daemon protocol: one heartbeat.
     pub fn heartbeat(&self, req: &HeartbeatRequest) -> Result<HeartbeatResponse, CallError> {
-        self.post_json("/v1/daemon/heartbeat", req)?
-            .ok_or_else(|| CallError::Transport("empty heartbeat reply".into()))
+        let path = "/v1/daemon/heartbeat";
+        self.post_json(path, req)?.ok_or_else(|| empty_reply(path))
     }
 
     /// Daemon protocol: an event of a job the daemon runs.

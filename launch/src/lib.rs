@@ -225,6 +225,14 @@ pub fn start_coordinator(
     Ok((p, format!("http://{}", addr.trim())))
 }
 
+/// Where a launched daemon says it registered: its `ready_file`, which it must have.
+fn ready_file(config: &DaemonConfig) -> anyhow::Result<&Path> {
+    config
+        .ready_file
+        .as_deref()
+        .context("a launched daemon needs a ready_file")
+}
+
 /// Starts a daemon of `config` (which must name a `ready_file`) with its config file
 /// `dir/<label>.toml` and log `log`; [`wait_ready`] then waits for its registration, so many
 /// daemons can come up together.
@@ -234,11 +242,7 @@ pub fn start_daemon(
     dir: &Path,
     log: &Path,
 ) -> anyhow::Result<Proc> {
-    let ready = config
-        .ready_file
-        .as_ref()
-        .context("a launched daemon needs a ready_file")?;
-    let _ = std::fs::remove_file(ready);
+    let _ = std::fs::remove_file(ready_file(config)?);
     let cfg = dir.join(format!("{}.toml", config.label));
     write_toml(&cfg, config)?;
     Proc::spawn(
@@ -251,10 +255,7 @@ pub fn start_daemon(
 
 /// Waits until the daemon `proc` of `config` registered; its [`Ready`] file.
 pub fn wait_ready(proc: &mut Proc, config: &DaemonConfig) -> anyhow::Result<Ready> {
-    let path = config
-        .ready_file
-        .as_ref()
-        .context("a launched daemon needs a ready_file")?;
+    let path = ready_file(config)?;
     let text = wait_file(path, proc, START_TIMEOUT)?;
     serde_json::from_str(&text).with_context(|| format!("malformed ready file {}", path.display()))
 }

@@ -164,8 +164,7 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
         )
     })?;
     let mut tensors = HashMap::new();
-    for name in st.names() {
-        let t = st.tensor(name)?;
+    for (name, t) in views {
         if t.dtype() != Dtype::F32 {
             bail!(
                 "{}: tensor '{name}' has dtype {:?}, expected F32",
@@ -178,7 +177,7 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        tensors.insert(name.to_string(), (t.shape().to_vec(), data));
+        tensors.insert(name, (t.shape().to_vec(), data));
     }
     Ok(Checkpoint {
         model: meta.model,
