@@ -15,10 +15,16 @@ pub struct CoordinatorArgs {
     /// Print the merged configuration (with the source of every key) and exit.
     #[arg(long)]
     pub print_config: bool,
-    /// Once listening, write the bound address (host:port) to this file (useful with
-    /// `listen = "127.0.0.1:0"`).
+    /// Once listening (and the database is open), write the bound address (host:port) to this
+    /// file (useful with `listen = "127.0.0.1:0"`).
     #[arg(long)]
     pub addr_file: Option<PathBuf>,
+    /// If the job database is damaged (the coordinator refuses to start and says so), move it
+    /// aside to DB_PATH.damaged-UNIXSECONDS and start with a new, empty one. Jobs in the old
+    /// file are not carried over; daemons register again by themselves. A healthy database is
+    /// left alone, so the flag is safe to leave in a unit file.
+    #[arg(long)]
+    pub reset_damaged_db: bool,
 }
 
 pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
@@ -35,15 +41,19 @@ pub fn run(args: CoordinatorArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    if args.reset_damaged_db {
+        // Logs where the old file went when it moves it.
+        grandis_coordinator::store::Store::set_aside_if_damaged(&config.db_path)?;
+    }
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&config.listen)
             .await
             .with_context(|| format!("listen: cannot bind {}", config.listen))?;
-        let addr = listener.local_addr()?;
+        let handle = grandis_coordinator::spawn(config, listener).await?;
         if let Some(path) = &args.addr_file {
-            grandis_store::write_file_atomic(path, addr.to_string().as_bytes())
+            grandis_store::write_file_atomic(path, handle.local_addr().to_string().as_bytes())
                 .with_context(|| format!("--addr-file: writing {}", path.display()))?;
         }
-        grandis_coordinator::serve(config, listener).await
+        handle.run_until_signal().await
     })
 }

@@ -359,6 +359,84 @@ fn coordinator_restart_keeps_queued_and_finished_jobs() {
 }
 
 #[test]
+fn truncated_job_database_is_a_clear_error_and_reset_starts_over() {
+    let c = Cluster::new(EXE, &["solo"], Timing::default()).unwrap();
+    let (mut coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let api = Rest::new(&url);
+    let queued = api
+        .submit(
+            &c.token,
+            &json!({"dataset": "/nowhere", "servers": 1, "epochs": 1}),
+        )
+        .unwrap();
+    assert_eq!(api.job(&c.token, queued).unwrap()["state"], "queued");
+    coord.terminate(Duration::from_secs(5));
+    let db = c.path("coord.redb");
+    let bytes = std::fs::read(&db).unwrap();
+    std::fs::write(&db, &bytes[..bytes.len() / 3]).unwrap();
+
+    let config = c.path("coordinator.toml").display().to_string();
+    let (ok, _, err) = run_grandis(
+        EXE,
+        &["coordinator", "--config", &config],
+        Duration::from_secs(20),
+    )
+    .unwrap();
+    assert!(!ok);
+    assert!(
+        err.contains("is damaged") && err.contains("--reset-damaged-db"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(std::fs::read(&db).unwrap(), &bytes[..bytes.len() / 3]);
+
+    let addr_file = c.path("reset.addr");
+    let mut reset = grandis_launch::Proc::spawn(
+        "coordinator",
+        std::path::Path::new(EXE),
+        &[
+            "coordinator",
+            "--config",
+            &config,
+            "--reset-damaged-db",
+            "--addr-file",
+            &addr_file.display().to_string(),
+        ],
+        &c.path("reset.log"),
+    )
+    .unwrap();
+    let addr = grandis_launch::wait_file(&addr_file, &mut reset, Duration::from_secs(20)).unwrap();
+    let api = Rest::new(&format!("http://{}", addr.trim()));
+    let jobs = api.get("/v1/jobs", Some(&c.token)).unwrap();
+    assert_eq!(jobs.status, 200);
+    assert_eq!(
+        jobs.body.as_array().map(Vec::len),
+        Some(0),
+        "{:?}",
+        jobs.body
+    );
+    let aside: Vec<_> = std::fs::read_dir(c.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("coord.redb.damaged-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1);
+    assert_eq!(
+        std::fs::read(aside[0].path()).unwrap(),
+        &bytes[..bytes.len() / 3]
+    );
+    assert!(
+        reset.log_text().contains("moved it to"),
+        "{}",
+        reset.log_text()
+    );
+}
+
+#[test]
 fn bad_requests_are_4xx_with_a_message_and_no_token_is_401() {
     let c = Cluster::new(EXE, &["solo"], Timing::default()).unwrap();
     let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();

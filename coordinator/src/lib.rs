@@ -57,6 +57,23 @@ impl CoordinatorHandle {
     pub async fn wait(self) -> anyhow::Result<()> {
         self.task.await.context("coordinator task panicked")?
     }
+
+    /// Serves until `shutdown` resolves (or the coordinator fails), then stops it.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let mut task = self.task;
+        tokio::select! {
+            res = &mut task => return res.context("coordinator task panicked")?,
+            _ = shutdown => {}
+        }
+        tracing::info!("shutting down");
+        let _ = self.stop.send(true);
+        task.await.context("coordinator task panicked")?
+    }
+
+    /// Serves until Ctrl-C or SIGTERM.
+    pub async fn run_until_signal(self) -> anyhow::Result<()> {
+        self.run_until(shutdown_signal()).await
+    }
 }
 
 /// Opens the database and starts serving on `listener` in the background.
@@ -79,21 +96,12 @@ pub async fn serve_with_shutdown(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let handle = spawn(config, listener).await?;
-    let stop = handle.stop.clone();
-    let mut task = handle.task;
-    tokio::select! {
-        res = &mut task => return res.context("coordinator task panicked")?,
-        _ = shutdown => {}
-    }
-    tracing::info!("shutting down");
-    let _ = stop.send(true);
-    task.await.context("coordinator task panicked")?
+    spawn(config, listener).await?.run_until(shutdown).await
 }
 
 /// Serves until Ctrl-C or SIGTERM.
 pub async fn serve(config: CoordinatorConfig, listener: TcpListener) -> anyhow::Result<()> {
-    serve_with_shutdown(config, listener, shutdown_signal()).await
+    spawn(config, listener).await?.run_until_signal().await
 }
 
 /// Builds a runtime, binds `config.listen` and serves until Ctrl-C or SIGTERM (for the CLI).

@@ -5,9 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use std::panic::AssertUnwindSafe;
+
 use anyhow::{anyhow, Context};
 use grandis_wire::{EpochProgress, JobId, JobSpec, JobState, RunSummary, ServerSlot};
-use redb::{Database, Durability, ReadableTable, TableDefinition};
+use redb::{Database, DatabaseError, Durability, ReadableTable, StorageError, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
@@ -41,23 +43,68 @@ pub struct Store {
 }
 
 impl Store {
+    /// Opens (or creates) the database. A damaged file is a [`Damaged`] error, whose message
+    /// says how to start over; redb repairs what it can (an unclean shutdown) by itself.
     pub fn open(path: &Path) -> anyhow::Result<Store> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating the directory of {}", path.display()))?;
         }
-        let db = Database::create(path)
-            .with_context(|| format!("opening coordinator database {}", path.display()))?;
-        // Create the tables up front so that readers never meet a missing table.
-        let tx = db.begin_write()?;
-        tx.open_table(JOBS)?;
-        tx.open_table(META)?;
-        tx.open_table(TERMS)?;
-        tx.commit()?;
-        Ok(Store {
+        let store = Store {
             path: path.to_path_buf(),
-            db: Mutex::new(Some(db)),
-        })
+            db: Mutex::new(Some(open_redb(path)?)),
+        };
+        // Create the tables up front so that readers never meet a missing table.
+        store.with_db(|db| {
+            let tx = db.begin_write()?;
+            tx.open_table(JOBS)?;
+            tx.open_table(META)?;
+            tx.open_table(TERMS)?;
+            tx.commit()?;
+            Ok(())
+        })?;
+        Ok(store)
+    }
+
+    /// Moves a damaged database at `path` aside (to `PATH.damaged-UNIXSECONDS`) so that a new
+    /// one can be created there; returns where it went, or `None` when the file opens fine (or
+    /// does not exist) and was left alone. What the old file held is lost to the new one.
+    pub fn set_aside_if_damaged(path: &Path) -> anyhow::Result<Option<PathBuf>> {
+        if !path.exists() {
+            return Ok(None);
+        }
+        let damaged = match Store::open(path).and_then(|s| s.check_readable()) {
+            Ok(()) => return Ok(None),
+            Err(e) if e.downcast_ref::<Damaged>().is_some() => e,
+            Err(e) => return Err(e),
+        };
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(format!(".damaged-{secs}"));
+        let aside = PathBuf::from(aside);
+        std::fs::rename(path, &aside).with_context(|| {
+            format!(
+                "moving the damaged database {} to {}",
+                path.display(),
+                aside.display()
+            )
+        })?;
+        tracing::warn!(
+            "{damaged:#}: moved it to {} and starting a new database",
+            aside.display()
+        );
+        Ok(Some(aside))
+    }
+
+    /// Reads every row once (what a coordinator does at start), so damage shows up here.
+    fn check_readable(&self) -> anyhow::Result<()> {
+        self.load_jobs()?;
+        self.load_terms()?;
+        self.meta(NEXT_JOB_ID)?;
+        self.meta(NEXT_DAEMON_ID)?;
+        Ok(())
     }
 
     fn with_db<T>(&self, f: impl FnOnce(&Database) -> anyhow::Result<T>) -> anyhow::Result<T> {
@@ -65,18 +112,27 @@ impl Store {
         let db = guard
             .as_ref()
             .ok_or_else(|| anyhow!("database {} is closed", self.path.display()))?;
-        f(db).with_context(|| format!("coordinator database {}", self.path.display()))
+        // redb asserts on some damaged pages instead of returning an error.
+        match grandis_telemetry::panic::catch_quietly(AssertUnwindSafe(|| f(db))) {
+            Ok(result) => result.map_err(|e| match storage_damage(&e) {
+                Some(reason) => Damaged::new(&self.path, reason).into(),
+                None => e.context(format!("coordinator database {}", self.path.display())),
+            }),
+            Err(panic) => Err(Damaged::new(&self.path, panic).into()),
+        }
     }
 
     pub fn load_jobs(&self) -> anyhow::Result<Vec<JobRecord>> {
+        let path = &self.path;
         self.with_db(|db| {
             let tx = db.begin_read()?;
             let table = tx.open_table(JOBS)?;
             let mut out = Vec::new();
             for row in table.iter()? {
                 let (k, v) = row?;
-                let rec: JobRecord = serde_json::from_slice(v.value())
-                    .with_context(|| format!("job {} is corrupt", k.value()))?;
+                let rec: JobRecord = serde_json::from_slice(v.value()).map_err(|e| {
+                    Damaged::new(path, format!("job {} does not parse: {e}", k.value()))
+                })?;
                 out.push(rec);
             }
             Ok(out)
@@ -156,6 +212,90 @@ impl Store {
     }
 }
 
+/// The database file is damaged (truncated, overwritten, or written by something else): the
+/// coordinator cannot read its jobs. The message says how to start over.
+#[derive(Debug)]
+pub struct Damaged {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+impl Damaged {
+    fn new(path: &Path, reason: impl Into<String>) -> Damaged {
+        Damaged {
+            path: path.to_path_buf(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Damaged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "coordinator database {} is damaged ({}). To start over with a new database, \
+             keeping the damaged file beside it, run the coordinator once with \
+             --reset-damaged-db (queued and running jobs in the old file are not carried \
+             over; daemons register again by themselves). See docs/guide.md, \"Troubleshooting\".",
+            self.path.display(),
+            self.reason
+        )
+    }
+}
+
+impl std::error::Error for Damaged {}
+
+/// Opens or creates the redb file. redb 2 panics (an assertion in its page manager) on a file
+/// shorter than its header says, which is what any truncation leaves: that, and the errors
+/// redb itself calls corruption, are [`Damaged`].
+fn open_redb(path: &Path) -> anyhow::Result<Database> {
+    match grandis_telemetry::panic::catch_quietly(|| Database::create(path)) {
+        Ok(Ok(db)) => Ok(db),
+        Ok(Err(DatabaseError::Storage(StorageError::Corrupted(reason)))) => {
+            Err(Damaged::new(path, reason).into())
+        }
+        // What redb says of a file that is not one of its databases (bad magic, too short).
+        Ok(Err(DatabaseError::Storage(StorageError::Io(e))))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            Err(Damaged::new(path, format!("not a readable redb file: {e}")).into())
+        }
+        Ok(Err(DatabaseError::RepairAborted)) => {
+            Err(Damaged::new(path, "redb could not repair it").into())
+        }
+        Ok(Err(e)) => Err(anyhow::Error::new(e)
+            .context(format!("opening coordinator database {}", path.display()))),
+        Err(panic) => Err(Damaged::new(path, format!("redb: {panic}")).into()),
+    }
+}
+
+/// The reason, when an error from inside a transaction is redb reporting corruption.
+fn storage_damage(e: &anyhow::Error) -> Option<String> {
+    e.chain().find_map(|cause| {
+        let storage = cause
+            .downcast_ref::<StorageError>()
+            .or_else(|| match cause.downcast_ref::<redb::TransactionError>() {
+                Some(redb::TransactionError::Storage(s)) => Some(s),
+                _ => None,
+            })
+            .or_else(|| match cause.downcast_ref::<redb::TableError>() {
+                Some(redb::TableError::Storage(s)) => Some(s),
+                _ => None,
+            })
+            .or_else(|| match cause.downcast_ref::<redb::CommitError>() {
+                Some(redb::CommitError::Storage(s)) => Some(s),
+                _ => None,
+            });
+        match storage {
+            Some(StorageError::Corrupted(reason)) => Some(reason.clone()),
+            _ => None,
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,5 +335,114 @@ mod tests {
         assert_eq!(s.meta(NEXT_JOB_ID).unwrap(), Some(5));
         assert_eq!(s.meta(NEXT_DAEMON_ID).unwrap(), None);
         assert_eq!(s.load_terms().unwrap(), vec![("a".to_string(), 3)]);
+    }
+}
+
+#[cfg(test)]
+mod damage_tests {
+    use super::*;
+
+    fn job(id: u64) -> JobRecord {
+        JobRecord {
+            id,
+            spec: JobSpec {
+                dataset: format!("dataset-{id}-{}", "x".repeat(2000)),
+                ..JobSpec::default()
+            },
+            state: JobState::Queued,
+            submitted_at_ms: id,
+            started_at_ms: None,
+            finished_at_ms: None,
+            servers: vec![],
+            finished_servers: vec![],
+            history: vec![],
+            summary: None,
+        }
+    }
+
+    fn filled_database(dir: &Path) -> (PathBuf, Vec<u8>) {
+        let path = dir.join("c.redb");
+        let s = Store::open(&path).unwrap();
+        for id in 0..400 {
+            s.put_job(&job(id), Some((NEXT_JOB_ID, id + 1)), id % 50 == 0)
+                .unwrap();
+        }
+        s.put_term("node-a", 3).unwrap();
+        s.close();
+        let bytes = std::fs::read(&path).unwrap();
+        (path, bytes)
+    }
+
+    /// Opens like a starting coordinator does; `Ok(jobs)` or the error's text.
+    fn open_and_read(path: &Path) -> Result<usize, anyhow::Error> {
+        let s = Store::open(path)?;
+        s.check_readable()?;
+        Ok(s.load_jobs()?.len())
+    }
+
+    #[test]
+    fn every_truncation_is_a_damaged_error_naming_the_way_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, full) = filled_database(dir.path());
+        assert!(full.len() > 1 << 20, "{} bytes", full.len());
+        let cuts = (1..full.len())
+            .step_by(full.len() / 23)
+            .chain([4096, full.len() - 1]);
+        for cut in cuts {
+            let p = dir.path().join(format!("t{cut}.redb"));
+            std::fs::write(&p, &full[..cut]).unwrap();
+            let err = open_and_read(&p).expect_err("a truncated file opened");
+            let damaged = err
+                .downcast_ref::<Damaged>()
+                .unwrap_or_else(|| panic!("cut {cut}: not Damaged: {err:#}"));
+            assert_eq!(damaged.path, p);
+            let text = err.to_string();
+            assert!(
+                text.contains("is damaged") && text.contains("--reset-damaged-db"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn flipped_bytes_never_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, full) = filled_database(dir.path());
+        let mut rng = 0x9e3779b97f4a7c15u64;
+        for trial in 0..40 {
+            let mut bytes = full.clone();
+            for _ in 0..8 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let at = (rng % bytes.len() as u64) as usize;
+                bytes[at] ^= 0x5a;
+            }
+            let p = dir.path().join(format!("f{trial}.redb"));
+            std::fs::write(&p, &bytes).unwrap();
+            // Either it still reads (redb repaired it, or the flips hit free space) or it is
+            // an error; a panic fails the test.
+            if let Err(e) = open_and_read(&p) {
+                assert!(!format!("{e:#}").is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn reset_sets_a_damaged_file_aside_and_leaves_a_healthy_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, full) = filled_database(dir.path());
+        assert_eq!(Store::set_aside_if_damaged(&path).unwrap(), None);
+        assert_eq!(open_and_read(&path).unwrap(), 400);
+        assert_eq!(
+            Store::set_aside_if_damaged(&dir.path().join("absent.redb")).unwrap(),
+            None
+        );
+
+        std::fs::write(&path, &full[..full.len() / 2]).unwrap();
+        let aside = Store::set_aside_if_damaged(&path).unwrap().expect("moved");
+        assert!(aside.to_string_lossy().contains("c.redb.damaged-"));
+        assert_eq!(std::fs::read(&aside).unwrap(), &full[..full.len() / 2]);
+        assert_eq!(open_and_read(&path).unwrap(), 0);
     }
 }

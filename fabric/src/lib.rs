@@ -151,7 +151,7 @@ where
                         Ok(r) => r,
                         Err(panic) => Err(anyhow::anyhow!(
                             "rank {rank} panicked: {}",
-                            panic_message(panic.as_ref())
+                            grandis_telemetry::panic::message(panic.as_ref())
                         )),
                     },
                 };
@@ -188,16 +188,5 @@ where
     match root {
         Some((rank, e)) => Err(e.context(format!("worker of rank {rank} failed"))),
         None => Ok(results),
-    }
-}
-
-/// The message of a panic payload (`panic!` with a string or a format), for error reports.
-pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
     }
 }

@@ -4,6 +4,8 @@
 //! CI, systemd and pipes stay readable. Every long-running loop in grandis reports through
 //! [`Progress`]; nothing else draws bars.
 
+pub mod panic;
+
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 

@@ -98,7 +98,7 @@ pub fn run_job(ctx: JobContext, a: Assignment) -> Outcome {
         .unwrap_or_else(|panic| {
             Err(anyhow::anyhow!(
                 "internal error (a bug: please report it): {}",
-                grandis_fabric::panic_message(panic.as_ref())
+                grandis_telemetry::panic::message(panic.as_ref())
             ))
         });
     let outcome = match result {

@@ -65,29 +65,15 @@ fn elems(op: &'static str, rows: usize, cols: usize) -> Result<usize> {
         .ok_or_else(|| shape_err(op, format!("{rows} x {cols} overflows the address space")))
 }
 
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
-    }
-}
-
 /// Runs `f`, turning a panic inside cudarc (a library or symbol it could not load) into an
 /// error instead of tearing down the caller.
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(payload) => Err(EngineError::Device {
+    grandis_telemetry::panic::catch_quietly(AssertUnwindSafe(f)).unwrap_or_else(|message| {
+        Err(EngineError::Device {
             backend: BACKEND,
-            message: format!(
-                "{what}: the CUDA libraries failed: {}",
-                panic_message(payload.as_ref())
-            ),
-        }),
-    }
+            message: format!("{what}: the CUDA libraries failed: {message}"),
+        })
+    })
 }
 
 /// Whether the CUDA driver library (`libcuda.so`) can be opened. Every other entry point
