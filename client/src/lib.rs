@@ -104,6 +104,11 @@ impl Client {
                 .timeout_connect(timeout)
                 .timeout_read(timeout)
                 .timeout_write(timeout)
+                // A connection per request: the coordinator closes kept-alive connections
+                // after `header_read_timeout_ms`, and a POST on a connection it just closed
+                // would fail (ureq retries only idempotent requests). Calls are seconds apart,
+                // so the extra handshake costs nothing that matters.
+                .max_idle_connections_per_host(0)
                 .build(),
             base: base.trim_end_matches('/').to_string(),
             auth: Some(format!("Bearer {token}")),

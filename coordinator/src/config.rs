@@ -23,6 +23,9 @@ pub const KEYS: &[&str] = &[
     "lease_ms",
     "down_timeout_ms",
     "sse_keepalive_ms",
+    "max_connections",
+    "header_read_timeout_ms",
+    "idle_timeout_ms",
 ];
 
 const LAYERS: Layers = Layers {
@@ -55,6 +58,16 @@ pub struct CoordinatorConfig {
     pub down_timeout_ms: u64,
     /// Interval of keep-alive comments on server-sent event streams.
     pub sse_keepalive_ms: u64,
+    /// HTTP connections open at once. Past it, the oldest connection that has not sent a
+    /// request yet is closed to make room (so a flood of idle connections cannot lock users
+    /// out); when every open connection is in use, new ones are refused.
+    pub max_connections: usize,
+    /// A client must send a whole request head within this time of the server starting to
+    /// wait for it (also how long a kept-alive connection may sit between requests).
+    pub header_read_timeout_ms: u64,
+    /// A connection that moves no byte either way for this long is closed (greater than
+    /// `sse_keepalive_ms`, so event streams stay open).
+    pub idle_timeout_ms: u64,
 }
 
 impl Default for CoordinatorConfig {
@@ -68,6 +81,9 @@ impl Default for CoordinatorConfig {
             lease_ms: 3000,
             down_timeout_ms: 10_000,
             sse_keepalive_ms: 15_000,
+            max_connections: 1024,
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
         }
     }
 }
@@ -121,6 +137,20 @@ impl CoordinatorConfig {
         if self.sse_keepalive_ms == 0 {
             bail!("sse_keepalive_ms: must be > 0");
         }
+        if self.max_connections < 2 {
+            bail!("max_connections: must be ≥ 2, got {}", self.max_connections);
+        }
+        if self.header_read_timeout_ms == 0 {
+            bail!("header_read_timeout_ms: must be > 0");
+        }
+        if self.idle_timeout_ms <= self.sse_keepalive_ms {
+            bail!(
+                "idle_timeout_ms: must be greater than sse_keepalive_ms ({}), or event streams \
+                 would be cut; got {}",
+                self.sse_keepalive_ms,
+                self.idle_timeout_ms
+            );
+        }
         Ok(())
     }
 
@@ -132,6 +162,14 @@ impl CoordinatorConfig {
     }
     pub fn down_timeout(&self) -> Duration {
         Duration::from_millis(self.down_timeout_ms)
+    }
+    /// The HTTP listener's limits.
+    pub fn http_limits(&self) -> crate::http::Limits {
+        crate::http::Limits {
+            max_connections: self.max_connections,
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+        }
     }
 }
 

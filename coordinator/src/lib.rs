@@ -13,6 +13,7 @@
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod http;
 pub mod metrics;
 pub mod state;
 pub mod store;
@@ -85,7 +86,7 @@ pub async fn spawn(
     let addr = listener.local_addr()?;
     let (stop, stop_rx) = watch::channel(false);
     let state = build_state(&config, stop_rx.clone())?;
-    let task = tokio::spawn(run(state, listener, stop_rx));
+    let task = tokio::spawn(run(state, listener, config.http_limits(), stop_rx));
     tracing::info!(%addr, db = %config.db_path.display(), "coordinator listening");
     Ok(CoordinatorHandle { addr, stop, task })
 }
@@ -172,7 +173,8 @@ fn build_state(
 async fn run(
     state: Arc<AppState>,
     listener: TcpListener,
-    mut stop: watch::Receiver<bool>,
+    limits: http::Limits,
+    stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     // The periodic tick applies the time-driven rules (leases, down marks, failing jobs of
     // silent servers) even when no request arrives; a quarter interval bounds the extra delay.
@@ -193,10 +195,7 @@ async fn run(
         })
     };
     let app = api::router(state.clone());
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|s| *s).await;
-        })
+    let result = http::serve(listener, app, limits, stop)
         .await
         .context("serving HTTP");
     let _ = ticker.await;

@@ -73,6 +73,90 @@ async fn auth_is_required_except_on_metrics_and_healthz() {
     h.stop().await;
 }
 
+/// Reads until the server closes the connection (or `limit` passes); true when it closed.
+async fn closed_within(stream: &mut tokio::net::TcpStream, limit: std::time::Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(limit, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_connections_cannot_lock_out_clients() {
+    use std::time::{Duration, Instant};
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir.path().join("c.redb"));
+    cfg.max_connections = 16;
+    cfg.header_read_timeout_ms = 600;
+    cfg.idle_timeout_ms = 3000;
+    let h = start(cfg).await;
+    let addr = h.handle.local_addr();
+
+    // A flood of connections that never send a byte, many times the cap.
+    let mut flood = Vec::new();
+    for _ in 0..200 {
+        flood.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // Real clients still get answers at once: each new connection pushes out an idle one.
+    for _ in 0..5 {
+        let started = Instant::now();
+        let health = h
+            .client
+            .get(h.url("/healthz"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(health.status(), StatusCode::OK);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+    // The idle ones are closed by the cap or by the header deadline, none left hanging.
+    for s in flood.iter_mut() {
+        assert!(closed_within(s, Duration::from_secs(3)).await);
+    }
+
+    // Slowloris: a request head trickled a byte at a time is cut at the header deadline.
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    let started = Instant::now();
+    let head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut cut = false;
+    for b in head {
+        if slow.write_all(&[*b]).await.is_err() {
+            cut = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(cut || closed_within(&mut slow, Duration::from_secs(2)).await);
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A kept-alive connection sitting between requests is closed at the header deadline.
+    let mut kept = TcpStream::connect(addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(closed_within(&mut kept, Duration::from_secs(2)).await);
+
+    let health = h.client.get(h.url("/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn separate_daemon_token_splits_the_two_apis() {
     let dir = tempfile::tempdir().unwrap();

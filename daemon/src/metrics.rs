@@ -11,9 +11,9 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use grandis_fabric::Counters;
@@ -297,24 +297,51 @@ fn serde_name(v: &impl serde::Serialize) -> String {
     }
 }
 
-/// Serves `GET /metrics` (and `GET /healthz`) on `addr` from a background thread; returns the
-/// bound address. A deliberately tiny HTTP/1.1 responder: one request per connection, bounded
-/// reads, so a scraper can never hold the daemon up.
+/// Scrapes answered at once; a connection past it is closed unanswered (the scraper retries).
+const MAX_SCRAPES: usize = 16;
+/// A client must send its whole request head within this time of connecting.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
+/// Bound on the request head (a scrape's is a few hundred bytes).
+const MAX_HEAD: usize = 16 * 1024;
+
+/// Serves `GET /metrics` (and `GET /healthz`) on `addr`; returns the bound address. A
+/// deliberately tiny HTTP/1.1 responder: one request per connection, each on its own thread
+/// with a deadline for the whole request head and at most [`MAX_SCRAPES`] at once, so a slow
+/// or silent client can neither hold up other scrapers nor the daemon.
 pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<SocketAddr> {
     let listener =
         TcpListener::bind(addr).with_context(|| format!("metrics_listen: cannot bind {addr}"))?;
     let bound = listener.local_addr()?;
+    let open = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("grandis-metrics".into())
         .spawn(move || {
             for conn in listener.incoming() {
-                match conn {
-                    Ok(s) => {
+                let s = match conn {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Out of descriptors, typically: do not spin.
+                        tracing::debug!("metrics accept: {e}");
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                };
+                if open.fetch_add(1, Ordering::AcqRel) >= MAX_SCRAPES {
+                    open.fetch_sub(1, Ordering::AcqRel);
+                    tracing::debug!("metrics: {MAX_SCRAPES} scrapes in flight; closing one more");
+                    continue;
+                }
+                let (metrics, open) = (metrics.clone(), open.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("grandis-scrape".into())
+                    .spawn(move || {
                         if let Err(e) = answer(s, &metrics) {
                             tracing::debug!("metrics request: {e}");
                         }
-                    }
-                    Err(e) => tracing::debug!("metrics accept: {e}"),
+                        open.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!("metrics: cannot start a thread: {e}");
                 }
             }
         })
@@ -324,11 +351,19 @@ pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<SocketAd
 }
 
 fn answer(mut s: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let deadline = Instant::now() + REQUEST_DEADLINE;
     s.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < MAX_HEAD {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no request head within {REQUEST_DEADLINE:?}"),
+            ));
+        }
+        s.set_read_timeout(Some(left))?;
         let n = s.read(&mut chunk)?;
         if n == 0 {
             break;
@@ -389,6 +424,40 @@ mod tests {
         s.read_to_string(&mut reply).unwrap();
         assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
         assert!(reply.contains("grandis_job_epoch{"), "{reply}");
+    }
+
+    fn scrape(addr: SocketAddr) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        reply
+    }
+
+    #[test]
+    fn silent_and_slow_clients_do_not_hold_up_scrapes() {
+        let addr = serve("127.0.0.1:0".parse().unwrap(), Arc::new(Metrics::new())).unwrap();
+        // More silent connections than the cap, and one trickling its head.
+        let silent: Vec<_> = (0..3 * MAX_SCRAPES)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut slow = TcpStream::connect(addr).unwrap();
+        slow.write_all(b"GET /met").unwrap();
+        // Once the deadline has closed them, scrapes are answered at once.
+        std::thread::sleep(REQUEST_DEADLINE + Duration::from_millis(300));
+        let started = Instant::now();
+        assert!(scrape(addr).starts_with("HTTP/1.1 200 OK"));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // The slow one was cut at the deadline.
+        let mut rest = Vec::new();
+        slow.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        assert_eq!(
+            slow.read_to_end(&mut rest).map(|_| rest.len()).unwrap_or(0),
+            0
+        );
+        drop(silent);
     }
 
     /// Every per-job family, including those with extra labels after the job's, names the job

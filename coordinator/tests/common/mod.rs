@@ -29,6 +29,7 @@ pub fn config(db: &Path) -> CoordinatorConfig {
         lease_ms: 30_000,
         down_timeout_ms: 60_000,
         sse_keepalive_ms: 1000,
+        ..CoordinatorConfig::default()
     }
 }
 
