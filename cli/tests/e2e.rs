@@ -237,8 +237,35 @@ fn cluster_up_matches_in_process_training_on_cora() {
     cluster_up_equals_in_process(&ds, "fb", &[], 3);
 }
 
+/// Submits a long fb job on both servers and waits until it reports epochs.
+fn long_job_running(api: &Rest, t: &str, ds: &std::path::Path) -> u64 {
+    let id = api
+        .submit(
+            t,
+            &json!({"dataset": ds, "mode": "fb", "epochs": 1_000_000, "layers": 2,
+                    "hidden": 16, "servers": 2, "devices": 2}),
+        )
+        .unwrap();
+    wait_for("two epochs", LONG, || {
+        let j = api.job(t, id).ok()?;
+        (j["latest"]["epoch"].as_u64().unwrap_or(0) >= 2).then_some(())
+    })
+    .unwrap();
+    id
+}
+
+/// Waits for the job's end (within 20 s) and returns its failure reason.
+fn failure_reason(api: &Rest, t: &str, id: u64, what: &str) -> String {
+    let stopped = std::time::Instant::now();
+    let end = api.wait_end(t, id, Duration::from_secs(20)).unwrap();
+    assert_eq!(end["state"], "failed", "{end}");
+    let reason = end["reason"].as_str().unwrap().to_string();
+    eprintln!("job failed {:?} after {what}: {reason}", stopped.elapsed());
+    reason
+}
+
 #[test]
-fn killed_daemon_fails_the_job_naming_the_server_and_nothing_hangs() {
+fn stopped_or_killed_daemon_fails_the_job_naming_that_server_and_nothing_hangs() {
     let c = Cluster::new(EXE, &["node-a", "node-b"], Timing::default()).unwrap();
     let ds = c.synth("synth", 2000, 1).unwrap();
     let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
@@ -246,30 +273,25 @@ fn killed_daemon_fails_the_job_naming_the_server_and_nothing_hangs() {
     let (mut b, _) = c.daemon(&url, "node-b", 2, "certs").unwrap();
     let api = Rest::new(&url);
     let t = c.token.clone();
-    let id = api
-        .submit(
-            &t,
-            &json!({"dataset": ds, "mode": "fb", "epochs": 1_000_000, "layers": 2,
-                    "hidden": 16, "servers": 2, "devices": 2}),
-        )
-        .unwrap();
-    // Running, with epochs coming in.
-    wait_for("two epochs", LONG, || {
-        let j = api.job(&t, id).ok()?;
-        (j["latest"]["epoch"].as_u64().unwrap_or(0) >= 2).then_some(())
-    })
-    .unwrap();
+
+    // SIGTERM: the stopping daemon says so before its peers notice the connection drop.
+    let id = long_job_running(&api, &t, &ds);
+    b.terminate(Duration::from_secs(10));
+    let reason = failure_reason(&api, &t, id, "SIGTERM");
+    assert!(
+        reason.starts_with("server 'node-b': its daemon was stopped"),
+        "the reason must blame the stopped server: {reason}"
+    );
+
+    // node-b comes back; the next job runs on both (no leftovers of the last one).
+    let (mut b, _) = c.daemon(&url, "node-b", 2, "certs").unwrap();
+    let id = long_job_running(&api, &t, &ds);
     b.kill9();
-    let killed = std::time::Instant::now();
-    let end = api.wait_end(&t, id, Duration::from_secs(20)).unwrap();
-    let took = killed.elapsed();
-    assert_eq!(end["state"], "failed", "{end}");
-    let reason = end["reason"].as_str().unwrap();
+    let reason = failure_reason(&api, &t, id, "kill -9");
     assert!(
         reason.contains("node-b"),
         "reason does not name the server: {reason}"
     );
-    eprintln!("job failed {took:?} after kill -9: {reason}");
     // The surviving daemon stops its part and is idle again (nothing hangs).
     wait_for("node-a idle again", Duration::from_secs(20), || {
         let cl = api.get("/v1/cluster", Some(&t)).ok()?.body;

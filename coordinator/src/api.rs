@@ -181,7 +181,8 @@ async fn submit_job(
             ))
         }
     };
-    let spec = parsed.map_err(|e| match e {
+    let spec = parsed.and_then(|spec| spec.check_cluster_job().map(|()| spec));
+    let spec = spec.map_err(|e| match e {
         SpecError::Syntax { .. } => ApiError::bad_request("malformed_body", e.to_string()),
         SpecError::Invalid(fields) => {
             let mut err = ApiError::new(

@@ -603,7 +603,12 @@ impl Core {
         }
     }
 
-    /// Assigns queued jobs in FIFO order while the oldest one fits.
+    /// Assigns queued jobs in FIFO order while the oldest one fits. A job that could not run
+    /// even with every server that is up (more servers, or more devices, than the cluster
+    /// has) does not hold the queue: later jobs pass it until enough servers come up. A
+    /// server is free once no job is active on it *and* its daemon says it has finished its
+    /// last one (a cancelled job may still be winding down there; the next job would meet
+    /// its leftovers).
     fn schedule(&mut self, now: Instant) {
         self.waiting.clear();
         let busy: HashSet<&str> = self
@@ -618,13 +623,28 @@ impl Core {
             .filter(|(name, _)| !busy.contains(name.as_str()))
             .filter_map(|(name, lab)| {
                 let d = self.daemons.get(&lab.head?)?;
-                (self.alive(d, now) && d.state != DaemonState::Draining)
+                (self.alive(d, now) && d.state != DaemonState::Draining && d.job.is_none())
                     .then(|| (name.clone(), d.id))
             })
             .collect();
-        while let Some(&id) = self.queue.front() {
+        // Devices of each server that is up (its head's), to tell "busy" from "never enough".
+        let up_devices: Vec<usize> = self
+            .labels
+            .values()
+            .filter_map(|lab| self.daemons.get(&lab.head?))
+            .filter(|d| self.alive(d, now))
+            .map(|d| d.devices.len())
+            .collect();
+        let mut blocked_by: Option<JobId> = None;
+        let mut assigned = Vec::new();
+        for &id in &self.queue {
             let spec = &self.jobs[&id].spec;
             let (servers, devices) = (spec.servers as usize, spec.devices as usize);
+            if let Some(first) = blocked_by {
+                self.waiting
+                    .insert(id, format!("behind job {first}, which waits for servers"));
+                continue;
+            }
             let fitting: Vec<usize> = free
                 .iter()
                 .enumerate()
@@ -633,16 +653,25 @@ impl Core {
                 .take(servers)
                 .collect();
             if fitting.len() < servers {
-                let up = self.labels.values().filter(|l| l.head.is_some()).count();
-                self.waiting.insert(
-                    id,
-                    format!(
-                        "needs {servers} free server(s) with ≥ {devices} device(s) each; \
-                         {} free, {up} up",
-                        fitting.len()
-                    ),
+                let could = up_devices.iter().filter(|&&n| n >= devices).count();
+                let why = format!(
+                    "needs {servers} free server(s) with ≥ {devices} device(s) each; {} free, \
+                     {} up ({could} with enough devices)",
+                    fitting.len(),
+                    up_devices.len()
                 );
-                break;
+                if could >= servers {
+                    // It fits the cluster once servers free up: keep FIFO, so it is not
+                    // starved by smaller jobs passing it.
+                    blocked_by = Some(id);
+                    self.waiting.insert(id, why);
+                } else {
+                    self.waiting.insert(
+                        id,
+                        format!("{why}; later jobs run first until enough servers are up"),
+                    );
+                }
+                continue;
             }
             let slots: Vec<ServerSlot> = fitting
                 .iter()
@@ -658,23 +687,20 @@ impl Core {
             let mut rec = self.jobs[&id].clone();
             rec.state = JobState::Assigned;
             rec.servers = slots;
-            let labels: Vec<&str> = rec.servers.iter().map(|s| s.label.as_str()).collect();
-            tracing::info!(job = id, servers = ?labels, "job assigned");
-            if let Err(e) = self.commit(rec, true) {
-                tracing::error!("assigning job {id}: {}", e.message);
-                break;
-            }
-            self.queue.pop_front();
+            assigned.push(rec);
             for &i in fitting.iter().rev() {
                 free.remove(i);
             }
         }
-        for (pos, &id) in self.queue.iter().enumerate().skip(1) {
-            let first = self.queue[0];
-            self.waiting.insert(
-                id,
-                format!("behind job {first} in the queue (position {})", pos + 1),
-            );
+        for rec in assigned {
+            let id = rec.id;
+            let labels: Vec<&str> = rec.servers.iter().map(|s| s.label.as_str()).collect();
+            tracing::info!(job = id, servers = ?labels, "job assigned");
+            if let Err(e) = self.commit(rec, true) {
+                tracing::error!("assigning job {id}: {}", e.message);
+                continue;
+            }
+            self.queue.retain(|&q| q != id);
         }
     }
 
@@ -825,17 +851,75 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut c = core(dir.path());
         let t0 = Instant::now();
-        reg(&mut c, "a", 2, t0);
-        reg(&mut c, "b", 1, t0);
+        let a = reg(&mut c, "a", 2, t0);
+        reg(&mut c, "b", 2, t0);
+        let first = c.submit(spec(1, 1), t0).unwrap().id;
+        assert_eq!(c.jobs[&first].servers[0].label, "a", "labels in name order");
+        // Fits the cluster, but only once `a` is free again: it holds the queue.
         let big = c.submit(spec(2, 2), t0).unwrap().id;
         let small = c.submit(spec(1, 1), t0).unwrap().id;
         assert_eq!(c.jobs[&big].state, JobState::Queued);
         assert_eq!(c.jobs[&small].state, JobState::Queued, "strict FIFO");
         assert!(c.waiting[&big].contains("needs 2 free server(s) with ≥ 2 device(s)"));
-        assert!(c.waiting[&small].starts_with("behind job 1"));
-        c.cancel(big, t0).unwrap();
+        assert!(
+            c.waiting[&small].starts_with("behind job 2"),
+            "{}",
+            c.waiting[&small]
+        );
+        // The first job ends on the coordinator's side, but `a`'s daemon still reports it
+        // (winding down): `a` is not free until it says it is idle.
+        let running = |c: &mut Core, ms| {
+            c.heartbeat(
+                HeartbeatRequest {
+                    protocol_version: PROTOCOL_VERSION,
+                    daemon_id: a,
+                    state: DaemonState::Running,
+                    job: Some(DaemonJob {
+                        job_id: first,
+                        epoch: 3,
+                    }),
+                },
+                t0 + Duration::from_millis(ms),
+            )
+            .unwrap()
+        };
+        assert!(running(&mut c, 5).cancel.is_empty());
+        c.cancel(first, t0 + Duration::from_millis(6)).unwrap();
+        let r = running(&mut c, 10);
+        assert_eq!(r.cancel, vec![first]);
+        assert!(r.assignment.is_none(), "{:?}", r.assignment);
+        assert_eq!(c.jobs[&big].state, JobState::Queued);
+        hb(&mut c, a, t0 + Duration::from_millis(20));
+        assert_eq!(c.jobs[&big].state, JobState::Assigned);
+        assert_eq!(c.jobs[&small].state, JobState::Queued);
+    }
+
+    #[test]
+    fn a_job_larger_than_the_cluster_lets_later_jobs_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = core(dir.path());
+        let t0 = Instant::now();
+        reg(&mut c, "a", 2, t0);
+        reg(&mut c, "b", 1, t0);
+        let too_big = c.submit(spec(2, 2), t0).unwrap().id;
+        let small = c.submit(spec(1, 1), t0).unwrap().id;
+        assert_eq!(c.jobs[&too_big].state, JobState::Queued);
+        assert!(
+            c.waiting[&too_big].contains("1 with enough devices")
+                && c.waiting[&too_big].contains("later jobs run first"),
+            "{}",
+            c.waiting[&too_big]
+        );
         assert_eq!(c.jobs[&small].state, JobState::Assigned);
-        assert_eq!(c.jobs[&small].servers[0].label, "a", "labels in name order");
+        // Once a second 2-device server is up, the big job is next in line again.
+        reg(&mut c, "c", 2, t0);
+        let after = c.submit(spec(1, 1), t0).unwrap().id;
+        assert_eq!(c.jobs[&too_big].state, JobState::Queued);
+        assert_eq!(
+            c.jobs[&after].state,
+            JobState::Queued,
+            "FIFO behind it again"
+        );
     }
 
     #[test]

@@ -168,7 +168,8 @@ async fn job_runs_from_queue_to_success_visible_in_get_sse_and_metrics() {
     assert_eq!(late.len(), 5);
     assert_eq!(late.last().unwrap().0, "end");
 
-    // The servers are free again: the next job is assigned at once.
+    // The servers are free again once their daemons say so: the next job is assigned then.
+    a.heartbeat(None).await;
     let next = h.submit(json!({"dataset": "/d", "servers": 2})).await;
     assert_eq!(h.job(next).await["servers"], json!(["node-a", "node-b"]));
     h.stop().await;
@@ -280,7 +281,7 @@ async fn daemon_reported_failure_and_cancel_of_a_running_job() {
     let second = h.submit(json!({"dataset": "/data/ok"})).await;
     assert_eq!(
         h.job(second).await["waiting_for"],
-        "needs 1 free server(s) with ≥ 1 device(s) each; 0 free, 1 up"
+        "needs 1 free server(s) with ≥ 1 device(s) each; 0 free, 1 up (1 with enough devices)"
     );
     assert_eq!(a.heartbeat(None).await.assignment.unwrap().job_id, first);
     let (status, _) = a
@@ -347,8 +348,10 @@ async fn restart_keeps_queued_and_finished_jobs() {
         a.event(done, summary("kept")).await.0,
         StatusCode::NO_CONTENT
     );
-    let r = a.heartbeat(Some((running, 0))).await;
+    // The daemon ended `done` and says so: the next job is its.
+    let r = a.heartbeat(None).await;
     assert_eq!(r.assignment.unwrap().job_id, running);
+    a.heartbeat(Some((running, 0))).await;
     h.wait_state(running, "running").await;
     let before = h.job(done).await;
     h.stop().await;

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use grandis_wire::{
-    DaemonJob, DaemonState, DeviceInfo, HeartbeatRequest, JobId, RegisterRequest, RegisterResponse,
-    PROTOCOL_VERSION,
+    DaemonJob, DaemonState, DeviceInfo, HeartbeatRequest, JobEvent, JobId, RegisterRequest,
+    RegisterResponse, PROTOCOL_VERSION,
 };
 use serde::Serialize;
 
@@ -236,6 +236,20 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     }
     tracing::info!("daemon stopping");
     if let Some(r) = current.take() {
+        if !r.handle.is_finished() && !r.cancel.load(Ordering::SeqCst) {
+            // Say why the job ends before its data plane closes: the peers, seeing their
+            // connections drop, would otherwise report first, and the job's failure would
+            // name a healthy server.
+            job::post_event(
+                &client,
+                reg.daemon_id,
+                r.job_id,
+                JobEvent::Failed {
+                    reason: "its daemon was stopped (SIGTERM or Ctrl-C) while running the job"
+                        .into(),
+                },
+            );
+        }
         r.cancel.store(true, Ordering::SeqCst);
         let _ = r.handle.join();
     }

@@ -127,13 +127,13 @@ pub(crate) fn decide<'s>(
                 sampling: sampler_name,
             })
         }
-        (Mode::Fb, s) => bail!(
-            "--mode fb trains on the exact graph; --sampling {} needs --mode flx, cob or mb",
-            s.method()
+        (Mode::Fb, _) | (Mode::Flx | Mode::Mb, Sampling::Saint { .. }) => bail!(
+            "{}",
+            popts
+                .mode
+                .sampling_conflict(&popts.sampling)
+                .unwrap_or_else(|| "internal: no conflict for this mode and sampling".into())
         ),
-        (Mode::Flx, Sampling::Saint { .. }) => {
-            bail!("GraphSAINT samples a subgraph per iteration: use --mode cob --sampling saint")
-        }
         (Mode::Flx, _) => {
             let sampler = needs_sampler()?;
             let fb = ctx.fb_plan()?;
@@ -194,9 +194,6 @@ pub(crate) fn decide<'s>(
                 eval_plans: Some(per_layer(ctx.fb_plan()?)),
                 sampling,
             })
-        }
-        (Mode::Mb, Sampling::Saint { .. }) => {
-            bail!("GraphSAINT is server-wise here: use --mode cob --sampling saint")
         }
         (Mode::Mb, _) => {
             let b = batch_size()?;

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 /// handshake), so bump it on every incompatible change of this module or of what its frame
 /// head encodes. 2: the fabric's `Phase::Fetch` (variant 4), which a version-1 node would
 /// reject mid-job as a bad frame head.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// First field of every [`Hello`]: rejects things that are not grandis nodes early.
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"GRANDIS\x01");
@@ -224,6 +224,9 @@ pub struct Hello {
     pub ranks: u32,
     /// The sender's node name (its certificate's name).
     pub name: String,
+    /// What the connection is for (a daemon: the job id). Both ends must agree, so a node
+    /// left over from one job can never be taken for a peer of the next.
+    pub session: u64,
 }
 
 impl Hello {
@@ -412,6 +415,7 @@ mod tests {
             first_rank: 8,
             ranks: 4,
             name: "node-c".into(),
+            session: 17,
         };
         let bytes = h.encode().unwrap();
         assert_eq!(Hello::decode(&bytes).unwrap(), h);

@@ -80,6 +80,9 @@ pub enum QuicError {
     /// Waiting for peers took too long, or a peer connection was lost while waiting.
     #[error("{0}")]
     NotConnected(String),
+    /// The caller gave up (its job was cancelled) while connecting.
+    #[error("cancelled while connecting to the other servers")]
+    Cancelled,
 }
 
 /// Result alias of this crate.

@@ -162,3 +162,41 @@ fn oversized_frames_are_refused_by_sender_and_receiver() {
         other => panic!("expected a failure naming the peer, got {other:?}"),
     }
 }
+
+#[test]
+fn establish_gives_up_soon_after_a_cancel_whichever_side_is_waiting() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    grandis_quic::init_cluster(dir.path(), &["a", "b"]).unwrap();
+    // A port nothing answers on: a UDP socket that is bound but never read.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for server in [0, 1] {
+        // Server 0 waits to be dialled; server 1 dials server 0, which never answers.
+        let node = QuicNode::bind(config(dir.path(), TOPO, &["a", "b"], server)).unwrap();
+        let mut addrs = vec![silent.local_addr().unwrap(); 2];
+        addrs[server] = node.local_addr();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let c2 = cancel.clone();
+        let setter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            c2.store(true, Ordering::SeqCst);
+        });
+        let started = Instant::now();
+        let err = node
+            .establish(&addrs, Duration::from_secs(60), &|| {
+                cancel.load(Ordering::SeqCst)
+            })
+            .unwrap_err();
+        assert!(
+            matches!(err, grandis_quic::QuicError::Cancelled),
+            "server {server}: {err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "server {server}: {:?}",
+            started.elapsed()
+        );
+        setter.join().unwrap();
+    }
+}

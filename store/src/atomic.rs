@@ -21,6 +21,59 @@ fn hidden_sibling(target: &Path, tag: &str) -> Result<PathBuf> {
     Ok(parent.join(format!(".{name}.{tag}-{}-{nanos}", std::process::id())))
 }
 
+/// Removes what writers of `target` that died mid-write (killed, out of power) left behind:
+/// hidden `tmp` and `old` siblings whose writer process no longer exists. Siblings of live
+/// processes are another writer's work in progress and stay.
+fn sweep_stale_siblings(target: &Path) {
+    let (Some(name), Some(parent)) = (target.file_name(), target.parent()) else {
+        return;
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = file.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some(pid) = ["tmp-", "old-"]
+            .iter()
+            .find_map(|tag| rest.strip_prefix(tag))
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !process_alive(pid) {
+            let path = entry.path();
+            let removed = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            if removed.is_ok() {
+                tracing::info!("removed {}, left by a writer that died", path.display());
+            }
+        }
+    }
+}
+
+/// Whether a process with this id exists (Linux: `/proc/PID`). Elsewhere, assumed alive, so
+/// nothing is ever removed by mistake.
+fn process_alive(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    let proc = Path::new("/proc");
+    !proc.join("self").exists() || proc.join(pid.to_string()).exists()
+}
+
 /// A directory under construction. It becomes visible at `target` only on [`commit`];
 /// dropping it uncommitted (an error, a panic) removes everything written so far.
 ///
@@ -45,6 +98,7 @@ impl AtomicDir {
         if let Some(parent) = target.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
         }
+        sweep_stale_siblings(&target);
         let staging = hidden_sibling(&target, "tmp")?;
         std::fs::create_dir(&staging).map_err(|e| StoreError::io(&staging, e))?;
         Ok(AtomicDir {
@@ -108,6 +162,7 @@ pub fn write_file_atomic_with(
     if let Some(parent) = target.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| StoreError::io(parent, e))?;
     }
+    sweep_stale_siblings(target);
     let staging = hidden_sibling(target, "tmp")?;
     let result = (|| {
         let file = std::fs::File::create(&staging)?;
@@ -127,6 +182,27 @@ pub fn write_file_atomic_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leftovers_of_dead_writers_are_swept_and_live_ones_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let target = root.path().join("ckpt.safetensors");
+        // Process ids never exceed 2^22 on Linux: 999999999 is a writer that died.
+        let dead = root.path().join(".ckpt.safetensors.tmp-999999999-12");
+        let dead_dir = root.path().join(".ckpt.safetensors.old-999999999-3");
+        let live = root
+            .path()
+            .join(format!(".ckpt.safetensors.tmp-{}-5", std::process::id()));
+        let other = root.path().join(".other.tmp-999999999-1");
+        std::fs::write(&dead, b"half").unwrap();
+        std::fs::create_dir(&dead_dir).unwrap();
+        std::fs::write(&live, b"mine").unwrap();
+        std::fs::write(&other, b"not ours").unwrap();
+        write_file_atomic(&target, b"whole").unwrap();
+        assert!(!dead.exists() && !dead_dir.exists());
+        assert!(live.exists() && other.exists());
+        assert_eq!(std::fs::read(&target).unwrap(), b"whole");
+    }
 
     #[test]
     fn uncommitted_directory_leaves_nothing() {

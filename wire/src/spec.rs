@@ -237,6 +237,27 @@ impl Mode {
     pub fn is_distributed(self) -> bool {
         self != Mode::Single
     }
+
+    /// Why this mode cannot train with `sampling`, if it cannot: the one rule every front end
+    /// (spec validation) and the planner share.
+    pub fn sampling_conflict(self, sampling: &Sampling) -> Option<String> {
+        match (self, sampling) {
+            (_, Sampling::None) => None,
+            (Mode::Single | Mode::Fb, s) => Some(format!(
+                "mode '{self}' trains on the exact graph; sampling '{}' needs mode flx, cob or mb",
+                s.method()
+            )),
+            (Mode::Flx, Sampling::Saint { .. }) => Some(
+                "GraphSAINT samples a subgraph per iteration, which FLX (full batch) has not: \
+                 use mode cob with sampling saint"
+                    .into(),
+            ),
+            (Mode::Mb, Sampling::Saint { .. }) => {
+                Some("GraphSAINT is server-wise here: use mode cob with sampling saint".into())
+            }
+            _ => None,
+        }
+    }
 }
 
 /// A training job: the one description of a job on its way from a front end (`grandis train`,
@@ -532,8 +553,21 @@ impl JobSpec {
                 "must not be empty (the dataset directory, as a path on every server)".into(),
             );
         }
+        // Names and paths end up in log lines and terminals: a newline or an escape code in
+        // them could forge log lines or repaint a user's screen.
+        if self.dataset.chars().any(char::is_control) {
+            err(
+                "dataset",
+                "must not contain control characters (newlines, tabs, escape codes)".into(),
+            );
+        }
         if let Some(name) = &self.name {
-            if name.trim().is_empty() {
+            if name.chars().any(char::is_control) {
+                err(
+                    "name",
+                    "must not contain control characters (newlines, tabs, escape codes)".into(),
+                );
+            } else if name.trim().is_empty() {
                 err("name", "must not be empty when given".into());
             } else if name.len() > 200 {
                 err(
@@ -653,6 +687,9 @@ impl JobSpec {
                     .into(),
             );
         }
+        if let Some(why) = self.mode.sampling_conflict(&self.sampling) {
+            err("sampling", why);
+        }
         match &self.sampling {
             Sampling::None => {}
             Sampling::Eas { hops, fanout, .. } => {
@@ -689,6 +726,31 @@ impl JobSpec {
                     );
                 }
             }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(SpecError::Invalid(errors))
+        }
+    }
+
+    /// [`validate`](Self::validate), plus what a job submitted to a cluster must also be:
+    /// partition-parallel (`single` is the one-process trainer of `grandis train`).
+    pub fn check_cluster_job(&self) -> Result<(), SpecError> {
+        let mut errors = match self.validate() {
+            Ok(()) => Vec::new(),
+            Err(SpecError::Invalid(errors)) => errors,
+            Err(e) => return Err(e),
+        };
+        if !self.mode.is_distributed() {
+            errors.push(FieldError {
+                field: "mode".into(),
+                message: format!(
+                    "'{}' is the single-process trainer (`grandis train --mode single`); a \
+                     cluster job runs in mode fb, flx, cob, mb or auto",
+                    self.mode
+                ),
+            });
         }
         if errors.is_empty() {
             Ok(())
@@ -1067,6 +1129,58 @@ mod tests {
                 e.fields().iter().map(|f| f.to_string()).collect()
             }
         }
+    }
+
+    #[test]
+    fn modes_refuse_samplers_they_cannot_run_and_clusters_refuse_single() {
+        for (doc, want) in [
+            (
+                r#"{"dataset": "d", "mode": "flx", "sampling": "saint"}"#,
+                "use mode cob",
+            ),
+            (
+                r#"{"dataset": "d", "mode": "mb", "sampling": "saint"}"#,
+                "use mode cob",
+            ),
+            (
+                r#"{"dataset": "d", "mode": "fb", "sampling": "eas"}"#,
+                "needs mode flx, cob or mb",
+            ),
+            (
+                r#"{"dataset": "d", "mode": "single", "layers": 1, "sampling": {"method": "fanout", "fanouts": [3]}}"#,
+                "needs mode flx, cob or mb",
+            ),
+        ] {
+            let e = errors(doc);
+            assert!(
+                e.iter()
+                    .any(|m| m.starts_with("sampling: ") && m.contains(want)),
+                "{doc}: {e:?}"
+            );
+        }
+        for ok in [
+            r#"{"dataset": "d", "mode": "cob", "sampling": "saint"}"#,
+            r#"{"dataset": "d", "mode": "flx", "sampling": "eas"}"#,
+            r#"{"dataset": "d", "mode": "auto", "sampling": "saint", "device_memory": "1GiB"}"#,
+        ] {
+            JobSpec::from_json_str(ok)
+                .unwrap()
+                .check_cluster_job()
+                .unwrap();
+        }
+        let single = JobSpec::from_json_str(r#"{"dataset": "d", "mode": "single"}"#).unwrap();
+        let e = single.check_cluster_job().unwrap_err();
+        assert_eq!(e.fields().len(), 1, "{e}");
+        assert!(e.to_string().contains("single-process trainer"), "{e}");
+    }
+
+    #[test]
+    fn control_characters_in_names_and_paths_are_refused() {
+        let e =
+            errors(r#"{"dataset": "d\u001b[2J", "name": "x\n2026-11-23T00:00:00Z INFO forged"}"#);
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(e.iter().all(|m| m.contains("control characters")), "{e:?}");
+        JobSpec::from_json_str(r#"{"dataset": "/data/ünï cödé", "name": "a b"}"#).unwrap();
     }
 
     #[test]

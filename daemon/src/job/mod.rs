@@ -145,7 +145,8 @@ pub fn run_job(ctx: JobContext, a: Assignment) -> Outcome {
 
 /// Posts one event, retrying a few times on transport errors (the coordinator may be
 /// restarting). A 4xx is final (e.g. the job already ended): log and move on.
-fn post_event(client: &Client, daemon_id: u64, job: JobId, ev: JobEvent) {
+/// Sends one job event, retrying a few times while the coordinator is unreachable.
+pub(crate) fn post_event(client: &Client, daemon_id: u64, job: JobId, ev: JobEvent) {
     for attempt in 0..5 {
         match client.event(daemon_id, job, ev.clone()) {
             Ok(()) => return,

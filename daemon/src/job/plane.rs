@@ -2,6 +2,7 @@
 //! connected to the job's other servers, and one cancellable fabric endpoint per local rank.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -39,6 +40,8 @@ pub(super) fn connect(
     node_cfg.idle_timeout = cfg.peer_timeout();
     node_cfg.keep_alive = (cfg.peer_timeout() / 4).max(Duration::from_millis(5));
     node_cfg.handshake_timeout = cfg.connect_timeout().min(Duration::from_secs(10));
+    // Sessions are keyed by job: a peer still on a previous job is refused at the hello.
+    node_cfg.session = a.job_id;
     // Release the reserved port just before the node binds it.
     drop(
         ctx.reserved
@@ -48,7 +51,8 @@ pub(super) fn connect(
     );
     let node = QuicNode::bind(node_cfg).context("starting the data plane")?;
     let transports = node.take_transports()?;
-    node.establish(&addrs, cfg.connect_timeout())
+    let cancelled = || ctx.cancel.load(Ordering::SeqCst);
+    node.establish(&addrs, cfg.connect_timeout(), &cancelled)
         .context("connecting to the job's other servers")?;
     check_cancel(ctx)?;
     tracing::info!(servers = topology.servers, "data plane connected");

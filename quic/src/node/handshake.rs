@@ -28,6 +28,12 @@ pub(crate) fn check_hello(
             remote.version, own.version
         ));
     }
+    if remote.session != own.session {
+        return Err(format!(
+            "peer is in session {} (job), this node in session {}: a leftover of another job",
+            remote.session, own.session
+        ));
+    }
     if (remote.servers, remote.devices) != (own.servers, own.devices) {
         return Err(format!(
             "cluster shape mismatch: peer has {} servers × {} devices, this node {} × {}",
@@ -201,6 +207,7 @@ mod tests {
             first_rank: server * 2,
             ranks: 2,
             name: name.into(),
+            session: 7,
         }
     }
 
@@ -228,6 +235,14 @@ mod tests {
                 },
                 None,
                 "cluster shape mismatch",
+            ),
+            (
+                Hello {
+                    session: 6,
+                    ..hello(1, "b")
+                },
+                None,
+                "peer is in session 6 (job), this node in session 7",
             ),
             (hello(5, "b"), None, "outside the 3 servers"),
             (hello(0, "a"), None, "own server index"),

@@ -67,6 +67,9 @@ pub struct NodeConfig {
     pub keep_alive: Duration,
     /// Worker threads of the node's tokio runtime.
     pub worker_threads: usize,
+    /// What this mesh is for, the same on every node of it (a daemon's job id; 0 by
+    /// default): a peer in another session is refused at the hello.
+    pub session: u64,
 }
 
 impl NodeConfig {
@@ -90,6 +93,7 @@ impl NodeConfig {
             idle_timeout: Duration::from_secs(30),
             keep_alive: Duration::from_secs(5),
             worker_threads: 2,
+            session: 0,
         }
     }
 
@@ -279,6 +283,7 @@ impl QuicNode {
             first_rank: (config.server * g) as u32,
             ranks: g as u32,
             name: config.roster[config.server].clone(),
+            session: config.session,
         };
         let shared = Arc::new(Shared {
             topology: t,
@@ -380,7 +385,7 @@ impl QuicNode {
     /// needs exactly one connection; [`QuicNode::establish`] applies the convention that the
     /// higher server index dials the lower one.
     pub fn connect(&self, server: usize, addr: SocketAddr) -> Result<()> {
-        self.connect_with_timeout(server, addr, self.handshake_timeout)
+        self.connect_with_timeout(server, addr, self.handshake_timeout, &|| false)
     }
 
     fn connect_with_timeout(
@@ -388,6 +393,7 @@ impl QuicNode {
         server: usize,
         addr: SocketAddr,
         timeout: Duration,
+        cancelled: &dyn Fn() -> bool,
     ) -> Result<()> {
         let s = &self.shared;
         if server >= s.topology.servers || server == s.server {
@@ -416,23 +422,34 @@ impl QuicNode {
                 PeerState::Own => unreachable!("checked above"),
             }
         }
-        self.runtime()
-            .block_on(dial(
-                s.clone(),
-                self.endpoint.clone(),
-                self.client.clone(),
-                server,
-                addr,
-                timeout,
-            ))
-            .map_err(err)
+        let dialled = dial(
+            s.clone(),
+            self.endpoint.clone(),
+            self.client.clone(),
+            server,
+            addr,
+            timeout,
+        );
+        self.runtime().block_on(async {
+            tokio::select! {
+                r = dialled => r.map_err(err),
+                _ = until(cancelled) => Err(QuicError::Cancelled),
+            }
+        })
     }
 
     /// Connects the full mesh: dials every server with a lower index (retrying until
     /// `timeout` while it does not answer, since daemons start in any order), then waits until
     /// every server with a higher index has dialled in. `addrs[s]` is server `s`'s address
-    /// (this node's own entry is ignored).
-    pub fn establish(&self, addrs: &[SocketAddr], timeout: Duration) -> Result<()> {
+    /// (this node's own entry is ignored). Gives up with [`QuicError::Cancelled`] within
+    /// [`CANCEL_CHECK`] of `cancelled()` turning true (a job cancelled while its peers are
+    /// still missing must not wait out the timeout).
+    pub fn establish(
+        &self,
+        addrs: &[SocketAddr],
+        timeout: Duration,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<()> {
         let t = self.shared.topology;
         if addrs.len() != t.servers {
             return Err(QuicError::Config(format!(
@@ -449,13 +466,16 @@ impl QuicNode {
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 let attempt = left.min(self.handshake_timeout);
-                match self.connect_with_timeout(s, addr, attempt) {
+                match self.connect_with_timeout(s, addr, attempt, cancelled) {
                     Ok(()) => break,
                     Err(QuicError::Connect { reason, .. })
                         if reason.starts_with(NO_ANSWER) && !left.is_zero() =>
                     {
                         tracing::debug!("server {s} at {addr} does not answer yet; retrying");
                         std::thread::sleep(Duration::from_millis(200).min(left));
+                        if cancelled() {
+                            return Err(QuicError::Cancelled);
+                        }
                         if Instant::now() >= deadline {
                             return Err(QuicError::NotConnected(format!(
                                 "server {s} ({}) at {addr} did not answer within {timeout:?}",
@@ -467,7 +487,10 @@ impl QuicNode {
                 }
             }
         }
-        self.wait_connected(deadline.saturating_duration_since(Instant::now()))
+        self.wait_connected_until(
+            deadline.saturating_duration_since(Instant::now()),
+            cancelled,
+        )
     }
 
     /// True when the connection to `server` is up.
@@ -481,6 +504,10 @@ impl QuicNode {
     /// Waits until every other server is connected. Fails at the timeout (naming the missing
     /// servers) or as soon as a connection has been lost.
     pub fn wait_connected(&self, timeout: Duration) -> Result<()> {
+        self.wait_connected_until(timeout, &|| false)
+    }
+
+    fn wait_connected_until(&self, timeout: Duration, cancelled: &dyn Fn() -> bool) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut peers = lock(&self.shared.peers);
         loop {
@@ -507,10 +534,13 @@ impl QuicNode {
                     missing.join(", ")
                 )));
             }
+            if cancelled() {
+                return Err(QuicError::Cancelled);
+            }
             peers = self
                 .shared
                 .changed
-                .wait_timeout(peers, deadline - now)
+                .wait_timeout(peers, (deadline - now).min(CANCEL_CHECK))
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
@@ -599,5 +629,15 @@ impl QuicNode {
 impl Drop for QuicNode {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// How often a connection set-up checks whether its caller gave up.
+pub const CANCEL_CHECK: Duration = Duration::from_millis(100);
+
+/// Resolves once `cancelled()` is true (checked every [`CANCEL_CHECK`]).
+async fn until(cancelled: &dyn Fn() -> bool) {
+    while !cancelled() {
+        tokio::time::sleep(CANCEL_CHECK).await;
     }
 }

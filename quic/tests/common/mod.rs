@@ -43,7 +43,7 @@ pub fn mesh(nodes: &[QuicNode]) {
         for n in nodes {
             let addrs = &addrs;
             s.spawn(move || {
-                n.establish(addrs, Duration::from_secs(20))
+                n.establish(addrs, Duration::from_secs(20), &|| false)
                     .expect("establish")
             });
         }
