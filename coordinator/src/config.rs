@@ -22,6 +22,7 @@ pub const KEYS: &[&str] = &[
     "heartbeat_interval_ms",
     "lease_ms",
     "down_timeout_ms",
+    "forget_after_ms",
     "sse_keepalive_ms",
     "max_connections",
     "header_read_timeout_ms",
@@ -56,6 +57,9 @@ pub struct CoordinatorConfig {
     pub lease_ms: u64,
     /// A daemon that has not heartbeated for this long is reported down.
     pub down_timeout_ms: u64,
+    /// A daemon down for this long is forgotten: it leaves `GET /v1/cluster` and the metrics
+    /// (and registers anew if it comes back).
+    pub forget_after_ms: u64,
     /// Interval of keep-alive comments on server-sent event streams.
     pub sse_keepalive_ms: u64,
     /// HTTP connections open at once. Past it, the oldest connection that has not sent a
@@ -80,6 +84,7 @@ impl Default for CoordinatorConfig {
             heartbeat_interval_ms: 1000,
             lease_ms: 3000,
             down_timeout_ms: 10_000,
+            forget_after_ms: 3_600_000,
             sse_keepalive_ms: 15_000,
             max_connections: 1024,
             header_read_timeout_ms: 10_000,
@@ -134,6 +139,13 @@ impl CoordinatorConfig {
                 self.down_timeout_ms
             );
         }
+        if self.forget_after_ms < self.down_timeout_ms {
+            bail!(
+                "forget_after_ms: must be ≥ down_timeout_ms ({}), got {}",
+                self.down_timeout_ms,
+                self.forget_after_ms
+            );
+        }
         if self.sse_keepalive_ms == 0 {
             bail!("sse_keepalive_ms: must be > 0");
         }
@@ -162,6 +174,9 @@ impl CoordinatorConfig {
     }
     pub fn down_timeout(&self) -> Duration {
         Duration::from_millis(self.down_timeout_ms)
+    }
+    pub fn forget_after(&self) -> Duration {
+        Duration::from_millis(self.forget_after_ms)
     }
     /// The HTTP listener's limits.
     pub fn http_limits(&self) -> crate::http::Limits {

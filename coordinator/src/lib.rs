@@ -155,6 +155,7 @@ fn build_state(
         heartbeat_interval: config.heartbeat_interval(),
         lease: config.lease(),
         down_timeout: config.down_timeout(),
+        forget_after: config.forget_after(),
     };
     // Capacity only matters for slow SSE clients; they recover from lag by re-reading state.
     let (updates, _) = broadcast::channel(1024);

@@ -45,6 +45,9 @@ pub struct Timing {
     pub heartbeat_interval: Duration,
     pub lease: Duration,
     pub down_timeout: Duration,
+    /// A daemon down for this long is forgotten: it leaves `/v1/cluster` and the metrics, and
+    /// registers anew if it ever comes back.
+    pub forget_after: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -538,6 +541,15 @@ impl Core {
             }
             d.up = up;
         }
+        let forget_after = self.timing.forget_after;
+        self.daemons.retain(|_, d| {
+            let gone = age(now, d.last_seen) > forget_after;
+            if gone {
+                tracing::info!(daemon = d.id, label = %d.label,
+                    "forgetting daemon, down for {:.0} s", age(now, d.last_seen).as_secs_f64());
+            }
+            !gone
+        });
         self.elect(now);
         self.fail_lost_jobs(now);
         self.schedule(now);
@@ -716,6 +728,9 @@ impl Core {
         let servers = self
             .labels
             .iter()
+            // A server whose daemons were all forgotten is gone from the view (its term stays
+            // in the database for when it returns).
+            .filter(|(name, _)| self.daemons.values().any(|d| &d.label == *name))
             .map(|(name, lab)| ServerView {
                 label: name.clone(),
                 term: lab.term,
@@ -775,6 +790,7 @@ mod tests {
             heartbeat_interval: Duration::from_millis(100),
             lease: Duration::from_millis(300),
             down_timeout: Duration::from_millis(1000),
+            forget_after: Duration::from_millis(5000),
         };
         Core::open(store, timing, broadcast::channel(16).0).unwrap()
     }
@@ -892,6 +908,27 @@ mod tests {
         hb(&mut c, a, t0 + Duration::from_millis(20));
         assert_eq!(c.jobs[&big].state, JobState::Assigned);
         assert_eq!(c.jobs[&small].state, JobState::Queued);
+    }
+
+    #[test]
+    fn daemons_down_past_forget_after_leave_the_cluster_view() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = core(dir.path());
+        let t0 = Instant::now();
+        let a = reg(&mut c, "a", 1, t0);
+        reg(&mut c, "b", 1, t0);
+        let later = t0 + Duration::from_millis(4000);
+        hb(&mut c, a, later);
+        let view = c.cluster(later);
+        assert_eq!(view.daemons.len(), 2, "down but remembered");
+        assert!(view.daemons.iter().any(|d| d.label == "b" && !d.up));
+        let much_later = t0 + Duration::from_millis(6000);
+        hb(&mut c, a, much_later);
+        let view = c.cluster(much_later);
+        assert_eq!(view.daemons.len(), 1);
+        assert_eq!(view.daemons[0].label, "a");
+        assert_eq!(view.servers.len(), 1);
+        assert_eq!(view.servers[0].label, "a");
     }
 
     #[test]

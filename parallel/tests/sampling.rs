@@ -349,7 +349,7 @@ fn bad_sampling_combinations_are_errors() {
         },
         ..Default::default()
     });
-    assert!(e.contains("--mode fb"), "{e}");
+    assert!(e.contains("mode 'fb' trains on the exact graph"), "{e}");
     let e = err(ParallelOptions {
         mode: Mode::Mb,
         batch_size: Some(4),

@@ -395,6 +395,32 @@ impl Dataset {
                 format!("has {feature_rows} rows for {v} vertices"),
             ));
         }
+        let feature_cols = self.features.summary().cols;
+        if feature_rows > 0 && feature_cols != m.feature_dim {
+            return Err(StoreError::invalid(
+                self.dir.join(MANIFEST),
+                format!(
+                    "feature_dim is {}, but {FEATURES} has {feature_cols} columns",
+                    m.feature_dim
+                ),
+            ));
+        }
+        for (file, count, name) in [
+            (&self.train, m.split.train, "train"),
+            (&self.val, m.split.val, "val"),
+            (&self.test, m.split.test, "test"),
+        ] {
+            if file.summary().rows != count {
+                return Err(StoreError::invalid(
+                    self.dir.join(MANIFEST),
+                    format!(
+                        "split.{name} is {count}, but {} has {} rows",
+                        file.path().display(),
+                        file.summary().rows
+                    ),
+                ));
+            }
+        }
         if self.labels.summary().rows != v {
             return Err(StoreError::invalid(
                 self.labels.path(),
@@ -625,6 +651,19 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("no such dataset directory"), "{err}");
+        // Counts that disagree with the files they describe.
+        for (from, to, want) in [
+            (
+                "\"feature_dim\": 2",
+                "\"feature_dim\": 3",
+                "feature_dim is 3, but",
+            ),
+            ("\"val\": 1", "\"val\": 2", "split.val is 2, but"),
+        ] {
+            std::fs::write(&path, text.replace(from, to)).unwrap();
+            let err = Dataset::open(&dir).err().unwrap().to_string();
+            assert!(err.contains(want), "{err}");
+        }
     }
 
     #[test]
