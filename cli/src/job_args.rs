@@ -90,6 +90,10 @@ pub struct JobArgs {
     /// flx with sampling: draw a new sample every N epochs (default: sample once).
     #[arg(long)]
     pub resample_every: Option<u64>,
+    /// Write the checkpoint every N epochs too, not only after the last (`train` needs
+    /// --checkpoint PATH; cluster jobs keep it in the daemon's work_dir and resume from it).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub checkpoint_every: Option<u32>,
     /// Target vertices per iteration: per server for cob (and auto when it picks CoB; the
     /// default there is the largest that fits), per device for mb, GraphSAINT's budget.
     #[arg(long, visible_alias = "cobatch-size")]
@@ -145,6 +149,7 @@ impl JobArgs {
                 .filter(|_| mode.is_mini_batch() || mode == Mode::Auto),
             sampling,
             resample_every: self.resample_every,
+            checkpoint_every: self.checkpoint_every,
             epochs: self.epochs,
             seed: self.seed,
             servers: self.servers,

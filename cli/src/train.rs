@@ -80,7 +80,8 @@ pub struct TrainArgs {
     /// Print the run summary as one JSON object on the last stdout line.
     #[arg(long)]
     pub json: bool,
-    /// Save the trained model (safetensors) here.
+    /// Save the trained model (safetensors, with the Adam state) here after the last epoch,
+    /// and every --checkpoint-every epochs; in every mode (rank 0 writes it atomically).
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
     /// Continue from --checkpoint when it exists (only --epochs may differ).
@@ -124,10 +125,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if args.resume && args.checkpoint.is_none() {
         bail!("--resume needs --checkpoint PATH");
     }
+    if spec.checkpoint_every.is_some() && args.checkpoint.is_none() {
+        bail!("--checkpoint-every needs --checkpoint PATH");
+    }
+    let ckpt = CheckpointOptions {
+        path: args.checkpoint.clone(),
+        resume: args.resume,
+        every: spec.checkpoint_every.map(|n| n as usize),
+    };
     if spec.mode.is_distributed() {
-        if args.checkpoint.is_some() || args.resume {
-            bail!("--checkpoint and --resume work with --mode single only");
-        }
         let compute = args.local.compute(&args.device)?;
         if compute.is_cuda() {
             // Fail fast (and show the devices) before the dataset is read and partitioned.
@@ -149,6 +155,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
                 threads: args.threads,
                 compute,
                 device: args.device.clone(),
+                checkpoint: ckpt,
             },
             args.json,
         );
@@ -173,10 +180,6 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         view.graph.num_edges()
     );
     let mut progress = grandis_telemetry::Progress::new("train", Some(spec.epochs as u64));
-    let ckpt = CheckpointOptions {
-        path: args.checkpoint.clone(),
-        resume: args.resume,
-    };
     let on_epoch = |s: &grandis_trainer::EpochStats| {
         progress.println(stats_line(s));
         progress.inc(1);

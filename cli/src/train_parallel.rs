@@ -83,6 +83,8 @@ pub struct Ranks {
     pub compute: Compute,
     /// `--device` as given, for the summary.
     pub device: String,
+    /// `--checkpoint`, `--checkpoint-every`, `--resume`.
+    pub checkpoint: grandis_trainer::CheckpointOptions,
 }
 
 /// Runs `spec` (a distributed mode) on `dataset` in this process and prints like `--mode
@@ -104,6 +106,7 @@ pub fn run(
         intra: link(local.intra_bandwidth, local.intra_latency_ms, "intra")?,
         inter: link(local.inter_bandwidth, local.inter_latency_ms, "inter")?,
         threads_per_rank: ranks.threads.map(|t| (t / rank_count).max(1)),
+        checkpoint: ranks.checkpoint.clone(),
         ..ParallelOptions::for_job(spec)
     };
     tracing::info!(

@@ -70,7 +70,7 @@ pub fn embeddings(
                 .collect()
         }
     };
-    let feed = steps::Feed::new(ranks, 1);
+    let feed = steps::Feed::new(ranks, 1, 0);
     feed.push(
         0,
         Arc::new(steps::Step {
@@ -98,6 +98,8 @@ pub fn embeddings(
         iterations: 1,
         eval: None,
         weights,
+        resume: None,
+        checkpoint: &grandis_trainer::CheckpointOptions::default(),
     };
     let threads = threads_per_rank.unwrap_or_else(|| {
         (std::thread::available_parallelism().map_or(1, |c| c.get()) / ranks).max(1)

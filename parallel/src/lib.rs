@@ -117,6 +117,17 @@ pub(crate) fn train_ranks(
     if decision.schedule.iterations() == 0 {
         bail!("no training vertex to batch: the train split is empty");
     }
+    let resume = popts.checkpoint.resume_from(&config, opts)?;
+    if let Some(ck) = &resume {
+        if ck.epochs_done >= opts.epochs {
+            bail!(
+                "the checkpoint already holds {} epochs and the run asks for {}: raise --epochs \
+                 to train further",
+                ck.epochs_done,
+                opts.epochs
+            );
+        }
+    }
     let inputs = run::RunInputs {
         view,
         part,
@@ -127,6 +138,7 @@ pub(crate) fn train_ranks(
         totals,
         dims: &dims,
         decision: &decision,
+        resume: resume.as_ref(),
     };
     run::run(inputs, ctx, on_epoch, local)?.report(
         &decision,

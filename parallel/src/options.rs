@@ -81,6 +81,9 @@ pub struct ParallelOptions {
     pub batch_size: Option<usize>,
     /// FLX with sampling: draw a new sample every N epochs (None or 0: sample once).
     pub resample_every: Option<u64>,
+    /// Where rank 0 writes checkpoints (weights are replicated, so one file serves every
+    /// rank), how often, and whether the run resumes from it.
+    pub checkpoint: grandis_trainer::CheckpointOptions,
 }
 
 impl Default for ParallelOptions {
@@ -98,6 +101,7 @@ impl Default for ParallelOptions {
             sampling: Sampling::None,
             batch_size: None,
             resample_every: None,
+            checkpoint: grandis_trainer::CheckpointOptions::default(),
         }
     }
 }

@@ -130,7 +130,9 @@ impl Ran {
             stats: rs,
             threads_per_rank,
         } = self;
-        let epochs = opts.epochs.max(1);
+        // Epochs trained in this run (fewer than `opts.epochs` after a resume): the per-epoch
+        // figures divide by them.
+        let epochs = results.first().map_or(0, |r| r.epochs.len()).max(1);
         let r0 = results.first().context("no rank ran")?;
         let counters = Counters::sum(results.iter().map(|r| &r.counters));
         let phase_bytes = |phase: Phase| class_bytes_per_epoch(&counters, phase, epochs);
@@ -168,7 +170,7 @@ impl Ran {
             median_epoch_s: grandis_telemetry::median(
                 &stats.iter().map(|s| s.seconds).collect::<Vec<_>>(),
             ),
-            first_epoch: 1,
+            first_epoch: stats.first().map_or(opts.epochs + 1, |s| s.epoch),
             num_parameters: r0.num_parameters,
             epochs: stats,
         };
@@ -204,7 +206,7 @@ impl Ran {
             all_reduce_bytes_per_epoch: phase_bytes(Phase::AllReduce),
             fetch_bytes_per_epoch,
             setup_fetch_bytes,
-            time: time_split(&results, opts.epochs),
+            time: time_split(&results),
             memory,
             sampling: decision.sampling.clone(),
             batch_size: popts.batch_size.filter(|_| popts.mode.is_mini_batch()),
@@ -287,15 +289,15 @@ fn class_bytes(counters: &Counters, phase: Phase, keep: impl Fn(u32) -> bool) ->
 }
 
 /// Mean time split of the training epochs, from each rank's step wall times and counters.
-fn time_split(results: &[worker::RankResult], epochs: usize) -> TimeSplit {
+fn time_split(results: &[worker::RankResult]) -> TimeSplit {
     let mut t = TimeSplit::default();
     let mut count = 0.0;
-    // The first epoch warms caches and allocators; leave it out when there are others.
-    let first = if epochs > 1 { 2 } else { 1 };
     for r in results {
-        for e in first..=epochs {
-            let wall = r.step_seconds[e - 1];
-            let Some(c) = r.counters.epoch(e as u32) else {
+        // The first epoch trained warms caches and allocators; leave it out when there are
+        // others.
+        let skip = usize::from(r.epochs.len() > 1);
+        for (stats, &wall) in r.epochs.iter().zip(&r.step_seconds).skip(skip) {
+            let Some(c) = r.counters.epoch(stats.epoch as u32) else {
                 continue;
             };
             let calls = |phase: Phase| -> f64 {

@@ -11,7 +11,7 @@ use grandis_fabric::{Endpoint, Fabric, FabricConfig};
 use grandis_masking::{ModelDims, PlanContext};
 use grandis_models::ModelConfig;
 use grandis_store::DatasetView;
-use grandis_trainer::{EpochStats, TrainOptions};
+use grandis_trainer::{Checkpoint, EpochStats, TrainOptions};
 
 use crate::decide::Decision;
 use crate::setup::in_train_split;
@@ -35,6 +35,8 @@ pub(crate) struct RunInputs<'a, 's> {
     pub totals: [usize; 3],
     pub dims: &'a ModelDims,
     pub decision: &'a Decision<'s>,
+    /// The checkpoint the ranks start from (weights, Adam moments, epochs done).
+    pub resume: Option<&'a Checkpoint>,
 }
 
 /// What the ranks run here handed back.
@@ -65,8 +67,10 @@ pub(crate) fn run(
         totals,
         dims,
         decision,
+        resume,
     } = inputs;
     let epochs = opts.epochs.max(1);
+    let epochs_done = resume.map_or(0, |ck| ck.epochs_done);
     let layout = &part.layout;
     let local_ranks = local.as_ref().map_or(layout.num_ranks(), Vec::len);
     let threads_per_rank = popts.threads_per_rank.unwrap_or_else(|| {
@@ -74,6 +78,7 @@ pub(crate) fn run(
     });
     let scales = global_scales(part.graph.view(), grandis_models::aggregation(config.kind));
     // Every step is kept until each rank run HERE took it.
+    let iterations = decision.schedule.iterations();
     let feed = steps::Feed::new(
         local_ranks,
         if decision.is_static() {
@@ -81,6 +86,7 @@ pub(crate) fn run(
         } else {
             PREFETCH_STEPS
         },
+        (epochs_done * iterations) as u64,
     );
     let run_stats = Mutex::new(RunStats::default());
     let shared = worker::Shared {
@@ -96,9 +102,11 @@ pub(crate) fn run(
         eval_every_epoch: popts.eval_every_epoch,
         collect_logits: popts.collect_logits,
         feed: &feed,
-        iterations: decision.schedule.iterations(),
+        iterations,
         eval: decision.eval_plans.as_deref(),
         weights: None,
+        resume,
+        checkpoint: &popts.checkpoint,
     };
     let callback: worker::EpochCallback<'_> = Mutex::new(on_epoch);
     // In-process: rank 0 reports epochs; one server's ranks: its first device does.
@@ -146,9 +154,11 @@ pub(crate) fn run(
             // One plan for every epoch: hand it out up front and free the planning context
             // before training.
             for e in 0..epochs as u64 {
-                feed.push(e, step.clone());
-                if let Ok(mut s) = run_stats.lock() {
-                    s.add(stats);
+                if feed.wants(e) {
+                    feed.push(e, step.clone());
+                    if let Ok(mut s) = run_stats.lock() {
+                        s.add(stats);
+                    }
                 }
             }
             drop(ctx);

@@ -415,6 +415,8 @@ pub(crate) struct Feed {
     cv: Condvar,
     ranks: usize,
     depth: usize,
+    /// Steps before this one are not trained here (see [`Feed::new`]).
+    first: u64,
 }
 
 #[derive(Default)]
@@ -426,13 +428,21 @@ struct FeedState {
 }
 
 impl Feed {
-    pub fn new(ranks: usize, depth: usize) -> Feed {
+    /// A feed of steps `first..` (a resumed run starts past the steps it already trained;
+    /// earlier ones are built, to keep every sampler's stream where it was, and dropped).
+    pub fn new(ranks: usize, depth: usize, first: u64) -> Feed {
         Feed {
             state: Mutex::new(FeedState::default()),
             cv: Condvar::new(),
             ranks,
             depth: depth.max(1),
+            first,
         }
+    }
+
+    /// Whether step `index` is trained (and so counted) in this run.
+    pub fn wants(&self, index: u64) -> bool {
+        index >= self.first
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FeedState> {
@@ -442,6 +452,9 @@ impl Feed {
 
     /// Offers step `index`; waits while `depth` steps are pending. False once closed.
     pub fn push(&self, index: u64, step: Arc<Step>) -> bool {
+        if !self.wants(index) {
+            return true;
+        }
         let mut st = self.lock();
         while st.ready.len() >= self.depth && !st.closed {
             st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -527,8 +540,10 @@ pub(crate) fn produce(
             .with_context(|| format!("epoch {} iteration {it}", epoch + 1));
             match built {
                 Ok(b) => {
-                    if let Ok(mut s) = stats.lock() {
-                        s.add(&b.2);
+                    if feed.wants(index) {
+                        if let Ok(mut s) = stats.lock() {
+                            s.add(&b.2);
+                        }
                     }
                     let step = b.1.clone();
                     prev = Some(b);

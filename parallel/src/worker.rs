@@ -19,7 +19,7 @@ use grandis_fabric::{Endpoint, Tag};
 use grandis_masking::{DevicePlan, Layout, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
 use grandis_models::{Model, ModelConfig, ModelKind, StageCache};
 use grandis_store::DatasetView;
-use grandis_trainer::{EpochStats, TrainOptions};
+use grandis_trainer::{Checkpoint, CheckpointOptions, EpochStats, TrainOptions};
 
 use crate::fetch::SETUP_EPOCH;
 use crate::metered::Meter;
@@ -54,6 +54,22 @@ pub(crate) struct Shared<'a> {
     pub eval: Option<&'a [Vec<Arc<DevicePlan>>]>,
     /// Host weights (model parameter order) replacing the seeded initialisation.
     pub weights: Option<&'a [Vec<f32>]>,
+    /// A checkpoint to continue from: weights, Adam moments and the epochs it holds.
+    pub resume: Option<&'a Checkpoint>,
+    /// Where and when global rank 0 writes checkpoints.
+    pub checkpoint: &'a CheckpointOptions,
+}
+
+impl Shared<'_> {
+    /// Epochs the resumed checkpoint holds (0 for a fresh run).
+    pub fn epochs_done(&self) -> usize {
+        self.resume.map_or(0, |ck| ck.epochs_done)
+    }
+
+    /// The global index of the first step trained here.
+    pub fn first_step(&self) -> u64 {
+        (self.epochs_done() * self.iterations) as u64
+    }
 }
 
 /// The per-epoch callback; only rank 0 calls it.
@@ -140,7 +156,11 @@ impl<'w, B: Backend> Worker<'w, B> {
                 sh.config.kind.name()
             );
         }
-        let step = sh.feed.take(0)?;
+        if let Some(ck) = sh.resume {
+            ck.restore(b, &mut model, true)
+                .context("restoring the checkpoint")?;
+        }
+        let step = sh.feed.take(sh.first_step())?;
         let rt = Rt::build(
             sh,
             b,
@@ -607,13 +627,14 @@ impl<'w, B: Backend> Worker<'w, B> {
         let mut train_peak = meter.peak();
         let mut epochs = Vec::new();
         let mut step_seconds = Vec::new();
-        let mut index = 0u64;
-        for epoch in 1..=sh.opts.epochs {
+        let first = sh.first_step();
+        let mut index = first;
+        for epoch in sh.epochs_done() + 1..=sh.opts.epochs {
             let start = Instant::now();
             let mut local = 0f64;
             let mut targets = 0usize;
             for _ in 0..sh.iterations {
-                if index > 0 {
+                if index > first {
                     let step = sh.feed.take(index)?;
                     self.switch_to(step, epoch)?;
                 }
@@ -649,6 +670,21 @@ impl<'w, B: Backend> Worker<'w, B> {
                 val_acc,
                 seconds,
             };
+            if rank == 0 && sh.checkpoint.due(epoch, sh.opts.epochs) {
+                if let Some(path) = &sh.checkpoint.path {
+                    // Weights and moments are identical on every rank after the all-reduce,
+                    // so one rank's copy is the whole model (written atomically).
+                    grandis_trainer::save_checkpoint(
+                        path,
+                        self.b,
+                        &self.model,
+                        Some(sh.opts),
+                        epoch,
+                        true,
+                    )
+                    .with_context(|| format!("writing checkpoint {}", path.display()))?;
+                }
+            }
             if let Some(cb) = on_epoch {
                 let mut cb = cb
                     .lock()

@@ -105,3 +105,94 @@ fn cora_matches_single() {
         }
     }
 }
+
+/// A run stopped after epoch 3 (its checkpoint written by rank 0) and resumed to epoch 6 has
+/// the uninterrupted run's losses for epochs 4..6, in every mode (without sampling), and the
+/// same final logits.
+#[test]
+fn resumed_runs_repeat_the_uninterrupted_run() {
+    use grandis_parallel::{train, ParallelOptions};
+    use grandis_trainer::CheckpointOptions;
+    let ds = random_dataset(7, 80, 320, 5, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 7);
+    let config = config(&view, ModelKind::Sage, 2);
+    let dir = tempfile::tempdir().unwrap();
+    for (mode, k, batch) in [
+        (Mode::Fb, None, None),
+        (Mode::Flx, Some(1), None),
+        (Mode::Cob, None, Some(16)),
+        (Mode::Mb, None, Some(8)),
+    ] {
+        let path = dir.path().join(format!("{mode}.safetensors"));
+        let popts = |epochs_ckpt: CheckpointOptions| ParallelOptions {
+            mode,
+            preload_hops: k,
+            batch_size: batch,
+            threads_per_rank: Some(1),
+            eval_every_epoch: false,
+            collect_logits: true,
+            checkpoint: epochs_ckpt,
+            ..Default::default()
+        };
+        let run = |epochs: usize, ck: CheckpointOptions| {
+            train(
+                view,
+                &part,
+                config.clone(),
+                &opts(epochs),
+                &popts(ck),
+                &mut |_| {},
+            )
+            .unwrap_or_else(|e| panic!("{mode}: {e:#}"))
+        };
+        let whole = run(6, CheckpointOptions::default());
+        let first = run(
+            3,
+            CheckpointOptions {
+                path: Some(path.clone()),
+                every: Some(2),
+                resume: false,
+            },
+        );
+        assert_eq!(first.train.epochs.len(), 3);
+        let rest = run(
+            6,
+            CheckpointOptions {
+                path: Some(path.clone()),
+                every: Some(2),
+                resume: true,
+            },
+        );
+        let losses = |r: &grandis_parallel::ParallelReport| -> Vec<f64> {
+            r.train.epochs.iter().map(|s| s.loss).collect()
+        };
+        assert_eq!(
+            rest.train
+                .epochs
+                .iter()
+                .map(|s| s.epoch)
+                .collect::<Vec<_>>(),
+            [4, 5, 6],
+            "{mode}"
+        );
+        assert_losses(
+            &format!("{mode} first half"),
+            &losses(&first),
+            &losses(&whole)[..3],
+            1e-6,
+        );
+        assert_losses(
+            &format!("{mode} resumed"),
+            &losses(&rest),
+            &losses(&whole)[3..],
+            1e-6,
+        );
+        assert_close(
+            &format!("{mode} logits"),
+            rest.logits.as_deref().unwrap(),
+            whole.logits.as_deref().unwrap(),
+            1e-5,
+        );
+    }
+}

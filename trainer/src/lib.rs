@@ -55,6 +55,70 @@ pub struct CheckpointOptions {
     pub path: Option<PathBuf>,
     /// Continue from `path` when it exists.
     pub resume: bool,
+    /// Also write `path` after every N-th epoch (it is always written after the last one).
+    pub every: Option<usize>,
+}
+
+impl CheckpointOptions {
+    /// Whether the checkpoint is written after `epoch` of `epochs`.
+    pub fn due(&self, epoch: usize, epochs: usize) -> bool {
+        self.path.is_some()
+            && (epoch == epochs || self.every.is_some_and(|n| n > 0 && epoch.is_multiple_of(n)))
+    }
+
+    /// The checkpoint to resume from: `None` without `resume`, or when `path` does not exist
+    /// yet (a first run); an error when it exists but was written for another model or other
+    /// training options (only `epochs` may change).
+    pub fn resume_from(
+        &self,
+        config: &ModelConfig,
+        opts: &TrainOptions,
+    ) -> anyhow::Result<Option<Checkpoint>> {
+        if !self.resume {
+            return Ok(None);
+        }
+        let path = self
+            .path
+            .as_ref()
+            .context("--resume needs --checkpoint PATH")?;
+        if !path.exists() {
+            tracing::warn!(
+                "checkpoint {} does not exist yet; starting from scratch",
+                path.display()
+            );
+            return Ok(None);
+        }
+        let ck = load_checkpoint(path)?;
+        if ck.model != *config {
+            bail!(
+                "checkpoint {} was written for model {:?}, this run asks for {:?}",
+                path.display(),
+                ck.model,
+                config
+            );
+        }
+        let same = ck.train.as_ref().is_some_and(|t| {
+            TrainOptions {
+                epochs: opts.epochs,
+                ..t.clone()
+            } == *opts
+        });
+        if !same {
+            bail!(
+                "checkpoint {} was written with training options {:?}, this run asks for {:?} \
+                 (only --epochs may change on --resume)",
+                path.display(),
+                ck.train,
+                opts
+            );
+        }
+        tracing::info!(
+            "resuming from {} after epoch {}",
+            path.display(),
+            ck.epochs_done
+        );
+        Ok(Some(ck))
+    }
 }
 
 /// One epoch's report.
@@ -356,49 +420,9 @@ fn train_prepared<B: Backend>(
     let b = &prepared.backend;
     let mut model = Model::new(b, config.clone())?;
     let mut first_epoch = 1;
-    if ckpt.resume {
-        let path = ckpt
-            .path
-            .as_ref()
-            .context("--resume needs --checkpoint PATH")?;
-        if path.exists() {
-            let ck = load_checkpoint(path)?;
-            if ck.model != config {
-                bail!(
-                    "checkpoint {} was written for model {:?}, this run asks for {:?}",
-                    path.display(),
-                    ck.model,
-                    config
-                );
-            }
-            let same = ck.train.as_ref().is_some_and(|t| {
-                TrainOptions {
-                    epochs: opts.epochs,
-                    ..t.clone()
-                } == *opts
-            });
-            if !same {
-                bail!(
-                    "checkpoint {} was written with training options {:?}, this run asks for \
-                     {:?} (only --epochs may change on --resume)",
-                    path.display(),
-                    ck.train,
-                    opts
-                );
-            }
-            ck.restore(b, &mut model, true)?;
-            first_epoch = ck.epochs_done + 1;
-            tracing::info!(
-                "resuming from {} after epoch {}",
-                path.display(),
-                ck.epochs_done
-            );
-        } else {
-            tracing::warn!(
-                "checkpoint {} does not exist yet; starting from scratch",
-                path.display()
-            );
-        }
+    if let Some(ck) = ckpt.resume_from(&config, opts)? {
+        ck.restore(b, &mut model, true)?;
+        first_epoch = ck.epochs_done + 1;
     }
     let mut stats = Vec::new();
     for epoch in first_epoch..=opts.epochs {
@@ -418,17 +442,20 @@ fn train_prepared<B: Backend>(
         };
         on_epoch(&s);
         stats.push(s);
+        if ckpt.due(epoch, opts.epochs) {
+            if let Some(path) = &ckpt.path {
+                save_checkpoint(path, b, &model, Some(opts), epoch, true)?;
+            }
+        }
     }
     let logits = prepared.logits(&model)?;
-    if let Some(path) = &ckpt.path {
-        save_checkpoint(
-            path,
-            b,
-            &model,
-            Some(opts),
-            opts.epochs.max(first_epoch - 1),
-            true,
-        )?;
+    if let (Some(path), true) = (&ckpt.path, first_epoch > opts.epochs) {
+        // Nothing trained (the checkpoint is already past --epochs): keep it as it is.
+        tracing::info!(
+            "{} already holds {} epochs",
+            path.display(),
+            first_epoch - 1
+        );
     }
     Ok(TrainReport {
         final_loss: stats.last().map_or(f64::NAN, |s| s.loss),

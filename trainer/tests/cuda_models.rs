@@ -70,6 +70,7 @@ fn compare_models(name: &str, view: DatasetView<'_>) {
         let ck = CheckpointOptions {
             path: Some(path.clone()),
             resume: false,
+            ..Default::default()
         };
         let cuda = grandis_trainer::train_on(gpu, view, cfg.clone(), &opts(), &ck, |_| {}).unwrap();
         assert_eq!(cpu.epochs.len(), cuda.epochs.len());

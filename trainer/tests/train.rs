@@ -121,6 +121,7 @@ fn resume_continues_exactly_like_an_uninterrupted_run() {
     let ck = CheckpointOptions {
         path: Some(path.clone()),
         resume: true,
+        ..Default::default()
     };
     let first = train(ds.view(), cfg.clone(), &opts(5), &ck, Some(2), |_| {}).unwrap();
     assert_eq!(first.first_epoch, 1);
@@ -180,6 +181,7 @@ fn predict_returns_one_row_per_vertex() {
     let ck = CheckpointOptions {
         path: Some(path.clone()),
         resume: false,
+        ..Default::default()
     };
     let cfg = config(&ds, ModelKind::ResSage, 3);
     let report = train(ds.view(), cfg, &opts(5), &ck, Some(1), |_| {}).unwrap();
@@ -294,6 +296,7 @@ fn cuda_losses_match_cpu_within_tolerance() {
     let ck = CheckpointOptions {
         path: Some(path.clone()),
         resume: false,
+        ..Default::default()
     };
     let cuda = grandis_trainer::train_on(gpu, ds.view(), cfg, &opts(10), &ck, |_| {}).unwrap();
     assert_eq!(cpu.epochs.len(), 10);

@@ -299,6 +299,10 @@ pub struct JobSpec {
     pub sampling: Sampling,
     /// flx with sampling: draw a new sample every N epochs; absent = sample once.
     pub resample_every: Option<u64>,
+    /// Write a checkpoint (weights, Adam state, epoch) every N epochs and after the last; a
+    /// job run again (a retry, `--resume`) continues from it. Absent = only `grandis train
+    /// --checkpoint` writes one, at the end.
+    pub checkpoint_every: Option<u32>,
     /// Epochs (default 100).
     pub epochs: u32,
     /// Seed of weights, dropout and samplers (default 0).
@@ -334,6 +338,7 @@ impl Default for JobSpec {
             batch_size: None,
             sampling: Sampling::None,
             resample_every: None,
+            checkpoint_every: None,
             epochs: defaults::EPOCHS,
             seed: defaults::SEED,
             servers: defaults::SERVERS,
@@ -408,6 +413,7 @@ const FIELDS: &[&str] = &[
     "batch_size",
     "sampling",
     "resample_every",
+    "checkpoint_every",
     "epochs",
     "seed",
     "servers",
@@ -487,6 +493,7 @@ impl JobSpec {
             batch_size: r.uint("batch_size", 1, u32::MAX as i64),
             sampling: d.sampling.clone(),
             resample_every: r.u64("resample_every"),
+            checkpoint_every: r.uint("checkpoint_every", 1, u32::MAX as i64),
             epochs: r.uint("epochs", 1, 10_000_000).unwrap_or(d.epochs),
             seed: r.u64("seed").unwrap_or(d.seed),
             servers: r.uint("servers", 1, 4096).unwrap_or(d.servers),

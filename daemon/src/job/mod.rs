@@ -248,6 +248,18 @@ fn execute(
     let opts = TrainOptions::for_job(&job);
     let popts = ParallelOptions {
         threads_per_rank: cfg.threads.map(|t| (t / g).max(1)),
+        // Server 0 holds global rank 0, which writes; a run of the same job on the same
+        // servers again continues from it.
+        checkpoint: grandis_trainer::CheckpointOptions {
+            path: job.checkpoint_every.map(|_| {
+                cfg.work_dir
+                    .join("jobs")
+                    .join(a.job_id.to_string())
+                    .join("checkpoint.safetensors")
+            }),
+            every: job.checkpoint_every.map(|n| n as usize),
+            resume: job.checkpoint_every.is_some(),
+        },
         ..ParallelOptions::for_job(&job)
     };
     tracing::info!(

@@ -120,6 +120,7 @@ pub fn single(
     let ckpt = CheckpointOptions {
         path: Some(path.clone()),
         resume: false,
+        ..Default::default()
     };
     let report =
         grandis_trainer::train(view, config.clone(), opts, &ckpt, Some(1), |_| {}).unwrap();
