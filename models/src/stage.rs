@@ -36,6 +36,18 @@ pub(crate) struct Stage {
     pub beta: Option<usize>,
 }
 
+impl Stage {
+    /// The (output, input) rows of a conv stage on `ctx`: a linear layer (no neighbour
+    /// weight) reads no halo rows.
+    fn conv_rows<B: Backend>(&self, ctx: &StageCtx<'_, B>) -> (usize, usize) {
+        if self.w_neigh.is_some() {
+            (ctx.n_dst, ctx.n_src)
+        } else {
+            (ctx.n_dst, ctx.n_dst)
+        }
+    }
+}
+
 /// The block a stage runs on.
 pub struct StageCtx<'a, B: Backend> {
     pub graph: &'a B::Graph,
@@ -256,12 +268,7 @@ impl<B: Backend> Model<B> {
                 post,
                 residual,
             } => {
-                let (n_dst, n_src) = if st.w_neigh.is_some() {
-                    (ctx.n_dst, ctx.n_src)
-                } else {
-                    // A linear layer needs no halo rows.
-                    (ctx.n_dst, ctx.n_dst)
-                };
+                let (n_dst, n_src) = st.conv_rows(ctx);
                 // Pre-ops (norm, ReLU, dropout) or plain dropout over all input rows. Neither
                 // result is kept for backward, which recomputes it from the input (kept anyway
                 // as the previous layer's output): every step is deterministic and dropout
@@ -439,11 +446,7 @@ impl<B: Backend> Model<B> {
                 post,
                 residual,
             } => {
-                let (n_dst, n_src) = if st.w_neigh.is_some() {
-                    (ctx.n_dst, ctx.n_src)
-                } else {
-                    (ctx.n_dst, ctx.n_dst)
-                };
+                let (n_dst, n_src) = st.conv_rows(ctx);
                 let mut g = grad_out;
                 if post {
                     let n = n_dst * d_out;

@@ -449,13 +449,15 @@ fn train_prepared<B: Backend>(
         }
     }
     let logits = prepared.logits(&model)?;
-    if let (Some(path), true) = (&ckpt.path, first_epoch > opts.epochs) {
-        // Nothing trained (the checkpoint is already past --epochs): keep it as it is.
-        tracing::info!(
-            "{} already holds {} epochs",
-            path.display(),
-            first_epoch - 1
-        );
+    if first_epoch > opts.epochs {
+        if let Some(path) = &ckpt.path {
+            // Nothing trained (the checkpoint is already past --epochs): keep it as it is.
+            tracing::info!(
+                "{} already holds {} epochs",
+                path.display(),
+                first_epoch - 1
+            );
+        }
     }
     Ok(TrainReport {
         final_loss: stats.last().map_or(f64::NAN, |s| s.loss),
