@@ -277,9 +277,7 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
         let id = job.id;
         std::thread::spawn(move || {
             let r = api.follow(id, &mut |p| println!("{}", progress_line(p)), &mut |s| {
-                let state = s.get("state").and_then(|v| v.as_str()).unwrap_or("?");
-                let servers = s.get("servers").cloned().unwrap_or_default();
-                eprintln!("job {id}: {state} {servers}");
+                eprintln!("{}", crate::submit::state_line(id, s))
             });
             let _ = tx.send(r);
         })

@@ -91,9 +91,19 @@ pub struct JobArgs {
     #[arg(long)]
     pub resample_every: Option<u64>,
     /// Write the checkpoint every N epochs too, not only after the last (`train` needs
-    /// --checkpoint PATH; cluster jobs keep it in the daemon's work_dir and resume from it).
+    /// --checkpoint PATH; for cluster jobs the coordinator keeps the latest, and a retry
+    /// resumes from it).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub checkpoint_every: Option<u32>,
+    /// Cluster jobs (`cluster up`, `submit`): times the job goes back to the queue after
+    /// losing a server (or the coordinator) before it fails; each retry resumes from the
+    /// last checkpoint (--checkpoint-every), else starts over.
+    #[arg(long, default_value_t = defaults::MAX_RETRIES, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub max_retries: u32,
+    /// Cluster jobs: a retry may run on fewer servers than --servers when not all are up (a
+    /// new partition, the same model); without it, a retry waits for all of them.
+    #[arg(long)]
+    pub elastic: bool,
     /// Target vertices per iteration: per server for cob (and auto when it picks CoB; the
     /// default there is the largest that fits), per device for mb, GraphSAINT's budget.
     #[arg(long, visible_alias = "cobatch-size")]
@@ -150,6 +160,8 @@ impl JobArgs {
             sampling,
             resample_every: self.resample_every,
             checkpoint_every: self.checkpoint_every,
+            max_retries: self.max_retries,
+            elastic: self.elastic,
             epochs: self.epochs,
             seed: self.seed,
             servers: self.servers,

@@ -84,11 +84,32 @@ pub fn run(args: SubmitArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let end = api.follow(st.id, &mut |p| println!("{}", progress_line(p)), &mut |s| {
-        let state = s.get("state").and_then(|v| v.as_str()).unwrap_or("?");
-        eprintln!("job {}: {state}", st.id);
+        eprintln!("{}", state_line(st.id, s))
     })?;
     if let Some(sum) = &end.summary {
         eprintln!("{}", serde_json::to_string(sum)?);
     }
     require_success(&end)
+}
+
+/// A state event of a followed job as one line: the state, its servers, and for a job that
+/// went back to the queue, why and where it resumes.
+pub(crate) fn state_line(id: grandis_wire::JobId, s: &serde_json::Value) -> String {
+    let state = s.get("state").and_then(|v| v.as_str()).unwrap_or("?");
+    let servers = s.get("servers").cloned().unwrap_or_default();
+    match (state, s.get("retry")) {
+        ("queued", Some(r)) => format!(
+            "job {id}: queued again for attempt {} ({}); it resumes {}",
+            s["attempt"],
+            r["reason"].as_str().unwrap_or("?"),
+            match r["resume_epoch"].as_u64() {
+                Some(e) => format!("after epoch {e}"),
+                None => "from scratch (no checkpoint yet)".into(),
+            }
+        ),
+        (_, _) if servers.as_array().is_some_and(|a| !a.is_empty()) => {
+            format!("job {id}: {state} {servers}")
+        }
+        _ => format!("job {id}: {state}"),
+    }
 }

@@ -128,6 +128,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if spec.checkpoint_every.is_some() && args.checkpoint.is_none() {
         bail!("--checkpoint-every needs --checkpoint PATH");
     }
+    if spec.elastic || spec.max_retries != grandis_wire::defaults::MAX_RETRIES {
+        bail!(
+            "--max-retries and --elastic are for cluster jobs (`cluster up`, `submit`): one \
+             process has no server to lose; rerun it with --resume to continue from its \
+             checkpoint"
+        );
+    }
     let ckpt = CheckpointOptions {
         path: args.checkpoint.clone(),
         resume: args.resume,

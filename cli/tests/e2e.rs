@@ -237,13 +237,14 @@ fn cluster_up_matches_in_process_training_on_cora() {
     cluster_up_equals_in_process(&ds, "fb", &[], 3);
 }
 
-/// Submits a long fb job on both servers and waits until it reports epochs.
+/// Submits a long fb job on both servers, without retries (so that a lost server fails it),
+/// and waits until it reports epochs.
 fn long_job_running(api: &Rest, t: &str, ds: &std::path::Path) -> u64 {
     let id = api
         .submit(
             t,
             &json!({"dataset": ds, "mode": "fb", "epochs": 1_000_000, "layers": 2,
-                    "hidden": 16, "servers": 2, "devices": 2}),
+                    "hidden": 16, "servers": 2, "devices": 2, "max_retries": 0}),
         )
         .unwrap();
     wait_for("two epochs", LONG, || {

@@ -2,19 +2,20 @@
 //! bounded connect, read and write timeouts so an unreachable coordinator never wedges a
 //! caller. Users' calls ([`Client::submit`], [`Client::status`], [`Client::follow`]) serve
 //! `grandis submit` and `grandis cluster up`; the daemon protocol ([`Client::register`],
-//! [`Client::heartbeat`], [`Client::event`]) serves the daemons; [`Client::send`] is the raw
+//! [`Client::heartbeat`], [`Client::event`], [`Client::put_checkpoint`],
+//! [`Client::checkpoint`]) serves the daemons; [`Client::send`] is the raw
 //! call under both, for callers that need the status of any answer (the end-to-end tests).
 //!
 //! Every call carries the bearer token; an error status becomes [`CallError::Status`] with the
 //! coordinator's [`ErrorBody`] and the URL, anything else (refused, timed out, malformed)
 //! [`CallError::Transport`].
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::time::Duration;
 
 use grandis_wire::{
     EpochProgress, ErrorBody, HeartbeatRequest, HeartbeatResponse, JobEvent, JobEventRequest,
-    JobId, JobStatus, RegisterRequest, RegisterResponse, PROTOCOL_VERSION,
+    JobId, JobStatus, RegisterRequest, RegisterResponse, CHECKPOINT_EPOCH_HEADER, PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
 
@@ -326,5 +327,83 @@ impl Client {
         };
         self.post_json::<serde_json::Value>(&format!("/v1/daemon/jobs/{job}/events"), &req)
             .map(|_| ())
+    }
+
+    /// Daemon protocol: uploads the checkpoint the leader of `attempt` wrote after `epoch`.
+    pub fn put_checkpoint(
+        &self,
+        daemon_id: u64,
+        job: JobId,
+        attempt: u32,
+        epoch: u32,
+        bytes: &[u8],
+    ) -> Result<(), CallError> {
+        let path = format!(
+            "/v1/daemon/jobs/{job}/checkpoint?protocol_version={PROTOCOL_VERSION}\
+             &daemon_id={daemon_id}&attempt={attempt}&epoch={epoch}"
+        );
+        let (url, req) = self.request("PUT", &path);
+        match req
+            .set("Content-Type", "application/octet-stream")
+            .send_bytes(bytes)
+        {
+            Ok(_) => Ok(()),
+            Err(ureq::Error::Status(status, r)) => Err(status_error(
+                url,
+                status,
+                r.into_string().unwrap_or_default(),
+            )),
+            Err(ureq::Error::Transport(t)) => {
+                Err(CallError::Transport(format!("cannot reach {url}: {t}")))
+            }
+        }
+    }
+
+    /// The job's latest checkpoint and the epoch it was written after (daemon protocol with
+    /// `daemon` true, else the user route); at most `limit` bytes are read.
+    pub fn checkpoint(
+        &self,
+        job: JobId,
+        daemon: bool,
+        limit: u64,
+    ) -> Result<(u32, Vec<u8>), CallError> {
+        let path = if daemon {
+            format!("/v1/daemon/jobs/{job}/checkpoint")
+        } else {
+            format!("/v1/jobs/{job}/checkpoint")
+        };
+        let (url, req) = self.request("GET", &path);
+        let resp = match req.call() {
+            Ok(r) => r,
+            Err(ureq::Error::Status(status, r)) => {
+                return Err(status_error(
+                    url,
+                    status,
+                    r.into_string().unwrap_or_default(),
+                ))
+            }
+            Err(ureq::Error::Transport(t)) => {
+                return Err(CallError::Transport(format!("cannot reach {url}: {t}")))
+            }
+        };
+        let epoch = resp
+            .header(CHECKPOINT_EPOCH_HEADER)
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .ok_or_else(|| {
+                CallError::Transport(format!(
+                    "{url}: the reply has no valid {CHECKPOINT_EPOCH_HEADER} header"
+                ))
+            })?;
+        let mut bytes = Vec::new();
+        resp.into_reader()
+            .take(limit.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(|e| CallError::Transport(format!("reading the reply of {url}: {e}")))?;
+        if bytes.len() as u64 > limit {
+            return Err(CallError::Transport(format!(
+                "{url}: the checkpoint is larger than {limit} bytes"
+            )));
+        }
+        Ok((epoch, bytes))
     }
 }

@@ -5,17 +5,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream};
 use grandis_wire::{
     HeartbeatRequest, JobEventRequest, JobId, JobSpec, JobState, JobStatus, RegisterRequest,
-    SpecError, PROTOCOL_VERSION,
+    SpecError, CHECKPOINT_EPOCH_HEADER, PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -36,10 +36,13 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/jobs/{id}"),
     ("DELETE", "/v1/jobs/{id}"),
     ("GET", "/v1/jobs/{id}/events"),
+    ("GET", "/v1/jobs/{id}/checkpoint"),
     ("GET", "/v1/cluster"),
     ("POST", "/v1/daemon/register"),
     ("POST", "/v1/daemon/heartbeat"),
     ("POST", "/v1/daemon/jobs/{id}/events"),
+    ("PUT", "/v1/daemon/jobs/{id}/checkpoint"),
+    ("GET", "/v1/daemon/jobs/{id}/checkpoint"),
 ];
 
 pub struct AppState {
@@ -49,6 +52,8 @@ pub struct AppState {
     pub user_token: String,
     pub daemon_token: String,
     pub sse_keepalive: Duration,
+    /// The largest checkpoint upload accepted.
+    pub max_checkpoint_bytes: usize,
 }
 
 impl AppState {
@@ -65,12 +70,19 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/jobs", post(submit_job).get(list_jobs))
         .route("/v1/jobs/{id}", get(get_job).delete(cancel_job))
         .route("/v1/jobs/{id}/events", get(job_events))
+        .route("/v1/jobs/{id}/checkpoint", get(get_checkpoint))
         .route("/v1/cluster", get(cluster))
         .route_layer(middleware::from_fn_with_state(state.clone(), user_auth));
     let daemon = Router::new()
         .route("/v1/daemon/register", post(register))
         .route("/v1/daemon/heartbeat", post(heartbeat))
         .route("/v1/daemon/jobs/{id}/events", post(daemon_job_event))
+        .route(
+            "/v1/daemon/jobs/{id}/checkpoint",
+            put(put_checkpoint)
+                .get(get_checkpoint)
+                .layer(DefaultBodyLimit::max(state.max_checkpoint_bytes)),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), daemon_auth));
     Router::new()
         .route("/healthz", get(healthz))
@@ -232,6 +244,31 @@ async fn cluster(State(st): State<Shared>) -> Json<grandis_wire::ClusterView> {
     Json(st.core().cluster(Instant::now()))
 }
 
+/// The job's latest checkpoint (a safetensors file), for users (the trained model of a cluster
+/// job) and for the daemons of a retry.
+async fn get_checkpoint(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_job_id(&id)?;
+    let (epoch, bytes) = st.core().checkpoint(id)?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"job-{id}-epoch-{epoch}.safetensors\""),
+            ),
+            (
+                header::HeaderName::from_static(CHECKPOINT_EPOCH_HEADER),
+                epoch.to_string(),
+            ),
+        ],
+        bytes,
+    )
+        .into_response())
+}
+
 /// State of one server-sent event stream.
 struct EventStream {
     st: Shared,
@@ -266,11 +303,16 @@ impl EventStream {
             self.last_epoch = p.epoch;
         }
         if self.last_state.as_ref() != Some(&status.state) {
-            // {"id", "state", "reason"?, "servers"}: the state's own fields, flattened.
+            // {"id", "state", "reason"?, "servers", "attempt", "retry"?}: the state's own
+            // fields, flattened, and why the job went back to the queue, if it did.
             let mut data = serde_json::to_value(&status.state).unwrap_or_default();
             if let Some(obj) = data.as_object_mut() {
                 obj.insert("id".into(), json!(self.id));
                 obj.insert("servers".into(), json!(status.servers));
+                obj.insert("attempt".into(), json!(status.attempt));
+                if let Some(r) = status.retries.last() {
+                    obj.insert("retry".into(), json!(r));
+                }
             }
             self.pending.push_back(json_event("state", &data));
             self.last_state = Some(status.state.clone());
@@ -383,6 +425,71 @@ async fn heartbeat(
 ) -> Result<Json<grandis_wire::HeartbeatResponse>, ApiError> {
     let req: HeartbeatRequest = parse_daemon_message(&body, "heartbeat")?;
     Ok(Json(st.core().heartbeat(req, Instant::now())?))
+}
+
+/// `key=value&...` of a daemon request's query, each value an unsigned integer; the message
+/// names what is missing or malformed.
+fn query_numbers<const N: usize>(raw: Option<&str>, keys: [&str; N]) -> Result<[u64; N], ApiError> {
+    let mut out = [None; N];
+    for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if let Some(i) = keys.iter().position(|&key| key == k) {
+            out[i] = Some(v.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(
+                    "malformed_query",
+                    format!("{k}: expected an unsigned integer, got {v:?}"),
+                )
+            })?);
+        }
+    }
+    let mut values = [0; N];
+    for (i, v) in out.into_iter().enumerate() {
+        values[i] = v.ok_or_else(|| {
+            ApiError::bad_request(
+                "malformed_query",
+                format!("query parameter {} is required", keys[i]),
+            )
+        })?;
+    }
+    Ok(values)
+}
+
+async fn put_checkpoint(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let id = parse_job_id(&id)?;
+    let [version, daemon_id, attempt, epoch] = query_numbers(
+        query.as_deref(),
+        ["protocol_version", "daemon_id", "attempt", "epoch"],
+    )?;
+    if version != PROTOCOL_VERSION as u64 {
+        return Err(ApiError::bad_request(
+            "protocol_mismatch",
+            format!(
+                "protocol version mismatch: the daemon speaks {version}, this coordinator \
+                 speaks {PROTOCOL_VERSION}; upgrade the older side"
+            ),
+        ));
+    }
+    let small = |v: u64, what: &str| {
+        u32::try_from(v).map_err(|_| {
+            ApiError::bad_request("malformed_query", format!("{what}: {v} is out of range"))
+        })
+    };
+    let (attempt, epoch) = (small(attempt, "attempt")?, small(epoch, "epoch")?);
+    // The store's write runs on a blocking thread: a large checkpoint must not stall the
+    // runtime's workers.
+    let st2 = st.clone();
+    tokio::task::spawn_blocking(move || {
+        st2.core()
+            .put_checkpoint(id, daemon_id, attempt, epoch, &body)
+    })
+    .await
+    .map_err(|e| ApiError::internal(anyhow::anyhow!("storing the checkpoint: {e}")))??;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn daemon_job_event(

@@ -27,6 +27,7 @@ pub const KEYS: &[&str] = &[
     "max_connections",
     "header_read_timeout_ms",
     "idle_timeout_ms",
+    "max_checkpoint_bytes",
 ];
 
 const LAYERS: Layers = Layers {
@@ -72,6 +73,9 @@ pub struct CoordinatorConfig {
     /// A connection that moves no byte either way for this long is closed (greater than
     /// `sse_keepalive_ms`, so event streams stay open).
     pub idle_timeout_ms: u64,
+    /// The largest checkpoint a job's leader may upload (bytes). Checkpoints are kept in the
+    /// database, one per job (the latest), so that a retry resumes on any servers.
+    pub max_checkpoint_bytes: u64,
 }
 
 impl Default for CoordinatorConfig {
@@ -89,6 +93,7 @@ impl Default for CoordinatorConfig {
             max_connections: 1024,
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
+            max_checkpoint_bytes: 1 << 30,
         }
     }
 }
@@ -161,6 +166,13 @@ impl CoordinatorConfig {
                  would be cut; got {}",
                 self.sse_keepalive_ms,
                 self.idle_timeout_ms
+            );
+        }
+        if self.max_checkpoint_bytes == 0 || self.max_checkpoint_bytes > usize::MAX as u64 {
+            bail!(
+                "max_checkpoint_bytes: must be between 1 and {}, got {}",
+                usize::MAX,
+                self.max_checkpoint_bytes
             );
         }
         Ok(())

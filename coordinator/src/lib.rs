@@ -168,6 +168,7 @@ fn build_state(
         daemon_token: config.daemon_token.clone().unwrap_or(user_token.clone()),
         user_token,
         sse_keepalive: Duration::from_millis(config.sse_keepalive_ms),
+        max_checkpoint_bytes: config.max_checkpoint_bytes as usize,
     }))
 }
 

@@ -14,13 +14,22 @@
 //!   labels are free (a live head with at least `devices` devices and no active job); jobs
 //!   behind it wait, so a large job is never starved by small ones. Labels are taken in name
 //!   order, so assignments are deterministic.
-//! - **Failures.** An active job fails, naming the server, as soon as the head it was assigned
-//!   to loses its lease (within `lease` of its last heartbeat) or reports a failure.
-//! - **Restart.** Jobs that were assigned or running when the coordinator stopped are failed
-//!   with "coordinator restarted": their daemons' in-memory training state cannot be trusted to
-//!   line up with a coordinator that lost every lease, and a clean failure is better than a
-//!   job that silently hangs. Daemons that still run such a job are told to cancel it in their
-//!   next heartbeat reply. Queued and finished jobs are kept as they were.
+//! - **Failures.** An active job's run ends, naming the server, as soon as the head it was
+//!   assigned to loses its lease (within `lease` of its last heartbeat) or a daemon reports a
+//!   failure. A lost server, or a failure the daemon calls retryable (a lost peer, a daemon
+//!   being stopped), puts the job back in the queue while it has retries left
+//!   (`max_retries`): it keeps its place by id, its history is cut back to the checkpoint the
+//!   coordinator holds, and its next run (attempt) resumes from that checkpoint once enough
+//!   servers are free (fewer than asked for when the job is `elastic`). Other failures, and a
+//!   job out of retries, fail it.
+//! - **Checkpoints.** The leader of a run uploads every checkpoint it writes; the coordinator
+//!   stores it with the job record in one transaction, so the record's `checkpoint_epoch`
+//!   always names the stored file.
+//! - **Restart.** Jobs that were assigned or running when the coordinator stopped end their
+//!   run as if their servers were lost (a retry from the last checkpoint, if retries are
+//!   left): their daemons' in-memory state cannot line up with a coordinator that lost every
+//!   lease. Daemons that still run such a run are told to cancel it in their next heartbeat
+//!   reply; the retry starts once they have. Queued and finished jobs are kept as they were.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -28,16 +37,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::http::StatusCode;
 use grandis_wire::{
     Assignment, ClusterView, DaemonId, DaemonJob, DaemonState, DaemonView, DeviceInfo,
-    EpochProgress, HeadInfo, HeartbeatRequest, HeartbeatResponse, JobEvent, JobId, JobSpec,
-    JobState, JobStatus, LinkBytes, RegisterRequest, RegisterResponse, ServerSlot, ServerView,
-    PROTOCOL_VERSION,
+    EpochProgress, HeadInfo, HeartbeatRequest, HeartbeatResponse, JobEvent, JobId, JobRetry,
+    JobSpec, JobState, JobStatus, LinkBytes, RegisterRequest, RegisterResponse, ServerSlot,
+    ServerView, PROTOCOL_VERSION,
 };
 use tokio::sync::broadcast;
 
 use crate::error::ApiError;
 use crate::store::{JobRecord, Store, NEXT_DAEMON_ID, NEXT_JOB_ID};
 
-/// The reason given to jobs that were active when the coordinator stopped.
+/// The reason given to runs that were active when the coordinator stopped.
 pub const RESTART_REASON: &str = "coordinator restarted";
 
 #[derive(Clone, Copy, Debug)]
@@ -106,7 +115,8 @@ fn age(now: Instant, then: Instant) -> Duration {
 }
 
 impl Core {
-    /// Loads the store; active jobs are failed (see the module docs).
+    /// Loads the store; runs that were active end as if their servers were lost (see the
+    /// module docs).
     pub fn open(
         store: Store,
         timing: Timing,
@@ -114,15 +124,10 @@ impl Core {
     ) -> anyhow::Result<Core> {
         let mut jobs = BTreeMap::new();
         let mut queue = VecDeque::new();
-        let mut restarted = 0;
-        for mut rec in store.load_jobs()? {
+        let mut interrupted = Vec::new();
+        for rec in store.load_jobs()? {
             if rec.state.is_active() {
-                rec.state = JobState::Failed {
-                    reason: RESTART_REASON.into(),
-                };
-                rec.finished_at_ms = Some(now_ms());
-                store.put_job(&rec, None, true)?;
-                restarted += 1;
+                interrupted.push(rec.id);
             }
             if rec.state == JobState::Queued {
                 queue.push_back(rec.id);
@@ -137,13 +142,7 @@ impl Core {
             .into_iter()
             .map(|(name, term)| (name, Label { term, head: None }))
             .collect();
-        tracing::info!(
-            jobs = jobs.len(),
-            queued = queue.len(),
-            failed_by_restart = restarted,
-            "coordinator state loaded"
-        );
-        Ok(Core {
+        let mut core = Core {
             timing,
             store,
             jobs,
@@ -155,7 +154,18 @@ impl Core {
             next_daemon_id,
             elections: 0,
             updates,
-        })
+        };
+        for &id in &interrupted {
+            core.end_run(id, RESTART_REASON.into(), true)
+                .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        }
+        tracing::info!(
+            jobs = core.jobs.len(),
+            queued = core.queue.len(),
+            interrupted_by_restart = interrupted.len(),
+            "coordinator state loaded"
+        );
+        Ok(core)
     }
 
     pub fn close(&self) {
@@ -194,6 +204,8 @@ impl Core {
             finished_servers: Vec::new(),
             history: Vec::new(),
             summary: None,
+            retries: Vec::new(),
+            checkpoint_epoch: None,
         };
         self.store
             .put_job(&rec, Some((NEXT_JOB_ID, id + 1)), true)?;
@@ -230,6 +242,9 @@ impl Core {
                 Vec::new()
             },
             summary: rec.summary.clone(),
+            attempt: rec.attempt(),
+            retries: rec.retries.clone(),
+            checkpoint_epoch: rec.checkpoint_epoch,
         })
     }
 
@@ -359,7 +374,7 @@ impl Core {
             let ours = self
                 .jobs
                 .get(&job.job_id)
-                .filter(|rec| rec.state.is_active())
+                .filter(|rec| rec.state.is_active() && rec.attempt() == job.attempt)
                 .and_then(|rec| {
                     rec.servers
                         .iter()
@@ -394,9 +409,15 @@ impl Core {
                     let idx = rec.servers.iter().position(|s| s.daemon_id == id)?;
                     Some(Assignment {
                         job_id: rec.id,
-                        spec: rec.spec.clone(),
+                        // An elastic retry may run on fewer servers than submitted.
+                        spec: JobSpec {
+                            servers: rec.servers.len() as u32,
+                            ..rec.spec.clone()
+                        },
                         server_index: idx as u32,
                         servers: rec.servers.clone(),
+                        attempt: rec.attempt(),
+                        resume_epoch: rec.resume_epoch(),
                     })
                 })
         } else {
@@ -516,12 +537,8 @@ impl Core {
                     self.schedule(now);
                 }
             }
-            JobEvent::Failed { reason } => {
-                let reason = format!("server '{label}': {reason}");
-                tracing::warn!(job = job_id, %reason, "job failed");
-                rec.state = JobState::Failed { reason };
-                rec.finished_at_ms = Some(now_ms());
-                self.commit(rec, true)?;
+            JobEvent::Failed { reason, retryable } => {
+                self.end_run(job_id, format!("server '{label}': {reason}"), retryable)?;
                 self.schedule(now);
             }
         }
@@ -605,14 +622,127 @@ impl Core {
             }
         }
         for (id, reason) in failures {
-            tracing::warn!(job = id, %reason, "job failed");
-            let mut rec = self.jobs[&id].clone();
-            rec.state = JobState::Failed { reason };
-            rec.finished_at_ms = Some(now_ms());
-            if let Err(e) = self.commit(rec, true) {
-                tracing::error!("failing job {id}: {}", e.message);
+            if let Err(e) = self.end_run(id, reason, true) {
+                tracing::error!("ending the run of job {id}: {}", e.message);
             }
         }
+    }
+
+    /// Ends the current run of an active job: back to the queue when `retryable` and retries
+    /// are left (see the module docs), else failed with `reason`. The caller schedules.
+    fn end_run(&mut self, id: JobId, reason: String, retryable: bool) -> Result<(), ApiError> {
+        let mut rec = self.jobs[&id].clone();
+        let used = rec.retries.len() as u32;
+        if !(retryable && used < rec.spec.max_retries) {
+            let reason = match (retryable, used) {
+                (true, 0) => format!("{reason}; not retried (max_retries = 0)"),
+                (true, n) => format!("{reason}; gave up after {n} retries"),
+                (false, _) => reason,
+            };
+            tracing::warn!(job = id, %reason, "job failed");
+            rec.state = JobState::Failed { reason };
+            rec.finished_at_ms = Some(now_ms());
+            return self.commit(rec, true);
+        }
+        let resume_epoch = rec.checkpoint_epoch;
+        tracing::warn!(
+            job = id,
+            %reason,
+            attempt = used + 2,
+            resume_epoch = ?resume_epoch,
+            "job goes back to the queue"
+        );
+        rec.retries.push(JobRetry {
+            at_ms: now_ms(),
+            reason,
+            resume_epoch,
+        });
+        rec.state = JobState::Queued;
+        rec.servers.clear();
+        rec.finished_servers.clear();
+        rec.summary = None;
+        // The next run repeats the epochs after the checkpoint: they are reported again.
+        rec.history
+            .retain(|p| resume_epoch.is_some_and(|e| p.epoch <= e));
+        self.commit(rec, true)?;
+        // Its place in the queue is its id's (it was submitted before the jobs behind it).
+        let at = self.queue.partition_point(|&q| q < id);
+        self.queue.insert(at, id);
+        Ok(())
+    }
+
+    /// Stores a checkpoint the leader of job `id`'s current run (`attempt`) wrote after
+    /// `epoch`. A stale upload (an older epoch, a retried request) is ignored.
+    pub fn put_checkpoint(
+        &mut self,
+        id: JobId,
+        daemon_id: DaemonId,
+        attempt: u32,
+        epoch: u32,
+        bytes: &[u8],
+    ) -> Result<(), ApiError> {
+        let rec = self
+            .jobs
+            .get(&id)
+            .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+        if !rec.state.is_active() || rec.attempt() != attempt {
+            return Err(ApiError::conflict(
+                "not_running",
+                format!(
+                    "job {id} is {} at attempt {}, not running attempt {attempt}; its \
+                     checkpoints are no longer taken",
+                    rec.state.name(),
+                    rec.attempt()
+                ),
+            ));
+        }
+        if rec.servers.first().map(|s| s.daemon_id) != Some(daemon_id) {
+            return Err(ApiError::conflict(
+                "not_leader",
+                format!("only the leader (server index 0) of job {id} uploads checkpoints"),
+            ));
+        }
+        if epoch < 1 || epoch > rec.spec.epochs {
+            return Err(ApiError::bad_request(
+                "invalid_checkpoint",
+                format!(
+                    "epoch: must be between 1 and the job's epochs ({}), got {epoch}",
+                    rec.spec.epochs
+                ),
+            ));
+        }
+        if bytes.is_empty() {
+            return Err(ApiError::bad_request(
+                "invalid_checkpoint",
+                "the checkpoint is empty".to_string(),
+            ));
+        }
+        if rec.checkpoint_epoch.is_some_and(|e| e >= epoch) {
+            return Ok(());
+        }
+        let mut rec = rec.clone();
+        rec.checkpoint_epoch = Some(epoch);
+        self.store.put_checkpoint(&rec, bytes)?;
+        tracing::debug!(job = id, epoch, bytes = bytes.len(), "checkpoint stored");
+        self.jobs.insert(id, rec);
+        Ok(())
+    }
+
+    /// The job's stored checkpoint and its epoch.
+    pub fn checkpoint(&self, id: JobId) -> Result<(u32, Vec<u8>), ApiError> {
+        let rec = self
+            .jobs
+            .get(&id)
+            .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+        let missing = || {
+            ApiError::not_found(format!(
+                "job {id} has no checkpoint yet (give it checkpoint_every, or wait for its \
+                 first one)"
+            ))
+        };
+        let epoch = rec.checkpoint_epoch.ok_or_else(missing)?;
+        let bytes = self.store.checkpoint(id)?.ok_or_else(missing)?;
+        Ok((epoch, bytes))
     }
 
     /// Assigns queued jobs in FIFO order while the oldest one fits. A job that could not run
@@ -650,8 +780,15 @@ impl Core {
         let mut blocked_by: Option<JobId> = None;
         let mut assigned = Vec::new();
         for &id in &self.queue {
-            let spec = &self.jobs[&id].spec;
-            let (servers, devices) = (spec.servers as usize, spec.devices as usize);
+            let rec = &self.jobs[&id];
+            let devices = rec.spec.devices as usize;
+            let could = up_devices.iter().filter(|&&n| n >= devices).count();
+            // An elastic retry takes the servers that remain (at least one).
+            let servers = if rec.spec.elastic && !rec.retries.is_empty() {
+                (rec.spec.servers as usize).min(could).max(1)
+            } else {
+                rec.spec.servers as usize
+            };
             if let Some(first) = blocked_by {
                 self.waiting
                     .insert(id, format!("behind job {first}, which waits for servers"));
@@ -665,7 +802,6 @@ impl Core {
                 .take(servers)
                 .collect();
             if fitting.len() < servers {
-                let could = up_devices.iter().filter(|&&n| n >= devices).count();
                 let why = format!(
                     "needs {servers} free server(s) with ≥ {devices} device(s) each; {} free, \
                      {} up ({could} with enough devices)",
@@ -892,6 +1028,7 @@ mod tests {
                     state: DaemonState::Running,
                     job: Some(DaemonJob {
                         job_id: first,
+                        attempt: 1,
                         epoch: 3,
                     }),
                 },
@@ -966,7 +1103,11 @@ mod tests {
         let t0 = Instant::now();
         let a = reg(&mut c, "node-a", 1, t0);
         let b = reg(&mut c, "node-b", 1, t0);
-        let job = c.submit(spec(2, 1), t0).unwrap().id;
+        let no_retries = JobSpec {
+            max_retries: 0,
+            ..spec(2, 1)
+        };
+        let job = c.submit(no_retries, t0).unwrap().id;
         assert_eq!(c.jobs[&job].state, JobState::Assigned);
         let r = hb(&mut c, b, t0 + Duration::from_millis(50));
         assert_eq!(r.assignment.as_ref().unwrap().server_index, 1);
@@ -994,6 +1135,7 @@ mod tests {
                     state: DaemonState::Running,
                     job: Some(DaemonJob {
                         job_id: job,
+                        attempt: 1,
                         epoch: 3,
                     }),
                 },
@@ -1002,5 +1144,225 @@ mod tests {
             .unwrap();
         assert_eq!(r.cancel, vec![job]);
         assert!(r.assignment.is_none());
+    }
+
+    fn progress(c: &mut Core, job: JobId, leader: DaemonId, epoch: u32, now: Instant) {
+        let p = EpochProgress {
+            epoch,
+            loss: 1.0 / epoch as f64,
+            train_acc: 0.0,
+            val_acc: 0.0,
+            seconds: 0.1,
+            bytes: LinkBytes::default(),
+        };
+        c.job_event(job, leader, JobEvent::Progress { progress: p }, now)
+            .unwrap();
+    }
+
+    fn running(
+        c: &mut Core,
+        d: DaemonId,
+        job: JobId,
+        attempt: u32,
+        now: Instant,
+    ) -> HeartbeatResponse {
+        c.heartbeat(
+            HeartbeatRequest {
+                protocol_version: PROTOCOL_VERSION,
+                daemon_id: d,
+                state: DaemonState::Running,
+                job: Some(DaemonJob {
+                    job_id: job,
+                    attempt,
+                    epoch: 0,
+                }),
+            },
+            now,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_lost_server_requeues_the_job_to_resume_from_its_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = core(dir.path());
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let a = reg(&mut c, "node-a", 1, t0);
+        let b = reg(&mut c, "node-b", 1, t0);
+        let job = c
+            .submit(
+                JobSpec {
+                    checkpoint_every: Some(2),
+                    max_retries: 1,
+                    epochs: 10,
+                    ..spec(2, 1)
+                },
+                t0,
+            )
+            .unwrap()
+            .id;
+        running(&mut c, a, job, 1, ms(10));
+        running(&mut c, b, job, 1, ms(10));
+        for e in 1..=5 {
+            progress(&mut c, job, a, e, ms(20));
+            if e % 2 == 0 {
+                c.put_checkpoint(job, a, 1, e, format!("ck{e}").as_bytes())
+                    .unwrap();
+            }
+        }
+        // Only the leader of the current attempt uploads; stale epochs are ignored.
+        assert_eq!(
+            c.put_checkpoint(job, b, 1, 5, b"x").unwrap_err().code,
+            "not_leader"
+        );
+        c.put_checkpoint(job, a, 1, 2, b"old").unwrap();
+        assert_eq!(c.checkpoint(job).unwrap(), (4, b"ck4".to_vec()));
+
+        // node-b goes silent: the job goes back to the queue, cut back to epoch 4.
+        let mut t = ms(20);
+        for _ in 0..5 {
+            t += Duration::from_millis(100);
+            running(&mut c, a, job, 1, t);
+        }
+        let st = c.status(job, true).unwrap();
+        assert_eq!(st.state, JobState::Queued);
+        assert_eq!(st.attempt, 2);
+        assert_eq!(st.history.len(), 4);
+        assert_eq!(st.retries.len(), 1);
+        assert!(st.retries[0]
+            .reason
+            .starts_with("server 'node-b' stopped heartbeating"));
+        assert_eq!(st.retries[0].resume_epoch, Some(4));
+        // a still runs attempt 1: it is told to cancel, and stays busy until it has.
+        let r = running(&mut c, a, job, 1, t);
+        assert_eq!(r.cancel, vec![job]);
+        assert_eq!(
+            c.put_checkpoint(job, a, 1, 6, b"late").unwrap_err().code,
+            "not_running"
+        );
+        // node-b comes back as a new daemon; once a is idle the job runs again on both.
+        let b2 = reg(&mut c, "node-b", 1, t);
+        hb(&mut c, b2, t);
+        assert_eq!(
+            c.jobs[&job].state,
+            JobState::Queued,
+            "a has not stopped yet"
+        );
+        let r = hb(&mut c, a, t + Duration::from_millis(10));
+        let asg = r.assignment.expect("assigned again");
+        assert_eq!((asg.attempt, asg.resume_epoch), (2, Some(4)));
+        assert_eq!(asg.spec.servers, 2);
+        assert_ne!(asg.session(), 0);
+        // Its second loss uses up its one retry.
+        let mut t = t + Duration::from_millis(10);
+        for _ in 0..5 {
+            t += Duration::from_millis(100);
+            running(&mut c, b2, job, 2, t);
+        }
+        match &c.jobs[&job].state {
+            JobState::Failed { reason } => assert!(
+                reason.starts_with("server 'node-a' stopped heartbeating")
+                    && reason.ends_with("; gave up after 1 retries"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_elastic_job_resumes_on_the_servers_that_remain() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = core(dir.path());
+        let t0 = Instant::now();
+        let a = reg(&mut c, "node-a", 1, t0);
+        let b = reg(&mut c, "node-b", 1, t0);
+        let job = c
+            .submit(
+                JobSpec {
+                    elastic: true,
+                    ..spec(2, 1)
+                },
+                t0,
+            )
+            .unwrap()
+            .id;
+        running(&mut c, a, job, 1, t0);
+        running(&mut c, b, job, 1, t0);
+        // b reports that its peer is gone (retryable) and then goes silent.
+        c.job_event(
+            job,
+            b,
+            JobEvent::Failed {
+                reason: "peer gone".into(),
+                retryable: true,
+            },
+            t0,
+        )
+        .unwrap();
+        assert_eq!(c.jobs[&job].state, JobState::Queued);
+        let mut t = t0;
+        for _ in 0..5 {
+            t += Duration::from_millis(100);
+            hb(&mut c, a, t);
+        }
+        let st = c.status(job, false).unwrap();
+        assert_eq!(st.state, JobState::Assigned);
+        assert_eq!(st.servers, vec!["node-a".to_string()]);
+        let asg = hb(&mut c, a, t).assignment.unwrap();
+        assert_eq!(
+            (asg.spec.servers, asg.attempt, asg.resume_epoch),
+            (1, 2, None)
+        );
+        // A failure that is not retryable fails the job at once.
+        c.job_event(
+            job,
+            a,
+            JobEvent::Failed {
+                reason: "dataset /d: not found".into(),
+                retryable: false,
+            },
+            t,
+        )
+        .unwrap();
+        assert_eq!(
+            c.jobs[&job].state,
+            JobState::Failed {
+                reason: "server 'node-a': dataset /d: not found".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_coordinator_restart_requeues_running_jobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let job = {
+            let mut c = core(dir.path());
+            let a = reg(&mut c, "a", 1, t0);
+            let job = c
+                .submit(
+                    JobSpec {
+                        checkpoint_every: Some(1),
+                        ..spec(1, 1)
+                    },
+                    t0,
+                )
+                .unwrap()
+                .id;
+            running(&mut c, a, job, 1, t0);
+            progress(&mut c, job, a, 1, t0);
+            c.put_checkpoint(job, a, 1, 1, b"ck1").unwrap();
+            progress(&mut c, job, a, 2, t0);
+            c.close();
+            job
+        };
+        let c = core(dir.path());
+        let st = c.status(job, true).unwrap();
+        assert_eq!(st.state, JobState::Queued);
+        assert_eq!(st.retries[0].reason, RESTART_REASON);
+        assert_eq!(st.retries[0].resume_epoch, Some(1));
+        assert_eq!(st.history.len(), 1);
+        assert_eq!(c.checkpoint(job).unwrap(), (1, b"ck1".to_vec()));
     }
 }

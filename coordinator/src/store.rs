@@ -1,5 +1,5 @@
-//! Durable state in one redb file: jobs (as JSON, keyed by id), id counters and per-label
-//! election terms. Daemons are not stored: they re-register after a restart (their ids keep
+//! Durable state in one redb file: jobs (as JSON, keyed by id), each job's latest checkpoint
+//! (the bytes its leader uploaded), id counters and per-label election terms. Daemons are not stored: they re-register after a restart (their ids keep
 //! increasing because the counter is stored).
 
 use std::path::{Path, PathBuf};
@@ -8,13 +8,15 @@ use std::sync::Mutex;
 use std::panic::AssertUnwindSafe;
 
 use anyhow::{anyhow, Context};
-use grandis_wire::{EpochProgress, JobId, JobSpec, JobState, RunSummary, ServerSlot};
+use grandis_wire::{EpochProgress, JobId, JobRetry, JobSpec, JobState, RunSummary, ServerSlot};
 use redb::{Database, DatabaseError, Durability, ReadableTable, StorageError, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const TERMS: TableDefinition<&str, u64> = TableDefinition::new("terms");
+/// The latest checkpoint file of a job, keyed by job id (its epoch is in the job record).
+const CHECKPOINTS: TableDefinition<u64, &[u8]> = TableDefinition::new("checkpoints");
 
 pub const NEXT_JOB_ID: &str = "next_job_id";
 pub const NEXT_DAEMON_ID: &str = "next_daemon_id";
@@ -34,6 +36,24 @@ pub struct JobRecord {
     pub finished_servers: Vec<u32>,
     pub history: Vec<EpochProgress>,
     pub summary: Option<RunSummary>,
+    /// Each time the job went back to the queue (its length + 1 is the current attempt).
+    #[serde(default)]
+    pub retries: Vec<JobRetry>,
+    /// Epoch of the checkpoint stored for the job (in the checkpoints table).
+    #[serde(default)]
+    pub checkpoint_epoch: Option<u32>,
+}
+
+impl JobRecord {
+    /// Which run of the job this is: 1, plus one per retry.
+    pub fn attempt(&self) -> u32 {
+        self.retries.len() as u32 + 1
+    }
+
+    /// The checkpoint epoch the current run resumes after (`None`: from scratch).
+    pub fn resume_epoch(&self) -> Option<u32> {
+        self.retries.last().and_then(|r| r.resume_epoch)
+    }
 }
 
 pub struct Store {
@@ -60,6 +80,7 @@ impl Store {
             tx.open_table(JOBS)?;
             tx.open_table(META)?;
             tx.open_table(TERMS)?;
+            tx.open_table(CHECKPOINTS)?;
             tx.commit()?;
             Ok(())
         })?;
@@ -186,6 +207,31 @@ impl Store {
             Ok(())
         })
         .with_context(|| format!("saving job {}", rec.id))
+    }
+
+    /// Stores a job's checkpoint and its record (which names the checkpoint's epoch) in one
+    /// durable transaction, so the two never disagree.
+    pub fn put_checkpoint(&self, rec: &JobRecord, checkpoint: &[u8]) -> anyhow::Result<()> {
+        let bytes = serde_json::to_vec(rec)?;
+        self.with_db(|db| {
+            let tx = db.begin_write()?;
+            {
+                tx.open_table(JOBS)?.insert(rec.id, bytes.as_slice())?;
+                tx.open_table(CHECKPOINTS)?.insert(rec.id, checkpoint)?;
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .with_context(|| format!("saving the checkpoint of job {}", rec.id))
+    }
+
+    /// The stored checkpoint of a job, if any.
+    pub fn checkpoint(&self, id: JobId) -> anyhow::Result<Option<Vec<u8>>> {
+        self.with_db(|db| {
+            let tx = db.begin_read()?;
+            let table = tx.open_table(CHECKPOINTS)?;
+            Ok(table.get(id)?.map(|v| v.value().to_vec()))
+        })
     }
 
     pub fn put_meta(&self, key: &str, value: u64) -> anyhow::Result<()> {
@@ -318,6 +364,8 @@ mod tests {
             finished_servers: vec![],
             history: vec![],
             summary: None,
+            retries: vec![],
+            checkpoint_epoch: Some(2),
         };
         {
             let s = Store::open(&path).unwrap();
@@ -331,7 +379,12 @@ mod tests {
                 .contains("closed"));
         }
         let s = Store::open(&path).unwrap();
-        assert_eq!(s.load_jobs().unwrap(), vec![rec]);
+        assert_eq!(s.load_jobs().unwrap(), vec![rec.clone()]);
+        assert_eq!(s.checkpoint(4).unwrap(), None);
+        s.put_checkpoint(&rec, b"weights").unwrap();
+        s.close();
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.checkpoint(4).unwrap().as_deref(), Some(&b"weights"[..]));
         assert_eq!(s.meta(NEXT_JOB_ID).unwrap(), Some(5));
         assert_eq!(s.meta(NEXT_DAEMON_ID).unwrap(), None);
         assert_eq!(s.load_terms().unwrap(), vec![("a".to_string(), 3)]);
@@ -357,6 +410,8 @@ mod damage_tests {
             finished_servers: vec![],
             history: vec![],
             summary: None,
+            retries: vec![],
+            checkpoint_epoch: None,
         }
     }
 

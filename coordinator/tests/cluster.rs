@@ -248,7 +248,9 @@ async fn server_that_stops_heartbeating_fails_its_running_job() {
     let h = start(fast_config(&dir.path().join("c.redb"))).await;
     let a = FakeDaemon::register(&h, "node-a", 1).await;
     let b = FakeDaemon::register(&h, "node-b", 1).await;
-    let id = h.submit(json!({"dataset": "/d", "servers": 2})).await;
+    let id = h
+        .submit(json!({"dataset": "/d", "servers": 2, "max_retries": 0}))
+        .await;
     h.wait_state(id, "assigned").await;
     let ka = keep_alive(&a, Some((id, 1)));
     let kb = keep_alive(&b, Some((id, 1)));
@@ -261,7 +263,10 @@ async fn server_that_stops_heartbeating_fails_its_running_job() {
         reason.starts_with("server 'node-b' stopped heartbeating (last seen "),
         "{reason}"
     );
-    assert!(reason.ends_with(" s ago)"), "{reason}");
+    assert!(
+        reason.ends_with(" s ago); not retried (max_retries = 0)"),
+        "{reason}"
+    );
     // The surviving server is told to stop, and its later events are refused.
     let r = a.heartbeat(Some((id, 2))).await;
     assert_eq!(r.cancel, vec![id]);
@@ -289,6 +294,7 @@ async fn daemon_reported_failure_and_cancel_of_a_running_job() {
             first,
             JobEvent::Failed {
                 reason: "dataset /data/missing not found".into(),
+                retryable: false,
             },
         )
         .await;
@@ -360,9 +366,11 @@ async fn restart_keeps_queued_and_finished_jobs() {
     let after = h.job(done).await;
     assert_eq!(after, before, "a finished job survives unchanged");
     assert_eq!(after["history"].as_array().unwrap().len(), 2);
+    // The interrupted run goes back to the queue (a retry), to resume once servers are back.
     let job = h.job(running).await;
-    assert_eq!(job["state"], "failed");
-    assert_eq!(job["reason"], "coordinator restarted");
+    assert_eq!(job["state"], "queued");
+    assert_eq!(job["attempt"], 2);
+    assert_eq!(job["retries"][0]["reason"], "coordinator restarted");
     let job = h.job(queued).await;
     assert_eq!(job["state"], "queued");
     assert_eq!(job["name"], "big");
@@ -371,7 +379,7 @@ async fn restart_keeps_queued_and_finished_jobs() {
         .client
         .post(h.url("/v1/daemon/heartbeat"))
         .bearer_auth(TOKEN)
-        .json(&json!({"protocol_version": 1, "daemon_id": a.id, "state": "idle"}))
+        .json(&json!({"protocol_version": 2, "daemon_id": a.id, "state": "idle"}))
         .send()
         .await
         .unwrap();

@@ -75,7 +75,8 @@ pub struct DaemonConfig {
     /// Directory with `ca.pem`, `<label>.pem` and `<label>.key` (`grandis certs init`).
     /// Required.
     pub cert_dir: PathBuf,
-    /// Where per-job reports are written (`<work_dir>/jobs/<job id>/<label>.json`).
+    /// Where per-job reports (`<work_dir>/jobs/<job id>/<label>.json`) and checkpoints
+    /// (`<label>.checkpoint.safetensors` beside them) are written.
     pub work_dir: PathBuf,
     /// `host:port` of the Prometheus metrics endpoint (`GET /metrics`); absent = off.
     pub metrics_listen: Option<String>,

@@ -51,6 +51,7 @@ pub struct Ready {
 
 struct Running {
     job_id: JobId,
+    attempt: u32,
     cancel: Arc<AtomicBool>,
     epoch: Arc<AtomicU32>,
     handle: JoinHandle<Outcome>,
@@ -132,7 +133,8 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     }
 
     let mut current: Option<Running> = None;
-    let mut done: HashSet<JobId> = HashSet::new();
+    // Runs this daemon has finished: a retry of a job is a new (job, attempt).
+    let mut done: HashSet<(JobId, u32)> = HashSet::new();
     let mut last_error: Option<Instant> = None;
     while !stop.load(Ordering::SeqCst) {
         let tick = Instant::now();
@@ -144,7 +146,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                 outcome = outcome.name(),
                 "job ended on this server"
             );
-            done.insert(r.job_id);
+            done.insert((r.job_id, r.attempt));
         }
         let hb = HeartbeatRequest {
             protocol_version: PROTOCOL_VERSION,
@@ -156,6 +158,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             },
             job: current.as_ref().map(|r| DaemonJob {
                 job_id: r.job_id,
+                attempt: r.attempt,
                 epoch: r.epoch.load(Ordering::SeqCst),
             }),
         };
@@ -168,8 +171,9 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                     }
                 }
                 if let Some(a) = resp.assignment {
-                    let ours = current.as_ref().map(|r| r.job_id);
-                    if ours.is_none() && !done.contains(&a.job_id) {
+                    let ours = current.as_ref().map(|r| (r.job_id, r.attempt));
+                    let run = (a.job_id, a.attempt);
+                    if ours.is_none() && !done.contains(&run) {
                         let cancel = Arc::new(AtomicBool::new(false));
                         let epoch = Arc::new(AtomicU32::new(0));
                         let ctx = JobContext {
@@ -182,21 +186,23 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                             cancel: cancel.clone(),
                             epoch: epoch.clone(),
                         };
-                        let job_id = a.job_id;
+                        let (job_id, attempt) = run;
                         let handle = std::thread::Builder::new()
                             .name(format!("grandis-job-{job_id}"))
                             .spawn(move || job::run_job(ctx, a))
                             .context("starting a job thread")?;
                         current = Some(Running {
                             job_id,
+                            attempt,
                             cancel,
                             epoch,
                             handle,
                         });
-                    } else if ours.is_some_and(|j| j != a.job_id) {
+                    } else if ours.is_some_and(|r| r != run) {
                         tracing::warn!(
                             job = a.job_id,
-                            running = ours,
+                            attempt = a.attempt,
+                            running = ?ours,
                             "assigned another job while one runs; ignoring it"
                         );
                     }
@@ -247,6 +253,9 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                 JobEvent::Failed {
                     reason: "its daemon was stopped (SIGTERM or Ctrl-C) while running the job"
                         .into(),
+                    // The server goes away, not the job's fault: it may run again elsewhere
+                    // or once this server is back.
+                    retryable: true,
                 },
             );
         }

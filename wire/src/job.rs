@@ -2,8 +2,10 @@
 //!
 //! ```text
 //! queued ──► assigned ──► running ──► succeeded
-//!    │           │           ├──────► failed(reason)
-//!    └───────────┴───────────┴──────► cancelled          (and assigned ──► failed)
+//!  ▲ │           │           ├──────► failed(reason)
+//!  │ └───────────┴───────────┴──────► cancelled          (and assigned ──► failed)
+//!  └─────────────┴───────────┘  a server (or the coordinator) lost, retries left:
+//!                               back to the queue, to resume from the last checkpoint
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -100,6 +102,17 @@ pub struct EpochProgress {
     pub bytes: LinkBytes,
 }
 
+/// One time a job went back to the queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRetry {
+    /// Unix time in milliseconds.
+    pub at_ms: u64,
+    /// What ended the run (e.g. "server 'node-b' stopped heartbeating").
+    pub reason: String,
+    /// The checkpoint's epoch the next run resumes after (`None`: from scratch).
+    pub resume_epoch: Option<u32>,
+}
+
 /// A job as `GET /v1/jobs/{id}` reports it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobStatus {
@@ -132,6 +145,20 @@ pub struct JobStatus {
     /// Final summary from the leader, once succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<RunSummary>,
+    /// Which run this is: 1, plus one per retry.
+    #[serde(default = "one")]
+    pub attempt: u32,
+    /// Every time the job went back to the queue, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retries: Vec<JobRetry>,
+    /// Epoch of the latest checkpoint the coordinator holds for the job (its file is at
+    /// `GET /v1/jobs/{id}/checkpoint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_epoch: Option<u32>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 #[cfg(test)]
@@ -158,6 +185,9 @@ mod tests {
             latest: None,
             bytes_total: LinkBytes::default(),
             history: vec![],
+            attempt: 1,
+            retries: vec![],
+            checkpoint_epoch: None,
             summary: None,
         };
         let v = serde_json::to_value(&st).unwrap();

@@ -13,11 +13,11 @@ pub mod spec;
 pub mod summary;
 
 pub use cluster::{ClusterView, DaemonView, ServerView};
-pub use job::{EpochProgress, JobId, JobState, JobStatus, LinkBytes};
+pub use job::{EpochProgress, JobId, JobRetry, JobState, JobStatus, LinkBytes};
 pub use protocol::{
     Assignment, DaemonId, DaemonJob, DaemonState, DeviceInfo, ErrorBody, HeadInfo,
     HeartbeatRequest, HeartbeatResponse, JobEvent, JobEventRequest, RegisterRequest,
-    RegisterResponse, ServerSlot, PROTOCOL_VERSION,
+    RegisterResponse, ServerSlot, CHECKPOINT_EPOCH_HEADER, PROTOCOL_VERSION,
 };
 pub use spec::{
     defaults, FieldError, JobSpec, Mode, ModelKind, PartitionMethod, Priority, Sampling, SpecError,

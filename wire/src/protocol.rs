@@ -13,6 +13,10 @@
 //!    (e.g. after a coordinator restart) is answered 404 `unknown_daemon`: register again.
 //! 3. `POST /v1/daemon/jobs/{id}/events` with [`JobEventRequest`]: started, per-epoch progress
 //!    (leader only), finished with a summary, or failed with a reason.
+//! 4. `PUT /v1/daemon/jobs/{id}/checkpoint?daemon_id=D&attempt=A&epoch=E` with the bytes of a
+//!    checkpoint file (leader only, after every checkpoint it writes); `GET` of the same path
+//!    returns the job's latest one, with its epoch in the [`CHECKPOINT_EPOCH_HEADER`] header.
+//!    The coordinator keeps it with the job, so a retry resumes from it on any servers.
 //!
 //! Every request carries [`PROTOCOL_VERSION`]; a mismatch is rejected with 400
 //! `protocol_mismatch` before anything else is read, so old daemons fail loudly.
@@ -24,7 +28,10 @@ use crate::spec::JobSpec;
 use crate::summary::RunSummary;
 
 /// Version of the messages in this module. Bump on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// Response header of a checkpoint download: the epoch the checkpoint was written after.
+pub const CHECKPOINT_EPOCH_HEADER: &str = "x-grandis-checkpoint-epoch";
 
 /// Daemon identifier: assigned by the coordinator, increasing, never reused (also across
 /// coordinator restarts), so "lowest id" means "registered first".
@@ -80,6 +87,9 @@ pub enum DaemonState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DaemonJob {
     pub job_id: JobId,
+    /// Which run of the job (1, then one more per retry): see [`Assignment::attempt`].
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
     /// Last epoch completed (0 before the first).
     #[serde(default)]
     pub epoch: u32,
@@ -111,14 +121,36 @@ pub struct ServerSlot {
     pub data_addr: String,
 }
 
+fn first_attempt() -> u32 {
+    1
+}
+
 /// A job for this daemon's server.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Assignment {
     pub job_id: JobId,
+    /// The job as this run executes it: `servers` is the length of `servers` below (fewer
+    /// than submitted on an elastic retry).
     pub spec: JobSpec,
     /// This server's index in `servers` (0 = the job's leader, which reports progress).
     pub server_index: u32,
     pub servers: Vec<ServerSlot>,
+    /// Which run of the job this is: 1, then one more each time it went back to the queue.
+    /// A daemon runs each (job, attempt) at most once, and the data plane's sessions are
+    /// keyed by both, so nothing of an earlier run can meet a later one.
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// The epoch of the checkpoint the coordinator holds for the job: every server downloads
+    /// it and resumes after that epoch. `None`: start from scratch (and drop any local one).
+    #[serde(default)]
+    pub resume_epoch: Option<u32>,
+}
+
+impl Assignment {
+    /// The data plane's session id of this run: the job and the attempt.
+    pub fn session(&self) -> u64 {
+        (self.job_id << 16) ^ u64::from(self.attempt)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -148,8 +180,16 @@ pub enum JobEvent {
     /// once every server has finished.
     Finished { summary: Box<RunSummary> },
     /// The server gave up (e.g. "dataset /data/x not found"); the job fails with the reason
-    /// prefixed by the server's label.
-    Failed { reason: String },
+    /// prefixed by the server's label, or, when `retryable` and the job has retries left,
+    /// goes back to the queue.
+    Failed {
+        reason: String,
+        /// The failure is about the cluster, not the job: a peer server was lost, or this
+        /// daemon is being stopped. A run on healthy servers may succeed; a bad dataset or
+        /// a bug would fail the same way again, so those are not retryable.
+        #[serde(default)]
+        retryable: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -183,6 +223,7 @@ mod tests {
             daemon_id: 3,
             event: JobEvent::Failed {
                 reason: "dataset /data/x not found".into(),
+                retryable: false,
             },
         };
         let v = serde_json::to_value(&ev).unwrap();
@@ -190,7 +231,7 @@ mod tests {
         assert_eq!(v["reason"], "dataset /data/x not found");
         assert_eq!(serde_json::from_value::<JobEventRequest>(v).unwrap(), ev);
         let hb: HeartbeatRequest =
-            serde_json::from_str(r#"{"protocol_version": 1, "daemon_id": 2, "state": "idle"}"#)
+            serde_json::from_str(r#"{"protocol_version": 2, "daemon_id": 2, "state": "idle"}"#)
                 .unwrap();
         assert_eq!(hb.job, None);
     }

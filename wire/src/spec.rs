@@ -125,6 +125,9 @@ pub mod defaults {
     /// GraphSAINT: roots per server when neither `batch_size` nor `roots` is given (the
     /// budget is then `roots × (walk_length + 1)`).
     pub const SAINT_ROOTS: u32 = 3000;
+    /// Times a cluster job is put back in the queue after losing a server (or the
+    /// coordinator) before it fails.
+    pub const MAX_RETRIES: u32 = 2;
 }
 
 impl Sampling {
@@ -303,6 +306,13 @@ pub struct JobSpec {
     /// job run again (a retry, `--resume`) continues from it. Absent = only `grandis train
     /// --checkpoint` writes one, at the end.
     pub checkpoint_every: Option<u32>,
+    /// Cluster jobs: how many times the job goes back to the queue when one of its servers is
+    /// lost (or the coordinator restarts) before it fails (default 2). A retry continues from
+    /// the last checkpoint the coordinator holds (see `checkpoint_every`), else from scratch.
+    pub max_retries: u32,
+    /// Cluster jobs: a retry may run on fewer servers than `servers` when not all of them are
+    /// up (a new partition, the same model and checkpoint); default false: wait for them.
+    pub elastic: bool,
     /// Epochs (default 100).
     pub epochs: u32,
     /// Seed of weights, dropout and samplers (default 0).
@@ -339,6 +349,8 @@ impl Default for JobSpec {
             sampling: Sampling::None,
             resample_every: None,
             checkpoint_every: None,
+            max_retries: defaults::MAX_RETRIES,
+            elastic: false,
             epochs: defaults::EPOCHS,
             seed: defaults::SEED,
             servers: defaults::SERVERS,
@@ -414,6 +426,8 @@ const FIELDS: &[&str] = &[
     "sampling",
     "resample_every",
     "checkpoint_every",
+    "max_retries",
+    "elastic",
     "epochs",
     "seed",
     "servers",
@@ -494,6 +508,8 @@ impl JobSpec {
             sampling: d.sampling.clone(),
             resample_every: r.u64("resample_every"),
             checkpoint_every: r.uint("checkpoint_every", 1, u32::MAX as i64),
+            max_retries: r.uint("max_retries", 0, 100).unwrap_or(d.max_retries),
+            elastic: r.bool("elastic").unwrap_or(d.elastic),
             epochs: r.uint("epochs", 1, 10_000_000).unwrap_or(d.epochs),
             seed: r.u64("seed").unwrap_or(d.seed),
             servers: r.uint("servers", 1, 4096).unwrap_or(d.servers),
@@ -684,6 +700,12 @@ impl JobSpec {
         }
         if self.device_memory == Some(0) {
             err("device_memory", "must be > 0 bytes".into());
+        }
+        if self.max_retries > 100 {
+            err(
+                "max_retries",
+                format!("must be ≤ 100, got {}", self.max_retries),
+            );
         }
         if self.mode == Mode::Auto && self.device_memory.is_none() {
             // Every server must reach the same FLX/CoB decision, so the budget comes from the

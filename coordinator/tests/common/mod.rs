@@ -189,7 +189,11 @@ impl FakeDaemon {
                 } else {
                     DaemonState::Idle
                 },
-                job: job.map(|(job_id, epoch)| DaemonJob { job_id, epoch }),
+                job: job.map(|(job_id, epoch)| DaemonJob {
+                    job_id,
+                    attempt: 1,
+                    epoch,
+                }),
             })
             .send()
             .await

@@ -1,14 +1,17 @@
 //! One server's part of one job, the daemon's entry being [`run_job`]: check the assignment,
 //! open the dataset, map the job to its options (`ParallelOptions::for_job`, the same pure
 //! mapping `grandis train` uses), partition (deterministically, so every server of the job
-//! arrives at the same partition and plans), connect the data plane ([`plane`]), run this
-//! server's ranks through `grandis_parallel::server::train_server`, and report ([`report`]).
+//! arrives at the same partition and plans), fetch the checkpoint a retry resumes from
+//! ([`checkpoint`]), connect the data plane ([`plane`]), run this server's ranks through
+//! `grandis_parallel::server::train_server`, and report ([`report`]); the leader uploads each
+//! checkpoint it writes to the coordinator, which keeps it for retries.
 //! Every wait is bounded: the connection set-up by `connect_timeout_ms`, a dead peer by the
 //! QUIC idle timeout (`peer_timeout_ms`), a stuck receive by `recv_timeout_ms`, and a cancel
 //! by the [`Cancellable`] transport wrapper, which wakes blocked receives within
 //! [`CANCEL_POLL`].
 
 mod cancel;
+mod checkpoint;
 mod plane;
 mod report;
 
@@ -67,34 +70,52 @@ impl Outcome {
     }
 }
 
+/// What the job thread hands the reporter thread, which sends it to the coordinator in order.
+enum Outbound {
+    Event(JobEvent),
+    /// The leader wrote a checkpoint: upload the newest one in [`checkpoint::Latest`].
+    Checkpoint,
+}
+
 /// Runs the job and reports its events (started, progress on server 0, finished or failed).
 pub fn run_job(ctx: JobContext, a: Assignment) -> Outcome {
     let job = a.job_id;
     let label = ctx.config.label.clone();
-    let (tx, rx) = mpsc::channel::<JobEvent>();
+    let (tx, rx) = mpsc::channel::<Outbound>();
+    let latest = Arc::new(checkpoint::Latest::default());
     // Events go out in order from one thread, so a slow coordinator never stalls training.
     let reporter = {
         let client = ctx.client.clone();
         let daemon_id = ctx.daemon_id;
+        let latest = latest.clone();
+        let attempt = a.attempt;
         std::thread::Builder::new()
             .name(format!("grandis-report-{job}"))
             .spawn(move || {
-                for ev in rx {
-                    post_event(&client, daemon_id, job, ev);
+                for out in rx {
+                    match out {
+                        Outbound::Event(ev) => post_event(&client, daemon_id, job, ev),
+                        Outbound::Checkpoint => {
+                            checkpoint::upload(&client, daemon_id, job, attempt, &latest)
+                        }
+                    }
                 }
             })
     };
-    let _ = tx.send(JobEvent::Started);
+    let events = Events { tx, latest };
+    events.send(JobEvent::Started);
     tracing::info!(
         job,
+        attempt = a.attempt,
         server_index = a.server_index,
         servers = a.servers.len(),
+        resume_epoch = ?a.resume_epoch,
         "job started"
     );
     let start = Instant::now();
     // Whatever ends the job here, a panic included, must reach the coordinator: a job whose
     // daemon never says it ended stays `running` and blocks the queue behind it.
-    let result = std::panic::catch_unwind(AssertUnwindSafe(|| execute(&ctx, &a, &tx)))
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| execute(&ctx, &a, &events)))
         .unwrap_or_else(|panic| {
             Err(anyhow::anyhow!(
                 "internal error (a bug: please report it): {}",
@@ -108,7 +129,7 @@ pub fn run_job(ctx: JobContext, a: Assignment) -> Outcome {
                 seconds = start.elapsed().as_secs_f64(),
                 "job finished on this server"
             );
-            let _ = tx.send(JobEvent::Finished {
+            events.send(JobEvent::Finished {
                 summary: Box::new(summary),
             });
             Outcome::Succeeded
@@ -119,12 +140,13 @@ pub fn run_job(ctx: JobContext, a: Assignment) -> Outcome {
         }
         Err(e) => {
             let reason = format!("{e:#}");
-            tracing::error!(job, server = %label, "job failed: {reason}");
-            let _ = tx.send(JobEvent::Failed { reason });
+            let retryable = is_retryable(&e);
+            tracing::error!(job, server = %label, retryable, "job failed: {reason}");
+            events.send(JobEvent::Failed { reason, retryable });
             Outcome::Failed
         }
     };
-    drop(tx);
+    drop(events);
     if let Ok(h) = reporter {
         let _ = h.join();
     }
@@ -143,9 +165,55 @@ pub fn run_job(ctx: JobContext, a: Assignment) -> Outcome {
     outcome
 }
 
+/// The job thread's side of the reporter.
+struct Events {
+    tx: mpsc::Sender<Outbound>,
+    latest: Arc<checkpoint::Latest>,
+}
+
+impl Events {
+    fn send(&self, ev: JobEvent) {
+        // The reporter lives until `Events` is dropped, so this only fails if it panicked.
+        let _ = self.tx.send(Outbound::Event(ev));
+    }
+
+    /// Hands the checkpoint just written after `epoch` to the reporter.
+    fn checkpoint(&self, epoch: u32, path: &std::path::Path) {
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                self.latest.put(epoch, bytes);
+                let _ = self.tx.send(Outbound::Checkpoint);
+            }
+            Err(e) => tracing::warn!(
+                epoch,
+                "cannot read the checkpoint {} to upload it: {e}",
+                path.display()
+            ),
+        }
+    }
+}
+
+/// Whether a failure is about the cluster rather than the job: a peer server went away or
+/// fell silent, or the servers could not connect. A retry on healthy servers may succeed;
+/// anything else (a bad dataset, a bug) would fail the same way again.
+fn is_retryable(e: &anyhow::Error) -> bool {
+    use grandis_fabric::FabricError;
+    use grandis_quic::QuicError;
+    e.chain().any(|c| {
+        c.downcast_ref::<FabricError>().is_some_and(|f| {
+            matches!(
+                f,
+                FabricError::PeerGone { .. } | FabricError::Timeout { .. }
+            )
+        }) || c
+            .downcast_ref::<QuicError>()
+            .is_some_and(|q| matches!(q, QuicError::Connect { .. } | QuicError::NotConnected(_)))
+            || c.downcast_ref::<checkpoint::Unreachable>().is_some()
+    })
+}
+
 /// Posts one event, retrying a few times on transport errors (the coordinator may be
 /// restarting). A 4xx is final (e.g. the job already ended): log and move on.
-/// Sends one job event, retrying a few times while the coordinator is unreachable.
 pub(crate) fn post_event(client: &Client, daemon_id: u64, job: JobId, ev: JobEvent) {
     for attempt in 0..5 {
         match client.event(daemon_id, job, ev.clone()) {
@@ -189,11 +257,7 @@ pub fn device_memory(
     }
 }
 
-fn execute(
-    ctx: &JobContext,
-    a: &Assignment,
-    events: &mpsc::Sender<JobEvent>,
-) -> anyhow::Result<RunSummary> {
+fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<RunSummary> {
     let cfg = &ctx.config;
     let spec = &a.spec;
     spec.validate()
@@ -246,19 +310,25 @@ fn execute(
     check_cancel(ctx)?;
     let config = ModelConfig::for_job(&job, view.feature_dim, view.num_classes);
     let opts = TrainOptions::for_job(&job);
+    // Every server keeps the job's checkpoint at `work_dir/jobs/ID/LABEL.checkpoint...`
+    // (the label: daemons of a test cluster share a work_dir); the leader writes it, and a
+    // retry starts from the coordinator's copy on every server (or from scratch, with no
+    // local leftovers).
+    let checkpoint_path = cfg
+        .work_dir
+        .join("jobs")
+        .join(a.job_id.to_string())
+        .join(format!("{}.checkpoint.safetensors", cfg.label));
+    checkpoint::prepare(ctx, a, &checkpoint_path)?;
     let popts = ParallelOptions {
         threads_per_rank: cfg.threads.map(|t| (t / g).max(1)),
-        // Server 0 holds global rank 0, which writes; a run of the same job on the same
-        // servers again continues from it.
         checkpoint: grandis_trainer::CheckpointOptions {
-            path: job.checkpoint_every.map(|_| {
-                cfg.work_dir
-                    .join("jobs")
-                    .join(a.job_id.to_string())
-                    .join("checkpoint.safetensors")
-            }),
+            path: job
+                .checkpoint_every
+                .map(|_| checkpoint_path.clone())
+                .or_else(|| a.resume_epoch.map(|_| checkpoint_path.clone())),
             every: job.checkpoint_every.map(|n| n as usize),
-            resume: job.checkpoint_every.is_some(),
+            resume: a.resume_epoch.is_some(),
         },
         ..ParallelOptions::for_job(&job)
     };
@@ -294,8 +364,14 @@ fn execute(
                 e.loss,
                 [e.train_acc, e.val_acc],
             );
+            if leader && popts.checkpoint.due(e.epoch, opts.epochs) {
+                // Global rank 0 (this server's first) wrote it before reporting the epoch.
+                if let Some(path) = &popts.checkpoint.path {
+                    events.checkpoint(e.epoch as u32, path);
+                }
+            }
             if leader {
-                let _ = events.send(JobEvent::Progress {
+                events.send(JobEvent::Progress {
                     progress: EpochProgress {
                         epoch: e.epoch as u32,
                         loss: e.loss,

@@ -40,8 +40,9 @@ pub(super) fn connect(
     node_cfg.idle_timeout = cfg.peer_timeout();
     node_cfg.keep_alive = (cfg.peer_timeout() / 4).max(Duration::from_millis(5));
     node_cfg.handshake_timeout = cfg.connect_timeout().min(Duration::from_secs(10));
-    // Sessions are keyed by job: a peer still on a previous job is refused at the hello.
-    node_cfg.session = a.job_id;
+    // Sessions are keyed by job and attempt: a peer still on a previous job, or on an
+    // earlier run of this one, is refused at the hello.
+    node_cfg.session = a.session();
     // Release the reserved port just before the node binds it.
     drop(
         ctx.reserved
