@@ -50,6 +50,15 @@ pub fn render(core: &Core, now: Instant) -> String {
     }
     reg.register("jobs", "Jobs by state", jobs);
 
+    // Counted from the records (kept across restarts), so it only grows.
+    let retries = Counter::<u64>::default();
+    retries.inc_by(core.jobs.values().map(|r| r.retries.len() as u64).sum());
+    reg.register(
+        "job_retries",
+        "Times jobs went back to the queue after losing a server or the coordinator",
+        retries,
+    );
+
     let elections = Counter::<u64>::default();
     elections.inc_by(core.elections);
     reg.register(

@@ -224,6 +224,17 @@ impl<T: Element> MappedArray<T> {
             cols: u64_at(24),
             checksum: u64_at(32),
         };
+        // Writers always record at least one column; 0 columns would let a 64-byte file
+        // claim any number of rows (found by the `store_array` fuzz target).
+        if summary.cols == 0 {
+            return Err(StoreError::invalid(
+                &path,
+                format!(
+                    "header says {} rows of 0 columns (every array has at least one column)",
+                    summary.rows
+                ),
+            ));
+        }
         let expected = summary
             .rows
             .checked_mul(summary.cols)
@@ -283,6 +294,23 @@ impl<T: Element> MappedArray<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Fuzz crash `store_array/crash-c28018ec`: a header of 4.7e15 rows of 0 columns and no
+    /// payload opened fine, and a consumer trusting `rows` would have allocated for it.
+    #[test]
+    fn a_header_with_zero_columns_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.f32");
+        let crash = "47524e445341525201000000030000002800000015f91000000000000000000082d0a73f\
+                     52a71140672380be1033150589bf26caccbe79f5ffffffffffffffff";
+        let bytes: Vec<u8> = (0..crash.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&crash[i..i + 2], 16).unwrap())
+            .collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let err = MappedArray::<f32>::open(&path).err().expect("refused");
+        assert!(err.to_string().contains("0 columns"), "{err}");
+    }
 
     #[test]
     fn round_trip_and_corruption_detection() {
