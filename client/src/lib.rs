@@ -71,6 +71,25 @@ fn empty_reply(path: &str) -> CallError {
     CallError::Transport(format!("{path}: empty reply"))
 }
 
+/// A 2xx answer as it is; an error status as [`CallError::Status`], no answer as
+/// [`CallError::Transport`].
+fn success(
+    url: &str,
+    result: Result<ureq::Response, ureq::Error>,
+) -> Result<ureq::Response, CallError> {
+    match result {
+        Ok(r) => Ok(r),
+        Err(ureq::Error::Status(status, r)) => Err(status_error(
+            url.to_string(),
+            status,
+            r.into_string().unwrap_or_default(),
+        )),
+        Err(ureq::Error::Transport(t)) => {
+            Err(CallError::Transport(format!("cannot reach {url}: {t}")))
+        }
+    }
+}
+
 /// The format of a job document sent to [`Client::submit`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JobFormat {
@@ -234,23 +253,14 @@ impl Client {
         let mut failures = 0;
         loop {
             let (url, req) = self.request("GET", &path);
-            let resp = match req.set("Accept", "text/event-stream").call() {
+            let resp = match success(&url, req.set("Accept", "text/event-stream").call()) {
                 Ok(r) => r,
-                Err(ureq::Error::Status(status, r)) => {
-                    return Err(status_error(
-                        url,
-                        status,
-                        r.into_string().unwrap_or_default(),
-                    ));
-                }
-                Err(ureq::Error::Transport(t)) => {
+                Err(CallError::Transport(_)) if failures < FOLLOW_RETRIES => {
                     failures += 1;
-                    if failures > FOLLOW_RETRIES {
-                        return Err(CallError::Transport(format!("cannot reach {url}: {t}")));
-                    }
                     std::thread::sleep(Duration::from_millis(250));
                     continue;
                 }
+                Err(e) => return Err(e),
             };
             let (mut event, mut data) = (String::new(), String::new());
             for line in BufReader::new(resp.into_reader()).lines() {
@@ -343,20 +353,10 @@ impl Client {
              &daemon_id={daemon_id}&attempt={attempt}&epoch={epoch}"
         );
         let (url, req) = self.request("PUT", &path);
-        match req
+        let sent = req
             .set("Content-Type", "application/octet-stream")
-            .send_bytes(bytes)
-        {
-            Ok(_) => Ok(()),
-            Err(ureq::Error::Status(status, r)) => Err(status_error(
-                url,
-                status,
-                r.into_string().unwrap_or_default(),
-            )),
-            Err(ureq::Error::Transport(t)) => {
-                Err(CallError::Transport(format!("cannot reach {url}: {t}")))
-            }
-        }
+            .send_bytes(bytes);
+        success(&url, sent).map(|_| ())
     }
 
     /// The job's latest checkpoint and the epoch it was written after (daemon protocol with
@@ -373,19 +373,7 @@ impl Client {
             format!("/v1/jobs/{job}/checkpoint")
         };
         let (url, req) = self.request("GET", &path);
-        let resp = match req.call() {
-            Ok(r) => r,
-            Err(ureq::Error::Status(status, r)) => {
-                return Err(status_error(
-                    url,
-                    status,
-                    r.into_string().unwrap_or_default(),
-                ))
-            }
-            Err(ureq::Error::Transport(t)) => {
-                return Err(CallError::Transport(format!("cannot reach {url}: {t}")))
-            }
-        };
+        let resp = success(&url, req.call())?;
         let epoch = resp
             .header(CHECKPOINT_EPOCH_HEADER)
             .and_then(|v| v.trim().parse::<u32>().ok())
