@@ -1,5 +1,9 @@
-//! Trainable parameters and how a model's constructor creates them in order, drawing
-//! Glorot-uniform weights from one seeded stream (so a seed fixes every initial weight).
+//! Trainable parameters and how a model's constructor creates them in order, drawing the
+//! random ones from one seeded stream (so a seed fixes every initial weight). The
+//! initialisations are PyTorch Geometric's, so that a model starts where the PyG model users
+//! compare against starts: `Linear` weights and biases U(±1/√fan_in) (SAGE, MLP, ResSAGE+),
+//! GCN's weight Glorot-uniform with a zero bias. (Glorot everywhere made SAGE's first logits
+//! about 3x too large, and its training stalled at the class prior for tens of epochs.)
 
 use grandis_engine::{Backend, Result};
 use rand::{Rng, SeedableRng};
@@ -41,7 +45,11 @@ pub(crate) struct ParamSpec {
 
 #[derive(Clone, Copy)]
 enum Init {
+    /// U(±√(6 / (fan_in + fan_out))).
     Glorot,
+    /// U(±1/√fan_in): PyTorch's `Linear` default for weights (Kaiming-uniform with a = √5)
+    /// and biases.
+    FanIn(usize),
     Zeros,
     Ones,
 }
@@ -60,13 +68,24 @@ impl ParamLayout {
         self.specs.len() - 1
     }
 
-    /// A Glorot-initialised `d_in x d_out` weight of stage `s`.
+    /// A `d_in x d_out` weight of stage `s` initialised like PyTorch's `Linear`.
     pub fn linear(&mut self, s: usize, name: &str, d_in: usize, d_out: usize) -> usize {
+        self.add(format!("stage{s}.{name}"), vec![d_in, d_out], Init::FanIn(d_in))
+    }
+
+    /// A Glorot-initialised `d_in x d_out` weight of stage `s` (GCN's).
+    pub fn glorot(&mut self, s: usize, name: &str, d_in: usize, d_out: usize) -> usize {
         self.add(format!("stage{s}.{name}"), vec![d_in, d_out], Init::Glorot)
     }
 
-    /// A zero bias of `d` values for stage `s`.
-    pub fn bias(&mut self, s: usize, d: usize) -> usize {
+    /// The bias of `d_out` values of a stage `s` whose weights read `d_in` inputs, initialised
+    /// like PyTorch's `Linear`.
+    pub fn bias(&mut self, s: usize, d_out: usize, d_in: usize) -> usize {
+        self.add(format!("stage{s}.bias"), vec![d_out], Init::FanIn(d_in))
+    }
+
+    /// A zero bias of `d` values for stage `s` (GCN's).
+    pub fn zero_bias(&mut self, s: usize, d: usize) -> usize {
         self.add(format!("stage{s}.bias"), vec![d], Init::Zeros)
     }
 
@@ -82,8 +101,8 @@ impl ParamLayout {
         )
     }
 
-    /// Creates the parameters on `b`, drawing the Glorot weights in order from one stream
-    /// seeded by `seed`.
+    /// Creates the parameters on `b`, drawing the random ones in order from one stream seeded
+    /// by `seed`.
     pub fn materialize<B: Backend>(&self, b: &B, seed: u64) -> Result<Vec<Param<B>>> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6d6f_6465_6c73);
         self.specs
@@ -94,6 +113,10 @@ impl ParamLayout {
                 let host: Vec<f32> = match spec.init {
                     Init::Glorot => {
                         let limit = (6.0 / (shape[0] + shape[1]) as f64).sqrt() as f32;
+                        (0..len).map(|_| rng.gen_range(-limit..limit)).collect()
+                    }
+                    Init::FanIn(fan_in) => {
+                        let limit = (1.0 / (fan_in.max(1) as f64).sqrt()) as f32;
                         (0..len).map(|_| rng.gen_range(-limit..limit)).collect()
                     }
                     Init::Zeros => vec![0.0; len],

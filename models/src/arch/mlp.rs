@@ -3,12 +3,16 @@
 
 use crate::param::ParamLayout;
 
-/// The one weight of stage `s`, applied to the vertex's own row.
+/// The one weight of stage `s`, applied to the vertex's own row, and its bias (a `Linear`).
 pub(super) fn layer_weights(
     pb: &mut ParamLayout,
     s: usize,
     d_in: usize,
     d_out: usize,
-) -> (Option<usize>, Option<usize>) {
-    (Some(pb.linear(s, "weight", d_in, d_out)), None)
+) -> (Option<usize>, Option<usize>, usize) {
+    (
+        Some(pb.linear(s, "weight", d_in, d_out)),
+        None,
+        pb.bias(s, d_out, d_in),
+    )
 }

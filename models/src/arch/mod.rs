@@ -22,9 +22,10 @@ pub(crate) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
     }
 }
 
-/// The weights of one layer of a plain stack, created for stage `s` (`d_in x d_out`):
-/// `(w_self, w_neigh)`, indices into the parameters.
-type LayerWeights = fn(&mut ParamLayout, usize, usize, usize) -> (Option<usize>, Option<usize>);
+/// The weights and bias of one layer of a plain stack, created for stage `s` (`d_in x d_out`):
+/// `(w_self, w_neigh, bias)`, indices into the parameters.
+type LayerWeights =
+    fn(&mut ParamLayout, usize, usize, usize) -> (Option<usize>, Option<usize>, usize);
 
 /// `c.layers` layers `in_dim -> hidden -> ... -> classes`: each drops out its input, applies
 /// its weights and bias, and all but the last apply LayerNorm (if any) and ReLU after.
@@ -35,8 +36,7 @@ fn plain_stack(pb: &mut ParamLayout, c: &ModelConfig, weights: LayerWeights) -> 
         let d_in = if l == 0 { c.in_dim } else { c.hidden };
         let last = l + 1 == c.layers;
         let d_out = if last { c.classes } else { c.hidden };
-        let (w_self, w_neigh) = weights(pb, s, d_in, d_out);
-        let bias = pb.bias(s, d_out);
+        let (w_self, w_neigh, bias) = weights(pb, s, d_in, d_out);
         let (gamma, beta) = if last {
             (None, None)
         } else {

@@ -11,7 +11,7 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
     let h = c.hidden;
     let mut stages = Vec::with_capacity(c.layers + 2);
     let w = pb.linear(0, "weight", c.in_dim, h);
-    let bias = pb.bias(0, h);
+    let bias = pb.bias(0, h, c.in_dim);
     stages.push(Stage {
         kind: StageKind::Encoder,
         d_in: c.in_dim,
@@ -26,7 +26,7 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         let s = stages.len();
         let w_self = Some(pb.linear(s, "w_self", h, h));
         let w_neigh = Some(pb.linear(s, "w_neigh", h, h));
-        let bias = pb.bias(s, h);
+        let bias = pb.bias(s, h, h);
         // The first convolution reads the encoder output directly (DeeperGCN).
         let (gamma, beta) = if l == 0 { (None, None) } else { pb.norm(s, h) };
         stages.push(Stage {
@@ -47,7 +47,7 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
     let s = stages.len();
     let (gamma, beta) = pb.norm(s, h);
     let w = pb.linear(s, "weight", h, c.classes);
-    let bias = pb.bias(s, c.classes);
+    let bias = pb.bias(s, c.classes, h);
     stages.push(Stage {
         kind: StageKind::Head,
         d_in: h,

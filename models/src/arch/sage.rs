@@ -3,15 +3,17 @@
 
 use crate::param::ParamLayout;
 
-/// `W_self` and `W_neigh` of stage `s`.
+/// `W_self`, `W_neigh` and `b` of stage `s`, initialised like PyG's `SAGEConv`: two
+/// `Linear`s, the bias on the neighbour map's (`lin_l`).
 pub(super) fn layer_weights(
     pb: &mut ParamLayout,
     s: usize,
     d_in: usize,
     d_out: usize,
-) -> (Option<usize>, Option<usize>) {
+) -> (Option<usize>, Option<usize>, usize) {
     (
         Some(pb.linear(s, "w_self", d_in, d_out)),
         Some(pb.linear(s, "w_neigh", d_in, d_out)),
+        pb.bias(s, d_out, d_in),
     )
 }
