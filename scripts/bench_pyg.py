@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--adj", choices=["csr", "edge_index"], default="csr")
     ap.add_argument("--eval", action="store_true", help="validation accuracy after every epoch")
+    ap.add_argument("--seed", type=int, default=0, help="torch.manual_seed: weights and dropout")
     args = ap.parse_args()
 
     import numpy as np
@@ -42,7 +43,7 @@ def main():
     from torch_geometric.utils import to_torch_csr_tensor
 
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     if cuda:
@@ -82,7 +83,7 @@ def main():
         return h
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    times, curve, trained = [], [], 0.0
+    times, curve, losses, trained = [], [], [], 0.0
     for epoch in range(args.epochs + 1):
         sync()
         start = time.perf_counter()
@@ -94,6 +95,7 @@ def main():
         sync()
         elapsed = time.perf_counter() - start
         trained += elapsed
+        losses.append(loss.item())
         line = f"pyg ({args.adj}, {args.device}) epoch {epoch}: loss {loss.item():.4f}, {elapsed:.4f}s"
         if args.eval:
             with torch.no_grad():
@@ -120,6 +122,7 @@ def main():
                 "peak_name": peak_name,
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 "curve": curve,
+                "losses": losses,
                 "torch": torch.__version__,
                 "torch_geometric": torch_geometric.__version__,
                 "threads": torch.get_num_threads(),

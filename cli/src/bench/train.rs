@@ -198,6 +198,8 @@ fn run_pyg(args: &BenchTrainArgs, ds: &InMemoryDataset) -> anyhow::Result<Vec<se
             &args.device,
             "--adj",
             adj,
+            "--seed",
+            &args.seed.to_string(),
         ]);
         if args.target_acc.is_some() {
             cmd.arg("--eval");
