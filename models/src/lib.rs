@@ -51,8 +51,8 @@ pub struct Model<B: Backend> {
 }
 
 impl<B: Backend> Model<B> {
-    /// Builds the model with Glorot-uniform weights drawn from `config.seed` (zero biases,
-    /// unit LayerNorm gains).
+    /// Builds the model with PyG's initial weights drawn from `config.seed`: `Linear`-style
+    /// U(±1/√fan_in) weights and biases, GCN's Glorot with zero biases, unit LayerNorm gains.
     pub fn new(b: &B, config: ModelConfig) -> anyhow::Result<Model<B>> {
         config
             .validate()

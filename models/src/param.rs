@@ -70,7 +70,11 @@ impl ParamLayout {
 
     /// A `d_in x d_out` weight of stage `s` initialised like PyTorch's `Linear`.
     pub fn linear(&mut self, s: usize, name: &str, d_in: usize, d_out: usize) -> usize {
-        self.add(format!("stage{s}.{name}"), vec![d_in, d_out], Init::FanIn(d_in))
+        self.add(
+            format!("stage{s}.{name}"),
+            vec![d_in, d_out],
+            Init::FanIn(d_in),
+        )
     }
 
     /// A Glorot-initialised `d_in x d_out` weight of stage `s` (GCN's).
