@@ -286,7 +286,14 @@ impl Client {
                         }
                     }
                     "state" => {
-                        if let Ok(v) = serde_json::from_str(&data) {
+                        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&data) {
+                            // A retry repeats the epochs after its checkpoint: show them again.
+                            if let Some(resume) = v.get("retry").map(|r| r["resume_epoch"].as_u64())
+                            {
+                                if v["state"] == "queued" {
+                                    last_epoch = last_epoch.min(resume.unwrap_or(0) as u32);
+                                }
+                            }
                             on_state(&v);
                         }
                     }

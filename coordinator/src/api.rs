@@ -279,6 +279,9 @@ struct EventStream {
     /// Last epoch sent (so that replays after lag or at start never repeat one).
     last_epoch: u32,
     last_state: Option<JobState>,
+    /// The attempt whose epochs were sent: a retry repeats the epochs after its checkpoint,
+    /// and they are sent again.
+    last_attempt: u32,
     done: bool,
 }
 
@@ -297,6 +300,13 @@ impl EventStream {
             self.done = true;
             return;
         };
+        if status.attempt != self.last_attempt {
+            if self.last_attempt != 0 {
+                let resume = status.retries.last().and_then(|r| r.resume_epoch);
+                self.last_epoch = self.last_epoch.min(resume.unwrap_or(0));
+            }
+            self.last_attempt = status.attempt;
+        }
         let seen = self.last_epoch;
         for p in status.history.iter().filter(|p| p.epoch > seen) {
             self.pending.push_back(json_event("progress", p));
@@ -369,6 +379,7 @@ async fn job_events(
         pending: Default::default(),
         last_epoch: 0,
         last_state: None,
+        last_attempt: 0,
         done: false,
     };
     if *es.shutdown.borrow() {

@@ -1,6 +1,7 @@
 //! Jobs and daemons end to end over real HTTP, with the test playing the daemons: a job's
 //! whole life (GET, SSE, metrics), elections and failover, a silent server failing its job,
-//! cancellation of a running job, and persistence across a restart.
+//! cancellation of a running job, a lost server's job retried from its checkpoint, and
+//! persistence across a restart.
 
 mod common;
 
@@ -388,5 +389,111 @@ async fn restart_keeps_queued_and_finished_jobs() {
     assert!(a2.id > a.id);
     assert_eq!(a2.heartbeat(None).await.term, 2, "terms never go back");
     assert_eq!(h.submit(json!({"dataset": "/d4"})).await, queued + 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_retried_job_resumes_from_its_checkpoint_and_its_stream_repeats_the_rerun_epochs() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(fast_config(&dir.path().join("c.redb"))).await;
+    let a = FakeDaemon::register(&h, "node-a", 1).await;
+    let b = FakeDaemon::register(&h, "node-b", 1).await;
+    let id = h
+        .submit(json!({"dataset": "/d", "servers": 2, "epochs": 5, "checkpoint_every": 2}))
+        .await;
+    h.wait_state(id, "assigned").await;
+    let resp = h
+        .client
+        .get(h.url(&format!("/v1/jobs/{id}/events")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let sse = tokio::spawn(async move { resp.text().await.unwrap() });
+    let ka = keep_alive(&a, Some((id, 0)));
+    let kb = keep_alive(&b, Some((id, 0)));
+    h.wait_state(id, "running").await;
+    for epoch in 1..=3 {
+        assert_eq!(a.event(id, progress(epoch)).await.0, StatusCode::NO_CONTENT);
+    }
+    let put = |daemon: u64, attempt: u32, epoch: u32, body: &'static [u8]| {
+        h.client
+            .put(h.url(&format!(
+                "/v1/daemon/jobs/{id}/checkpoint?protocol_version=2&daemon_id={daemon}\
+                 &attempt={attempt}&epoch={epoch}"
+            )))
+            .bearer_auth(TOKEN)
+            .body(body)
+            .send()
+    };
+    assert_eq!(put(a.id, 1, 2, b"ck2").await.unwrap().status(), 204);
+    assert_eq!(put(b.id, 1, 2, b"ck2").await.unwrap().status(), 409);
+    let missing = h
+        .client
+        .put(h.url(&format!(
+            "/v1/daemon/jobs/{id}/checkpoint?daemon_id={}",
+            a.id
+        )))
+        .bearer_auth(TOKEN)
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 400);
+    let ck = h
+        .client
+        .get(h.url(&format!("/v1/jobs/{id}/checkpoint")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ck.headers()["x-grandis-checkpoint-epoch"], "2");
+    assert_eq!(&ck.bytes().await.unwrap()[..], b"ck2");
+
+    // node-b goes silent: back to the queue, history cut to the checkpoint.
+    kb.abort();
+    let job = h.wait_state(id, "queued").await;
+    assert_eq!(job["attempt"], 2);
+    assert_eq!(job["retries"][0]["resume_epoch"], 2);
+    assert_eq!(job["history"].as_array().unwrap().len(), 2);
+    ka.abort();
+    // node-a has stopped the old run; node-b is back as a new daemon: attempt 2 starts.
+    let b2 = FakeDaemon::register(&h, "node-b", 1).await;
+    b2.heartbeat(None).await;
+    let asg = a
+        .heartbeat(None)
+        .await
+        .assignment
+        .expect("attempt 2 assigned");
+    assert_eq!((asg.attempt, asg.resume_epoch), (2, Some(2)));
+    let ka = keep_alive(&a, None);
+    let kb = keep_alive(&b2, None);
+    for epoch in 3..=5 {
+        assert_eq!(a.event(id, progress(epoch)).await.0, StatusCode::NO_CONTENT);
+    }
+    for d in [&a, &b2] {
+        assert_eq!(d.event(id, summary("done")).await.0, StatusCode::NO_CONTENT);
+    }
+    let job = h.wait_state(id, "succeeded").await;
+    let epochs: Vec<u64> = job["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["epoch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(epochs, vec![1, 2, 3, 4, 5]);
+    // The stream showed epoch 3 twice: once from each attempt.
+    let text = tokio::time::timeout(Duration::from_secs(10), sse)
+        .await
+        .unwrap()
+        .unwrap();
+    let threes = text
+        .lines()
+        .filter(|l| l.starts_with("data: {\"epoch\":3,"))
+        .count();
+    assert_eq!(threes, 2, "{text}");
+    assert!(text.contains("\"retry\""), "{text}");
+    ka.abort();
+    kb.abort();
     h.stop().await;
 }

@@ -176,7 +176,14 @@ impl FakeDaemon {
         }
     }
 
+    /// A heartbeat reporting `(job, epoch)` of the job's first attempt, or nothing.
     pub async fn heartbeat(&self, job: Option<(u64, u32)>) -> HeartbeatResponse {
+        self.heartbeat_run(job.map(|(id, epoch)| (id, 1, epoch)))
+            .await
+    }
+
+    /// A heartbeat reporting `(job, attempt, epoch)`, or nothing.
+    pub async fn heartbeat_run(&self, job: Option<(u64, u32, u32)>) -> HeartbeatResponse {
         let resp = self
             .client
             .post(format!("{}/v1/daemon/heartbeat", self.base))
@@ -189,9 +196,9 @@ impl FakeDaemon {
                 } else {
                     DaemonState::Idle
                 },
-                job: job.map(|(job_id, epoch)| DaemonJob {
+                job: job.map(|(job_id, attempt, epoch)| DaemonJob {
                     job_id,
-                    attempt: 1,
+                    attempt,
                     epoch,
                 }),
             })
