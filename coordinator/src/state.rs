@@ -385,7 +385,7 @@ impl Core {
                 Some(rec) if rec.state == JobState::Assigned => {
                     let mut rec = rec.clone();
                     rec.state = JobState::Running;
-                    rec.started_at_ms = Some(now_ms());
+                    rec.started_at_ms.get_or_insert_with(now_ms);
                     self.commit(rec, true)?;
                 }
                 Some(_) => {}
@@ -471,7 +471,7 @@ impl Core {
         let start = |rec: &mut JobRecord| {
             if rec.state == JobState::Assigned {
                 rec.state = JobState::Running;
-                rec.started_at_ms = Some(now_ms());
+                rec.started_at_ms.get_or_insert_with(now_ms);
             }
         };
         match event {
@@ -1228,6 +1228,7 @@ mod tests {
         let st = c.status(job, true).unwrap();
         assert_eq!(st.state, JobState::Queued);
         assert_eq!(st.attempt, 2);
+        let first_start = st.started_at_ms.expect("it ran");
         assert_eq!(st.history.len(), 4);
         assert_eq!(st.retries.len(), 1);
         assert!(st.retries[0]
@@ -1254,6 +1255,14 @@ mod tests {
         assert_eq!((asg.attempt, asg.resume_epoch), (2, Some(4)));
         assert_eq!(asg.spec.servers, 2);
         assert_ne!(asg.session(), 0);
+        std::thread::sleep(Duration::from_millis(2));
+        running(&mut c, a, job, 2, t + Duration::from_millis(20));
+        assert_eq!(c.jobs[&job].state, JobState::Running);
+        assert_eq!(
+            c.jobs[&job].started_at_ms,
+            Some(first_start),
+            "a retry keeps the first start"
+        );
         // Its second loss uses up its one retry.
         let mut t = t + Duration::from_millis(10);
         for _ in 0..5 {

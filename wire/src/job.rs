@@ -123,6 +123,7 @@ pub struct JobStatus {
     pub spec: JobSpec,
     /// Unix time in milliseconds.
     pub submitted_at_ms: u64,
+    /// When a server first started it (a retry keeps the first start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
