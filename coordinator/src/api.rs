@@ -251,7 +251,11 @@ async fn get_checkpoint(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_job_id(&id)?;
-    let (epoch, bytes) = st.core().checkpoint(id)?;
+    // Reading a checkpoint of up to `max_checkpoint_bytes` blocks: not on a runtime worker
+    // (the upload's write runs on a blocking thread for the same reason).
+    let (epoch, bytes) = tokio::task::spawn_blocking(move || st.core().checkpoint(id))
+        .await
+        .map_err(|e| ApiError::internal(anyhow::anyhow!("reading the checkpoint: {e}")))??;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
@@ -398,26 +402,7 @@ async fn job_events(
 fn parse_daemon_message<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
     let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request("malformed_body", format!("malformed JSON: {e}")))?;
-    match value.get("protocol_version").and_then(|v| v.as_u64()) {
-        None => {
-            return Err(ApiError::bad_request(
-                "protocol_mismatch",
-                format!(
-                "protocol_version: required (this coordinator speaks protocol {PROTOCOL_VERSION})"
-            ),
-            ))
-        }
-        Some(v) if v != PROTOCOL_VERSION as u64 => {
-            return Err(ApiError::bad_request(
-                "protocol_mismatch",
-                format!(
-                    "protocol version mismatch: the daemon speaks {v}, this coordinator speaks \
-                     {PROTOCOL_VERSION}; upgrade the older side"
-                ),
-            ))
-        }
-        Some(_) => {}
-    }
+    check_protocol(value.get("protocol_version").and_then(|v| v.as_u64()))?;
     serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request("malformed_body", format!("malformed {what}: {e}")))
 }
@@ -436,6 +421,26 @@ async fn heartbeat(
 ) -> Result<Json<grandis_wire::HeartbeatResponse>, ApiError> {
     let req: HeartbeatRequest = parse_daemon_message(&body, "heartbeat")?;
     Ok(Json(st.core().heartbeat(req, Instant::now())?))
+}
+
+/// The daemon's protocol version (`None`: it sent none) must be this coordinator's.
+fn check_protocol(version: Option<u64>) -> Result<(), ApiError> {
+    match version {
+        None => Err(ApiError::bad_request(
+            "protocol_mismatch",
+            format!(
+                "protocol_version: required (this coordinator speaks protocol {PROTOCOL_VERSION})"
+            ),
+        )),
+        Some(v) if v != PROTOCOL_VERSION as u64 => Err(ApiError::bad_request(
+            "protocol_mismatch",
+            format!(
+                "protocol version mismatch: the daemon speaks {v}, this coordinator speaks \
+                 {PROTOCOL_VERSION}; upgrade the older side"
+            ),
+        )),
+        Some(_) => Ok(()),
+    }
 }
 
 /// `key=value&...` of a daemon request's query, each value an unsigned integer; the message
@@ -476,15 +481,7 @@ async fn put_checkpoint(
         query.as_deref(),
         ["protocol_version", "daemon_id", "attempt", "epoch"],
     )?;
-    if version != PROTOCOL_VERSION as u64 {
-        return Err(ApiError::bad_request(
-            "protocol_mismatch",
-            format!(
-                "protocol version mismatch: the daemon speaks {version}, this coordinator \
-                 speaks {PROTOCOL_VERSION}; upgrade the older side"
-            ),
-        ));
-    }
+    check_protocol(Some(version))?;
     let small = |v: u64, what: &str| {
         u32::try_from(v).map_err(|_| {
             ApiError::bad_request("malformed_query", format!("{what}: {v} is out of range"))

@@ -90,27 +90,20 @@ impl Latest {
     }
 }
 
-/// Uploads the newest waiting checkpoint (none: a newer one already went), retrying a few
-/// times while the coordinator is unreachable. A refusal is logged: the job goes on, and a
-/// retry would resume from the last checkpoint the coordinator took.
+/// Uploads the newest waiting checkpoint (none: a newer one already went), through
+/// [`deliver`](super::deliver). A refusal is logged: the job goes on, and a retry would resume
+/// from the last checkpoint the coordinator took.
 pub(super) fn upload(client: &Client, daemon_id: u64, job: JobId, attempt: u32, latest: &Latest) {
     let Some((epoch, bytes)) = latest.take() else {
         return;
     };
-    for tries in 0..5u32 {
-        match client.put_checkpoint(daemon_id, job, attempt, epoch, &bytes) {
-            Ok(()) => {
-                tracing::debug!(job, epoch, bytes = bytes.len(), "checkpoint uploaded");
-                return;
-            }
-            Err(e @ CallError::Status { .. }) => {
-                tracing::warn!(job, epoch, "checkpoint refused: {e}");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(job, epoch, tries, "checkpoint not uploaded: {e}");
-                std::thread::sleep(Duration::from_millis(200 << tries));
-            }
-        }
-    }
+    super::deliver(job, &format!("checkpoint of epoch {epoch}"), || {
+        client.put_checkpoint(daemon_id, job, attempt, epoch, &bytes)
+    });
+    tracing::debug!(
+        job,
+        epoch,
+        bytes = bytes.len(),
+        "checkpoint handed to the coordinator"
+    );
 }

@@ -212,27 +212,41 @@ fn is_retryable(e: &anyhow::Error) -> bool {
     })
 }
 
-/// Posts one event, retrying a few times on transport errors (the coordinator may be
-/// restarting). A 4xx is final (e.g. the job already ended): log and move on.
+/// Posts one event (see [`deliver`]).
 pub(crate) fn post_event(client: &Client, daemon_id: u64, job: JobId, ev: JobEvent) {
+    deliver(job, "job event", || {
+        client.event(daemon_id, job, ev.clone())
+    });
+}
+
+/// Makes one call to the coordinator for job `job`, retrying a few times on transport errors
+/// (the coordinator may be restarting). A refusal (an error status, e.g. the job already
+/// ended) is final: logged, and the job goes on. `what` names the call in the logs. Returns
+/// whether the coordinator took it.
+pub(crate) fn deliver(
+    job: JobId,
+    what: &str,
+    mut call: impl FnMut() -> Result<(), CallError>,
+) -> bool {
     for attempt in 0..5 {
-        match client.event(daemon_id, job, ev.clone()) {
-            Ok(()) => return,
+        match call() {
+            Ok(()) => return true,
             Err(CallError::Status { status, body, .. }) => {
                 tracing::warn!(
                     job,
-                    "job event refused ({status} {}): {}",
+                    "{what} refused ({status} {}): {}",
                     body.code,
                     body.error
                 );
-                return;
+                return false;
             }
             Err(e) => {
-                tracing::warn!(job, attempt, "job event not delivered: {e}");
+                tracing::warn!(job, attempt, "{what} not delivered: {e}");
                 std::thread::sleep(Duration::from_millis(200 << attempt));
             }
         }
     }
+    false
 }
 
 /// The per-device budget of a job. `auto` decides between FLX and CoB from it, so every
@@ -323,10 +337,8 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     let popts = ParallelOptions {
         threads_per_rank: cfg.threads.map(|t| (t / g).max(1)),
         checkpoint: grandis_trainer::CheckpointOptions {
-            path: job
-                .checkpoint_every
-                .map(|_| checkpoint_path.clone())
-                .or_else(|| a.resume_epoch.map(|_| checkpoint_path.clone())),
+            path: (job.checkpoint_every.is_some() || a.resume_epoch.is_some())
+                .then(|| checkpoint_path.clone()),
             every: job.checkpoint_every.map(|n| n as usize),
             resume: a.resume_epoch.is_some(),
         },
