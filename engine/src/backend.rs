@@ -208,6 +208,85 @@ pub fn dropout_keep(stream: u64, threshold: u32, gid: u32, col: u32) -> bool {
     (h >> 40) as u32 >= threshold
 }
 
+/// The mask bit of attention dropout on the coefficient of edge `src -> dst` in head `head`
+/// (global vertex ids): [`dropout_keep`] on a stream further keyed by the destination, so a
+/// coefficient's bit is the same on whichever device computes that destination.
+#[inline]
+pub fn attention_keep(stream: u64, threshold: u32, dst_gid: u32, src_gid: u32, head: u32) -> bool {
+    dropout_keep(mix64(stream ^ dst_gid as u64), threshold, src_gid, head)
+}
+
+/// What [`Backend::attention_aggregate`] computes besides the graph and the rows: GAT's
+/// heads, how they are combined, and attention dropout.
+pub struct Attention<'a, I> {
+    pub heads: usize,
+    /// Columns per head: the input has `heads * head_dim` columns.
+    pub head_dim: usize,
+    /// Concatenate the heads (`heads * head_dim` output columns) or average them (`head_dim`).
+    pub concat: bool,
+    /// Slope of the LeakyReLU on the attention logits (0.2 in GAT).
+    pub negative_slope: f32,
+    /// Inverted dropout on the normalised coefficients, in training.
+    pub dropout: Option<AttentionDropout<'a, I>>,
+}
+
+/// Attention dropout: drop probability, key, and the global ids of the block's `n_src` rows
+/// (the mask bit of an edge is [`attention_keep`] of its endpoints' global ids).
+pub struct AttentionDropout<'a, I> {
+    pub global_ids: &'a I,
+    pub p: f32,
+    pub key: DropoutKey,
+}
+
+/// Checks the arguments of the attention operations (every backend calls it): `bufs` are
+/// `(name, have)` pairs checked against what a block of `n_dst x n_src` needs.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_attention<I>(
+    op: &'static str,
+    att: &Attention<'_, I>,
+    ids_len: Option<usize>,
+    n_dst: usize,
+    n_src: usize,
+    x: usize,
+    scores: usize,
+    lse: usize,
+    out: (&str, usize, usize),
+) -> Result<()> {
+    if att.heads == 0 || att.head_dim == 0 {
+        return Err(shape_err(op, "heads and head_dim must be positive"));
+    }
+    if !(att.negative_slope.is_finite()) {
+        return Err(shape_err(op, "negative_slope must be finite"));
+    }
+    let h = att.heads;
+    need(op, "x", x, n_src * att.in_cols())?;
+    need(op, "scores", scores, n_src * 2 * h)?;
+    need(op, "lse", lse, n_dst * h)?;
+    need(op, out.0, out.1, out.2)?;
+    if let Some(d) = &att.dropout {
+        if !(0.0..1.0).contains(&d.p) {
+            return Err(shape_err(op, format!("p must be in [0, 1), got {}", d.p)));
+        }
+        need(op, "global_ids", ids_len.unwrap_or(0), n_src)?;
+    }
+    Ok(())
+}
+
+impl<I> Attention<'_, I> {
+    /// Columns of the input (and of its gradient).
+    pub fn in_cols(&self) -> usize {
+        self.heads * self.head_dim
+    }
+    /// Columns of the output.
+    pub fn out_cols(&self) -> usize {
+        if self.concat {
+            self.in_cols()
+        } else {
+            self.head_dim
+        }
+    }
+}
+
 /// One Adam/AdamW step, with the step counter `t >= 1` (bias correction uses it).
 ///
 /// Per element, with `g` the gradient and `w` the parameter:
@@ -351,6 +430,52 @@ pub trait Backend: Send + Sync {
         grad_out: &Self::Buf,
         d: usize,
         grad_x: &mut Self::Buf,
+    ) -> Result<()>;
+
+    /// GAT's attention-weighted aggregation (PyG `GATConv` semantics: the block's own
+    /// self-loops, edges `v -> v`, are skipped and every destination gets exactly one, after its
+    /// other edges). For destination `v`, head `h`, over the sources `u` of row `v` and `v`:
+    ///
+    /// ```text
+    /// e_u     = leaky_relu(scores[u, h] + scores[v, H + h], negative_slope)
+    /// a_u     = exp(e_u - lse[v, h]),  lse[v, h] = max_u e_u + ln sum_u exp(e_u - max_u e_u)
+    /// a'_u    = a_u * (attention_keep(..) ? 1 / (1 - p) : 0)        (dropout, training only)
+    /// out[v, h * F + f] = sum_u a'_u x[u, h * F + f]                  (concat)
+    /// out[v, f]         = (1 / H) sum_h sum_u a'_u x[u, h * F + f]    (mean)
+    /// ```
+    ///
+    /// `x` is `n_src x (H * F)`, `scores` is `n_src x 2H` (columns `0..H`: the source terms
+    /// `x_u · att_src[h]`; `H..2H`: the destination terms, read for `v < n_dst` only).
+    /// OVERWRITES `out` (`n_dst x out_cols`) and `lse` (`n_dst x H`, for the backward).
+    /// Sources are visited in row order, then the self-loop.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_aggregate(
+        &self,
+        graph: &Self::Graph,
+        x: &Self::Buf,
+        scores: &Self::Buf,
+        att: &Attention<'_, Self::Index>,
+        out: &mut Self::Buf,
+        lse: &mut Self::Buf,
+    ) -> Result<()>;
+    /// Backward of [`Backend::attention_aggregate`] (same arguments, `lse` from the forward):
+    /// OVERWRITES `grad_x` (`n_src x (H * F)`) and `grad_scores` (`n_src x 2H`; the
+    /// destination columns of halo rows are zero). Halo rows receive the partial gradients
+    /// their owners must add up. Coefficients are recomputed from `scores` and `lse`, not
+    /// stored; `scratch` (`n_dst x H`) holds one sum per destination and head between the
+    /// destination pass and the source pass.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_aggregate_backward(
+        &self,
+        graph: &Self::Graph,
+        x: &Self::Buf,
+        scores: &Self::Buf,
+        lse: &Self::Buf,
+        att: &Attention<'_, Self::Index>,
+        grad_out: &Self::Buf,
+        grad_x: &mut Self::Buf,
+        grad_scores: &mut Self::Buf,
+        scratch: &mut Self::Buf,
     ) -> Result<()>;
 
     // ---- element-wise and row-wise ops ---------------------------------------------------

@@ -15,7 +15,8 @@ pub mod norm;
 pub mod profile;
 
 pub use backend::{
-    dropout_keep, dropout_threshold, AdamStep, Backend, BlockGraph, DropoutKey, EngineError, Result,
+    attention_keep, dropout_keep, dropout_threshold, AdamStep, Attention, AttentionDropout,
+    Backend, BlockGraph, DropoutKey, EngineError, Result,
 };
 pub use cpu::CpuBackend;
 pub use profile::{OpClass, OpProfile, OpTimes};

@@ -18,7 +18,11 @@ fn dot(a: &[f32], b: &[f32]) -> f64 {
 
 /// Checks `analytic` (d f / d x) against central differences of `f` at `x`.
 fn fd_check(name: &str, x: &[f32], analytic: &[f32], f: impl Fn(&[f32]) -> f64) {
-    let eps = 1e-2f32;
+    fd_check_eps(name, x, analytic, 1e-2, f)
+}
+
+/// [`fd_check`] with step `eps` (a smaller one for functions with kinks, like LeakyReLU).
+fn fd_check_eps(name: &str, x: &[f32], analytic: &[f32], eps: f32, f: impl Fn(&[f32]) -> f64) {
     let mut worst = 0.0f64;
     for i in 0..x.len() {
         let mut xp = x.to_vec();
@@ -562,6 +566,327 @@ fn tall_skinny_gemm_matches_naive() {
                         "m={m} n={n} k={k} tb={tb} ({i},{j})"
                     );
                 }
+            }
+        }
+    }
+}
+
+// ---- GAT attention ---------------------------------------------------------------------
+
+use grandis_engine::{attention_keep, dropout_threshold, Attention, AttentionDropout, BlockGraph};
+
+/// A block of `n_dst` destinations over `n_src` sources whose rows hold self-loops,
+/// repeated edges and empty rows (what `attention_aggregate` must handle).
+fn attention_block(n_dst: usize, n_src: usize, seed: u64) -> BlockGraph {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    let mut offsets = vec![0u64];
+    let mut indices = Vec::new();
+    for v in 0..n_dst {
+        let deg = if v % 5 == 4 { 0 } else { r.gen_range(1..6) };
+        for _ in 0..deg {
+            indices.push(r.gen_range(0..n_src as u32));
+        }
+        if v % 3 == 0 {
+            indices.push(v as u32);
+            indices.push(indices[indices.len() - 2.min(indices.len())]);
+        }
+        offsets.push(indices.len() as u64);
+    }
+    BlockGraph {
+        n_dst,
+        n_src,
+        offsets,
+        indices,
+        dst_scale: vec![1.0; n_dst],
+        src_scale: None,
+        self_scale: None,
+    }
+}
+
+/// `attention_aggregate` in f64 straight from its documented formula.
+fn naive_attention(
+    blk: &BlockGraph,
+    x: &[f32],
+    scores: &[f32],
+    heads: usize,
+    f: usize,
+    concat: bool,
+    keep: &dyn Fn(usize, usize, usize) -> f64,
+) -> Vec<f64> {
+    let c = heads * f;
+    let oc = if concat { c } else { f };
+    let mut out = vec![0.0f64; blk.n_dst * oc];
+    for v in 0..blk.n_dst {
+        let row = &blk.indices[blk.offsets[v] as usize..blk.offsets[v + 1] as usize];
+        let mut srcs: Vec<usize> = row
+            .iter()
+            .map(|&u| u as usize)
+            .filter(|&u| u != v)
+            .collect();
+        srcs.push(v);
+        for h in 0..heads {
+            let e: Vec<f64> = srcs
+                .iter()
+                .map(|&u| {
+                    let pre =
+                        scores[u * 2 * heads + h] as f64 + scores[v * 2 * heads + heads + h] as f64;
+                    if pre > 0.0 {
+                        pre
+                    } else {
+                        0.2 * pre
+                    }
+                })
+                .collect();
+            let max = e.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = e.iter().map(|e| (e - max).exp()).sum();
+            for (j, &u) in srcs.iter().enumerate() {
+                let a = (e[j] - max).exp() / z * keep(v, u, h);
+                for k in 0..f {
+                    let o = if concat {
+                        v * oc + h * f + k
+                    } else {
+                        v * oc + k
+                    };
+                    let w = if concat { 1.0 } else { 1.0 / heads as f64 };
+                    out[o] += w * a * x[u * c + h * f + k] as f64;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn attention<'a>(
+    heads: usize,
+    f: usize,
+    concat: bool,
+    drop: Option<(&'a Vec<u32>, f32)>,
+) -> Attention<'a, Vec<u32>> {
+    Attention {
+        heads,
+        head_dim: f,
+        concat,
+        negative_slope: 0.2,
+        dropout: drop.map(|(ids, p)| AttentionDropout {
+            global_ids: ids,
+            p,
+            key: DropoutKey {
+                seed: 3,
+                epoch: 1,
+                layer: 7,
+            },
+        }),
+    }
+}
+
+#[test]
+fn attention_forward_follows_the_documented_formula() {
+    let b = cpu();
+    let blk = attention_block(40, 55, 21);
+    let up = b.upload_graph(&blk).unwrap();
+    let ids: Vec<u32> = (0..55u32).map(|i| i * 7 + 3).collect();
+    for (heads, f, concat) in [(3, 4, true), (3, 4, false), (1, 5, false)] {
+        for p in [None, Some(0.4f32)] {
+            let x = rnd(55 * heads * f, 22);
+            let scores = rnd(55 * 2 * heads, 23);
+            let att = attention(heads, f, concat, p.map(|p| (&ids, p)));
+            let mut out = vec![f32::NAN; 40 * att.out_cols()];
+            let mut lse = vec![f32::NAN; 40 * heads];
+            b.attention_aggregate(&up, &x, &scores, &att, &mut out, &mut lse)
+                .unwrap();
+            let keep = |v: usize, u: usize, h: usize| match p {
+                None => 1.0,
+                Some(p) => {
+                    let stream = DropoutKey {
+                        seed: 3,
+                        epoch: 1,
+                        layer: 7,
+                    }
+                    .stream();
+                    if attention_keep(stream, dropout_threshold(p), ids[v], ids[u], h as u32) {
+                        1.0 / (1.0 - p as f64)
+                    } else {
+                        0.0
+                    }
+                }
+            };
+            let want = naive_attention(&blk, &x, &scores, heads, f, concat, &keep);
+            for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
+                assert!(
+                    (o as f64 - w).abs() < 1e-5,
+                    "heads {heads} concat {concat} p {p:?} [{i}]: {o} vs {w}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_backward_matches_finite_differences() {
+    let b = cpu();
+    let (n_dst, n_src) = (14, 20);
+    let blk = attention_block(n_dst, n_src, 31);
+    let up = b.upload_graph(&blk).unwrap();
+    let ids: Vec<u32> = (0..n_src as u32).collect();
+    for (heads, f, concat, p) in [
+        (2, 3, true, None),
+        (2, 3, false, Some(0.3f32)),
+        (3, 2, true, Some(0.3)),
+    ] {
+        let att = attention(heads, f, concat, p.map(|p| (&ids, p)));
+        let c = heads * f;
+        let x = rnd(n_src * c, 32);
+        let scores = rnd(n_src * 2 * heads, 33);
+        let r = rnd(n_dst * att.out_cols(), 34);
+        let mut out = vec![0.0; n_dst * att.out_cols()];
+        let mut lse = vec![0.0; n_dst * heads];
+        b.attention_aggregate(&up, &x, &scores, &att, &mut out, &mut lse)
+            .unwrap();
+        let mut gx = vec![f32::NAN; n_src * c];
+        let mut gs = vec![f32::NAN; n_src * 2 * heads];
+        let mut scratch = vec![f32::NAN; n_dst * heads];
+        b.attention_aggregate_backward(
+            &up,
+            &x,
+            &scores,
+            &lse,
+            &att,
+            &r,
+            &mut gx,
+            &mut gs,
+            &mut scratch,
+        )
+        .unwrap();
+        // Differences of the f64 reference: the f32 kernel's rounding would swamp a step small
+        // enough to stay off LeakyReLU's kink (this seed has a logit at -3.6e-4).
+        let keep = |v: usize, u: usize, h: usize| match p {
+            None => 1.0,
+            Some(p) => {
+                let stream = att.dropout.as_ref().unwrap().key.stream();
+                let t = dropout_threshold(p);
+                if attention_keep(stream, t, ids[v], ids[u], h as u32) {
+                    1.0 / (1.0 - p as f64)
+                } else {
+                    0.0
+                }
+            }
+        };
+        let loss = |x: &[f32], s: &[f32]| {
+            let out = naive_attention(&blk, x, s, heads, f, concat, &keep);
+            out.iter().zip(&r).map(|(&o, &r)| o * r as f64).sum::<f64>()
+        };
+        let name = format!("attention heads {heads} concat {concat} p {p:?}");
+        fd_check_eps(&format!("{name} x"), &x, &gx, 1e-3, |x| loss(x, &scores));
+        fd_check_eps(&format!("{name} scores"), &scores, &gs, 1e-4, |s| {
+            loss(&x, s)
+        });
+    }
+}
+
+#[test]
+fn attention_on_blocks_adds_up_to_the_full_graph() {
+    let b = cpu();
+    let n = 36;
+    let g = random_graph(n, 200, 41);
+    let (heads, f) = (2, 3);
+    let c = heads * f;
+    let x = rnd(n * c, 42);
+    let scores = rnd(n * 2 * heads, 43);
+    let all: Vec<u32> = (0..n as u32).collect();
+    for concat in [true, false] {
+        let att = attention(heads, f, concat, Some((&all, 0.25)));
+        let oc = att.out_cols();
+        let r = rnd(n * oc, 44);
+        let full = b
+            .upload_graph(&full_block(g.view(), Aggregation::Mean))
+            .unwrap();
+        let mut want = vec![0.0; n * oc];
+        let mut lse = vec![0.0; n * heads];
+        b.attention_aggregate(&full, &x, &scores, &att, &mut want, &mut lse)
+            .unwrap();
+        let mut want_gx = vec![0.0; n * c];
+        let mut want_gs = vec![0.0; n * 2 * heads];
+        let mut scratch = vec![0.0; n * heads];
+        b.attention_aggregate_backward(
+            &full,
+            &x,
+            &scores,
+            &lse,
+            &att,
+            &r,
+            &mut want_gx,
+            &mut want_gs,
+            &mut scratch,
+        )
+        .unwrap();
+        // Three "devices", each owning every third vertex, with their halos.
+        let scales = global_scales(g.view(), Aggregation::Mean);
+        let mut gx = vec![0.0f64; n * c];
+        let mut gs = vec![0.0f64; n * 2 * heads];
+        for part in 0..3 {
+            let dst: Vec<u32> = (0..n as u32).filter(|v| v % 3 == part).collect();
+            let mut src = dst.clone();
+            for &v in &dst {
+                for &u in g.view().neighbors(v) {
+                    if !src.contains(&u) {
+                        src.push(u);
+                    }
+                }
+            }
+            let up = b
+                .upload_graph(&sub_block(g.view(), &scales, &dst, &src).unwrap())
+                .unwrap();
+            let rows = |m: &[f32], w: usize, ids: &[u32]| -> Vec<f32> {
+                ids.iter()
+                    .flat_map(|&u| m[u as usize * w..(u as usize + 1) * w].to_vec())
+                    .collect()
+            };
+            let att = attention(heads, f, concat, Some((&src, 0.25)));
+            let (xs, ss, rs) = (
+                rows(&x, c, &src),
+                rows(&scores, 2 * heads, &src),
+                rows(&r, oc, &dst),
+            );
+            let mut out = vec![0.0; dst.len() * oc];
+            let mut lse = vec![0.0; dst.len() * heads];
+            b.attention_aggregate(&up, &xs, &ss, &att, &mut out, &mut lse)
+                .unwrap();
+            assert_eq!(
+                out,
+                rows(&want, oc, &dst),
+                "concat {concat}: block rows equal full rows"
+            );
+            let mut bgx = vec![0.0; src.len() * c];
+            let mut bgs = vec![0.0; src.len() * 2 * heads];
+            let mut scratch = vec![0.0; dst.len() * heads];
+            b.attention_aggregate_backward(
+                &up,
+                &xs,
+                &ss,
+                &lse,
+                &att,
+                &rs,
+                &mut bgx,
+                &mut bgs,
+                &mut scratch,
+            )
+            .unwrap();
+            for (i, &u) in src.iter().enumerate() {
+                let u = u as usize;
+                for k in 0..c {
+                    gx[u * c + k] += bgx[i * c + k] as f64;
+                }
+                for k in 0..2 * heads {
+                    gs[u * 2 * heads + k] += bgs[i * 2 * heads + k] as f64;
+                }
+            }
+        }
+        for (name, got, want) in [("x", &gx, &want_gx), ("scores", &gs, &want_gs)] {
+            for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
+                assert!(
+                    (g - w as f64).abs() < 1e-5,
+                    "concat {concat} grad {name}[{i}]: {g} vs {w}"
+                );
             }
         }
     }

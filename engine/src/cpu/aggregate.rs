@@ -24,6 +24,11 @@ pub(super) struct Csr {
 }
 
 impl Csr {
+    /// The ids listed in row `v`.
+    pub(super) fn row(&self, v: usize) -> &[u32] {
+        &self.indices[self.offsets[v]..self.offsets[v + 1]]
+    }
+
     /// The kernel shared by forward (A) and backward (A^T): parallel over output rows. Each
     /// row is computed in column blocks whose accumulators live in registers, reading the
     /// neighbour rows in CSR order with software prefetch a few neighbours ahead (the gather

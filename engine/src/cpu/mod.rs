@@ -11,6 +11,7 @@
 //! Adam) and `simd` (run-time instruction-set detection).
 
 mod aggregate;
+mod attention;
 mod elementwise;
 mod gemm;
 mod simd;
@@ -18,8 +19,8 @@ mod simd;
 pub use aggregate::CpuGraph;
 
 use crate::backend::{
-    dropout_threshold, need, shape_err, AdamStep, Backend, BlockGraph, DropoutKey, EngineError,
-    Result,
+    check_attention, dropout_threshold, need, shape_err, AdamStep, Attention, Backend, BlockGraph,
+    DropoutKey, EngineError, Result,
 };
 use crate::profile::{aggregate_bytes, OpClass, OpProfile, OpTimes};
 use rayon::prelude::*;
@@ -418,6 +419,87 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn attention_aggregate(
+        &self,
+        g: &CpuGraph,
+        x: &Vec<f32>,
+        scores: &Vec<f32>,
+        att: &Attention<'_, Vec<u32>>,
+        out: &mut Vec<f32>,
+        lse: &mut Vec<f32>,
+    ) -> Result<()> {
+        let ids = att.dropout.as_ref().map(|d| d.global_ids.len());
+        let o = ("out", out.len(), g.n_dst * att.out_cols());
+        let op = "attention_aggregate";
+        check_attention(
+            op,
+            att,
+            ids,
+            g.n_dst,
+            g.n_src,
+            x.len(),
+            scores.len(),
+            lse.len(),
+            o,
+        )?;
+        let call = attn_call(att);
+        self.timed(OpClass::Aggregate, || {
+            attention::forward(g, &call, x, scores, out, lse)
+        });
+        Ok(())
+    }
+
+    fn attention_aggregate_backward(
+        &self,
+        g: &CpuGraph,
+        x: &Vec<f32>,
+        scores: &Vec<f32>,
+        lse: &Vec<f32>,
+        att: &Attention<'_, Vec<u32>>,
+        grad_out: &Vec<f32>,
+        grad_x: &mut Vec<f32>,
+        grad_scores: &mut Vec<f32>,
+        scratch: &mut Vec<f32>,
+    ) -> Result<()> {
+        let ids = att.dropout.as_ref().map(|d| d.global_ids.len());
+        let go = ("grad_out", grad_out.len(), g.n_dst * att.out_cols());
+        let op = "attention_aggregate_backward";
+        check_attention(
+            op,
+            att,
+            ids,
+            g.n_dst,
+            g.n_src,
+            x.len(),
+            scores.len(),
+            lse.len(),
+            go,
+        )?;
+        need(op, "grad_x", grad_x.len(), g.n_src * att.in_cols())?;
+        need(
+            op,
+            "grad_scores",
+            grad_scores.len(),
+            g.n_src * 2 * att.heads,
+        )?;
+        need(op, "scratch", scratch.len(), g.n_dst * att.heads)?;
+        let call = attn_call(att);
+        self.timed(OpClass::Aggregate, || {
+            attention::backward(
+                g,
+                &call,
+                x,
+                scores,
+                lse,
+                grad_out,
+                grad_x,
+                grad_scores,
+                scratch,
+            )
+        });
+        Ok(())
+    }
+
     fn relu(&self, x: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
         need("relu", "x", x.len(), len)?;
         need("relu", "out", out.len(), len)?;
@@ -661,5 +743,24 @@ impl Backend for CpuBackend {
             elementwise::adam_step(param, grad, m, v, len, &s, bc1, bc2)
         });
         Ok(())
+    }
+}
+
+/// The host-side constants of an attention call.
+fn attn_call<'a>(att: &Attention<'a, Vec<u32>>) -> attention::AttnCall<'a> {
+    attention::AttnCall {
+        heads: att.heads,
+        head_dim: att.head_dim,
+        concat: att.concat,
+        slope: att.negative_slope,
+        drop: att.dropout.as_ref().map(|d| {
+            let ids: &'a [u32] = d.global_ids.as_slice();
+            (
+                ids,
+                d.key.stream(),
+                dropout_threshold(d.p),
+                1.0 / (1.0 - d.p),
+            )
+        }),
     }
 }
