@@ -5,9 +5,12 @@ Reads the graph in the PyG layout that `grandis data export --format npy` writes
 (edge_index.npy: int64 2 x E, sources in row 0 and destinations in row 1; x.npy: f32 N x F;
 y.npy: int64 N; train_idx.npy / val_idx.npy: int64 ids), trains a full-batch GraphSAGE
 (SAGEConv, mean aggregator, ReLU, dropout before every convolution like grandis) with Adam on
-the CPU or a GPU, and prints one JSON line: median_epoch_s, epoch_seconds, peak_bytes (peak
+the CPU or a GPU (or, with --model gat, a GAT of GATConv layers: --heads heads of
+hidden / heads columns concatenated in hidden layers, one averaged head in the last, attention
+dropout at --dropout, ReLU like grandis), and prints one JSON line: median_epoch_s, epoch_seconds, peak_bytes (peak
 RSS on the CPU, torch.cuda.max_memory_allocated on a GPU), with --eval the validation curve
-(training seconds so far, accuracy) after every epoch, and versions.
+(training seconds so far, accuracy) after every epoch and the final test accuracy, and
+versions.
 
 --adj csr passes a CSR adj_t (torch_geometric.utils.to_torch_csr_tensor(edge_index.flip(0))),
 PyG's fastest full-graph path; --adj edge_index passes edge_index (gather/scatter).
@@ -27,6 +30,10 @@ def main():
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--dropout", type=float, default=0.5)
+    ap.add_argument("--model", choices=["sage", "gat"], default="sage")
+    ap.add_argument("--heads", type=int, default=8, help="gat: heads of each hidden layer")
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--weight-decay", type=float, default=0.0, help="Adam's L2 penalty")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
@@ -39,7 +46,7 @@ def main():
     import torch
     import torch.nn.functional as F
     import torch_geometric
-    from torch_geometric.nn import SAGEConv
+    from torch_geometric.nn import GATConv, SAGEConv
     from torch_geometric.utils import to_torch_csr_tensor
 
     torch.set_num_threads(args.threads)
@@ -69,12 +76,18 @@ def main():
         torch.cuda.reset_peak_memory_stats()
 
     dims = [x.shape[1]] + [args.hidden] * (args.layers - 1) + [classes]
-    convs = torch.nn.ModuleList(
-        SAGEConv(dims[i], dims[i + 1], aggr="mean") for i in range(args.layers)
-    ).to(dev)
-    opt = torch.optim.Adam(convs.parameters(), lr=0.01)
+    def conv(i):
+        if args.model == "sage":
+            return SAGEConv(dims[i], dims[i + 1], aggr="mean")
+        if i + 1 < args.layers:
+            return GATConv(dims[i], dims[i + 1] // args.heads, heads=args.heads, dropout=args.dropout)
+        return GATConv(dims[i], dims[i + 1], heads=1, concat=False, dropout=args.dropout)
+
+    convs = torch.nn.ModuleList(conv(i) for i in range(args.layers)).to(dev)
+    opt = torch.optim.Adam(convs.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
     def forward(h, training):
+        convs.train(training)  # GATConv's attention dropout follows the module's mode
         for i, conv in enumerate(convs):
             h = F.dropout(h, p=args.dropout, training=training)
             h = conv(h, adj)
@@ -107,6 +120,11 @@ def main():
         if epoch > 0:  # the first epoch is warm-up, as in grandis
             times.append(elapsed)
 
+    test_acc = None
+    if args.eval and os.path.exists(os.path.join(d, "test_idx.npy")):
+        test = load("test_idx.npy").to(dev)
+        with torch.no_grad():
+            test_acc = (forward(x, False)[test].argmax(dim=1) == y[test]).float().mean().item()
     if cuda:
         peak, peak_name = torch.cuda.max_memory_allocated(dev), "peak device memory (torch allocator)"
     else:
@@ -115,6 +133,7 @@ def main():
         json.dumps(
             {
                 "adj": args.adj,
+                "model": args.model,
                 "device": args.device,
                 "median_epoch_s": statistics.median(times),
                 "epoch_seconds": times,
@@ -122,6 +141,7 @@ def main():
                 "peak_name": peak_name,
                 "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 "curve": curve,
+                "test_acc": test_acc,
                 "losses": losses,
                 "torch": torch.__version__,
                 "torch_geometric": torch_geometric.__version__,

@@ -2,14 +2,16 @@
 """Convergence of grandis against PyG, epoch by epoch, over several seeds.
 
     scripts/convergence.py DATASET [--seeds 5] [--layers 3] [--hidden 64] [--epochs 30]
-        [--dropout 0.5] [--threads 2] [--grandis target/release/grandis] [--python python3]
+        [--dropout 0.5] [--model sage|gat] [--heads 8] [--lr 0.01] [--weight-decay 0]
+        [--threads 2] [--grandis target/release/grandis] [--python python3]
 
-Trains the same full-batch GraphSAGE (mean aggregator, ReLU, dropout before every
-convolution, Adam lr 0.01, no weight decay) with `grandis train` (mode single) and with PyG
-(scripts/bench_pyg.py, CSR adj_t) for each seed, on DATASET (a grandis dataset directory; it
+Trains the same full-batch model (GraphSAGE with the mean aggregator, or GAT with --heads
+heads; ReLU, dropout before every convolution, Adam) with `grandis train` (mode single) and
+with PyG (scripts/bench_pyg.py: SAGEConv or GATConv on a CSR adj_t) for each
+seed, on DATASET (a grandis dataset directory; it
 is exported to the PyG layout once). Prints, per system, the mean first loss, the mean number
 of epochs until the training loss first falls under 1.0 and under 0.5 (or "-" if a run never
-does), and the final loss and validation accuracy (mean ± standard deviation over seeds), then
+does), and the final loss, validation and test accuracy (mean ± standard deviation over seeds), then
 one JSON line with every run's losses. Seeds set each system's own generator: the two systems
 draw different initial weights and dropout masks, so single epochs differ; the means compare.
 """
@@ -34,22 +36,24 @@ def epochs_under(losses, threshold):
 
 def grandis_run(a, seed):
     cmd = [a.grandis, "train", a.dataset, "--layers", str(a.layers), "--hidden", str(a.hidden),
-           "--epochs", str(a.epochs), "--dropout", str(a.dropout), "--weight-decay", "0",
+           "--epochs", str(a.epochs), "--dropout", str(a.dropout), "--weight-decay",
+           str(a.weight_decay), "--lr", str(a.lr), "--model", a.model, "--heads", str(a.heads),
            "--seed", str(seed), "--threads", str(a.threads), "--json", "-q"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     s = json.loads(out.strip().splitlines()[-1])
-    return {"losses": s["losses"], "val_acc": s["val_acc"]}
+    return {"losses": s["losses"], "val_acc": s["val_acc"], "test_acc": s["test_acc"]}
 
 
 def pyg_run(a, pyg_dir, seed):
     # bench_pyg.py trains epochs + 1 (its first is a warm-up): ask for one fewer.
     cmd = [a.python, os.path.join(HERE, "bench_pyg.py"), "--dir", pyg_dir, "--layers",
            str(a.layers), "--hidden", str(a.hidden), "--epochs", str(a.epochs - 1),
-           "--dropout", str(a.dropout), "--threads", str(a.threads), "--adj", "csr",
-           "--eval", "--seed", str(seed)]
+           "--dropout", str(a.dropout), "--threads", str(a.threads), "--model", a.model,
+           "--heads", str(a.heads), "--lr", str(a.lr), "--weight-decay", str(a.weight_decay),
+           "--adj", "csr", "--eval", "--seed", str(seed)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     s = json.loads(out.strip().splitlines()[-1])
-    return {"losses": s["losses"], "val_acc": s["curve"][-1][1]}
+    return {"losses": s["losses"], "val_acc": s["curve"][-1][1], "test_acc": s["test_acc"]}
 
 
 def mean_sd(xs):
@@ -77,6 +81,10 @@ def main():
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--dropout", type=float, default=0.5)
+    ap.add_argument("--model", choices=["sage", "gat"], default="sage")
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--grandis", default="target/release/grandis")
     ap.add_argument("--python", default="python3")
@@ -92,15 +100,18 @@ def main():
             print(f"seed {seed}: grandis final loss {runs['grandis'][-1]['losses'][-1]:.4f}, "
                   f"pyg {runs['pyg'][-1]['losses'][-1]:.4f}", file=sys.stderr)
 
-    print(f"{a.dataset}: {a.layers}-layer SAGE, hidden {a.hidden}, dropout {a.dropout}, "
-          f"{a.epochs} epochs, {a.seeds} seeds")
+    heads = f" ({a.heads} heads)" if a.model == "gat" else ""
+    print(f"{a.dataset}: {a.layers}-layer {a.model}{heads}, hidden {a.hidden}, dropout "
+          f"{a.dropout}, lr {a.lr}, weight decay {a.weight_decay}, {a.epochs} epochs, "
+          f"{a.seeds} seeds")
     print("| system | first loss | epochs to loss < 1.0 | epochs to loss < 0.5 | final loss | "
-          "final val acc |")
-    print("|---|---|---|---|---|---|")
+          "final val acc | final test acc |")
+    print("|---|---|---|---|---|---|---|")
     for name, rs in runs.items():
         print(f"| {name} | {mean_sd([r['losses'][0] for r in rs])} | {mean_epochs(rs, 1.0)} | "
               f"{mean_epochs(rs, 0.5)} | {mean_sd([r['losses'][-1] for r in rs])} | "
-              f"{mean_sd([r['val_acc'] for r in rs])} |")
+              f"{mean_sd([r['val_acc'] for r in rs])} | "
+              f"{mean_sd([r['test_acc'] for r in rs])} |")
     print(json.dumps(runs))
 
 

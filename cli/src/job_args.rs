@@ -14,15 +14,22 @@ pub struct JobArgs {
     /// `train`, flx for `cluster up` and `submit`.
     #[arg(long)]
     pub mode: Option<Mode>,
-    /// Model: sage, gcn, ressage, or mlp (features only, no graph; single mode only).
+    /// Model: sage, gcn, ressage, gat (attention, PyG GATConv semantics; see --heads), or mlp
+    /// (features only, no graph; single mode only).
     #[arg(long, default_value_t = defaults::MODEL)]
     pub model: ModelKind,
     /// Number of graph convolutions.
     #[arg(long, default_value_t = defaults::LAYERS)]
     pub layers: u32,
-    /// Hidden width.
+    /// Hidden width (gat: of all heads together, so --hidden 64 --heads 8 is 8 heads of 8).
     #[arg(long, default_value_t = defaults::HIDDEN)]
     pub hidden: u32,
+    /// gat: attention heads of each hidden layer, concatenated; must divide --hidden.
+    #[arg(long, default_value_t = defaults::HEADS)]
+    pub heads: u32,
+    /// gat: attention heads of the last layer, averaged.
+    #[arg(long, default_value_t = defaults::OUTPUT_HEADS)]
+    pub output_heads: u32,
     /// Training epochs.
     #[arg(long, default_value_t = defaults::EPOCHS)]
     pub epochs: u32,
@@ -145,6 +152,8 @@ impl JobArgs {
             model: self.model,
             layers: self.layers,
             hidden: self.hidden,
+            heads: self.heads,
+            output_heads: self.output_heads,
             dropout: self.dropout,
             lr: self.lr,
             weight_decay: self.weight_decay,

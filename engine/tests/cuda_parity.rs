@@ -583,3 +583,104 @@ fn sum_squares_and_adam_match_cpu() {
     let grad = g.alloc(4).unwrap();
     assert!(g.adam_step(&mut a, &grad, &mut b, &mut d, 4, &s).is_err());
 }
+
+#[test]
+fn attention_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let graph = random_graph(400, 4000, 31);
+    let dst: Vec<u32> = (0..400).filter(|v| v % 3 == 0).collect();
+    let mut src = dst.clone();
+    let mut seen: std::collections::HashSet<u32> = dst.iter().copied().collect();
+    for &v in &dst {
+        for &u in graph.view().neighbors(v) {
+            if seen.insert(u) {
+                src.push(u);
+            }
+        }
+    }
+    let scales = global_scales(graph.view(), Aggregation::Mean);
+    let blk = sub_block(graph.view(), &scales, &dst, &src).unwrap();
+    let (cg, gg) = (c.upload_graph(&blk).unwrap(), g.upload_graph(&blk).unwrap());
+    let gids = g.upload_index(&src).unwrap();
+    let (n_dst, n_src) = (blk.n_dst, blk.n_src);
+    for (heads, f, concat, p) in [(8usize, 8usize, true, Some(0.6f32)), (1, 7, false, None)] {
+        let name = format!("attention heads {heads} concat {concat} p {p:?}");
+        let key = DropoutKey {
+            seed: 1,
+            epoch: 4,
+            layer: 2,
+        };
+        let (ca, ga) = (
+            attention(heads, f, concat, p, key, &src),
+            attention(heads, f, concat, p, key, &gids),
+        );
+        let (cols, oc, two_h) = (heads * f, ca.out_cols(), 2 * heads);
+        let (x, sc, go) = (
+            rnd(n_src * cols, 32),
+            rnd(n_src * two_h, 33),
+            rnd(n_dst * oc, 34),
+        );
+        let (mut out, mut lse) = (vec![0.0; n_dst * oc], vec![0.0; n_dst * heads]);
+        c.attention_aggregate(&cg, &x, &sc, &ca, &mut out, &mut lse)
+            .unwrap();
+        let (gx_, gsc, ggo) = (
+            g.upload(&x).unwrap(),
+            g.upload(&sc).unwrap(),
+            g.upload(&go).unwrap(),
+        );
+        let (mut gout, mut glse) = (
+            g.alloc(n_dst * oc).unwrap(),
+            g.alloc(n_dst * heads).unwrap(),
+        );
+        g.attention_aggregate(&gg, &gx_, &gsc, &ga, &mut gout, &mut glse)
+            .unwrap();
+        assert_close(&format!("{name} out"), &out, &down(&g, &gout));
+        assert_close(&format!("{name} lse"), &lse, &down(&g, &glse));
+        let mut want = (
+            vec![0.0; n_src * cols],
+            vec![0.0; n_src * two_h],
+            vec![0.0; n_dst * heads],
+        );
+        c.attention_aggregate_backward(
+            &cg,
+            &x,
+            &sc,
+            &lse,
+            &ca,
+            &go,
+            &mut want.0,
+            &mut want.1,
+            &mut want.2,
+        )
+        .unwrap();
+        let mut got = (
+            g.alloc(n_src * cols).unwrap(),
+            g.alloc(n_src * two_h).unwrap(),
+            g.alloc(n_dst * heads).unwrap(),
+        );
+        g.attention_aggregate_backward(
+            &gg, &gx_, &gsc, &glse, &ga, &ggo, &mut got.0, &mut got.1, &mut got.2,
+        )
+        .unwrap();
+        assert_close(&format!("{name} grad_x"), &want.0, &down(&g, &got.0));
+        assert_close(&format!("{name} grad_scores"), &want.1, &down(&g, &got.1));
+    }
+}
+
+fn attention<I>(
+    heads: usize,
+    head_dim: usize,
+    concat: bool,
+    p: Option<f32>,
+    key: DropoutKey,
+    global_ids: &I,
+) -> grandis_engine::Attention<'_, I> {
+    grandis_engine::Attention {
+        heads,
+        head_dim,
+        concat,
+        negative_slope: 0.2,
+        dropout: p.map(|p| grandis_engine::AttentionDropout { global_ids, p, key }),
+    }
+}

@@ -66,6 +66,7 @@ fn main() {
         hidden: 256,
         classes: 16,
         input_copy: InputCopy::None,
+        attention: None,
     };
     println!(
         "k=0 estimate: {} MiB max/device",

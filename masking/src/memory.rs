@@ -70,6 +70,18 @@ pub struct ModelDims {
     /// convolution, whose result backward recomputes.
     #[serde(default)]
     pub input_copy: InputCopy,
+    /// GAT's attention, if the model attends.
+    #[serde(default)]
+    pub attention: Option<AttentionDims>,
+}
+
+/// What attention adds to a GAT layer: it maps all `n_src` input rows to `heads x head_dim`
+/// columns (`t = z W`, the attention vectors score them) and its backward holds `t` and its
+/// gradient at once; hidden layers concatenate their heads (`t` as wide as the output), the
+/// last averages `output_heads` heads of `classes` columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AttentionDims {
+    pub output_heads: usize,
 }
 
 /// See [`ModelDims::input_copy`].
@@ -122,10 +134,26 @@ impl ModelDims {
             .max()
             .unwrap_or(0)
     }
-    /// Weights plus biases of all layers (one linear map per layer).
+    /// Columns of the rows layer `l` attends over (`t = z W`), for attention models.
+    pub fn attention_width(&self, layer: usize) -> Option<usize> {
+        let a = self.attention?;
+        Some(if layer + 1 == self.layers {
+            a.output_heads * self.classes
+        } else {
+            self.hidden
+        })
+    }
+    /// Weights plus biases of all layers (one linear map per layer; attention layers map to
+    /// their attended width and add two attention vectors as wide).
     pub fn param_count(&self) -> u64 {
         (0..self.layers)
-            .map(|l| (self.in_width(l) as u64 + 1) * self.out_width(l) as u64)
+            .map(|l| {
+                let (i, o) = (self.in_width(l) as u64, self.out_width(l) as u64);
+                match self.attention_width(l) {
+                    Some(t) => (i + 2) * t as u64 + o,
+                    None => (i + 1) * o,
+                }
+            })
             .sum()
     }
 }
@@ -278,15 +306,17 @@ fn terms<'p>(
     } else {
         2
     };
-    let backward_scratch = scratch_buffers
-        * rows
-            .iter()
-            .enumerate()
-            .map(|(l, r)| {
-                r.n_src as u64 * dims.in_width(l).max(dims.out_width(l)) as u64 * F32_BYTES
-            })
-            .max()
-            .unwrap_or(0);
+    // Attention layers also hold `t` and its gradient (recomputed, not kept).
+    let backward_scratch = rows
+        .iter()
+        .enumerate()
+        .map(|(l, r)| {
+            let widest = dims.in_width(l).max(dims.out_width(l)) as u64;
+            let attended = 2 * dims.attention_width(l).unwrap_or(0) as u64;
+            r.n_src as u64 * (scratch_buffers * widest + attended) * F32_BYTES
+        })
+        .max()
+        .unwrap_or(0);
     let graph = spaces
         .iter()
         .enumerate()

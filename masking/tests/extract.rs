@@ -281,7 +281,7 @@ proptest! {
                 }
             }
         }
-        let dims = ModelDims { layers: c.k, features: 3, hidden: 4, classes: 2, input_copy: InputCopy::None };
+        let dims = ModelDims { layers: c.k, features: 3, hidden: 4, classes: 2, input_copy: InputCopy::None, attention: None };
         let e = estimate_masked(&dims, &plan);
         prop_assert_eq!(e.devices.len(), c.layout.num_ranks());
     }

@@ -117,6 +117,7 @@ fn flx_plan_k2_by_hand() {
         hidden: 4,
         classes: 2,
         input_copy: InputCopy::None,
+        attention: None,
     };
     for l in 0..2 {
         assert_eq!(plan.forward_exchange_bytes(l, &dims).inter, 0);
@@ -166,6 +167,7 @@ fn bad_inputs_give_clear_errors() {
         hidden: 4,
         classes: 2,
         input_copy: InputCopy::None,
+        attention: None,
     };
     let layout = Layout::from_bounds(2, 2, &[0, 2, 4, 6, 8]).unwrap();
     let e = grandis_masking::choose_k(g.view(), &layout, &dims, 10).unwrap_err();

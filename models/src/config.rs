@@ -21,11 +21,23 @@ pub struct ModelConfig {
     pub layers: usize,
     pub in_dim: usize,
     pub hidden: usize,
+    /// GAT: attention heads of each hidden layer (concatenated, `hidden / heads` columns
+    /// each). Other models ignore it.
+    #[serde(default = "one")]
+    pub heads: usize,
+    /// GAT: attention heads of the last layer (averaged). Other models ignore it.
+    #[serde(default = "one")]
+    pub output_heads: usize,
     pub classes: usize,
     pub dropout: f32,
     /// LayerNorm between layers (always before the activation).
     pub layer_norm: bool,
     pub seed: u64,
+}
+
+/// What configurations written before GAT existed mean by `heads` and `output_heads`.
+fn one() -> usize {
+    1
 }
 
 impl ModelConfig {
@@ -36,6 +48,8 @@ impl ModelConfig {
             layers: spec.layers as usize,
             in_dim,
             hidden: spec.hidden as usize,
+            heads: spec.heads as usize,
+            output_heads: spec.output_heads as usize,
             classes,
             dropout: spec.dropout as f32,
             layer_norm: spec.layer_norm,
@@ -72,6 +86,17 @@ impl ModelConfig {
         }
         if self.hidden == 0 && (self.layers > 1 || self.kind == ModelKind::ResSage) {
             return Err("hidden must be positive".into());
+        }
+        if self.kind == ModelKind::Gat {
+            if self.heads == 0 || self.output_heads == 0 {
+                return Err("gat needs at least one head per layer".into());
+            }
+            if self.layers > 1 && !self.hidden.is_multiple_of(self.heads) {
+                return Err(format!(
+                    "gat: heads ({}) must divide hidden ({})",
+                    self.heads, self.hidden
+                ));
+            }
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(format!("dropout must be in [0, 1), got {}", self.dropout));

@@ -1,4 +1,4 @@
-//! GNN models of grandis (GraphSAGE with the mean aggregator, GCN, ResSAGE+ = DeeperGCN
+//! GNN models of grandis (GraphSAGE with the mean aggregator, GCN, GAT, ResSAGE+ = DeeperGCN
 //! `res+` blocks over SAGE convolutions, and a features-only MLP baseline) written against
 //! [`grandis_engine::Backend`] with hand-derived backward passes.
 //!
@@ -48,6 +48,9 @@ pub struct Model<B: Backend> {
     pub config: ModelConfig,
     pub params: Vec<Param<B>>,
     stages: Vec<Stage>,
+    /// Per stage, for attention stages: where the attention vectors go in the block-diagonal
+    /// score matrix ([`stage::AttentionLayer::positions`]), uploaded once.
+    att_positions: Vec<Option<[B::Index; 2]>>,
 }
 
 impl<B: Backend> Model<B> {
@@ -60,10 +63,25 @@ impl<B: Backend> Model<B> {
         let mut layout = ParamLayout::new(config.layer_norm);
         let stages = arch::stages(&mut layout, &config);
         let params = layout.materialize(b, config.seed)?;
+        let att_positions = stages
+            .iter()
+            .map(|st| {
+                st.attention
+                    .map(|at| {
+                        let [src, dst] = at.positions();
+                        Ok::<_, grandis_engine::EngineError>([
+                            b.upload_index(&src)?,
+                            b.upload_index(&dst)?,
+                        ])
+                    })
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Model {
             config,
             params,
             stages,
+            att_positions,
         })
     }
 

@@ -77,7 +77,7 @@ impl ParamLayout {
         )
     }
 
-    /// A Glorot-initialised `d_in x d_out` weight of stage `s` (GCN's).
+    /// A Glorot-initialised `d_in x d_out` weight of stage `s` (GCN's and GAT's).
     pub fn glorot(&mut self, s: usize, name: &str, d_in: usize, d_out: usize) -> usize {
         self.add(format!("stage{s}.{name}"), vec![d_in, d_out], Init::Glorot)
     }

@@ -3,7 +3,7 @@
 //! encoder and head) maps rows to rows. Everything before a convolution is recomputed in
 //! backward from the input rather than kept.
 
-use grandis_engine::{Backend, DropoutKey, Result};
+use grandis_engine::{Attention, AttentionDropout, Backend, DropoutKey, Result};
 
 use crate::param::two_mut;
 use crate::Model;
@@ -34,6 +34,35 @@ pub(crate) struct Stage {
     pub bias: usize,
     pub gamma: Option<usize>,
     pub beta: Option<usize>,
+    /// GAT's attention (its shared weight is `w_neigh`).
+    pub attention: Option<AttentionLayer>,
+}
+
+/// The attention of a GAT layer: `heads` heads of `head_dim` columns, concatenated or
+/// averaged, and its two attention vectors (`heads x head_dim` parameters each).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttentionLayer {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub concat: bool,
+    pub att_src: usize,
+    pub att_dst: usize,
+}
+
+impl AttentionLayer {
+    /// Where the attention vectors go in the `(heads * head_dim) x 2 heads` block-diagonal
+    /// matrix `A` for which `t A` holds every row's source scores (columns `0..heads`) and
+    /// destination scores (`heads..2 heads`): element `k = h * head_dim + f` of `att_src`
+    /// at `(k, h)`, of `att_dst` at `(k, heads + h)`, as flat offsets.
+    pub fn positions(&self) -> [Vec<u32>; 2] {
+        let (h, f) = (self.heads, self.head_dim);
+        let at = |col: usize| -> Vec<u32> {
+            (0..h * f)
+                .map(|k| (k * 2 * h + col + k / f) as u32)
+                .collect()
+        };
+        [at(0), at(h)]
+    }
 }
 
 impl Stage {
@@ -72,6 +101,8 @@ pub struct StageCache<B: Backend> {
     pre_norm: Option<B::Buf>,
     mean: Option<B::Buf>,
     rstd: Option<B::Buf>,
+    /// Attention: the log-sum-exp of every destination and head.
+    lse: Option<B::Buf>,
 }
 
 /// A conv stage's input after what runs before the convolution, with the pre-ops' LayerNorm
@@ -83,6 +114,11 @@ struct Transformed<B: Backend> {
 }
 
 const LN_EPS: f32 = 1e-5;
+/// GAT's LeakyReLU slope on attention logits.
+const NEGATIVE_SLOPE: f32 = 0.2;
+/// Added to a layer's dropout site for its attention dropout, so the coefficients' masks are
+/// independent of the features'.
+const ATTENTION_SITE: u32 = 1 << 16;
 
 impl<B: Backend> Model<B> {
     fn dropout_key(&self, s: usize, train: Option<(u64, u64)>) -> Option<DropoutKey> {
@@ -240,6 +276,7 @@ impl<B: Backend> Model<B> {
             pre_norm: None,
             mean: None,
             rstd: None,
+            lse: None,
         };
         match st.kind {
             StageKind::Encoder => {
@@ -277,7 +314,13 @@ impl<B: Backend> Model<B> {
                 let transformed = self.transform_input(b, st, s, input, n_src, ctx)?;
                 let z = transformed.as_ref().map_or(input, |t| &t.z);
                 let mut y = b.alloc(n_dst * d_out)?;
-                if let Some(wn) = st.w_neigh {
+                if let Some(at) = st.attention {
+                    let (t, _, scores) = self.attention_inputs(b, st, s, &at, z, n_src)?;
+                    let mut lse = b.alloc(n_dst * at.heads)?;
+                    let args = self.attention_args(&at, s, ctx);
+                    b.attention_aggregate(ctx.graph, &t, &scores, &args, &mut y, &mut lse)?;
+                    cache.lse = Some(lse);
+                } else if let Some(wn) = st.w_neigh {
                     let wn = &self.params[wn].value;
                     if d_out <= d_in {
                         // Transform, then aggregate: the aggregation moves d_out columns.
@@ -330,6 +373,59 @@ impl<B: Backend> Model<B> {
                 }
             }
         }
+    }
+
+    /// GAT's arguments for the attention operations of stage `s` on `ctx`: dropout on the
+    /// coefficients in training, at the model's rate, on its own site.
+    fn attention_args<'a>(
+        &self,
+        at: &AttentionLayer,
+        s: usize,
+        ctx: &StageCtx<'a, B>,
+    ) -> Attention<'a, B::Index> {
+        Attention {
+            heads: at.heads,
+            head_dim: at.head_dim,
+            concat: at.concat,
+            negative_slope: NEGATIVE_SLOPE,
+            dropout: self.dropout_key(s, ctx.train).map(|key| AttentionDropout {
+                global_ids: ctx.global_ids,
+                p: self.config.dropout,
+                key: DropoutKey {
+                    layer: key.layer + ATTENTION_SITE,
+                    ..key
+                },
+            }),
+        }
+    }
+
+    /// `t = z W` for the `n_src` input rows, the block-diagonal matrix `A` of the attention
+    /// vectors (see [`AttentionLayer::positions`]) and the scores `t A` (`n_src x 2 heads`).
+    /// Backward recomputes all three rather than keeping them.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_inputs(
+        &self,
+        b: &B,
+        st: &Stage,
+        s: usize,
+        at: &AttentionLayer,
+        z: &B::Buf,
+        n_src: usize,
+    ) -> Result<(B::Buf, B::Buf, B::Buf)> {
+        let (c, h2) = (at.heads * at.head_dim, 2 * at.heads);
+        let w = st.w_neigh.expect("attention maps rows with w_neigh");
+        let mut t = b.alloc(n_src * c)?;
+        let wv = &self.params[w].value;
+        b.gemm(false, false, n_src, c, st.d_in, 1.0, z, wv, 0.0, &mut t)?;
+        let mut a = b.alloc(c * h2)?;
+        let [src_pos, dst_pos] = self.att_positions[s]
+            .as_ref()
+            .expect("attention stages have their positions");
+        b.scatter_add_rows(&self.params[at.att_src].value, 1, src_pos, &mut a)?;
+        b.scatter_add_rows(&self.params[at.att_dst].value, 1, dst_pos, &mut a)?;
+        let mut scores = b.alloc(n_src * h2)?;
+        b.gemm(false, false, n_src, h2, c, 1.0, &t, &a, 0.0, &mut scores)?;
+        Ok((t, a, scores))
     }
 
     /// `grad(W) += xᵀ g` for the linear map `y = x W` (`x` is `rows x d_in`, `g` = dL/dy).
@@ -475,7 +571,49 @@ impl<B: Backend> Model<B> {
                 let z = transformed.as_ref().map_or(input, |t| &t.z);
                 let need_gz = input_grad || pre;
                 let mut gz: Option<B::Buf> = None;
-                if let Some(wn) = st.w_neigh {
+                if let Some(at) = st.attention {
+                    let (c, h2) = (at.heads * at.head_dim, 2 * at.heads);
+                    let (t, a, scores) = self.attention_inputs(b, &st, s, &at, z, n_src)?;
+                    let lse = cache
+                        .lse
+                        .as_ref()
+                        .expect("attention caches its log-sum-exp");
+                    let args = self.attention_args(&at, s, ctx);
+                    let mut gt = b.alloc(n_src * c)?;
+                    let mut gscores = b.alloc(n_src * h2)?;
+                    let mut scratch = b.alloc(n_dst * at.heads)?;
+                    b.attention_aggregate_backward(
+                        ctx.graph,
+                        &t,
+                        &scores,
+                        lse,
+                        &args,
+                        &g,
+                        &mut gt,
+                        &mut gscores,
+                        &mut scratch,
+                    )?;
+                    // The attention vectors' gradients are the diagonal blocks of tᵀ gscores.
+                    let mut ga = b.alloc(c * h2)?;
+                    b.gemm(true, false, c, h2, n_src, 1.0, &t, &gscores, 0.0, &mut ga)?;
+                    let [src_pos, dst_pos] = self.att_positions[s]
+                        .as_ref()
+                        .expect("attention stages have their positions");
+                    let mut gv = b.alloc(c)?;
+                    for (pos, p) in [(src_pos, at.att_src), (dst_pos, at.att_dst)] {
+                        b.gather_rows(&ga, 1, pos, &mut gv)?;
+                        b.axpy(1.0, &gv, &mut self.params[p].grad, c)?;
+                    }
+                    // Through the scores into t, then through t = z W.
+                    b.gemm(false, true, n_src, c, h2, 1.0, &gscores, &a, 1.0, &mut gt)?;
+                    let w = st.w_neigh.expect("attention maps rows with w_neigh");
+                    self.accumulate_weight_grad(b, w, z, &gt, n_src, d_in, c)?;
+                    if need_gz {
+                        let mut buf = b.alloc(n_src * d_in)?;
+                        self.input_grad(b, w, &gt, n_src, d_in, c, 0.0, &mut buf)?;
+                        gz = Some(buf);
+                    }
+                } else if let Some(wn) = st.w_neigh {
                     if d_out <= d_in {
                         let mut gt = b.alloc(n_src * d_out)?;
                         b.aggregate_backward(ctx.graph, &g, d_out, &mut gt)?;

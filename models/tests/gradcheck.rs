@@ -11,6 +11,17 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 fn check(kind: ModelKind, layers: usize, layer_norm: bool, dropout: f32) {
+    check_heads(kind, layers, layer_norm, dropout, (2, 1));
+}
+
+/// [`check`] with GAT's `(heads, output_heads)`.
+fn check_heads(
+    kind: ModelKind,
+    layers: usize,
+    layer_norm: bool,
+    dropout: f32,
+    (heads, output_heads): (usize, usize),
+) {
     let b = CpuBackend::new(Some(1)).unwrap();
     let n = 14;
     let mut r = ChaCha8Rng::seed_from_u64(5);
@@ -31,6 +42,8 @@ fn check(kind: ModelKind, layers: usize, layer_norm: bool, dropout: f32) {
         layers,
         in_dim,
         hidden: 4,
+        heads,
+        output_heads,
         classes,
         dropout,
         layer_norm,
@@ -113,4 +126,14 @@ fn ressage_gradients() {
 #[test]
 fn mlp_gradients() {
     check(ModelKind::Mlp, 2, false, 0.1);
+}
+
+#[test]
+fn gat_gradients() {
+    check(ModelKind::Gat, 3, false, 0.3);
+}
+
+#[test]
+fn gat_with_averaged_output_heads_and_layer_norm_gradients() {
+    check_heads(ModelKind::Gat, 2, true, 0.5, (4, 3));
 }

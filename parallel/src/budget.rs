@@ -1,7 +1,7 @@
 //! Memory budgets: default budget, priced model shape, choice of k, predicted halo bytes.
 
 use anyhow::{bail, Context};
-use grandis_masking::{InputCopy, KChoice, ModelDims, PlanContext, PreloadPlan};
+use grandis_masking::{AttentionDims, InputCopy, KChoice, ModelDims, PlanContext, PreloadPlan};
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_sampling::Sampler;
 
@@ -37,6 +37,9 @@ pub fn model_dims(config: &ModelConfig) -> ModelDims {
         } else {
             InputCopy::None
         },
+        attention: (config.kind == ModelKind::Gat).then_some(AttentionDims {
+            output_heads: config.output_heads,
+        }),
     }
 }
 

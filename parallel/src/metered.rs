@@ -10,7 +10,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use grandis_engine::{AdamStep, Backend, BlockGraph, DropoutKey, Result};
+use grandis_engine::{
+    AdamStep, Attention, AttentionDropout, Backend, BlockGraph, DropoutKey, Result,
+};
 
 /// Live and peak bytes of one rank.
 #[derive(Debug, Default)]
@@ -107,6 +109,21 @@ pub fn graph_bytes(g: &BlockGraph) -> u64 {
     ((g.n_dst + 1 + g.n_src + 1) * 8 + 2 * g.indices.len() * 4 + 2 * scales * 4) as u64
 }
 
+/// `att` with its index unwrapped for the inner backend.
+fn inner_attention<'a, I>(att: &Attention<'a, MeteredValue<I>>) -> Attention<'a, I> {
+    Attention {
+        heads: att.heads,
+        head_dim: att.head_dim,
+        concat: att.concat,
+        negative_slope: att.negative_slope,
+        dropout: att.dropout.as_ref().map(|d| AttentionDropout {
+            global_ids: &d.global_ids.inner,
+            p: d.p,
+            key: d.key,
+        }),
+    }
+}
+
 /// What a wrapped argument becomes for the inner backend: a metered value its inner value,
 /// anything else itself. Lets [`forward!`] pass every argument the same way.
 trait Unwrapped {
@@ -179,6 +196,50 @@ impl<B: Backend> Backend for Metered<B> {
     fn upload_graph(&self, graph: &BlockGraph) -> Result<Self::Graph> {
         let g = self.inner.upload_graph(graph)?;
         Ok(MeteredValue::new(g, &self.meter, graph_bytes(graph)))
+    }
+
+    // The attention parameters hold an index: rewrapped for the inner backend.
+    fn attention_aggregate(
+        &self,
+        graph: &Self::Graph,
+        x: &Self::Buf,
+        scores: &Self::Buf,
+        att: &Attention<'_, Self::Index>,
+        out: &mut Self::Buf,
+        lse: &mut Self::Buf,
+    ) -> Result<()> {
+        self.inner.attention_aggregate(
+            &graph.inner,
+            &x.inner,
+            &scores.inner,
+            &inner_attention(att),
+            &mut out.inner,
+            &mut lse.inner,
+        )
+    }
+    fn attention_aggregate_backward(
+        &self,
+        graph: &Self::Graph,
+        x: &Self::Buf,
+        scores: &Self::Buf,
+        lse: &Self::Buf,
+        att: &Attention<'_, Self::Index>,
+        grad_out: &Self::Buf,
+        grad_x: &mut Self::Buf,
+        grad_scores: &mut Self::Buf,
+        scratch: &mut Self::Buf,
+    ) -> Result<()> {
+        self.inner.attention_aggregate_backward(
+            &graph.inner,
+            &x.inner,
+            &scores.inner,
+            &lse.inner,
+            &inner_attention(att),
+            &grad_out.inner,
+            &mut grad_x.inner,
+            &mut grad_scores.inner,
+            &mut scratch.inner,
+        )
     }
 
     // Everything else is the inner backend's.

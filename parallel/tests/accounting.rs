@@ -127,36 +127,47 @@ fn metered_memory_tracks_the_memory_model() {
     let ds = random_dataset(11, 400, 2400, 32, 4);
     let view = ds.view();
     let part = random_partition(&view, 2, 2, 11);
-    let mut config = config(&view, ModelKind::Sage, 3);
-    config.hidden = 32;
-    let opts = opts(2);
-    let mut peaks = Vec::new();
-    for k in 0..=3 {
-        let mode = if k == 0 { Mode::Fb } else { Mode::Flx };
-        let r = parallel(view, &part, &config, &opts, mode, Some(k).filter(|_| k > 0)).unwrap();
-        for m in &r.memory {
-            let ratio = m.measured_peak_bytes as f64 / m.model_bytes as f64;
-            eprintln!(
-                "k={k} rank {}: measured peak {} B, model {} B, ratio {ratio:.2}",
-                m.rank, m.measured_peak_bytes, m.model_bytes
-            );
-            assert!(
-                (0.5..=2.5).contains(&ratio),
-                "k={k} rank {}: measured/model = {ratio:.2}",
-                m.rank
+    for kind in [ModelKind::Sage, ModelKind::Gat] {
+        let mut config = config(&view, kind, 3);
+        config.hidden = 32;
+        let opts = opts(2);
+        let mut peaks = Vec::new();
+        for k in 0..=3 {
+            let mode = if k == 0 { Mode::Fb } else { Mode::Flx };
+            let r = parallel(view, &part, &config, &opts, mode, Some(k).filter(|_| k > 0)).unwrap();
+            for m in &r.memory {
+                let ratio = m.measured_peak_bytes as f64 / m.model_bytes as f64;
+                eprintln!(
+                    "{} k={k} rank {}: measured peak {} B, model {} B, ratio {ratio:.2}",
+                    kind.name(),
+                    m.rank,
+                    m.measured_peak_bytes,
+                    m.model_bytes
+                );
+                assert!(
+                    (0.5..=2.5).contains(&ratio),
+                    "{} k={k} rank {}: measured/model = {ratio:.2}",
+                    kind.name(),
+                    m.rank
+                );
+            }
+            peaks.push(
+                r.memory
+                    .iter()
+                    .map(|m| m.measured_peak_bytes)
+                    .max()
+                    .unwrap(),
             );
         }
-        peaks.push(
-            r.memory
-                .iter()
-                .map(|m| m.measured_peak_bytes)
-                .max()
-                .unwrap(),
+        // k = 1 holds both plans' graphs and the extracted rows; FB holds the fewest rows. (No
+        // full monotonicity: at k = L the runner never uploads the FB graph, the model counts
+        // it.)
+        assert!(
+            peaks[1] > peaks[0],
+            "{}: peaks by k: {peaks:?}",
+            kind.name()
         );
     }
-    // k = 1 holds both plans' graphs and the extracted rows; FB holds the fewest rows. (No
-    // full monotonicity: at k = L the runner never uploads the FB graph, the model counts it.)
-    assert!(peaks[1] > peaks[0], "peaks by k: {peaks:?}");
 }
 
 /// (device, owned row) pairs of `plan` whose vertex lives on another server.

@@ -10,7 +10,12 @@ use grandis_parallel::{Mode, PartitionedGraph};
 use proptest::prelude::*;
 
 fn kind_of(i: usize) -> ModelKind {
-    [ModelKind::Sage, ModelKind::Gcn, ModelKind::ResSage][i % 3]
+    [
+        ModelKind::Sage,
+        ModelKind::Gcn,
+        ModelKind::ResSage,
+        ModelKind::Gat,
+    ][i % 4]
 }
 
 proptest! {
@@ -25,7 +30,7 @@ proptest! {
         degree in 1usize..5,
         servers in 1usize..=3,
         devices in 1usize..=2,
-        kind in 0usize..3,
+        kind in 0usize..4,
         layers in 1usize..=3,
     ) {
         let ds = random_dataset(seed, n, n * degree, 5, 3);
@@ -51,6 +56,7 @@ fn every_model_every_k_fixed_case() {
         (ModelKind::Sage, 3),
         (ModelKind::Gcn, 2),
         (ModelKind::ResSage, 3),
+        (ModelKind::Gat, 3),
     ] {
         let config = config(&view, kind, layers);
         let mut opts = opts(5);
@@ -91,6 +97,7 @@ fn cora_matches_single() {
         (ModelKind::Sage, 2),
         (ModelKind::Gcn, 2),
         (ModelKind::ResSage, 3),
+        (ModelKind::Gat, 2),
     ] {
         let mut config = config(&view, kind, layers);
         config.hidden = 16;

@@ -54,7 +54,12 @@ fn cob_forward_without_sampling_equals_full_graph_logits() {
     for (servers, devices) in [(2, 2), (1, 3)] {
         let part = random_partition(&view, servers, devices, 21);
         let ctx = plan_context(&view, &part).unwrap();
-        for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::ResSage] {
+        for kind in [
+            ModelKind::Sage,
+            ModelKind::Gcn,
+            ModelKind::ResSage,
+            ModelKind::Gat,
+        ] {
             let config = config(&view, kind, 3);
             let want = full_logits(view, &config);
             let batcher = CoBatcher::new(&ctx, 7, 5).unwrap();
@@ -95,7 +100,12 @@ fn one_cobatch_or_minibatch_per_epoch_equals_single_trainer() {
     let ds = random_dataset(4, 70, 300, 4, 3);
     let view = ds.view();
     let part = random_partition(&view, 2, 2, 4);
-    for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::ResSage] {
+    for kind in [
+        ModelKind::Sage,
+        ModelKind::Gcn,
+        ModelKind::ResSage,
+        ModelKind::Gat,
+    ] {
         let config = config(&view, kind, 2);
         let reference = single(view, &config, &opts(3));
         for mode in [Mode::Cob, Mode::Mb] {

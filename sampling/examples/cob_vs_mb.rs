@@ -85,6 +85,7 @@ fn main() {
         hidden: 256,
         classes: 8,
         input_copy: InputCopy::None,
+        attention: None,
     };
     let sage = Fanout::new(vec![25, 10, 5], 1).expect("fanouts");
     let eas = Eas::paper_default(1);

@@ -68,6 +68,7 @@ fn server_wise_mfg_computes_less_than_per_device_mfgs() {
         hidden: 8,
         classes: 3,
         input_copy: InputCopy::None,
+        attention: None,
     };
     let cob = CoBatcher::new(&cx, 64, 1).unwrap();
     let e = cob_epoch_stats(&cx, &cob, 2, &fan, Some(&dims), 0).unwrap();
@@ -116,6 +117,7 @@ fn auto_mode_picks_flx_when_it_fits_else_the_largest_cob_batch() {
         hidden: 16,
         classes: 3,
         input_copy: InputCopy::None,
+        attention: None,
     };
     let d = auto_mode(&cx, &dims, u64::MAX, &Exact, 0).unwrap();
     assert_eq!(d.mode, AutoChoice::Flx { k: 2 });

@@ -277,6 +277,8 @@ mod tests {
             layers: 2,
             in_dim: 5,
             hidden: 4,
+            heads: 2,
+            output_heads: 1,
             classes: 3,
             dropout: 0.0,
             layer_norm: true,

@@ -39,6 +39,8 @@ fn models(view: &DatasetView<'_>) -> Vec<(&'static str, ModelConfig)> {
         layers,
         in_dim: view.feature_dim,
         hidden: 32,
+        heads: 2,
+        output_heads: 1,
         classes: view.num_classes,
         dropout: 0.5,
         layer_norm,

@@ -56,6 +56,8 @@ fn config(ds: &InMemoryDataset, kind: ModelKind, layers: usize) -> ModelConfig {
         layers,
         in_dim: ds.feature_dim,
         hidden: 16,
+        heads: 2,
+        output_heads: 1,
         classes: ds.num_classes,
         dropout: 0.5,
         layer_norm: false,
@@ -225,6 +227,8 @@ fn cora_gcn_reaches_kipf_welling_accuracy() {
             layers: 2,
             in_dim: view.feature_dim,
             hidden: 16,
+            heads: 2,
+            output_heads: 1,
             classes: view.num_classes,
             dropout: 0.5,
             layer_norm: false,
@@ -333,6 +337,8 @@ fn the_first_loss_is_near_ln_classes_like_pyg() {
     for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::ResSage] {
         let cfg = ModelConfig {
             hidden: 64,
+            heads: 2,
+            output_heads: 1,
             ..config(&ds, kind, 3)
         };
         let report = train(

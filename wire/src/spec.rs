@@ -27,6 +27,11 @@ pub enum ModelKind {
     ResSage,
     /// Features only (`W h_v + b` per layer): the no-graph baseline (single mode only).
     Mlp,
+    /// GAT (Veličković et al., PyG `GATConv` semantics): `heads` attention heads per hidden
+    /// layer, concatenated (`hidden / heads` columns each), `output_heads` averaged in the
+    /// last; LeakyReLU(0.2) logits over in-neighbours plus one self-loop, attention dropout
+    /// at `dropout`.
+    Gat,
 }
 
 /// How the training is distributed (GraNNDIS §5).
@@ -102,6 +107,10 @@ pub mod defaults {
     pub const MODEL: ModelKind = ModelKind::Sage;
     pub const LAYERS: u32 = 2;
     pub const HIDDEN: u32 = 64;
+    /// GAT: attention heads of each hidden layer (concatenated), as in the GAT paper.
+    pub const HEADS: u32 = 8;
+    /// GAT: attention heads of the last layer (averaged).
+    pub const OUTPUT_HEADS: u32 = 1;
     pub const DROPOUT: f64 = 0.5;
     pub const LR: f64 = 0.01;
     pub const WEIGHT_DECAY: f64 = 5e-4;
@@ -213,8 +222,8 @@ pub struct UnknownName {
     pub expected: &'static str,
 }
 
-named_enum!(ModelKind, "sage, gcn, ressage or mlp", [
-    Sage => "sage", Gcn => "gcn", ResSage => "ressage", Mlp => "mlp"
+named_enum!(ModelKind, "sage, gcn, ressage, mlp or gat", [
+    Sage => "sage", Gcn => "gcn", ResSage => "ressage", Mlp => "mlp", Gat => "gat"
 ]);
 named_enum!(Mode, "single, fb, flx, cob, mb or auto", [
     Single => "single", Fb => "fb", Flx => "flx", Cob => "cob", Mb => "mb", Auto => "auto"
@@ -277,8 +286,13 @@ pub struct JobSpec {
     pub model: ModelKind,
     /// Number of graph convolutions (default 2).
     pub layers: u32,
-    /// Hidden width (default 64).
+    /// Hidden width (default 64); with gat, all heads together (8 heads of 8 = 64).
     pub hidden: u32,
+    /// gat: attention heads of each hidden layer, concatenated; must divide `hidden`
+    /// (default 8). Other models ignore it.
+    pub heads: u32,
+    /// gat: attention heads of the last layer, averaged (default 1). Other models ignore it.
+    pub output_heads: u32,
     /// Dropout probability in [0, 1) (default 0.5).
     pub dropout: f64,
     /// Adam learning rate (default 0.01).
@@ -337,6 +351,8 @@ impl Default for JobSpec {
             model: defaults::MODEL,
             layers: defaults::LAYERS,
             hidden: defaults::HIDDEN,
+            heads: defaults::HEADS,
+            output_heads: defaults::OUTPUT_HEADS,
             dropout: defaults::DROPOUT,
             lr: defaults::LR,
             weight_decay: defaults::WEIGHT_DECAY,
@@ -414,6 +430,8 @@ const FIELDS: &[&str] = &[
     "model",
     "layers",
     "hidden",
+    "heads",
+    "output_heads",
     "dropout",
     "lr",
     "weight_decay",
@@ -494,6 +512,8 @@ impl JobSpec {
                 .unwrap_or(d.model),
             layers: r.uint("layers", 1, 1024).unwrap_or(d.layers),
             hidden: r.uint("hidden", 1, 1 << 16).unwrap_or(d.hidden),
+            heads: r.uint("heads", 1, 256).unwrap_or(d.heads),
+            output_heads: r.uint("output_heads", 1, 256).unwrap_or(d.output_heads),
             dropout: r.float("dropout").unwrap_or(d.dropout),
             lr: r.float("lr").unwrap_or(d.lr),
             weight_decay: r.float("weight_decay").unwrap_or(d.weight_decay),
@@ -604,6 +624,22 @@ impl JobSpec {
         }
         if self.hidden < 1 {
             err("hidden", format!("must be ≥ 1, got {}", self.hidden));
+        }
+        if self.heads < 1 || self.output_heads < 1 {
+            let (field, v) = if self.heads < 1 {
+                ("heads", self.heads)
+            } else {
+                ("output_heads", self.output_heads)
+            };
+            err(field, format!("must be ≥ 1, got {v}"));
+        } else if self.model == ModelKind::Gat && !self.hidden.is_multiple_of(self.heads) {
+            err(
+                "heads",
+                format!(
+                    "must divide hidden ({}) for gat: the heads split the hidden width, got {}",
+                    self.hidden, self.heads
+                ),
+            );
         }
         if self.epochs < 1 {
             err("epochs", format!("must be ≥ 1, got {}", self.epochs));

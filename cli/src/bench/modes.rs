@@ -126,6 +126,8 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         layers: args.layers,
         in_dim: args.features,
         hidden: args.hidden,
+        heads: grandis_wire::defaults::HEADS as usize,
+        output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
         classes: args.classes,
         dropout: 0.5,
         layer_norm: false,

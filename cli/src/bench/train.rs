@@ -29,6 +29,13 @@ pub struct BenchTrainArgs {
     pub layers: usize,
     #[arg(long, default_value_t = 64)]
     pub hidden: usize,
+    /// Model of both systems: sage (SAGEConv) or gat (GATConv, --heads heads per hidden layer,
+    /// one averaged head in the last).
+    #[arg(long, default_value_t = ModelKind::Sage)]
+    pub model: ModelKind,
+    /// gat: attention heads of each hidden layer (they split --hidden).
+    #[arg(long, default_value_t = grandis_wire::defaults::HEADS as usize)]
+    pub heads: usize,
     #[arg(long, default_value_t = 0.5)]
     pub dropout: f32,
     /// Timed epochs (after one warm-up epoch).
@@ -188,6 +195,10 @@ fn run_pyg(args: &BenchTrainArgs, ds: &InMemoryDataset) -> anyhow::Result<Vec<se
             &args.layers.to_string(),
             "--hidden",
             &args.hidden.to_string(),
+            "--model",
+            &args.model.to_string(),
+            "--heads",
+            &args.heads.to_string(),
             "--dropout",
             &args.dropout.to_string(),
             "--epochs",
@@ -428,10 +439,12 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
         start.elapsed().as_secs_f64()
     );
     let cfg = ModelConfig {
-        kind: ModelKind::Sage,
+        kind: args.model,
         layers: args.layers,
         in_dim: ds.feature_dim,
         hidden: args.hidden,
+        heads: args.heads,
+        output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
         classes: ds.num_classes,
         dropout: args.dropout,
         layer_norm: false,
@@ -453,11 +466,12 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
     let agg_bound_s = med.aggregate_bytes as f64 / bandwidth;
     let peak = run.peak_bytes;
     println!(
-        "grandis on {}: {} vertices, {} edges, {}-layer SAGE hidden {} (load average at start: {loadavg})",
+        "grandis on {}: {} vertices, {} edges, {}-layer {} hidden {} (load average at start: {loadavg})",
         run.device_name,
         ds.labels.len(),
         ds.graph.indices.len(),
         args.layers,
+        args.model,
         args.hidden,
     );
     println!(

@@ -13,6 +13,7 @@
 
 use super::kernels;
 use super::*;
+use crate::backend::AttentionDropout;
 use crate::cpu::CpuBackend;
 use crate::norm::{full_block, global_scales, sub_block, Aggregation};
 use grandis_store::{CsrGraph, EdgeOptions};
@@ -853,6 +854,218 @@ fn check_adam(emu: &Emu, cpu: &CpuBackend) {
     }
 }
 
+/// GAT's three kernels against the CPU backend, on a block with a halo, self-loops and
+/// repeated edges, with and without attention dropout, heads concatenated and averaged.
+fn check_attention(emu: &Emu, cpu: &CpuBackend) {
+    let mut r = ChaCha8Rng::seed_from_u64(20);
+    let mut pairs: Vec<(u32, u32)> = (0..300)
+        .map(|_| (r.gen_range(0..50u32), r.gen_range(0..50u32)))
+        .collect();
+    pairs.extend((0..50u32).step_by(4).map(|v| (v, v)));
+    let graph = CsrGraph::from_edges(50, pairs, EdgeOptions::default()).unwrap();
+    let dst: Vec<u32> = (0..50).filter(|v| v % 2 == 0).collect();
+    let mut src = dst.clone();
+    for &v in &dst {
+        for &u in graph.view().neighbors(v) {
+            if !src.contains(&u) {
+                src.push(u);
+            }
+        }
+    }
+    let scales = global_scales(graph.view(), Aggregation::Mean);
+    let blk = sub_block(graph.view(), &scales, &dst, &src).unwrap();
+    let cg = cpu.upload_graph(&blk).unwrap();
+    let (fwd, bwd) = (host_fwd(&blk), transpose_block(&blk));
+    let (n_dst, n_src) = (blk.n_dst, blk.n_src);
+    for (heads, f, concat, p) in [(3usize, 5usize, true, Some(0.4f32)), (2, 4, false, None)] {
+        let name = format!("attention heads {heads} concat {concat} p {p:?}");
+        let key = DropoutKey {
+            seed: 5,
+            epoch: 2,
+            layer: 9,
+        };
+        let att = Attention {
+            heads,
+            head_dim: f,
+            concat,
+            negative_slope: 0.2,
+            dropout: p.map(|p| AttentionDropout {
+                global_ids: &src,
+                p,
+                key,
+            }),
+        };
+        let (c, oc, two_h) = (heads * f, att.out_cols(), 2 * heads);
+        let x = rnd(n_src * c, 21);
+        let sc = rnd(n_src * two_h, 22);
+        let go = rnd(n_dst * oc, 23);
+        let mut want = (vec![0.0; n_dst * oc], vec![0.0; n_dst * heads]);
+        cpu.attention_aggregate(&cg, &x, &sc, &att, &mut want.0, &mut want.1)
+            .unwrap();
+        let mut want_g = (
+            vec![0.0; n_src * c],
+            vec![0.0; n_src * two_h],
+            vec![0.0; n_dst * heads],
+        );
+        cpu.attention_aggregate_backward(
+            &cg,
+            &x,
+            &sc,
+            &want.1,
+            &att,
+            &go,
+            &mut want_g.0,
+            &mut want_g.1,
+            &mut want_g.2,
+        )
+        .unwrap();
+        let (has_drop, stream, thr, scale) = match p {
+            Some(p) => (1, key.stream(), dropout_threshold(p), 1.0 / (1.0 - p)),
+            None => (0, 0, 0, 1.0),
+        };
+        let (h64, f64_, cc) = (heads as u64, f as u64, concat as i32);
+        let mut out = vec![f32::NAN; n_dst * oc];
+        let mut lse = vec![f32::NAN; n_dst * heads];
+        launch!(
+            emu,
+            "gat_fwd",
+            elem_cfg(n_dst as u64),
+            (
+                *const u64,
+                *const u32,
+                *const f32,
+                *const f32,
+                u64,
+                u64,
+                i32,
+                f32,
+                i32,
+                *const u32,
+                u64,
+                u32,
+                f32,
+                u64,
+                *mut f32,
+                *mut f32
+            ),
+            fwd.offsets.as_ptr(),
+            fwd.indices.as_ptr(),
+            x.as_ptr(),
+            sc.as_ptr(),
+            h64,
+            f64_,
+            cc,
+            0.2f32,
+            has_drop,
+            src.as_ptr(),
+            stream,
+            thr,
+            scale,
+            n_dst as u64,
+            out.as_mut_ptr(),
+            lse.as_mut_ptr(),
+        );
+        bits(&format!("{name} out"), &want.0, &out);
+        bits(&format!("{name} lse"), &want.1, &lse);
+        let mut gx = vec![f32::NAN; n_src * c];
+        let mut gs = vec![f32::NAN; n_src * two_h];
+        let mut scratch = vec![f32::NAN; n_dst * heads];
+        launch!(
+            emu,
+            "gat_bwd_dst",
+            elem_cfg(n_dst as u64),
+            (
+                *const u64,
+                *const u32,
+                *const f32,
+                *const f32,
+                *const f32,
+                *const f32,
+                u64,
+                u64,
+                i32,
+                f32,
+                i32,
+                *const u32,
+                u64,
+                u32,
+                f32,
+                u64,
+                *mut f32,
+                *mut f32
+            ),
+            fwd.offsets.as_ptr(),
+            fwd.indices.as_ptr(),
+            x.as_ptr(),
+            sc.as_ptr(),
+            lse.as_ptr(),
+            go.as_ptr(),
+            h64,
+            f64_,
+            cc,
+            0.2f32,
+            has_drop,
+            src.as_ptr(),
+            stream,
+            thr,
+            scale,
+            n_dst as u64,
+            gs.as_mut_ptr(),
+            scratch.as_mut_ptr(),
+        );
+        launch!(
+            emu,
+            "gat_bwd_src",
+            elem_cfg(n_src as u64),
+            (
+                *const u64,
+                *const u32,
+                *const f32,
+                *const f32,
+                *const f32,
+                *const f32,
+                *const f32,
+                u64,
+                u64,
+                i32,
+                f32,
+                i32,
+                *const u32,
+                u64,
+                u32,
+                f32,
+                u64,
+                u64,
+                *mut f32,
+                *mut f32
+            ),
+            bwd.offsets.as_ptr(),
+            bwd.indices.as_ptr(),
+            x.as_ptr(),
+            sc.as_ptr(),
+            lse.as_ptr(),
+            go.as_ptr(),
+            scratch.as_ptr(),
+            h64,
+            f64_,
+            cc,
+            0.2f32,
+            has_drop,
+            src.as_ptr(),
+            stream,
+            thr,
+            scale,
+            n_dst as u64,
+            n_src as u64,
+            gx.as_mut_ptr(),
+            gs.as_mut_ptr(),
+        );
+        bits(&format!("{name} grad_x"), &want_g.0, &gx);
+        bits(&format!("{name} grad_scores"), &want_g.1, &gs);
+        bits(&format!("{name} scratch"), &want_g.2, &scratch);
+    }
+}
+
 /// One test for all kernels: the emulator's launch state is global (not re-entrant).
 #[test]
 fn kernels_match_cpu_backend_under_host_emulation() {
@@ -867,4 +1080,5 @@ fn kernels_match_cpu_backend_under_host_emulation() {
     check_layer_norm(&emu, &cpu);
     check_cross_entropy(&emu, &cpu);
     check_adam(&emu, &cpu);
+    check_attention(&emu, &cpu);
 }

@@ -8,6 +8,8 @@
 //! the same fixed row chunks, added in chunk order) produce the CPU backend's bits exactly.
 //! Only the row reductions of LayerNorm, the softmax sums of cross-entropy and the per-chunk
 //! sums of `sum_squares` use a tree order (warp shuffles) and so differ by float rounding.
+//! The GAT attention kernels follow the CPU loops too, but call `expf`/`logf`, whose device
+//! versions may differ from the host's by an ulp (under the host emulator they are identical).
 
 /// Rows per partial sum in the deterministic column reductions (`col_sum`, LayerNorm
 /// parameter gradients); must equal the CPU backend's `RED_CHUNK` for bit-identical sums.
@@ -36,6 +38,9 @@ pub const NAMES: &[&str] = &[
     "xent_rows",
     "sumsq_partials",
     "adam_step",
+    "gat_fwd",
+    "gat_bwd_dst",
+    "gat_bwd_src",
 ];
 
 /// The kernels. 64-bit element indices throughout: a feature matrix of 100M rows x 128
@@ -343,6 +348,145 @@ extern "C" __global__ void adam_step(float* w, const float* g, float* m, float* 
         if (decoupled) wi -= lr * wd * wi;
         wi -= lr * m_hat / (sqrtf(v_hat) + eps);
         w[i] = wi;
+    }
+}
+/* ---- GAT attention: grandis_engine::cpu::attention, loop by loop (one thread per row). ----
+   The sources of destination v are its CSR row without self-loops, then v itself. */
+
+__device__ __forceinline__ float leaky(float x, float s) { return x > 0.0f ? x : s * x; }
+__device__ __forceinline__ float leaky_grad(float x, float s) { return x > 0.0f ? 1.0f : s; }
+
+/* The dropout multiplier of coefficient u -> v in head h (grandis_engine::backend::attention_keep). */
+__device__ __forceinline__ float att_keep(int has_drop, const u32* ids, u64 stream, u32 thr,
+                                          float scale, u64 v, u64 u, u64 h) {
+    if (!has_drop) return 1.0f;
+    return dropout_keep(mix64(stream ^ (u64)ids[v]), thr, ids[u], (u32)h) ? scale : 0.0f;
+}
+
+__device__ __forceinline__ float dot_f(const float* a, const float* b, u64 n) {
+    float s = 0.0f;
+    for (u64 j = 0; j < n; ++j) s += a[j] * b[j];
+    return s;
+}
+
+/* Source number k of destination v (k == e: the self-loop); false for the row's own loops. */
+#define GAT_SOURCE(u, k, b, e, idx, v) \
+    u64 u = (k) < (e) ? (u64)(idx)[k] : (v); \
+    if ((k) < (e) && u == (v)) continue;
+
+extern "C" __global__ void gat_fwd(const u64* off, const u32* idx, const float* x,
+                                   const float* sc, u64 heads, u64 f, int concat, float slope,
+                                   int has_drop, const u32* ids, u64 stream, u32 thr,
+                                   float scale, u64 n_dst, float* out, float* lse) {
+    GRID_STRIDE(v, n_dst) {
+        u64 c = heads * f, oc = concat ? c : f, two_h = 2 * heads;
+        float* orow = out + v * oc;
+        for (u64 j = 0; j < oc; ++j) orow[j] = 0.0f;
+        u64 b = off[v], e = off[v + 1];
+        for (u64 h = 0; h < heads; ++h) {
+            float sd = sc[v * two_h + heads + h];
+            float mx = __int_as_float(0xff800000u);
+            for (u64 k = b; k <= e; ++k) {
+                GAT_SOURCE(u, k, b, e, idx, v)
+                mx = fmaxf(mx, leaky(sc[u * two_h + h] + sd, slope));
+            }
+            float sum = 0.0f;
+            for (u64 k = b; k <= e; ++k) {
+                GAT_SOURCE(u, k, b, e, idx, v)
+                sum += expf(leaky(sc[u * two_h + h] + sd, slope) - mx);
+            }
+            float l = mx + logf(sum);
+            lse[v * heads + h] = l;
+            float* o = concat ? orow + h * f : orow;
+            for (u64 k = b; k <= e; ++k) {
+                GAT_SOURCE(u, k, b, e, idx, v)
+                float a = expf(leaky(sc[u * two_h + h] + sd, slope) - l) *
+                          att_keep(has_drop, ids, stream, thr, scale, v, u, h);
+                const float* xr = x + u * c + h * f;
+                for (u64 j = 0; j < f; ++j) o[j] += a * xr[j];
+            }
+        }
+        if (!concat) {
+            float inv = 1.0f / (float)heads;
+            for (u64 j = 0; j < oc; ++j) orow[j] *= inv;
+        }
+    }
+}
+
+/* Backward pass 1, per destination: the softmax correction (into scratch) and the gradient of
+   the destination scores. */
+extern "C" __global__ void gat_bwd_dst(const u64* off, const u32* idx, const float* x,
+                                       const float* sc, const float* lse, const float* g,
+                                       u64 heads, u64 f, int concat, float slope, int has_drop,
+                                       const u32* ids, u64 stream, u32 thr, float scale,
+                                       u64 n_dst, float* gsc, float* scratch) {
+    GRID_STRIDE(v, n_dst) {
+        u64 c = heads * f, oc = concat ? c : f, two_h = 2 * heads;
+        u64 b = off[v], e = off[v + 1];
+        for (u64 h = 0; h < heads; ++h) {
+            float l = lse[v * heads + h];
+            float sd = sc[v * two_h + heads + h];
+            const float* gv = concat ? g + v * oc + h * f : g + v * oc;
+            float gscale = concat ? 1.0f : 1.0f / (float)heads;
+            float corr = 0.0f;
+            for (u64 k = b; k <= e; ++k) {
+                GAT_SOURCE(u, k, b, e, idx, v)
+                float pre = sc[u * two_h + h] + sd;
+                float a = expf(leaky(pre, slope) - l);
+                float d = gscale * dot_f(gv, x + u * c + h * f, f);
+                float m = att_keep(has_drop, ids, stream, thr, scale, v, u, h);
+                corr += a * m * d;
+            }
+            float gd = 0.0f;
+            for (u64 k = b; k <= e; ++k) {
+                GAT_SOURCE(u, k, b, e, idx, v)
+                float pre = sc[u * two_h + h] + sd;
+                float a = expf(leaky(pre, slope) - l);
+                float d = gscale * dot_f(gv, x + u * c + h * f, f);
+                float m = att_keep(has_drop, ids, stream, thr, scale, v, u, h);
+                gd += a * (m * d - corr) * leaky_grad(pre, slope);
+            }
+            scratch[v * heads + h] = corr;
+            gsc[v * two_h + heads + h] = gd;
+        }
+    }
+}
+
+/* Backward pass 2, per source u over the transposed CSR (the destinations reading u), then
+   its own self-loop: the feature gradient and the source-score gradient. */
+extern "C" __global__ void gat_bwd_src(const u64* toff, const u32* tidx, const float* x,
+                                       const float* sc, const float* lse, const float* g,
+                                       const float* scratch, u64 heads, u64 f, int concat,
+                                       float slope, int has_drop, const u32* ids, u64 stream,
+                                       u32 thr, float scale, u64 n_dst, u64 n_src, float* gx,
+                                       float* gsc) {
+    GRID_STRIDE(u, n_src) {
+        u64 c = heads * f, oc = concat ? c : f, two_h = 2 * heads;
+        float* gxrow = gx + u * c;
+        for (u64 j = 0; j < c; ++j) gxrow[j] = 0.0f;
+        if (u >= n_dst)
+            for (u64 h = 0; h < heads; ++h) gsc[u * two_h + heads + h] = 0.0f;
+        u64 b = toff[u], e = toff[u + 1];
+        float gscale = concat ? 1.0f : 1.0f / (float)heads;
+        for (u64 h = 0; h < heads; ++h) {
+            float su = sc[u * two_h + h];
+            const float* xu = x + u * c + h * f;
+            float* gxh = gxrow + h * f;
+            float gsum = 0.0f;
+            for (u64 k = b; k <= e; ++k) {
+                if (k == e && u >= n_dst) continue;
+                GAT_SOURCE(v, k, b, e, tidx, u)
+                float pre = su + sc[v * two_h + heads + h];
+                float a = expf(leaky(pre, slope) - lse[v * heads + h]);
+                float m = att_keep(has_drop, ids, stream, thr, scale, v, u, h);
+                const float* gv = concat ? g + v * oc + h * f : g + v * oc;
+                float d = gscale * dot_f(gv, xu, f);
+                gsum += a * (m * d - scratch[v * heads + h]) * leaky_grad(pre, slope);
+                float w = a * m * gscale;
+                for (u64 j = 0; j < f; ++j) gxh[j] += w * gv[j];
+            }
+            gsc[u * two_h + h] = gsum;
+        }
     }
 }
 "#;

@@ -28,8 +28,8 @@ mod emulated;
 pub mod kernels;
 
 use crate::backend::{
-    dropout_threshold, need, shape_err, AdamStep, Backend, BlockGraph, DropoutKey, EngineError,
-    Result,
+    check_attention, dropout_threshold, need, shape_err, AdamStep, Attention, Backend, BlockGraph,
+    DropoutKey, EngineError, Result,
 };
 use crate::profile::{aggregate_bytes, OpClass, OpProfile, OpTimes};
 use cudarc::cublas::{sys as cublas_sys, CudaBlas, Gemm, GemmConfig};
@@ -384,6 +384,50 @@ fn adam_bias_corrections(s: &AdamStep) -> (f32, f32) {
     let bc1 = (1.0 - (s.beta1 as f64).powf(s.step as f64)) as f32;
     let bc2 = (1.0 - (s.beta2 as f64).powf(s.step as f64)) as f32;
     (bc1, bc2)
+}
+
+/// The attention kernels' shared arguments, in their order: `heads, f, concat, slope,
+/// has_drop, ids, stream, thr, scale`.
+struct AttnArgs<'a> {
+    heads: u64,
+    head_dim: u64,
+    concat: i32,
+    slope: f32,
+    has_drop: i32,
+    ids: &'a CudaSlice<u32>,
+    stream: u64,
+    thr: u32,
+    scale: f32,
+}
+
+impl<'a> AttnArgs<'a> {
+    /// `unused_ids` stands in for the global ids when nothing is dropped (never read then).
+    fn new(att: &Attention<'a, CudaIndex>, unused_ids: &'a CudaSlice<u32>) -> AttnArgs<'a> {
+        let d = att.dropout.as_ref();
+        AttnArgs {
+            heads: att.heads as u64,
+            head_dim: att.head_dim as u64,
+            concat: att.concat as i32,
+            slope: att.negative_slope,
+            has_drop: d.is_some() as i32,
+            ids: d.map_or(unused_ids, |d| &d.global_ids.data),
+            stream: d.map_or(0, |d| d.key.stream()),
+            thr: d.map_or(0, |d| dropout_threshold(d.p)),
+            scale: d.map_or(1.0, |d| 1.0 / (1.0 - d.p)),
+        }
+    }
+
+    fn push<'b>(&'b self, b: &mut cudarc::driver::LaunchArgs<'b>) {
+        b.arg(&self.heads)
+            .arg(&self.head_dim)
+            .arg(&self.concat)
+            .arg(&self.slope)
+            .arg(&self.has_drop)
+            .arg(self.ids)
+            .arg(&self.stream)
+            .arg(&self.thr)
+            .arg(&self.scale);
+    }
 }
 
 /// A CSR with its scale vectors, on the host (see [`DevCsr`]).
@@ -1188,6 +1232,113 @@ impl Backend for CudaBackend {
         need(op, "grad_out", grad_out.len, elems(op, g.n_dst, d)?)?;
         need(op, "grad_x", grad_x.len, elems(op, g.n_src, d)?)?;
         self.run_csr(op, &g.bwd, grad_out, d, grad_x)
+    }
+
+    fn attention_aggregate(
+        &self,
+        g: &CudaGraph,
+        x: &CudaBuf,
+        scores: &CudaBuf,
+        att: &Attention<'_, CudaIndex>,
+        out: &mut CudaBuf,
+        lse: &mut CudaBuf,
+    ) -> Result<()> {
+        let op = "attention_aggregate";
+        let ids = att.dropout.as_ref().map(|d| d.global_ids.host.len());
+        let o = ("out", out.len, elems(op, g.n_dst, att.out_cols())?);
+        check_attention(
+            op, att, ids, g.n_dst, g.n_src, x.len, scores.len, lse.len, o,
+        )?;
+        if g.n_dst == 0 {
+            return Ok(());
+        }
+        let a = AttnArgs::new(att, &g.fwd.indices);
+        let n_dst = g.n_dst as u64;
+        self.timed(OpClass::Aggregate, || {
+            let f = self.func("gat_fwd")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&g.fwd.offsets)
+                .arg(&g.fwd.indices)
+                .arg(&x.data)
+                .arg(&scores.data);
+            a.push(&mut b);
+            b.arg(&n_dst).arg(&mut out.data).arg(&mut lse.data);
+            // SAFETY: the graph is validated (ids < n_src), and check_attention checked every
+            // buffer against n_dst, n_src, heads and head_dim.
+            unsafe { b.launch(elem_cfg(n_dst)) }.map_err(|e| dev_err(op, e))?;
+            Ok(())
+        })
+    }
+
+    fn attention_aggregate_backward(
+        &self,
+        g: &CudaGraph,
+        x: &CudaBuf,
+        scores: &CudaBuf,
+        lse: &CudaBuf,
+        att: &Attention<'_, CudaIndex>,
+        grad_out: &CudaBuf,
+        grad_x: &mut CudaBuf,
+        grad_scores: &mut CudaBuf,
+        scratch: &mut CudaBuf,
+    ) -> Result<()> {
+        let op = "attention_aggregate_backward";
+        let ids = att.dropout.as_ref().map(|d| d.global_ids.host.len());
+        let go = (
+            "grad_out",
+            grad_out.len,
+            elems(op, g.n_dst, att.out_cols())?,
+        );
+        check_attention(
+            op, att, ids, g.n_dst, g.n_src, x.len, scores.len, lse.len, go,
+        )?;
+        need(op, "grad_x", grad_x.len, elems(op, g.n_src, att.in_cols())?)?;
+        need(
+            op,
+            "grad_scores",
+            grad_scores.len,
+            elems(op, g.n_src, 2 * att.heads)?,
+        )?;
+        need(op, "scratch", scratch.len, elems(op, g.n_dst, att.heads)?)?;
+        let a = AttnArgs::new(att, &g.fwd.indices);
+        let (n_dst, n_src) = (g.n_dst as u64, g.n_src as u64);
+        self.timed(OpClass::Aggregate, || {
+            if n_dst > 0 {
+                let f = self.func("gat_bwd_dst")?;
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&g.fwd.offsets)
+                    .arg(&g.fwd.indices)
+                    .arg(&x.data)
+                    .arg(&scores.data)
+                    .arg(&lse.data)
+                    .arg(&grad_out.data);
+                a.push(&mut b);
+                b.arg(&n_dst)
+                    .arg(&mut grad_scores.data)
+                    .arg(&mut scratch.data);
+                // SAFETY: as in attention_aggregate; grad_scores and scratch checked above.
+                unsafe { b.launch(elem_cfg(n_dst)) }.map_err(|e| dev_err(op, e))?;
+            }
+            if n_src > 0 {
+                let f = self.func("gat_bwd_src")?;
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&g.bwd.offsets)
+                    .arg(&g.bwd.indices)
+                    .arg(&x.data)
+                    .arg(&scores.data)
+                    .arg(&lse.data)
+                    .arg(&grad_out.data)
+                    .arg(&scratch.data);
+                a.push(&mut b);
+                b.arg(&n_dst)
+                    .arg(&n_src)
+                    .arg(&mut grad_x.data)
+                    .arg(&mut grad_scores.data);
+                // SAFETY: the transposed rows list destinations < n_dst; buffers checked above.
+                unsafe { b.launch(elem_cfg(n_src)) }.map_err(|e| dev_err(op, e))?;
+            }
+            Ok(())
+        })
     }
 
     fn relu(&self, x: &CudaBuf, out: &mut CudaBuf, len: usize) -> Result<()> {

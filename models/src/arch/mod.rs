@@ -1,15 +1,16 @@
 //! One file per architecture. Each lays out the stages of its model and declares their
 //! parameters in a [`ParamLayout`] in a fixed order, so a seed fixes every initial weight and
-//! the shapes are known without a backend. Sage, GCN and the MLP are plain stacks that differ only in the weights of a layer;
-//! ResSAGE+ has an encoder, res+ blocks and a head.
+//! the shapes are known without a backend. Sage, GCN, GAT and the MLP are plain stacks that
+//! differ only in the weights of a layer; ResSAGE+ has an encoder, res+ blocks and a head.
 
+mod gat;
 mod gcn;
 mod mlp;
 mod ressage;
 mod sage;
 
 use crate::param::ParamLayout;
-use crate::stage::{Stage, StageKind};
+use crate::stage::{AttentionLayer, Stage, StageKind};
 use crate::{ModelConfig, ModelKind};
 
 /// The stages of `c`'s architecture, their parameters created in `pb`.
@@ -18,14 +19,31 @@ pub(crate) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         ModelKind::Sage => plain_stack(pb, c, sage::layer_weights),
         ModelKind::Gcn => plain_stack(pb, c, gcn::layer_weights),
         ModelKind::Mlp => plain_stack(pb, c, mlp::layer_weights),
+        ModelKind::Gat => plain_stack(pb, c, gat::layer_weights),
         ModelKind::ResSage => ressage::stages(pb, c),
     }
 }
 
-/// The weights and bias of one layer of a plain stack, created for stage `s` (`d_in x d_out`):
-/// `(w_self, w_neigh, bias)`, indices into the parameters.
-type LayerWeights =
-    fn(&mut ParamLayout, usize, usize, usize) -> (Option<usize>, Option<usize>, usize);
+/// One layer of a plain stack: stage `s`, `d_in -> d_out`, and whether it is the last.
+pub(super) struct Layer {
+    pub s: usize,
+    pub d_in: usize,
+    pub d_out: usize,
+    pub last: bool,
+}
+
+/// The parameters of one layer of a plain stack (indices into the model's parameters).
+pub(super) struct LayerParams {
+    /// Applied to the vertex's own row.
+    pub w_self: Option<usize>,
+    /// Applied to the rows it aggregates (GAT: the shared map of every row).
+    pub w_neigh: Option<usize>,
+    pub bias: usize,
+    pub attention: Option<AttentionLayer>,
+}
+
+/// Creates the parameters of one layer of a plain stack.
+type LayerWeights = fn(&mut ParamLayout, &ModelConfig, &Layer) -> LayerParams;
 
 /// `c.layers` layers `in_dim -> hidden -> ... -> classes`: each drops out its input, applies
 /// its weights and bias, and all but the last apply LayerNorm (if any) and ReLU after.
@@ -36,7 +54,13 @@ fn plain_stack(pb: &mut ParamLayout, c: &ModelConfig, weights: LayerWeights) -> 
         let d_in = if l == 0 { c.in_dim } else { c.hidden };
         let last = l + 1 == c.layers;
         let d_out = if last { c.classes } else { c.hidden };
-        let (w_self, w_neigh, bias) = weights(pb, s, d_in, d_out);
+        let layer = Layer {
+            s,
+            d_in,
+            d_out,
+            last,
+        };
+        let p = weights(pb, c, &layer);
         let (gamma, beta) = if last {
             (None, None)
         } else {
@@ -50,11 +74,12 @@ fn plain_stack(pb: &mut ParamLayout, c: &ModelConfig, weights: LayerWeights) -> 
             },
             d_in,
             d_out,
-            w_self,
-            w_neigh,
-            bias,
+            w_self: p.w_self,
+            w_neigh: p.w_neigh,
+            bias: p.bias,
             gamma,
             beta,
+            attention: p.attention,
         });
     }
     stages

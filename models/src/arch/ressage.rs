@@ -21,6 +21,7 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         bias,
         gamma: None,
         beta: None,
+        attention: None,
     });
     for l in 0..c.layers {
         let s = stages.len();
@@ -42,6 +43,7 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
             bias,
             gamma,
             beta,
+            attention: None,
         });
     }
     let s = stages.len();
@@ -57,6 +59,7 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         bias,
         gamma,
         beta,
+        attention: None,
     });
     stages
 }

@@ -88,6 +88,8 @@ pub fn config(view: &DatasetView<'_>, kind: ModelKind, layers: usize) -> ModelCo
         layers,
         in_dim: view.feature_dim,
         hidden: 8,
+        heads: 2,
+        output_heads: 1,
         classes: view.num_classes,
         dropout: 0.5,
         layer_norm: kind == ModelKind::ResSage,
