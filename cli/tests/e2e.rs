@@ -154,6 +154,8 @@ fn cluster_up_matches_in_process_training_on_a_synthetic_graph() {
     let ds = ds.display().to_string();
     cluster_up_equals_in_process(&ds, "flx", &["--preload-hops", "1"], 4);
     cluster_up_equals_in_process(&ds, "fb", &[], 4);
+    // GAT through the daemons: the job spec carries the model and its heads.
+    cluster_up_equals_in_process(&ds, "fb", &["--model", "gat", "--heads", "4"], 3);
 }
 
 /// The sampled and mini-batch modes: the daemons build the same per-step plans as the

@@ -182,7 +182,7 @@ unsafe fn block<const W: usize>(
 }
 
 #[inline(always)]
-fn prefetch(p: *const f32) {
+pub(super) fn prefetch(p: *const f32) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetch is a hint and never faults, whatever the address.
     unsafe {

@@ -2,11 +2,46 @@
 //! forward pass over destination rows, and a backward in two passes (destinations, then
 //! sources through the transposed CSR) that recomputes every coefficient from the scores and
 //! the saved log-sum-exp instead of storing one per edge and head.
+//!
+//! Each pass visits an edge once and handles all its heads together (the scores of a row's
+//! heads are contiguous), with [`exp_nonpositive`], a polynomial `exp` that vectorises across
+//! heads and that the CUDA kernels repeat operation by operation.
 
-use super::aggregate::CpuGraph;
+// The loops walk several per-head arrays in step; indices say that more plainly than zips.
+#![allow(clippy::needless_range_loop)]
+
+use super::aggregate::{prefetch, CpuGraph};
+use super::simd::{run, simd_level, Kernel};
 use super::ROW_CHUNK;
-use crate::backend::attention_keep;
+use crate::backend::{dropout_keep, mix64};
 use rayon::prelude::*;
+
+/// `exp(x)` for `x <= 0` (what softmax needs: every exponent is a logit minus its row's
+/// maximum or log-sum-exp), within 2 ulp of the exact value; 0 below -87 (where `f32`
+/// results become denormal). Cody–Waite reduction `x = n ln 2 + r` (`n` rounded to
+/// nearest), a degree-6 polynomial
+/// for `exp(r)` (Cephes' `expf` coefficients), and `2^n` from its exponent bits. No fused
+/// multiply-add, so every instruction set, and the CUDA kernel `exp_nonpositive`, gives the
+/// same bits.
+#[inline(always)]
+pub fn exp_nonpositive(x: f32) -> f32 {
+    // n = round(x log2 e) by the 1.5 * 2^23 trick (no floor: it is a libm call without
+    // SSE4.1, and it must not keep the loop from vectorising).
+    let n = (x * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let mut p = 1.987_569_1e-4 * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_6e-1;
+    p = p * r + 0.5;
+    let y = p * (r * r) + r + 1.0;
+    let scale = f32::from_bits((((n.max(-126.0) as i32) + 127) as u32) << 23);
+    if x < -87.0 {
+        0.0
+    } else {
+        y * scale
+    }
+}
 
 /// The constants of one attention call, resolved on the host.
 pub(super) struct AttnCall<'a> {
@@ -29,7 +64,7 @@ impl AttnCall<'_> {
             self.head_dim
         }
     }
-    #[inline]
+    #[inline(always)]
     fn leaky(&self, x: f32) -> f32 {
         if x > 0.0 {
             x
@@ -37,7 +72,7 @@ impl AttnCall<'_> {
             self.slope * x
         }
     }
-    #[inline]
+    #[inline(always)]
     fn leaky_grad(&self, x: f32) -> f32 {
         if x > 0.0 {
             1.0
@@ -45,13 +80,21 @@ impl AttnCall<'_> {
             self.slope
         }
     }
-    /// The dropout multiplier of the coefficient of `u -> v` in head `h` (local rows).
-    #[inline]
-    fn keep_scale(&self, v: usize, u: usize, h: usize) -> f32 {
+    /// The mask stream of destination `v` (`attention_keep`'s inner stream), 0 without
+    /// dropout.
+    #[inline(always)]
+    fn row_stream(&self, v: usize) -> u64 {
+        self.drop
+            .map_or(0, |(ids, stream, _, _)| mix64(stream ^ ids[v] as u64))
+    }
+    /// The dropout multiplier of the coefficient of `u -> v` in head `h`, given `v`'s
+    /// [`Self::row_stream`].
+    #[inline(always)]
+    fn keep_scale(&self, row_stream: u64, u: usize, h: usize) -> f32 {
         match self.drop {
             None => 1.0,
-            Some((ids, stream, thr, scale)) => {
-                if attention_keep(stream, thr, ids[v], ids[u], h as u32) {
+            Some((ids, _, thr, scale)) => {
+                if dropout_keep(row_stream, thr, ids[u], h as u32) {
                     scale
                 } else {
                     0.0
@@ -61,7 +104,7 @@ impl AttnCall<'_> {
     }
     /// The gradient of head `h`'s output of destination `v` and its factor (`1 / H` when the
     /// heads are averaged).
-    #[inline]
+    #[inline(always)]
     fn grad_of<'g>(&self, g: &'g [f32], v: usize, h: usize) -> (&'g [f32], f32) {
         let f = self.head_dim;
         let oc = self.out_cols();
@@ -83,12 +126,56 @@ fn sources(g: &CpuGraph, v: usize) -> impl Iterator<Item = usize> + '_ {
         .chain(std::iter::once(v))
 }
 
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut s = 0.0f32;
     for (x, y) in a.iter().zip(b) {
         s += x * y;
     }
     s
+}
+
+/// Per-task buffers, reused across the rows of a chunk.
+#[derive(Default)]
+struct Scratch {
+    srcs: Vec<usize>,
+    /// One value per (source, head).
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+    /// One value per head.
+    h1: Vec<f32>,
+    h2: Vec<f32>,
+}
+
+impl Scratch {
+    fn load(&mut self, g: &CpuGraph, v: usize, heads: usize) {
+        self.srcs.clear();
+        self.srcs.extend(sources(g, v));
+        let n = self.srcs.len() * heads;
+        for buf in [&mut self.a, &mut self.b, &mut self.c] {
+            buf.clear();
+            buf.resize(n, 0.0);
+        }
+        self.h1.clear();
+        self.h1.resize(heads, 0.0);
+        self.h2.clear();
+        self.h2.resize(heads, 0.0);
+    }
+}
+
+/// Sources to look ahead when prefetching their rows (the gathers are latency-bound).
+const AHEAD: usize = 6;
+
+/// Prefetches the `len` floats at `base[row * width..]` (whole cache lines).
+#[inline(always)]
+fn prefetch_row(base: &[f32], row: usize, width: usize, len: usize) {
+    let p = base.as_ptr().wrapping_add(row * width);
+    let mut off = 0;
+    while off < len {
+        prefetch(p.wrapping_add(off));
+        off += 16;
+    }
 }
 
 pub(super) fn forward(
@@ -99,54 +186,121 @@ pub(super) fn forward(
     out: &mut [f32],
     lse: &mut [f32],
 ) {
-    let (hs, f, c, oc) = (p.heads, p.head_dim, p.in_cols(), p.out_cols());
-    let two_h = 2 * hs;
+    let (hs, oc) = (p.heads, p.out_cols());
+    let level = simd_level();
     out[..g.n_dst * oc]
         .par_chunks_mut(ROW_CHUNK * oc)
         .zip(lse[..g.n_dst * hs].par_chunks_mut(ROW_CHUNK * hs))
         .enumerate()
         .for_each(|(chunk, (out_rows, lse_rows))| {
-            for (i, (orow, lrow)) in out_rows
-                .chunks_exact_mut(oc)
-                .zip(lse_rows.chunks_exact_mut(hs))
-                .enumerate()
-            {
-                let v = chunk * ROW_CHUNK + i;
-                orow.fill(0.0);
-                for h in 0..hs {
-                    let sd = scores[v * two_h + hs + h];
-                    let e = |u: usize| p.leaky(scores[u * two_h + h] + sd);
-                    let mut max = f32::NEG_INFINITY;
-                    for u in sources(g, v) {
-                        max = max.max(e(u));
-                    }
-                    let mut sum = 0.0f32;
-                    for u in sources(g, v) {
-                        sum += (e(u) - max).exp();
-                    }
-                    let l = max + sum.ln();
-                    lrow[h] = l;
-                    let o = if p.concat {
-                        &mut orow[h * f..h * f + f]
-                    } else {
-                        &mut orow[..]
-                    };
-                    for u in sources(g, v) {
-                        let a = (e(u) - l).exp() * p.keep_scale(v, u, h);
-                        let xr = &x[u * c + h * f..u * c + h * f + f];
-                        for (o, &xv) in o.iter_mut().zip(xr) {
-                            *o += a * xv;
-                        }
-                    }
+            let first = chunk * ROW_CHUNK;
+            run(
+                level,
+                ForwardRows {
+                    g,
+                    p,
+                    x,
+                    scores,
+                    first,
+                    out_rows,
+                    lse_rows,
+                },
+            )
+        });
+}
+
+/// [`forward`] on the destinations `first..` whose output and log-sum-exp rows are given.
+struct ForwardRows<'a, 'p> {
+    g: &'a CpuGraph,
+    p: &'a AttnCall<'p>,
+    x: &'a [f32],
+    scores: &'a [f32],
+    first: usize,
+    out_rows: &'a mut [f32],
+    lse_rows: &'a mut [f32],
+}
+
+impl Kernel for ForwardRows<'_, '_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let ForwardRows {
+            g,
+            p,
+            x,
+            scores,
+            first,
+            out_rows,
+            lse_rows,
+        } = self;
+        let (hs, f, c, oc) = (p.heads, p.head_dim, p.in_cols(), p.out_cols());
+        let two_h = 2 * hs;
+        let mut s = Scratch::default();
+        for (i, (orow, lrow)) in out_rows
+            .chunks_exact_mut(oc)
+            .zip(lse_rows.chunks_exact_mut(hs))
+            .enumerate()
+        {
+            let v = first + i;
+            s.load(g, v, hs);
+            let sd = &scores[v * two_h + hs..v * two_h + two_h];
+            // Logits (in `a`) and their maximum per head (`h1`); the sources' feature rows are
+            // fetched meanwhile for the weighted sum below.
+            s.h1.fill(f32::NEG_INFINITY);
+            for (j, &u) in s.srcs.iter().enumerate() {
+                if let Some(&ahead) = s.srcs.get(j + AHEAD) {
+                    prefetch_row(scores, ahead, two_h, hs);
+                    prefetch_row(x, ahead, c, c);
                 }
-                if !p.concat {
-                    let inv = 1.0 / hs as f32;
-                    for o in orow.iter_mut() {
-                        *o *= inv;
+                let su = &scores[u * two_h..u * two_h + hs];
+                let e = &mut s.a[j * hs..j * hs + hs];
+                for h in 0..hs {
+                    e[h] = p.leaky(su[h] + sd[h]);
+                    s.h1[h] = s.h1[h].max(e[h]);
+                }
+            }
+            // exp(e - max) in place, summed per head (`h2`).
+            for j in 0..s.srcs.len() {
+                let e = &mut s.a[j * hs..j * hs + hs];
+                for h in 0..hs {
+                    e[h] = exp_nonpositive(e[h] - s.h1[h]);
+                    s.h2[h] += e[h];
+                }
+            }
+            for h in 0..hs {
+                lrow[h] = s.h1[h] + s.h2[h].ln();
+            }
+            // The dropout multipliers (in `b`), then the weighted sum head by head (averaged
+            // heads add up in this order on every backend).
+            let rs = p.row_stream(v);
+            for (j, &u) in s.srcs.iter().enumerate() {
+                for h in 0..hs {
+                    s.b[j * hs + h] = p.keep_scale(rs, u, h);
+                }
+            }
+            orow.fill(0.0);
+            for h in 0..hs {
+                let o = if p.concat {
+                    &mut orow[h * f..h * f + f]
+                } else {
+                    &mut orow[..]
+                };
+                for (j, &u) in s.srcs.iter().enumerate() {
+                    let a = s.a[j * hs + h] / s.h2[h] * s.b[j * hs + h];
+                    let xr = &x[u * c + h * f..u * c + h * f + f];
+                    for (o, &xv) in o.iter_mut().zip(xr) {
+                        *o += a * xv;
                     }
                 }
             }
-        });
+            if !p.concat {
+                let inv = 1.0 / hs as f32;
+                for o in orow.iter_mut() {
+                    *o *= inv;
+                }
+            }
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -161,89 +315,226 @@ pub(super) fn backward(
     grad_scores: &mut [f32],
     scratch: &mut [f32],
 ) {
-    let (hs, f, c) = (p.heads, p.head_dim, p.in_cols());
+    let (hs, c) = (p.heads, p.in_cols());
     let two_h = 2 * hs;
-    // Pass 1, per destination v and head h: c = sum_u a'_u (g_v · x_u), the softmax's
-    // correction, kept in `scratch`; and the gradient of v's destination score,
-    // sum_u a_u (m_u (g_v · x_u) - c) leaky'(pre_u).
+    let level = simd_level();
     grad_scores[..g.n_dst * two_h]
         .par_chunks_mut(ROW_CHUNK * two_h)
         .zip(scratch[..g.n_dst * hs].par_chunks_mut(ROW_CHUNK * hs))
         .enumerate()
         .for_each(|(chunk, (gs_rows, sc_rows))| {
-            for (i, (gsrow, scrow)) in gs_rows
-                .chunks_exact_mut(two_h)
-                .zip(sc_rows.chunks_exact_mut(hs))
-                .enumerate()
-            {
-                let v = chunk * ROW_CHUNK + i;
-                for h in 0..hs {
-                    let l = lse[v * hs + h];
-                    let sd = scores[v * two_h + hs + h];
-                    let (gv, gscale) = p.grad_of(grad_out, v, h);
-                    let term = |u: usize| {
-                        let pre = scores[u * two_h + h] + sd;
-                        let a = (p.leaky(pre) - l).exp();
-                        let d = gscale * dot(gv, &x[u * c + h * f..u * c + h * f + f]);
-                        (pre, a, p.keep_scale(v, u, h), d)
-                    };
-                    let mut corr = 0.0f32;
-                    for u in sources(g, v) {
-                        let (_, a, m, d) = term(u);
-                        corr += a * m * d;
-                    }
-                    let mut gd = 0.0f32;
-                    for u in sources(g, v) {
-                        let (pre, a, m, d) = term(u);
-                        gd += a * (m * d - corr) * p.leaky_grad(pre);
-                    }
-                    scrow[h] = corr;
-                    gsrow[hs + h] = gd;
-                }
-            }
+            let first = chunk * ROW_CHUNK;
+            let (go, sc) = (grad_out, sc_rows);
+            run(
+                level,
+                DestinationPass {
+                    g,
+                    p,
+                    x,
+                    scores,
+                    lse,
+                    go,
+                    first,
+                    gs_rows,
+                    sc,
+                },
+            )
         });
     let scratch = &*scratch;
-    // Pass 2, per source u: its feature gradient sum_v a'_uv g_v and its source-score
-    // gradient, over the destinations that read it (the transposed row) and its self-loop.
     grad_x[..g.n_src * c]
         .par_chunks_mut(ROW_CHUNK * c)
         .zip(grad_scores[..g.n_src * two_h].par_chunks_mut(ROW_CHUNK * two_h))
         .enumerate()
         .for_each(|(chunk, (gx_rows, gs_rows))| {
-            for (i, (gxrow, gsrow)) in gx_rows
-                .chunks_exact_mut(c)
-                .zip(gs_rows.chunks_exact_mut(two_h))
-                .enumerate()
-            {
-                let u = chunk * ROW_CHUNK + i;
-                gxrow.fill(0.0);
-                if u >= g.n_dst {
-                    gsrow[hs..].fill(0.0);
+            let first = chunk * ROW_CHUNK;
+            let (go, sc) = (grad_out, scratch);
+            run(
+                level,
+                SourcePass {
+                    g,
+                    p,
+                    x,
+                    scores,
+                    lse,
+                    go,
+                    sc,
+                    first,
+                    gx_rows,
+                    gs_rows,
+                },
+            )
+        });
+}
+
+/// Backward pass 1, per destination `v >= first` and head `h`: with `a_u = exp(e_u - lse)`
+/// and `m_u` the dropout multiplier, the softmax's correction
+/// `corr = sum_u a_u (m_u (g_v · x_u))`, kept in `scratch`, and the gradient of `v`'s
+/// destination score, `sum_u a_u (m_u (g_v · x_u) - corr) leaky'(pre_u)`.
+struct DestinationPass<'a, 'p> {
+    g: &'a CpuGraph,
+    p: &'a AttnCall<'p>,
+    x: &'a [f32],
+    scores: &'a [f32],
+    lse: &'a [f32],
+    go: &'a [f32],
+    first: usize,
+    gs_rows: &'a mut [f32],
+    sc: &'a mut [f32],
+}
+
+impl Kernel for DestinationPass<'_, '_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let DestinationPass {
+            g,
+            p,
+            x,
+            scores,
+            lse,
+            go: grad_out,
+            first,
+            gs_rows,
+            sc: sc_rows,
+        } = self;
+        let (hs, f, c) = (p.heads, p.head_dim, p.in_cols());
+        let two_h = 2 * hs;
+        let mut s = Scratch::default();
+        for (i, (gsrow, corr)) in gs_rows
+            .chunks_exact_mut(two_h)
+            .zip(sc_rows.chunks_exact_mut(hs))
+            .enumerate()
+        {
+            let v = first + i;
+            s.load(g, v, hs);
+            let sd = &scores[v * two_h + hs..v * two_h + two_h];
+            let l = &lse[v * hs..v * hs + hs];
+            let rs = p.row_stream(v);
+            corr.fill(0.0);
+            for (j, &u) in s.srcs.iter().enumerate() {
+                if let Some(&ahead) = s.srcs.get(j + AHEAD) {
+                    prefetch_row(scores, ahead, two_h, hs);
+                    prefetch_row(x, ahead, c, c);
                 }
-                let own = (u < g.n_dst).then_some(u);
-                let readers = || {
-                    let others = g.bwd.row(u).iter().map(|&v| v as usize);
-                    others.filter(move |&v| v != u).chain(own)
-                };
+                let su = &scores[u * two_h..u * two_h + hs];
                 for h in 0..hs {
-                    let su = scores[u * two_h + h];
-                    let xu = &x[u * c + h * f..u * c + h * f + f];
-                    let gx = &mut gxrow[h * f..h * f + f];
-                    let mut gsum = 0.0f32;
-                    for v in readers() {
-                        let pre = su + scores[v * two_h + hs + h];
-                        let a = (p.leaky(pre) - lse[v * hs + h]).exp();
-                        let m = p.keep_scale(v, u, h);
-                        let (gv, gscale) = p.grad_of(grad_out, v, h);
-                        let d = gscale * dot(gv, xu);
-                        gsum += a * (m * d - scratch[v * hs + h]) * p.leaky_grad(pre);
-                        let w = a * m * gscale;
-                        for (o, &gvv) in gx.iter_mut().zip(gv) {
-                            *o += w * gvv;
-                        }
-                    }
-                    gsrow[h] = gsum;
+                    let pre = su[h] + sd[h];
+                    let a = exp_nonpositive(p.leaky(pre) - l[h]);
+                    let (gv, gscale) = p.grad_of(grad_out, v, h);
+                    let d = gscale * dot(gv, &x[u * c + h * f..u * c + h * f + f]);
+                    let md = p.keep_scale(rs, u, h) * d;
+                    corr[h] += a * md;
+                    let k = j * hs + h;
+                    (s.a[k], s.b[k], s.c[k]) = (a, md, p.leaky_grad(pre));
                 }
             }
-        });
+            let gd = &mut gsrow[hs..];
+            gd.fill(0.0);
+            for j in 0..s.srcs.len() {
+                for h in 0..hs {
+                    let k = j * hs + h;
+                    gd[h] += s.a[k] * (s.b[k] - corr[h]) * s.c[k];
+                }
+            }
+        }
+    }
+}
+
+/// Backward pass 2, per source `u >= first`: its feature gradient `sum_v a'_uv g_v` and its
+/// source-score gradient, over the destinations that read it (its transposed row) and its
+/// self-loop.
+struct SourcePass<'a, 'p> {
+    g: &'a CpuGraph,
+    p: &'a AttnCall<'p>,
+    x: &'a [f32],
+    scores: &'a [f32],
+    lse: &'a [f32],
+    go: &'a [f32],
+    sc: &'a [f32],
+    first: usize,
+    gx_rows: &'a mut [f32],
+    gs_rows: &'a mut [f32],
+}
+
+impl Kernel for SourcePass<'_, '_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        let SourcePass {
+            g,
+            p,
+            x,
+            scores,
+            lse,
+            go: grad_out,
+            sc: scratch,
+            first,
+            gx_rows,
+            gs_rows,
+        } = self;
+        let (hs, f, c, oc) = (p.heads, p.head_dim, p.in_cols(), p.out_cols());
+        let two_h = 2 * hs;
+        for (i, (gxrow, gsrow)) in gx_rows
+            .chunks_exact_mut(c)
+            .zip(gs_rows.chunks_exact_mut(two_h))
+            .enumerate()
+        {
+            let u = first + i;
+            gxrow.fill(0.0);
+            if u >= g.n_dst {
+                gsrow[hs..].fill(0.0);
+            }
+            let (gsrc, _) = gsrow.split_at_mut(hs);
+            gsrc.fill(0.0);
+            let su = &scores[u * two_h..u * two_h + hs];
+            let readers = g.bwd.row(u);
+            let own = (u < g.n_dst).then_some(u);
+            let others = readers.iter().map(|&v| v as usize).filter(|&v| v != u);
+            for (k, v) in others.chain(own).enumerate() {
+                if let Some(&ahead) = readers.get(k + AHEAD) {
+                    let ahead = ahead as usize;
+                    prefetch_row(scores, ahead, two_h, two_h);
+                    prefetch_row(grad_out, ahead, oc, oc);
+                    prefetch_row(lse, ahead, hs, hs);
+                    prefetch_row(scratch, ahead, hs, hs);
+                }
+                let sd = &scores[v * two_h + hs..v * two_h + two_h];
+                let rs = p.row_stream(v);
+                for h in 0..hs {
+                    let pre = su[h] + sd[h];
+                    let a = exp_nonpositive(p.leaky(pre) - lse[v * hs + h]);
+                    let m = p.keep_scale(rs, u, h);
+                    let (gv, gscale) = p.grad_of(grad_out, v, h);
+                    let d = gscale * dot(gv, &x[u * c + h * f..u * c + h * f + f]);
+                    gsrc[h] += a * (m * d - scratch[v * hs + h]) * p.leaky_grad(pre);
+                    let w = a * m * gscale;
+                    for (o, &gvv) in gxrow[h * f..h * f + f].iter_mut().zip(gv) {
+                        *o += w * gvv;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exp_nonpositive;
+
+    #[test]
+    fn exp_nonpositive_is_within_two_ulp() {
+        let mut worst = 0.0f64;
+        let mut x = 0.0f32;
+        while x > -87.0 {
+            let want = (x as f64).exp();
+            let got = exp_nonpositive(x) as f64;
+            let ulp = (want as f32).abs() as f64 * f32::EPSILON as f64;
+            worst = worst.max((got - want).abs() / ulp);
+            x -= 0.000_73;
+        }
+        assert!(worst <= 2.0, "worst error {worst} ulp");
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(-100.0), 0.0);
+        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
+    }
 }

@@ -19,3 +19,39 @@ pub(super) fn simd_level() -> Simd {
     }
     Simd::Base
 }
+
+/// A kernel that is not written against one instruction set but vectorises when allowed:
+/// [`run`] executes it inside a function compiled for the widest level the CPU has. Its `run`
+/// must be `#[inline(always)]`, so that it is compiled there (a closure would not be inlined).
+pub(super) trait Kernel {
+    type Out;
+    fn run(self) -> Self::Out;
+}
+
+/// Runs `k` compiled for `level`: AVX-512F or AVX2, never FMA, so the results do not depend
+/// on the CPU.
+#[inline(always)]
+pub(super) fn run<K: Kernel>(level: Simd, k: K) -> K::Out {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn avx512<K: Kernel>(k: K) -> K::Out {
+            k.run()
+        }
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2<K: Kernel>(k: K) -> K::Out {
+            k.run()
+        }
+        match level {
+            // SAFETY: `simd_level` reports only features this CPU has.
+            Simd::Avx512 => unsafe { avx512(k) },
+            Simd::Avx2 => unsafe { avx2(k) },
+            Simd::Base => k.run(),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = level;
+        k.run()
+    }
+}

@@ -8,8 +8,9 @@
 //! the same fixed row chunks, added in chunk order) produce the CPU backend's bits exactly.
 //! Only the row reductions of LayerNorm, the softmax sums of cross-entropy and the per-chunk
 //! sums of `sum_squares` use a tree order (warp shuffles) and so differ by float rounding.
-//! The GAT attention kernels follow the CPU loops too, but call `expf`/`logf`, whose device
-//! versions may differ from the host's by an ulp (under the host emulator they are identical).
+//! The GAT attention kernels follow the CPU loops too, with the CPU's polynomial `exp`; only
+//! the one `logf` per destination and head may differ from the host's by an ulp on a device
+//! (under the host emulator they are identical).
 
 /// Rows per partial sum in the deterministic column reductions (`col_sum`, LayerNorm
 /// parameter gradients); must equal the CPU backend's `RED_CHUNK` for bit-identical sums.
@@ -350,17 +351,37 @@ extern "C" __global__ void adam_step(float* w, const float* g, float* m, float* 
         w[i] = wi;
     }
 }
-/* ---- GAT attention: grandis_engine::cpu::attention, loop by loop (one thread per row). ----
-   The sources of destination v are its CSR row without self-loops, then v itself. */
+/* ---- GAT attention: grandis_engine::cpu::attention, value by value (one thread per row; the
+   CPU's per-head sums run over the sources in the same order). The sources of destination v
+   are its CSR row without self-loops, then v itself. */
 
 __device__ __forceinline__ float leaky(float x, float s) { return x > 0.0f ? x : s * x; }
 __device__ __forceinline__ float leaky_grad(float x, float s) { return x > 0.0f ? 1.0f : s; }
 
-/* The dropout multiplier of coefficient u -> v in head h (grandis_engine::backend::attention_keep). */
-__device__ __forceinline__ float att_keep(int has_drop, const u32* ids, u64 stream, u32 thr,
-                                          float scale, u64 v, u64 u, u64 h) {
+/* grandis_engine::cpu::attention::exp_nonpositive, operation by operation. */
+__device__ __forceinline__ float exp_nonpositive(float x) {
+    float n = (x * 1.442695f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.6933594f - n * -2.1219444e-4f;
+    float p = 1.9875691e-4f * r + 1.3981999e-3f;
+    p = p * r + 8.333452e-3f;
+    p = p * r + 4.1665796e-2f;
+    p = p * r + 1.6666666e-1f;
+    p = p * r + 0.5f;
+    float y = p * (r * r) + r + 1.0f;
+    float scale = __int_as_float((u32)((int)fmaxf(n, -126.0f) + 127) << 23);
+    return x < -87.0f ? 0.0f : y * scale;
+}
+
+/* The mask stream of destination v (grandis_engine::backend::attention_keep's inner one). */
+__device__ __forceinline__ u64 att_row_stream(int has_drop, const u32* ids, u64 stream, u64 v) {
+    return has_drop ? mix64(stream ^ (u64)ids[v]) : 0;
+}
+
+/* The dropout multiplier of coefficient u -> v in head h, given v's row stream. */
+__device__ __forceinline__ float att_keep(int has_drop, const u32* ids, u64 rs, u32 thr,
+                                          float scale, u64 u, u64 h) {
     if (!has_drop) return 1.0f;
-    return dropout_keep(mix64(stream ^ (u64)ids[v]), thr, ids[u], (u32)h) ? scale : 0.0f;
+    return dropout_keep(rs, thr, ids[u], (u32)h) ? scale : 0.0f;
 }
 
 __device__ __forceinline__ float dot_f(const float* a, const float* b, u64 n) {
@@ -369,7 +390,7 @@ __device__ __forceinline__ float dot_f(const float* a, const float* b, u64 n) {
     return s;
 }
 
-/* Source number k of destination v (k == e: the self-loop); false for the row's own loops. */
+/* Source number k of destination v (k == e: the self-loop); skips the row's own loops. */
 #define GAT_SOURCE(u, k, b, e, idx, v) \
     u64 u = (k) < (e) ? (u64)(idx)[k] : (v); \
     if ((k) < (e) && u == (v)) continue;
@@ -383,6 +404,7 @@ extern "C" __global__ void gat_fwd(const u64* off, const u32* idx, const float* 
         float* orow = out + v * oc;
         for (u64 j = 0; j < oc; ++j) orow[j] = 0.0f;
         u64 b = off[v], e = off[v + 1];
+        u64 rs = att_row_stream(has_drop, ids, stream, v);
         for (u64 h = 0; h < heads; ++h) {
             float sd = sc[v * two_h + heads + h];
             float mx = __int_as_float(0xff800000u);
@@ -393,15 +415,14 @@ extern "C" __global__ void gat_fwd(const u64* off, const u32* idx, const float* 
             float sum = 0.0f;
             for (u64 k = b; k <= e; ++k) {
                 GAT_SOURCE(u, k, b, e, idx, v)
-                sum += expf(leaky(sc[u * two_h + h] + sd, slope) - mx);
+                sum += exp_nonpositive(leaky(sc[u * two_h + h] + sd, slope) - mx);
             }
-            float l = mx + logf(sum);
-            lse[v * heads + h] = l;
+            lse[v * heads + h] = mx + logf(sum);
             float* o = concat ? orow + h * f : orow;
             for (u64 k = b; k <= e; ++k) {
                 GAT_SOURCE(u, k, b, e, idx, v)
-                float a = expf(leaky(sc[u * two_h + h] + sd, slope) - l) *
-                          att_keep(has_drop, ids, stream, thr, scale, v, u, h);
+                float a = exp_nonpositive(leaky(sc[u * two_h + h] + sd, slope) - mx) / sum *
+                          att_keep(has_drop, ids, rs, thr, scale, u, h);
                 const float* xr = x + u * c + h * f;
                 for (u64 j = 0; j < f; ++j) o[j] += a * xr[j];
             }
@@ -423,28 +444,28 @@ extern "C" __global__ void gat_bwd_dst(const u64* off, const u32* idx, const flo
     GRID_STRIDE(v, n_dst) {
         u64 c = heads * f, oc = concat ? c : f, two_h = 2 * heads;
         u64 b = off[v], e = off[v + 1];
+        u64 rs = att_row_stream(has_drop, ids, stream, v);
+        float gscale = concat ? 1.0f : 1.0f / (float)heads;
         for (u64 h = 0; h < heads; ++h) {
             float l = lse[v * heads + h];
             float sd = sc[v * two_h + heads + h];
             const float* gv = concat ? g + v * oc + h * f : g + v * oc;
-            float gscale = concat ? 1.0f : 1.0f / (float)heads;
             float corr = 0.0f;
             for (u64 k = b; k <= e; ++k) {
                 GAT_SOURCE(u, k, b, e, idx, v)
-                float pre = sc[u * two_h + h] + sd;
-                float a = expf(leaky(pre, slope) - l);
+                float a = exp_nonpositive(leaky(sc[u * two_h + h] + sd, slope) - l);
                 float d = gscale * dot_f(gv, x + u * c + h * f, f);
-                float m = att_keep(has_drop, ids, stream, thr, scale, v, u, h);
-                corr += a * m * d;
+                float md = att_keep(has_drop, ids, rs, thr, scale, u, h) * d;
+                corr += a * md;
             }
             float gd = 0.0f;
             for (u64 k = b; k <= e; ++k) {
                 GAT_SOURCE(u, k, b, e, idx, v)
                 float pre = sc[u * two_h + h] + sd;
-                float a = expf(leaky(pre, slope) - l);
+                float a = exp_nonpositive(leaky(pre, slope) - l);
                 float d = gscale * dot_f(gv, x + u * c + h * f, f);
-                float m = att_keep(has_drop, ids, stream, thr, scale, v, u, h);
-                gd += a * (m * d - corr) * leaky_grad(pre, slope);
+                float md = att_keep(has_drop, ids, rs, thr, scale, u, h) * d;
+                gd += a * (md - corr) * leaky_grad(pre, slope);
             }
             scratch[v * heads + h] = corr;
             gsc[v * two_h + heads + h] = gd;
@@ -476,9 +497,10 @@ extern "C" __global__ void gat_bwd_src(const u64* toff, const u32* tidx, const f
             for (u64 k = b; k <= e; ++k) {
                 if (k == e && u >= n_dst) continue;
                 GAT_SOURCE(v, k, b, e, tidx, u)
+                u64 rs = att_row_stream(has_drop, ids, stream, v);
                 float pre = su + sc[v * two_h + heads + h];
-                float a = expf(leaky(pre, slope) - lse[v * heads + h]);
-                float m = att_keep(has_drop, ids, stream, thr, scale, v, u, h);
+                float a = exp_nonpositive(leaky(pre, slope) - lse[v * heads + h]);
+                float m = att_keep(has_drop, ids, rs, thr, scale, u, h);
                 const float* gv = concat ? g + v * oc + h * f : g + v * oc;
                 float d = gscale * dot_f(gv, xu, f);
                 gsum += a * (m * d - scratch[v * heads + h]) * leaky_grad(pre, slope);
