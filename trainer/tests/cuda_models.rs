@@ -31,8 +31,8 @@ fn opts() -> TrainOptions {
     }
 }
 
-/// The three models of the issue on `view`: SAGE (3 layers), GCN (2 layers) and ResSAGE+ (28
-/// layers with LayerNorm).
+/// The models on `view`: SAGE (3 layers), GCN (2 layers), ResSAGE+ (28 layers with LayerNorm)
+/// and GAT (2 layers, 4 heads).
 fn models(view: &DatasetView<'_>) -> Vec<(&'static str, ModelConfig)> {
     let base = |kind, layers, layer_norm| ModelConfig {
         kind,
@@ -50,6 +50,13 @@ fn models(view: &DatasetView<'_>) -> Vec<(&'static str, ModelConfig)> {
         ("sage-3", base(ModelKind::Sage, 3, false)),
         ("gcn-2", base(ModelKind::Gcn, 2, false)),
         ("ressage+-28", base(ModelKind::ResSage, 28, true)),
+        (
+            "gat-2",
+            ModelConfig {
+                heads: 4,
+                ..base(ModelKind::Gat, 2, false)
+            },
+        ),
     ]
 }
 
