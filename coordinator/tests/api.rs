@@ -209,7 +209,7 @@ async fn bad_bodies_are_rejected_naming_the_problem() {
             json_ct,
             r#"{"dataset": "/d", "model": "foo"}"#,
             422,
-            "model: unknown model 'foo' (expected sage, gcn, ressage or mlp)",
+            "model: unknown model 'foo' (expected sage, gcn, ressage, mlp or gat)",
         ),
         (
             json_ct,

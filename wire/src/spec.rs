@@ -1269,7 +1269,7 @@ mod tests {
         );
         assert_eq!(
             errors(r#"{"dataset": "d", "model": "foo"}"#),
-            ["model: unknown model 'foo' (expected sage, gcn, ressage or mlp)"]
+            ["model: unknown model 'foo' (expected sage, gcn, ressage, mlp or gat)"]
         );
         assert_eq!(
             errors(r#"{"dataset": ""}"#),
@@ -1321,6 +1321,21 @@ mod tests {
                 r#"{"dataset": "d", "layers": 3, "sampling": {"method": "fanout", "fanouts": [10, 5]}}"#
             ),
             ["sampling.fanouts: expected 1 value or 3 (= layers), got 2"]
+        );
+        assert_eq!(
+            errors(r#"{"dataset": "d", "model": "gat", "hidden": 60, "heads": 8}"#),
+            ["heads: must divide hidden (60) for gat: the heads split the hidden width, got 8"]
+        );
+        // Other models ignore heads.
+        assert!(JobSpec::from_json_str(r#"{"dataset": "d", "hidden": 60, "heads": 8}"#).is_ok());
+        let s = JobSpec::from_json_str(
+            r#"{"dataset": "d", "model": "gat", "heads": 4, "output_heads": 6}"#,
+        )
+        .unwrap();
+        assert_eq!((s.model, s.heads, s.output_heads), (ModelKind::Gat, 4, 6));
+        assert_eq!(
+            errors(r#"{"dataset": "d", "model": "gat", "output_heads": 0}"#),
+            ["output_heads: must be ≥ 1, got 0"]
         );
     }
 
