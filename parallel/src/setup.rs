@@ -99,7 +99,9 @@ pub(crate) fn check_inputs(
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;
     if config.kind == ModelKind::Mlp {
-        bail!("--model mlp reads no graph; partition-parallel modes need sage, gcn, gat or ressage");
+        bail!(
+            "--model mlp reads no graph; partition-parallel modes need sage, gcn, gat or ressage"
+        );
     }
     if view.features.len() != n * view.feature_dim || view.labels.len() != n {
         bail!(
