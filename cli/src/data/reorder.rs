@@ -75,10 +75,11 @@ pub fn run(args: ReorderArgs) -> anyhow::Result<()> {
     let q = &report.quality;
     let inside = q.undirected_edges - q.intra_server_cut;
     println!(
-        "wrote {}: {} vertices in {parts} clusters of ~{} ids each; {:.1}% of the {} undirected \
-         edges join vertices of one cluster ({:.1} s)",
+        "wrote {}: {} vertices in {parts} cluster{} of ~{} ids each; {:.1}% of the {} \
+         undirected edges join vertices of one cluster ({:.1} s)",
         args.out.display(),
         vertices,
+        if parts == 1 { "" } else { "s" },
         vertices.div_ceil(parts as u64),
         100.0 * inside as f64 / q.undirected_edges.max(1) as f64,
         q.undirected_edges,
