@@ -632,7 +632,10 @@ impl JobSpec {
                 ("output_heads", self.output_heads)
             };
             err(field, format!("must be ≥ 1, got {v}"));
-        } else if self.model == ModelKind::Gat && !self.hidden.is_multiple_of(self.heads) {
+        } else if self.model == ModelKind::Gat
+            && self.layers > 1
+            && !self.hidden.is_multiple_of(self.heads)
+        {
             err(
                 "heads",
                 format!(
