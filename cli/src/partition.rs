@@ -27,6 +27,10 @@ pub struct PartitionArgs {
     /// SPRING balance factor β: no merged cluster exceeds β·|V|/parts vertices.
     #[arg(long, default_value_t = 1.05)]
     balance: f64,
+    /// Also order the vertices inside each device's range by METIS clusters of about this many
+    /// vertices (neighbours get nearby ids: faster aggregation on big graphs). Off by default.
+    #[arg(long)]
+    cluster_vertices: Option<u64>,
     /// Replace the output directory if it exists.
     #[arg(long)]
     force: bool,
@@ -43,6 +47,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<()> {
         method,
         seed: args.seed,
         balance_factor: args.balance,
+        cluster_vertices: args.cluster_vertices,
     };
     let report = grandis_partition::partition_dataset(&args.dataset, &args.out, &cfg, args.force)
         .with_context(|| {
@@ -91,6 +96,13 @@ fn print_report(r: &PartitionReport, out: &std::path::Path) {
         q.server_edge_balance,
         q.server_train_balance
     );
+    if let Some(c) = &r.clusters {
+        println!(
+            "  locality: {} clusters; {:.1}% of the directed edges join vertices of one cluster",
+            c.count,
+            100.0 * c.edges_inside as f64 / r.num_edges.max(1) as f64
+        );
+    }
     println!(
         "  {:.2} s ({:.2} s partitioning), peak RSS {:.1} MiB",
         r.seconds,

@@ -60,7 +60,11 @@ fn reorder_keeps_the_graph_and_maps_ids_back() {
     ]);
     assert!(ok, "{err}");
     let report: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
-    assert_eq!(report["devices"], 10, "{report}");
+    assert_eq!(report["clusters"]["count"], 10, "{report}");
+    assert!(
+        report["clusters"]["edges_inside"].as_u64().unwrap() > 0,
+        "{report}"
+    );
     let ds = out.join("dataset");
     let (ok, _, err) = grandis(&["data", "verify", ds.to_str().unwrap()]);
     assert!(ok, "{err}");

@@ -27,7 +27,7 @@ pub use book::{
 };
 pub use quality::Quality;
 
-use subgraph::{Scope, Subgraph};
+use subgraph::Subgraph;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PartitionError {
@@ -63,6 +63,10 @@ pub struct PartitionConfig {
     pub seed: u64,
     /// SPRING's balance factor β (CATGNN uses 1.05).
     pub balance_factor: f64,
+    /// Order the vertices inside each (server, device) part by METIS clusters of about this
+    /// many vertices, each a contiguous id range, so that neighbours get nearby ids (the
+    /// aggregation's gathers then hit cache); `None` keeps the original order inside a part.
+    pub cluster_vertices: Option<u64>,
 }
 
 impl Default for PartitionConfig {
@@ -73,6 +77,7 @@ impl Default for PartitionConfig {
             method: PartitionMethod::Metis,
             seed: 0,
             balance_factor: 1.05,
+            cluster_vertices: None,
         }
     }
 }
@@ -93,6 +98,9 @@ impl PartitionConfig {
                 self.servers, self.devices
             ));
         }
+        if self.cluster_vertices == Some(0) {
+            return bad("cluster vertices must be at least 1".into());
+        }
         if !self.balance_factor.is_finite() || self.balance_factor < 1.0 {
             return bad(format!(
                 "balance factor must be at least 1, got {}",
@@ -108,6 +116,9 @@ impl PartitionConfig {
 pub struct Assignment {
     pub server: Vec<u32>,
     pub device: Vec<u32>,
+    /// With [`PartitionConfig::cluster_vertices`]: the locality cluster of every vertex
+    /// within its part.
+    pub cluster: Option<Vec<u32>>,
 }
 
 /// Runs the two-level partitioning of `view` (no I/O). `symmetric` says whether every edge
@@ -145,29 +156,11 @@ pub fn assign(
     );
 
     // Second level: each server's induced subgraph, with its own local ids.
-    let mut members: Vec<Vec<u32>> = vec![Vec::new(); cfg.servers as usize];
-    for (v, &s) in server.iter().enumerate() {
-        members[s as usize].push(v as u32);
-    }
-    let mut local = vec![0u32; n];
-    for m in &members {
-        for (i, &v) in m.iter().enumerate() {
-            local[v as usize] = i as u32;
-        }
-    }
+    let (members, local) = members_of(&server, cfg.servers as usize);
     let mut device = vec![0u32; n];
     let mut progress = grandis_telemetry::Progress::new("device parts", Some(cfg.servers as u64));
     for (s, m) in members.iter().enumerate() {
-        let sub = Subgraph {
-            graph: view.graph,
-            symmetric,
-            scope: Some(Scope {
-                members: m,
-                local: &local,
-                group: &server,
-                id: s as u32,
-            }),
-        };
+        let sub = Subgraph::induced(view.graph, symmetric, m, &local, &server, s as u32);
         // A different seed per server so random/METIS choices are not correlated across them.
         let seed = cfg.seed.wrapping_add(1 + s as u64);
         for (i, d) in run(&sub, cfg.devices, seed)?.into_iter().enumerate() {
@@ -176,11 +169,80 @@ pub fn assign(
         progress.inc(1);
     }
     progress.finish();
-    Ok(Assignment { server, device })
+    let cluster = match cfg.cluster_vertices {
+        Some(size) => Some(clusters(view, symmetric, cfg, &server, &device, size)?),
+        None => None,
+    };
+    Ok(Assignment {
+        server,
+        device,
+        cluster,
+    })
 }
 
-/// The relabelling: new ids grouped by (server, device), original order kept inside a part
-/// (so locality of the original numbering survives).
+/// The vertices of each of `groups` groups (ascending) and every vertex's position in its
+/// group (its local id in the group's induced subgraph).
+fn members_of(group_of: &[u32], groups: usize) -> (Vec<Vec<u32>>, Vec<u32>) {
+    let mut members: Vec<Vec<u32>> = vec![Vec::new(); groups];
+    for (v, &g) in group_of.iter().enumerate() {
+        members[g as usize].push(v as u32);
+    }
+    let mut local = vec![0u32; group_of.len()];
+    for m in &members {
+        for (i, &v) in m.iter().enumerate() {
+            local[v as usize] = i as u32;
+        }
+    }
+    (members, local)
+}
+
+/// Third level, for locality only: METIS splits each (server, device) part's induced
+/// subgraph into clusters of about `size` vertices. METIS whatever the partitioning method:
+/// the parts are small enough for it, and streaming methods cut nearly every edge at this
+/// granularity.
+fn clusters(
+    view: &DatasetView<'_>,
+    symmetric: bool,
+    cfg: &PartitionConfig,
+    server: &[u32],
+    device: &[u32],
+    size: u64,
+) -> Result<Vec<u32>> {
+    let n = server.len();
+    let part: Vec<u32> = (0..n)
+        .map(|v| server[v] * cfg.devices + device[v])
+        .collect();
+    let parts = cfg.servers as usize * cfg.devices as usize;
+    let (members, local) = members_of(&part, parts);
+    let no_train = vec![false; n];
+    let mut cluster = vec![0u32; n];
+    let mut progress = grandis_telemetry::Progress::new("locality clusters", Some(parts as u64));
+    for (p, m) in members.iter().enumerate() {
+        let count = (m.len() as u64).div_ceil(size).max(1);
+        let count = u32::try_from(count).map_err(|_| {
+            PartitionError::Config(format!(
+                "{} vertices in clusters of {size} is more than 2^32 clusters",
+                m.len()
+            ))
+        })?;
+        let sub = Subgraph::induced(view.graph, symmetric, m, &local, &part, p as u32);
+        // Balance vertices only: clusters are about memory locality, not work.
+        let seed = cfg.seed.wrapping_add(0x10_0000 + p as u64);
+        for (i, c) in methods::metis_parts(&sub, count, seed, &no_train)?
+            .into_iter()
+            .enumerate()
+        {
+            cluster[m[i] as usize] = c;
+        }
+        progress.inc(1);
+    }
+    progress.finish();
+    Ok(cluster)
+}
+
+/// The relabelling: new ids grouped by (server, device), then by locality cluster when the
+/// assignment has them; the original order is kept inside a group (so locality of the
+/// original numbering survives).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Relabel {
     pub new_to_old: Vec<u32>,
@@ -193,18 +255,36 @@ pub fn relabel(a: &Assignment, servers: u32, devices: u32) -> Relabel {
     let n = a.server.len();
     let parts = servers as usize * devices as usize;
     let part = |v: usize| a.server[v] as usize * devices as usize + a.device[v] as usize;
-    let mut starts = vec![0u64; parts + 1];
-    for v in 0..n {
-        starts[part(v) + 1] += 1;
-    }
+    // Buckets: one per part, or one per (part, cluster) in part-major order; a counting sort
+    // over them keeps the original order inside a bucket.
+    let clusters_of_part: Vec<usize> = match &a.cluster {
+        None => vec![1; parts],
+        Some(c) => {
+            let mut k = vec![0usize; parts];
+            for v in 0..n {
+                k[part(v)] = k[part(v)].max(c[v] as usize + 1);
+            }
+            k
+        }
+    };
+    let mut first_bucket = vec![0usize; parts + 1];
     for p in 0..parts {
-        starts[p + 1] += starts[p];
+        first_bucket[p + 1] = first_bucket[p] + clusters_of_part[p].max(1);
     }
-    let mut cursor = starts.clone();
+    let bucket = |v: usize| first_bucket[part(v)] + a.cluster.as_ref().map_or(0, |c| c[v] as usize);
+    let mut bucket_starts = vec![0u64; first_bucket[parts] + 1];
+    for v in 0..n {
+        bucket_starts[bucket(v) + 1] += 1;
+    }
+    for b in 0..first_bucket[parts] {
+        bucket_starts[b + 1] += bucket_starts[b];
+    }
+    let starts: Vec<u64> = first_bucket.iter().map(|&b| bucket_starts[b]).collect();
+    let mut cursor = bucket_starts;
     let mut new_to_old = vec![0u32; n];
     let mut old_to_new = vec![0u32; n];
     for v in 0..n {
-        let slot = &mut cursor[part(v)];
+        let slot = &mut cursor[bucket(v)];
         new_to_old[*slot as usize] = v as u32;
         old_to_new[v] = *slot as u32;
         *slot += 1;
@@ -275,6 +355,47 @@ pub struct PartitionReport {
     /// Peak resident memory of the process when the run finished (mapped dataset pages that
     /// were read count too).
     pub peak_rss_bytes: u64,
+    /// With locality clusters ([`PartitionConfig::cluster_vertices`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<ClusterReport>,
+}
+
+/// How local the cluster order is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClusterReport {
+    /// Clusters over all parts.
+    pub count: u64,
+    /// Directed edges whose ends lie in one cluster (of one part).
+    pub edges_inside: u64,
+}
+
+/// Counts the clusters of `a` and the edges inside them; `None` without clusters.
+fn cluster_report(graph: CsrView<'_>, a: &Assignment) -> Option<ClusterReport> {
+    let cluster = a.cluster.as_ref()?;
+    let same = |u: usize, v: usize| {
+        a.server[u] == a.server[v] && a.device[u] == a.device[v] && cluster[u] == cluster[v]
+    };
+    let edges_inside = (0..graph.num_vertices())
+        .into_par_iter()
+        .map(|v| {
+            let inside = graph
+                .neighbors(v as u32)
+                .iter()
+                .filter(|&&u| same(u as usize, v));
+            inside.count() as u64
+        })
+        .sum();
+    // Clusters are numbered 0.. within each part: the count is the sum of the parts' largest
+    // id + 1.
+    let mut largest: std::collections::HashMap<(u32, u32), u32> = Default::default();
+    for (v, &c) in cluster.iter().enumerate() {
+        let e = largest.entry((a.server[v], a.device[v])).or_insert(0);
+        *e = (*e).max(c + 1);
+    }
+    Some(ClusterReport {
+        count: largest.values().map(|&c| c as u64).sum(),
+        edges_inside,
+    })
 }
 
 /// Partitions the dataset at `source` and writes the partition directory `out` (atomically;
@@ -298,6 +419,7 @@ pub fn partition_dataset(
     let assignment = assign(&view, m.symmetric, cfg)?;
     let assign_seconds = assign_started.elapsed().as_secs_f64();
     let r = relabel(&assignment, cfg.servers, cfg.devices);
+    let clusters = cluster_report(view.graph, &assignment);
     drop(assignment);
 
     let graph = relabel_graph(view.graph, &r);
@@ -347,8 +469,12 @@ pub fn partition_dataset(
     drop(labels);
     writer.write_split(&split)?;
     let mut provenance = m.provenance.clone();
+    let locality = match cfg.cluster_vertices {
+        Some(size) => format!(", ordered by METIS clusters of ~{size} vertices"),
+        None => String::new(),
+    };
     provenance.push(format!(
-        "partition: relabelled by {} into {} servers x {} devices (seed {}) from {}",
+        "partition: relabelled by {} into {} servers x {} devices (seed {}){locality} from {}",
         cfg.method,
         cfg.servers,
         cfg.devices,
@@ -375,6 +501,7 @@ pub fn partition_dataset(
         seconds: started.elapsed().as_secs_f64(),
         assign_seconds,
         peak_rss_bytes: grandis_telemetry::peak_rss_bytes(),
+        clusters,
     };
     let meta = BookMeta {
         format: book::BOOK_FORMAT.into(),

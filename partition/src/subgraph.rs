@@ -25,6 +25,28 @@ pub(crate) struct Subgraph<'a> {
 }
 
 impl<'a> Subgraph<'a> {
+    /// The subgraph induced by group `id` of `group` (per global vertex), whose vertices are
+    /// `members` with local ids `local` (see [`Scope`]).
+    pub fn induced(
+        graph: CsrView<'a>,
+        symmetric: bool,
+        members: &'a [u32],
+        local: &'a [u32],
+        group: &'a [u32],
+        id: u32,
+    ) -> Subgraph<'a> {
+        Subgraph {
+            graph,
+            symmetric,
+            scope: Some(Scope {
+                members,
+                local,
+                group,
+                id,
+            }),
+        }
+    }
+
     pub fn num_vertices(&self) -> usize {
         match &self.scope {
             Some(s) => s.members.len(),

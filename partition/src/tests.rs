@@ -262,3 +262,57 @@ fn bad_requests_fail_clearly_and_leave_nothing() {
         .to_string();
     assert!(e.contains("no such partition directory"), "{e}");
 }
+
+/// Locality clusters reorder ids only inside each device's range: the ranges (and so every
+/// part's vertex set) are those of the run without clusters, and each cluster is one
+/// contiguous id range.
+#[test]
+fn locality_clusters_are_contiguous_inside_unchanged_parts() {
+    let ds = generate_in_memory(&SynthConfig {
+        nodes: 2000,
+        seed: 3,
+        ..Default::default()
+    })
+    .unwrap();
+    let view = ds.view();
+    let plain = cfg(2, 2, PartitionMethod::Metis);
+    let clustered = PartitionConfig {
+        cluster_vertices: Some(100),
+        ..plain.clone()
+    };
+    let a = assign(&view, true, &plain).unwrap();
+    let b = assign(&view, true, &clustered).unwrap();
+    assert_eq!((&a.server, &a.device), (&b.server, &b.device));
+    assert!(a.cluster.is_none());
+    let (ra, rb) = (relabel(&a, 2, 2), relabel(&b, 2, 2));
+    assert_eq!(ra.starts, rb.starts);
+    let cluster = b.cluster.as_ref().unwrap();
+    for p in 0..4 {
+        let (lo, hi) = (rb.starts[p] as usize, rb.starts[p + 1] as usize);
+        let mut old: Vec<u32> = rb.new_to_old[lo..hi].to_vec();
+        let mut want: Vec<u32> = ra.new_to_old[lo..hi].to_vec();
+        old.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(old, want, "part {p} holds the same vertices");
+        // Cluster ids along the range only ever increase: every cluster is contiguous.
+        let ids: Vec<u32> = rb.new_to_old[lo..hi]
+            .iter()
+            .map(|&v| cluster[v as usize])
+            .collect();
+        assert!(ids.windows(2).all(|w| w[0] <= w[1]), "part {p}: {ids:?}");
+        assert!(
+            ids.last().copied().unwrap_or(0) >= 4,
+            "part {p} has several clusters"
+        );
+    }
+    let report = cluster_report(view.graph, &b).unwrap();
+    assert!(report.count >= 16);
+    assert!(report.edges_inside > 0);
+    assert!(cluster_report(view.graph, &a).is_none());
+    assert!(PartitionConfig {
+        cluster_vertices: Some(0),
+        ..plain
+    }
+    .validate(2000)
+    .is_err());
+}
