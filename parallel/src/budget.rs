@@ -11,14 +11,11 @@ use crate::{steps, LinkBytes, Mode, ParallelOptions};
 /// per-device budget of CPU workers (all S × G ranks run in this process, so the "server's"
 /// memory is the machine's). `MemAvailable` from `/proc/meminfo`.
 pub fn default_device_memory(ranks: usize) -> anyhow::Result<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo")
-        .context("reading /proc/meminfo for the default --device-memory")?;
-    let kib: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("/proc/meminfo has no MemAvailable line; pass --device-memory BYTES")?;
-    Ok(kib * 1024 / ranks.max(1) as u64)
+    let bytes = grandis_telemetry::mem_available_bytes().context(
+        "cannot read MemAvailable from /proc/meminfo for the default --device-memory; pass \
+         --device-memory BYTES",
+    )?;
+    Ok(bytes / ranks.max(1) as u64)
 }
 
 /// The shape the memory model prices. ResSAGE+ exchanges hidden-width rows at every layer

@@ -316,3 +316,30 @@ fn locality_clusters_are_contiguous_inside_unchanged_parts() {
     .validate(2000)
     .is_err());
 }
+
+/// METIS refuses a graph it would need more memory for than the machine has, naming the
+/// alternative, before allocating anything; no check when the available memory is unknown.
+#[test]
+fn metis_beyond_memory_is_a_clear_error_naming_spring() {
+    let ds = generate_in_memory(&SynthConfig {
+        nodes: 500,
+        seed: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let view = ds.view();
+    let sub = Subgraph {
+        graph: view.graph,
+        symmetric: true,
+        scope: None,
+    };
+    let entries = 500 + view.graph.num_edges() as u64;
+    let need = entries * methods::METIS_BYTES_PER_ENTRY;
+    let e = methods::check_metis_memory(&sub, Some(need - 1))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("use --method spring"), "{e}");
+    assert!(e.contains("500 vertices"), "{e}");
+    assert!(methods::check_metis_memory(&sub, Some(need)).is_ok());
+    assert!(methods::check_metis_memory(&sub, None).is_ok());
+}

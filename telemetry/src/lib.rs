@@ -40,8 +40,19 @@ pub fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", b"5").is_ok()
 }
 
+/// Memory the kernel says new work can use without swapping (`MemAvailable` of
+/// `/proc/meminfo`), in bytes; `None` where unavailable.
+pub fn mem_available_bytes() -> Option<u64> {
+    proc_kib("/proc/meminfo", "MemAvailable:").map(|kib| kib * 1024)
+}
+
 fn proc_status_kib(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    proc_kib("/proc/self/status", field)
+}
+
+/// The `field` line of a `/proc` file in `kB`.
+fn proc_kib(path: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(path).ok()?;
     let line = status.lines().find(|l| l.starts_with(field))?;
     line[field.len()..]
         .trim()
