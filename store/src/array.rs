@@ -164,6 +164,11 @@ fn encode_header(dtype: DType, summary: &ArraySummary) -> [u8; HEADER_BYTES] {
     header
 }
 
+/// Bytes per chunk of [`MappedArray::scan_chunks`].
+pub const SCAN_CHUNK_BYTES: usize = 64 << 20;
+/// The unit in which [`MappedArray::scan_chunks`] releases pages (the smallest Linux page).
+const PAGE_BYTES: usize = 4096;
+
 /// A memory-mapped array file whose header has been checked (magic, version, dtype, size).
 /// The payload checksum is only checked by [`MappedArray::verify_checksum`], because hashing
 /// gigabytes on every open would defeat the point of mapping.
@@ -277,9 +282,49 @@ impl<T: Element> MappedArray<T> {
         }
     }
 
+    /// Calls `f` on the elements in order, in chunks of about [`SCAN_CHUNK_BYTES`], and drops
+    /// each chunk's pages from this process's resident set once `f` is done with it (they
+    /// stay in the page cache): a scan of a file larger than memory keeps RSS bounded.
+    /// Stops at the first error.
+    pub fn scan_chunks<E>(
+        &self,
+        mut f: impl FnMut(usize, &[T]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let all = self.as_slice();
+        let per_chunk = (SCAN_CHUNK_BYTES / std::mem::size_of::<T>()).max(1);
+        let mut released = 0usize;
+        for (i, chunk) in all.chunks(per_chunk).enumerate() {
+            f(i * per_chunk, chunk)?;
+            if let Some(map) = &self.map {
+                // Whole pages only: the last, partly read page goes with the next chunk.
+                let end = HEADER_BYTES + (i * per_chunk + chunk.len()) * std::mem::size_of::<T>();
+                let end = end / PAGE_BYTES * PAGE_BYTES;
+                if end > released {
+                    // SAFETY: the mapping is a read-only view of a file nobody writes (see
+                    // `open`); MADV_DONTNEED only drops resident pages, which a later read
+                    // faults back in from the file, so no slice handed out sees other data.
+                    let _ = unsafe {
+                        map.unchecked_advise_range(
+                            memmap2::UncheckedAdvice::DontNeed,
+                            released,
+                            end - released,
+                        )
+                    };
+                    released = end;
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn verify_checksum(&self) -> Result<()> {
-        let bytes: &[u8] = bytemuck::cast_slice(self.as_slice());
-        let computed = xxhash_rust::xxh3::xxh3_64(bytes);
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        self.scan_chunks(|_, chunk| {
+            hasher.update(bytemuck::cast_slice(chunk));
+            Ok::<_, std::convert::Infallible>(())
+        })
+        .unwrap_or_else(|never| match never {});
+        let computed = hasher.digest();
         if computed != self.summary.checksum {
             return Err(StoreError::Checksum {
                 path: self.path.clone(),

@@ -453,14 +453,27 @@ impl Dataset {
         ];
         checks.par_iter().try_for_each(|c| c())?;
         self.check_structure()?;
-        if let Some(i) = self.features().par_iter().position_any(|x| !x.is_finite()) {
-            let f = self.manifest.feature_dim.max(1) as usize;
-            return Err(StoreError::invalid(
-                self.features.path(),
-                format!("non-finite feature at vertex {}, column {}", i / f, i % f),
-            ));
-        }
-        Ok(())
+        let f = self.manifest.feature_dim.max(1) as usize;
+        self.features.scan_chunks(|start, chunk| {
+            match chunk.par_iter().position_any(|x| !x.is_finite()) {
+                Some(i) => Err(StoreError::invalid(
+                    self.features.path(),
+                    format!(
+                        "non-finite feature at vertex {}, column {}",
+                        (start + i) / f,
+                        (start + i) % f
+                    ),
+                )),
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn offsets_decrease(&self, vertex: usize) -> StoreError {
+        StoreError::invalid(
+            self.offsets.path(),
+            format!("offsets decrease at vertex {vertex}"),
+        )
     }
 
     /// Checks what every reader relies on without reading the features: offsets that never
@@ -471,27 +484,40 @@ impl Dataset {
     /// graph but reads only its own feature rows).
     pub fn check_structure(&self) -> Result<()> {
         let v = self.manifest.num_vertices;
-        let offsets = self.offsets.as_slice();
-        if let Some(i) = offsets.par_windows(2).position_any(|w| w[1] < w[0]) {
-            return Err(StoreError::invalid(
-                self.offsets.path(),
-                format!("offsets decrease at vertex {i}"),
-            ));
-        }
-        let indices = self.indices.as_slice();
-        if let Some(&bad) = indices.par_iter().find_any(|&&s| s as u64 >= v) {
-            return Err(StoreError::invalid(
-                self.indices.path(),
-                format!("vertex id {bad} is out of range (the graph has {v} vertices)"),
-            ));
-        }
+        // In chunks, releasing each one's pages: a graph larger than memory is checked with
+        // bounded resident memory.
+        let mut last: Option<u64> = None;
+        self.offsets.scan_chunks(|start, chunk| {
+            let mut prev = last.unwrap_or(0);
+            if let Some(i) = chunk.first().filter(|&&o| o < prev).map(|_| start - 1) {
+                return Err(self.offsets_decrease(i));
+            }
+            if let Some(i) = chunk.par_windows(2).position_any(|w| w[1] < w[0]) {
+                return Err(self.offsets_decrease(start + i));
+            }
+            prev = *chunk.last().unwrap_or(&prev);
+            last = Some(prev);
+            Ok(())
+        })?;
+        self.indices.scan_chunks(|_, chunk| {
+            match chunk.par_iter().find_any(|&&s| s as u64 >= v) {
+                Some(&bad) => Err(StoreError::invalid(
+                    self.indices.path(),
+                    format!("vertex id {bad} is out of range (the graph has {v} vertices)"),
+                )),
+                None => Ok(()),
+            }
+        })?;
         let c = self.manifest.num_classes as i32;
-        if let Some(&bad) = self.labels().par_iter().find_any(|&&l| l < -1 || l >= c) {
-            return Err(StoreError::invalid(
-                self.labels.path(),
-                format!("label {bad} is outside 0..{c} (or -1 for unlabelled)"),
-            ));
-        }
+        self.labels.scan_chunks(|_, chunk| {
+            match chunk.par_iter().find_any(|&&l| l < -1 || l >= c) {
+                Some(&bad) => Err(StoreError::invalid(
+                    self.labels.path(),
+                    format!("label {bad} is outside 0..{c} (or -1 for unlabelled)"),
+                )),
+                None => Ok(()),
+            }
+        })?;
         let mut seen = vec![false; v as usize];
         for split in [&self.train, &self.val, &self.test] {
             let ids = split.as_slice();

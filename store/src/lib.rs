@@ -15,7 +15,7 @@ pub mod dataset;
 pub mod error;
 pub mod split;
 
-pub use array::{ArraySummary, ArrayWriter, MappedArray};
+pub use array::{ArraySummary, ArrayWriter, MappedArray, SCAN_CHUNK_BYTES};
 pub use atomic::{write_file_atomic, write_file_atomic_with, AtomicDir};
 pub use csr::{
     CsrGraph, CsrView, DegreeStats, EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops,
