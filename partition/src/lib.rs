@@ -121,6 +121,32 @@ pub struct Assignment {
     pub cluster: Option<Vec<u32>>,
 }
 
+/// The index of (server, device) among all parts, server-major (as in [`Relabel::starts`]).
+fn part_index(server: u32, device: u32, devices: u32) -> usize {
+    server as usize * devices as usize + device as usize
+}
+
+impl Assignment {
+    /// The part of vertex `v` ([`part_index`]).
+    fn part(&self, v: usize, devices: u32) -> usize {
+        part_index(self.server[v], self.device[v], devices)
+    }
+
+    /// How many locality clusters each of the `parts` parts is numbered into: its largest
+    /// cluster id + 1 (0 for an empty part); 1 per part without clusters.
+    fn clusters_per_part(&self, parts: usize, devices: u32) -> Vec<usize> {
+        let Some(c) = &self.cluster else {
+            return vec![1; parts];
+        };
+        let mut k = vec![0usize; parts];
+        for (v, &id) in c.iter().enumerate() {
+            let p = self.part(v, devices);
+            k[p] = k[p].max(id as usize + 1);
+        }
+        k
+    }
+}
+
 /// Runs the two-level partitioning of `view` (no I/O). `symmetric` says whether every edge
 /// has its reverse (the manifest knows); it lets partitioners stream each pair once.
 pub fn assign(
@@ -210,7 +236,7 @@ fn clusters(
 ) -> Result<Vec<u32>> {
     let n = server.len();
     let part: Vec<u32> = (0..n)
-        .map(|v| server[v] * cfg.devices + device[v])
+        .map(|v| part_index(server[v], device[v], cfg.devices) as u32)
         .collect();
     let parts = cfg.servers as usize * cfg.devices as usize;
     let (members, local) = members_of(&part, parts);
@@ -254,21 +280,13 @@ pub struct Relabel {
 pub fn relabel(a: &Assignment, servers: u32, devices: u32) -> Relabel {
     let n = a.server.len();
     let parts = servers as usize * devices as usize;
-    let part = |v: usize| a.server[v] as usize * devices as usize + a.device[v] as usize;
+    let part = |v: usize| a.part(v, devices);
     // Buckets: one per part, or one per (part, cluster) in part-major order; a counting sort
     // over them keeps the original order inside a bucket.
-    let clusters_of_part: Vec<usize> = match &a.cluster {
-        None => vec![1; parts],
-        Some(c) => {
-            let mut k = vec![0usize; parts];
-            for v in 0..n {
-                k[part(v)] = k[part(v)].max(c[v] as usize + 1);
-            }
-            k
-        }
-    };
+    let clusters_of_part = a.clusters_per_part(parts, devices);
     let mut first_bucket = vec![0usize; parts + 1];
     for p in 0..parts {
+        // An empty part still has its (empty) bucket.
         first_bucket[p + 1] = first_bucket[p] + clusters_of_part[p].max(1);
     }
     let bucket = |v: usize| first_bucket[part(v)] + a.cluster.as_ref().map_or(0, |c| c[v] as usize);
@@ -369,12 +387,17 @@ pub struct ClusterReport {
     pub edges_inside: u64,
 }
 
-/// Counts the clusters of `a` and the edges inside them; `None` without clusters.
-fn cluster_report(graph: CsrView<'_>, a: &Assignment) -> Option<ClusterReport> {
+/// Counts the clusters of `a` (over `servers` x `devices` parts) and the edges inside them;
+/// `None` without clusters.
+fn cluster_report(
+    graph: CsrView<'_>,
+    a: &Assignment,
+    servers: u32,
+    devices: u32,
+) -> Option<ClusterReport> {
     let cluster = a.cluster.as_ref()?;
-    let same = |u: usize, v: usize| {
-        a.server[u] == a.server[v] && a.device[u] == a.device[v] && cluster[u] == cluster[v]
-    };
+    let same =
+        |u: usize, v: usize| a.part(u, devices) == a.part(v, devices) && cluster[u] == cluster[v];
     let edges_inside = (0..graph.num_vertices())
         .into_par_iter()
         .map(|v| {
@@ -385,15 +408,9 @@ fn cluster_report(graph: CsrView<'_>, a: &Assignment) -> Option<ClusterReport> {
             inside.count() as u64
         })
         .sum();
-    // Clusters are numbered 0.. within each part: the count is the sum of the parts' largest
-    // id + 1.
-    let mut largest: std::collections::HashMap<(u32, u32), u32> = Default::default();
-    for (v, &c) in cluster.iter().enumerate() {
-        let e = largest.entry((a.server[v], a.device[v])).or_insert(0);
-        *e = (*e).max(c + 1);
-    }
+    let parts = servers as usize * devices as usize;
     Some(ClusterReport {
-        count: largest.values().map(|&c| c as u64).sum(),
+        count: a.clusters_per_part(parts, devices).iter().sum::<usize>() as u64,
         edges_inside,
     })
 }
@@ -419,7 +436,7 @@ pub fn partition_dataset(
     let assignment = assign(&view, m.symmetric, cfg)?;
     let assign_seconds = assign_started.elapsed().as_secs_f64();
     let r = relabel(&assignment, cfg.servers, cfg.devices);
-    let clusters = cluster_report(view.graph, &assignment);
+    let clusters = cluster_report(view.graph, &assignment, cfg.servers, cfg.devices);
     drop(assignment);
 
     let graph = relabel_graph(view.graph, &r);

@@ -305,10 +305,10 @@ fn locality_clusters_are_contiguous_inside_unchanged_parts() {
             "part {p} has several clusters"
         );
     }
-    let report = cluster_report(view.graph, &b).unwrap();
+    let report = cluster_report(view.graph, &b, 2, 2).unwrap();
     assert!(report.count >= 16);
     assert!(report.edges_inside > 0);
-    assert!(cluster_report(view.graph, &a).is_none());
+    assert!(cluster_report(view.graph, &a, 2, 2).is_none());
     assert!(PartitionConfig {
         cluster_vertices: Some(0),
         ..plain
