@@ -213,7 +213,19 @@ pub fn dropout_keep(stream: u64, threshold: u32, gid: u32, col: u32) -> bool {
 /// coefficient's bit is the same on whichever device computes that destination.
 #[inline]
 pub fn attention_keep(stream: u64, threshold: u32, dst_gid: u32, src_gid: u32, head: u32) -> bool {
-    dropout_keep(mix64(stream ^ dst_gid as u64), threshold, src_gid, head)
+    dropout_keep(
+        attention_row_stream(stream, dst_gid),
+        threshold,
+        src_gid,
+        head,
+    )
+}
+
+/// The stream [`attention_keep`] draws the bits of destination `dst_gid`'s coefficients from
+/// (kernels compute it once per destination).
+#[inline]
+pub fn attention_row_stream(stream: u64, dst_gid: u32) -> u64 {
+    mix64(stream ^ dst_gid as u64)
 }
 
 /// What [`Backend::attention_aggregate`] computes besides the graph and the rows: GAT's
@@ -238,19 +250,39 @@ pub struct AttentionDropout<'a, I> {
     pub key: DropoutKey,
 }
 
-/// Checks the arguments of the attention operations (every backend calls it): `bufs` are
-/// `(name, have)` pairs checked against what a block of `n_dst x n_src` needs.
+impl<I> AttentionDropout<'_, I> {
+    /// What the kernels need of it: the call's stream, the keep threshold and the factor of
+    /// kept coefficients, `1 / (1 - p)`.
+    pub fn mask_constants(&self) -> (u64, u32, f32) {
+        (
+            self.key.stream(),
+            dropout_threshold(self.p),
+            1.0 / (1.0 - self.p),
+        )
+    }
+}
+
+/// The gradients an attention backward overwrites: `(grad_x, grad_scores, scratch)`.
+pub(crate) type AttentionGrads<'a, B> = (
+    &'a <B as Backend>::Buf,
+    &'a <B as Backend>::Buf,
+    &'a <B as Backend>::Buf,
+);
+
+/// Checks the arguments of [`Backend::attention_aggregate`] (`out` is its output) and, with
+/// `grads`, of [`Backend::attention_aggregate_backward`] (`out` is then `grad_out`), against
+/// the block `graph`: every backend calls it before launching anything.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn check_attention<I>(
+pub(crate) fn check_attention<B: Backend + ?Sized>(
+    b: &B,
     op: &'static str,
-    att: &Attention<'_, I>,
-    ids_len: Option<usize>,
-    n_dst: usize,
-    n_src: usize,
-    x: usize,
-    scores: usize,
-    lse: usize,
-    out: (&str, usize, usize),
+    graph: &B::Graph,
+    att: &Attention<'_, B::Index>,
+    x: &B::Buf,
+    scores: &B::Buf,
+    lse: &B::Buf,
+    out: &B::Buf,
+    grads: Option<AttentionGrads<'_, B>>,
 ) -> Result<()> {
     if att.heads == 0 || att.head_dim == 0 {
         return Err(shape_err(op, "heads and head_dim must be positive"));
@@ -258,16 +290,27 @@ pub(crate) fn check_attention<I>(
     if !(att.negative_slope.is_finite()) {
         return Err(shape_err(op, "negative_slope must be finite"));
     }
+    let (n_dst, n_src, _) = b.graph_dims(graph);
+    let elems = |rows: usize, cols: usize| {
+        rows.checked_mul(cols)
+            .ok_or_else(|| shape_err(op, format!("{rows} x {cols} overflows the address space")))
+    };
     let h = att.heads;
-    need(op, "x", x, n_src * att.in_cols())?;
-    need(op, "scores", scores, n_src * 2 * h)?;
-    need(op, "lse", lse, n_dst * h)?;
-    need(op, out.0, out.1, out.2)?;
+    need(op, "x", b.len(x), elems(n_src, att.in_cols())?)?;
+    need(op, "scores", b.len(scores), elems(n_src, 2 * h)?)?;
+    need(op, "lse", b.len(lse), elems(n_dst, h)?)?;
+    let out_name = if grads.is_some() { "grad_out" } else { "out" };
+    need(op, out_name, b.len(out), elems(n_dst, att.out_cols())?)?;
+    if let Some((grad_x, grad_scores, scratch)) = grads {
+        need(op, "grad_x", b.len(grad_x), elems(n_src, att.in_cols())?)?;
+        need(op, "grad_scores", b.len(grad_scores), elems(n_src, 2 * h)?)?;
+        need(op, "scratch", b.len(scratch), elems(n_dst, h)?)?;
+    }
     if let Some(d) = &att.dropout {
         if !(0.0..1.0).contains(&d.p) {
             return Err(shape_err(op, format!("p must be in [0, 1), got {}", d.p)));
         }
-        need(op, "global_ids", ids_len.unwrap_or(0), n_src)?;
+        need(op, "global_ids", b.index_len(d.global_ids), n_src)?;
     }
     Ok(())
 }

@@ -656,6 +656,25 @@ fn naive_attention(
     out
 }
 
+/// The documented dropout factor of coefficient `u -> v` in head `h` under `att` (local rows;
+/// 1 without dropout).
+fn keep_multiplier<'a>(
+    att: &'a Attention<'a, Vec<u32>>,
+) -> impl Fn(usize, usize, usize) -> f64 + 'a {
+    move |v, u, h| match &att.dropout {
+        None => 1.0,
+        Some(d) => {
+            let (stream, t) = (d.key.stream(), dropout_threshold(d.p));
+            let ids = d.global_ids;
+            if attention_keep(stream, t, ids[v], ids[u], h as u32) {
+                1.0 / (1.0 - d.p as f64)
+            } else {
+                0.0
+            }
+        }
+    }
+}
+
 fn attention<'a>(
     heads: usize,
     f: usize,
@@ -694,22 +713,7 @@ fn attention_forward_follows_the_documented_formula() {
             let mut lse = vec![f32::NAN; 40 * heads];
             b.attention_aggregate(&up, &x, &scores, &att, &mut out, &mut lse)
                 .unwrap();
-            let keep = |v: usize, u: usize, h: usize| match p {
-                None => 1.0,
-                Some(p) => {
-                    let stream = DropoutKey {
-                        seed: 3,
-                        epoch: 1,
-                        layer: 7,
-                    }
-                    .stream();
-                    if attention_keep(stream, dropout_threshold(p), ids[v], ids[u], h as u32) {
-                        1.0 / (1.0 - p as f64)
-                    } else {
-                        0.0
-                    }
-                }
-            };
+            let keep = keep_multiplier(&att);
             let want = naive_attention(&blk, &x, &scores, heads, f, concat, &keep);
             for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
                 assert!(
@@ -759,18 +763,7 @@ fn attention_backward_matches_finite_differences() {
         .unwrap();
         // Differences of the f64 reference: the f32 kernel's rounding would swamp a step small
         // enough to stay off LeakyReLU's kink (this seed has a logit at -3.6e-4).
-        let keep = |v: usize, u: usize, h: usize| match p {
-            None => 1.0,
-            Some(p) => {
-                let stream = att.dropout.as_ref().unwrap().key.stream();
-                let t = dropout_threshold(p);
-                if attention_keep(stream, t, ids[v], ids[u], h as u32) {
-                    1.0 / (1.0 - p as f64)
-                } else {
-                    0.0
-                }
-            }
-        };
+        let keep = keep_multiplier(&att);
         let loss = |x: &[f32], s: &[f32]| {
             let out = naive_attention(&blk, x, s, heads, f, concat, &keep);
             out.iter().zip(&r).map(|(&o, &r)| o * r as f64).sum::<f64>()

@@ -1,6 +1,6 @@
 //! CSR aggregation kernels: the uploaded graph block (forward CSR and its transpose) and the register-blocked, prefetching gather behind `aggregate` / `aggregate_backward`.
 
-use super::simd::{simd_level, Simd};
+use super::simd::{self, simd_level, Kernel};
 use super::ROW_CHUNK;
 use crate::backend::{BlockGraph, Result};
 use rayon::prelude::*;
@@ -42,39 +42,17 @@ impl Csr {
             .enumerate()
             .for_each(|(chunk, rows)| {
                 let first = chunk * ROW_CHUNK;
-                // SAFETY: `simd_level` only reports features the CPU has; `rows_kernel`'s own
-                // preconditions (validated graph, x holding n_src * d values) are checked by
-                // the callers (`aggregate`, `aggregate_backward`).
-                unsafe {
-                    match level {
-                        Simd::Avx512 => self.rows_avx512(first, rows, x, d),
-                        Simd::Avx2 => self.rows_avx2(first, rows, x, d),
-                        Simd::Base => self.rows_kernel(first, rows, x, d),
-                    }
-                }
+                simd::run(
+                    level,
+                    CsrRows {
+                        csr: self,
+                        first,
+                        rows,
+                        x,
+                        d,
+                    },
+                )
             });
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn rows_avx512(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
-        self.rows_kernel(first, rows, x, d)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn rows_avx2(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
-        self.rows_kernel(first, rows, x, d)
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    unsafe fn rows_avx512(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
-        self.rows_kernel(first, rows, x, d)
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    unsafe fn rows_avx2(&self, first: usize, rows: &mut [f32], x: &[f32], d: usize) {
-        self.rows_kernel(first, rows, x, d)
     }
 
     /// Computes output rows `first..` into `rows` (a multiple of `d` values).
@@ -118,6 +96,25 @@ impl Csr {
                 }
             }
         }
+    }
+}
+
+/// [`Csr::run`] on the output rows `first..` (a multiple of `d` values in `rows`).
+struct CsrRows<'a> {
+    csr: &'a Csr,
+    first: usize,
+    rows: &'a mut [f32],
+    x: &'a [f32],
+    d: usize,
+}
+
+impl Kernel for CsrRows<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        // SAFETY: `rows_kernel`'s preconditions (validated graph, x holding n_src * d values)
+        // are checked by the callers of `Csr::run` (`aggregate`, `aggregate_backward`).
+        unsafe { self.csr.rows_kernel(self.first, self.rows, self.x, self.d) }
     }
 }
 

@@ -13,7 +13,7 @@
 use super::aggregate::{prefetch, CpuGraph};
 use super::simd::{run, simd_level, Kernel};
 use super::ROW_CHUNK;
-use crate::backend::{dropout_keep, mix64};
+use crate::backend::{attention_row_stream, dropout_keep};
 use rayon::prelude::*;
 
 /// `exp(x)` for `x <= 0` (what softmax needs: every exponent is a logit minus its row's
@@ -84,8 +84,9 @@ impl AttnCall<'_> {
     /// dropout.
     #[inline(always)]
     fn row_stream(&self, v: usize) -> u64 {
-        self.drop
-            .map_or(0, |(ids, stream, _, _)| mix64(stream ^ ids[v] as u64))
+        self.drop.map_or(0, |(ids, stream, _, _)| {
+            attention_row_stream(stream, ids[v])
+        })
     }
     /// The dropout multiplier of the coefficient of `u -> v` in head `h`, given `v`'s
     /// [`Self::row_stream`].
@@ -101,6 +102,12 @@ impl AttnCall<'_> {
                 }
             }
         }
+    }
+    /// Head `h`'s columns of row `row` of an `H * F`-column matrix (`x`).
+    #[inline(always)]
+    fn head<'m>(&self, m: &'m [f32], row: usize, h: usize) -> &'m [f32] {
+        let (f, c) = (self.head_dim, self.in_cols());
+        &m[row * c + h * f..row * c + h * f + f]
     }
     /// The gradient of head `h`'s output of destination `v` and its factor (`1 / H` when the
     /// heads are averaged).
@@ -137,7 +144,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// Per-task buffers, reused across the rows of a chunk.
 #[derive(Default)]
-struct Scratch {
+struct RowBuffers {
     srcs: Vec<usize>,
     /// One value per (source, head).
     a: Vec<f32>,
@@ -148,7 +155,7 @@ struct Scratch {
     h2: Vec<f32>,
 }
 
-impl Scratch {
+impl RowBuffers {
     fn load(&mut self, g: &CpuGraph, v: usize, heads: usize) {
         self.srcs.clear();
         self.srcs.extend(sources(g, v));
@@ -178,6 +185,26 @@ fn prefetch_row(base: &[f32], row: usize, width: usize, len: usize) {
     }
 }
 
+/// What every pass reads: the block, the call's constants, the attended rows `x` and their
+/// scores.
+#[derive(Clone, Copy)]
+struct Inputs<'a, 'p> {
+    g: &'a CpuGraph,
+    p: &'a AttnCall<'p>,
+    x: &'a [f32],
+    scores: &'a [f32],
+}
+
+impl Inputs<'_, '_> {
+    /// Prefetches what a destination reads of source `u`: its source scores and feature row.
+    #[inline(always)]
+    fn prefetch_source(&self, u: usize) {
+        let (hs, c) = (self.p.heads, self.p.in_cols());
+        prefetch_row(self.scores, u, 2 * hs, hs);
+        prefetch_row(self.x, u, c, c);
+    }
+}
+
 pub(super) fn forward(
     g: &CpuGraph,
     p: &AttnCall<'_>,
@@ -188,6 +215,7 @@ pub(super) fn forward(
 ) {
     let (hs, oc) = (p.heads, p.out_cols());
     let level = simd_level();
+    let inp = Inputs { g, p, x, scores };
     out[..g.n_dst * oc]
         .par_chunks_mut(ROW_CHUNK * oc)
         .zip(lse[..g.n_dst * hs].par_chunks_mut(ROW_CHUNK * hs))
@@ -197,10 +225,7 @@ pub(super) fn forward(
             run(
                 level,
                 ForwardRows {
-                    g,
-                    p,
-                    x,
-                    scores,
+                    inp,
                     first,
                     out_rows,
                     lse_rows,
@@ -211,10 +236,7 @@ pub(super) fn forward(
 
 /// [`forward`] on the destinations `first..` whose output and log-sum-exp rows are given.
 struct ForwardRows<'a, 'p> {
-    g: &'a CpuGraph,
-    p: &'a AttnCall<'p>,
-    x: &'a [f32],
-    scores: &'a [f32],
+    inp: Inputs<'a, 'p>,
     first: usize,
     out_rows: &'a mut [f32],
     lse_rows: &'a mut [f32],
@@ -225,17 +247,15 @@ impl Kernel for ForwardRows<'_, '_> {
     #[inline(always)]
     fn run(self) {
         let ForwardRows {
-            g,
-            p,
-            x,
-            scores,
+            inp,
             first,
             out_rows,
             lse_rows,
         } = self;
+        let Inputs { g, p, x, scores } = inp;
         let (hs, f, c, oc) = (p.heads, p.head_dim, p.in_cols(), p.out_cols());
         let two_h = 2 * hs;
-        let mut s = Scratch::default();
+        let mut s = RowBuffers::default();
         for (i, (orow, lrow)) in out_rows
             .chunks_exact_mut(oc)
             .zip(lse_rows.chunks_exact_mut(hs))
@@ -249,8 +269,7 @@ impl Kernel for ForwardRows<'_, '_> {
             s.h1.fill(f32::NEG_INFINITY);
             for (j, &u) in s.srcs.iter().enumerate() {
                 if let Some(&ahead) = s.srcs.get(j + AHEAD) {
-                    prefetch_row(scores, ahead, two_h, hs);
-                    prefetch_row(x, ahead, c, c);
+                    inp.prefetch_source(ahead);
                 }
                 let su = &scores[u * two_h..u * two_h + hs];
                 let e = &mut s.a[j * hs..j * hs + hs];
@@ -318,25 +337,22 @@ pub(super) fn backward(
     let (hs, c) = (p.heads, p.in_cols());
     let two_h = 2 * hs;
     let level = simd_level();
+    let inp = Inputs { g, p, x, scores };
     grad_scores[..g.n_dst * two_h]
         .par_chunks_mut(ROW_CHUNK * two_h)
         .zip(scratch[..g.n_dst * hs].par_chunks_mut(ROW_CHUNK * hs))
         .enumerate()
         .for_each(|(chunk, (gs_rows, sc_rows))| {
             let first = chunk * ROW_CHUNK;
-            let (go, sc) = (grad_out, sc_rows);
             run(
                 level,
                 DestinationPass {
-                    g,
-                    p,
-                    x,
-                    scores,
+                    inp,
                     lse,
-                    go,
+                    grad_out,
                     first,
                     gs_rows,
-                    sc,
+                    sc_rows,
                 },
             )
         });
@@ -347,17 +363,13 @@ pub(super) fn backward(
         .enumerate()
         .for_each(|(chunk, (gx_rows, gs_rows))| {
             let first = chunk * ROW_CHUNK;
-            let (go, sc) = (grad_out, scratch);
             run(
                 level,
                 SourcePass {
-                    g,
-                    p,
-                    x,
-                    scores,
+                    inp,
                     lse,
-                    go,
-                    sc,
+                    grad_out,
+                    scratch,
                     first,
                     gx_rows,
                     gs_rows,
@@ -371,15 +383,13 @@ pub(super) fn backward(
 /// `corr = sum_u a_u (m_u (g_v · x_u))`, kept in `scratch`, and the gradient of `v`'s
 /// destination score, `sum_u a_u (m_u (g_v · x_u) - corr) leaky'(pre_u)`.
 struct DestinationPass<'a, 'p> {
-    g: &'a CpuGraph,
-    p: &'a AttnCall<'p>,
-    x: &'a [f32],
-    scores: &'a [f32],
+    inp: Inputs<'a, 'p>,
     lse: &'a [f32],
-    go: &'a [f32],
+    grad_out: &'a [f32],
     first: usize,
     gs_rows: &'a mut [f32],
-    sc: &'a mut [f32],
+    /// The destinations' rows of `scratch`.
+    sc_rows: &'a mut [f32],
 }
 
 impl Kernel for DestinationPass<'_, '_> {
@@ -387,19 +397,17 @@ impl Kernel for DestinationPass<'_, '_> {
     #[inline(always)]
     fn run(self) {
         let DestinationPass {
-            g,
-            p,
-            x,
-            scores,
+            inp,
             lse,
-            go: grad_out,
+            grad_out,
             first,
             gs_rows,
-            sc: sc_rows,
+            sc_rows,
         } = self;
-        let (hs, f, c) = (p.heads, p.head_dim, p.in_cols());
+        let Inputs { g, p, x, scores } = inp;
+        let hs = p.heads;
         let two_h = 2 * hs;
-        let mut s = Scratch::default();
+        let mut s = RowBuffers::default();
         for (i, (gsrow, corr)) in gs_rows
             .chunks_exact_mut(two_h)
             .zip(sc_rows.chunks_exact_mut(hs))
@@ -413,15 +421,14 @@ impl Kernel for DestinationPass<'_, '_> {
             corr.fill(0.0);
             for (j, &u) in s.srcs.iter().enumerate() {
                 if let Some(&ahead) = s.srcs.get(j + AHEAD) {
-                    prefetch_row(scores, ahead, two_h, hs);
-                    prefetch_row(x, ahead, c, c);
+                    inp.prefetch_source(ahead);
                 }
                 let su = &scores[u * two_h..u * two_h + hs];
                 for h in 0..hs {
                     let pre = su[h] + sd[h];
                     let a = exp_nonpositive(p.leaky(pre) - l[h]);
                     let (gv, gscale) = p.grad_of(grad_out, v, h);
-                    let d = gscale * dot(gv, &x[u * c + h * f..u * c + h * f + f]);
+                    let d = gscale * dot(gv, p.head(x, u, h));
                     let md = p.keep_scale(rs, u, h) * d;
                     corr[h] += a * md;
                     let k = j * hs + h;
@@ -444,13 +451,10 @@ impl Kernel for DestinationPass<'_, '_> {
 /// source-score gradient, over the destinations that read it (its transposed row) and its
 /// self-loop.
 struct SourcePass<'a, 'p> {
-    g: &'a CpuGraph,
-    p: &'a AttnCall<'p>,
-    x: &'a [f32],
-    scores: &'a [f32],
+    inp: Inputs<'a, 'p>,
     lse: &'a [f32],
-    go: &'a [f32],
-    sc: &'a [f32],
+    grad_out: &'a [f32],
+    scratch: &'a [f32],
     first: usize,
     gx_rows: &'a mut [f32],
     gs_rows: &'a mut [f32],
@@ -461,17 +465,15 @@ impl Kernel for SourcePass<'_, '_> {
     #[inline(always)]
     fn run(self) {
         let SourcePass {
-            g,
-            p,
-            x,
-            scores,
+            inp,
             lse,
-            go: grad_out,
-            sc: scratch,
+            grad_out,
+            scratch,
             first,
             gx_rows,
             gs_rows,
         } = self;
+        let Inputs { g, p, x, scores } = inp;
         let (hs, f, c, oc) = (p.heads, p.head_dim, p.in_cols(), p.out_cols());
         let two_h = 2 * hs;
         for (i, (gxrow, gsrow)) in gx_rows
@@ -505,7 +507,7 @@ impl Kernel for SourcePass<'_, '_> {
                     let a = exp_nonpositive(p.leaky(pre) - lse[v * hs + h]);
                     let m = p.keep_scale(rs, u, h);
                     let (gv, gscale) = p.grad_of(grad_out, v, h);
-                    let d = gscale * dot(gv, &x[u * c + h * f..u * c + h * f + f]);
+                    let d = gscale * dot(gv, p.head(x, u, h));
                     gsrc[h] += a * (m * d - scratch[v * hs + h]) * p.leaky_grad(pre);
                     let w = a * m * gscale;
                     for (o, &gvv) in gxrow[h * f..h * f + f].iter_mut().zip(gv) {

@@ -428,20 +428,8 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
         lse: &mut Vec<f32>,
     ) -> Result<()> {
-        let ids = att.dropout.as_ref().map(|d| d.global_ids.len());
-        let o = ("out", out.len(), g.n_dst * att.out_cols());
         let op = "attention_aggregate";
-        check_attention(
-            op,
-            att,
-            ids,
-            g.n_dst,
-            g.n_src,
-            x.len(),
-            scores.len(),
-            lse.len(),
-            o,
-        )?;
+        check_attention(self, op, g, att, x, scores, lse, out, None)?;
         let call = attn_call(att);
         self.timed(OpClass::Aggregate, || {
             attention::forward(g, &call, x, scores, out, lse)
@@ -461,28 +449,9 @@ impl Backend for CpuBackend {
         grad_scores: &mut Vec<f32>,
         scratch: &mut Vec<f32>,
     ) -> Result<()> {
-        let ids = att.dropout.as_ref().map(|d| d.global_ids.len());
-        let go = ("grad_out", grad_out.len(), g.n_dst * att.out_cols());
         let op = "attention_aggregate_backward";
-        check_attention(
-            op,
-            att,
-            ids,
-            g.n_dst,
-            g.n_src,
-            x.len(),
-            scores.len(),
-            lse.len(),
-            go,
-        )?;
-        need(op, "grad_x", grad_x.len(), g.n_src * att.in_cols())?;
-        need(
-            op,
-            "grad_scores",
-            grad_scores.len(),
-            g.n_src * 2 * att.heads,
-        )?;
-        need(op, "scratch", scratch.len(), g.n_dst * att.heads)?;
+        let grads = Some((&*grad_x, &*grad_scores, &*scratch));
+        check_attention(self, op, g, att, x, scores, lse, grad_out, grads)?;
         let call = attn_call(att);
         self.timed(OpClass::Aggregate, || {
             attention::backward(
@@ -754,13 +723,8 @@ fn attn_call<'a>(att: &Attention<'a, Vec<u32>>) -> attention::AttnCall<'a> {
         concat: att.concat,
         slope: att.negative_slope,
         drop: att.dropout.as_ref().map(|d| {
-            let ids: &'a [u32] = d.global_ids.as_slice();
-            (
-                ids,
-                d.key.stream(),
-                dropout_threshold(d.p),
-                1.0 / (1.0 - d.p),
-            )
+            let (stream, thr, scale) = d.mask_constants();
+            (d.global_ids.as_slice(), stream, thr, scale)
         }),
     }
 }

@@ -1,4 +1,5 @@
-//! Run-time detection of the widest SIMD instruction set the kernels may use.
+//! Run-time detection of the widest SIMD instruction set the kernels may use, and [`run`], which
+//! executes a [`Kernel`] compiled for it.
 
 #[derive(Clone, Copy)]
 pub(super) enum Simd {

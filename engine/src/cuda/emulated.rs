@@ -919,10 +919,12 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
             &mut want_g.2,
         )
         .unwrap();
-        let (has_drop, stream, thr, scale) = match p {
-            Some(p) => (1, key.stream(), dropout_threshold(p), 1.0 / (1.0 - p)),
-            None => (0, 0, 0, 1.0),
-        };
+        // The kernels' dropout arguments, as `AttnArgs` resolves them.
+        let has_drop = att.dropout.is_some() as i32;
+        let (stream, thr, scale) = att
+            .dropout
+            .as_ref()
+            .map_or((0, 0, 1.0), |d| d.mask_constants());
         let (h64, f64_, cc) = (heads as u64, f as u64, concat as i32);
         let mut out = vec![f32::NAN; n_dst * oc];
         let mut lse = vec![f32::NAN; n_dst * heads];

@@ -404,6 +404,7 @@ impl<'a> AttnArgs<'a> {
     /// `unused_ids` stands in for the global ids when nothing is dropped (never read then).
     fn new(att: &Attention<'a, CudaIndex>, unused_ids: &'a CudaSlice<u32>) -> AttnArgs<'a> {
         let d = att.dropout.as_ref();
+        let (stream, thr, scale) = d.map_or((0, 0, 1.0), |d| d.mask_constants());
         AttnArgs {
             heads: att.heads as u64,
             head_dim: att.head_dim as u64,
@@ -411,9 +412,9 @@ impl<'a> AttnArgs<'a> {
             slope: att.negative_slope,
             has_drop: d.is_some() as i32,
             ids: d.map_or(unused_ids, |d| &d.global_ids.data),
-            stream: d.map_or(0, |d| d.key.stream()),
-            thr: d.map_or(0, |d| dropout_threshold(d.p)),
-            scale: d.map_or(1.0, |d| 1.0 / (1.0 - d.p)),
+            stream,
+            thr,
+            scale,
         }
     }
 
@@ -1244,11 +1245,7 @@ impl Backend for CudaBackend {
         lse: &mut CudaBuf,
     ) -> Result<()> {
         let op = "attention_aggregate";
-        let ids = att.dropout.as_ref().map(|d| d.global_ids.host.len());
-        let o = ("out", out.len, elems(op, g.n_dst, att.out_cols())?);
-        check_attention(
-            op, att, ids, g.n_dst, g.n_src, x.len, scores.len, lse.len, o,
-        )?;
+        check_attention(self, op, g, att, x, scores, lse, out, None)?;
         if g.n_dst == 0 {
             return Ok(());
         }
@@ -1283,23 +1280,8 @@ impl Backend for CudaBackend {
         scratch: &mut CudaBuf,
     ) -> Result<()> {
         let op = "attention_aggregate_backward";
-        let ids = att.dropout.as_ref().map(|d| d.global_ids.host.len());
-        let go = (
-            "grad_out",
-            grad_out.len,
-            elems(op, g.n_dst, att.out_cols())?,
-        );
-        check_attention(
-            op, att, ids, g.n_dst, g.n_src, x.len, scores.len, lse.len, go,
-        )?;
-        need(op, "grad_x", grad_x.len, elems(op, g.n_src, att.in_cols())?)?;
-        need(
-            op,
-            "grad_scores",
-            grad_scores.len,
-            elems(op, g.n_src, 2 * att.heads)?,
-        )?;
-        need(op, "scratch", scratch.len, elems(op, g.n_dst, att.heads)?)?;
+        let grads = Some((&*grad_x, &*grad_scores, &*scratch));
+        check_attention(self, op, g, att, x, scores, lse, grad_out, grads)?;
         let a = AttnArgs::new(att, &g.fwd.indices);
         let (n_dst, n_src) = (g.n_dst as u64, g.n_src as u64);
         self.timed(OpClass::Aggregate, || {
