@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use grandis_store::EdgeListBuilder;
 use grandis_telemetry::Progress;
 
 use crate::text::{self, Delimiter, Lines};
@@ -53,7 +52,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, input: &Path) -> Result<Parts> {
     let known = n.clone();
 
     let mut lines = Lines::open(input, "the edge list")?;
-    let mut builder = EdgeListBuilder::new(ctx.edge_options());
+    let mut builder = ctx.edge_builder(None)?;
     let mut delimiter = o.delimiter;
     let mut columns = None::<usize>;
     let mut first = true;

@@ -10,7 +10,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use grandis_store::EdgeListBuilder;
 use grandis_telemetry::Progress;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::reader::RowIter;
@@ -305,7 +304,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     rels.require(TARGET)?;
     rels.project(&[SOURCE, TARGET])?;
     let total = rels.num_rows();
-    let mut builder = EdgeListBuilder::with_capacity(ctx.edge_options(), total as usize);
+    let mut builder = ctx.edge_builder(Some(total as usize))?;
     let mut progress = Progress::new("relationships", Some(total));
     let mut read = 0u64;
     rels.for_each_row(|i, row| {

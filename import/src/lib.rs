@@ -25,6 +25,7 @@ use std::str::FromStr;
 
 use grandis_store::{
     Dataset, DatasetInfo, DatasetWriter, EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops,
+    DEFAULT_RUN_BYTES,
     SortedEdges, Split,
 };
 
@@ -302,11 +303,18 @@ pub(crate) struct Parts {
 }
 
 impl Ctx<'_> {
-    pub fn edge_options(&self) -> EdgeOptions {
-        EdgeOptions {
+    /// The edge builder every importer feeds: it spills sorted runs into the staging
+    /// directory beyond [`DEFAULT_RUN_BYTES`], so edge lists larger than memory import.
+    /// `expected` is the input's edge count when the format states it.
+    pub fn edge_builder(&self, expected: Option<usize>) -> Result<EdgeListBuilder> {
+        let options = EdgeOptions {
             symmetrize: self.options.symmetrize,
             self_loops: self.options.self_loops,
-        }
+        };
+        let builder = EdgeListBuilder::new(options)
+            .spill_to(self.writer.scratch_dir(), DEFAULT_RUN_BYTES)
+            .map_err(|e| edge_error(self.writer.target(), e))?;
+        Ok(builder.expect_edges(expected.unwrap_or(0)))
     }
 
     fn finish(mut self, parts: Parts, name: String) -> Result<Dataset> {
@@ -350,11 +358,13 @@ impl Ctx<'_> {
                 split
             }
         };
+        let stored = self.writer.write_graph(&parts.edges)?;
+        drop(parts.edges);
         let o = self.options;
         self.provenance.push(format!(
             "edges: {} read, {} stored (duplicates removed, symmetrize={}, self-loops={})",
             parts.input_edges,
-            parts.edges.num_edges(),
+            stored,
             o.symmetrize,
             match o.self_loops {
                 SelfLoops::Add => "add",
@@ -365,8 +375,6 @@ impl Ctx<'_> {
         self.provenance.push(format!(
             "labels: {labelled} of {n} vertices labelled, {num_classes} classes"
         ));
-        self.writer.write_graph(&parts.edges)?;
-        drop(parts.edges);
         if o.symmetrize {
             // Symmetrize adds every reverse and self-loops are their own reverse.
             self.writer.set_symmetric(true);
@@ -397,7 +405,7 @@ fn make_split(labels: &[i32], num_classes: usize, options: &ImportOptions) -> Sp
             options.seed,
         ),
         SplitPolicy::Fraction { train, val } => {
-            grandis_store::split::fraction_split(labels, train, val, options.seed)
+            grandis_store::split::fraction_split(labels, train, val, None, options.seed)
         }
     }
 }

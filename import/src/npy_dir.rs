@@ -13,7 +13,6 @@
 use std::path::{Path, PathBuf};
 
 use grandis_npy::{DType, NpyFile};
-use grandis_store::EdgeListBuilder;
 use grandis_telemetry::Progress;
 
 use crate::{vertex_id, Ctx, ImportError, Parts, Result};
@@ -109,7 +108,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         ));
     }
     let e = shape[1] as usize;
-    let mut builder = EdgeListBuilder::with_capacity(ctx.edge_options(), e);
+    let mut builder = ctx.edge_builder(Some(e))?;
     let source_of_n = format!("x.npy has {n} rows");
     let edge_path = edge_file.path().to_path_buf();
     let mut progress = Progress::new("edges", Some(e as u64));

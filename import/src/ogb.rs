@@ -11,7 +11,6 @@
 
 use std::path::{Path, PathBuf};
 
-use grandis_store::EdgeListBuilder;
 use grandis_telemetry::Progress;
 
 use crate::edgelist::{read_id_lines, read_label_lines, write_feature_table, write_no_features};
@@ -98,7 +97,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, input: &Path) -> Result<Parts> {
     let src_of_n = n
         .as_ref()
         .map_or(String::new(), |(_, p)| p.display().to_string());
-    let mut builder = EdgeListBuilder::new(ctx.edge_options());
+    let mut builder = ctx.edge_builder(None)?;
     let mut read = 0u64;
     let mut progress = Progress::new("edges", None);
     while lines.advance()? {

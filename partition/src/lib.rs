@@ -11,6 +11,7 @@
 mod book;
 mod methods;
 mod quality;
+mod rewrite;
 mod subgraph;
 
 use std::path::{Path, PathBuf};
@@ -275,6 +276,10 @@ pub struct Relabel {
     pub old_to_new: Vec<u32>,
     /// Device-part boundaries, server-major (servers * devices + 1 entries).
     pub starts: Vec<u64>,
+    /// Finer boundaries: one range per (part, locality cluster), or `starts` without
+    /// clusters. Inside one, new ids follow old ids in order, which is what lets the rewrite
+    /// stream (`rewrite`).
+    pub buckets: Vec<u64>,
 }
 
 pub fn relabel(a: &Assignment, servers: u32, devices: u32) -> Relabel {
@@ -298,6 +303,7 @@ pub fn relabel(a: &Assignment, servers: u32, devices: u32) -> Relabel {
         bucket_starts[b + 1] += bucket_starts[b];
     }
     let starts: Vec<u64> = first_bucket.iter().map(|&b| bucket_starts[b]).collect();
+    let buckets = bucket_starts.clone();
     let mut cursor = bucket_starts;
     let mut new_to_old = vec![0u32; n];
     let mut old_to_new = vec![0u32; n];
@@ -311,48 +317,8 @@ pub fn relabel(a: &Assignment, servers: u32, devices: u32) -> Relabel {
         new_to_old,
         old_to_new,
         starts,
+        buckets,
     }
-}
-
-/// The graph in new ids: row `new` is the old row of `new_to_old[new]`, mapped and re-sorted.
-fn relabel_graph(graph: CsrView<'_>, r: &Relabel) -> grandis_store::CsrGraph {
-    let n = graph.num_vertices();
-    let mut offsets = Vec::with_capacity(n + 1);
-    offsets.push(0u64);
-    let mut total = 0u64;
-    for &old in &r.new_to_old {
-        total += graph.degree(old) as u64;
-        offsets.push(total);
-    }
-    let mut indices = vec![0u32; total as usize];
-    // Fill blocks of rows in parallel: split `indices` at row boundaries every ~1M edges.
-    let mut blocks: Vec<(usize, usize, &mut [u32])> = Vec::new();
-    let mut rest: &mut [u32] = &mut indices;
-    let mut row = 0usize;
-    while row < n {
-        let mut end = row + 1;
-        while end < n && offsets[end] - offsets[row] < (1 << 20) {
-            end += 1;
-        }
-        let len = (offsets[end] - offsets[row]) as usize;
-        let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
-        blocks.push((row, end, head));
-        rest = tail;
-        row = end;
-    }
-    blocks.into_par_iter().for_each(|(first, end, out)| {
-        let base = offsets[first];
-        for new in first..end {
-            let a = (offsets[new] - base) as usize;
-            let b = (offsets[new + 1] - base) as usize;
-            let dst = &mut out[a..b];
-            for (d, &src) in dst.iter_mut().zip(graph.neighbors(r.new_to_old[new])) {
-                *d = r.old_to_new[src as usize];
-            }
-            dst.sort_unstable();
-        }
-    });
-    grandis_store::CsrGraph { offsets, indices }
 }
 
 /// Timing, memory and quality of one partitioning run (what `--json` prints).
@@ -439,7 +405,6 @@ pub fn partition_dataset(
     let clusters = cluster_report(view.graph, &assignment, cfg.servers, cfg.devices);
     drop(assignment);
 
-    let graph = relabel_graph(view.graph, &r);
     let map_sorted = |ids: &[u32]| -> Vec<u32> {
         let mut out: Vec<u32> = ids.iter().map(|&v| r.old_to_new[v as usize]).collect();
         out.par_sort_unstable();
@@ -450,33 +415,25 @@ pub fn partition_dataset(
         val: map_sorted(view.val),
         test: map_sorted(view.test),
     };
+
+    // The relabelled dataset, streamed: memory stays O(V) whatever the graph's size.
+    let mut writer = DatasetWriter::create(dir.path().join(DATASET_DIR), false)?;
+    let offsets = rewrite::graph(&ds, &r, &mut writer)?;
+    writer.set_symmetric(m.symmetric);
+    let indices = writer.staged_indices()?;
     let quality = quality::measure(
-        graph.view(),
+        CsrView {
+            offsets: &offsets,
+            indices: indices.as_slice(),
+        },
         m.symmetric,
         &r.starts,
         cfg.devices as usize,
         &split.train,
+        &|edges| indices.release(edges),
     );
-
-    // The relabelled dataset.
-    let mut writer = DatasetWriter::create(dir.path().join(DATASET_DIR), false)?;
-    writer.write_graph_parts(&graph.offsets, &graph.indices)?;
-    writer.set_symmetric(m.symmetric);
-    drop(graph);
-    let f = view.feature_dim;
-    let mut features = writer.features_writer()?;
-    if f > 0 && !view.features.is_empty() {
-        let mut block = Vec::with_capacity((1 << 20).max(f));
-        for &old in &r.new_to_old {
-            block.extend_from_slice(view.feature_row(old));
-            if block.len() >= 1 << 20 {
-                features.push(&block)?;
-                block.clear();
-            }
-        }
-        features.push(&block)?;
-    }
-    writer.finish_features(features, f as u64)?;
+    drop((indices, offsets));
+    rewrite::features(&ds, &r, &mut writer)?;
     let labels: Vec<i32> = r
         .new_to_old
         .iter()

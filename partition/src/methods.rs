@@ -147,8 +147,8 @@ fn metis_adjacency(sub: &Subgraph<'_>) -> Result<(Vec<metis::Idx>, Vec<metis::Id
         }
         let csr = builder
             .finish(Some(n as u64))
-            .map_err(|e| PartitionError::Metis(e.to_string()))?
-            .into_csr();
+            .and_then(|sorted| sorted.into_csr())
+            .map_err(|e| PartitionError::Metis(e.to_string()))?;
         let m = csr.indices.len() as u64;
         if m > metis::Idx::MAX as u64 {
             return Err(too_large(m));

@@ -30,14 +30,20 @@ pub struct Quality {
     pub server_train_balance: f64,
 }
 
+/// Sources per block of a pass: after each block, `release` is called with its edge range
+/// so a mapped graph larger than memory is measured with bounded resident memory.
+const BLOCK_EDGES: u64 = 16 << 20;
+
 /// `part_starts`: device parts, server-major (length servers * devices + 1).
-/// `train`: sorted training vertex ids (new ids).
+/// `train`: sorted training vertex ids (new ids). `release(edges)`: the pass is done with
+/// those sources (a no-op for a graph in memory).
 pub(crate) fn measure(
     graph: CsrView<'_>,
     symmetric: bool,
     part_starts: &[u64],
     devices: usize,
     train: &[u32],
+    release: &(dyn Fn(std::ops::Range<usize>) + Sync),
 ) -> Quality {
     let n = graph.num_vertices();
     let parts = part_starts.len() - 1;
@@ -48,31 +54,39 @@ pub(crate) fn measure(
         part_of[part_starts[p] as usize..part_starts[p + 1] as usize].fill(p as u32);
     }
     let dev = devices as u32;
-    let (inter, intra, total) = (0..n as u32)
-        .into_par_iter()
-        .map(|dst| {
-            let mut acc = (0u64, 0u64, 0u64);
-            for &src in graph.neighbors(dst) {
-                if src == dst {
-                    continue;
+    let mut counts = (0u64, 0u64, 0u64);
+    for rows in graph.row_blocks(BLOCK_EDGES) {
+        let block = rows
+            .clone()
+            .into_par_iter()
+            .map(|dst| {
+                let dst = dst as u32;
+                let mut acc = (0u64, 0u64, 0u64);
+                for &src in graph.neighbors(dst) {
+                    if src == dst {
+                        continue;
+                    }
+                    // Count each unordered pair once: from its smaller end, or from the only
+                    // direction that exists.
+                    let counted = src < dst || (!symmetric && !graph.has_edge(dst, src));
+                    if !counted {
+                        continue;
+                    }
+                    acc.2 += 1;
+                    let (ps, pd) = (part_of[src as usize], part_of[dst as usize]);
+                    if ps / dev != pd / dev {
+                        acc.0 += 1;
+                    } else if ps != pd {
+                        acc.1 += 1;
+                    }
                 }
-                // Count each unordered pair once: from its smaller end, or from the only
-                // direction that exists.
-                let counted = src < dst || (!symmetric && !graph.has_edge(dst, src));
-                if !counted {
-                    continue;
-                }
-                acc.2 += 1;
-                let (ps, pd) = (part_of[src as usize], part_of[dst as usize]);
-                if ps / dev != pd / dev {
-                    acc.0 += 1;
-                } else if ps != pd {
-                    acc.1 += 1;
-                }
-            }
-            acc
-        })
-        .reduce(|| (0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2));
+                acc
+            })
+            .reduce(|| (0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2));
+        counts = (counts.0 + block.0, counts.1 + block.1, counts.2 + block.2);
+        release(graph.offsets[rows.start] as usize..graph.offsets[rows.end] as usize);
+    }
+    let (inter, intra, total) = counts;
     drop(part_of);
 
     let train_in = |a: u64, b: u64| -> u64 {
@@ -95,8 +109,8 @@ pub(crate) fn measure(
         inter_server_cut: inter,
         intra_server_cut: intra,
         undirected_edges: total,
-        replication_factor: replication(graph, part_starts),
-        server_replication_factor: replication(graph, &server_starts),
+        replication_factor: replication(graph, part_starts, release),
+        server_replication_factor: replication(graph, &server_starts, release),
         vertex_balance: balance(part_starts, &vertices),
         edge_balance: balance(part_starts, &edges),
         train_balance: balance(part_starts, &train_in),
@@ -106,31 +120,49 @@ pub(crate) fn measure(
     }
 }
 
-/// Σ_p |V_p ∪ halo_p| / |V| for contiguous parts. One bitmap of |V| bits per part in flight.
-fn replication(graph: CsrView<'_>, starts: &[u64]) -> f64 {
+/// Σ_p |V_p ∪ halo_p| / |V| for contiguous parts: one pass over the rows in order, with one
+/// bitmap of |V| bits for the part being scanned.
+fn replication(
+    graph: CsrView<'_>,
+    starts: &[u64],
+    release: &(dyn Fn(std::ops::Range<usize>) + Sync),
+) -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
     let n = graph.num_vertices();
     if n == 0 {
         return 1.0;
     }
-    let total: u64 = starts
-        .par_windows(2)
-        .map(|w| {
-            let (a, b) = (w[0] as u32, w[1] as u32);
-            let mut seen = vec![0u64; n.div_ceil(64)];
-            let mut halo = 0u64;
-            for dst in a..b {
-                for &src in graph.neighbors(dst) {
-                    if src < a || src >= b {
-                        let (word, bit) = (src as usize / 64, 1u64 << (src % 64));
-                        if seen[word] & bit == 0 {
-                            seen[word] |= bit;
-                            halo += 1;
+    let seen: Vec<AtomicU64> = (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+    let mut total = 0u64;
+    for w in starts.windows(2) {
+        let (a, b) = (w[0] as u32, w[1] as u32);
+        seen.par_iter().for_each(|word| word.store(0, Ordering::Relaxed));
+        let part = CsrView {
+            offsets: &graph.offsets[..=b as usize],
+            indices: graph.indices,
+        };
+        let mut halo = 0u64;
+        for rows in part.row_blocks(BLOCK_EDGES).skip_while(|r| r.end <= a as usize) {
+            let rows = rows.start.max(a as usize)..rows.end;
+            halo += rows
+                .clone()
+                .into_par_iter()
+                .map(|dst| {
+                    let mut fresh = 0u64;
+                    for &src in graph.neighbors(dst as u32) {
+                        if src < a || src >= b {
+                            let (word, bit) = (src as usize / 64, 1u64 << (src % 64));
+                            if seen[word].fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+                                fresh += 1;
+                            }
                         }
                     }
-                }
-            }
-            (b - a) as u64 + halo
-        })
-        .sum();
+                    fresh
+                })
+                .sum::<u64>();
+            release(graph.offsets[rows.start] as usize..graph.offsets[rows.end] as usize);
+        }
+        total += (b - a) as u64 + halo;
+    }
     total as f64 / n as f64
 }

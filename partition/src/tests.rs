@@ -12,6 +12,24 @@ fn cfg(servers: u32, devices: u32, method: PartitionMethod) -> PartitionConfig {
     }
 }
 
+/// The relabelled graph, built the obvious way in memory (the reference for the streamed
+/// rewrite): row `new` is the old row of `new_to_old[new]`, mapped and sorted.
+fn relabel_graph(graph: grandis_store::CsrView<'_>, r: &Relabel) -> grandis_store::CsrGraph {
+    let mut offsets = vec![0u64];
+    let mut indices = Vec::new();
+    for &old in &r.new_to_old {
+        let mut row: Vec<u32> = graph
+            .neighbors(old)
+            .iter()
+            .map(|&s| r.old_to_new[s as usize])
+            .collect();
+        row.sort_unstable();
+        indices.extend(row);
+        offsets.push(indices.len() as u64);
+    }
+    grandis_store::CsrGraph { offsets, indices }
+}
+
 /// Partition quality without touching the disk.
 fn quality_of(ds: &InMemoryDataset, symmetric: bool, c: &PartitionConfig) -> Quality {
     let view = ds.view();
@@ -24,7 +42,14 @@ fn quality_of(ds: &InMemoryDataset, symmetric: bool, c: &PartitionConfig) -> Qua
         .map(|&v| r.old_to_new[v as usize])
         .collect();
     train.sort_unstable();
-    quality::measure(g.view(), symmetric, &r.starts, c.devices as usize, &train)
+    quality::measure(
+        g.view(),
+        symmetric,
+        &r.starts,
+        c.devices as usize,
+        &train,
+        &|_| {},
+    )
 }
 
 /// A 10x10 grid where every vertex trains, so METIS balances vertices only.
@@ -147,9 +172,18 @@ fn partition_directory_round_trips_and_is_isomorphic() {
     let ds = power_law(800);
     ds.write(&src_dir, false).unwrap();
     let original = Dataset::open(&src_dir).unwrap();
-    for &method in PartitionMethod::ALL {
-        let out = root.path().join(method.name());
-        let report = partition_dataset(&src_dir, &out, &cfg(2, 3, method), false).unwrap();
+    // With locality clusters the rewrite streams into many more buckets than parts.
+    let clustered = |m| PartitionConfig {
+        cluster_vertices: Some(40),
+        ..cfg(2, 3, m)
+    };
+    let configs = PartitionMethod::ALL
+        .iter()
+        .flat_map(|&m| [cfg(2, 3, m), clustered(m)]);
+    for (i, config) in configs.enumerate() {
+        let method = config.method;
+        let out = root.path().join(format!("{}-{i}", method.name()));
+        let report = partition_dataset(&src_dir, &out, &config, false).unwrap();
         let book = PartitionBook::open(&out).unwrap();
         // JSON floats may differ in the last bit; the counts must match exactly.
         let q = book.quality();
@@ -200,6 +234,14 @@ fn partition_directory_round_trips_and_is_isomorphic() {
                 assert!(b.graph.has_edge(book.to_new(src), book.to_new(dst)));
             }
         }
+        // Rows exactly as the in-memory relabelling makes them (sorted, mapped).
+        let r = Relabel {
+            new_to_old: (0..n).map(|v| book.to_original(v)).collect(),
+            old_to_new: (0..n).map(|v| book.to_new(v)).collect(),
+            starts: Vec::new(),
+            buckets: Vec::new(),
+        };
+        assert_eq!(b.graph.to_owned(), relabel_graph(a.graph, &r));
         for old in 0..n {
             let v = book.to_new(old);
             assert_eq!(a.feature_row(old), b.feature_row(v));

@@ -153,6 +153,151 @@ pub fn write_array<T: Element>(
     writer.finish(cols)
 }
 
+/// Writes an array file whose elements arrive in several sequential streams, one per range
+/// of positions ("bucket"): a relabelling that scans its input once sends each element to
+/// its bucket, and every bucket fills in order. Memory: one small buffer per bucket. The
+/// checksum is computed by reading the file back at the end (sequentially, not mapped).
+pub struct RangeWriter<T: Element> {
+    path: PathBuf,
+    file: File,
+    /// Bucket `b` covers elements `starts[b]..starts[b + 1]`.
+    starts: Vec<u64>,
+    /// Next element each bucket writes, and what it has buffered.
+    next: Vec<u64>,
+    buffers: Vec<Vec<T>>,
+    buffer_elems: usize,
+}
+
+/// Most bytes a [`RangeWriter`] bucket buffers before writing.
+const RANGE_BUFFER_BYTES: usize = 256 << 10;
+
+impl<T: Element> RangeWriter<T> {
+    /// `starts`: bucket boundaries in elements, ascending, from 0 to the array's length.
+    pub fn create(path: impl AsRef<Path>, starts: &[u64]) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let invalid = |m: String| StoreError::invalid(&path, m);
+        if starts.first() != Some(&0) || starts.windows(2).any(|w| w[1] < w[0]) {
+            return Err(invalid(format!(
+                "internal error: bucket starts must ascend from 0, got {} entries",
+                starts.len()
+            )));
+        }
+        let len = *starts.last().expect("checked non-empty");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| StoreError::io(&path, e))?;
+        file.set_len(HEADER_BYTES as u64 + len * std::mem::size_of::<T>() as u64)
+            .map_err(|e| StoreError::io(&path, e))?;
+        let buckets = starts.len() - 1;
+        // About 256 MiB of buffers at most, whatever the number of buckets.
+        let buffer_bytes = ((256usize << 20) / buckets.max(1)).clamp(4 << 10, RANGE_BUFFER_BYTES);
+        Ok(RangeWriter {
+            buffer_elems: (buffer_bytes / std::mem::size_of::<T>()).max(1),
+            path,
+            file,
+            starts: starts.to_vec(),
+            next: starts[..buckets].to_vec(),
+            buffers: (0..buckets).map(|_| Vec::new()).collect(),
+        })
+    }
+
+    /// Appends `values` to bucket `b`.
+    pub fn push(&mut self, b: usize, values: &[T]) -> Result<()> {
+        let buffered = self.buffers[b].len() as u64;
+        if self.next[b] + buffered + values.len() as u64 > self.starts[b + 1] {
+            return Err(StoreError::invalid(
+                &self.path,
+                format!("internal error: bucket {b} overflows its range"),
+            ));
+        }
+        let cap = self.buffer_elems;
+        if self.buffers[b].len() + values.len() > cap {
+            self.flush(b)?;
+        }
+        if values.len() >= cap {
+            self.write_at(self.next[b], values)?;
+            self.next[b] += values.len() as u64;
+        } else {
+            self.buffers[b].extend_from_slice(values);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, b: usize) -> Result<()> {
+        let buffer = std::mem::take(&mut self.buffers[b]);
+        self.write_at(self.next[b], &buffer)?;
+        self.next[b] += buffer.len() as u64;
+        self.buffers[b] = buffer;
+        self.buffers[b].clear();
+        Ok(())
+    }
+
+    fn write_at(&self, element: u64, values: &[T]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let at = HEADER_BYTES as u64 + element * std::mem::size_of::<T>() as u64;
+        self.file
+            .write_all_at(bytemuck::cast_slice(values), at)
+            .map_err(|e| StoreError::io(&self.path, e))
+    }
+
+    /// Checks that every bucket is full, hashes the payload and writes the header for
+    /// `len / cols` rows of `cols`.
+    pub fn finish(mut self, cols: u64) -> Result<ArraySummary> {
+        use std::io::Read;
+        for b in 0..self.buffers.len() {
+            self.flush(b)?;
+            if self.next[b] != self.starts[b + 1] {
+                return Err(StoreError::invalid(
+                    &self.path,
+                    format!(
+                        "internal error: bucket {b} got {} of {} elements",
+                        self.next[b] - self.starts[b],
+                        self.starts[b + 1] - self.starts[b]
+                    ),
+                ));
+            }
+        }
+        let len = *self.starts.last().expect("non-empty");
+        let cols = cols.max(1);
+        if !len.is_multiple_of(cols) {
+            return Err(StoreError::invalid(
+                &self.path,
+                format!("{len} elements do not fill rows of {cols} columns"),
+            ));
+        }
+        let path = self.path.clone();
+        let io = |e| StoreError::io(&path, e);
+        let mut hasher = Xxh3::new();
+        self.file
+            .seek(SeekFrom::Start(HEADER_BYTES as u64))
+            .map_err(io)?;
+        let mut reader = std::io::BufReader::with_capacity(4 << 20, &self.file);
+        let mut chunk = vec![0u8; 4 << 20];
+        loop {
+            let k = reader.read(&mut chunk).map_err(io)?;
+            if k == 0 {
+                break;
+            }
+            hasher.update(&chunk[..k]);
+        }
+        let summary = ArraySummary {
+            rows: len / cols,
+            cols,
+            checksum: hasher.digest(),
+        };
+        self.file.seek(SeekFrom::Start(0)).map_err(io)?;
+        self.file
+            .write_all(&encode_header(T::DTYPE, &summary))
+            .map_err(io)?;
+        self.file.sync_all().map_err(io)?;
+        Ok(summary)
+    }
+}
+
 fn encode_header(dtype: DType, summary: &ArraySummary) -> [u8; HEADER_BYTES] {
     let mut header = [0u8; HEADER_BYTES];
     header[0..8].copy_from_slice(&MAGIC);
@@ -292,29 +437,32 @@ impl<T: Element> MappedArray<T> {
     ) -> std::result::Result<(), E> {
         let all = self.as_slice();
         let per_chunk = (SCAN_CHUNK_BYTES / std::mem::size_of::<T>()).max(1);
-        let mut released = 0usize;
         for (i, chunk) in all.chunks(per_chunk).enumerate() {
             f(i * per_chunk, chunk)?;
-            if let Some(map) = &self.map {
-                // Whole pages only: the last, partly read page goes with the next chunk.
-                let end = HEADER_BYTES + (i * per_chunk + chunk.len()) * std::mem::size_of::<T>();
-                let end = end / PAGE_BYTES * PAGE_BYTES;
-                if end > released {
-                    // SAFETY: the mapping is a read-only view of a file nobody writes (see
-                    // `open`); MADV_DONTNEED only drops resident pages, which a later read
-                    // faults back in from the file, so no slice handed out sees other data.
-                    let _ = unsafe {
-                        map.unchecked_advise_range(
-                            memmap2::UncheckedAdvice::DontNeed,
-                            released,
-                            end - released,
-                        )
-                    };
-                    released = end;
-                }
-            }
+            // The last, partly read page goes with the next chunk.
+            self.release(0..i * per_chunk + chunk.len());
         }
         Ok(())
+    }
+
+    /// Drops the pages that lie wholly inside elements `range` from this process's resident
+    /// set (they stay in the page cache; a later read faults them back in). For sequential
+    /// passes over arrays larger than memory: release what is behind the cursor.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        let Some(map) = &self.map else {
+            return;
+        };
+        let size = std::mem::size_of::<T>();
+        let start = (HEADER_BYTES + range.start * size).div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        let end = (HEADER_BYTES + range.end * size) / PAGE_BYTES * PAGE_BYTES;
+        if end > start {
+            // SAFETY: the mapping is a read-only view of a file nobody writes (see `open`);
+            // MADV_DONTNEED only drops resident pages, which a later read faults back in
+            // from the file, so no slice handed out sees other data.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
     }
 
     pub fn verify_checksum(&self) -> Result<()> {
@@ -355,6 +503,40 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let err = MappedArray::<f32>::open(&path).err().expect("refused");
         assert!(err.to_string().contains("0 columns"), "{err}");
+    }
+
+    /// Buckets filled in interleaved order (and pushes larger than a buffer) give the file
+    /// a sequential writer gives; a bucket left short or overfilled is an error.
+    #[test]
+    fn range_writer_matches_the_sequential_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let values: Vec<u32> = (0..200_000).map(|i| i * 7 + 1).collect();
+        let starts = [0u64, 10, 10, 150_000, 200_000];
+        let expected = write_array(dir.path().join("seq"), &values, 2).unwrap();
+        let mut w = RangeWriter::<u32>::create(dir.path().join("ranges"), &starts).unwrap();
+        let mut next: Vec<u64> = starts[..4].to_vec();
+        let mut step = 0u64;
+        while (0..4).any(|b| next[b] < starts[b + 1]) {
+            for b in (0..4).rev() {
+                let take = (step * 977 % 90_000 + 1).min(starts[b + 1] - next[b]);
+                w.push(b, &values[next[b] as usize..(next[b] + take) as usize])
+                    .unwrap();
+                next[b] += take;
+                step += 1;
+            }
+        }
+        let summary = w.finish(2).unwrap();
+        assert_eq!(summary, expected);
+        assert_eq!(
+            std::fs::read(dir.path().join("ranges")).unwrap(),
+            std::fs::read(dir.path().join("seq")).unwrap()
+        );
+
+        let mut short = RangeWriter::<u32>::create(dir.path().join("short"), &starts).unwrap();
+        assert!(short.push(1, &[1]).is_err(), "bucket 1 is empty");
+        short.push(0, &values[..9]).unwrap();
+        let err = short.finish(1).unwrap_err().to_string();
+        assert!(err.contains("bucket 0 got 9 of 10"), "{err}");
     }
 
     #[test]

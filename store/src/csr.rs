@@ -1,4 +1,4 @@
-//! Compressed sparse rows, and the one place where raw edge lists become CSR.
+//! Compressed sparse rows (raw edge lists become CSR in [`crate::edges`]).
 //!
 //! Convention used everywhere in grandis: row `v` lists the *sources* of the edges that end
 //! at `v` (its in-neighbours), sorted ascending and without duplicates. A GNN layer computes
@@ -6,6 +6,8 @@
 //! graph in- and out-neighbours coincide.
 
 use rayon::prelude::*;
+
+use crate::edges::{EdgeError, EdgeListBuilder, EdgeOptions};
 
 /// Largest number of vertices a dataset can hold: ids are `u32` and `u32::MAX` is reserved
 /// as a "no vertex" sentinel.
@@ -38,6 +40,24 @@ impl<'a> CsrView<'a> {
     pub fn has_edge(&self, src: u32, dst: u32) -> bool {
         self.neighbors(dst).binary_search(&src).is_ok()
     }
+    /// Consecutive row ranges covering all rows, each with at most about `max_edges` edges
+    /// (a longer row is a range of its own): the unit of chunked passes over big graphs.
+    pub fn row_blocks(&self, max_edges: u64) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let n = self.num_vertices();
+        let mut start = 0usize;
+        std::iter::from_fn(move || {
+            if start >= n {
+                return None;
+            }
+            let limit = self.offsets[start].saturating_add(max_edges.max(1));
+            // The last row whose end stays within the limit, at least one row.
+            let end = (self.offsets.partition_point(|&o| o <= limit) - 1).clamp(start + 1, n);
+            let block = start..end;
+            start = end;
+            Some(block)
+        })
+    }
+
     pub fn to_owned(&self) -> CsrGraph {
         CsrGraph {
             offsets: self.offsets.to_vec(),
@@ -105,183 +125,7 @@ impl CsrGraph {
         for (src, dst) in edges {
             builder.push(src, dst)?;
         }
-        Ok(builder.finish(Some(num_vertices))?.into_csr())
-    }
-}
-
-/// What to do with edges from a vertex to itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SelfLoops {
-    /// Give every vertex exactly one self-loop.
-    Add,
-    /// Drop all self-loops.
-    Remove,
-    /// Keep the self-loops the input has (deduplicated like any edge).
-    #[default]
-    Keep,
-}
-
-/// How raw edges become the stored graph. Duplicate edges are always removed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EdgeOptions {
-    /// Add the reverse of every edge.
-    pub symmetrize: bool,
-    pub self_loops: SelfLoops,
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum EdgeError {
-    #[error("vertex id {id} is out of range: the graph has {num_vertices} vertices")]
-    OutOfRange { id: u64, num_vertices: u64 },
-    #[error("vertex id {id} exceeds the supported maximum of {max} vertices (ids are u32)")]
-    TooLarge { id: u64, max: u64 },
-}
-
-/// Collects edges and turns them into sorted, deduplicated CSR rows.
-///
-/// Memory: 8 bytes per (possibly symmetrized) edge while collecting, which is at most twice
-/// the 4 bytes per edge of the stored graph; the final rows are produced in place.
-pub struct EdgeListBuilder {
-    options: EdgeOptions,
-    /// `(dst << 32) | src`: sorting these groups edges by destination, then source.
-    keys: Vec<u64>,
-    max_id: Option<u32>,
-}
-
-impl EdgeListBuilder {
-    pub fn new(options: EdgeOptions) -> Self {
-        EdgeListBuilder {
-            options,
-            keys: Vec::new(),
-            max_id: None,
-        }
-    }
-
-    pub fn with_capacity(options: EdgeOptions, edges: usize) -> Self {
-        let mut b = Self::new(options);
-        let factor = if options.symmetrize { 2 } else { 1 };
-        b.keys.reserve(edges.saturating_mul(factor));
-        b
-    }
-
-    /// Checks an id coming from untrusted input and narrows it to `u32`.
-    pub fn check_id(id: i64) -> Result<u32, EdgeError> {
-        if id < 0 || id as u64 >= MAX_VERTICES {
-            return Err(EdgeError::TooLarge {
-                id: id as u64,
-                max: MAX_VERTICES,
-            });
-        }
-        Ok(id as u32)
-    }
-
-    pub fn push(&mut self, src: u32, dst: u32) -> Result<(), EdgeError> {
-        if src as u64 >= MAX_VERTICES || dst as u64 >= MAX_VERTICES {
-            return Err(EdgeError::TooLarge {
-                id: src.max(dst) as u64,
-                max: MAX_VERTICES,
-            });
-        }
-        self.max_id = Some(self.max_id.map_or(src.max(dst), |m| m.max(src).max(dst)));
-        if src == dst {
-            if self.options.self_loops == SelfLoops::Keep {
-                self.keys.push(key(src, dst));
-            }
-            return Ok(());
-        }
-        self.keys.push(key(src, dst));
-        if self.options.symmetrize {
-            self.keys.push(key(dst, src));
-        }
-        Ok(())
-    }
-
-    /// Number of vertices implied by the largest id seen so far.
-    pub fn implied_vertices(&self) -> u64 {
-        self.max_id.map_or(0, |m| m as u64 + 1)
-    }
-
-    /// Sorts and deduplicates. `num_vertices` defaults to one past the largest id seen;
-    /// when given, every id must be below it.
-    pub fn finish(mut self, num_vertices: Option<u64>) -> Result<SortedEdges, EdgeError> {
-        let implied = self.implied_vertices();
-        let n = match num_vertices {
-            Some(n) if implied > n => {
-                return Err(EdgeError::OutOfRange {
-                    id: implied - 1,
-                    num_vertices: n,
-                })
-            }
-            Some(n) if n > MAX_VERTICES => {
-                return Err(EdgeError::TooLarge {
-                    id: n - 1,
-                    max: MAX_VERTICES,
-                })
-            }
-            Some(n) => n,
-            None => implied,
-        };
-        if self.options.self_loops == SelfLoops::Add {
-            self.keys.reserve(n as usize);
-            self.keys.extend((0..n as u32).map(|v| key(v, v)));
-        }
-        self.keys.par_sort_unstable();
-        self.keys.dedup();
-        self.keys.shrink_to_fit();
-        Ok(SortedEdges {
-            num_vertices: n,
-            keys: self.keys,
-        })
-    }
-}
-
-fn key(src: u32, dst: u32) -> u64 {
-    ((dst as u64) << 32) | src as u64
-}
-
-/// Edges sorted by (destination, source) without duplicates: CSR rows in all but layout.
-pub struct SortedEdges {
-    num_vertices: u64,
-    keys: Vec<u64>,
-}
-
-impl SortedEdges {
-    pub fn num_vertices(&self) -> u64 {
-        self.num_vertices
-    }
-    pub fn num_edges(&self) -> u64 {
-        self.keys.len() as u64
-    }
-    /// Row offsets (length `num_vertices + 1`).
-    pub fn offsets(&self) -> Vec<u64> {
-        let n = self.num_vertices as usize;
-        let mut offsets = vec![0u64; n + 1];
-        for &k in &self.keys {
-            offsets[(k >> 32) as usize + 1] += 1;
-        }
-        for i in 0..n {
-            offsets[i + 1] += offsets[i];
-        }
-        offsets
-    }
-    /// Source ids in row order, in chunks, for streaming to disk.
-    pub fn for_each_source_chunk<E>(
-        &self,
-        mut f: impl FnMut(&[u32]) -> Result<(), E>,
-    ) -> Result<(), E> {
-        let mut buf = Vec::with_capacity(1 << 16);
-        for chunk in self.keys.chunks(1 << 16) {
-            buf.clear();
-            buf.extend(chunk.iter().map(|&k| k as u32));
-            f(&buf)?;
-        }
-        Ok(())
-    }
-    pub fn into_csr(self) -> CsrGraph {
-        let offsets = self.offsets();
-        let indices = self.keys.iter().map(|&k| k as u32).collect();
-        CsrGraph { offsets, indices }
+        builder.finish(Some(num_vertices))?.into_csr()
     }
 }
 
@@ -329,47 +173,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn builds_sorted_deduplicated_rows() {
+    fn row_blocks_cover_all_rows_within_the_edge_bound() {
         let g = CsrGraph::from_edges(
-            4,
-            [(1, 0), (2, 0), (1, 0), (3, 3), (0, 2)],
+            6,
+            [(0, 0), (1, 0), (2, 0), (0, 1), (3, 3), (4, 3), (5, 5)],
             EdgeOptions::default(),
         )
         .unwrap();
-        assert_eq!(g.offsets, vec![0, 2, 2, 3, 4]);
-        assert_eq!(g.indices, vec![1, 2, 0, 3]);
-    }
-
-    #[test]
-    fn symmetrize_and_self_loop_options() {
-        let opts = EdgeOptions {
-            symmetrize: true,
-            self_loops: SelfLoops::Remove,
-        };
-        let g = CsrGraph::from_edges(3, [(0, 1), (1, 1), (1, 2)], opts).unwrap();
-        assert!(g.view().is_symmetric());
-        assert_eq!(g.view().num_edges(), 4);
-        let opts = EdgeOptions {
-            symmetrize: true,
-            self_loops: SelfLoops::Add,
-        };
-        let g = CsrGraph::from_edges(3, [(0, 1), (1, 1)], opts).unwrap();
-        assert_eq!(g.view().num_edges(), 2 + 3);
-        assert!(g.view().has_edge(2, 2));
-    }
-
-    #[test]
-    fn out_of_range_ids_are_rejected() {
-        let err = CsrGraph::from_edges(2, [(0, 5)], EdgeOptions::default()).unwrap_err();
-        assert_eq!(
-            err,
-            EdgeError::OutOfRange {
-                id: 5,
-                num_vertices: 2
-            }
-        );
-        assert!(EdgeListBuilder::check_id(-1).is_err());
-        assert!(EdgeListBuilder::check_id(u32::MAX as i64).is_err());
+        let blocks: Vec<_> = g.view().row_blocks(2).collect();
+        // Row 0 has 3 edges (a block of its own); then rows 1-2 (1 edge), 3-4 (2), 5 (1).
+        assert_eq!(blocks, vec![0..1, 1..3, 3..5, 5..6]);
+        assert_eq!(g.view().row_blocks(100).collect::<Vec<_>>(), vec![0..6]);
     }
 
     #[test]

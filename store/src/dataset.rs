@@ -15,9 +15,10 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use crate::array::{ArraySummary, ArrayWriter, Element, MappedArray};
+use crate::array::{ArraySummary, ArrayWriter, Element, MappedArray, RangeWriter};
 use crate::atomic::AtomicDir;
-use crate::csr::{CsrView, SortedEdges, MAX_VERTICES};
+use crate::csr::{CsrView, MAX_VERTICES};
+use crate::edges::SortedEdges;
 use crate::error::{Result, StoreError};
 use crate::split::Split;
 
@@ -162,22 +163,64 @@ impl DatasetWriter {
         self.files.insert(name.to_string(), summary);
     }
 
-    pub fn write_graph(&mut self, edges: &SortedEdges) -> Result<()> {
-        let offsets = edges.offsets();
+    /// Where a builder feeding this writer may put scratch files
+    /// ([`EdgeListBuilder::spill_to`](crate::EdgeListBuilder::spill_to)): the staging
+    /// directory, on the output's file system and removed with it if the write fails.
+    pub fn scratch_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Streams the graph to disk; returns the number of stored edges.
+    pub fn write_graph(&mut self, edges: &SortedEdges) -> Result<u64> {
+        let mut w = ArrayWriter::<u32>::create(self.file(INDICES))?;
+        let offsets = edges.stream_csr(|chunk| w.push(chunk))?;
+        let summary = w.finish(1)?;
+        self.record(INDICES, summary);
         let summary = crate::array::write_array(self.file(OFFSETS), &offsets, 1)?;
         self.record(OFFSETS, summary);
-        let mut w = ArrayWriter::<u32>::create(self.file(INDICES))?;
-        edges.for_each_source_chunk(|chunk| w.push(chunk))?;
-        let summary = w.finish(1)?;
+        Ok(offsets.last().copied().unwrap_or(0))
+    }
+
+    pub fn write_graph_parts(&mut self, offsets: &[u64], indices: &[u32]) -> Result<()> {
+        self.write_offsets(offsets)?;
+        let summary = crate::array::write_array(self.file(INDICES), indices, 1)?;
         self.record(INDICES, summary);
         Ok(())
     }
 
-    pub fn write_graph_parts(&mut self, offsets: &[u64], indices: &[u32]) -> Result<()> {
+    /// The row offsets alone; the sources follow through [`Self::indices_by_range`].
+    pub fn write_offsets(&mut self, offsets: &[u64]) -> Result<()> {
         let summary = crate::array::write_array(self.file(OFFSETS), offsets, 1)?;
         self.record(OFFSETS, summary);
-        let summary = crate::array::write_array(self.file(INDICES), indices, 1)?;
+        Ok(())
+    }
+
+    /// A writer for the sources whose positions arrive in several sequential streams
+    /// ([`RangeWriter`]); hand it back to [`Self::finish_indices`].
+    pub fn indices_by_range(&self, starts: &[u64]) -> Result<RangeWriter<u32>> {
+        RangeWriter::create(self.file(INDICES), starts)
+    }
+
+    pub fn finish_indices(&mut self, writer: RangeWriter<u32>) -> Result<()> {
+        let summary = writer.finish(1)?;
         self.record(INDICES, summary);
+        Ok(())
+    }
+
+    /// The sources written so far, mapped (to measure the staged graph).
+    pub fn staged_indices(&self) -> Result<MappedArray<u32>> {
+        MappedArray::open(self.file(INDICES))
+    }
+
+    /// Features by range of positions, like [`Self::indices_by_range`]; `starts` count
+    /// elements (rows times the dimension).
+    pub fn features_by_range(&self, starts: &[u64]) -> Result<RangeWriter<f32>> {
+        RangeWriter::create(self.file(FEATURES), starts)
+    }
+
+    pub fn finish_features_by_range(&mut self, writer: RangeWriter<f32>, dim: u64) -> Result<()> {
+        let summary = writer.finish(dim)?;
+        self.record(FEATURES, summary);
         Ok(())
     }
 
@@ -560,6 +603,20 @@ impl Dataset {
     pub fn features(&self) -> &[f32] {
         self.features.as_slice()
     }
+    /// Drops the pages of `rows`' sources and feature rows from the resident set (see
+    /// [`MappedArray::release`]): what a sequential pass over a graph larger than memory
+    /// calls behind its cursor.
+    pub fn release_rows(&self, rows: std::ops::Range<usize>) {
+        let offsets = self.offsets.as_slice();
+        if rows.end >= offsets.len() || rows.start > rows.end {
+            return;
+        }
+        self.indices
+            .release(offsets[rows.start] as usize..offsets[rows.end] as usize);
+        let f = self.manifest.feature_dim as usize;
+        self.features.release(rows.start * f..rows.end * f);
+        self.offsets.release(rows);
+    }
     pub fn labels(&self) -> &[i32] {
         self.labels.as_slice()
     }
@@ -597,7 +654,8 @@ impl Dataset {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::csr::{CsrGraph, EdgeOptions};
+    use crate::csr::CsrGraph;
+    use crate::edges::EdgeOptions;
 
     fn tiny() -> InMemoryDataset {
         let graph = CsrGraph::from_edges(

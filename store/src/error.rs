@@ -51,4 +51,20 @@ impl StoreError {
     }
 }
 
+/// Streaming a graph out of an [`EdgeListBuilder`](crate::EdgeListBuilder) can only fail on
+/// its scratch files; the other variants never reach a writer but keep their message.
+impl From<crate::edges::EdgeError> for StoreError {
+    fn from(e: crate::edges::EdgeError) -> Self {
+        match e {
+            crate::edges::EdgeError::Scratch { path, message } => {
+                StoreError::Invalid { path, message }
+            }
+            other => StoreError::Invalid {
+                path: PathBuf::from("edge list"),
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -6,20 +6,22 @@
 //! of edges opens in milliseconds. `Dataset::open` checks headers and counts; `verify` checks
 //! checksums and every id. Writers build in a staging directory and rename at the end, so a
 //! failed import never leaves a half-written dataset. This crate also owns the single
-//! edge-list-to-CSR path ([`EdgeListBuilder`]) that importers and generators share.
+//! edge-list-to-CSR path ([`EdgeListBuilder`], external-memory for graphs beyond RAM) that
+//! importers and generators share.
 
 pub mod array;
 pub mod atomic;
 pub mod csr;
 pub mod dataset;
+pub mod edges;
 pub mod error;
 pub mod split;
 
-pub use array::{ArraySummary, ArrayWriter, MappedArray, SCAN_CHUNK_BYTES};
+pub use array::{ArraySummary, ArrayWriter, MappedArray, RangeWriter, SCAN_CHUNK_BYTES};
 pub use atomic::{write_file_atomic, write_file_atomic_with, AtomicDir};
-pub use csr::{
-    CsrGraph, CsrView, DegreeStats, EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops,
-    SortedEdges, MAX_VERTICES,
+pub use csr::{CsrGraph, CsrView, DegreeStats, MAX_VERTICES};
+pub use edges::{
+    EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops, SortedEdges, DEFAULT_RUN_BYTES,
 };
 pub use dataset::{
     Dataset, DatasetInfo, DatasetView, DatasetWriter, InMemoryDataset, Manifest, SplitSizes,

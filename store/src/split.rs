@@ -50,8 +50,10 @@ pub fn per_class_split(
     split
 }
 
-/// Random fractional split of all labelled vertices (e.g. 0.6 / 0.2 / 0.2).
-pub fn fraction_split(labels: &[i32], train: f64, val: f64, seed: u64) -> Split {
+/// Random fractional split of all labelled vertices (e.g. 0.6 / 0.2 / 0.2). `test` defaults
+/// to the rest; a smaller one leaves vertices in no split (papers100M labels 1.4% of its
+/// vertices, and evaluating on the other 98% would dominate every epoch).
+pub fn fraction_split(labels: &[i32], train: f64, val: f64, test: Option<f64>, seed: u64) -> Split {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut order: Vec<u32> = (0..labels.len() as u32)
         .filter(|&v| labels[v as usize] >= 0)
@@ -61,10 +63,12 @@ pub fn fraction_split(labels: &[i32], train: f64, val: f64, seed: u64) -> Split 
     let n_train = ((n as f64) * train).round() as usize;
     let n_val = (((n as f64) * val).round() as usize).min(n - n_train.min(n));
     let n_train = n_train.min(n);
+    let rest = n - n_train - n_val;
+    let n_test = test.map_or(rest, |t| (((n as f64) * t).round() as usize).min(rest));
     let mut split = Split {
         train: order[..n_train].to_vec(),
         val: order[n_train..n_train + n_val].to_vec(),
-        test: order[n_train + n_val..].to_vec(),
+        test: order[n_train + n_val..n_train + n_val + n_test].to_vec(),
     };
     split.train.sort_unstable();
     split.val.sort_unstable();
@@ -106,8 +110,12 @@ mod tests {
     fn fraction_split_covers_all_labelled() {
         let mut labels = vec![0i32; 100];
         labels[5] = -1;
-        let s = fraction_split(&labels, 0.6, 0.2, 1);
+        let s = fraction_split(&labels, 0.6, 0.2, None, 1);
         assert_eq!(s.train.len() + s.val.len() + s.test.len(), 99);
         assert!(!s.train.contains(&5) && !s.val.contains(&5) && !s.test.contains(&5));
+        let small = fraction_split(&labels, 0.6, 0.2, Some(0.1), 1);
+        assert_eq!((small.train, small.val), (s.train, s.val));
+        assert_eq!(small.test.len(), 10);
+        assert!(small.test.iter().all(|v| s.test.contains(v)));
     }
 }

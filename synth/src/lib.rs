@@ -14,7 +14,7 @@ use std::path::Path;
 use grandis_store::{
     split::fraction_split, CsrGraph, Dataset, DatasetInfo, DatasetView, DatasetWriter, EdgeError,
     EdgeListBuilder, EdgeOptions, InMemoryDataset, SelfLoops, SortedEdges, Split, StoreError,
-    MAX_VERTICES,
+    DEFAULT_RUN_BYTES, MAX_VERTICES,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -44,9 +44,12 @@ pub struct SynthConfig {
     /// `signal / sqrt(F) * centroid + noise` with centroid and noise standard normal, so two
     /// centroids sit about `signal * sqrt(2)` noise units apart whatever the dimension.
     pub signal: f64,
-    /// Fractions of vertices in the train and validation splits (the rest is test).
+    /// Fractions of vertices in the train, validation and test splits; test defaults to
+    /// the rest (a smaller one leaves vertices in no split, as papers100M does).
     pub train_fraction: f64,
     pub val_fraction: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_fraction: Option<f64>,
 }
 
 impl Default for SynthConfig {
@@ -63,6 +66,7 @@ impl Default for SynthConfig {
             signal: 1.0,
             train_fraction: 0.6,
             val_fraction: 0.2,
+            test_fraction: None,
         }
     }
 }
@@ -136,13 +140,18 @@ impl SynthConfig {
                 self.signal
             ));
         }
+        let test = self.test_fraction.unwrap_or(0.0);
         let fractions_ok = (0.0..=1.0).contains(&self.train_fraction)
             && (0.0..=1.0).contains(&self.val_fraction)
-            && self.train_fraction + self.val_fraction <= 1.0 + 1e-9;
+            && (0.0..=1.0).contains(&test)
+            && self.train_fraction + self.val_fraction + test <= 1.0 + 1e-9;
         if !fractions_ok {
             return bad(format!(
-                "train/val fractions must be in [0, 1] and sum to at most 1, got {} and {}",
-                self.train_fraction, self.val_fraction
+                "train/val/test fractions must be in [0, 1] and sum to at most 1, got {}, {} and {}",
+                self.train_fraction,
+                self.val_fraction,
+                self.test_fraction
+                    .map_or("the rest".to_string(), |t| t.to_string())
             ));
         }
         Ok(())
@@ -171,7 +180,8 @@ impl SynthConfig {
                 "split: seeded fraction split {}/{}/{} of all vertices, seed {}",
                 self.train_fraction,
                 self.val_fraction,
-                1.0 - self.train_fraction - self.val_fraction,
+                self.test_fraction
+                    .unwrap_or(1.0 - self.train_fraction - self.val_fraction),
                 self.seed
             ),
             format!(
@@ -346,19 +356,22 @@ impl Model {
         (src, src)
     }
 
-    /// Samples all edges (in parallel, chunk by chunk) into a symmetrized, deduplicated list.
-    fn edges(&self, cfg: &SynthConfig) -> Result<SortedEdges> {
+    /// Samples all edges (in parallel, chunk by chunk) into a symmetrized, deduplicated list;
+    /// with `scratch`, beyond [`DEFAULT_RUN_BYTES`] of edges the builder spills sorted runs
+    /// there (so the edge list never has to fit in memory).
+    fn edges(&self, cfg: &SynthConfig, scratch: Option<&Path>) -> Result<SortedEdges> {
         const CHUNK: u64 = 1 << 20;
         let total = cfg.sampled_edges();
         let chunks = total.div_ceil(CHUNK);
         let batch = (rayon::current_num_threads() * 2) as u64;
-        let mut builder = EdgeListBuilder::with_capacity(
-            EdgeOptions {
-                symmetrize: true,
-                self_loops: SelfLoops::Remove,
-            },
-            total as usize,
-        );
+        let mut builder = EdgeListBuilder::new(EdgeOptions {
+            symmetrize: true,
+            self_loops: SelfLoops::Remove,
+        });
+        if let Some(dir) = scratch {
+            builder = builder.spill_to(dir, DEFAULT_RUN_BYTES)?;
+        }
+        let mut builder = builder.expect_edges(total as usize);
         let mut progress = grandis_telemetry::Progress::new("edges", Some(total));
         let mut first = 0;
         while first < chunks {
@@ -437,7 +450,13 @@ impl Model {
     }
 
     fn split(&self, cfg: &SynthConfig, labels: &[i32]) -> Split {
-        fraction_split(labels, cfg.train_fraction, cfg.val_fraction, cfg.seed)
+        fraction_split(
+            labels,
+            cfg.train_fraction,
+            cfg.val_fraction,
+            cfg.test_fraction,
+            cfg.seed,
+        )
     }
 }
 
@@ -462,7 +481,7 @@ pub fn generate(cfg: &SynthConfig, out_dir: impl AsRef<Path>, overwrite: bool) -
         writer.target().display()
     );
     let model = Model::new(cfg);
-    let edges = model.edges(cfg)?;
+    let edges = model.edges(cfg, Some(writer.scratch_dir()))?;
     writer.write_graph(&edges)?;
     writer.set_symmetric(true);
     drop(edges);
@@ -484,7 +503,7 @@ pub fn generate(cfg: &SynthConfig, out_dir: impl AsRef<Path>, overwrite: bool) -
 pub fn generate_in_memory(cfg: &SynthConfig) -> Result<InMemoryDataset> {
     cfg.validate()?;
     let model = Model::new(cfg);
-    let graph = model.edges(cfg)?.into_csr();
+    let graph = model.edges(cfg, None)?.into_csr()?;
     let mut features = Vec::with_capacity(cfg.nodes as usize * cfg.features);
     model.features(cfg, |block| {
         features.extend_from_slice(block);
@@ -594,7 +613,7 @@ pub fn grid_dataset(rows: u32, cols: u32, seed: u64) -> InMemoryDataset {
             labels.push((c < cols / 2) as i32);
         }
     }
-    let split = fraction_split(&labels, 0.6, 0.2, seed);
+    let split = fraction_split(&labels, 0.6, 0.2, None, seed);
     InMemoryDataset {
         name: format!("grid-{rows}x{cols}"),
         graph,

@@ -32,6 +32,16 @@ pub struct SynthArgs {
     /// Class-centroid separation in noise units (smaller = harder without neighbours).
     #[arg(long, default_value_t = 1.0)]
     signal: f64,
+    /// Fraction of vertices in the training split.
+    #[arg(long, default_value_t = 0.6)]
+    train_fraction: f64,
+    /// Fraction of vertices in the validation split.
+    #[arg(long, default_value_t = 0.2)]
+    val_fraction: f64,
+    /// Fraction of vertices in the test split [default: the rest]. Smaller leaves vertices
+    /// in no split, like papers100M (1.1% train, 0.1% val, 0.2% test).
+    #[arg(long)]
+    test_fraction: Option<f64>,
     /// Dataset name recorded in the manifest (default: derived from the sizes).
     #[arg(long)]
     name: Option<String>,
@@ -59,7 +69,9 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         seed: args.seed,
         exponent: args.exponent,
         signal: args.signal,
-        ..SynthConfig::default()
+        train_fraction: args.train_fraction,
+        val_fraction: args.val_fraction,
+        test_fraction: args.test_fraction,
     };
     let started = Instant::now();
     let ds = grandis_synth::generate(&cfg, &args.out, args.force)
