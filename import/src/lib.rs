@@ -7,7 +7,8 @@
 //! GDS Parquet export such as the Cora tables shipped with `graphdatascience`
 //! ([`Format::Parquet`]). Every importer streams its input (CSV line by line, NumPy and
 //! Parquet without materialising more than one row group or one mapping), funnels edges through
-//! the shared [`EdgeListBuilder`](grandis_store::EdgeListBuilder) (8 bytes per edge, dedup,
+//! the shared [`EdgeListBuilder`](grandis_store::EdgeListBuilder) (a bounded buffer that spills
+//! sorted runs into the staging directory, so edge lists larger than memory import; dedup,
 //! symmetrize, self-loop policy) and writes through [`DatasetWriter`], whose staging directory
 //! disappears on any error, so a failed import leaves nothing behind. Bad input is reported
 //! with the file (and line or row) that holds it. Inputs without a split get a seeded one,
@@ -25,8 +26,7 @@ use std::str::FromStr;
 
 use grandis_store::{
     Dataset, DatasetInfo, DatasetWriter, EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops,
-    DEFAULT_RUN_BYTES,
-    SortedEdges, Split,
+    SortedEdges, Split, DEFAULT_RUN_BYTES,
 };
 
 pub use export::{export_npy, ExportSummary};

@@ -136,13 +136,17 @@ fn replication(
     let mut total = 0u64;
     for w in starts.windows(2) {
         let (a, b) = (w[0] as u32, w[1] as u32);
-        seen.par_iter().for_each(|word| word.store(0, Ordering::Relaxed));
+        seen.par_iter()
+            .for_each(|word| word.store(0, Ordering::Relaxed));
         let part = CsrView {
             offsets: &graph.offsets[..=b as usize],
             indices: graph.indices,
         };
         let mut halo = 0u64;
-        for rows in part.row_blocks(BLOCK_EDGES).skip_while(|r| r.end <= a as usize) {
+        for rows in part
+            .row_blocks(BLOCK_EDGES)
+            .skip_while(|r| r.end <= a as usize)
+        {
             let rows = rows.start.max(a as usize)..rows.end;
             halo += rows
                 .clone()

@@ -8,8 +8,8 @@
 //! a graph of billions of edges is built with a bounded buffer plus the O(V) row offsets, and 8
 //! bytes per edge of scratch disk that is deleted when the [`SortedEdges`] is dropped.
 
-use std::collections::BinaryHeap;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -194,7 +194,11 @@ impl EdgeListBuilder {
             .map_err(|e| io(e.into_error()))?
             .sync_data()
             .map_err(io)?;
-        tracing::debug!(run = spill.runs.len(), keys = self.keys.len(), "edge run written");
+        tracing::debug!(
+            run = spill.runs.len(),
+            keys = self.keys.len(),
+            "edge run written"
+        );
         spill.runs.push(path);
         self.keys.clear();
         Ok(())

@@ -20,11 +20,11 @@ pub mod split;
 pub use array::{ArraySummary, ArrayWriter, MappedArray, RangeWriter, SCAN_CHUNK_BYTES};
 pub use atomic::{write_file_atomic, write_file_atomic_with, AtomicDir};
 pub use csr::{CsrGraph, CsrView, DegreeStats, MAX_VERTICES};
-pub use edges::{
-    EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops, SortedEdges, DEFAULT_RUN_BYTES,
-};
 pub use dataset::{
     Dataset, DatasetInfo, DatasetView, DatasetWriter, InMemoryDataset, Manifest, SplitSizes,
+};
+pub use edges::{
+    EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops, SortedEdges, DEFAULT_RUN_BYTES,
 };
 pub use error::{Result, StoreError};
 pub use split::Split;

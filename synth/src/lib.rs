@@ -2,9 +2,9 @@
 //! with planted classes, tunable homophily and weakly informative features, written straight to
 //! the grandis dataset format. Everything is a pure function of the [`SynthConfig`] (seeded
 //! ChaCha streams per chunk, so rayon parallelism does not change the output), and the
-//! generator streams: edges go through the store's [`EdgeListBuilder`] (8 bytes per directed
-//! edge) and features are produced and written a block of rows at a time, so a 10M-vertex /
-//! 200M-edge graph fits in a few GiB. Features are built so that neighbour aggregation helps:
+//! generator streams: edges go through the store's [`EdgeListBuilder`], which spills sorted
+//! runs to the output's file system past a bounded buffer, and features are produced and
+//! written a block of rows at a time, so a 100M-vertex / 1B-edge graph needs about 6 GiB. Features are built so that neighbour aggregation helps:
 //! each vertex's row is a scaled-down class centroid plus unit Gaussian noise, so a model that
 //! only sees its own row does clearly worse than one that averages over (mostly same-class)
 //! neighbours. [`grid_graph`] and [`grid_dataset`] build tiny 2-D grids for other crates' tests.
@@ -357,9 +357,9 @@ impl Model {
     }
 
     /// Samples all edges (in parallel, chunk by chunk) into a symmetrized, deduplicated list;
-    /// with `scratch`, beyond [`DEFAULT_RUN_BYTES`] of edges the builder spills sorted runs
-    /// there (so the edge list never has to fit in memory).
-    fn edges(&self, cfg: &SynthConfig, scratch: Option<&Path>) -> Result<SortedEdges> {
+    /// with `scratch` (a directory and a buffer size), beyond the buffer the builder spills
+    /// sorted runs there (so the edge list never has to fit in memory).
+    fn edges(&self, cfg: &SynthConfig, scratch: Option<(&Path, usize)>) -> Result<SortedEdges> {
         const CHUNK: u64 = 1 << 20;
         let total = cfg.sampled_edges();
         let chunks = total.div_ceil(CHUNK);
@@ -368,8 +368,8 @@ impl Model {
             symmetrize: true,
             self_loops: SelfLoops::Remove,
         });
-        if let Some(dir) = scratch {
-            builder = builder.spill_to(dir, DEFAULT_RUN_BYTES)?;
+        if let Some((dir, run_bytes)) = scratch {
+            builder = builder.spill_to(dir, run_bytes)?;
         }
         let mut builder = builder.expect_edges(total as usize);
         let mut progress = grandis_telemetry::Progress::new("edges", Some(total));
@@ -468,9 +468,20 @@ fn gaussian(rng: &mut impl Rng) -> f64 {
 }
 
 /// Generates the dataset described by `cfg` into `out_dir` (atomically; an existing directory
-/// is only replaced when `overwrite`). Memory: 8 bytes per stored directed edge, about 20 bytes
-/// per vertex, and a few MiB of feature rows at a time.
+/// is only replaced when `overwrite`). Memory: about 40 bytes per vertex (the degree model and
+/// row offsets), a [`DEFAULT_RUN_BYTES`] edge buffer, and a few MiB of feature rows at a time.
 pub fn generate(cfg: &SynthConfig, out_dir: impl AsRef<Path>, overwrite: bool) -> Result<Dataset> {
+    generate_buffered(cfg, out_dir, overwrite, DEFAULT_RUN_BYTES)
+}
+
+/// [`generate`] holding at most `edge_buffer_bytes` of edges in memory (beyond that, sorted
+/// runs spill into the output's staging directory). The output does not depend on it.
+pub fn generate_buffered(
+    cfg: &SynthConfig,
+    out_dir: impl AsRef<Path>,
+    overwrite: bool,
+    edge_buffer_bytes: usize,
+) -> Result<Dataset> {
     cfg.validate()?;
     // Create the writer first so that an existing output is refused before any work.
     let mut writer = DatasetWriter::create(out_dir, overwrite)?;
@@ -481,7 +492,7 @@ pub fn generate(cfg: &SynthConfig, out_dir: impl AsRef<Path>, overwrite: bool) -
         writer.target().display()
     );
     let model = Model::new(cfg);
-    let edges = model.edges(cfg, Some(writer.scratch_dir()))?;
+    let edges = model.edges(cfg, Some((writer.scratch_dir(), edge_buffer_bytes)))?;
     writer.write_graph(&edges)?;
     writer.set_symmetric(true);
     drop(edges);
@@ -680,9 +691,14 @@ mod tests {
     fn deterministic_per_seed_and_on_disk_matches_memory() {
         let root = tempfile::tempdir().unwrap();
         let a = generate(&small(7), root.path().join("a"), false).unwrap();
-        let b = generate(&small(7), root.path().join("b"), false).unwrap();
+        // A 4 KiB edge buffer: the edges go through dozens of spilled runs, same bytes.
+        let b = generate_buffered(&small(7), root.path().join("b"), false, 4096).unwrap();
         let c = generate(&small(8), root.path().join("c"), false).unwrap();
         assert_eq!(a.manifest().files, b.manifest().files);
+        let leftovers = std::fs::read_dir(root.path().join("b")).unwrap();
+        assert!(leftovers
+            .map(|e| e.unwrap().file_name())
+            .all(|name| !name.to_string_lossy().starts_with(".edges-")));
         for name in ["graph.indices", "features.f32", "labels.i32", "train.idx"] {
             assert_ne!(
                 a.manifest().files[name].checksum,

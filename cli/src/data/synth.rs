@@ -42,6 +42,10 @@ pub struct SynthArgs {
     /// in no split, like papers100M (1.1% train, 0.1% val, 0.2% test).
     #[arg(long)]
     test_fraction: Option<f64>,
+    /// Memory for sorting edges, in MiB: beyond it, sorted runs spill to the output's file
+    /// system (8 bytes per directed edge of scratch) and are merged while writing.
+    #[arg(long, default_value_t = (grandis_store::DEFAULT_RUN_BYTES >> 20) as u64)]
+    edge_buffer_mib: u64,
     /// Dataset name recorded in the manifest (default: derived from the sizes).
     #[arg(long)]
     name: Option<String>,
@@ -74,7 +78,8 @@ pub fn run(args: SynthArgs) -> anyhow::Result<()> {
         test_fraction: args.test_fraction,
     };
     let started = Instant::now();
-    let ds = grandis_synth::generate(&cfg, &args.out, args.force)
+    let buffer = usize::try_from(args.edge_buffer_mib << 20).unwrap_or(usize::MAX);
+    let ds = grandis_synth::generate_buffered(&cfg, &args.out, args.force, buffer)
         .with_context(|| format!("generating {}", args.out.display()))?;
     let seconds = started.elapsed().as_secs_f64();
     let stats = grandis_synth::measure(&ds.view());
