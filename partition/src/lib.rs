@@ -14,6 +14,10 @@ mod quality;
 mod rewrite;
 mod subgraph;
 
+/// Sources per block of a pass over a graph that may not fit in memory (64 MiB of them): after
+/// each block the pass releases the block's pages.
+const PASS_BLOCK_EDGES: u64 = 16 << 20;
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 

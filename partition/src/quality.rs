@@ -30,13 +30,12 @@ pub struct Quality {
     pub server_train_balance: f64,
 }
 
-/// Sources per block of a pass: after each block, `release` is called with its edge range
-/// so a mapped graph larger than memory is measured with bounded resident memory.
-const BLOCK_EDGES: u64 = 16 << 20;
+use crate::PASS_BLOCK_EDGES;
 
 /// `part_starts`: device parts, server-major (length servers * devices + 1).
 /// `train`: sorted training vertex ids (new ids). `release(edges)`: the pass is done with
-/// those sources (a no-op for a graph in memory).
+/// those sources (a no-op for a graph in memory), called after each block so a mapped graph
+/// larger than memory is measured with bounded resident memory.
 pub(crate) fn measure(
     graph: CsrView<'_>,
     symmetric: bool,
@@ -55,7 +54,7 @@ pub(crate) fn measure(
     }
     let dev = devices as u32;
     let mut counts = (0u64, 0u64, 0u64);
-    for rows in graph.row_blocks(BLOCK_EDGES) {
+    for rows in graph.row_blocks(0..n, PASS_BLOCK_EDGES) {
         let block = rows
             .clone()
             .into_par_iter()
@@ -138,16 +137,8 @@ fn replication(
         let (a, b) = (w[0] as u32, w[1] as u32);
         seen.par_iter()
             .for_each(|word| word.store(0, Ordering::Relaxed));
-        let part = CsrView {
-            offsets: &graph.offsets[..=b as usize],
-            indices: graph.indices,
-        };
         let mut halo = 0u64;
-        for rows in part
-            .row_blocks(BLOCK_EDGES)
-            .skip_while(|r| r.end <= a as usize)
-        {
-            let rows = rows.start.max(a as usize)..rows.end;
+        for rows in graph.row_blocks(a as usize..b as usize, PASS_BLOCK_EDGES) {
             halo += rows
                 .clone()
                 .into_par_iter()

@@ -7,10 +7,7 @@
 use grandis_store::{Dataset, DatasetWriter};
 use rayon::prelude::*;
 
-use crate::{Relabel, Result};
-
-/// Source edges per pass block (64 MiB of sources).
-const BLOCK_EDGES: u64 = 16 << 20;
+use crate::{Relabel, Result, PASS_BLOCK_EDGES};
 
 /// The bucket of new id `new`.
 fn bucket_of(r: &Relabel, new: u32) -> usize {
@@ -34,7 +31,7 @@ pub(crate) fn graph(ds: &Dataset, r: &Relabel, writer: &mut DatasetWriter) -> Re
     let mut out = writer.indices_by_range(&edge_starts)?;
     let mut mapped: Vec<u32> = Vec::new();
     let mut progress = grandis_telemetry::Progress::new("relabel edges", Some(total));
-    for rows in src.row_blocks(BLOCK_EDGES) {
+    for rows in src.row_blocks(0..n, PASS_BLOCK_EDGES) {
         let base = src.offsets[rows.start];
         let end = src.offsets[rows.end];
         mapped.clear();
@@ -63,11 +60,9 @@ pub(crate) fn graph(ds: &Dataset, r: &Relabel, writer: &mut DatasetWriter) -> Re
 pub(crate) fn features(ds: &Dataset, r: &Relabel, writer: &mut DatasetWriter) -> Result<()> {
     let f = ds.manifest().feature_dim as usize;
     let features = ds.features();
-    let starts: Vec<u64> = if features.is_empty() {
-        vec![0, 0]
-    } else {
-        r.buckets.iter().map(|&v| v * f as u64).collect()
-    };
+    // A dataset without features has dimension 0 (see `DatasetWriter::finish`): all buckets
+    // are then empty.
+    let starts: Vec<u64> = r.buckets.iter().map(|&v| v * f as u64).collect();
     let mut out = writer.features_by_range(&starts)?;
     if !features.is_empty() {
         let n = features.len() / f;

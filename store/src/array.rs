@@ -228,10 +228,8 @@ impl<T: Element> RangeWriter<T> {
     }
 
     fn flush(&mut self, b: usize) -> Result<()> {
-        let buffer = std::mem::take(&mut self.buffers[b]);
-        self.write_at(self.next[b], &buffer)?;
-        self.next[b] += buffer.len() as u64;
-        self.buffers[b] = buffer;
+        self.write_at(self.next[b], &self.buffers[b])?;
+        self.next[b] += self.buffers[b].len() as u64;
         self.buffers[b].clear();
         Ok(())
     }
@@ -275,10 +273,9 @@ impl<T: Element> RangeWriter<T> {
         self.file
             .seek(SeekFrom::Start(HEADER_BYTES as u64))
             .map_err(io)?;
-        let mut reader = std::io::BufReader::with_capacity(4 << 20, &self.file);
         let mut chunk = vec![0u8; 4 << 20];
         loop {
-            let k = reader.read(&mut chunk).map_err(io)?;
+            let k = (&self.file).read(&mut chunk).map_err(io)?;
             if k == 0 {
                 break;
             }
@@ -439,8 +436,9 @@ impl<T: Element> MappedArray<T> {
         let per_chunk = (SCAN_CHUNK_BYTES / std::mem::size_of::<T>()).max(1);
         for (i, chunk) in all.chunks(per_chunk).enumerate() {
             f(i * per_chunk, chunk)?;
-            // The last, partly read page goes with the next chunk.
-            self.release(0..i * per_chunk + chunk.len());
+            // From the previous chunk's start: the page it shares with this one (partly
+            // read then, so kept) goes now; earlier pages went already.
+            self.release(i.saturating_sub(1) * per_chunk..i * per_chunk + chunk.len());
         }
         Ok(())
     }

@@ -40,11 +40,15 @@ impl<'a> CsrView<'a> {
     pub fn has_edge(&self, src: u32, dst: u32) -> bool {
         self.neighbors(dst).binary_search(&src).is_ok()
     }
-    /// Consecutive row ranges covering all rows, each with at most about `max_edges` edges
+    /// Consecutive row ranges covering `rows`, each with at most about `max_edges` edges
     /// (a longer row is a range of its own): the unit of chunked passes over big graphs.
-    pub fn row_blocks(&self, max_edges: u64) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
-        let n = self.num_vertices();
-        let mut start = 0usize;
+    pub fn row_blocks(
+        &self,
+        rows: std::ops::Range<usize>,
+        max_edges: u64,
+    ) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let n = rows.end.min(self.num_vertices());
+        let mut start = rows.start;
         std::iter::from_fn(move || {
             if start >= n {
                 return None;
@@ -180,10 +184,19 @@ mod tests {
             EdgeOptions::default(),
         )
         .unwrap();
-        let blocks: Vec<_> = g.view().row_blocks(2).collect();
+        let blocks: Vec<_> = g.view().row_blocks(0..6, 2).collect();
         // Row 0 has 3 edges (a block of its own); then rows 1-2 (1 edge), 3-4 (2), 5 (1).
         assert_eq!(blocks, vec![0..1, 1..3, 3..5, 5..6]);
-        assert_eq!(g.view().row_blocks(100).collect::<Vec<_>>(), vec![0..6]);
+        assert_eq!(
+            g.view().row_blocks(0..6, 100).collect::<Vec<_>>(),
+            vec![0..6]
+        );
+        // A sub-range starts and ends where asked (row 3 alone exceeds the bound, so the
+        // empty row 2 cannot join it).
+        assert_eq!(
+            g.view().row_blocks(2..5, 1).collect::<Vec<_>>(),
+            vec![2..3, 3..4, 4..5]
+        );
     }
 
     #[test]

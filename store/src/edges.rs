@@ -238,30 +238,25 @@ impl EdgeListBuilder {
                 self.push_key(key(v, v))?;
             }
         }
-        match self.spill.take() {
-            Some(spill) if !spill.runs.is_empty() => {
-                // The last buffer becomes a run too, so the merge sees only files.
-                self.spill = Some(spill);
-                self.write_run()?;
-                let spill = self.spill.take().expect("spill was just put back");
-                Ok(SortedEdges {
-                    num_vertices: n,
-                    keys: Keys::Runs {
-                        paths: spill.runs,
-                        _dir: spill.dir,
-                    },
-                })
-            }
-            _ => {
-                self.keys.par_sort_unstable();
-                self.keys.dedup();
-                self.keys.shrink_to_fit();
-                Ok(SortedEdges {
-                    num_vertices: n,
-                    keys: Keys::Memory(std::mem::take(&mut self.keys)),
-                })
-            }
+        if self.spill.as_ref().is_some_and(|s| !s.runs.is_empty()) {
+            // The last buffer becomes a run too, so the merge sees only files.
+            self.write_run()?;
+            let spill = self.spill.take().expect("checked above");
+            return Ok(SortedEdges {
+                num_vertices: n,
+                keys: Keys::Runs {
+                    paths: spill.runs,
+                    _dir: spill.dir,
+                },
+            });
         }
+        self.keys.par_sort_unstable();
+        self.keys.dedup();
+        self.keys.shrink_to_fit();
+        Ok(SortedEdges {
+            num_vertices: n,
+            keys: Keys::Memory(std::mem::take(&mut self.keys)),
+        })
     }
 }
 
@@ -334,18 +329,11 @@ impl SortedEdges {
     }
 
     pub fn into_csr(self) -> Result<CsrGraph, EdgeError> {
-        if let Keys::Memory(keys) = &self.keys {
-            let mut offsets = vec![0u64; self.num_vertices as usize + 1];
-            for &k in keys {
-                offsets[(k >> 32) as usize + 1] += 1;
-            }
-            for i in 0..self.num_vertices as usize {
-                offsets[i + 1] += offsets[i];
-            }
-            let indices = keys.par_iter().map(|&k| k as u32).collect();
-            return Ok(CsrGraph { offsets, indices });
-        }
-        let mut indices = Vec::new();
+        let edges = match &self.keys {
+            Keys::Memory(keys) => keys.len(),
+            Keys::Runs { .. } => 0,
+        };
+        let mut indices = Vec::with_capacity(edges);
         let offsets = self.stream_csr(|s| {
             indices.extend_from_slice(s);
             Ok::<_, EdgeError>(())
