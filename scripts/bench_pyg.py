@@ -41,7 +41,21 @@ def main():
     ap.add_argument("--eval", action="store_true", help="validation accuracy after every epoch")
     ap.add_argument("--seed", type=int, default=0, help="torch.manual_seed: weights and dropout")
     args = ap.parse_args()
+    import torch
 
+    try:
+        bench(args)
+    except torch.OutOfMemoryError as e:
+        # Not fitting is a result, not a crash: one JSON line saying so, like a measured run.
+        cuda = torch.device(args.device).type == "cuda"
+        peak = torch.cuda.max_memory_allocated(args.device) if cuda else None
+        print(f"pyg ({args.adj}, {args.device}): out of memory: {e}", file=sys.stderr)
+        print(json.dumps({"adj": args.adj, "model": args.model, "device": args.device,
+                          "error": "out of memory", "detail": str(e).splitlines()[0],
+                          "peak_bytes_before_failure": peak, "torch": torch.__version__}))
+
+
+def bench(args):
     import numpy as np
     import torch
     import torch.nn.functional as F

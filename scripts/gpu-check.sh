@@ -7,7 +7,7 @@
 #
 # Steps (default: info parity cli):
 #   info    the device, the driver and where the CUDA libraries were found
-#   parity  every backend op against the CPU backend (1e-4 relative, TF32 off) and SAGE, GCN
+#   parity  every backend op against the CPU backend (1e-5 relative, TF32 off) and SAGE, GCN
 #           and ResSAGE+ (28 layers) for 10 epochs on a synthetic graph and on Cora
 #           (losses within 1e-3 relative); needs data/cora for the Cora half
 #   cli     `grandis train --device cuda:N`: the device line, and one clear line for a wrong
@@ -16,7 +16,8 @@
 #           PyG on the same GPU (CSR adj_t and edge_index), in one `grandis bench train`
 #   modes   --mode mb and --mode cob (fanouts 15,10,5, batch 1024) on the same graph
 #   ranks   fb, flx (every k), cob and mb, 2 servers x 2 ranks sharing the GPU (no sampling),
-#           against the same runs on CPU threads: per-epoch losses within 1e-4 relative
+#           against the same runs on CPU threads: per-epoch losses within 1e-4 relative, and
+#           the single-GPU full-batch epoch (RANKS_NODES vertices, default 20000)
 # Output of each step goes to stdout and to OUT/STEP.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +34,9 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(info parity cli)
+# Datasets and per-run JSON go to a scratch folder: OUT_DIR keeps one log per step, small
+# enough to copy back from a lent machine.
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/grandis-gpu-check.XXXXXX")
 mkdir -p "$OUT_DIR"
 GRANDIS="$BIN_DIR/grandis"
 [ -x "$GRANDIS" ] || { echo "no grandis binary at $GRANDIS (run scripts/gpu-build.sh)" >&2; exit 2; }
@@ -87,7 +91,7 @@ step_parity() {
 }
 
 step_cli() {
-    local ds=$OUT_DIR/cli-synth ok=0
+    local ds=$WORK/cli-synth ok=0
     "$GRANDIS" data synth --nodes 20000 --avg-degree 10 --features 32 --classes 8 --out "$ds" >/dev/null || return 1
     "$GRANDIS" train "$ds" --device cuda:0 --layers 3 --hidden 64 --epochs 5 || ok=1
     echo "--- a wrong ordinal must be one clear line and exit 1:"
@@ -97,18 +101,21 @@ step_cli() {
 
 step_bench() {
     "$GRANDIS" bench train --device cuda:0 --vertices 2400000 --edges 125000000 --features 100 \
-        --classes 47 --layers 3 --hidden 256 --epochs ${BENCH_EPOCHS:-20} --baseline pyg \
-        --target-acc ${TARGET_ACC:-0.5} --threads 16 --json
+        --classes 47 --homophily ${BENCH_HOMOPHILY:-0.5} --layers 3 --hidden 256 \
+        --epochs ${BENCH_EPOCHS:-40} --baseline pyg --target-acc ${TARGET_ACC:-0.5} --threads 16 --json
 }
 
 step_modes() {
-    local ds=$OUT_DIR/products
-    "$GRANDIS" data synth --nodes 2400000 --avg-degree 50 --features 100 --classes 47 --out "$ds" >/dev/null || return 1
+    local ds=$WORK/products
+    # ogbn-products' split: 8% of the vertices train, 2% validate (MODES_TRAIN_FRACTION
+    # shortens the epoch: its steps cost the same).
+    "$GRANDIS" data synth --nodes 2400000 --avg-degree 50 --features 100 --classes 47 \
+        --train-fraction ${MODES_TRAIN_FRACTION:-0.08} --val-fraction 0.02 --out "$ds" >/dev/null || return 1
     for mode in mb cob; do
         local size=--batch-size
         [ "$mode" = cob ] && size=--cobatch-size
-        "$GRANDIS" train "$ds" --mode $mode --device cuda --servers 1 --devices 1 $size 1024 \
-            --sampling fanout --fanouts 15,10,5 --layers 3 --hidden 256 --epochs 1 --json || return 1
+        timeout ${MODE_TIMEOUT:-200} "$GRANDIS" train "$ds" --mode $mode --device cuda --servers 1 --devices 1 $size 1024 \
+            --sampling fanout --fanouts 15,10,5 --layers 3 --hidden 256 --epochs ${MODE_EPOCHS:-1} --json || return 1
     done
 }
 
@@ -127,17 +134,20 @@ PY
 }
 
 step_ranks() {
-    local ds=$OUT_DIR/ranks-synth ok=0
-    "$GRANDIS" data synth --nodes 20000 --avg-degree 12 --features 32 --classes 8 --out "$ds" >/dev/null || return 1
+    local ds=$WORK/ranks-synth ok=0
+    "$GRANDIS" data synth --nodes ${RANKS_NODES:-20000} --avg-degree 12 --features 32 --classes 8 --out "$ds" >/dev/null || return 1
     local common=(--servers 2 --devices 2 --layers 3 --hidden 64 --epochs 5 --json)
+    echo "--- one process on cuda:0, full batch (the single-GPU reference):"
+    "$GRANDIS" train "$ds" --device cuda:0 --layers 3 --hidden 64 --epochs 5 --json 2>/dev/null | tail -1 |
+        python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("  median epoch %.4fs" % d["median_epoch_s"])' || ok=1
     local runs=("fb" "flx --preload-hops 1" "flx --preload-hops 2" "flx --preload-hops 3" \
                 "cob --cobatch-size 2000" "mb --batch-size 1000")
     for r in "${runs[@]}"; do
         local tag=${r// /_}
         echo "--- --mode $r"
-        "$GRANDIS" train "$ds" --mode $r "${common[@]}" --device cpu >"$OUT_DIR/ranks-$tag-cpu.json" 2>"$OUT_DIR/ranks-$tag-cpu.err" || { tail -3 "$OUT_DIR/ranks-$tag-cpu.err"; ok=1; continue; }
-        "$GRANDIS" train "$ds" --mode $r "${common[@]}" --device cuda:0 >"$OUT_DIR/ranks-$tag-gpu.json" 2>"$OUT_DIR/ranks-$tag-gpu.err" || { tail -3 "$OUT_DIR/ranks-$tag-gpu.err"; ok=1; continue; }
-        same_losses "$OUT_DIR/ranks-$tag-cpu.json" "$OUT_DIR/ranks-$tag-gpu.json" 1e-4 || ok=1
+        "$GRANDIS" train "$ds" --mode $r "${common[@]}" --device cpu >"$WORK/ranks-$tag-cpu.json" 2>"$WORK/ranks-$tag-cpu.err" || { tail -3 "$WORK/ranks-$tag-cpu.err"; ok=1; continue; }
+        "$GRANDIS" train "$ds" --mode $r "${common[@]}" --device cuda:0 >"$WORK/ranks-$tag-gpu.json" 2>"$WORK/ranks-$tag-gpu.err" || { tail -3 "$WORK/ranks-$tag-gpu.err"; ok=1; continue; }
+        same_losses "$WORK/ranks-$tag-cpu.json" "$WORK/ranks-$tag-gpu.json" 1e-4 || ok=1
     done
     return $ok
 }

@@ -206,7 +206,10 @@ impl Ran {
             all_reduce_bytes_per_epoch: phase_bytes(Phase::AllReduce),
             fetch_bytes_per_epoch,
             setup_fetch_bytes,
-            time: time_split(&results),
+            time: TimeSplit {
+                plan_build_s: rs.build_seconds / epochs as f64,
+                ..time_split(&results)
+            },
             memory,
             sampling: decision.sampling.clone(),
             batch_size: popts.batch_size.filter(|_| popts.mode.is_mini_batch()),
@@ -296,7 +299,8 @@ fn time_split(results: &[worker::RankResult]) -> TimeSplit {
         // The first epoch trained warms caches and allocators; leave it out when there are
         // others.
         let skip = usize::from(r.epochs.len() > 1);
-        for (stats, &wall) in r.epochs.iter().zip(&r.step_seconds).skip(skip) {
+        for (stats, times) in r.epochs.iter().zip(&r.epoch_times).skip(skip) {
+            let wall = times.wall_s;
             let Some(c) = r.counters.epoch(stats.epoch as u32) else {
                 continue;
             };
@@ -327,7 +331,12 @@ fn time_split(results: &[worker::RankResult]) -> TimeSplit {
             t.all_reduce_s += all_reduce;
             t.fetch_s += fetch;
             t.other_s += other;
-            t.compute_s += (wall - exchange - all_reduce - fetch).max(0.0);
+            // The fetch runs inside the switch to a step's plans.
+            let load = (times.plan_load_s - fetch).max(0.0);
+            t.plan_wait_s += times.plan_wait_s;
+            t.plan_load_s += load;
+            t.compute_s +=
+                (wall - exchange - all_reduce - fetch - times.plan_wait_s - load).max(0.0);
             count += 1.0;
         }
     }
@@ -340,6 +349,8 @@ fn time_split(results: &[worker::RankResult]) -> TimeSplit {
             &mut t.all_reduce_s,
             &mut t.fetch_s,
             &mut t.other_s,
+            &mut t.plan_wait_s,
+            &mut t.plan_load_s,
         ] {
             *x /= count;
         }

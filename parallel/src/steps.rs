@@ -58,6 +58,8 @@ pub(crate) struct RunStats {
     pub model_peak: Vec<u64>,
     pub targets: u64,
     pub replicated: u64,
+    /// Host seconds spent sampling and building the steps counted here.
+    pub build_seconds: f64,
 }
 
 impl RunStats {
@@ -524,6 +526,7 @@ pub(crate) fn produce(
     let mut index = 0u64;
     for epoch in 0..epochs as u64 {
         for it in 0..n {
+            let building = std::time::Instant::now();
             let built = build_step(
                 ctx,
                 schedule,
@@ -543,6 +546,7 @@ pub(crate) fn produce(
                     if feed.wants(index) {
                         if let Ok(mut s) = stats.lock() {
                             s.add(&b.2);
+                            s.build_seconds += building.elapsed().as_secs_f64();
                         }
                     }
                     let step = b.1.clone();

@@ -85,12 +85,22 @@ pub(crate) struct RankResult {
     /// (original id, logits row) of every inner vertex, when asked for.
     pub logits: Vec<(u32, Vec<f32>)>,
     pub counters: grandis_fabric::Counters,
-    /// Train-step wall seconds per epoch.
-    pub step_seconds: Vec<f64>,
+    /// Where each epoch's wall time went outside the steps' compute and fabric calls.
+    pub epoch_times: Vec<EpochTimes>,
     /// Peak live bytes during training steps (evaluation excluded).
     pub peak_bytes: u64,
     /// Live bytes after setup (features, graphs, parameters) before the first epoch.
     pub setup_bytes: u64,
+}
+
+/// One training epoch's wall seconds on one rank, and the parts of it spent getting steps.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct EpochTimes {
+    pub wall_s: f64,
+    /// Blocked on the step producer ([`crate::steps::Feed::take`]).
+    pub plan_wait_s: f64,
+    /// Switching to a step's plans ([`Worker::switch_to`]), its feature fetch included.
+    pub plan_load_s: f64,
 }
 
 struct LayerTape<B: Backend> {
@@ -626,17 +636,22 @@ impl<'w, B: Backend> Worker<'w, B> {
         let setup_bytes = meter.live();
         let mut train_peak = meter.peak();
         let mut epochs = Vec::new();
-        let mut step_seconds = Vec::new();
+        let mut epoch_times = Vec::new();
         let first = sh.first_step();
         let mut index = first;
         for epoch in sh.epochs_done() + 1..=sh.opts.epochs {
             let start = Instant::now();
+            let mut times = EpochTimes::default();
             let mut local = 0f64;
             let mut targets = 0usize;
             for _ in 0..sh.iterations {
                 if index > first {
+                    let waiting = Instant::now();
                     let step = sh.feed.take(index)?;
+                    let loading = Instant::now();
                     self.switch_to(step, epoch)?;
+                    times.plan_wait_s += (loading - waiting).as_secs_f64();
+                    times.plan_load_s += loading.elapsed().as_secs_f64();
                 }
                 index += 1;
                 let t = self.step.targets;
@@ -644,6 +659,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 targets += t;
             }
             let seconds = start.elapsed().as_secs_f64();
+            times.wall_s = seconds;
             // The loss in two f32 halves so the all-reduced sum keeps ~f64 precision.
             let hi = local as f32;
             let lo = (local - hi as f64) as f32;
@@ -692,7 +708,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 (*cb)(&stats);
             }
             epochs.push(stats);
-            step_seconds.push(seconds);
+            epoch_times.push(times);
         }
         let peak_bytes = train_peak.max(meter.peak());
         let ev = self.evaluate_exact(sh.opts.epochs + 1, sh.collect_logits)?;
@@ -703,7 +719,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             num_parameters: self.model.num_parameters(),
             logits: ev.logits,
             counters: self.ep.counters(),
-            step_seconds,
+            epoch_times,
             peak_bytes,
             setup_bytes,
         })

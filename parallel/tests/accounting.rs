@@ -317,3 +317,47 @@ fn fetched_bytes_equal_the_remote_rows_of_every_step() {
         assert_eq!(r.setup_fetch_bytes.inter_server, setup, "{every:?}");
     }
 }
+
+/// The time split's parts are disjoint pieces of the epoch: per-step modes report the time
+/// spent waiting for and loading steps and the producer's build time; static plans none.
+#[test]
+fn time_split_accounts_for_the_step_pipeline() {
+    let ds = random_dataset(17, 300, 1500, 5, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 17);
+    let config = config(&view, ModelKind::Sage, 2);
+    let opts = opts(3);
+    for (mode, batch) in [(Mode::Fb, None), (Mode::Cob, Some(40)), (Mode::Mb, Some(20))] {
+        let popts = ParallelOptions {
+            mode,
+            batch_size: batch,
+            threads_per_rank: Some(1),
+            ..Default::default()
+        };
+        let r = grandis_parallel::train(view, &part, config.clone(), &opts, &popts, &mut |_| {})
+            .unwrap();
+        let t = r.time;
+        let parts = t.compute_s
+            + t.intra_comm_s
+            + t.inter_comm_s
+            + t.fetch_s
+            + t.all_reduce_s
+            + t.plan_wait_s
+            + t.plan_load_s;
+        assert!(
+            parts <= t.epoch_s * 1.0001 + 1e-9,
+            "{mode}: parts {parts} exceed the epoch {}",
+            t.epoch_s
+        );
+        if batch.is_some() {
+            assert!(r.iterations_per_epoch > 1, "{mode}: several steps");
+            assert!(t.plan_build_s > 0.0, "{mode}: the producer's time is reported");
+            assert!(t.plan_load_s > 0.0, "{mode}: switching steps takes time");
+        } else {
+            // Static plans are built once, before the epochs: each epoch only takes the same
+            // step again.
+            assert_eq!(t.plan_build_s, 0.0, "{mode}");
+            assert!(t.plan_wait_s + t.plan_load_s < 1e-3, "{mode}: {t:?}");
+        }
+    }
+}

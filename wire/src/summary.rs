@@ -107,6 +107,18 @@ pub struct TimeSplit {
     pub all_reduce_s: f64,
     /// Loss all-reduce and other small collectives.
     pub other_s: f64,
+    /// Per-step modes (mb, cob, resampled FLX-EAS): blocked waiting for the host's step
+    /// producer to sample and plan the next step. Large when the host side is the bottleneck.
+    #[serde(default)]
+    pub plan_wait_s: f64,
+    /// Per-step modes: switching to the next step's plans (freeing the last step's buffers,
+    /// uploading graphs, index lists and gathered features to the device), `fetch_s` excluded.
+    #[serde(default)]
+    pub plan_load_s: f64,
+    /// Per-step modes: host seconds the step producer spent sampling and building plans for
+    /// one epoch's steps (on its own thread, overlapped with training: not part of `epoch_s`).
+    #[serde(default)]
+    pub plan_build_s: f64,
 }
 
 /// Measured memory of one rank next to the memory model's estimate.
@@ -202,6 +214,13 @@ impl RunSummary {
         );
         if self.mode.is_distributed() {
             let t = &self.time_split;
+            if t.plan_wait_s + t.plan_load_s + t.plan_build_s > 0.0 {
+                s.push_str(&format!(
+                    "  (steps: waiting for plans {:.3}s, loading {:.3}s; the host built them in \
+                     {:.3}s)",
+                    t.plan_wait_s, t.plan_load_s, t.plan_build_s
+                ));
+            }
             s.push_str(&format!(
                 "  (compute {:.3}s, intra {:.3}s, inter {:.3}s, fetch {:.3}s, all-reduce \
                  {:.3}s)  k = {}  halo bytes/epoch inter {} intra {}  fetched bytes inter/epoch \

@@ -127,6 +127,28 @@ fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
         .map_err(|e| dev_err(format!("creating a context on cuda:{ordinal}"), e))
 }
 
+/// Buffers come from the device's default stream-ordered pool (`cuMemAllocAsync`), which by
+/// default hands freed memory back to the driver at every synchronization: each epoch would
+/// then map its activations afresh (page-table work plus the zeroing the driver does for new
+/// memory). Keeping freed memory in the pool makes an epoch's allocations reuse the last
+/// epoch's. What the pool holds never exceeds the peak of live buffers, which is what the
+/// memory model budgets.
+fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
+    use cudarc::driver::{result, sys};
+    let mut threshold = u64::MAX;
+    // SAFETY: the device comes from a live context; the attribute takes a u64.
+    unsafe {
+        result::device::get_default_mem_pool(ctx.cu_device()).and_then(|pool| {
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut u64).cast(),
+            )
+        })
+    }
+    .map_err(|e| dev_err("setting the memory pool's release threshold", e))
+}
+
 /// Free and total bytes of the device behind `ctx`.
 fn memory_of(ctx: &CudaContext) -> Result<(u64, u64)> {
     let (free, total) = ctx.mem_get_info().map_err(|e| dev_err("cuMemGetInfo", e))?;
@@ -534,6 +556,7 @@ impl CudaBackend {
             });
         }
         let ctx = context(ordinal)?;
+        keep_freed_memory(&ctx)?;
         // SAFETY: every buffer of this backend is created and used on the one stream below,
         // which orders all accesses; the per-buffer events would only add overhead.
         unsafe { ctx.disable_event_tracking() };
