@@ -38,6 +38,10 @@ pub struct LocalArgs {
     /// (cycled), e.g. 0,1,2,3. Default: device index d on ordinal d.
     #[arg(long, value_delimiter = ',')]
     pub cuda_devices: Option<Vec<usize>>,
+    /// Threads sampling and building the plans of per-step modes (mb, cob, SAINT) ahead of
+    /// the ranks (default: half the cores, at most 8). Any count gives the same run.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub plan_threads: Option<u16>,
 }
 
 fn link(bandwidth: Option<f64>, latency_ms: f64, what: &str) -> anyhow::Result<LinkModel> {
@@ -107,6 +111,7 @@ pub fn run(
         inter: link(local.inter_bandwidth, local.inter_latency_ms, "inter")?,
         threads_per_rank: ranks.threads.map(|t| (t / rank_count).max(1)),
         checkpoint: ranks.checkpoint.clone(),
+        plan_threads: local.plan_threads.map(usize::from),
         ..ParallelOptions::for_job(spec)
     };
     tracing::info!(

@@ -84,6 +84,9 @@ pub struct ParallelOptions {
     /// Where rank 0 writes checkpoints (weights are replicated, so one file serves every
     /// rank), how often, and whether the run resumes from it.
     pub checkpoint: grandis_trainer::CheckpointOptions,
+    /// Threads building per-step plans (mb, cob, SAINT); None: half the cores, at most 8.
+    /// Steps are pure functions of their index, so any count gives the same run.
+    pub plan_threads: Option<usize>,
 }
 
 impl Default for ParallelOptions {
@@ -102,6 +105,7 @@ impl Default for ParallelOptions {
             batch_size: None,
             resample_every: None,
             checkpoint: grandis_trainer::CheckpointOptions::default(),
+            plan_threads: None,
         }
     }
 }

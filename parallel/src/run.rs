@@ -22,6 +22,13 @@ use crate::{metered, Compute, ParallelOptions, PartitionedGraph};
 /// Steps the plan producer may build ahead of the slowest rank.
 const PREFETCH_STEPS: usize = 2;
 
+/// Producer threads building per-step plans when the options name none: half the cores (the
+/// ranks' compute has the rest while it is the bottleneck; producers that run ahead block on
+/// the feed's window), at most 8.
+fn default_plan_threads() -> usize {
+    (std::thread::available_parallelism().map_or(1, |c| c.get()) / 2).clamp(1, 8)
+}
+
 /// What a decided run needs besides its planning context.
 pub(crate) struct RunInputs<'a, 's> {
     pub view: DatasetView<'a>,
@@ -79,12 +86,13 @@ pub(crate) fn run(
     let scales = global_scales(part.graph.view(), grandis_models::aggregation(config.kind));
     // Every step is kept until each rank run HERE took it.
     let iterations = decision.schedule.iterations();
+    let plan_threads = popts.plan_threads.unwrap_or_else(default_plan_threads);
     let feed = steps::Feed::new(
         local_ranks,
         if decision.is_static() {
             epochs
         } else {
-            PREFETCH_STEPS
+            plan_threads + PREFETCH_STEPS
         },
         (epochs_done * iterations) as u64,
     );
@@ -177,6 +185,7 @@ pub(crate) fn run(
                         &feed,
                         &run_stats,
                         &labelled_train,
+                        plan_threads,
                     )
                 })
                 .context("starting the plan producer thread")?;

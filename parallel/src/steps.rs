@@ -6,9 +6,11 @@
 //! `--resample-every` epochs); cooperative batching has one co-batch plan per server per
 //! iteration; the mini-batch baseline one standalone plan per rank per iteration.
 //!
-//! Plans are built once per step by a producer thread ([`produce`]) and handed to every rank
+//! Plans are built once per step by producer threads ([`produce`]) and handed to every rank
 //! through a bounded [`Feed`], so sampling and extraction of the next iterations overlap with
 //! the ranks' compute (as DGL / SALIENT++ sampler workers do) and are never repeated per rank.
+//! A step is a pure function of its (epoch, iteration): several producers build steps in
+//! parallel and the run stays deterministic.
 //! The producer also counts what each step computes (sampled edges, vertex-layers, β, the
 //! memory model's bytes) for the run summary.
 
@@ -58,7 +60,8 @@ pub(crate) struct RunStats {
     pub model_peak: Vec<u64>,
     pub targets: u64,
     pub replicated: u64,
-    /// Host seconds spent sampling and building the steps counted here.
+    /// Host seconds spent sampling and building the steps counted here (summed over the
+    /// producer threads).
     pub build_seconds: f64,
 }
 
@@ -410,8 +413,9 @@ pub(crate) fn flx_sampled(
     Ok(ctx.extract_plan(&specs)?)
 }
 
-/// Steps handed from the producer to the ranks: each step is kept until every rank took it,
-/// and at most `depth` steps wait at a time.
+/// Steps handed from the producers to the ranks: each step is kept until every rank took it,
+/// and only the `depth` steps from the oldest one not yet taken by every rank may wait (so
+/// producers finishing out of order never fill the window with later steps).
 pub(crate) struct Feed {
     state: Mutex<FeedState>,
     cv: Condvar,
@@ -425,7 +429,10 @@ pub(crate) struct Feed {
 struct FeedState {
     /// step index -> (step, ranks that have not taken it yet)
     ready: BTreeMap<u64, (Arc<Step>, usize)>,
-    failed: Option<String>,
+    /// The step every rank needs next (all before it were taken by every rank).
+    oldest: u64,
+    /// The earliest step that failed to build, and why.
+    failed: Option<(u64, String)>,
     closed: bool,
 }
 
@@ -434,7 +441,10 @@ impl Feed {
     /// earlier ones are built, to keep every sampler's stream where it was, and dropped).
     pub fn new(ranks: usize, depth: usize, first: u64) -> Feed {
         Feed {
-            state: Mutex::new(FeedState::default()),
+            state: Mutex::new(FeedState {
+                oldest: first,
+                ..FeedState::default()
+            }),
             cv: Condvar::new(),
             ranks,
             depth: depth.max(1),
@@ -452,13 +462,14 @@ impl Feed {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Offers step `index`; waits while `depth` steps are pending. False once closed.
+    /// Offers step `index`; waits while it is `depth` or more steps ahead of the oldest one
+    /// the ranks still need. False once closed.
     pub fn push(&self, index: u64, step: Arc<Step>) -> bool {
         if !self.wants(index) {
             return true;
         }
         let mut st = self.lock();
-        while st.ready.len() >= self.depth && !st.closed {
+        while index >= st.oldest + self.depth as u64 && !st.closed {
             st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         if st.closed {
@@ -469,10 +480,13 @@ impl Feed {
         true
     }
 
-    /// Records that the producer failed; every waiting rank returns this error.
-    pub fn fail(&self, message: String) {
+    /// Records that step `index` could not be built; a rank asking for it (or a later step)
+    /// returns this error. The earliest failed step wins, as if steps were built in order.
+    pub fn fail(&self, index: u64, message: String) {
         let mut st = self.lock();
-        st.failed = Some(message);
+        if st.failed.as_ref().is_none_or(|(f, _)| index < *f) {
+            st.failed = Some((index, message));
+        }
         self.cv.notify_all();
     }
 
@@ -492,11 +506,13 @@ impl Feed {
                 entry.1 -= 1;
                 if entry.1 == 0 {
                     st.ready.remove(&index);
+                    // Ranks take steps in order, so the slowest one retires them in order.
+                    st.oldest = index + 1;
                     self.cv.notify_all();
                 }
                 return Ok(step);
             }
-            if let Some(m) = &st.failed {
+            if let Some((_, m)) = st.failed.as_ref().filter(|(f, _)| *f <= index) {
                 anyhow::bail!("building the plan of step {index}: {m}");
             }
             if st.closed {
@@ -507,9 +523,11 @@ impl Feed {
     }
 }
 
-/// Builds every step of `epochs` epochs into `feed`, accumulating `stats`. A step whose
-/// memory-model estimate exceeds `budget` (an explicit `--device-memory`) fails the run as
-/// out of memory, as the device would when that step's buffers were allocated.
+/// Builds every step of `epochs` epochs that `feed` wants into it, on `threads` producer
+/// threads (step `i` on thread `i % threads`), and adds what they compute to `stats` in step
+/// order. A step whose memory-model estimate exceeds `budget` (an explicit `--device-memory`)
+/// fails the run as out of memory, as the device would when that step's buffers were
+/// allocated.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn produce(
     ctx: &PlanContext<'_>,
@@ -520,14 +538,22 @@ pub(crate) fn produce(
     feed: &Feed,
     stats: &Mutex<RunStats>,
     labelled_train: &(dyn Fn(u32) -> bool + Sync),
+    threads: usize,
 ) {
-    let n = schedule.iterations();
-    let mut prev: Option<(u64, Arc<Step>, StepStats)> = None;
-    let mut index = 0u64;
-    for epoch in 0..epochs as u64 {
-        for it in 0..n {
+    let n = schedule.iterations() as u64;
+    let total = epochs as u64 * n;
+    // FLX-EAS reuses the previous step while its sampling round lasts: one thread, in order.
+    let threads = match schedule {
+        Schedule::FlxSampled { .. } => 1,
+        _ => threads.max(1) as u64,
+    };
+    let built: Mutex<BTreeMap<u64, (StepStats, f64)>> = Mutex::default();
+    let producer = |first: u64| {
+        let mut prev: Option<(u64, Arc<Step>, StepStats)> = None;
+        for index in (first..total).step_by(threads as usize) {
+            let (epoch, it) = (index / n, (index % n) as usize);
             let building = std::time::Instant::now();
-            let built = build_step(
+            let step = build_step(
                 ctx,
                 schedule,
                 dims,
@@ -541,26 +567,44 @@ pub(crate) fn produce(
                 Ok(b)
             })
             .with_context(|| format!("epoch {} iteration {it}", epoch + 1));
-            match built {
-                Ok(b) => {
-                    if feed.wants(index) {
-                        if let Ok(mut s) = stats.lock() {
-                            s.add(&b.2);
-                            s.build_seconds += building.elapsed().as_secs_f64();
-                        }
-                    }
-                    let step = b.1.clone();
-                    prev = Some(b);
-                    if !feed.push(index, step) {
-                        return;
-                    }
-                }
+            let b = match step {
+                Ok(b) => b,
                 Err(e) => {
-                    feed.fail(format!("{e:#}"));
+                    feed.fail(index, format!("{e:#}"));
                     return;
                 }
+            };
+            let seconds = building.elapsed().as_secs_f64();
+            if let Ok(mut m) = built.lock() {
+                m.insert(index, (b.2.clone(), seconds));
             }
-            index += 1;
+            let step = b.1.clone();
+            prev = Some(b);
+            if !feed.push(index, step) {
+                return;
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let producer = &producer;
+            let spawned = std::thread::Builder::new()
+                .name(format!("grandis-plans-{t}"))
+                .spawn_scoped(scope, move || producer(feed.first + t));
+            if let Err(e) = spawned {
+                feed.fail(
+                    feed.first + t,
+                    format!("starting a plan producer thread: {e}"),
+                );
+            }
+        }
+    });
+    // In step order, so floating-point sums (β) do not depend on which thread finished first.
+    let built = built.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Ok(mut s) = stats.lock() {
+        for (st, seconds) in built.values() {
+            s.add(st);
+            s.build_seconds += seconds;
         }
     }
 }

@@ -327,7 +327,11 @@ fn time_split_accounts_for_the_step_pipeline() {
     let part = random_partition(&view, 2, 2, 17);
     let config = config(&view, ModelKind::Sage, 2);
     let opts = opts(3);
-    for (mode, batch) in [(Mode::Fb, None), (Mode::Cob, Some(40)), (Mode::Mb, Some(20))] {
+    for (mode, batch) in [
+        (Mode::Fb, None),
+        (Mode::Cob, Some(40)),
+        (Mode::Mb, Some(20)),
+    ] {
         let popts = ParallelOptions {
             mode,
             batch_size: batch,
@@ -351,7 +355,10 @@ fn time_split_accounts_for_the_step_pipeline() {
         );
         if batch.is_some() {
             assert!(r.iterations_per_epoch > 1, "{mode}: several steps");
-            assert!(t.plan_build_s > 0.0, "{mode}: the producer's time is reported");
+            assert!(
+                t.plan_build_s > 0.0,
+                "{mode}: the producer's time is reported"
+            );
             assert!(t.plan_load_s > 0.0, "{mode}: switching steps takes time");
         } else {
             // Static plans are built once, before the epochs: each epoch only takes the same

@@ -384,3 +384,60 @@ fn bad_sampling_combinations_are_errors() {
     });
     assert!(e.contains("preload"), "{e}");
 }
+
+/// Steps are pure functions of their index: several producer threads, finishing in any
+/// order, give the run one producer gives (losses, logits, traffic and statistics), with
+/// sampling and with a window far smaller than the steps of an epoch.
+#[test]
+fn plan_producer_threads_do_not_change_the_run() {
+    let ds = random_dataset(21, 200, 1000, 4, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 21);
+    let config = config(&view, ModelKind::Sage, 2);
+    for (mode, batch) in [(Mode::Cob, 6), (Mode::Mb, 3)] {
+        let with = |threads| {
+            run(
+                view,
+                &part,
+                &config,
+                2,
+                ParallelOptions {
+                    mode,
+                    batch_size: Some(batch),
+                    sampling: Sampling::Fanout {
+                        fanouts: vec![3, 2],
+                    },
+                    plan_threads: Some(threads),
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        let one = with(1);
+        assert!(
+            one.iterations_per_epoch > 6,
+            "{mode}: many steps per epoch, got {}",
+            one.iterations_per_epoch
+        );
+        for threads in [2, 5] {
+            let many = with(threads);
+            let what = format!("{mode} with {threads} producers");
+            assert_eq!(losses(&many), losses(&one), "{what}");
+            assert_eq!(many.logits, one.logits, "{what}");
+            assert_eq!(
+                many.halo_bytes_per_epoch, one.halo_bytes_per_epoch,
+                "{what}"
+            );
+            assert_eq!(
+                many.fetch_bytes_per_epoch, one.fetch_bytes_per_epoch,
+                "{what}"
+            );
+            assert_eq!(many.sampled_edges, one.sampled_edges, "{what}");
+            assert_eq!(many.beta, one.beta, "{what}");
+            assert_eq!(
+                many.computed_vertices_per_layer, one.computed_vertices_per_layer,
+                "{what}"
+            );
+        }
+    }
+}
