@@ -8,12 +8,46 @@ use anyhow::{bail, Context};
 use grandis_masking::Layout;
 use grandis_partition::{PartitionBook, PartitionConfig, PartitionMethod};
 use grandis_store::{CsrGraph, CsrView, Dataset, DatasetView};
+use std::sync::Arc;
+
+/// The relabelled graph: built in memory, or mapped from the dataset a partition directory
+/// holds (the graph in new ids that `grandis partition` wrote), which costs page cache
+/// instead of a second copy of the edges in memory.
+pub enum PartGraph {
+    Built(CsrGraph),
+    Mapped(Arc<Dataset>),
+}
+
+impl PartGraph {
+    pub fn view(&self) -> CsrView<'_> {
+        match self {
+            PartGraph::Built(g) => g.view(),
+            PartGraph::Mapped(d) => d.graph(),
+        }
+    }
+}
+
+impl std::fmt::Debug for PartGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let g = self.view();
+        let kind = match self {
+            PartGraph::Built(_) => "built",
+            PartGraph::Mapped(_) => "mapped",
+        };
+        write!(
+            f,
+            "PartGraph({kind}, {} vertices, {} edges)",
+            g.num_vertices(),
+            g.num_edges()
+        )
+    }
+}
 
 /// A relabelled graph with its layout and id map.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct PartitionedGraph {
     /// The graph in new ids (row v = sorted new ids of the sources of edges into v).
-    pub graph: CsrGraph,
+    pub graph: PartGraph,
     /// `new_to_old[new]` = the dataset's id of new vertex `new` (a permutation).
     pub new_to_old: Vec<u32>,
     pub layout: Layout,
@@ -62,7 +96,7 @@ impl PartitionedGraph {
             offsets.push(indices.len() as u64);
         }
         Ok(PartitionedGraph {
-            graph: CsrGraph { offsets, indices },
+            graph: PartGraph::Built(CsrGraph { offsets, indices }),
             new_to_old,
             layout,
             source: source.into(),
@@ -187,11 +221,28 @@ impl PartitionedGraph {
             &bounds,
         )
         .with_context(|| format!("partition dir {dir}: ranges"))?;
-        Self::relabel(
-            dataset.graph(),
-            book.new_to_old().to_vec(),
+        // The directory holds the graph already relabelled: map it (verified: checksums and
+        // every id) rather than relabel the dataset's graph into memory again.
+        let relabelled = Dataset::open_verified(book.dir().join(grandis_partition::DATASET_DIR))
+            .with_context(|| format!("partition dir {dir}: the relabelled dataset"))?;
+        let g = relabelled.graph();
+        if g.num_vertices() as u64 != m.num_vertices || g.num_edges() != dataset.graph().num_edges()
+        {
+            bail!(
+                "partition dir {dir}: its relabelled graph has {} vertices and {} edges, dataset \
+                 {} has {} and {}",
+                g.num_vertices(),
+                g.num_edges(),
+                dataset.dir().display(),
+                m.num_vertices,
+                dataset.graph().num_edges()
+            );
+        }
+        Ok(PartitionedGraph {
+            graph: PartGraph::Mapped(Arc::new(relabelled)),
+            new_to_old: book.new_to_old().to_vec(),
             layout,
-            format!("partition dir {dir} ({})", book.meta().method),
-        )
+            source: format!("partition dir {dir} ({})", book.meta().method),
+        })
     }
 }

@@ -62,7 +62,7 @@ pub use grandis_masking::FlxPlan as MaskedPlan;
 /// The samplers this runner executes (re-exported so front ends need no extra dependency).
 pub use grandis_sampling as sampling;
 pub use grandis_wire::{LinkBytes, Mode, Priority, RankMemory, Sampling, TimeSplit};
-pub use input::PartitionedGraph;
+pub use input::{PartGraph, PartitionedGraph};
 pub use options::{Compute, ParallelOptions};
 pub use report::ParallelReport;
 pub use setup::plan_context;

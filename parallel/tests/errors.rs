@@ -103,8 +103,19 @@ fn partition_dir_of_another_dataset() {
     )
     .unwrap();
     let book = PartitionBook::open(&pdir).unwrap();
-    // The matching dataset works, and runs exactly like single mode.
+    // The matching dataset works: its mapped graph is the relabelling of the dataset's, and
+    // it runs exactly like single mode.
     let part = PartitionedGraph::from_book(&book, &a).unwrap();
+    let built = PartitionedGraph::relabel(
+        a.graph(),
+        book.new_to_old().to_vec(),
+        part.layout.clone(),
+        "built",
+    )
+    .unwrap();
+    assert!(matches!(part.graph, grandis_parallel::PartGraph::Mapped(_)));
+    assert_eq!(part.graph.view().offsets, built.graph.view().offsets);
+    assert_eq!(part.graph.view().indices, built.graph.view().indices);
     let view = a.view();
     let config = config(&view, ModelKind::Gcn, 2);
     let reference = single(view, &config, &opts(2));
@@ -119,6 +130,23 @@ fn partition_dir_of_another_dataset() {
     );
     let e = err_of(PartitionedGraph::from_book(&book, &b));
     assert!(e.contains("different dataset"), "{e}");
+    // A damaged relabelled graph in the directory is an error naming it, not a wrong run.
+    let indices = std::fs::read_dir(pdir.join(grandis_partition::DATASET_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .ends_with(".indices")
+        })
+        .expect("the relabelled dataset has an indices file");
+    let mut bytes = std::fs::read(&indices).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x5a;
+    std::fs::write(&indices, bytes).unwrap();
+    let e = err_of(PartitionedGraph::from_book(&book, &a));
+    assert!(e.contains("relabelled dataset"), "{e}");
 }
 
 #[test]
