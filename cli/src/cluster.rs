@@ -52,6 +52,13 @@ pub struct UpArgs {
     /// Compute threads per daemon (default: cores / servers).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Where every daemon's device workers compute: cpu, cuda (worker d on GPU d, see
+    /// --cuda-devices) or cuda:N (all on GPU N, sharing it); the daemons' `device` key.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// With --device cuda: the GPU ordinals of each daemon's device workers, e.g. 0,1.
+    #[arg(long, value_delimiter = ',')]
+    pub cuda_devices: Option<Vec<usize>>,
     /// Use (and keep) this work directory instead of a temporary one.
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
@@ -118,12 +125,18 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     if spec.mode == Mode::Single {
         bail!("--mode single runs in one process: use `grandis train --mode single`");
     }
+    grandis_parallel::Compute::parse(&args.device)?;
+    let compute =
+        grandis_parallel::Compute::with_ordinals(&args.device, args.cuda_devices.as_deref())
+            .context("--cuda-devices")?;
+    if compute.is_cuda() && !grandis_parallel::CUDA_BUILT {
+        bail!("--device {}: this grandis was built without CUDA support; rebuild with `--features cuda`", args.device);
+    }
     if spec.mode == Mode::Auto && spec.device_memory.is_none() {
         // Every daemon must make the same auto decision, so the job carries the budget; all
         // servers share this machine, so it is what `grandis train --mode auto` would use.
         let (servers, devices) = (spec.servers as usize, spec.devices as usize);
-        let cpu = grandis_parallel::Compute::Cpu;
-        spec.device_memory = Some(grandis_parallel::default_budget(&cpu, servers, devices)?.0);
+        spec.device_memory = Some(grandis_parallel::default_budget(&compute, servers, devices)?.0);
     }
     spec.name = Some(format!("cluster-up-{}", spec.mode));
     validate_as_flags(&JobSpec {
@@ -234,6 +247,8 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
             token: Some(token.clone()),
             label: label.clone(),
             devices: devices as usize,
+            device: args.device.clone(),
+            cuda_devices: args.cuda_devices.clone(),
             threads: Some(threads),
             data_listen: "127.0.0.1:0".into(),
             cert_dir: certs.clone(),

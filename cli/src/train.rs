@@ -271,7 +271,10 @@ mod tests {
             "{:#}",
             run(args(&["--mode", "fb", "--cuda-devices", "0,1"])).unwrap_err()
         );
-        assert!(err.contains("--cuda-devices needs --device cuda"), "{err}");
+        assert!(
+            err.contains("--cuda-devices: a list of CUDA devices needs device cuda"),
+            "{err}"
+        );
         let err = format!(
             "{:#}",
             run(args(&["--mode", "fb", "--device", "cuda:x"])).unwrap_err()

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use grandis_models::ModelConfig;
 use grandis_parallel::LinkModel;
 use grandis_parallel::{Compute, ParallelOptions, PartitionedGraph};
@@ -63,19 +63,8 @@ impl LocalArgs {
     /// Where the ranks compute: `device` is `--device` (cpu, cuda or cuda:N), refined by
     /// `--cuda-devices`.
     pub fn compute(&self, device: &str) -> anyhow::Result<Compute> {
-        let compute = Compute::parse(device)?;
-        match (&compute, &self.cuda_devices) {
-            (_, None) => Ok(compute),
-            (Compute::Cuda { ordinals: None }, Some(list)) if !list.is_empty() => {
-                Ok(Compute::Cuda {
-                    ordinals: Some(list.clone()),
-                })
-            }
-            (_, Some(_)) => bail!(
-                "--cuda-devices needs --device cuda (not --device {device}) and at least one \
-                 ordinal"
-            ),
-        }
+        Compute::parse(device)?;
+        Compute::with_ordinals(device, self.cuda_devices.as_deref()).context("--cuda-devices")
     }
 }
 

@@ -20,6 +20,8 @@ pub const KEYS: &[&str] = &[
     "token",
     "label",
     "devices",
+    "device",
+    "cuda_devices",
     "memory_bytes",
     "device_memory",
     "threads",
@@ -56,8 +58,16 @@ pub struct DaemonConfig {
     /// node name of the data-plane certificate (`<cert_dir>/<label>.pem`), so it must be a DNS
     /// name (letters, digits, `-`, `.`). Required.
     pub label: String,
-    /// Device workers (CPU worker groups) this server offers.
+    /// Device workers this server offers.
     pub devices: usize,
+    /// Where the device workers compute: `cpu` (each a group of worker threads), `cuda`
+    /// (device worker d on GPU d, or on the d-th of `cuda_devices`) or `cuda:N` (all on GPU
+    /// N, each on its own stream). CUDA needs a build with `--features cuda`; without
+    /// `device_memory` a CUDA worker's budget comes from its GPU's free memory.
+    pub device: String,
+    /// With `device = "cuda"`: the GPU ordinals of the device workers, e.g. `[0, 1, 2, 3]`
+    /// (cycled when there are more workers than ordinals).
+    pub cuda_devices: Option<Vec<usize>>,
     /// Host memory in bytes reported to the coordinator; absent = `MemTotal` of /proc/meminfo.
     pub memory_bytes: Option<u64>,
     /// Per-device memory budget (bytes) for choosing the preloaded hops when a job sets
@@ -101,6 +111,8 @@ impl Default for DaemonConfig {
             token: None,
             label: String::new(),
             devices: 1,
+            device: "cpu".into(),
+            cuda_devices: None,
             memory_bytes: None,
             device_memory: None,
             threads: None,
@@ -155,6 +167,13 @@ impl DaemonConfig {
         if self.devices == 0 || self.devices > 256 {
             bail!("devices: must be between 1 and 256, got {}", self.devices);
         }
+        let compute = self.compute()?;
+        if compute.is_cuda() && !grandis_parallel::CUDA_BUILT {
+            bail!(
+                "device: {:?} needs a grandis built with `--features cuda` (this one is not)",
+                self.device
+            );
+        }
         if self.threads == Some(0) {
             bail!("threads: must be ≥ 1 when set");
         }
@@ -179,6 +198,17 @@ impl DaemonConfig {
             }
         }
         Ok(())
+    }
+
+    /// Where the device workers compute (`device` refined by `cuda_devices`).
+    pub fn compute(&self) -> anyhow::Result<grandis_parallel::Compute> {
+        grandis_parallel::Compute::with_ordinals(&self.device, self.cuda_devices.as_deref())
+            .with_context(|| {
+                format!(
+                    "device: {:?} with cuda_devices {:?}",
+                    self.device, self.cuda_devices
+                )
+            })
     }
 
     /// `data_listen` resolved.
@@ -264,5 +294,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not found"), "{e}");
+    }
+
+    #[test]
+    fn device_key_names_where_workers_compute() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = "token = \"t\"\nlabel = \"a\"\ndevices = 2\n";
+        let load = |extra: &str| {
+            DaemonConfig::load(Some(&write(dir.path(), &format!("{base}{extra}"))))
+                .map_err(|e| format!("{e:#}"))
+        };
+        let c = load("").unwrap();
+        assert_eq!(c.compute().unwrap(), grandis_parallel::Compute::Cpu);
+        let e = load("device = \"gpu\"\n").unwrap_err();
+        assert!(
+            e.starts_with("device:") && e.contains("expected cpu, cuda"),
+            "{e}"
+        );
+        let e = load("cuda_devices = [0, 1]\n").unwrap_err();
+        assert!(
+            e.starts_with("device:") && e.contains("needs device cuda"),
+            "{e}"
+        );
+        let cuda = load("device = \"cuda\"\ncuda_devices = [1, 0]\n");
+        if grandis_parallel::CUDA_BUILT {
+            let c = cuda.unwrap();
+            assert_eq!(
+                c.compute().unwrap(),
+                grandis_parallel::Compute::Cuda {
+                    ordinals: Some(vec![1, 0])
+                }
+            );
+        } else {
+            let e = cuda.unwrap_err();
+            assert!(e.contains("built with `--features cuda`"), "{e}");
+        }
     }
 }

@@ -63,6 +63,10 @@ pub use grandis_masking::FlxPlan as MaskedPlan;
 pub use grandis_sampling as sampling;
 pub use grandis_wire::{LinkBytes, Mode, Priority, RankMemory, Sampling, TimeSplit};
 pub use input::{PartGraph, PartitionedGraph};
+
+/// Whether this build has the CUDA backend (the `cuda` feature): configurations that name a
+/// CUDA device are refused up front without it.
+pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
 pub use options::{Compute, ParallelOptions};
 pub use report::ParallelReport;
 pub use setup::plan_context;

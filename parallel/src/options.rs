@@ -36,6 +36,25 @@ impl Compute {
         }
     }
 
+    /// `device` (as [`Self::parse`]) refined by an explicit list of CUDA ordinals (device
+    /// index d on the d-th, cycled), which only `cuda` takes: `--device` with
+    /// `--cuda-devices`, or a daemon's `device` with `cuda_devices`.
+    pub fn with_ordinals(device: &str, ordinals: Option<&[usize]>) -> anyhow::Result<Compute> {
+        let compute = Compute::parse(device)?;
+        match (&compute, ordinals) {
+            (_, None) => Ok(compute),
+            (Compute::Cuda { ordinals: None }, Some(list)) if !list.is_empty() => {
+                Ok(Compute::Cuda {
+                    ordinals: Some(list.to_vec()),
+                })
+            }
+            (_, Some(_)) => anyhow::bail!(
+                "a list of CUDA devices needs device cuda (not {device}) and at least one \
+                 ordinal"
+            ),
+        }
+    }
+
     /// The CUDA ordinal of the rank with device index `device` inside its server, given the
     /// number of devices the driver reports.
     pub fn ordinal(&self, device: usize, available: usize) -> Option<usize> {

@@ -257,6 +257,7 @@ pub(crate) fn deliver(
 pub fn device_memory(
     spec: &JobSpec,
     daemon_budget: Option<u64>,
+    compute: &grandis_parallel::Compute,
     devices: usize,
 ) -> anyhow::Result<u64> {
     match (spec.mode, spec.device_memory, daemon_budget) {
@@ -267,7 +268,9 @@ pub fn device_memory(
              (`grandis cluster up` fills it in with available memory / ranks)"
         ),
         (_, None, Some(b)) => Ok(b),
-        (_, None, None) => grandis_parallel::default_device_memory(devices),
+        // This server's ranks: host memory / ranks on the CPU, the GPU's free memory / the
+        // ranks sharing it on CUDA.
+        (_, None, None) => Ok(grandis_parallel::default_budget(compute, 1, devices)?.0),
     }
 }
 
@@ -314,9 +317,10 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
         .and_then(|d| d.check_structure().map(|()| d))
         .with_context(|| format!("opening dataset {}", dir.display()))?;
     let view = dataset.view();
+    let compute = cfg.compute()?;
     // The job as this server runs it: with the budget resolved.
     let job = JobSpec {
-        device_memory: Some(device_memory(spec, cfg.device_memory, g)?),
+        device_memory: Some(device_memory(spec, cfg.device_memory, &compute, g)?),
         ..spec.clone()
     };
     let part =
@@ -335,6 +339,7 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
         .join(format!("{}.checkpoint.safetensors", cfg.label));
     checkpoint::prepare(ctx, a, &checkpoint_path)?;
     let popts = ParallelOptions {
+        compute,
         threads_per_rank: cfg.threads.map(|t| (t / g).max(1)),
         checkpoint: grandis_trainer::CheckpointOptions {
             path: (job.checkpoint_every.is_some() || a.resume_epoch.is_some())
@@ -436,6 +441,7 @@ fn check_cancel(ctx: &JobContext) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use grandis_parallel::Compute;
     use grandis_wire::Mode;
 
     #[test]
@@ -445,7 +451,7 @@ mod tests {
             mode: Mode::Auto,
             ..JobSpec::default()
         };
-        let e = device_memory(&spec, Some(1 << 30), 2)
+        let e = device_memory(&spec, Some(1 << 30), &Compute::Cpu, 2)
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("mode auto needs device_memory"), "{e}");
@@ -453,12 +459,18 @@ mod tests {
             device_memory: Some(5 << 20),
             ..spec
         };
-        assert_eq!(device_memory(&spec, Some(1 << 30), 2).unwrap(), 5 << 20);
+        assert_eq!(
+            device_memory(&spec, Some(1 << 30), &Compute::Cpu, 2).unwrap(),
+            5 << 20
+        );
         let spec = JobSpec {
             mode: Mode::Flx,
             device_memory: None,
             ..spec
         };
-        assert_eq!(device_memory(&spec, Some(1 << 30), 2).unwrap(), 1 << 30);
+        assert_eq!(
+            device_memory(&spec, Some(1 << 30), &Compute::Cpu, 2).unwrap(),
+            1 << 30
+        );
     }
 }
