@@ -125,12 +125,15 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     if spec.mode == Mode::Single {
         bail!("--mode single runs in one process: use `grandis train --mode single`");
     }
-    grandis_parallel::Compute::parse(&args.device)?;
-    let compute =
-        grandis_parallel::Compute::with_ordinals(&args.device, args.cuda_devices.as_deref())
-            .context("--cuda-devices")?;
+    let compute = grandis_parallel::Compute::parse(&args.device)?
+        .with_ordinals(args.cuda_devices.as_deref())
+        .context("--cuda-devices")?;
     if compute.is_cuda() && !grandis_parallel::CUDA_BUILT {
-        bail!("--device {}: this grandis was built without CUDA support; rebuild with `--features cuda`", args.device);
+        bail!(
+            "--device {}: {}",
+            args.device,
+            grandis_parallel::NOT_BUILT_WITH_CUDA
+        );
     }
     if spec.mode == Mode::Auto && spec.device_memory.is_none() {
         // Every daemon must make the same auto decision, so the job carries the budget; all

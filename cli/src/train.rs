@@ -41,7 +41,7 @@ impl Device {
 
     #[cfg(not(feature = "cuda"))]
     pub fn cuda_backend(_ordinal: usize) -> anyhow::Result<std::convert::Infallible> {
-        bail!("this grandis was built without CUDA support; rebuild with `--features cuda`")
+        bail!(grandis_parallel::NOT_BUILT_WITH_CUDA)
     }
 
     /// Prints one line per CUDA device the driver reports (`--device cuda` of the parallel
@@ -60,7 +60,7 @@ impl Device {
 
     #[cfg(not(feature = "cuda"))]
     pub fn describe_cuda() -> anyhow::Result<()> {
-        bail!("this grandis was built without CUDA support; rebuild with `--features cuda`")
+        bail!(grandis_parallel::NOT_BUILT_WITH_CUDA)
     }
 }
 

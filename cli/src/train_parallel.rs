@@ -63,8 +63,9 @@ impl LocalArgs {
     /// Where the ranks compute: `device` is `--device` (cpu, cuda or cuda:N), refined by
     /// `--cuda-devices`.
     pub fn compute(&self, device: &str) -> anyhow::Result<Compute> {
-        Compute::parse(device)?;
-        Compute::with_ordinals(device, self.cuda_devices.as_deref()).context("--cuda-devices")
+        Compute::parse(device)?
+            .with_ordinals(self.cuda_devices.as_deref())
+            .context("--cuda-devices")
     }
 }
 

@@ -202,7 +202,8 @@ impl DaemonConfig {
 
     /// Where the device workers compute (`device` refined by `cuda_devices`).
     pub fn compute(&self) -> anyhow::Result<grandis_parallel::Compute> {
-        grandis_parallel::Compute::with_ordinals(&self.device, self.cuda_devices.as_deref())
+        grandis_parallel::Compute::parse(&self.device)
+            .and_then(|c| c.with_ordinals(self.cuda_devices.as_deref()))
             .with_context(|| {
                 format!(
                     "device: {:?} with cuda_devices {:?}",

@@ -176,7 +176,7 @@ fn cuda_budget(
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_budget(_: &crate::Compute, _: usize, _: usize) -> anyhow::Result<(u64, String)> {
-    bail!("this grandis was built without CUDA support; rebuild with `--features cuda`")
+    bail!(crate::NOT_BUILT_WITH_CUDA)
 }
 
 /// FLX with a sampler: the largest k whose sampled FLX plan (over the FB plan) fits the

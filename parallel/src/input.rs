@@ -225,9 +225,8 @@ impl PartitionedGraph {
         // every id) rather than relabel the dataset's graph into memory again.
         let relabelled = Dataset::open_verified(book.dir().join(grandis_partition::DATASET_DIR))
             .with_context(|| format!("partition dir {dir}: the relabelled dataset"))?;
-        let g = relabelled.graph();
-        if g.num_vertices() as u64 != m.num_vertices || g.num_edges() != dataset.graph().num_edges()
-        {
+        let (g, edges) = (relabelled.graph(), dataset.graph().num_edges());
+        if g.num_vertices() as u64 != m.num_vertices || g.num_edges() != edges {
             bail!(
                 "partition dir {dir}: its relabelled graph has {} vertices and {} edges, dataset \
                  {} has {} and {}",
@@ -235,7 +234,7 @@ impl PartitionedGraph {
                 g.num_edges(),
                 dataset.dir().display(),
                 m.num_vertices,
-                dataset.graph().num_edges()
+                edges
             );
         }
         Ok(PartitionedGraph {

@@ -67,6 +67,10 @@ pub use input::{PartGraph, PartitionedGraph};
 /// Whether this build has the CUDA backend (the `cuda` feature): configurations that name a
 /// CUDA device are refused up front without it.
 pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
+
+/// What every front end says when asked for CUDA in a build without it.
+pub const NOT_BUILT_WITH_CUDA: &str =
+    "this grandis was built without CUDA support; rebuild with `--features cuda`";
 pub use options::{Compute, ParallelOptions};
 pub use report::ParallelReport;
 pub use setup::plan_context;

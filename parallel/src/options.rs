@@ -36,21 +36,38 @@ impl Compute {
         }
     }
 
-    /// `device` (as [`Self::parse`]) refined by an explicit list of CUDA ordinals (device
-    /// index d on the d-th, cycled), which only `cuda` takes: `--device` with
-    /// `--cuda-devices`, or a daemon's `device` with `cuda_devices`.
-    pub fn with_ordinals(device: &str, ordinals: Option<&[usize]>) -> anyhow::Result<Compute> {
-        let compute = Compute::parse(device)?;
-        match (&compute, ordinals) {
-            (_, None) => Ok(compute),
+    /// This device refined by an explicit list of CUDA ordinals (device index d on the d-th,
+    /// cycled), which only plain `cuda` takes: `--device` with `--cuda-devices`, or a
+    /// daemon's `device` with `cuda_devices`.
+    pub fn with_ordinals(self, ordinals: Option<&[usize]>) -> anyhow::Result<Compute> {
+        match (self, ordinals) {
+            (compute, None) => Ok(compute),
             (Compute::Cuda { ordinals: None }, Some(list)) if !list.is_empty() => {
                 Ok(Compute::Cuda {
                     ordinals: Some(list.to_vec()),
                 })
             }
-            (_, Some(_)) => anyhow::bail!(
-                "a list of CUDA devices needs device cuda (not {device}) and at least one \
-                 ordinal"
+            (compute, Some(_)) => anyhow::bail!(
+                "a list of CUDA devices needs device cuda (not {}) and at least one ordinal",
+                compute.name()
+            ),
+        }
+    }
+
+    /// The device as `--device` names it (`cpu`, `cuda`, `cuda:N`, or `cuda:A,B,...` for a
+    /// list).
+    pub fn name(&self) -> String {
+        match self {
+            Compute::Cpu => "cpu".into(),
+            Compute::Cuda { ordinals: None } => "cuda".into(),
+            Compute::Cuda {
+                ordinals: Some(list),
+            } => format!(
+                "cuda:{}",
+                list.iter()
+                    .map(|o| o.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
             ),
         }
     }

@@ -19,7 +19,7 @@ use crate::steps::{self, RunStats, Schedule};
 use crate::worker::{self, RankResult};
 use crate::{metered, Compute, ParallelOptions, PartitionedGraph};
 
-/// Steps the plan producer may build ahead of the slowest rank.
+/// Steps the plan producers may build ahead of the slowest rank beyond one per producer.
 const PREFETCH_STEPS: usize = 2;
 
 /// Producer threads building per-step plans when the options name none: half the cores (the
@@ -236,5 +236,5 @@ fn cuda_rank_backend(
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_rank_backend(_: &Compute, _: &Endpoint) -> anyhow::Result<std::convert::Infallible> {
-    bail!("this grandis was built without CUDA support; rebuild with `--features cuda`")
+    bail!(crate::NOT_BUILT_WITH_CUDA)
 }

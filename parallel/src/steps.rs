@@ -438,7 +438,7 @@ struct FeedState {
 
 impl Feed {
     /// A feed of steps `first..` (a resumed run starts past the steps it already trained;
-    /// earlier ones are built, to keep every sampler's stream where it was, and dropped).
+    /// steps are pure functions of their index, so the earlier ones are never built).
     pub fn new(ranks: usize, depth: usize, first: u64) -> Feed {
         Feed {
             state: Mutex::new(FeedState {
