@@ -1,8 +1,14 @@
 //! `grandis predict`: class ids (int64, one per vertex) or logits (f32, vertices x classes)
-//! of a trained checkpoint, written as `.npy`.
+//! of a trained checkpoint, and optionally the vertex embeddings, written as `.npy` by
+//! layer-wise inference ([`grandis_trainer::layerwise`]): one stage at a time over the whole
+//! graph in blocks that fit a memory budget, so graphs whose features and embeddings do not
+//! fit in memory work too.
 
 use crate::train::Device;
 use anyhow::Context;
+use grandis_trainer::layerwise::{
+    predict_layerwise, LayerwiseOptions, LayerwiseOutputs, LayerwiseReport, Predictions,
+};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -18,12 +24,32 @@ pub struct PredictArgs {
     /// Write the logits (f32, N x C) instead of class ids (int64, N).
     #[arg(long)]
     pub logits: bool,
+    /// Also write the vertex embeddings (the input of the model's last stage, f32, N x
+    /// hidden) to this `.npy` file.
+    #[arg(long)]
+    pub embeddings: Option<PathBuf>,
+    /// Memory one block of vertices may use, bytes or with a unit ("512MiB", "8GiB")
+    /// [default: half the available memory (of the GPU with --device cuda:N); the rest is
+    /// left to the page cache holding the input].
+    #[arg(long, value_parser = grandis_wire::spec::parse_bytes)]
+    pub memory_budget: Option<u64>,
+    /// At most this many vertices per block (default: as many as the budget allows).
+    #[arg(long)]
+    pub block_rows: Option<usize>,
+    /// Directory for the intermediate layers (default: the output's directory); each is
+    /// removed once the next layer is written.
+    #[arg(long)]
+    pub scratch_dir: Option<PathBuf>,
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Compute device: cpu or cuda:N (needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Print what the pass did (per stage: blocks, source rows, seconds) and its peak RSS as
+    /// one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(args: PredictArgs) -> anyhow::Result<()> {
@@ -33,31 +59,65 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
         Device::Cpu => None,
         Device::Cuda(ordinal) => Some(Device::cuda_backend(ordinal)?),
     };
+    let block_budget = match args.memory_budget {
+        Some(bytes) => bytes,
+        None => {
+            let compute = grandis_parallel::Compute::parse(&args.device)?;
+            let (bytes, why) = grandis_parallel::default_budget(&compute, 1, 1)?;
+            tracing::info!("block budget: half of {bytes} bytes ({why})");
+            bytes / 2
+        }
+    };
     let dataset = grandis_store::Dataset::open_verified(&args.dataset)
         .with_context(|| format!("opening dataset {}", args.dataset.display()))?;
-    let view = dataset.view();
-    let logits = match cuda {
+    let scratch_dir = match &args.scratch_dir {
+        Some(dir) => dir.clone(),
+        None => match args.out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        },
+    };
+    let outputs = LayerwiseOutputs {
+        predictions: args.out.clone(),
+        kind: if args.logits {
+            Predictions::Logits
+        } else {
+            Predictions::ClassIds
+        },
+        embeddings: args.embeddings.clone(),
+    };
+    let opts = LayerwiseOptions {
+        block_budget,
+        max_block_rows: args.block_rows,
+        scratch_dir,
+    };
+    let report: LayerwiseReport = match cuda {
         // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
         #[cfg(not(feature = "cuda"))]
         Some(backend) => match backend {},
         #[cfg(feature = "cuda")]
-        Some(backend) => grandis_trainer::predict_logits_on(backend, view, &args.checkpoint)?,
-        None => grandis_trainer::predict_logits(view, &args.checkpoint, args.threads)?,
+        Some(backend) => predict_layerwise(&backend, &dataset, &args.checkpoint, &outputs, &opts)?,
+        None => {
+            let backend = grandis_engine::CpuBackend::new(args.threads)?;
+            // The planner's gathers run in the backend's pool too, so --threads bounds them.
+            backend.install(|| {
+                predict_layerwise(&backend, &dataset, &args.checkpoint, &outputs, &opts)
+            })?
+        }
     };
-    let (n, c) = (view.num_vertices(), view.num_classes);
-    if args.logits {
-        grandis_npy::write_npy(&args.out, &[n as u64, c as u64], &logits)
-    } else {
-        let ids: Vec<i64> = logits
-            .chunks_exact(c)
-            .map(|row| grandis_trainer::argmax(row) as i64)
-            .collect();
-        grandis_npy::write_npy(&args.out, &[n as u64], &ids)
-    }
-    .with_context(|| format!("writing {}", args.out.display()))?;
+    let peak_rss = grandis_telemetry::peak_rss_bytes();
     tracing::info!(
-        "wrote predictions of {n} vertices to {}",
-        args.out.display()
+        "wrote predictions of {} vertices to {} in {:.1} s (peak RSS {:.0} MiB)",
+        report.vertices,
+        args.out.display(),
+        report.seconds,
+        peak_rss as f64 / (1u64 << 20) as f64
     );
+    if args.json {
+        let mut value = serde_json::to_value(&report)?;
+        value["peak_rss_bytes"] = peak_rss.into();
+        value["block_budget_bytes"] = block_budget.into();
+        println!("{value}");
+    }
     Ok(())
 }

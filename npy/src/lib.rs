@@ -284,6 +284,10 @@ impl NpyFile {
     pub fn fortran_order(&self) -> bool {
         self.header.fortran_order
     }
+    /// Where the payload starts in the file (for positioned reads of it).
+    pub fn data_offset(&self) -> usize {
+        self.data_offset
+    }
     /// Number of elements.
     pub fn len(&self) -> u64 {
         (self.data_len / self.header.dtype.size()) as u64

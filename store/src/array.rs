@@ -311,6 +311,22 @@ pub const SCAN_CHUNK_BYTES: usize = 64 << 20;
 /// The unit in which [`MappedArray::scan_chunks`] releases pages (the smallest Linux page).
 const PAGE_BYTES: usize = 4096;
 
+/// Drops the pages of a read-only file mapping that lie wholly inside `bytes` from this
+/// process's resident set; they stay in the page cache and a later read faults them back in.
+/// The one place grandis advises the kernel (store arrays and `.npy` files both call it).
+pub fn release_pages(map: &memmap2::Mmap, bytes: std::ops::Range<usize>) {
+    let start = bytes.start.div_ceil(PAGE_BYTES) * PAGE_BYTES;
+    let end = bytes.end.min(map.len()) / PAGE_BYTES * PAGE_BYTES;
+    if end > start {
+        // SAFETY: callers map files read-only and nobody writes them while mapped;
+        // MADV_DONTNEED only drops resident pages, which a later read faults back in from
+        // the file, so no slice handed out sees other data.
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+        };
+    }
+}
+
 /// A memory-mapped array file whose header has been checked (magic, version, dtype, size).
 /// The payload checksum is only checked by [`MappedArray::verify_checksum`], because hashing
 /// gigabytes on every open would defeat the point of mapping.
@@ -447,19 +463,12 @@ impl<T: Element> MappedArray<T> {
     /// set (they stay in the page cache; a later read faults them back in). For sequential
     /// passes over arrays larger than memory: release what is behind the cursor.
     pub fn release(&self, range: std::ops::Range<usize>) {
-        let Some(map) = &self.map else {
-            return;
-        };
-        let size = std::mem::size_of::<T>();
-        let start = (HEADER_BYTES + range.start * size).div_ceil(PAGE_BYTES) * PAGE_BYTES;
-        let end = (HEADER_BYTES + range.end * size) / PAGE_BYTES * PAGE_BYTES;
-        if end > start {
-            // SAFETY: the mapping is a read-only view of a file nobody writes (see `open`);
-            // MADV_DONTNEED only drops resident pages, which a later read faults back in
-            // from the file, so no slice handed out sees other data.
-            let _ = unsafe {
-                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
-            };
+        if let Some(map) = &self.map {
+            let size = std::mem::size_of::<T>();
+            release_pages(
+                map,
+                HEADER_BYTES + range.start * size..HEADER_BYTES + range.end * size,
+            );
         }
     }
 

@@ -617,6 +617,16 @@ impl Dataset {
         self.features.release(rows.start * f..rows.end * f);
         self.offsets.release(rows);
     }
+    /// Positioned reads of feature rows (see [`crate::RowReader`]): gathers that leave the
+    /// resident set alone, for passes over features larger than memory.
+    pub fn feature_rows(&self) -> Result<crate::RowReader> {
+        crate::RowReader::open(
+            &self.dir.join(FEATURES),
+            crate::array::HEADER_BYTES as u64,
+            self.manifest.num_vertices,
+            self.manifest.feature_dim as usize,
+        )
+    }
     pub fn labels(&self) -> &[i32] {
         self.labels.as_slice()
     }

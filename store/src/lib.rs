@@ -15,9 +15,12 @@ pub mod csr;
 pub mod dataset;
 pub mod edges;
 pub mod error;
+pub mod rows;
 pub mod split;
 
-pub use array::{ArraySummary, ArrayWriter, MappedArray, RangeWriter, SCAN_CHUNK_BYTES};
+pub use array::{
+    release_pages, ArraySummary, ArrayWriter, MappedArray, RangeWriter, SCAN_CHUNK_BYTES,
+};
 pub use atomic::{write_file_atomic, write_file_atomic_with, AtomicDir};
 pub use csr::{CsrGraph, CsrView, DegreeStats, MAX_VERTICES};
 pub use dataset::{
@@ -27,4 +30,5 @@ pub use edges::{
     EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops, SortedEdges, DEFAULT_RUN_BYTES,
 };
 pub use error::{Result, StoreError};
+pub use rows::RowReader;
 pub use split::Split;

@@ -9,6 +9,7 @@
 //! like an uninterrupted one.
 
 pub mod checkpoint;
+pub mod layerwise;
 
 use anyhow::{bail, Context};
 use grandis_engine::norm::full_block;

@@ -1,0 +1,157 @@
+//! Gathering rows of a large row-major `f32` file by positioned reads.
+//!
+//! Layer-wise inference reads, for every block of vertices, the rows of their neighbours
+//! from a feature or embedding file larger than memory. Reading them through a mapping would
+//! put every page the gather touches (and, with the kernel's fault-around, up to 64 KiB
+//! around it) into the process's resident set until it is released; positioned reads leave
+//! the file's pages in the page cache only, so the process holds just the rows it asked
+//! for. Ids arrive sorted, so nearby rows are read in one request ([`MAX_GAP_BYTES`]) and a
+//! dense gather becomes a sequential scan.
+
+use crate::error::{Result, StoreError};
+use rayon::prelude::*;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Rows closer than this are read in one request (the gap is read and dropped).
+pub const MAX_GAP_BYTES: u64 = 64 << 10;
+/// The largest single request.
+const MAX_READ_BYTES: u64 = 4 << 20;
+
+/// Rows of `cols` `f32` values stored back to back from byte `offset` of a file.
+pub struct RowReader {
+    path: PathBuf,
+    file: File,
+    offset: u64,
+    cols: usize,
+    rows: u64,
+}
+
+impl RowReader {
+    /// Opens `path` whose `rows x cols` payload starts at byte `offset`; the file must be
+    /// exactly that long.
+    pub fn open(path: &Path, offset: u64, rows: u64, cols: usize) -> Result<RowReader> {
+        let io = |e| StoreError::io(path, e);
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let expected = offset + rows * cols as u64 * 4;
+        if len != expected {
+            return Err(StoreError::invalid(
+                path,
+                format!("holds {len} bytes, expected {expected} ({rows} rows of {cols} f32 from byte {offset})"),
+            ));
+        }
+        Ok(RowReader {
+            path: path.to_path_buf(),
+            file,
+            offset,
+            cols,
+            rows,
+        })
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Copies row `ids[i]` into `out[i * cols..]`. `ids` should be ascending (each maximal
+    /// ascending run is coalesced); they are read in parallel on the current rayon pool.
+    pub fn gather(&self, ids: &[u32], out: &mut [f32]) -> Result<()> {
+        let cols = self.cols;
+        assert_eq!(out.len(), ids.len() * cols, "gather output size");
+        if cols == 0 || ids.is_empty() {
+            return Ok(());
+        }
+        if let Some(&bad) = ids.iter().find(|&&v| v as u64 >= self.rows) {
+            return Err(StoreError::invalid(
+                &self.path,
+                format!("row {bad} is beyond its {} rows", self.rows),
+            ));
+        }
+        let per_task = ids
+            .len()
+            .div_ceil(rayon::current_num_threads() * 4)
+            .max(256);
+        ids.par_chunks(per_task)
+            .zip(out.par_chunks_mut(per_task * cols))
+            .try_for_each(|(ids, out)| self.gather_run(ids, out))
+    }
+
+    fn gather_run(&self, ids: &[u32], out: &mut [f32]) -> Result<()> {
+        let row_bytes = self.cols as u64 * 4;
+        let mut buf: Vec<f32> = Vec::new();
+        let mut i = 0;
+        while i < ids.len() {
+            // Extend the request while the next row is close and the request stays bounded.
+            let first = ids[i] as u64;
+            let mut j = i + 1;
+            while j < ids.len() {
+                let (prev, next) = (ids[j - 1] as u64, ids[j] as u64);
+                let close =
+                    next >= prev && next.saturating_sub(prev + 1) * row_bytes <= MAX_GAP_BYTES;
+                if !close || (next + 1 - first) * row_bytes > MAX_READ_BYTES {
+                    break;
+                }
+                j += 1;
+            }
+            let last = ids[j - 1] as u64;
+            let span = (last - first + 1) as usize * self.cols;
+            buf.resize(span, 0.0);
+            self.file
+                .read_exact_at(
+                    bytemuck::cast_slice_mut(&mut buf[..]),
+                    self.offset + first * row_bytes,
+                )
+                .map_err(|e| StoreError::io(&self.path, e))?;
+            for (k, &v) in ids[i..j].iter().enumerate() {
+                let at = (v as u64 - first) as usize * self.cols;
+                out[(i + k) * self.cols..(i + k + 1) * self.cols]
+                    .copy_from_slice(&buf[at..at + self.cols]);
+            }
+            i = j;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sparse, dense, repeated and unsorted ids all give the rows they name; a row past the
+    /// end is an error naming the file.
+    #[test]
+    fn gather_returns_the_named_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.bin");
+        let (rows, cols) = (50_000u64, 3usize);
+        let values: Vec<f32> = (0..rows as usize * cols).map(|i| i as f32).collect();
+        let mut bytes = vec![7u8; 16];
+        bytes.extend_from_slice(bytemuck::cast_slice(&values));
+        std::fs::write(&path, bytes).unwrap();
+        let r = RowReader::open(&path, 16, rows, cols).unwrap();
+        let cases: Vec<Vec<u32>> = vec![
+            vec![0, 1, 2, 49_999],
+            (0..50_000).step_by(7).collect(),
+            (0..50_000).step_by(9_000).collect(),
+            vec![5, 5, 3, 40_000, 2],
+        ];
+        for ids in cases {
+            let mut out = vec![0.0; ids.len() * cols];
+            r.gather(&ids, &mut out).unwrap();
+            for (i, &v) in ids.iter().enumerate() {
+                for c in 0..cols {
+                    assert_eq!(out[i * cols + c], (v as usize * cols + c) as f32);
+                }
+            }
+        }
+        let err = r.gather(&[50_000], &mut [0.0; 3]).unwrap_err();
+        assert!(err.to_string().contains("rows.bin"), "{err}");
+        assert!(RowReader::open(&path, 20, rows, cols).is_err());
+    }
+}
