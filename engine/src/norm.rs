@@ -126,16 +126,17 @@ pub fn sub_block(
 }
 
 /// [`sub_block`] for a contiguous range of destinations, fast enough for whole-graph passes
-/// (layer-wise inference builds one per chunk of a hundred million vertices): the sources are
-/// `dst` itself, then `halo`, which must be sorted, free of duplicates, disjoint from `dst`
-/// and hold every in-neighbour of `dst` outside it. Local ids are found by offset and binary
-/// search instead of a hash map, in parallel. Returns `None` when a neighbour is missing from
-/// `halo`.
+/// (layer-wise inference builds one per block of a hundred million vertices): the sources are
+/// `dst` itself, then `halo`, free of duplicates, disjoint from `dst` and holding every
+/// in-neighbour of `dst` outside it; `halo_position(u)` says where `u` is in `halo` (callers
+/// keep a dense map, or binary-search a sorted halo). Local ids are computed in parallel.
+/// Returns `None` when a neighbour is missing from `halo`.
 pub fn range_block(
     graph: CsrView<'_>,
     scales: &GlobalScales,
     dst: std::ops::Range<u32>,
     halo: &[u32],
+    halo_position: impl Fn(u32) -> Option<usize> + Sync,
 ) -> Option<BlockGraph> {
     let (lo, hi) = (dst.start as usize, dst.end as usize);
     let n_dst = hi - lo;
@@ -146,7 +147,7 @@ pub fn range_block(
         if dst.contains(&u) {
             Some(u - dst.start)
         } else {
-            halo.binary_search(&u).ok().map(|i| (n_dst + i) as u32)
+            halo_position(u).map(|i| (n_dst + i) as u32)
         }
     };
     let indices: Vec<u32> = edges
@@ -186,10 +187,11 @@ mod tests {
         for agg in [Aggregation::Mean, Aggregation::Sum, Aggregation::Gcn] {
             let scales = global_scales(g.view(), agg);
             let halo = [0u32, 4];
-            let fast = range_block(g.view(), &scales, 1..4, &halo).unwrap();
+            let at = |h: &'static [u32]| move |u: u32| h.binary_search(&u).ok();
+            let fast = range_block(g.view(), &scales, 1..4, &halo, at(&[0, 4])).unwrap();
             let slow = sub_block(g.view(), &scales, &[1, 2, 3], &[1, 2, 3, 0, 4]).unwrap();
             assert_eq!(fast, slow, "{agg:?}");
-            assert!(range_block(g.view(), &scales, 1..4, &[4]).is_none());
+            assert!(range_block(g.view(), &scales, 1..4, &[4], at(&[4])).is_none());
         }
     }
 }

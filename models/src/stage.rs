@@ -105,6 +105,19 @@ pub struct StageCache<B: Backend> {
     lse: Option<B::Buf>,
 }
 
+impl<B: Backend> StageCache<B> {
+    fn empty() -> Self {
+        StageCache {
+            z: None,
+            agg: None,
+            pre_norm: None,
+            mean: None,
+            rstd: None,
+            lse: None,
+        }
+    }
+}
+
 /// A conv stage's input after what runs before the convolution, with the pre-ops' LayerNorm
 /// statistics (see `Model::transform_input`).
 struct Transformed<B: Backend> {
@@ -270,14 +283,7 @@ impl<B: Backend> Model<B> {
     ) -> Result<(B::Buf, StageCache<B>)> {
         let st = &self.stages[s];
         let (d_in, d_out) = (st.d_in, st.d_out);
-        let mut cache = StageCache {
-            z: None,
-            agg: None,
-            pre_norm: None,
-            mean: None,
-            rstd: None,
-            lse: None,
-        };
+        let mut cache = StageCache::empty();
         match st.kind {
             StageKind::Encoder => {
                 let rows = ctx.n_dst;
@@ -300,11 +306,7 @@ impl<B: Backend> Model<B> {
                 cache.rstd = rstd;
                 Ok((y, cache))
             }
-            StageKind::Conv {
-                pre: _,
-                post,
-                residual,
-            } => {
+            StageKind::Conv { .. } => {
                 let (n_dst, n_src) = st.conv_rows(ctx);
                 // Pre-ops (norm, ReLU, dropout) or plain dropout over all input rows. Neither
                 // result is kept for backward, which recomputes it from the input (kept anyway
@@ -313,66 +315,207 @@ impl<B: Backend> Model<B> {
                 // recomputation is bit-identical and one n_src x d_in tensor per layer is saved.
                 let transformed = self.transform_input(b, st, s, input, n_src, ctx)?;
                 let z = transformed.as_ref().map_or(input, |t| &t.z);
-                let mut y = b.alloc(n_dst * d_out)?;
-                if let Some(at) = st.attention {
+                let y = if let Some(at) = st.attention {
+                    let mut y = b.alloc(n_dst * d_out)?;
                     let (t, _, scores) = self.attention_inputs(b, st, s, &at, z, n_src)?;
                     let mut lse = b.alloc(n_dst * at.heads)?;
                     let args = self.attention_args(&at, s, ctx);
                     b.attention_aggregate(ctx.graph, &t, &scores, &args, &mut y, &mut lse)?;
                     cache.lse = Some(lse);
-                } else if let Some(wn) = st.w_neigh {
-                    let wn = &self.params[wn].value;
-                    if d_out <= d_in {
-                        // Transform, then aggregate: the aggregation moves d_out columns.
-                        let mut t = b.alloc(n_src * d_out)?;
-                        b.gemm(false, false, n_src, d_out, d_in, 1.0, z, wn, 0.0, &mut t)?;
-                        b.aggregate(ctx.graph, &t, d_out, &mut y)?;
-                    } else {
-                        let mut a = b.alloc(n_dst * d_in)?;
-                        b.aggregate(ctx.graph, z, d_in, &mut a)?;
-                        b.gemm(false, false, n_dst, d_out, d_in, 1.0, &a, wn, 0.0, &mut y)?;
-                        cache.agg = Some(a);
-                    }
-                }
-                if let Some(ws) = st.w_self {
-                    let beta = if st.w_neigh.is_some() { 1.0 } else { 0.0 };
-                    let ws = &self.params[ws].value;
-                    b.gemm(false, false, n_dst, d_out, d_in, 1.0, z, ws, beta, &mut y)?;
-                }
-                b.add_bias(&mut y, &self.params[st.bias].value, n_dst, d_out)?;
-                if residual {
-                    b.axpy(1.0, input, &mut y, n_dst * d_out)?;
-                }
-                if post {
-                    let n = n_dst * d_out;
-                    let mut out = b.alloc(n)?;
-                    if let (Some(g), Some(be)) = (st.gamma, st.beta) {
-                        let (mut m, mut rs) = (b.alloc(n_dst)?, b.alloc(n_dst)?);
-                        let mut u = b.alloc(n)?;
-                        b.layer_norm(
-                            &y,
-                            &self.params[g].value,
-                            &self.params[be].value,
-                            n_dst,
-                            d_out,
-                            LN_EPS,
-                            &mut u,
-                            &mut m,
-                            &mut rs,
-                        )?;
-                        b.relu(&u, &mut out, n)?;
-                        cache.pre_norm = Some(y);
-                        cache.mean = Some(m);
-                        cache.rstd = Some(rs);
-                    } else {
-                        b.relu(&y, &mut out, n)?;
-                    }
-                    Ok((out, cache))
+                    y
                 } else {
-                    Ok((y, cache))
-                }
+                    let r = self.neighbour_rows(b, st, z, n_src)?;
+                    let r = r.as_ref().unwrap_or(z);
+                    self.aggregate_neighbours(b, st, ctx.graph, r, n_dst, &mut cache)?
+                };
+                self.finish_conv(b, st, n_dst, input, z, y, cache)
             }
         }
+    }
+
+    /// What a non-attention conv stage aggregates, row by row from its transformed input `z`:
+    /// `z W_neigh` when it transforms before aggregating (the narrow side, `d_out <= d_in`),
+    /// `None` when it aggregates `z` itself (or has no neighbour weight).
+    fn neighbour_rows(&self, b: &B, st: &Stage, z: &B::Buf, rows: usize) -> Result<Option<B::Buf>> {
+        match st.w_neigh {
+            Some(wn) if st.d_out <= st.d_in => {
+                let mut t = b.alloc(rows * st.d_out)?;
+                let wn = &self.params[wn].value;
+                b.gemm(
+                    false, false, rows, st.d_out, st.d_in, 1.0, z, wn, 0.0, &mut t,
+                )?;
+                Ok(Some(t))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The neighbour term of a non-attention conv stage (`n_dst x d_out`) from the rows `r`
+    /// of [`Self::neighbour_rows`] (or `z`) over `graph`: aggregated, then transformed when
+    /// the stage aggregates first (keeping the aggregate for backward); zero without a
+    /// neighbour weight.
+    fn aggregate_neighbours(
+        &self,
+        b: &B,
+        st: &Stage,
+        graph: &B::Graph,
+        r: &B::Buf,
+        n_dst: usize,
+        cache: &mut StageCache<B>,
+    ) -> Result<B::Buf> {
+        let (d_in, d_out) = (st.d_in, st.d_out);
+        let mut y = b.alloc(n_dst * d_out)?;
+        if let Some(wn) = st.w_neigh {
+            let wn = &self.params[wn].value;
+            if d_out <= d_in {
+                b.aggregate(graph, r, d_out, &mut y)?;
+            } else {
+                let mut a = b.alloc(n_dst * d_in)?;
+                b.aggregate(graph, r, d_in, &mut a)?;
+                b.gemm(false, false, n_dst, d_out, d_in, 1.0, &a, wn, 0.0, &mut y)?;
+                cache.agg = Some(a);
+            }
+        }
+        Ok(y)
+    }
+
+    /// The rest of a conv stage given its neighbour term `y`: the self term from the first
+    /// `n_dst` rows of `z`, bias, residual (the first `n_dst` rows of `input`) and the post
+    /// norm and ReLU.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_conv(
+        &self,
+        b: &B,
+        st: &Stage,
+        n_dst: usize,
+        input: &B::Buf,
+        z: &B::Buf,
+        mut y: B::Buf,
+        mut cache: StageCache<B>,
+    ) -> Result<(B::Buf, StageCache<B>)> {
+        let (d_in, d_out) = (st.d_in, st.d_out);
+        let StageKind::Conv { post, residual, .. } = st.kind else {
+            unreachable!("finish_conv runs on conv stages")
+        };
+        if let Some(ws) = st.w_self {
+            let beta = if st.w_neigh.is_some() { 1.0 } else { 0.0 };
+            let ws = &self.params[ws].value;
+            b.gemm(false, false, n_dst, d_out, d_in, 1.0, z, ws, beta, &mut y)?;
+        }
+        b.add_bias(&mut y, &self.params[st.bias].value, n_dst, d_out)?;
+        if residual {
+            b.axpy(1.0, input, &mut y, n_dst * d_out)?;
+        }
+        if !post {
+            return Ok((y, cache));
+        }
+        let n = n_dst * d_out;
+        let mut out = b.alloc(n)?;
+        if let (Some(g), Some(be)) = (st.gamma, st.beta) {
+            let (mut m, mut rs) = (b.alloc(n_dst)?, b.alloc(n_dst)?);
+            let mut u = b.alloc(n)?;
+            b.layer_norm(
+                &y,
+                &self.params[g].value,
+                &self.params[be].value,
+                n_dst,
+                d_out,
+                LN_EPS,
+                &mut u,
+                &mut m,
+                &mut rs,
+            )?;
+            b.relu(&u, &mut out, n)?;
+            cache.pre_norm = Some(y);
+            cache.mean = Some(m);
+            cache.rstd = Some(rs);
+        } else {
+            b.relu(&y, &mut out, n)?;
+        }
+        Ok((out, cache))
+    }
+
+    /// True when layer-wise inference may split stage `s` ([`Self::stage_neighbour_rows`],
+    /// [`Self::forward_stage_split`]): a conv stage that reads neighbours through a weight
+    /// (attention stages do not split; their blocks run [`Self::forward_stage`] whole).
+    pub fn stage_splits(&self, s: usize) -> bool {
+        let st = &self.stages[s];
+        matches!(st.kind, StageKind::Conv { .. }) && st.w_neigh.is_some() && st.attention.is_none()
+    }
+
+    /// Columns of [`Self::stage_neighbour_rows`] of a splitting stage `s`, or `None` when
+    /// they are its input rows themselves (no pre-ops, and it aggregates before transforming).
+    pub fn stage_neighbour_width(&self, s: usize) -> Option<usize> {
+        let st = &self.stages[s];
+        if st.d_out <= st.d_in {
+            Some(st.d_out)
+        } else if matches!(st.kind, StageKind::Conv { pre: true, .. }) {
+            Some(st.d_in)
+        } else {
+            None
+        }
+    }
+
+    /// The row-local half of a splitting stage `s` in evaluation: the rows its convolution
+    /// aggregates, computed from `rows` input rows (global ids `ids`), once per vertex for a
+    /// whole-graph pass; `None` exactly when [`Self::stage_neighbour_width`] is. Together with
+    /// [`Self::forward_stage_split`] this is [`Self::forward_stage`] with dropout off, but a
+    /// block gathers its sources' aggregated rows (often narrower than the input) instead of
+    /// transforming every halo row again.
+    pub fn stage_neighbour_rows(
+        &self,
+        b: &B,
+        s: usize,
+        input: &B::Buf,
+        rows: usize,
+        ids: &B::Index,
+    ) -> Result<Option<B::Buf>> {
+        let st = &self.stages[s];
+        let transformed = self.transform_input_eval(b, st, s, input, rows, ids)?;
+        let z = transformed.as_ref().unwrap_or(input);
+        match self.neighbour_rows(b, st, z, rows)? {
+            Some(t) => Ok(Some(t)),
+            None => Ok(transformed),
+        }
+    }
+
+    /// The neighbour half of a splitting stage `s` in evaluation on the block `ctx`: its
+    /// `n_dst` destinations' input rows `input_dst` and its `n_src` sources' rows `r_src` of
+    /// [`Self::stage_neighbour_rows`] (destinations first, as in every block).
+    pub fn forward_stage_split(
+        &self,
+        b: &B,
+        s: usize,
+        ctx: &StageCtx<'_, B>,
+        input_dst: &B::Buf,
+        r_src: &B::Buf,
+    ) -> Result<B::Buf> {
+        let st = &self.stages[s];
+        assert!(ctx.train.is_none(), "split stages run in evaluation only");
+        let transformed =
+            self.transform_input_eval(b, st, s, input_dst, ctx.n_dst, ctx.global_ids)?;
+        let z = transformed.as_ref().unwrap_or(input_dst);
+        let mut cache = StageCache::empty();
+        let y = self.aggregate_neighbours(b, st, ctx.graph, r_src, ctx.n_dst, &mut cache)?;
+        Ok(self
+            .finish_conv(b, st, ctx.n_dst, input_dst, z, y, cache)?
+            .0)
+    }
+
+    /// [`Self::transform_input`] with dropout off: the pre-ops of a res+ block, if any.
+    fn transform_input_eval(
+        &self,
+        b: &B,
+        st: &Stage,
+        s: usize,
+        input: &B::Buf,
+        rows: usize,
+        ids: &B::Index,
+    ) -> Result<Option<B::Buf>> {
+        if matches!(st.kind, StageKind::Conv { pre: true, .. }) {
+            return Ok(Some(self.pre_ops(b, st, s, input, rows, ids, None)?.0));
+        }
+        Ok(None)
     }
 
     /// GAT's arguments for the attention operations of stage `s` on `ctx`: dropout on the

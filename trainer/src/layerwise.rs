@@ -13,6 +13,15 @@
 //! normalisation). Results are therefore the whole-graph forward pass's, block size aside
 //! (test: `layerwise_equals_whole_graph`).
 //!
+//! Stages that aggregate through a weight are **split** ([`Model::stage_splits`]): a first,
+//! row-local pass computes once per vertex the rows the convolution aggregates (`h W_neigh`
+//! when that is the narrow side, or the pre-op'd input) into a scratch file, and the blocks
+//! then gather those rows for their sources and only their own input rows. Without the
+//! split, every block would transform its halo rows again (on a graph without locality,
+//! the halos of all blocks add up to several times the vertex count) and would gather the
+//! input's full width: a 64-feature layer into 16 hidden columns gathers a quarter of the
+//! bytes split. Attention stages run whole.
+//!
 //! Memory: the budget bounds one block ([`block_bytes`]); besides it the pass keeps O(V)
 //! state (normalisation scales, a bitmap of the block's sources). Input rows are gathered by
 //! positioned reads ([`RowReader`]), not through a mapping, and the adjacency's mapped pages
@@ -71,9 +80,14 @@ pub struct StageReport {
     pub stage: usize,
     pub d_in: usize,
     pub d_out: usize,
+    /// Columns gathered per source row: the stage's aggregated rows when it splits (see
+    /// [`Model::stage_splits`]), else its input.
+    pub gathered_cols: usize,
+    /// Seconds of the row-local pass that computed the aggregated rows (split stages).
+    pub rows_pass_seconds: f64,
     pub blocks: usize,
-    /// Input rows gathered over all blocks (`vertices` when no stage reads neighbours; the
-    /// excess over it is the halo rows read again).
+    /// Source rows gathered over all blocks (the excess over the vertex count is halo rows
+    /// read again by later blocks).
     pub source_rows: u64,
     pub edges: u64,
     /// The largest block's [`block_bytes`].
@@ -112,6 +126,16 @@ pub fn predict_layerwise<B: Backend>(
     let scales = (0..stages)
         .any(|s| model.stage_reads_neighbors(s))
         .then(|| global_scales(view.graph, grandis_models::aggregation(ck.model.kind)));
+    // The scales read every row's offsets through the mapping (8 bytes a vertex): let go.
+    dataset.release_rows(0..n);
+    let pass = Pass {
+        b,
+        model: &model,
+        graph: view.graph,
+        scales: scales.as_ref(),
+        dataset,
+        opts,
+    };
     let mut input = dataset.feature_rows()?;
     let mut reports = Vec::with_capacity(stages);
     // The scratch file the current input lives in, removed once the next stage is written.
@@ -124,63 +148,54 @@ pub fn predict_layerwise<B: Backend>(
         } else if let (true, Some(e)) = (s + 2 == stages, &outputs.embeddings) {
             (e.clone(), None)
         } else {
-            let p = opts
-                .scratch_dir
-                .join(format!(".grandis-layer{s}-{}.npy", std::process::id()));
+            let p = opts.scratch_dir.join(scratch_name("layer", s));
             (p.clone(), Some(Scratch(p)))
         };
-        let pass = StagePass {
-            b,
-            model: &model,
-            stage: s,
-            graph: view.graph,
-            scales: scales.as_ref(),
-            input: &input,
-            dataset,
-            opts,
+        // A splitting stage first computes, once per vertex, the rows its blocks gather.
+        let split = model.stage_splits(s);
+        let mut rows_pass_seconds = 0.0;
+        let rows_file = match model.stage_neighbour_width(s).filter(|_| split) {
+            Some(w) => {
+                let p = opts.scratch_dir.join(scratch_name("rows", s));
+                let t = Instant::now();
+                let mut progress = grandis_telemetry::Progress::new(
+                    format!("predict: stage {}/{stages}, aggregated rows", s + 1),
+                    Some(n as u64),
+                );
+                let scratch = Scratch(p.clone());
+                stream(&p, n, w, None, |emit| {
+                    pass.neighbour_rows(s, &input, emit, &mut progress)
+                })?;
+                progress.finish();
+                rows_pass_seconds = t.elapsed().as_secs_f64();
+                Some((layer_rows(&p, n, w)?, scratch))
+            }
+            None => None,
         };
+        let gathered = rows_file.as_ref().map_or(&input, |(r, _)| r);
         let mut progress = grandis_telemetry::Progress::new(
             format!("predict: stage {}/{stages}", s + 1),
             Some(n as u64),
         );
-        let mut failure = None;
-        let mut report = None;
-        let mut produce = |emit: &mut dyn FnMut(&[f32]) -> std::io::Result<()>| {
-            pass.run(emit, &mut progress)
-                .map(|r| report = Some(r))
-                .map_err(|e| {
-                    failure = Some(e);
-                    std::io::Error::other("the stage failed")
-                })
-        };
-        let written = match (last, outputs.kind) {
-            (true, Predictions::ClassIds) => {
-                grandis_npy::write_npy_streamed::<i64>(&path, &[n as u64], |emit| {
-                    produce(&mut |rows: &[f32]| {
-                        let ids: Vec<i64> =
-                            rows.chunks_exact(d_out).map(|r| argmax(r) as i64).collect();
-                        emit(&ids)
-                    })
-                })
-            }
-            _ => grandis_npy::write_npy_streamed::<f32>(&path, &[n as u64, d_out as u64], produce),
-        };
-        if let Some(e) = failure {
-            return Err(e.context(format!("stage {s} of layer-wise inference")));
-        }
-        written.with_context(|| format!("writing {}", path.display()))?;
+        let ids = (last && outputs.kind == Predictions::ClassIds).then_some(d_out);
+        let mut report = stream(&path, n, d_out, ids, |emit| {
+            pass.blocks(s, split, &input, gathered, emit, &mut progress)
+        })
+        .with_context(|| format!("stage {s} of layer-wise inference"))?;
         progress.finish();
-        let report = report.expect("a stage that wrote its output reported");
+        drop(rows_file);
+        report.rows_pass_seconds = rows_pass_seconds;
         tracing::info!(
-            "stage {s} ({d_in} -> {d_out} columns): {} blocks, {} source rows, {:.1} s",
+            "stage {s} ({d_in} -> {d_out} columns, gathering {}): {} blocks, {} source rows, {:.1} s",
+            report.gathered_cols,
             report.blocks,
             report.source_rows,
-            report.seconds
+            report.seconds + rows_pass_seconds
         );
         reports.push(report);
         if !last {
             input = layer_rows(&path, n, d_out)?;
-            // The previous input's file goes now that nothing maps it.
+            // The previous input's file goes now that nothing reads it.
             input_scratch = scratch;
         } else {
             drop(input_scratch.take());
@@ -193,16 +208,257 @@ pub fn predict_layerwise<B: Backend>(
     })
 }
 
+fn scratch_name(what: &str, stage: usize) -> String {
+    format!(".grandis-{what}{stage}-{}.npy", std::process::id())
+}
+
+/// Sink of a stage's output rows, in vertex order.
+type Emit<'e> = dyn FnMut(&[f32]) -> std::io::Result<()> + 'e;
+
+/// Writes the `n x cols` rows `produce` hands over to the `.npy` file `path` (atomically),
+/// or with `class_ids = Some(cols)` the argmax of each row as int64. Returns what `produce`
+/// returned; its error wins over the writer's.
+fn stream<R>(
+    path: &Path,
+    n: usize,
+    cols: usize,
+    class_ids: Option<usize>,
+    produce: impl FnOnce(&mut Emit<'_>) -> anyhow::Result<R>,
+) -> anyhow::Result<R> {
+    let mut failure = None;
+    let mut result = None;
+    let run = |emit: &mut Emit<'_>| match produce(emit) {
+        Ok(r) => {
+            result = Some(r);
+            Ok(())
+        }
+        Err(e) => {
+            failure = Some(e);
+            Err(std::io::Error::other("the stage failed"))
+        }
+    };
+    let written = match class_ids {
+        Some(c) => grandis_npy::write_npy_streamed::<i64>(path, &[n as u64], |emit| {
+            run(&mut |rows: &[f32]| {
+                let ids: Vec<i64> = rows.chunks_exact(c).map(|r| argmax(r) as i64).collect();
+                emit(&ids)
+            })
+        }),
+        None => {
+            grandis_npy::write_npy_streamed::<f32>(path, &[n as u64, cols as u64], |emit| run(emit))
+        }
+    };
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    written.with_context(|| format!("writing {}", path.display()))?;
+    Ok(result.expect("a stream that was written produced"))
+}
+
 /// Bytes one block of `dst` destinations reading `src` source rows over `edges` edges takes
-/// at most, for a stage mapping `d_in` to `d_out` columns: the gathered input, its copy on
-/// the backend and the stage's transformed copy (pre-ops) of it; the transformed or attention
-/// rows of every source (at most `2 d_out` wide); the aggregated input of the destinations;
-/// the output, its normalised and activated copies and its download; and the block graph
-/// (host and backend: offsets, edges, scales, global ids).
-pub fn block_bytes(dst: u64, src: u64, edges: u64, d_in: u64, d_out: u64) -> u64 {
-    let rows = 3 * src * d_in + 2 * src * d_out + dst * d_in + 4 * dst * d_out;
+/// at most on a stage mapping `d_in` to `d_out` columns.
+///
+/// Whole stages (`gathered = None`): the gathered input, its copy on the backend and the
+/// stage's pre-op copy of it; the transformed or attention rows of every source (at most
+/// `2 d_out` wide); the aggregated input of the destinations; the output, its normalised and
+/// activated copies and its download. Split stages (`gathered = Some(w)`): the gathered
+/// `w`-column rows and their backend copy; the destinations' input, its backend copy, its
+/// pre-op copy and their aggregate; the same outputs. Both: the block graph on the host and
+/// on the backend (offsets, edges, scales, global ids).
+pub fn block_bytes(
+    dst: u64,
+    src: u64,
+    edges: u64,
+    d_in: u64,
+    d_out: u64,
+    gathered: Option<u64>,
+) -> u64 {
+    let rows = match gathered {
+        None => 3 * src * d_in + 2 * src * d_out + dst * d_in + 4 * dst * d_out,
+        Some(w) => 2 * src * w + 4 * dst * d_in + 4 * dst * d_out,
+    };
     let graph = 2 * (8 * (dst + 1) + 4 * edges + 4 * (2 * dst + src)) + 3 * 4 * src;
     4 * rows + graph
+}
+
+/// Most rows per step of the row-local pass: nothing is shared between its steps, so larger
+/// ones only page-fault larger fresh buffers (on the 5M-vertex graph of docs/benchmarks.md,
+/// one 5M-row step took 6.4 s, 17 steps of 300k rows 1.8 s).
+const ROWS_PASS_STEP: usize = 1 << 18;
+
+/// One stage's passes over every vertex.
+struct Pass<'a, B: Backend> {
+    b: &'a B,
+    model: &'a Model<B>,
+    graph: CsrView<'a>,
+    scales: Option<&'a GlobalScales>,
+    dataset: &'a Dataset,
+    opts: &'a LayerwiseOptions,
+}
+
+impl<B: Backend> Pass<'_, B> {
+    /// The row-local half of splitting stage `s` ([`Model::stage_neighbour_rows`]) for every
+    /// vertex, in row ranges that fit the budget.
+    fn neighbour_rows(
+        &self,
+        s: usize,
+        input: &RowReader,
+        emit: &mut Emit<'_>,
+        progress: &mut grandis_telemetry::Progress,
+    ) -> anyhow::Result<()> {
+        let b = self.b;
+        let (d_in, _) = self.model.stage_dims(s);
+        let w = self
+            .model
+            .stage_neighbour_width(s)
+            .expect("a stage with its own rows");
+        let n = self.graph.num_vertices();
+        check_input(s, input, n, d_in)?;
+        // Per row: the input on the host and the backend, its pre-op copy, the rows and
+        // their download, the id.
+        let per_row = 4 * (3 * d_in + 2 * w) as u64 + 8;
+        let step = ((self.opts.block_budget / per_row) as usize).clamp(1, ROWS_PASS_STEP);
+        for lo in (0..n).step_by(step) {
+            let hi = (lo + step).min(n);
+            let ids: Vec<u32> = (lo as u32..hi as u32).collect();
+            let mut host = vec![0.0f32; ids.len() * d_in];
+            input.gather(&ids, &mut host)?;
+            let x = b.upload(&host)?;
+            drop(host);
+            let ids = b.upload_index(&ids)?;
+            let r = self
+                .model
+                .stage_neighbour_rows(b, s, &x, hi - lo, &ids)?
+                .expect("a stage with a neighbour width has its own rows");
+            let mut out = vec![0.0f32; (hi - lo) * w];
+            b.download(&r, 0, &mut out)?;
+            emit(&out)?;
+            progress.inc((hi - lo) as u64);
+        }
+        Ok(())
+    }
+
+    /// Stage `s` over every vertex in blocks: whole ([`Model::forward_stage`] on the
+    /// gathered input rows) or split ([`Model::forward_stage_split`] on the gathered rows of
+    /// `gathered` and the destinations' input rows).
+    fn blocks(
+        &self,
+        s: usize,
+        split: bool,
+        input: &RowReader,
+        gathered: &RowReader,
+        emit: &mut Emit<'_>,
+        progress: &mut grandis_telemetry::Progress,
+    ) -> anyhow::Result<StageReport> {
+        let start = Instant::now();
+        let b = self.b;
+        let (d_in, d_out) = self.model.stage_dims(s);
+        let n = self.graph.num_vertices();
+        check_input(s, input, n, d_in)?;
+        let w = gathered.cols();
+        let neighbours = self.model.stage_reads_neighbors(s);
+        let shape = (d_in as u64, d_out as u64, split.then_some(w as u64));
+        let mut planner = BlockPlanner::new(n, neighbours);
+        let mut report = StageReport {
+            stage: s,
+            d_in,
+            d_out,
+            gathered_cols: w,
+            rows_pass_seconds: 0.0,
+            blocks: 0,
+            source_rows: 0,
+            edges: 0,
+            largest_block_bytes: 0,
+            seconds: 0.0,
+        };
+        let mut lo = 0;
+        while lo < n {
+            let blk = planner.next(self.graph, lo, shape, self.opts)?;
+            let dst = blk.dst.clone();
+            let (n_dst, n_src) = (dst.len(), dst.len() + blk.halo.len());
+            let graph = if neighbours {
+                let scales = self
+                    .scales
+                    .expect("scales exist when a stage reads neighbours");
+                let range = dst.start as u32..dst.end as u32;
+                range_block(self.graph, scales, range, &blk.halo, |u| {
+                    planner.position(u)
+                })
+                .expect("the planner's halo holds every neighbour outside the block")
+            } else {
+                no_edges(n_dst)
+            };
+            let src_ids: Vec<u32> = (dst.start as u32..dst.end as u32)
+                .chain(blk.halo.iter().copied())
+                .collect();
+            // Own rows, then the (sorted) halo: two ascending runs of positioned reads.
+            let mut host = vec![0.0f32; n_src * w];
+            gathered.gather(&src_ids, &mut host)?;
+            let rows = b.upload(&host)?;
+            drop(host);
+            let own = if split {
+                let mut host = vec![0.0f32; n_dst * d_in];
+                input.gather(&src_ids[..n_dst], &mut host)?;
+                Some(b.upload(&host)?)
+            } else {
+                None
+            };
+            let g = b.upload_graph(&graph)?;
+            drop(graph);
+            let ids = b.upload_index(&src_ids)?;
+            drop(src_ids);
+            let ctx = StageCtx {
+                graph: &g,
+                n_dst,
+                n_src,
+                global_ids: &ids,
+                train: None,
+            };
+            let y = match &own {
+                Some(own) => self.model.forward_stage_split(b, s, &ctx, own, &rows)?,
+                None => self.model.forward_stage(b, s, &ctx, &rows)?.0,
+            };
+            drop((rows, own, g, ids));
+            let mut out = vec![0.0f32; n_dst * d_out];
+            b.download(&y, 0, &mut out)?;
+            emit(&out)?;
+            planner.finish(&blk);
+            // The block's adjacency was read through the mapping: drop it behind the cursor.
+            self.dataset.release_rows(dst.clone());
+            report.blocks += 1;
+            report.source_rows += n_src as u64;
+            report.edges += blk.edges;
+            report.largest_block_bytes = report.largest_block_bytes.max(blk.bytes);
+            progress.inc(n_dst as u64);
+            lo = dst.end;
+        }
+        report.seconds = start.elapsed().as_secs_f64();
+        Ok(report)
+    }
+}
+
+fn check_input(s: usize, input: &RowReader, n: usize, d_in: usize) -> anyhow::Result<()> {
+    if input.rows() != n as u64 || input.cols() != d_in {
+        bail!(
+            "stage {s} expects {n} x {d_in} input values, found {} x {}",
+            input.rows(),
+            input.cols()
+        );
+    }
+    Ok(())
+}
+
+/// A block graph with `rows` rows and no edges (what row-local stages are handed).
+fn no_edges(rows: usize) -> BlockGraph {
+    BlockGraph {
+        n_dst: rows,
+        n_src: rows,
+        offsets: vec![0; rows + 1],
+        indices: Vec::new(),
+        dst_scale: vec![0.0; rows],
+        src_scale: None,
+        self_scale: None,
+    }
 }
 
 /// Reads back a layer written as `.npy` (checked to be `n x cols` f32).
@@ -233,117 +489,6 @@ impl Drop for Scratch {
     }
 }
 
-/// One stage over every vertex.
-struct StagePass<'a, B: Backend> {
-    b: &'a B,
-    model: &'a Model<B>,
-    stage: usize,
-    graph: CsrView<'a>,
-    scales: Option<&'a GlobalScales>,
-    input: &'a RowReader,
-    dataset: &'a Dataset,
-    opts: &'a LayerwiseOptions,
-}
-
-impl<B: Backend> StagePass<'_, B> {
-    fn run(
-        &self,
-        emit: &mut dyn FnMut(&[f32]) -> std::io::Result<()>,
-        progress: &mut grandis_telemetry::Progress,
-    ) -> anyhow::Result<StageReport> {
-        let start = Instant::now();
-        let (b, s) = (self.b, self.stage);
-        let (d_in, d_out) = self.model.stage_dims(s);
-        let n = self.graph.num_vertices();
-        if self.input.rows() != n as u64 || self.input.cols() != d_in {
-            bail!(
-                "stage {s} expects {n} x {d_in} input values, found {} x {}",
-                self.input.rows(),
-                self.input.cols()
-            );
-        }
-        let neighbours = self.model.stage_reads_neighbors(s);
-        let mut planner = BlockPlanner::new(n, neighbours);
-        let mut report = StageReport {
-            stage: s,
-            d_in,
-            d_out,
-            blocks: 0,
-            source_rows: 0,
-            edges: 0,
-            largest_block_bytes: 0,
-            seconds: 0.0,
-        };
-        let mut lo = 0;
-        while lo < n {
-            let blk = planner.next(self.graph, lo, d_in, d_out, self.opts)?;
-            let dst = blk.dst.clone();
-            let (n_dst, n_src) = (dst.len(), dst.len() + blk.halo.len());
-            let graph = if neighbours {
-                let scales = self
-                    .scales
-                    .expect("scales exist when a stage reads neighbours");
-                range_block(
-                    self.graph,
-                    scales,
-                    dst.start as u32..dst.end as u32,
-                    &blk.halo,
-                )
-                .expect("the planner's halo holds every neighbour outside the block")
-            } else {
-                no_edges(n_dst)
-            };
-            let src_ids: Vec<u32> = (dst.start as u32..dst.end as u32)
-                .chain(blk.halo.iter().copied())
-                .collect();
-            let mut host = vec![0.0f32; n_src * d_in];
-            // Own rows, then the (sorted) halo: two ascending runs of positioned reads.
-            self.input.gather(&src_ids, &mut host)?;
-            let rows = b.upload(&host)?;
-            drop(host);
-            let g = b.upload_graph(&graph)?;
-            drop(graph);
-            let ids = b.upload_index(&src_ids)?;
-            drop(src_ids);
-            let ctx = StageCtx {
-                graph: &g,
-                n_dst,
-                n_src,
-                global_ids: &ids,
-                train: None,
-            };
-            let (y, _) = self.model.forward_stage(b, s, &ctx, &rows)?;
-            drop((rows, g, ids));
-            let mut out = vec![0.0f32; n_dst * d_out];
-            b.download(&y, 0, &mut out)?;
-            emit(&out)?;
-            // The block's adjacency was read through the mapping: drop it behind the cursor.
-            self.dataset.release_rows(dst.clone());
-            report.blocks += 1;
-            report.source_rows += n_src as u64;
-            report.edges += blk.edges;
-            report.largest_block_bytes = report.largest_block_bytes.max(blk.bytes);
-            progress.inc(n_dst as u64);
-            lo = dst.end;
-        }
-        report.seconds = start.elapsed().as_secs_f64();
-        Ok(report)
-    }
-}
-
-/// A block graph with `rows` rows and no edges (what row-local stages are handed).
-fn no_edges(rows: usize) -> BlockGraph {
-    BlockGraph {
-        n_dst: rows,
-        n_src: rows,
-        offsets: vec![0; rows + 1],
-        indices: Vec::new(),
-        dst_scale: vec![0.0; rows],
-        src_scale: None,
-        self_scale: None,
-    }
-}
-
 /// One block: destinations `dst` and their in-neighbours outside it, sorted.
 struct Block {
     dst: std::ops::Range<usize>,
@@ -353,31 +498,50 @@ struct Block {
 }
 
 /// Cuts a stage's destinations into the largest blocks that fit the budget, counting each
-/// block's distinct sources exactly (a bitmap over the vertices).
+/// block's distinct sources exactly, and maps its halo vertices to their positions.
 struct BlockPlanner {
-    marks: Vec<u64>,
+    /// Per vertex: 0 when not a source of the current block, [`MARKED`] while the block
+    /// grows, then `1 + position` in the halo (dense, so that building the block graph looks
+    /// each edge up once instead of searching the halo: 4 bytes per vertex).
+    slots: Vec<u32>,
     neighbours: bool,
 }
 
+const MARKED: u32 = u32::MAX;
+
 impl BlockPlanner {
     fn new(n: usize, neighbours: bool) -> Self {
-        let words = if neighbours { n.div_ceil(64) } else { 0 };
         BlockPlanner {
-            marks: vec![0; words],
+            slots: vec![0; if neighbours { n } else { 0 }],
             neighbours,
         }
     }
 
     /// Marks `v`; true when it was not marked.
     fn mark(&mut self, v: u32) -> bool {
-        let (w, bit) = (v as usize / 64, 1u64 << (v % 64));
-        let fresh = self.marks[w] & bit == 0;
-        self.marks[w] |= bit;
+        let slot = &mut self.slots[v as usize];
+        let fresh = *slot == 0;
+        *slot = MARKED;
         fresh
     }
 
-    fn unmark(&mut self, v: u32) {
-        self.marks[v as usize / 64] &= !(1u64 << (v % 64));
+    /// Where `u` is in the current block's halo.
+    fn position(&self, u: u32) -> Option<usize> {
+        match self.slots[u as usize] {
+            0 | MARKED => None,
+            p => Some(p as usize - 1),
+        }
+    }
+
+    /// Clears the slots of `blk`'s sources for the next block.
+    fn finish(&mut self, blk: &Block) {
+        if !self.neighbours {
+            return;
+        }
+        for &u in &blk.halo {
+            self.slots[u as usize] = 0;
+        }
+        self.slots[blk.dst.clone()].fill(0);
     }
 
     /// The block starting at destination `lo`.
@@ -385,21 +549,21 @@ impl BlockPlanner {
         &mut self,
         graph: CsrView<'_>,
         lo: usize,
-        d_in: usize,
-        d_out: usize,
+        (d_in, d_out, gathered): (u64, u64, Option<u64>),
         opts: &LayerwiseOptions,
     ) -> anyhow::Result<Block> {
         let n = graph.num_vertices();
         let cap = opts.max_block_rows.unwrap_or(usize::MAX).max(1);
-        let (d_in, d_out) = (d_in as u64, d_out as u64);
-        let cost = |dst: u64, src: u64, edges: u64| block_bytes(dst, src, edges, d_in, d_out);
+        let cost =
+            |dst: u64, src: u64, edges: u64| block_bytes(dst, src, edges, d_in, d_out, gathered);
         let too_big = |v: usize, bytes: u64| {
             anyhow::anyhow!(
                 "the block budget of {} cannot hold vertex {v} alone ({} with its {} \
-                 in-neighbours and {d_in} input columns); raise the memory budget",
+                 in-neighbours and {} gathered columns); raise the memory budget",
                 human_bytes(opts.block_budget),
                 human_bytes(bytes),
-                graph.degree(v as u32)
+                graph.degree(v as u32),
+                gathered.unwrap_or(d_in)
             )
         };
         if !self.neighbours {
@@ -437,7 +601,7 @@ impl BlockPlanner {
             let bytes = cost((hi - lo + 1) as u64, touched.len() as u64, edges + deg);
             if bytes > opts.block_budget {
                 for &u in &touched[before..] {
-                    self.unmark(u);
+                    self.slots[u as usize] = 0;
                 }
                 touched.truncate(before);
                 if hi == lo {
@@ -449,12 +613,13 @@ impl BlockPlanner {
             hi += 1;
         }
         let bytes = cost((hi - lo) as u64, touched.len() as u64, edges);
-        for &u in &touched {
-            self.unmark(u);
-        }
         let (lo32, hi32) = (lo as u32, hi as u32);
         touched.retain(|&u| u < lo32 || u >= hi32);
+        // Ascending, so the gather reads the halo in file order.
         touched.par_sort_unstable();
+        for (i, &u) in touched.iter().enumerate() {
+            self.slots[u as usize] = i as u32 + 1;
+        }
         Ok(Block {
             dst: lo..hi,
             halo: touched,

@@ -6,7 +6,8 @@
 //! checkpoints that carry the model configuration, optimiser state and epoch count. It is the
 //! reference every distributed mode must reproduce, so it is deterministic for a seed: two runs
 //! with the same options produce bit-identical losses, and a resumed run continues exactly
-//! like an uninterrupted one.
+//! like an uninterrupted one. [`layerwise`] predicts with a checkpoint on graphs larger than
+//! memory, one stage at a time.
 
 pub mod checkpoint;
 pub mod layerwise;

@@ -118,6 +118,12 @@ fn layerwise_equals_whole_graph() {
                 None => first_embeddings = Some(emb),
                 Some(e) => assert_eq!(*e, emb, "{kind:?} embeddings with {max_rows:?}"),
             }
+            if kind == ModelKind::Sage {
+                // 12 -> 16 aggregates its input; 16 -> 16 and 16 -> 5 are split and gather
+                // their transformed rows.
+                let cols: Vec<usize> = report.stages.iter().map(|s| s.gathered_cols).collect();
+                assert_eq!(cols, [12, 16, 5]);
+            }
             if max_rows == Some(1) {
                 assert!(report.stages.iter().all(|s| s.blocks == VERTICES));
             }
