@@ -68,6 +68,18 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
             bytes / 2
         }
     };
+    // An output whose directory is missing would only fail after a whole stage: say so now.
+    for path in std::iter::once(&args.out).chain(&args.embeddings) {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.is_dir() {
+                anyhow::bail!(
+                    "cannot write {}: {} is not a directory",
+                    path.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
     let dataset = grandis_store::Dataset::open_verified(&args.dataset)
         .with_context(|| format!("opening dataset {}", args.dataset.display()))?;
     let scratch_dir = match &args.scratch_dir {

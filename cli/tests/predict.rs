@@ -125,13 +125,21 @@ fn predict_streams_a_graph_larger_than_its_budget() {
     let ids = values::<i64>(&dir.path().join("ids.npy"));
     let argmax: Vec<i64> = logits
         .chunks_exact(CLASSES as usize)
-        .map(|r| {
-            r.iter()
-                .enumerate()
-                .fold(0, |b, (i, &v)| if v > r[b] { i } else { b }) as i64
-        })
+        .map(|r| grandis_trainer::argmax(r) as i64)
         .collect();
     assert_eq!(ids, argmax);
+
+    // An output in a missing directory is refused before any work.
+    let (ok, _, err) = grandis(&[
+        "predict",
+        &p("ds"),
+        "--checkpoint",
+        &p("m.safetensors"),
+        "--out",
+        &p("missing/ids.npy"),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("is not a directory"), "{err}");
 
     // A budget below one vertex's block is one clear line and writes nothing.
     let (ok, _, err) = grandis(&[
