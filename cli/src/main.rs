@@ -41,7 +41,8 @@ enum Command {
     Partition(partition::PartitionArgs),
     /// Train a model on a dataset.
     Train(Box<train::TrainArgs>),
-    /// Write predictions of a trained checkpoint as a .npy file.
+    /// Write predictions (and embeddings) of a trained checkpoint as .npy, layer by layer, so
+    /// graphs larger than memory work too.
     Predict(predict::PredictArgs),
     /// Benchmarks, reported as ratios against a baseline run in the same invocation.
     #[command(subcommand)]
