@@ -62,8 +62,7 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
     let block_budget = match args.memory_budget {
         Some(bytes) => bytes,
         None => {
-            let compute = grandis_parallel::Compute::parse(&args.device)?;
-            let (bytes, why) = grandis_parallel::default_budget(&compute, 1, 1)?;
+            let (bytes, why) = grandis_parallel::default_budget(&device.compute(), 1, 1)?;
             tracing::info!("block budget: half of {bytes} bytes ({why})");
             bytes / 2
         }

@@ -31,6 +31,16 @@ impl Device {
         bail!("invalid --device '{s}' (expected cpu or cuda:N, e.g. cuda:0)")
     }
 
+    /// The same device in the parallel modes' terms (e.g. for their default budget).
+    pub fn compute(self) -> grandis_parallel::Compute {
+        match self {
+            Device::Cpu => grandis_parallel::Compute::Cpu,
+            Device::Cuda(ordinal) => grandis_parallel::Compute::Cuda {
+                ordinals: Some(vec![ordinal]),
+            },
+        }
+    }
+
     /// Opens the CUDA backend of `cuda:N`; a clean error when this binary has no CUDA
     /// support or the machine has no driver/device.
     #[cfg(feature = "cuda")]

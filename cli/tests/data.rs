@@ -3,17 +3,13 @@
 //! refused.
 
 use std::path::Path;
-use std::process::Command;
 
 const EXE: &str = env!("CARGO_BIN_EXE_grandis");
 
+/// `grandis args...` to completion, killed (and failed) past a generous bound rather than
+/// hanging the test run.
 fn grandis(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(EXE).args(args).output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    grandis_e2e::run_grandis(EXE, args, std::time::Duration::from_secs(600)).unwrap()
 }
 
 fn info_line(ds: &Path, key: &str) -> String {

@@ -2,9 +2,7 @@
 //! layer-wise pass cuts every stage into blocks that fit the budget, its peak RSS stays far
 //! below the data it reads and writes, and the outputs equal a one-block pass.
 
-use serde_json::Value;
 use std::path::Path;
-use std::process::Command;
 
 const EXE: &str = env!("CARGO_BIN_EXE_grandis");
 const VERTICES: u64 = 300_000;
@@ -12,13 +10,10 @@ const FEATURES: u64 = 64;
 const HIDDEN: u64 = 64;
 const CLASSES: u64 = 8;
 
+/// `grandis args...` to completion, killed (and failed) past a generous bound rather than
+/// hanging the test run.
 fn grandis(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(EXE).args(args).output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    grandis_e2e::run_grandis(EXE, args, std::time::Duration::from_secs(600)).unwrap()
 }
 
 fn values<T: grandis_npy::Element>(path: &Path) -> Vec<T> {
@@ -84,7 +79,7 @@ fn predict_streams_a_graph_larger_than_its_budget() {
         "--json",
     ]);
     assert!(ok, "{err}");
-    let report: Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let report = grandis_e2e::last_json_line(&out).unwrap_or_else(|| panic!("no JSON in {out}"));
     for stage in report["stages"].as_array().unwrap() {
         assert!(stage["blocks"].as_u64().unwrap() > 4, "{stage}");
         assert!(

@@ -66,6 +66,12 @@ impl AttentionLayer {
 }
 
 impl Stage {
+    /// Whether a conv stage transforms its rows before aggregating them: when that makes
+    /// them narrower (or no wider), so the aggregation moves fewer columns.
+    fn transforms_first(&self) -> bool {
+        self.d_out <= self.d_in
+    }
+
     /// The (output, input) rows of a conv stage on `ctx`: a linear layer (no neighbour
     /// weight) reads no halo rows.
     fn conv_rows<B: Backend>(&self, ctx: &StageCtx<'_, B>) -> (usize, usize) {
@@ -145,8 +151,10 @@ impl<B: Backend> Model<B> {
         }
     }
 
-    /// What a conv stage runs on its first `rows` input rows before the convolution: its
-    /// pre-ops (with their LayerNorm statistics) or plain dropout; None when neither applies.
+    /// What a conv stage runs on its first `rows` input rows (global ids `ids`) before the
+    /// convolution: its pre-ops (with their LayerNorm statistics) or plain dropout (in
+    /// training, `train`); None when neither applies.
+    #[allow(clippy::too_many_arguments)]
     fn transform_input(
         &self,
         b: &B,
@@ -154,25 +162,18 @@ impl<B: Backend> Model<B> {
         s: usize,
         input: &B::Buf,
         rows: usize,
-        ctx: &StageCtx<'_, B>,
+        ids: &B::Index,
+        train: Option<(u64, u64)>,
     ) -> Result<Option<Transformed<B>>> {
         if matches!(st.kind, StageKind::Conv { pre: true, .. }) {
-            let (z, mean, rstd) = self.pre_ops(b, st, s, input, rows, ctx.global_ids, ctx.train)?;
+            let (z, mean, rstd) = self.pre_ops(b, st, s, input, rows, ids, train)?;
             return Ok(Some(Transformed { z, mean, rstd }));
         }
-        let Some(key) = self.dropout_key(s, ctx.train) else {
+        let Some(key) = self.dropout_key(s, train) else {
             return Ok(None);
         };
         let mut z = b.alloc(rows * st.d_in)?;
-        b.dropout(
-            input,
-            &mut z,
-            rows,
-            st.d_in,
-            ctx.global_ids,
-            self.config.dropout,
-            key,
-        )?;
+        b.dropout(input, &mut z, rows, st.d_in, ids, self.config.dropout, key)?;
         Ok(Some(Transformed {
             z,
             mean: None,
@@ -313,7 +314,8 @@ impl<B: Backend> Model<B> {
                 // as the previous layer's output): every step is deterministic and dropout
                 // masks are a pure function of (seed, step, layer, vertex, column), so the
                 // recomputation is bit-identical and one n_src x d_in tensor per layer is saved.
-                let transformed = self.transform_input(b, st, s, input, n_src, ctx)?;
+                let transformed =
+                    self.transform_input(b, st, s, input, n_src, ctx.global_ids, ctx.train)?;
                 let z = transformed.as_ref().map_or(input, |t| &t.z);
                 let y = if let Some(at) = st.attention {
                     let mut y = b.alloc(n_dst * d_out)?;
@@ -338,7 +340,7 @@ impl<B: Backend> Model<B> {
     /// `None` when it aggregates `z` itself (or has no neighbour weight).
     fn neighbour_rows(&self, b: &B, st: &Stage, z: &B::Buf, rows: usize) -> Result<Option<B::Buf>> {
         match st.w_neigh {
-            Some(wn) if st.d_out <= st.d_in => {
+            Some(wn) if st.transforms_first() => {
                 let mut t = b.alloc(rows * st.d_out)?;
                 let wn = &self.params[wn].value;
                 b.gemm(
@@ -367,7 +369,7 @@ impl<B: Backend> Model<B> {
         let mut y = b.alloc(n_dst * d_out)?;
         if let Some(wn) = st.w_neigh {
             let wn = &self.params[wn].value;
-            if d_out <= d_in {
+            if st.transforms_first() {
                 b.aggregate(graph, r, d_out, &mut y)?;
             } else {
                 let mut a = b.alloc(n_dst * d_in)?;
@@ -447,7 +449,7 @@ impl<B: Backend> Model<B> {
     /// they are its input rows themselves (no pre-ops, and it aggregates before transforming).
     pub fn stage_neighbour_width(&self, s: usize) -> Option<usize> {
         let st = &self.stages[s];
-        if st.d_out <= st.d_in {
+        if st.transforms_first() {
             Some(st.d_out)
         } else if matches!(st.kind, StageKind::Conv { pre: true, .. }) {
             Some(st.d_in)
@@ -471,7 +473,9 @@ impl<B: Backend> Model<B> {
         ids: &B::Index,
     ) -> Result<Option<B::Buf>> {
         let st = &self.stages[s];
-        let transformed = self.transform_input_eval(b, st, s, input, rows, ids)?;
+        let transformed = self
+            .transform_input(b, st, s, input, rows, ids, None)?
+            .map(|t| t.z);
         let z = transformed.as_ref().unwrap_or(input);
         match self.neighbour_rows(b, st, z, rows)? {
             Some(t) => Ok(Some(t)),
@@ -480,7 +484,8 @@ impl<B: Backend> Model<B> {
     }
 
     /// The neighbour half of a splitting stage `s` in evaluation on the block `ctx`: its
-    /// `n_dst` destinations' input rows `input_dst` and its `n_src` sources' rows `r_src` of
+    /// destinations' input rows `input_dst` (the first `n_dst` rows are read, so the gathered
+    /// rows serve when they are the input itself) and its `n_src` sources' rows `r_src` of
     /// [`Self::stage_neighbour_rows`] (destinations first, as in every block).
     pub fn forward_stage_split(
         &self,
@@ -492,30 +497,15 @@ impl<B: Backend> Model<B> {
     ) -> Result<B::Buf> {
         let st = &self.stages[s];
         assert!(ctx.train.is_none(), "split stages run in evaluation only");
-        let transformed =
-            self.transform_input_eval(b, st, s, input_dst, ctx.n_dst, ctx.global_ids)?;
+        let transformed = self
+            .transform_input(b, st, s, input_dst, ctx.n_dst, ctx.global_ids, None)?
+            .map(|t| t.z);
         let z = transformed.as_ref().unwrap_or(input_dst);
         let mut cache = StageCache::empty();
         let y = self.aggregate_neighbours(b, st, ctx.graph, r_src, ctx.n_dst, &mut cache)?;
         Ok(self
             .finish_conv(b, st, ctx.n_dst, input_dst, z, y, cache)?
             .0)
-    }
-
-    /// [`Self::transform_input`] with dropout off: the pre-ops of a res+ block, if any.
-    fn transform_input_eval(
-        &self,
-        b: &B,
-        st: &Stage,
-        s: usize,
-        input: &B::Buf,
-        rows: usize,
-        ids: &B::Index,
-    ) -> Result<Option<B::Buf>> {
-        if matches!(st.kind, StageKind::Conv { pre: true, .. }) {
-            return Ok(Some(self.pre_ops(b, st, s, input, rows, ids, None)?.0));
-        }
-        Ok(None)
     }
 
     /// GAT's arguments for the attention operations of stage `s` on `ctx`: dropout on the
@@ -710,7 +700,8 @@ impl<B: Backend> Model<B> {
                 }
                 b.col_sum(&g, n_dst, d_out, 1.0, &mut self.params[st.bias].grad)?;
                 // Recompute what forward_stage did to the input (see there).
-                let transformed = self.transform_input(b, &st, s, input, n_src, ctx)?;
+                let transformed =
+                    self.transform_input(b, &st, s, input, n_src, ctx.global_ids, ctx.train)?;
                 let z = transformed.as_ref().map_or(input, |t| &t.z);
                 let need_gz = input_grad || pre;
                 let mut gz: Option<B::Buf> = None;
@@ -757,7 +748,7 @@ impl<B: Backend> Model<B> {
                         gz = Some(buf);
                     }
                 } else if let Some(wn) = st.w_neigh {
-                    if d_out <= d_in {
+                    if st.transforms_first() {
                         let mut gt = b.alloc(n_src * d_out)?;
                         b.aggregate_backward(ctx.graph, &g, d_out, &mut gt)?;
                         self.accumulate_weight_grad(b, wn, z, &gt, n_src, d_in, d_out)?;

@@ -138,10 +138,18 @@ pub fn predict_layerwise<B: Backend>(
     };
     let mut input = dataset.feature_rows()?;
     let mut reports = Vec::with_capacity(stages);
-    // The scratch file the current input lives in, removed once the next stage is written.
-    let mut input_scratch: Option<Scratch> = None;
+    // Held for its Drop: the scratch file the current input lives in, removed once the next
+    // stage is written (or when the pass returns).
+    let mut _input_scratch: Option<Scratch> = None;
     for s in 0..stages {
         let (d_in, d_out) = model.stage_dims(s);
+        if input.rows() != n as u64 || input.cols() != d_in {
+            bail!(
+                "stage {s} expects {n} x {d_in} input values, found {} x {}",
+                input.rows(),
+                input.cols()
+            );
+        }
         let last = s + 1 == stages;
         let (path, scratch) = if last {
             (outputs.predictions.clone(), None)
@@ -172,14 +180,20 @@ pub fn predict_layerwise<B: Backend>(
             }
             None => None,
         };
-        let gathered = rows_file.as_ref().map_or(&input, |(r, _)| r);
         let mut progress = grandis_telemetry::Progress::new(
             format!("predict: stage {}/{stages}", s + 1),
             Some(n as u64),
         );
         let ids = (last && outputs.kind == Predictions::ClassIds).then_some(d_out);
         let mut report = stream(&path, n, d_out, ids, |emit| {
-            pass.blocks(s, split, &input, gathered, emit, &mut progress)
+            pass.blocks(
+                s,
+                split,
+                &input,
+                rows_file.as_ref().map(|(r, _)| r),
+                emit,
+                &mut progress,
+            )
         })
         .with_context(|| format!("stage {s} of layer-wise inference"))?;
         progress.finish();
@@ -196,9 +210,7 @@ pub fn predict_layerwise<B: Backend>(
         if !last {
             input = layer_rows(&path, n, d_out)?;
             // The previous input's file goes now that nothing reads it.
-            input_scratch = scratch;
-        } else {
-            drop(input_scratch.take());
+            _input_scratch = scratch;
         }
     }
     Ok(LayerwiseReport {
@@ -313,7 +325,6 @@ impl<B: Backend> Pass<'_, B> {
             .stage_neighbour_width(s)
             .expect("a stage with its own rows");
         let n = self.graph.num_vertices();
-        check_input(s, input, n, d_in)?;
         // Per row: the input on the host and the backend, its pre-op copy, the rows and
         // their download, the id.
         let per_row = 4 * (3 * d_in + 2 * w) as u64 + 8;
@@ -339,14 +350,15 @@ impl<B: Backend> Pass<'_, B> {
     }
 
     /// Stage `s` over every vertex in blocks: whole ([`Model::forward_stage`] on the
-    /// gathered input rows) or split ([`Model::forward_stage_split`] on the gathered rows of
-    /// `gathered` and the destinations' input rows).
+    /// gathered input rows) or split ([`Model::forward_stage_split`] on the rows gathered from
+    /// `rows_file` and the destinations' input rows; without a rows file the stage aggregates
+    /// its input, and the gathered rows start with the destinations' own).
     fn blocks(
         &self,
         s: usize,
         split: bool,
         input: &RowReader,
-        gathered: &RowReader,
+        rows_file: Option<&RowReader>,
         emit: &mut Emit<'_>,
         progress: &mut grandis_telemetry::Progress,
     ) -> anyhow::Result<StageReport> {
@@ -354,7 +366,7 @@ impl<B: Backend> Pass<'_, B> {
         let b = self.b;
         let (d_in, d_out) = self.model.stage_dims(s);
         let n = self.graph.num_vertices();
-        check_input(s, input, n, d_in)?;
+        let gathered = rows_file.unwrap_or(input);
         let w = gathered.cols();
         let neighbours = self.model.stage_reads_neighbors(s);
         let shape = (d_in as u64, d_out as u64, split.then_some(w as u64));
@@ -396,7 +408,7 @@ impl<B: Backend> Pass<'_, B> {
             gathered.gather(&src_ids, &mut host)?;
             let rows = b.upload(&host)?;
             drop(host);
-            let own = if split {
+            let own = if split && rows_file.is_some() {
                 let mut host = vec![0.0f32; n_dst * d_in];
                 input.gather(&src_ids[..n_dst], &mut host)?;
                 Some(b.upload(&host)?)
@@ -414,9 +426,12 @@ impl<B: Backend> Pass<'_, B> {
                 global_ids: &ids,
                 train: None,
             };
-            let y = match &own {
-                Some(own) => self.model.forward_stage_split(b, s, &ctx, own, &rows)?,
-                None => self.model.forward_stage(b, s, &ctx, &rows)?.0,
+            let y = match (split, &own) {
+                (true, own) => {
+                    let own = own.as_ref().unwrap_or(&rows);
+                    self.model.forward_stage_split(b, s, &ctx, own, &rows)?
+                }
+                (false, _) => self.model.forward_stage(b, s, &ctx, &rows)?.0,
             };
             drop((rows, own, g, ids));
             let mut out = vec![0.0f32; n_dst * d_out];
@@ -435,17 +450,6 @@ impl<B: Backend> Pass<'_, B> {
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
     }
-}
-
-fn check_input(s: usize, input: &RowReader, n: usize, d_in: usize) -> anyhow::Result<()> {
-    if input.rows() != n as u64 || input.cols() != d_in {
-        bail!(
-            "stage {s} expects {n} x {d_in} input values, found {} x {}",
-            input.rows(),
-            input.cols()
-        );
-    }
-    Ok(())
 }
 
 /// A block graph with `rows` rows and no edges (what row-local stages are handed).
