@@ -38,8 +38,9 @@ pub use extract::{Edges, ExtractionSpec, SampledEdges};
 pub use flx::{FbPlan, FlxPlan, PreloadPlan, ServerExtraction};
 pub use layout::Layout;
 pub use memory::{
-    choose_k, estimate, estimate_device, estimate_masked, estimate_masked_device, AttentionDims,
-    InputCopy, KChoice, KEstimate, LayerMemory, MemoryTerms, ModelDims,
+    choose_k, estimate, estimate_device, estimate_masked, estimate_masked_device,
+    estimate_masked_inference, AttentionDims, InputCopy, KChoice, KEstimate, LayerMemory,
+    MemoryTerms, ModelDims,
 };
 pub use plan::{DevicePlan, HaloGroup, LayerMask, SendList};
 pub use rows::{layer_spaces, CompactHalo, LayerRows};

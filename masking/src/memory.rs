@@ -243,6 +243,30 @@ pub fn estimate_masked_device(dims: &ModelDims, plan: &DevicePlan) -> MemoryTerm
     terms(dims, plan.rank, |_| plan, |_| true, &[plan])
 }
 
+/// [`estimate_masked_device`] for an inference pass (evaluation) on the plan: nothing is kept
+/// for backward, so only one layer's input, its temporary (the aggregate, or the transformed
+/// rows of a layer that transforms first: at most src x the wider width), its attention
+/// rows and its output are live at once, and there is no backward scratch. Features, graphs,
+/// halo buffers, metadata and parameters are as in training (the model's optimiser state
+/// stays allocated).
+pub fn estimate_masked_inference(dims: &ModelDims, plan: &DevicePlan) -> MemoryTerms {
+    let mut t = estimate_masked_device(dims, plan);
+    t.activations = t
+        .layers
+        .iter()
+        .map(|m| {
+            let l = m.layer;
+            let widest = dims.in_width(l).max(dims.out_width(l)) as u64;
+            let attended = dims.attention_width(l).unwrap_or(0) as u64;
+            m.input + m.rows_local * (widest + attended) * F32_BYTES + m.pre_activation
+        })
+        .max()
+        .unwrap_or(0);
+    t.backward_scratch = 0;
+    t.total = t.features + t.activations + t.halo_buffers + t.graph + t.metadata + t.params;
+    t
+}
+
 /// [`estimate_masked_device`] for every device of a masked plan (`k` of the result is the
 /// plan's `k`).
 pub fn estimate_masked(dims: &ModelDims, plan: &FlxPlan) -> KEstimate {

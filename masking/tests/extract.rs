@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use grandis_masking::testing::{self, CaseBounds};
 use grandis_masking::{
-    estimate_masked, DevicePlan, Edges, ExtractionSpec, FlxPlan, InputCopy, Layout, ModelDims,
-    PlanContext, SampledEdges, SplitMembership,
+    estimate_masked, estimate_masked_inference, DevicePlan, Edges, ExtractionSpec, FlxPlan,
+    InputCopy, Layout, ModelDims, PlanContext, SampledEdges, SplitMembership,
 };
 use grandis_store::{CsrGraph, EdgeOptions};
 use proptest::prelude::*;
@@ -284,6 +284,17 @@ proptest! {
         let dims = ModelDims { layers: c.k, features: 3, hidden: 4, classes: 2, input_copy: InputCopy::None, attention: None };
         let e = estimate_masked(&dims, &plan);
         prop_assert_eq!(e.devices.len(), c.layout.num_ranks());
+        // An inference pass keeps no tensor for backward: never more than training, never
+        // less than what both hold (features, graphs, metadata, parameters) plus the widest
+        // layer's output.
+        for (d, t) in plan.devices.iter().zip(&e.devices) {
+            let i = estimate_masked_inference(&dims, d);
+            prop_assert!(i.total <= t.total, "inference {} > training {}", i.total, t.total);
+            prop_assert_eq!(i.backward_scratch, 0);
+            let held = t.features + t.graph + t.metadata + t.params + t.halo_buffers;
+            let widest_output = t.layers.iter().map(|m| m.pre_activation).max().unwrap_or(0);
+            prop_assert!(i.total >= held + widest_output);
+        }
     }
 
     #[test]

@@ -1,18 +1,18 @@
 //! The mode and sampling decision of a run, taken before any rank starts: which [`Schedule`]
 //! makes its steps (one static FB / exact FLX plan, FLX-EAS resampling, co-batches or
-//! mini-batches), the preload depth k and why, the exact plans sampled modes evaluate on, and
-//! what the static plan predicts the halo traffic to be.
+//! mini-batches), the preload depth k and why, what sampled and batched modes evaluate on,
+//! and what the static plan predicts the halo traffic to be.
 
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use grandis_masking::{DevicePlan, FbPlan, KChoice, ModelDims, PlanContext, PreloadPlan};
+use grandis_masking::{DevicePlan, KChoice, ModelDims, PlanContext, PreloadPlan};
 use grandis_models::ModelConfig;
 use grandis_sampling::{CoBatcher, MiniBatcher, Sampler};
 use grandis_wire::{LinkBytes, Mode, Sampling};
 
 use crate::budget::{choose_preload_hops, choose_sampled_k, predicted_halo_bytes};
-use crate::steps::{self, CobSampler, Schedule};
+use crate::steps::{self, CobSampler, EvalBatches, Schedule};
 use crate::ParallelOptions;
 
 /// What a run trains on, decided from its (resolved) options.
@@ -25,8 +25,8 @@ pub(crate) struct Decision<'s> {
     pub predicted: LinkBytes,
     /// Vertices the static FLX plan replicates over all servers.
     pub replicated_vertices: usize,
-    /// Exact plans (`[rank][layer]`) that sampled and batched modes evaluate on.
-    pub eval_plans: Option<Vec<Vec<Arc<DevicePlan>>>>,
+    /// What evaluation runs on.
+    pub eval: Eval,
     /// The sampler's name for the report ("exact", "eas(...)", "saint(...)").
     pub sampling: String,
 }
@@ -46,6 +46,18 @@ impl Decision<'_> {
             Schedule::Cob { .. } | Schedule::Mb { .. } => true,
         }
     }
+}
+
+/// What a run evaluates on (dropout off, every labelled vertex exactly).
+pub(crate) enum Eval {
+    /// The training plans themselves: FB and exact FLX train on the whole graph.
+    TrainingPlans,
+    /// Exact whole-partition plans (`[rank][layer]`): FLX-EAS trains on sampled layers over
+    /// them and keeps them anyway.
+    Plans(Vec<Vec<Arc<DevicePlan>>>),
+    /// Exact co-batches over the evaluation targets (cob, mb): memory bounded by the batch,
+    /// as training's is, instead of a plan of the whole partition.
+    Batches(EvalBatches),
 }
 
 /// Decides what a run of `popts` (mode already resolved from auto) trains on. `sampler` is
@@ -75,12 +87,6 @@ pub(crate) fn decide<'s>(
                 popts.mode.name()
             ),
         }
-    };
-    let per_layer = |fb: FbPlan| -> Vec<Vec<Arc<DevicePlan>>> {
-        fb.devices
-            .into_iter()
-            .map(|d| steps::every_layer(d, config.layers))
-            .collect()
     };
     let sampler_name = sampler.map_or("exact".into(), |s| s.name());
     let needs_sampler = || sampler.context("a dependency sampler");
@@ -123,7 +129,7 @@ pub(crate) fn decide<'s>(
                 choice,
                 predicted,
                 replicated_vertices,
-                eval_plans: None,
+                eval: Eval::TrainingPlans,
                 sampling: sampler_name,
             })
         }
@@ -165,7 +171,7 @@ pub(crate) fn decide<'s>(
                 choice,
                 predicted: LinkBytes::default(),
                 replicated_vertices: 0,
-                eval_plans: Some(eval_plans),
+                eval: Eval::Plans(eval_plans),
                 sampling: sampler_name,
             })
         }
@@ -191,7 +197,7 @@ pub(crate) fn decide<'s>(
                 choice,
                 predicted: LinkBytes::default(),
                 replicated_vertices: 0,
-                eval_plans: Some(per_layer(ctx.fb_plan()?)),
+                eval: Eval::Batches(EvalBatches::new(ctx, b, popts.collect_logits)),
                 sampling,
             })
         }
@@ -210,7 +216,12 @@ pub(crate) fn decide<'s>(
                 choice,
                 predicted: LinkBytes::default(),
                 replicated_vertices: 0,
-                eval_plans: Some(per_layer(ctx.fb_plan()?)),
+                // A server evaluates its devices' mini-batches together, as one co-batch.
+                eval: Eval::Batches(EvalBatches::new(
+                    ctx,
+                    b.saturating_mul(ctx.layout().devices()),
+                    popts.collect_logits,
+                )),
                 sampling: sampler_name,
             })
         }

@@ -96,7 +96,7 @@ pub fn embeddings(
         collect_logits: false,
         feed: &feed,
         iterations: 1,
-        eval: None,
+        eval: worker::EvalOn::TrainingPlans,
         weights,
         resume: None,
         checkpoint: &grandis_trainer::CheckpointOptions::default(),

@@ -13,7 +13,7 @@ use grandis_models::ModelConfig;
 use grandis_store::DatasetView;
 use grandis_trainer::{Checkpoint, EpochStats, TrainOptions};
 
-use crate::decide::Decision;
+use crate::decide::{Decision, Eval};
 use crate::setup::in_train_split;
 use crate::steps::{self, RunStats, Schedule};
 use crate::worker::{self, RankResult};
@@ -97,6 +97,23 @@ pub(crate) fn run(
         (epochs_done * iterations) as u64,
     );
     let run_stats = Mutex::new(RunStats::default());
+    let eval_stats = Mutex::new(RunStats::default());
+    // Batched evaluation: the evaluations every rank runs (one per epoch trained here when
+    // asked, and the final one), each `steps` exact co-batches from their own producer.
+    let evaluations = if popts.eval_every_epoch {
+        epochs.saturating_sub(epochs_done) + 1
+    } else {
+        1
+    };
+    let eval_feed = steps::Feed::on_demand(local_ranks, plan_threads + PREFETCH_STEPS);
+    let eval = match &decision.eval {
+        Eval::TrainingPlans => worker::EvalOn::TrainingPlans,
+        Eval::Plans(plans) => worker::EvalOn::Plans(plans),
+        Eval::Batches(batches) => worker::EvalOn::Batches {
+            feed: &eval_feed,
+            steps: batches.steps(),
+        },
+    };
     let shared = worker::Shared {
         view,
         new_to_old: &part.new_to_old,
@@ -111,7 +128,7 @@ pub(crate) fn run(
         collect_logits: popts.collect_logits,
         feed: &feed,
         iterations,
-        eval: decision.eval_plans.as_deref(),
+        eval,
         weights: None,
         resume,
         checkpoint: &popts.checkpoint,
@@ -173,6 +190,28 @@ pub(crate) fn run(
             run_all()?
         }
         schedule => std::thread::scope(|scope| {
+            let evaluator = match &decision.eval {
+                Eval::Batches(batches) => Some(
+                    std::thread::Builder::new()
+                        .name("grandis-eval-plans".into())
+                        .spawn_scoped(scope, || {
+                            steps::produce_eval(
+                                &ctx,
+                                batches,
+                                dims,
+                                evaluations,
+                                popts.device_memory,
+                                &eval_feed,
+                                &feed,
+                                &eval_stats,
+                                &labelled_train,
+                                plan_threads,
+                            )
+                        })
+                        .context("starting the evaluation plan producer thread")?,
+                ),
+                _ => None,
+            };
             let producer = std::thread::Builder::new()
                 .name("grandis-plans".into())
                 .spawn_scoped(scope, || {
@@ -191,15 +230,29 @@ pub(crate) fn run(
                 .context("starting the plan producer thread")?;
             let r = run_all();
             feed.close();
+            eval_feed.close();
             if producer.join().is_err() {
                 bail!("the plan producer thread panicked");
+            }
+            if evaluator.is_some_and(|e| e.join().is_err()) {
+                bail!("the evaluation plan producer thread panicked");
             }
             r
         })?,
     };
-    let stats = run_stats
+    let mut stats = run_stats
         .into_inner()
         .map_err(|_| anyhow::anyhow!("run statistics poisoned"))?;
+    // Evaluation batches are steps the ranks run too: their memory counts in the peak.
+    let eval_stats = eval_stats
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("evaluation statistics poisoned"))?;
+    if stats.model_peak.len() < eval_stats.model_peak.len() {
+        stats.model_peak.resize(eval_stats.model_peak.len(), 0);
+    }
+    for (a, &b) in stats.model_peak.iter_mut().zip(&eval_stats.model_peak) {
+        *a = (*a).max(b);
+    }
     Ok(Ran {
         results,
         stats,

@@ -19,8 +19,8 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use anyhow::Context;
 use grandis_masking::{
-    estimate_device, estimate_masked, estimate_masked_device, DevicePlan, FlxPlan, ModelDims,
-    PlanContext,
+    estimate_device, estimate_masked, estimate_masked_device, estimate_masked_inference,
+    DevicePlan, FlxPlan, ModelDims, PlanContext,
 };
 use grandis_sampling::{
     boundary_ratio, round_for_epoch, round_of, CoBatcher, MiniBatcher, Saint, Sampler,
@@ -413,6 +413,80 @@ pub(crate) fn flx_sampled(
     Ok(ctx.extract_plan(&specs)?)
 }
 
+/// The exact evaluation of a batched run (cob, mb) in bounded steps, so no rank ever holds a
+/// plan of its whole partition: every server's evaluation targets (its labelled vertices,
+/// or all of its vertices when the run returns every vertex's logits) cut into co-batches of
+/// at most `batch_size`, each extracted with its exact L-hop in-closure and masked over the
+/// server's devices as a training co-batch is. Nothing is shuffled: every evaluation walks
+/// the same batches, and each target is an inner row of exactly one rank in exactly one batch.
+#[derive(Debug, Clone)]
+pub(crate) struct EvalBatches {
+    /// Evaluation targets of every server (sorted).
+    targets: Vec<Vec<u32>>,
+    steps: usize,
+}
+
+impl EvalBatches {
+    pub fn new(ctx: &PlanContext<'_>, batch_size: usize, every_vertex: bool) -> EvalBatches {
+        let layout = ctx.layout();
+        let targets: Vec<Vec<u32>> = (0..layout.servers())
+            .map(|s| {
+                layout
+                    .server_range(s)
+                    .filter(|&v| every_vertex || ctx.splits().flags(v) != 0)
+                    .collect()
+            })
+            .collect();
+        let batch_size = batch_size.max(1);
+        let steps = targets
+            .iter()
+            .map(|t| t.len().div_ceil(batch_size))
+            .max()
+            .unwrap_or(0);
+        EvalBatches { targets, steps }
+    }
+
+    /// Steps of one evaluation.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// The co-batch of every server (`[server]`) in step `j`: near-equal consecutive chunks,
+    /// so every server takes part in every step.
+    pub fn batch(&self, j: usize) -> Vec<Vec<u32>> {
+        let n = self.steps.max(1);
+        self.targets
+            .iter()
+            .map(|t| t[t.len() * j / n..t.len() * (j + 1) / n].to_vec())
+            .collect()
+    }
+
+    /// Step `j`'s plans (every layer on the co-batch's exact masked plan), priced as the
+    /// inference pass evaluation runs.
+    pub fn build(
+        &self,
+        ctx: &PlanContext<'_>,
+        dims: &ModelDims,
+        j: usize,
+        labelled_train: &dyn Fn(u32) -> bool,
+    ) -> anyhow::Result<Built> {
+        let plan = grandis_sampling::cob_plan(
+            ctx,
+            &self.batch(j),
+            dims.layers,
+            &grandis_sampling::Exact,
+            0,
+        )?;
+        let (step, mut stats) = masked_step(ctx, plan, dims, labelled_train);
+        stats.model_bytes = step
+            .plans
+            .iter()
+            .map(|layers| estimate_masked_inference(dims, &layers[0]).total)
+            .collect();
+        Ok((0, step, stats))
+    }
+}
+
 /// Steps handed from the producers to the ranks: each step is kept until every rank took it,
 /// and only the `depth` steps from the oldest one not yet taken by every rank may wait (so
 /// producers finishing out of order never fill the window with later steps).
@@ -423,6 +497,8 @@ pub(crate) struct Feed {
     depth: usize,
     /// Steps before this one are not trained here (see [`Feed::new`]).
     first: u64,
+    /// Whether producers wait for [`Feed::allow`] (see [`Feed::on_demand`]).
+    on_demand: bool,
 }
 
 #[derive(Default)]
@@ -434,6 +510,8 @@ struct FeedState {
     /// The earliest step that failed to build, and why.
     failed: Option<(u64, String)>,
     closed: bool,
+    /// On-demand feeds: steps below this one may be built.
+    allowed: u64,
 }
 
 impl Feed {
@@ -449,6 +527,17 @@ impl Feed {
             ranks,
             depth: depth.max(1),
             first,
+            on_demand: false,
+        }
+    }
+
+    /// A feed whose producers build only the steps a rank allowed ([`Feed::allow`]), still at
+    /// most `depth` ahead: evaluation steps, which would otherwise be built and held during
+    /// training, competing with its steps for the producers' cores and for memory.
+    pub fn on_demand(ranks: usize, depth: usize) -> Feed {
+        Feed {
+            on_demand: true,
+            ..Feed::new(ranks, depth, 0)
         }
     }
 
@@ -469,7 +558,10 @@ impl Feed {
             return true;
         }
         let mut st = self.lock();
-        while index >= st.oldest + self.depth as u64 && !st.closed {
+        let waits = |st: &FeedState| {
+            index >= st.oldest + self.depth as u64 || (self.on_demand && index >= st.allowed)
+        };
+        while waits(&st) && !st.closed {
             st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         if st.closed {
@@ -478,6 +570,15 @@ impl Feed {
         st.ready.insert(index, (step, self.ranks));
         self.cv.notify_all();
         true
+    }
+
+    /// Lets the producers of an on-demand feed build the steps before `until`.
+    pub fn allow(&self, until: u64) {
+        let mut st = self.lock();
+        if until > st.allowed {
+            st.allowed = until;
+            self.cv.notify_all();
+        }
     }
 
     /// Records that step `index` could not be built; a rank asking for it (or a later step)
@@ -523,6 +624,9 @@ impl Feed {
     }
 }
 
+/// What a producer built for one step: its sampling round, the step, and its counts.
+pub(crate) type Built = (u64, Arc<Step>, StepStats);
+
 /// Builds every step of `epochs` epochs that `feed` wants into it, on `threads` producer
 /// threads (step `i` on thread `i % threads`), and adds what they compute to `stats` in step
 /// order. A step whose memory-model estimate exceeds `budget` (an explicit `--device-memory`)
@@ -541,33 +645,79 @@ pub(crate) fn produce(
     threads: usize,
 ) {
     let n = schedule.iterations() as u64;
-    let total = epochs as u64 * n;
     // FLX-EAS reuses the previous step while its sampling round lasts: one thread, in order.
     let threads = match schedule {
         Schedule::FlxSampled { .. } => 1,
-        _ => threads.max(1) as u64,
+        _ => threads,
     };
-    let built: Mutex<BTreeMap<u64, (StepStats, f64)>> = Mutex::default();
-    let producer = |first: u64| {
-        let mut prev: Option<(u64, Arc<Step>, StepStats)> = None;
-        for index in (first..total).step_by(threads as usize) {
-            let (epoch, it) = (index / n, (index % n) as usize);
-            let building = std::time::Instant::now();
-            let step = build_step(
-                ctx,
-                schedule,
-                dims,
-                epoch,
-                it,
-                prev.as_ref(),
-                labelled_train,
-            )
+    let build = |index: u64, prev: Option<&Built>| {
+        let (epoch, it) = (index / n, (index % n) as usize);
+        build_step(ctx, schedule, dims, epoch, it, prev, labelled_train)
             .and_then(|b| {
                 crate::budget::check_budget(budget, &b.2.model_bytes, "this step's plan")?;
                 Ok(b)
             })
-            .with_context(|| format!("epoch {} iteration {it}", epoch + 1));
-            let b = match step {
+            .with_context(|| format!("epoch {} iteration {it}", epoch + 1))
+    };
+    produce_steps(epochs as u64 * n, threads, feed, Some(stats), &build);
+}
+
+/// Builds the evaluation steps of `rounds` evaluations into `feed` (index `round *
+/// batches.steps() + j` is batch `j` of that round) on `threads` threads and adds what they
+/// compute to `stats`. Each round walks the same batches, so they are built again rather
+/// than kept: only the feed's window is ever in memory. A batch that cannot be built (over
+/// the budget) also fails `training` from its next step on, so the run stops then rather
+/// than at its first evaluation.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn produce_eval(
+    ctx: &PlanContext<'_>,
+    batches: &EvalBatches,
+    dims: &ModelDims,
+    rounds: usize,
+    budget: Option<u64>,
+    feed: &Feed,
+    training: &Feed,
+    stats: &Mutex<RunStats>,
+    labelled_train: &(dyn Fn(u32) -> bool + Sync),
+    threads: usize,
+) {
+    let m = batches.steps() as u64;
+    let build = |index: u64, _: Option<&Built>| {
+        let j = (index % m) as usize;
+        batches
+            .build(ctx, dims, j, labelled_train)
+            .and_then(|b| {
+                crate::budget::check_budget(
+                    budget,
+                    &b.2.model_bytes,
+                    "this evaluation batch's plan",
+                )?;
+                Ok(b)
+            })
+            .with_context(|| format!("evaluation batch {} of {m}", j + 1))
+            .inspect_err(|e| training.fail(training.first, format!("{e:#}")))
+    };
+    produce_steps(rounds as u64 * m, threads, feed, Some(stats), &build);
+}
+
+/// Runs `build` for steps `feed.first..total` on `threads` threads (step `i` on thread `i %
+/// threads`, each handing its previous step back to `build`) and pushes them into `feed`;
+/// the first failure is recorded in the feed for the rank that asks for that step. What the
+/// steps compute is added to `stats` in step order.
+fn produce_steps(
+    total: u64,
+    threads: usize,
+    feed: &Feed,
+    stats: Option<&Mutex<RunStats>>,
+    build: &(dyn Fn(u64, Option<&Built>) -> anyhow::Result<Built> + Sync),
+) {
+    let threads = threads.max(1) as u64;
+    let built: Mutex<BTreeMap<u64, (StepStats, f64)>> = Mutex::default();
+    let producer = |first: u64| {
+        let mut prev: Option<Built> = None;
+        for index in (first..total).step_by(threads as usize) {
+            let building = std::time::Instant::now();
+            let b = match build(index, prev.as_ref()) {
                 Ok(b) => b,
                 Err(e) => {
                     feed.fail(index, format!("{e:#}"));
@@ -575,8 +725,10 @@ pub(crate) fn produce(
                 }
             };
             let seconds = building.elapsed().as_secs_f64();
-            if let Ok(mut m) = built.lock() {
-                m.insert(index, (b.2.clone(), seconds));
+            if stats.is_some() {
+                if let Ok(mut m) = built.lock() {
+                    m.insert(index, (b.2.clone(), seconds));
+                }
             }
             let step = b.1.clone();
             prev = Some(b);
@@ -601,10 +753,76 @@ pub(crate) fn produce(
     });
     // In step order, so floating-point sums (β) do not depend on which thread finished first.
     let built = built.into_inner().unwrap_or_else(|e| e.into_inner());
+    let Some(stats) = stats else {
+        return;
+    };
     if let Ok(mut s) = stats.lock() {
         for (st, seconds) in built.values() {
             s.add(st);
             s.build_seconds += seconds;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step() -> Arc<Step> {
+        Arc::new(Step {
+            plans: Vec::new(),
+            targets: 0,
+        })
+    }
+
+    /// An on-demand feed's producer builds nothing until a rank allows it, then stops at the
+    /// allowed end even with room in its window; an ordinary feed fills its window at once.
+    #[test]
+    fn on_demand_feed_builds_only_what_was_allowed() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        for on_demand in [false, true] {
+            let feed = if on_demand {
+                Feed::on_demand(1, 4)
+            } else {
+                Feed::new(1, 4, 0)
+            };
+            let pushed = AtomicU64::new(0);
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    for i in 0..6 {
+                        if !feed.push(i, step()) {
+                            return;
+                        }
+                        pushed.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+                // Reaching a count is polled (slow machines); staying below one is checked
+                // after a pause (a wrong build would have happened by then).
+                let reaches = |n: u64| {
+                    let t = std::time::Instant::now();
+                    while pushed.load(Ordering::SeqCst) < n && t.elapsed().as_secs() < 10 {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    pushed.load(Ordering::SeqCst)
+                };
+                if on_demand {
+                    assert_eq!(reaches(0), 0, "nothing is built before it is allowed");
+                    feed.allow(3);
+                    assert_eq!(reaches(3), 3, "up to the allowed end");
+                } else {
+                    assert_eq!(reaches(4), 4, "the window fills");
+                }
+                for i in 0..3 {
+                    feed.take(i).unwrap();
+                }
+                feed.allow(6);
+                for i in 3..6 {
+                    feed.take(i).unwrap();
+                }
+                feed.close();
+            });
+            assert_eq!(pushed.load(Ordering::SeqCst), 6);
         }
     }
 }

@@ -49,9 +49,8 @@ pub(crate) struct Shared<'a> {
     /// Training steps, in order (`iterations` per epoch).
     pub feed: &'a Feed,
     pub iterations: usize,
-    /// Exact plans (`[rank][layer]`) to evaluate on when training runs on sampled or
-    /// mini-batch plans; None: evaluate on the training plans (FB, exact FLX).
-    pub eval: Option<&'a [Vec<Arc<DevicePlan>>]>,
+    /// What evaluation runs on.
+    pub eval: EvalOn<'a>,
     /// Host weights (model parameter order) replacing the seeded initialisation.
     pub weights: Option<&'a [Vec<f32>]>,
     /// A checkpoint to continue from: weights, Adam moments and the epochs it holds.
@@ -70,6 +69,16 @@ impl Shared<'_> {
     pub fn first_step(&self) -> u64 {
         (self.epochs_done() * self.iterations) as u64
     }
+}
+
+/// What the ranks evaluate on ([`crate::decide::Eval`], with the feed of its batches).
+pub(crate) enum EvalOn<'a> {
+    /// The training plans (FB, exact FLX).
+    TrainingPlans,
+    /// Exact plans of every rank's whole partition (`[rank][layer]`).
+    Plans(&'a [Vec<Arc<DevicePlan>>]),
+    /// Exact co-batches: evaluation `round` takes steps `round * steps ..` of `feed`.
+    Batches { feed: &'a Feed, steps: usize },
 }
 
 /// The per-epoch callback; only rank 0 calls it.
@@ -130,6 +139,8 @@ pub(crate) struct Worker<'w, B: Backend> {
     has_head: bool,
     /// When set, the forward pass stores every conv layer's inner-row outputs here.
     capture: Option<Vec<Vec<f32>>>,
+    /// Evaluations done so far (batched evaluation's round in its feed).
+    evaluations: u64,
 }
 
 impl<'w, B: Backend> Worker<'w, B> {
@@ -189,6 +200,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             first_conv,
             has_head,
             capture: None,
+            evaluations: 0,
         })
     }
 
@@ -542,9 +554,14 @@ impl<'w, B: Backend> Worker<'w, B> {
         Ok(loss_sum)
     }
 
-    /// Evaluation forward (dropout off): correct counts of train/val/test inner rows and, when
-    /// asked, the logits of the inner rows.
-    fn evaluate(&mut self, epoch: usize, with_logits: bool) -> anyhow::Result<EvalOut> {
+    /// Evaluation forward (dropout off) on the current plans: adds the correct counts of the
+    /// labelled inner rows to `tally` and, when asked, keeps the logits of the inner rows.
+    fn evaluate_plans(
+        &mut self,
+        epoch: usize,
+        with_logits: bool,
+        tally: &mut EvalOut,
+    ) -> anyhow::Result<()> {
         let b = self.b;
         let sh = self.sh;
         let (logits, _) = self.forward(epoch as u32 | EVAL_EPOCH_BIT, None, false)?;
@@ -552,8 +569,6 @@ impl<'w, B: Backend> Worker<'w, B> {
         let c = sh.config.classes;
         let mut host = vec![0f32; last.n_inner * c];
         b.download(&logits, 0, &mut host)?;
-        let mut correct = [0f32; 3];
-        let mut rows = Vec::new();
         for i in 0..last.n_inner {
             let g = last.global_ids[i] as usize;
             let o = sh.new_to_old[g];
@@ -563,50 +578,74 @@ impl<'w, B: Backend> Worker<'w, B> {
                 let hit = grandis_trainer::argmax(row) as i32 == sh.view.labels[o as usize];
                 for (j, bit) in [SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST].into_iter().enumerate() {
                     if hit && flags & bit != 0 {
-                        correct[j] += 1.0;
+                        tally.correct[j] += 1.0;
                     }
                 }
             }
             if with_logits {
-                rows.push((o, row.to_vec()));
+                tally.logits.push((o, row.to_vec()));
             }
         }
-        let mut counts = correct.to_vec();
+        Ok(())
+    }
+
+    /// Evaluates the model as it stands (dropout off, exact): accuracy over every labelled
+    /// vertex of the graph and, when asked, the logits of this rank's vertices. Runs on what
+    /// [`Shared::eval`] says; batched evaluation leaves the worker on its last batch (the
+    /// next training step rebuilds).
+    fn evaluate(&mut self, epoch: usize, with_logits: bool) -> anyhow::Result<EvalOut> {
+        let mut tally = EvalOut::default();
+        match self.sh.eval {
+            EvalOn::TrainingPlans => self.evaluate_plans(epoch, with_logits, &mut tally)?,
+            EvalOn::Plans(plans) => {
+                let tag = Tag::fetch(epoch as u32 | EVAL_EPOCH_BIT);
+                let eval_rt = Rt::build(self.sh, self.b, plans, &mut self.ep, tag, self.has_head)?;
+                let train_rt = std::mem::replace(&mut self.rt, eval_rt);
+                let out = self.evaluate_plans(epoch, with_logits, &mut tally);
+                self.rt = train_rt;
+                out?;
+            }
+            EvalOn::Batches { feed, steps } => {
+                let first = self.evaluations * steps as u64;
+                feed.allow(first + steps as u64);
+                for j in 0..steps as u64 {
+                    let step = feed.take(first + j)?;
+                    self.load(step, epoch as u32 | EVAL_EPOCH_BIT)?;
+                    self.evaluate_plans(epoch, with_logits, &mut tally)?;
+                }
+            }
+        }
+        self.evaluations += 1;
+        let mut counts = tally.correct.to_vec();
         self.ep
             .all_reduce_sum(&mut counts, Tag::other(epoch as u32 | EVAL_EPOCH_BIT, 0))
             .context("accuracy all-reduce")?;
+        let totals = self.sh.totals;
         let acc = |j: usize| {
-            if sh.totals[j] == 0 {
+            if totals[j] == 0 {
                 f64::NAN
             } else {
-                counts[j] as f64 / sh.totals[j] as f64
+                counts[j] as f64 / totals[j] as f64
             }
         };
         Ok(EvalOut {
+            correct: tally.correct,
             acc: [acc(0), acc(1), acc(2)],
-            logits: rows,
+            logits: tally.logits,
         })
     }
 
-    /// Evaluates on the exact plans when training runs on others (see [`Shared::eval`]).
-    fn evaluate_exact(&mut self, epoch: usize, with_logits: bool) -> anyhow::Result<EvalOut> {
-        let Some(eval) = self.sh.eval else {
-            return self.evaluate(epoch, with_logits);
-        };
-        let tag = Tag::fetch(epoch as u32 | EVAL_EPOCH_BIT);
-        let eval_rt = Rt::build(self.sh, self.b, eval, &mut self.ep, tag, self.has_head)?;
-        let train_rt = std::mem::replace(&mut self.rt, eval_rt);
-        let out = self.evaluate(epoch, with_logits);
-        self.rt = train_rt;
-        out
-    }
-
-    /// Switches to the plans of `step` in training epoch `epoch` (frees the current step's
-    /// buffers first, so a rank never holds two steps at once).
+    /// Switches to the plans of `step` in training epoch `epoch`.
     fn switch_to(&mut self, step: Arc<Step>, epoch: usize) -> anyhow::Result<()> {
         if Arc::ptr_eq(&step, &self.step) {
             return Ok(());
         }
+        self.load(step, epoch as u32)
+    }
+
+    /// Builds the runtime of `step` (its feature fetch tagged with `epoch`), freeing the
+    /// current step's buffers first so a rank never holds two steps at once.
+    fn load(&mut self, step: Arc<Step>, epoch: u32) -> anyhow::Result<()> {
         let b = self.b;
         self.rt.plans.clear();
         self.rt.blocks.clear();
@@ -619,7 +658,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             b,
             &step.plans,
             &mut self.ep,
-            Tag::fetch(epoch as u32),
+            Tag::fetch(epoch),
             self.has_head,
         )?;
         self.step = step;
@@ -673,7 +712,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             }
             train_peak = train_peak.max(meter.peak());
             let (train_acc, val_acc) = if sh.eval_every_epoch {
-                let ev = self.evaluate_exact(epoch, false)?;
+                let ev = self.evaluate(epoch, false)?;
                 (ev.acc[0], ev.acc[1])
             } else {
                 (f64::NAN, f64::NAN)
@@ -711,7 +750,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             epoch_times.push(times);
         }
         let peak_bytes = train_peak.max(meter.peak());
-        let ev = self.evaluate_exact(sh.opts.epochs + 1, sh.collect_logits)?;
+        let ev = self.evaluate(sh.opts.epochs + 1, sh.collect_logits)?;
         Ok(RankResult {
             rank,
             epochs,
@@ -756,7 +795,11 @@ pub(crate) struct Embedded {
     pub logits: Vec<f32>,
 }
 
+#[derive(Default)]
 struct EvalOut {
+    /// This rank's correct train / val / test predictions.
+    correct: [f32; 3],
+    /// Global accuracies (after the all-reduce).
     acc: [f64; 3],
     logits: Vec<(u32, Vec<f32>)>,
 }

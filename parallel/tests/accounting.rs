@@ -200,8 +200,10 @@ fn fetched(c: &Counters, epoch: u32, class: LinkClass) -> u64 {
 /// homed on the other server cross the inter-server link, 4 x F bytes per (rank, owned row)
 /// pair, counted here from the co-batch plans the runner builds (same seed). The first step is
 /// built before the first epoch (tag epoch 0), the others inside their epoch, and the report
-/// spreads them all over the epochs; evaluation on the FB plans fetches nothing. FB fetches
-/// nothing at all; FLX with k = L fetches its preloaded rows once, at setup.
+/// spreads them all over the epochs. Evaluation runs on exact co-batches of every server's
+/// labelled vertices (near-equal chunks of at most the batch size, in id order) and fetches
+/// their remote rows in every evaluation. FB fetches nothing at all; FLX with k = L fetches its
+/// preloaded rows once, at setup.
 #[test]
 fn fetched_bytes_equal_the_remote_rows_of_every_step() {
     let ds = random_dataset(13, 300, 1500, 5, 3);
@@ -251,12 +253,47 @@ fn fetched_bytes_equal_the_remote_rows_of_every_step() {
         let want: u64 = per_step[first..e * n].iter().sum();
         assert_eq!(inter(e as u32), row * want, "epoch {e}");
     }
+    let labelled: Vec<Vec<u32>> = (0..2)
+        .map(|s| {
+            part.layout
+                .server_range(s)
+                .filter(|&v| ctx.splits().flags(v) != 0)
+                .collect()
+        })
+        .collect();
+    let eval_steps = labelled
+        .iter()
+        .map(|t| t.len().div_ceil(batch))
+        .max()
+        .unwrap();
+    assert!(eval_steps > 1, "evaluation takes several batches");
+    let eval_rows: u64 = (0..eval_steps)
+        .map(|j| {
+            let b: Vec<Vec<u32>> = labelled
+                .iter()
+                .map(|t| t[t.len() * j / eval_steps..t.len() * (j + 1) / eval_steps].to_vec())
+                .collect();
+            remote_rows(
+                &part.layout,
+                &cob_plan(&ctx, &b, layers, &Exact, 0).unwrap(),
+            )
+        })
+        .sum();
+    assert!(eval_rows > 0);
+    let mut evaluations = 0;
     for e in c.epochs.iter() {
         assert_eq!(fetched(c, e.epoch, LinkClass::IntraServer), 0);
         if e.epoch & EVAL_EPOCH_BIT != 0 {
-            assert_eq!(fetched(c, e.epoch, LinkClass::InterServer), 0);
+            assert_eq!(
+                fetched(c, e.epoch, LinkClass::InterServer),
+                row * eval_rows,
+                "evaluation {}",
+                e.epoch & !EVAL_EPOCH_BIT
+            );
+            evaluations += 1;
         }
     }
+    assert_eq!(evaluations, epochs + 1, "after every epoch and at the end");
     assert_eq!(r.setup_fetch_bytes.inter_server, 0, "co-batch plans recur");
     assert_eq!(
         r.fetch_bytes_per_epoch.inter_server,

@@ -139,6 +139,74 @@ fn one_cobatch_or_minibatch_per_epoch_equals_single_trainer() {
     }
 }
 
+/// Batched modes evaluate in exact co-batches of at most the batch size, never on a plan of a
+/// whole partition: with many of them the logits of every vertex are still the whole graph's
+/// forward pass under the trained weights (read back from the run's checkpoint), and the
+/// accuracies the argmax counts over every labelled vertex. Sampled training (fanout) does not
+/// change that evaluation is exact.
+#[test]
+fn batched_evaluation_is_the_whole_graph_forward_pass() {
+    let ds = random_dataset(8, 90, 420, 5, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 8);
+    let dir = tempfile::tempdir().unwrap();
+    for kind in [ModelKind::Sage, ModelKind::Gat] {
+        let config = config(&view, kind, 2);
+        for (mode, batch) in [(Mode::Cob, 7), (Mode::Mb, 3)] {
+            let what = format!("{} {}", kind.name(), mode.name());
+            let path = dir.path().join(format!("{what}.safetensors"));
+            let r = run(
+                view,
+                &part,
+                &config,
+                2,
+                ParallelOptions {
+                    mode,
+                    batch_size: Some(batch),
+                    sampling: grandis_parallel::Sampling::Fanout {
+                        fanouts: vec![2, 2],
+                    },
+                    checkpoint: grandis_trainer::CheckpointOptions {
+                        path: Some(path.clone()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            assert!(r.iterations_per_epoch > 1, "{what}: several batches");
+            let prepared = grandis_trainer::Prepared::new(view, kind, Some(1)).unwrap();
+            let mut model = Model::new(&prepared.backend, config.clone()).unwrap();
+            grandis_trainer::load_checkpoint(&path)
+                .unwrap()
+                .restore(&prepared.backend, &mut model, false)
+                .unwrap();
+            let want = prepared.logits(&model).unwrap();
+            let got = r.logits.as_ref().unwrap();
+            assert_close(&what, got, &want, 1e-4);
+            let c = config.classes;
+            let accuracy = |ids: &[u32]| {
+                let labelled: Vec<u32> = ids
+                    .iter()
+                    .copied()
+                    .filter(|&v| (0..c as i32).contains(&view.labels[v as usize]))
+                    .collect();
+                let hits = labelled
+                    .iter()
+                    .filter(|&&v| {
+                        let row = &want[v as usize * c..(v as usize + 1) * c];
+                        grandis_trainer::argmax(row) as i32 == view.labels[v as usize]
+                    })
+                    .count();
+                hits as f64 / labelled.len() as f64
+            };
+            assert_eq!(r.train.train_acc, accuracy(view.train), "{what}: train");
+            assert_eq!(r.train.val_acc, accuracy(view.val), "{what}: val");
+            assert_eq!(r.train.test_acc, accuracy(view.test), "{what}: test");
+        }
+    }
+}
+
 #[test]
 fn eas_keeping_every_dependency_equals_exact_flx() {
     let ds = random_dataset(8, 60, 260, 4, 3);
