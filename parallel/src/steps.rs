@@ -551,22 +551,36 @@ impl Feed {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Offers step `index`; waits while it is `depth` or more steps ahead of the oldest one
-    /// the ranks still need. False once closed.
-    pub fn push(&self, index: u64, step: Arc<Step>) -> bool {
-        if !self.wants(index) {
-            return true;
-        }
-        let mut st = self.lock();
+    /// Waits until step `index` may be built: while it is `depth` or more steps ahead of the
+    /// oldest one the ranks still need, or (on-demand feeds) not allowed yet, so a producer
+    /// never holds a step the window has no room for. False once closed.
+    pub fn may_build(&self, index: u64) -> bool {
+        let st = self.lock();
+        self.wait_for_room(st, index).is_some()
+    }
+
+    fn wait_for_room<'g>(
+        &self,
+        mut st: std::sync::MutexGuard<'g, FeedState>,
+        index: u64,
+    ) -> Option<std::sync::MutexGuard<'g, FeedState>> {
         let waits = |st: &FeedState| {
             index >= st.oldest + self.depth as u64 || (self.on_demand && index >= st.allowed)
         };
         while waits(&st) && !st.closed {
             st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
-        if st.closed {
-            return false;
+        (!st.closed).then_some(st)
+    }
+
+    /// Offers step `index`; waits as [`Feed::may_build`] does. False once closed.
+    pub fn push(&self, index: u64, step: Arc<Step>) -> bool {
+        if !self.wants(index) {
+            return true;
         }
+        let Some(mut st) = self.wait_for_room(self.lock(), index) else {
+            return false;
+        };
         st.ready.insert(index, (step, self.ranks));
         self.cv.notify_all();
         true
@@ -716,6 +730,9 @@ fn produce_steps(
     let producer = |first: u64| {
         let mut prev: Option<Built> = None;
         for index in (first..total).step_by(threads as usize) {
+            if !feed.may_build(index) {
+                return;
+            }
             let building = std::time::Instant::now();
             let b = match build(index, prev.as_ref()) {
                 Ok(b) => b,
