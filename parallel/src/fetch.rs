@@ -126,6 +126,10 @@ impl FeatureSource<'_> {
                 }
             }
         }
+        // The step's rows are copied: drop the mapped pages they were read from, so a run
+        // over features larger than memory keeps one step's pages resident, not every
+        // page any step touched (they stay in the page cache for the next step).
+        self.view.release_feature_pages();
         Ok(host)
     }
 

@@ -337,6 +337,15 @@ pub struct MappedArray<T: Element> {
     _marker: PhantomData<T>,
 }
 
+impl<T: Element> std::fmt::Debug for MappedArray<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedArray")
+            .field("path", &self.path)
+            .field("summary", &self.summary)
+            .finish()
+    }
+}
+
 impl<T: Element> MappedArray<T> {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();

@@ -81,6 +81,9 @@ pub struct DatasetView<'a> {
     pub train: &'a [u32],
     pub val: &'a [u32],
     pub test: &'a [u32],
+    /// The mapped file behind `features`, when there is one (see
+    /// [`DatasetView::release_feature_pages`]).
+    pub feature_pages: Option<&'a crate::MappedArray<f32>>,
 }
 
 impl<'a> DatasetView<'a> {
@@ -90,6 +93,15 @@ impl<'a> DatasetView<'a> {
     pub fn feature_row(&self, v: u32) -> &'a [f32] {
         let f = self.feature_dim;
         &self.features[v as usize * f..(v as usize + 1) * f]
+    }
+    /// Drops the mapped feature pages from this process's resident set (they stay in the
+    /// page cache; a later read faults them back in; nothing for features in memory). What
+    /// a pass that gathers scattered rows calls when it is done with them, so only what one
+    /// step touches is ever resident, not every page any step touched.
+    pub fn release_feature_pages(&self) {
+        if let Some(pages) = self.feature_pages {
+            pages.release(0..self.features.len());
+        }
     }
 }
 
@@ -116,6 +128,7 @@ impl InMemoryDataset {
             train: &self.split.train,
             val: &self.split.val,
             test: &self.split.test,
+            feature_pages: None,
         }
     }
 
@@ -640,6 +653,7 @@ impl Dataset {
             train: self.train.as_slice(),
             val: self.val.as_slice(),
             test: self.test.as_slice(),
+            feature_pages: Some(&self.features),
         }
     }
     /// Copies everything into memory (for small datasets and tests).
