@@ -517,7 +517,7 @@ mod tests {
             .map(|i| u8::from_str_radix(&crash[i..i + 2], 16).unwrap())
             .collect();
         std::fs::write(&path, &bytes).unwrap();
-        let err = MappedArray::<f32>::open(&path).err().expect("refused");
+        let err = MappedArray::<f32>::open(&path).expect_err("refused");
         assert!(err.to_string().contains("0 columns"), "{err}");
     }
 
