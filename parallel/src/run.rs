@@ -247,12 +247,7 @@ pub(crate) fn run(
     let eval_stats = eval_stats
         .into_inner()
         .map_err(|_| anyhow::anyhow!("evaluation statistics poisoned"))?;
-    if stats.model_peak.len() < eval_stats.model_peak.len() {
-        stats.model_peak.resize(eval_stats.model_peak.len(), 0);
-    }
-    for (a, &b) in stats.model_peak.iter_mut().zip(&eval_stats.model_peak) {
-        *a = (*a).max(b);
-    }
+    stats.raise_peaks(&eval_stats.model_peak);
     Ok(Ran {
         results,
         stats,

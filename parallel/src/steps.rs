@@ -82,10 +82,15 @@ impl RunStats {
         for (a, b) in self.beta_sum.iter_mut().zip(&s.beta) {
             *a += b;
         }
-        if self.model_peak.len() < s.model_bytes.len() {
-            self.model_peak.resize(s.model_bytes.len(), 0);
+        self.raise_peaks(&s.model_bytes);
+    }
+
+    /// Raises every rank's memory-model peak to at least `model_bytes[rank]`.
+    pub fn raise_peaks(&mut self, model_bytes: &[u64]) {
+        if self.model_peak.len() < model_bytes.len() {
+            self.model_peak.resize(model_bytes.len(), 0);
         }
-        for (a, &b) in self.model_peak.iter_mut().zip(&s.model_bytes) {
+        for (a, &b) in self.model_peak.iter_mut().zip(model_bytes) {
             *a = (*a).max(b);
         }
     }
@@ -673,7 +678,7 @@ pub(crate) fn produce(
             })
             .with_context(|| format!("epoch {} iteration {it}", epoch + 1))
     };
-    produce_steps(epochs as u64 * n, threads, feed, Some(stats), &build);
+    produce_steps(epochs as u64 * n, threads, feed, stats, &build);
 }
 
 /// Builds the evaluation steps of `rounds` evaluations into `feed` (index `round *
@@ -711,7 +716,7 @@ pub(crate) fn produce_eval(
             .with_context(|| format!("evaluation batch {} of {m}", j + 1))
             .inspect_err(|e| training.fail(training.first, format!("{e:#}")))
     };
-    produce_steps(rounds as u64 * m, threads, feed, Some(stats), &build);
+    produce_steps(rounds as u64 * m, threads, feed, stats, &build);
 }
 
 /// Runs `build` for steps `feed.first..total` on `threads` threads (step `i` on thread `i %
@@ -722,7 +727,7 @@ fn produce_steps(
     total: u64,
     threads: usize,
     feed: &Feed,
-    stats: Option<&Mutex<RunStats>>,
+    stats: &Mutex<RunStats>,
     build: &(dyn Fn(u64, Option<&Built>) -> anyhow::Result<Built> + Sync),
 ) {
     let threads = threads.max(1) as u64;
@@ -742,10 +747,8 @@ fn produce_steps(
                 }
             };
             let seconds = building.elapsed().as_secs_f64();
-            if stats.is_some() {
-                if let Ok(mut m) = built.lock() {
-                    m.insert(index, (b.2.clone(), seconds));
-                }
+            if let Ok(mut m) = built.lock() {
+                m.insert(index, (b.2.clone(), seconds));
             }
             let step = b.1.clone();
             prev = Some(b);
@@ -770,9 +773,6 @@ fn produce_steps(
     });
     // In step order, so floating-point sums (β) do not depend on which thread finished first.
     let built = built.into_inner().unwrap_or_else(|e| e.into_inner());
-    let Some(stats) = stats else {
-        return;
-    };
     if let Ok(mut s) = stats.lock() {
         for (st, seconds) in built.values() {
             s.add(st);

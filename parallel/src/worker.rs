@@ -554,21 +554,23 @@ impl<'w, B: Backend> Worker<'w, B> {
         Ok(loss_sum)
     }
 
-    /// Evaluation forward (dropout off) on the current plans: adds the correct counts of the
-    /// labelled inner rows to `tally` and, when asked, keeps the logits of the inner rows.
+    /// Evaluation forward (dropout off) on the current plans: adds the labelled inner rows'
+    /// correct train / val / test predictions to `correct` and, when asked, their logits (by
+    /// original id) to `logits`.
     fn evaluate_plans(
         &mut self,
         epoch: usize,
         with_logits: bool,
-        tally: &mut EvalOut,
+        correct: &mut [f32; 3],
+        logits: &mut Vec<(u32, Vec<f32>)>,
     ) -> anyhow::Result<()> {
         let b = self.b;
         let sh = self.sh;
-        let (logits, _) = self.forward(epoch as u32 | EVAL_EPOCH_BIT, None, false)?;
+        let (out, _) = self.forward(epoch as u32 | EVAL_EPOCH_BIT, None, false)?;
         let last = self.plan(self.rt.layers.len() - 1).clone();
         let c = sh.config.classes;
         let mut host = vec![0f32; last.n_inner * c];
-        b.download(&logits, 0, &mut host)?;
+        b.download(&out, 0, &mut host)?;
         for i in 0..last.n_inner {
             let g = last.global_ids[i] as usize;
             let o = sh.new_to_old[g];
@@ -578,12 +580,12 @@ impl<'w, B: Backend> Worker<'w, B> {
                 let hit = grandis_trainer::argmax(row) as i32 == sh.view.labels[o as usize];
                 for (j, bit) in [SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST].into_iter().enumerate() {
                     if hit && flags & bit != 0 {
-                        tally.correct[j] += 1.0;
+                        correct[j] += 1.0;
                     }
                 }
             }
             if with_logits {
-                tally.logits.push((o, row.to_vec()));
+                logits.push((o, row.to_vec()));
             }
         }
         Ok(())
@@ -594,14 +596,16 @@ impl<'w, B: Backend> Worker<'w, B> {
     /// [`Shared::eval`] says; batched evaluation leaves the worker on its last batch (the
     /// next training step rebuilds).
     fn evaluate(&mut self, epoch: usize, with_logits: bool) -> anyhow::Result<EvalOut> {
-        let mut tally = EvalOut::default();
+        let (mut correct, mut logits) = ([0f32; 3], Vec::new());
         match self.sh.eval {
-            EvalOn::TrainingPlans => self.evaluate_plans(epoch, with_logits, &mut tally)?,
+            EvalOn::TrainingPlans => {
+                self.evaluate_plans(epoch, with_logits, &mut correct, &mut logits)?
+            }
             EvalOn::Plans(plans) => {
                 let tag = Tag::fetch(epoch as u32 | EVAL_EPOCH_BIT);
                 let eval_rt = Rt::build(self.sh, self.b, plans, &mut self.ep, tag, self.has_head)?;
                 let train_rt = std::mem::replace(&mut self.rt, eval_rt);
-                let out = self.evaluate_plans(epoch, with_logits, &mut tally);
+                let out = self.evaluate_plans(epoch, with_logits, &mut correct, &mut logits);
                 self.rt = train_rt;
                 out?;
             }
@@ -611,12 +615,12 @@ impl<'w, B: Backend> Worker<'w, B> {
                 for j in 0..steps as u64 {
                     let step = feed.take(first + j)?;
                     self.load(step, epoch as u32 | EVAL_EPOCH_BIT)?;
-                    self.evaluate_plans(epoch, with_logits, &mut tally)?;
+                    self.evaluate_plans(epoch, with_logits, &mut correct, &mut logits)?;
                 }
             }
         }
         self.evaluations += 1;
-        let mut counts = tally.correct.to_vec();
+        let mut counts = correct.to_vec();
         self.ep
             .all_reduce_sum(&mut counts, Tag::other(epoch as u32 | EVAL_EPOCH_BIT, 0))
             .context("accuracy all-reduce")?;
@@ -629,9 +633,8 @@ impl<'w, B: Backend> Worker<'w, B> {
             }
         };
         Ok(EvalOut {
-            correct: tally.correct,
             acc: [acc(0), acc(1), acc(2)],
-            logits: tally.logits,
+            logits,
         })
     }
 
@@ -795,11 +798,8 @@ pub(crate) struct Embedded {
     pub logits: Vec<f32>,
 }
 
-#[derive(Default)]
 struct EvalOut {
-    /// This rank's correct train / val / test predictions.
-    correct: [f32; 3],
-    /// Global accuracies (after the all-reduce).
+    /// Global train / val / test accuracies (after the all-reduce).
     acc: [f64; 3],
     logits: Vec<(u32, Vec<f32>)>,
 }
