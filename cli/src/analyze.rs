@@ -39,9 +39,6 @@ pub struct ErrorArgs {
     /// Print one JSON object as the last stdout line.
     #[arg(long)]
     pub json: bool,
-    /// Use a partition directory written by `grandis partition` for this dataset.
-    #[arg(long)]
-    pub partition_dir: Option<PathBuf>,
     /// Servers, devices, partition and sampler flags as for `grandis train` (--mode,
     /// --sampling and the model flags are ignored: the checkpoint is the model and every
     /// sampler is measured).
@@ -124,11 +121,7 @@ fn error(args: ErrorArgs) -> anyhow::Result<()> {
     let pa = &args.job;
     let seed = pa.seed;
     let spec = pa.spec(args.dataset.display().to_string(), grandis_wire::Mode::Flx)?;
-    let part = grandis_parallel::PartitionedGraph::for_job(
-        &dataset,
-        &spec,
-        args.partition_dir.as_deref(),
-    )?;
+    let part = grandis_parallel::PartitionedGraph::for_job(&dataset, &spec)?;
     let ctx = grandis_parallel::plan_context(&view, &part)?;
     let layout = &part.layout;
     let servers = layout.servers();

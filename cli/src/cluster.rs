@@ -281,6 +281,15 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     }
 
     spec.dataset = dataset.display().to_string();
+    if let Some(dir) = &spec.partition_dir {
+        // The daemons run elsewhere (their own working directories): give them the full path.
+        spec.partition_dir = Some(
+            std::fs::canonicalize(dir)
+                .with_context(|| format!("--partition-dir {dir}: not found"))?
+                .display()
+                .to_string(),
+        );
+    }
     let api = client(&url, &token);
     let job = api.submit(&serde_json::to_string(&spec)?, JobFormat::Json)?;
     eprintln!(

@@ -66,6 +66,10 @@ pub struct JobArgs {
     /// Seed of the partitioner.
     #[arg(long, default_value_t = 0)]
     pub partition_seed: u64,
+    /// Use a partition directory written by `grandis partition` from the dataset (a path on
+    /// every server for cluster jobs) instead of partitioning it now with --partition.
+    #[arg(long)]
+    pub partition_dir: Option<String>,
     /// flx: preloaded hops k (default: the largest k that fits --device-memory).
     #[arg(long)]
     pub preload_hops: Option<u32>,
@@ -102,6 +106,15 @@ pub struct JobArgs {
     /// resumes from it).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub checkpoint_every: Option<u32>,
+    /// Measure train / val accuracy after every N-th epoch (0: only after the last; the
+    /// last epoch's evaluation is always the final train / val / test one). Evaluation is
+    /// exact, so on billion-edge graphs it costs more than an epoch: evaluate rarely there.
+    #[arg(long, default_value_t = defaults::EVAL_EVERY)]
+    pub eval_every: u32,
+    /// No evaluation at all (accuracies absent): score the trained checkpoint with
+    /// `grandis predict`, which works layer-wise on graphs of any size.
+    #[arg(long, conflicts_with = "eval_every")]
+    pub no_eval: bool,
     /// Cluster jobs (`cluster up`, `submit`): times the job goes back to the queue after
     /// losing a server (or the coordinator) before it fails; each retry resumes from the
     /// last checkpoint (--checkpoint-every), else starts over.
@@ -172,11 +185,14 @@ impl JobArgs {
             max_retries: self.max_retries,
             elastic: self.elastic,
             epochs: self.epochs,
+            eval_every: self.eval_every,
+            evaluate: !self.no_eval,
             seed: self.seed,
             servers: self.servers,
             devices: self.devices,
             partition: self.partition,
             partition_seed: self.partition_seed,
+            partition_dir: self.partition_dir.clone(),
             device_memory: self.device_memory,
         };
         Ok(spec)

@@ -109,7 +109,12 @@ fn open_dataset(args: &TrainArgs) -> anyhow::Result<grandis_store::Dataset> {
 /// The per-epoch line of every mode, local (`train`) or followed from a coordinator
 /// (`submit --follow`, `cluster up`).
 pub(crate) fn epoch_line(epoch: usize, loss: f64, train: f64, val: f64, seconds: f64) -> String {
-    format!("epoch {epoch:>4}  loss {loss:.4}  train {train:.4}  val {val:.4}  {seconds:.3}s")
+    use grandis_wire::summary::accuracy;
+    format!(
+        "epoch {epoch:>4}  loss {loss:.4}  train {}  val {}  {seconds:.3}s",
+        accuracy(train),
+        accuracy(val)
+    )
 }
 
 /// [`epoch_line`] of a local epoch.

@@ -3,7 +3,6 @@
 //! [`LocalArgs`] (a partition directory, emulated links, CUDA ordinals): per-epoch lines like
 //! `--mode single`, the memory estimates, the sampling counters and the run summary.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -18,10 +17,6 @@ use grandis_wire::JobSpec;
 /// links and devices come from.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LocalArgs {
-    /// Use a partition directory written by `grandis partition` for this dataset (instead of
-    /// partitioning now with --partition).
-    #[arg(long)]
-    pub partition_dir: Option<PathBuf>,
     /// Emulated inter-server bandwidth per server NIC, bytes/s (default unlimited).
     #[arg(long)]
     pub inter_bandwidth: Option<f64>,
@@ -90,7 +85,7 @@ pub fn run(
     ranks: Ranks,
     json: bool,
 ) -> anyhow::Result<()> {
-    let part = PartitionedGraph::for_job(dataset, spec, local.partition_dir.as_deref())?;
+    let part = PartitionedGraph::for_job(dataset, spec)?;
     let view = dataset.view();
     let config = ModelConfig::for_job(spec, view.feature_dim, view.num_classes);
     let opts = TrainOptions::for_job(spec);

@@ -223,6 +223,43 @@ fn cluster_up_cob_and_flx_eas_match_in_process_training() {
             ),
         }
     }
+    // A partition written once by `grandis partition`: the job carries its path, every
+    // daemon reads it instead of partitioning, and the run is the in-process one on it.
+    let part = c.path("part");
+    let part = part.display().to_string();
+    let (ok, _, err) = run_grandis(
+        EXE,
+        &[
+            "partition",
+            &ds,
+            "--servers",
+            "2",
+            "--devices",
+            "2",
+            "--method",
+            "random",
+            "--out",
+            &part,
+            "-q",
+        ],
+        LONG,
+    )
+    .unwrap();
+    assert!(ok, "{err}");
+    let extra = [
+        "--cobatch-size",
+        "150",
+        "--partition-dir",
+        &part,
+        "--eval-every",
+        "2",
+    ];
+    let (cluster, local) = cluster_and_in_process(&ds, "cob", &extra, 3);
+    for summary in [&cluster, &local] {
+        let source = summary["partition"].as_str().unwrap();
+        assert!(source.starts_with("partition dir"), "{source}");
+    }
+    assert_eq!(cluster["test_acc"], local["test_acc"]);
 }
 
 #[test]

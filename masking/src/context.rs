@@ -67,10 +67,12 @@ impl SplitMembership {
 
 /// The validated inputs of plan building, shared by the FB and FLX builders and the memory
 /// model. Holds the transposed graph (4 bytes per edge + 8 per vertex) because placing a
-/// replicated vertex needs its out-neighbours.
+/// replicated vertex needs its out-neighbours, unless the graph is symmetric (its own
+/// transpose: [`PlanContext::symmetric`]).
 pub struct PlanContext<'a> {
     graph: CsrView<'a>,
-    reverse: CsrGraph,
+    /// None: the graph is symmetric, out-neighbours are in-neighbours.
+    reverse: Option<CsrGraph>,
     layout: Layout,
     splits: SplitMembership,
 }
@@ -78,6 +80,27 @@ pub struct PlanContext<'a> {
 impl<'a> PlanContext<'a> {
     pub fn new(
         graph: CsrView<'a>,
+        layout: Layout,
+        splits: SplitMembership,
+    ) -> Result<PlanContext<'a>> {
+        let reverse = graph.transpose();
+        Self::with_reverse(graph, Some(reverse), layout, splits)
+    }
+
+    /// [`new`](Self::new) for a graph the caller knows to be symmetric (every edge u→v has
+    /// v→u, as a dataset's manifest records): no transpose, which at a billion edges is 4 GB
+    /// and a pass over the whole graph.
+    pub fn symmetric(
+        graph: CsrView<'a>,
+        layout: Layout,
+        splits: SplitMembership,
+    ) -> Result<PlanContext<'a>> {
+        Self::with_reverse(graph, None, layout, splits)
+    }
+
+    fn with_reverse(
+        graph: CsrView<'a>,
+        reverse: Option<CsrGraph>,
         layout: Layout,
         splits: SplitMembership,
     ) -> Result<PlanContext<'a>> {
@@ -94,7 +117,6 @@ impl<'a> PlanContext<'a> {
                 splits.len()
             )));
         }
-        let reverse = graph.transpose();
         Ok(PlanContext {
             graph,
             reverse,
@@ -121,7 +143,10 @@ impl<'a> PlanContext<'a> {
     }
     /// Destinations of the edges out of `v`.
     pub fn out_neighbors(&self, v: u32) -> &[u32] {
-        self.reverse.view().neighbors(v)
+        match &self.reverse {
+            Some(r) => r.view().neighbors(v),
+            None => self.graph.neighbors(v),
+        }
     }
     /// In-degree of `v` in the FULL graph (what normalisation must use on a partial graph).
     pub fn in_degree(&self, v: u32) -> u32 {
@@ -129,6 +154,6 @@ impl<'a> PlanContext<'a> {
     }
     /// Out-degree of `v` in the full graph.
     pub fn out_degree(&self, v: u32) -> u32 {
-        self.reverse.view().degree(v) as u32
+        self.out_neighbors(v).len() as u32
     }
 }

@@ -332,6 +332,41 @@ fn flx_is_the_range_exact_special_case() {
     assert_eq!(cx.extract_plan(&specs).unwrap(), cx.flx_plan(2).unwrap());
 }
 
+/// A symmetric graph is its own transpose: a context that skips the transpose plans exactly
+/// what one that builds it does.
+#[test]
+fn symmetric_context_plans_what_the_transposed_one_does() {
+    let n = 60u32;
+    let edges: Vec<(u32, u32)> = (0..n)
+        .flat_map(|v| [(v, (v * 7 + 3) % n), (v, (v * v + 1) % n), (v, (v + 1) % n)])
+        .collect();
+    let opts = EdgeOptions {
+        symmetrize: true,
+        ..Default::default()
+    };
+    let g = CsrGraph::from_edges(n as u64, edges, opts).unwrap();
+    let layout = Layout::even(n as usize, 2, 2).unwrap();
+    let none = || SplitMembership::none(n as usize);
+    let built = PlanContext::new(g.view(), layout.clone(), none()).unwrap();
+    let shared = PlanContext::symmetric(g.view(), layout.clone(), none()).unwrap();
+    for v in 0..n {
+        assert_eq!(built.out_neighbors(v), shared.out_neighbors(v));
+    }
+    for k in 0..=2 {
+        assert_eq!(built.flx_plan(k).unwrap(), shared.flx_plan(k).unwrap());
+    }
+    let specs: Vec<_> = (0..2)
+        .map(|s| {
+            let targets: Vec<u32> = layout.server_range(s).step_by(3).collect();
+            ExtractionSpec::exact(s, targets, 2)
+        })
+        .collect();
+    assert_eq!(
+        built.extract_plan(&specs).unwrap(),
+        shared.extract_plan(&specs).unwrap()
+    );
+}
+
 #[test]
 fn bad_specs_are_rejected_with_reasons() {
     let g = CsrGraph::from_edges(4, [(0, 1), (1, 2), (2, 3)], EdgeOptions::default()).unwrap();

@@ -80,7 +80,8 @@ pub fn embeddings(
     );
     let scales = global_scales(part.graph.view(), grandis_models::aggregation(config.kind));
     let opts: TrainOptions = serde_json::from_value(serde_json::json!({
-        "epochs": 0, "lr": 0.0, "weight_decay": 0.0, "adamw": false, "grad_clip": null, "seed": 0
+        "epochs": 0, "lr": 0.0, "weight_decay": 0.0, "adamw": false, "grad_clip": null, "seed": 0,
+        "eval": "never"
     }))?;
     let shared = worker::Shared {
         view,
@@ -92,7 +93,6 @@ pub fn embeddings(
         opts: &opts,
         labelled_flags: &labelled_flags,
         totals,
-        eval_every_epoch: false,
         collect_logits: false,
         feed: &feed,
         iterations: 1,

@@ -53,6 +53,9 @@ pub struct PartitionedGraph {
     pub layout: Layout,
     /// How it was made, for logs and JSON ("metis", "identity", "partition dir ...").
     pub source: String,
+    /// Every edge u→v has v→u (the dataset's manifest says so): the graph is its own
+    /// transpose, and plan building needs no transposed copy.
+    pub symmetric: bool,
 }
 
 impl PartitionedGraph {
@@ -100,6 +103,7 @@ impl PartitionedGraph {
             new_to_old,
             layout,
             source: source.into(),
+            symmetric: false,
         })
     }
 
@@ -130,20 +134,16 @@ impl PartitionedGraph {
         let r = grandis_partition::relabel(&a, cfg.servers, cfg.devices);
         let bounds: Vec<u32> = r.starts.iter().map(|&s| s as u32).collect();
         let layout = Layout::from_bounds(servers, devices, &bounds)?;
-        Self::relabel(view.graph, r.new_to_old, layout, method.name())
+        let mut part = Self::relabel(view.graph, r.new_to_old, layout, method.name())?;
+        part.symmetric = symmetric;
+        Ok(part)
     }
 
-    /// The layout and id map of a partition directory written by `grandis partition` for
-    /// `dataset` (checked: same vertex count and the same source file checksums).
-    /// The partition a job trains on: read from `partition_dir` (written by `grandis
-    /// partition`, checked against the dataset and the job's servers × devices), or computed
-    /// now with the job's method and seed. Deterministic, so every server of a cluster job
+    /// The partition a job trains on: read from the job's `partition_dir` (written by
+    /// `grandis partition`, checked against the dataset and the job's servers × devices), or
+    /// computed now with the job's method and seed. Deterministic, so every server of a cluster job
     /// arrives at the same partition.
-    pub fn for_job(
-        dataset: &Dataset,
-        spec: &grandis_wire::JobSpec,
-        partition_dir: Option<&std::path::Path>,
-    ) -> anyhow::Result<Self> {
+    pub fn for_job(dataset: &Dataset, spec: &grandis_wire::JobSpec) -> anyhow::Result<Self> {
         let (servers, devices) = (spec.servers as usize, spec.devices as usize);
         if servers == 0 || devices == 0 {
             bail!("servers ({servers}) and devices ({devices}) must both be at least 1");
@@ -157,7 +157,7 @@ impl PartitionedGraph {
                 dataset.dir().display()
             );
         }
-        if let Some(dir) = partition_dir {
+        if let Some(dir) = spec.partition_dir.as_deref().map(std::path::Path::new) {
             let book = PartitionBook::open(dir)
                 .with_context(|| format!("opening partition dir {}", dir.display()))?;
             if book.num_servers() as usize != servers || book.num_devices() as usize != devices {
@@ -181,6 +181,8 @@ impl PartitionedGraph {
         )
     }
 
+    /// The layout and id map of a partition directory written by `grandis partition` for
+    /// `dataset` (checked: same vertex count and the same source file checksums).
     pub fn from_book(book: &PartitionBook, dataset: &Dataset) -> anyhow::Result<Self> {
         let dir = book.dir().display().to_string();
         let m = dataset.manifest();
@@ -242,6 +244,7 @@ impl PartitionedGraph {
             new_to_old: book.new_to_old().to_vec(),
             layout,
             source: format!("partition dir {dir} ({})", book.meta().method),
+            symmetric: m.symmetric,
         })
     }
 }

@@ -106,8 +106,6 @@ pub struct ParallelOptions {
     pub inter: LinkModel,
     /// Rayon threads of each rank's CPU backend; None = cores / ranks, at least 1.
     pub threads_per_rank: Option<usize>,
-    /// Evaluate (dropout off) after every epoch, as `--mode single` does; benchmarks skip it.
-    pub eval_every_epoch: bool,
     /// Return the final logits of every vertex (tests).
     pub collect_logits: bool,
     /// Dependency sampling (FLX: EAS; CoB: any; MB: none, EAS or fanout).
@@ -135,7 +133,6 @@ impl Default for ParallelOptions {
             intra: LinkModel::unlimited(),
             inter: LinkModel::unlimited(),
             threads_per_rank: None,
-            eval_every_epoch: true,
             collect_logits: false,
             sampling: Sampling::None,
             batch_size: None,

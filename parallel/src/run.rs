@@ -76,6 +76,8 @@ pub(crate) fn run(
         decision,
         resume,
     } = inputs;
+    // Ranks gather their rows by partition id, scattered over a mapped feature file.
+    view.advise_random_feature_access();
     let epochs = opts.epochs.max(1);
     let epochs_done = resume.map_or(0, |ck| ck.epochs_done);
     let layout = &part.layout;
@@ -98,13 +100,15 @@ pub(crate) fn run(
     );
     let run_stats = Mutex::new(RunStats::default());
     let eval_stats = Mutex::new(RunStats::default());
-    // Batched evaluation: the evaluations every rank runs (one per epoch trained here when
-    // asked, and the final one), each `steps` exact co-batches from their own producer.
-    let evaluations = if popts.eval_every_epoch {
-        epochs.saturating_sub(epochs_done) + 1
-    } else {
-        1
-    };
+    // Batched evaluation: the evaluations every rank runs (after the epochs trained here
+    // that the schedule names, the last one being the final; the final alone when nothing is
+    // left to train), each `steps` exact co-batches from their own producer.
+    let trained = epochs_done + 1..=epochs;
+    let evaluations = trained
+        .clone()
+        .filter(|&e| opts.eval.after(e, epochs))
+        .count()
+        + usize::from(trained.is_empty() && opts.eval.at_end());
     let eval_feed = steps::Feed::on_demand(local_ranks, plan_threads + PREFETCH_STEPS);
     let eval = match &decision.eval {
         Eval::TrainingPlans => worker::EvalOn::TrainingPlans,
@@ -124,7 +128,6 @@ pub(crate) fn run(
         opts,
         labelled_flags,
         totals,
-        eval_every_epoch: popts.eval_every_epoch,
         collect_logits: popts.collect_logits,
         feed: &feed,
         iterations,

@@ -113,6 +113,7 @@ mod tests {
             adamw: false,
             grad_clip: None,
             seed: 5,
+            eval: Default::default(),
         };
         for mode in [crate::Mode::Fb, crate::Mode::Flx] {
             let popts = ParallelOptions {
@@ -205,6 +206,7 @@ mod tests {
             adamw: false,
             grad_clip: None,
             seed: 0,
+            eval: Default::default(),
         };
         let mut eps = Fabric::new(FabricConfig::new(2, 2))
             .unwrap()

@@ -72,11 +72,12 @@ pub fn plan_context<'a>(
     };
     let splits =
         SplitMembership::from_lists(n, &ids(SPLIT_TRAIN), &ids(SPLIT_VAL), &ids(SPLIT_TEST))?;
-    Ok(PlanContext::new(
-        part.graph.view(),
-        part.layout.clone(),
-        splits,
-    )?)
+    let (graph, layout) = (part.graph.view(), part.layout.clone());
+    Ok(if part.symmetric {
+        PlanContext::symmetric(graph, layout, splits)?
+    } else {
+        PlanContext::new(graph, layout, splits)?
+    })
 }
 
 /// Checks that `view`, `part` and `config` belong together.

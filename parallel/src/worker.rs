@@ -26,6 +26,9 @@ use crate::metered::Meter;
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
 use crate::steps::{Feed, Step};
 
+/// How often global rank 0 logs its step within a long epoch.
+const STEP_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Tags of evaluation traffic carry this bit in their epoch, so evaluation never mixes with
 /// the training bytes and seconds of the same epoch in the fabric counters.
 pub const EVAL_EPOCH_BIT: u32 = 1 << 31;
@@ -44,7 +47,6 @@ pub(crate) struct Shared<'a> {
     pub labelled_flags: &'a [u8],
     /// Labelled train / val / test vertices in the whole graph.
     pub totals: [usize; 3],
-    pub eval_every_epoch: bool,
     pub collect_logits: bool,
     /// Training steps, in order (`iterations` per epoch).
     pub feed: &'a Feed,
@@ -681,12 +683,24 @@ impl<'w, B: Backend> Worker<'w, B> {
         let mut epoch_times = Vec::new();
         let first = sh.first_step();
         let mut index = first;
+        let mut last_eval = None;
         for epoch in sh.epochs_done() + 1..=sh.opts.epochs {
             let start = Instant::now();
             let mut times = EpochTimes::default();
             let mut local = 0f64;
             let mut targets = 0usize;
-            for _ in 0..sh.iterations {
+            let mut logged = Instant::now();
+            for it in 0..sh.iterations {
+                // An epoch of a big graph is many minutes of steps: show life between the
+                // per-epoch lines (global rank 0 only, at most one line per interval).
+                if rank == 0 && it > 0 && logged.elapsed() >= STEP_LOG_INTERVAL {
+                    logged = Instant::now();
+                    tracing::info!(
+                        "epoch {epoch}: step {it}/{} after {:.0}s",
+                        sh.iterations,
+                        start.elapsed().as_secs_f64()
+                    );
+                }
                 if index > first {
                     let waiting = Instant::now();
                     let step = sh.feed.take(index)?;
@@ -714,9 +728,13 @@ impl<'w, B: Backend> Worker<'w, B> {
                 bail!("loss became {loss} at epoch {epoch}; try a lower --lr or --grad-clip");
             }
             train_peak = train_peak.max(meter.peak());
-            let (train_acc, val_acc) = if sh.eval_every_epoch {
-                let ev = self.evaluate(epoch, false)?;
-                (ev.acc[0], ev.acc[1])
+            let (train_acc, val_acc) = if sh.opts.eval.after(epoch, sh.opts.epochs) {
+                // The last epoch's evaluation is the final one (logits included).
+                let last = epoch == sh.opts.epochs;
+                let ev = self.evaluate(epoch, last && sh.collect_logits)?;
+                let accs = (ev.acc[0], ev.acc[1]);
+                last_eval = last.then_some(ev);
+                accs
             } else {
                 (f64::NAN, f64::NAN)
             };
@@ -753,7 +771,16 @@ impl<'w, B: Backend> Worker<'w, B> {
             epoch_times.push(times);
         }
         let peak_bytes = train_peak.max(meter.peak());
-        let ev = self.evaluate(sh.opts.epochs + 1, sh.collect_logits)?;
+        let ev = match last_eval {
+            Some(ev) => ev,
+            None if sh.opts.eval.at_end() => {
+                self.evaluate(sh.opts.epochs + 1, sh.collect_logits)?
+            }
+            None => EvalOut {
+                acc: [f64::NAN; 3],
+                logits: Vec::new(),
+            },
+        };
         Ok(RankResult {
             rank,
             epochs,

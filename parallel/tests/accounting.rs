@@ -13,6 +13,7 @@ use grandis_parallel::{
     model_dims, plan_context, Mode, ParallelOptions, Priority, Sampling, EVAL_EPOCH_BIT,
 };
 use grandis_sampling::{cob_plan, round_of, CoBatcher, Exact};
+use grandis_trainer::{EvalSchedule, TrainOptions};
 
 /// Prediction straight from the masking crate: the forward exchange feeding each layer, and
 /// the same rows back for every layer whose input gradient is needed.
@@ -196,6 +197,61 @@ fn fetched(c: &Counters, epoch: u32, class: LinkClass) -> u64 {
     })
 }
 
+/// The evaluations a batched run makes are the ones its schedule names (the last epoch's
+/// being the final one), each fetching its batches' rows; a run that never evaluates fetches
+/// nothing outside its steps and reports no accuracy. Training is the same either way.
+#[test]
+fn batched_runs_evaluate_on_their_schedule() {
+    let ds = random_dataset(17, 240, 1200, 5, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 17);
+    let config = config(&view, ModelKind::Sage, 2);
+    let popts = ParallelOptions {
+        mode: Mode::Cob,
+        batch_size: Some(50),
+        threads_per_rank: Some(1),
+        ..Default::default()
+    };
+    let run = |eval| {
+        let opts = TrainOptions { eval, ..opts(5) };
+        grandis_parallel::train(view, &part, config.clone(), &opts, &popts, &mut |_| {}).unwrap()
+    };
+    let evaluated = |r: &grandis_parallel::ParallelReport| -> Vec<u32> {
+        r.counters
+            .epochs
+            .iter()
+            .filter(|e| e.epoch & EVAL_EPOCH_BIT != 0)
+            .filter(|e| fetched(&r.counters, e.epoch, LinkClass::InterServer) > 0)
+            .map(|e| e.epoch & !EVAL_EPOCH_BIT)
+            .collect()
+    };
+    let every = run(EvalSchedule::Every(2));
+    assert_eq!(evaluated(&every), [2, 4, 5]);
+    let accs: Vec<bool> = every
+        .train
+        .epochs
+        .iter()
+        .map(|e| e.train_acc.is_nan())
+        .collect();
+    assert_eq!(accs, [true, false, true, false, false]);
+    assert!(every.train.test_acc.is_finite());
+    let end = run(EvalSchedule::End);
+    assert_eq!(evaluated(&end), [5]);
+    assert_eq!(end.train.test_acc, every.train.test_acc);
+    let never = run(EvalSchedule::Never);
+    assert_eq!(evaluated(&never), Vec::<u32>::new());
+    assert!(
+        never.train.train_acc.is_nan()
+            && never.train.val_acc.is_nan()
+            && never.train.test_acc.is_nan()
+    );
+    let losses = |r: &grandis_parallel::ParallelReport| -> Vec<u64> {
+        r.train.epochs.iter().map(|e| e.loss.to_bits()).collect()
+    };
+    assert_eq!(losses(&never), losses(&every));
+    assert_eq!(losses(&end), losses(&every));
+}
+
 /// Cooperative batching (exact, 2 servers x 2 devices): every step's features of vertices
 /// homed on the other server cross the inter-server link, 4 x F bytes per (rank, owned row)
 /// pair, counted here from the co-batch plans the runner builds (same seed). The first step is
@@ -212,14 +268,16 @@ fn fetched_bytes_equal_the_remote_rows_of_every_step() {
     let layers = 2;
     let config = config(&view, ModelKind::Sage, layers);
     let epochs = 2;
-    let opts = opts(epochs);
+    let opts = TrainOptions {
+        eval: EvalSchedule::Every(1),
+        ..opts(epochs)
+    };
     let row = 4 * view.feature_dim as u64;
     let batch = 40;
     let popts = ParallelOptions {
         mode: Mode::Cob,
         batch_size: Some(batch),
         threads_per_rank: Some(1),
-        eval_every_epoch: true,
         ..Default::default()
     };
     let r =
@@ -293,7 +351,10 @@ fn fetched_bytes_equal_the_remote_rows_of_every_step() {
             evaluations += 1;
         }
     }
-    assert_eq!(evaluations, epochs + 1, "after every epoch and at the end");
+    assert_eq!(
+        evaluations, epochs,
+        "after every epoch, the last one's being the final evaluation"
+    );
     assert_eq!(r.setup_fetch_bytes.inter_server, 0, "co-batch plans recur");
     assert_eq!(
         r.fetch_bytes_per_epoch.inter_server,
@@ -333,7 +394,6 @@ fn fetched_bytes_equal_the_remote_rows_of_every_step() {
             },
             resample_every: every,
             threads_per_rank: Some(1),
-            eval_every_epoch: false,
             ..Default::default()
         };
         let r = grandis_parallel::train(view, &part, config.clone(), &opts, &popts, &mut |_| {})

@@ -137,7 +137,6 @@ fn resumed_runs_repeat_the_uninterrupted_run() {
             preload_hops: k,
             batch_size: batch,
             threads_per_rank: Some(1),
-            eval_every_epoch: false,
             collect_logits: true,
             checkpoint: epochs_ckpt,
             ..Default::default()

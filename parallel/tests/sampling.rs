@@ -19,7 +19,6 @@ fn run(
 ) -> anyhow::Result<grandis_parallel::ParallelReport> {
     let popts = ParallelOptions {
         threads_per_rank: Some(1),
-        eval_every_epoch: false,
         collect_logits: true,
         ..popts
     };
@@ -349,11 +348,11 @@ fn sampled_modes_are_deterministic_and_report_counters() {
             config.clone(),
             &grandis_trainer::TrainOptions {
                 seed: 99,
+                eval: Default::default(),
                 ..opts(2)
             },
             &ParallelOptions {
                 threads_per_rank: Some(1),
-                eval_every_epoch: false,
                 ..popts
             },
             &mut |_| {},

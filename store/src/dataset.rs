@@ -103,6 +103,14 @@ impl<'a> DatasetView<'a> {
             pages.release(0..self.features.len());
         }
     }
+
+    /// Mapped features will be gathered row by row from now on (mini-batch steps): no
+    /// readahead on them ([`crate::array::advise_random`]; nothing for features in memory).
+    pub fn advise_random_feature_access(&self) {
+        if let Some(pages) = self.feature_pages {
+            pages.advise_random_access();
+        }
+    }
 }
 
 /// A dataset held in memory: what generators and tests build, and what `write` stores.

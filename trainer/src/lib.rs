@@ -35,6 +35,57 @@ pub struct TrainOptions {
     pub grad_clip: Option<f32>,
     /// Seed of the dropout masks (the weight init uses `ModelConfig::seed`).
     pub seed: u64,
+    /// When the run measures its accuracies (dropout off). Not part of the optimisation:
+    /// a resumed run may change it.
+    #[serde(default)]
+    pub eval: EvalSchedule,
+}
+
+/// When a run evaluates its model (dropout off): the per-epoch train / val accuracies and the
+/// final train / val / test accuracies. Evaluation reads the graph that training samples from
+/// in full (exact), which on a billion-edge graph costs far more than an epoch: such runs
+/// evaluate rarely or never, and `grandis predict` scores the checkpoint layer-wise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalSchedule {
+    /// After every n-th epoch (n ≥ 1) and after the last one.
+    Every(usize),
+    /// After the last epoch only.
+    End,
+    /// Never: every accuracy is NaN (absent in JSON).
+    Never,
+}
+
+impl Default for EvalSchedule {
+    fn default() -> Self {
+        EvalSchedule::Every(1)
+    }
+}
+
+impl EvalSchedule {
+    /// A job's `eval_every` (0: at the end only) and `evaluate` (false: never).
+    pub fn for_job(eval_every: u32, evaluate: bool) -> EvalSchedule {
+        match (evaluate, eval_every) {
+            (false, _) => EvalSchedule::Never,
+            (true, 0) => EvalSchedule::End,
+            (true, n) => EvalSchedule::Every(n as usize),
+        }
+    }
+
+    /// Whether the model is evaluated after `epoch` of `epochs` (1-based). The last epoch's
+    /// evaluation is the final one: both come from one pass.
+    pub fn after(self, epoch: usize, epochs: usize) -> bool {
+        match self {
+            EvalSchedule::Every(n) => epoch == epochs || (n > 0 && epoch.is_multiple_of(n)),
+            EvalSchedule::End => epoch == epochs,
+            EvalSchedule::Never => false,
+        }
+    }
+
+    /// Whether the run ends with an evaluation.
+    pub fn at_end(self) -> bool {
+        self != EvalSchedule::Never
+    }
 }
 
 impl TrainOptions {
@@ -47,6 +98,7 @@ impl TrainOptions {
             adamw: spec.adamw,
             grad_clip: spec.grad_clip.map(|c| c as f32),
             seed: spec.seed,
+            eval: EvalSchedule::for_job(spec.eval_every, spec.evaluate),
         }
     }
 }
@@ -102,6 +154,7 @@ impl CheckpointOptions {
         let same = ck.train.as_ref().is_some_and(|t| {
             TrainOptions {
                 epochs: opts.epochs,
+                eval: opts.eval,
                 ..t.clone()
             } == *opts
         });
@@ -129,7 +182,10 @@ pub struct EpochStats {
     /// 1-based.
     pub epoch: usize,
     pub loss: f64,
+    /// NaN (absent in JSON) after an epoch the [`EvalSchedule`] does not evaluate.
+    #[serde(with = "grandis_wire::nan")]
     pub train_acc: f64,
+    #[serde(with = "grandis_wire::nan")]
     pub val_acc: f64,
     /// Wall time of the training step (forward, backward, optimiser), without evaluation.
     pub seconds: f64,
@@ -139,10 +195,16 @@ pub struct EpochStats {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrainReport {
     pub epochs: Vec<EpochStats>,
+    #[serde(with = "grandis_wire::nan")]
     pub final_loss: f64,
+    /// NaN (absent in JSON) when the run did not evaluate or the split is empty.
+    #[serde(with = "grandis_wire::nan")]
     pub train_acc: f64,
+    #[serde(with = "grandis_wire::nan")]
     pub val_acc: f64,
+    #[serde(with = "grandis_wire::nan")]
     pub test_acc: f64,
+    #[serde(with = "grandis_wire::nan")]
     pub median_epoch_s: f64,
     /// First epoch of this invocation (1 unless resumed).
     pub first_epoch: usize,
@@ -427,6 +489,7 @@ fn train_prepared<B: Backend>(
         first_epoch = ck.epochs_done + 1;
     }
     let mut stats = Vec::new();
+    let mut last_logits = None;
     for epoch in first_epoch..=opts.epochs {
         let start = Instant::now();
         let loss = prepared.train_step(&mut model, opts, epoch)?;
@@ -434,12 +497,23 @@ fn train_prepared<B: Backend>(
         if !loss.is_finite() {
             bail!("loss became {loss} at epoch {epoch}; try a lower --lr or --grad-clip");
         }
-        let logits = prepared.logits(&model)?;
+        let (train_acc, val_acc) = if opts.eval.after(epoch, opts.epochs) {
+            let logits = prepared.logits(&model)?;
+            let accs = (
+                prepared.accuracy(&logits, view.train),
+                prepared.accuracy(&logits, view.val),
+            );
+            // The last epoch's evaluation is the final one.
+            last_logits = (epoch == opts.epochs).then_some(logits);
+            accs
+        } else {
+            (f64::NAN, f64::NAN)
+        };
         let s = EpochStats {
             epoch,
             loss,
-            train_acc: prepared.accuracy(&logits, view.train),
-            val_acc: prepared.accuracy(&logits, view.val),
+            train_acc,
+            val_acc,
             seconds,
         };
         on_epoch(&s);
@@ -450,7 +524,16 @@ fn train_prepared<B: Backend>(
             }
         }
     }
-    let logits = prepared.logits(&model)?;
+    let logits = match last_logits {
+        Some(l) => Some(l),
+        None if opts.eval.at_end() => Some(prepared.logits(&model)?),
+        None => None,
+    };
+    let accuracy = |split| {
+        logits
+            .as_ref()
+            .map_or(f64::NAN, |l| prepared.accuracy(l, split))
+    };
     if first_epoch > opts.epochs {
         if let Some(path) = &ckpt.path {
             // Nothing trained (the checkpoint is already past --epochs): keep it as it is.
@@ -463,9 +546,9 @@ fn train_prepared<B: Backend>(
     }
     Ok(TrainReport {
         final_loss: stats.last().map_or(f64::NAN, |s| s.loss),
-        train_acc: prepared.accuracy(&logits, view.train),
-        val_acc: prepared.accuracy(&logits, view.val),
-        test_acc: prepared.accuracy(&logits, view.test),
+        train_acc: accuracy(view.train),
+        val_acc: accuracy(view.val),
+        test_acc: accuracy(view.test),
         median_epoch_s: grandis_telemetry::median(
             &stats.iter().map(|s| s.seconds).collect::<Vec<_>>(),
         ),

@@ -28,6 +28,7 @@ fn opts() -> TrainOptions {
         adamw: false,
         grad_clip: Some(5.0),
         seed: 3,
+        eval: Default::default(),
     }
 }
 

@@ -50,6 +50,7 @@ fn checkpoint(ds: &Dataset, dir: &Path, kind: ModelKind, layers: usize) -> std::
         adamw: false,
         grad_clip: None,
         seed: 1,
+        eval: Default::default(),
     };
     let ck = CheckpointOptions {
         path: Some(path.clone()),

@@ -4,7 +4,7 @@
 
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_store::{split::per_class_split, CsrGraph, EdgeOptions, InMemoryDataset, SelfLoops};
-use grandis_trainer::{train, CheckpointOptions, TrainOptions};
+use grandis_trainer::{train, CheckpointOptions, EvalSchedule, TrainOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -73,6 +73,7 @@ fn opts(epochs: usize) -> TrainOptions {
         adamw: false,
         grad_clip: Some(5.0),
         seed: 7,
+        eval: Default::default(),
     }
 }
 
@@ -102,6 +103,52 @@ fn same_seed_gives_bit_identical_losses() {
             a.epochs.last().unwrap().loss < a.epochs[0].loss,
             "{kind:?} did not learn"
         );
+    }
+}
+
+/// Accuracies appear after the epochs the schedule names and nowhere else; the last epoch's
+/// are the final ones; the schedule changes no loss.
+#[test]
+fn evaluation_follows_the_schedule() {
+    let ds = community_dataset(400, 4, 8, 3);
+    let cfg = config(&ds, ModelKind::Sage, 2);
+    let run = |eval| {
+        let o = TrainOptions { eval, ..opts(5) };
+        train(
+            ds.view(),
+            cfg.clone(),
+            &o,
+            &CheckpointOptions::default(),
+            Some(1),
+            |_| {},
+        )
+        .unwrap()
+    };
+    let every = run(EvalSchedule::Every(1));
+    let evaluated = |r: &grandis_trainer::TrainReport| -> Vec<bool> {
+        r.epochs.iter().map(|s| !s.train_acc.is_nan()).collect()
+    };
+    assert_eq!(evaluated(&every), [true; 5]);
+    let last = every.epochs.last().unwrap();
+    assert_eq!(
+        (last.train_acc, last.val_acc),
+        (every.train_acc, every.val_acc)
+    );
+    assert!(every.test_acc.is_finite());
+    let second = run(EvalSchedule::Every(2));
+    assert_eq!(evaluated(&second), [false, true, false, true, true]);
+    assert_eq!(second.epochs[1].val_acc, every.epochs[1].val_acc);
+    let end = run(EvalSchedule::End);
+    assert_eq!(evaluated(&end), [false, false, false, false, true]);
+    assert_eq!(end.test_acc, every.test_acc);
+    let never = run(EvalSchedule::Never);
+    assert_eq!(evaluated(&never), [false; 5]);
+    assert!(never.train_acc.is_nan() && never.val_acc.is_nan() && never.test_acc.is_nan());
+    for r in [&second, &end, &never] {
+        let losses = |r: &grandis_trainer::TrainReport| -> Vec<u64> {
+            r.epochs.iter().map(|s| s.loss.to_bits()).collect()
+        };
+        assert_eq!(losses(r), losses(&every), "evaluation changed training");
     }
 }
 
@@ -241,6 +288,7 @@ fn cora_gcn_reaches_kipf_welling_accuracy() {
             adamw: false,
             grad_clip: None,
             seed,
+            eval: Default::default(),
         };
         let r = train(view, cfg, &o, &CheckpointOptions::default(), None, |_| {}).unwrap();
         eprintln!("seed {seed}: test accuracy {:.4}", r.test_acc);

@@ -93,7 +93,10 @@ pub struct EpochProgress {
     /// 1-based epoch number.
     pub epoch: u32,
     pub loss: f64,
+    /// Absent (NaN) after an epoch that was not evaluated.
+    #[serde(with = "crate::nan")]
     pub train_acc: f64,
+    #[serde(with = "crate::nan")]
     pub val_acc: f64,
     /// Wall-clock seconds of this epoch.
     pub seconds: f64,

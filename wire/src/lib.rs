@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod job;
+pub mod nan;
 pub mod protocol;
 pub mod spec;
 pub mod summary;

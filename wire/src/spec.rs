@@ -116,6 +116,8 @@ pub mod defaults {
     pub const WEIGHT_DECAY: f64 = 5e-4;
     pub const MODE: Mode = Mode::Flx;
     pub const EPOCHS: u32 = 100;
+    /// Evaluate after every epoch (and after the last).
+    pub const EVAL_EVERY: u32 = 1;
     pub const SEED: u64 = 0;
     pub const SERVERS: u32 = 1;
     pub const DEVICES: u32 = 1;
@@ -329,6 +331,13 @@ pub struct JobSpec {
     pub elastic: bool,
     /// Epochs (default 100).
     pub epochs: u32,
+    /// Measure train / val accuracy (dropout off) after every N-th epoch and train / val /
+    /// test after the last (default 1); 0 = after the last only. Evaluation is exact: on a
+    /// billion-edge graph one costs more than an epoch.
+    pub eval_every: u32,
+    /// false = no evaluation at all: the accuracies are absent (score the checkpoint with
+    /// `grandis predict`, layer-wise). Default true.
+    pub evaluate: bool,
     /// Seed of weights, dropout and samplers (default 0).
     pub seed: u64,
     /// Servers (distinct daemon labels) the job needs (default 1).
@@ -339,6 +348,11 @@ pub struct JobSpec {
     pub partition: PartitionMethod,
     /// Seed of the partitioner (default 0).
     pub partition_seed: u64,
+    /// A partition directory written by `grandis partition` from `dataset`, as a path on
+    /// every server: the run uses it (its method, servers and devices must match) instead of
+    /// partitioning `dataset` itself, which for a billion-edge graph takes longer than
+    /// training and, in every daemon, memory the run needs.
+    pub partition_dir: Option<String>,
     /// Memory budget per device in bytes; absent = what the device reports.
     pub device_memory: Option<u64>,
 }
@@ -368,11 +382,14 @@ impl Default for JobSpec {
             max_retries: defaults::MAX_RETRIES,
             elastic: false,
             epochs: defaults::EPOCHS,
+            eval_every: defaults::EVAL_EVERY,
+            evaluate: true,
             seed: defaults::SEED,
             servers: defaults::SERVERS,
             devices: defaults::DEVICES,
             partition: defaults::PARTITION,
             partition_seed: 0,
+            partition_dir: None,
             device_memory: None,
         }
     }
@@ -447,11 +464,14 @@ const FIELDS: &[&str] = &[
     "max_retries",
     "elastic",
     "epochs",
+    "eval_every",
+    "evaluate",
     "seed",
     "servers",
     "devices",
     "partition",
     "partition_seed",
+    "partition_dir",
     "device_memory",
 ];
 
@@ -531,6 +551,10 @@ impl JobSpec {
             max_retries: r.uint("max_retries", 0, 100).unwrap_or(d.max_retries),
             elastic: r.bool("elastic").unwrap_or(d.elastic),
             epochs: r.uint("epochs", 1, 10_000_000).unwrap_or(d.epochs),
+            eval_every: r
+                .uint("eval_every", 0, u32::MAX as i64)
+                .unwrap_or(d.eval_every),
+            evaluate: r.bool("evaluate").unwrap_or(d.evaluate),
             seed: r.u64("seed").unwrap_or(d.seed),
             servers: r.uint("servers", 1, 4096).unwrap_or(d.servers),
             devices: r.uint("devices", 1, 256).unwrap_or(d.devices),
@@ -543,8 +567,15 @@ impl JobSpec {
                 )
                 .unwrap_or(d.partition),
             partition_seed: r.u64("partition_seed").unwrap_or(d.partition_seed),
+            partition_dir: r.string("partition_dir"),
             device_memory: r.bytes("device_memory"),
         };
+        if !spec.evaluate && obj.contains_key("eval_every") {
+            r.error(
+                "eval_every",
+                "has no effect with evaluate = false (the run does not evaluate); drop one",
+            );
+        }
         if let Some((s, roots)) = r.sampling() {
             spec.sampling = s;
             // `roots` is another way to give GraphSAINT's budget (roots × (walk_length + 1)).
@@ -603,6 +634,14 @@ impl JobSpec {
                 "dataset",
                 "must not contain control characters (newlines, tabs, escape codes)".into(),
             );
+        }
+        if let Some(dir) = &self.partition_dir {
+            if dir.trim().is_empty() || dir.chars().any(char::is_control) {
+                err(
+                    "partition_dir",
+                    "must be a directory path (not empty, no control characters)".into(),
+                );
+            }
         }
         if let Some(name) = &self.name {
             if name.chars().any(char::is_control) {
@@ -1295,6 +1334,18 @@ mod tests {
             errors(r#"{"dataset": "d", "layers": 2.5}"#),
             ["layers: expected an integer, got the number 2.5"]
         );
+        assert_eq!(
+            errors(r#"{"dataset": "d", "eval_every": -1}"#),
+            ["eval_every: must be ≥ 0, got -1"]
+        );
+        assert_eq!(
+            errors(r#"{"dataset": "d", "evaluate": false, "eval_every": 5}"#),
+            ["eval_every: has no effect with evaluate = false (the run does not evaluate); drop one"]
+        );
+        let s = JobSpec::from_toml_str("dataset = \"d\"\neval_every = 0\n").unwrap();
+        assert_eq!((s.eval_every, s.evaluate), (0, true));
+        let s = JobSpec::from_json_str(r#"{"dataset": "d", "evaluate": false}"#).unwrap();
+        assert_eq!((s.eval_every, s.evaluate), (defaults::EVAL_EVERY, false));
     }
 
     #[test]

@@ -32,10 +32,17 @@ pub struct RunSummary {
     pub losses: Vec<f64>,
     /// Wall seconds of every epoch.
     pub epoch_seconds: Vec<f64>,
+    /// Absent (NaN) when no epoch trained.
+    #[serde(with = "crate::nan")]
     pub final_loss: f64,
+    /// Accuracies: absent (NaN) for an empty split or a run that did not evaluate.
+    #[serde(with = "crate::nan")]
     pub train_acc: f64,
+    #[serde(with = "crate::nan")]
     pub val_acc: f64,
+    #[serde(with = "crate::nan")]
     pub test_acc: f64,
+    #[serde(with = "crate::nan")]
     pub median_epoch_s: f64,
     /// Peak resident memory of the reporting process.
     pub peak_rss_bytes: u64,
@@ -209,8 +216,12 @@ impl RunSummary {
     /// The one-line human summary every front end prints.
     pub fn line(&self) -> String {
         let mut s = format!(
-            "final loss {:.4}  train {:.4}  val {:.4}  test {:.4}  median epoch {:.3}s",
-            self.final_loss, self.train_acc, self.val_acc, self.test_acc, self.median_epoch_s
+            "final loss {:.4}  train {}  val {}  test {}  median epoch {:.3}s",
+            self.final_loss,
+            accuracy(self.train_acc),
+            accuracy(self.val_acc),
+            accuracy(self.test_acc),
+            self.median_epoch_s
         );
         if self.mode.is_distributed() {
             let t = &self.time_split;
@@ -238,6 +249,15 @@ impl RunSummary {
             ));
         }
         s
+    }
+}
+
+/// An accuracy as every front end prints it: four decimals, `-` when absent (not evaluated).
+pub fn accuracy(acc: f64) -> String {
+    if acc.is_nan() {
+        "-".into()
+    } else {
+        format!("{acc:.4}")
     }
 }
 

@@ -140,6 +140,8 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         "weight_decay": 5e-4,
         "adamw": false,
         "grad_clip": null,
+        // Benchmarks time epochs: only the final accuracies.
+        "eval": "end",
         "seed": args.seed,
     }))?;
     let intra = grandis_parallel::LinkModel::new(args.intra_bandwidth, std::time::Duration::ZERO);
@@ -205,7 +207,6 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
             intra,
             inter,
             threads_per_rank: Some(args.threads_per_rank),
-            eval_every_epoch: false,
             ..popts
         };
         eprintln!("running {name} ...");

@@ -294,6 +294,8 @@ fn timed_epochs<B: grandis_engine::Backend>(
         adamw: false,
         grad_clip: None,
         seed: args.seed,
+        // The loop below evaluates when it needs to (time to accuracy).
+        eval: grandis_trainer::EvalSchedule::Never,
     };
     let mut m = Measured {
         splits: Vec::new(),

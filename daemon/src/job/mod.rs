@@ -323,8 +323,7 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
         device_memory: Some(device_memory(spec, cfg.device_memory, &compute, g)?),
         ..spec.clone()
     };
-    let part =
-        PartitionedGraph::for_job(&dataset, &job, None).context("partitioning the dataset")?;
+    let part = PartitionedGraph::for_job(&dataset, &job).context("the job's partition")?;
     check_cancel(ctx)?;
     let config = ModelConfig::for_job(&job, view.feature_dim, view.num_classes);
     let opts = TrainOptions::for_job(&job);

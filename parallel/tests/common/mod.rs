@@ -106,6 +106,8 @@ pub fn opts(epochs: usize) -> TrainOptions {
         "adamw": false,
         "grad_clip": null,
         "seed": 3,
+        // The final evaluation only (the accuracies after every epoch cost a pass each).
+        "eval": "end",
     }))
     .unwrap()
 }
@@ -142,7 +144,6 @@ pub fn parallel(
         mode,
         preload_hops: k,
         threads_per_rank: Some(1),
-        eval_every_epoch: false,
         collect_logits: true,
         ..Default::default()
     };
