@@ -225,6 +225,8 @@ fn cluster_up_cob_and_flx_eas_match_in_process_training() {
     }
     // A partition written once by `grandis partition`: the job carries its path, every
     // daemon reads it instead of partitioning, and the run is the in-process one on it.
+    // (4 epochs: per-epoch bytes are each server's total / epochs, summed, so an epoch count
+    // that does not divide a server's total rounds differently from the in-process run.)
     let part = c.path("part");
     let part = part.display().to_string();
     let (ok, _, err) = run_grandis(
@@ -254,7 +256,7 @@ fn cluster_up_cob_and_flx_eas_match_in_process_training() {
         "--eval-every",
         "2",
     ];
-    let (cluster, local) = cluster_and_in_process(&ds, "cob", &extra, 3);
+    let (cluster, local) = cluster_and_in_process(&ds, "cob", &extra, 4);
     for summary in [&cluster, &local] {
         let source = summary["partition"].as_str().unwrap();
         assert!(source.starts_with("partition dir"), "{source}");

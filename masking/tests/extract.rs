@@ -345,7 +345,7 @@ fn symmetric_context_plans_what_the_transposed_one_does() {
         ..Default::default()
     };
     let g = CsrGraph::from_edges(n as u64, edges, opts).unwrap();
-    let layout = Layout::even(n as usize, 2, 2).unwrap();
+    let layout = Layout::even(n, 2, 2).unwrap();
     let none = || SplitMembership::none(n as usize);
     let built = PlanContext::new(g.view(), layout.clone(), none()).unwrap();
     let shared = PlanContext::symmetric(g.view(), layout.clone(), none()).unwrap();
