@@ -100,15 +100,9 @@ pub(crate) fn run(
     );
     let run_stats = Mutex::new(RunStats::default());
     let eval_stats = Mutex::new(RunStats::default());
-    // Batched evaluation: the evaluations every rank runs (after the epochs trained here
-    // that the schedule names, the last one being the final; the final alone when nothing is
-    // left to train), each `steps` exact co-batches from their own producer.
-    let trained = epochs_done + 1..=epochs;
-    let evaluations = trained
-        .clone()
-        .filter(|&e| opts.eval.after(e, epochs))
-        .count()
-        + usize::from(trained.is_empty() && opts.eval.at_end());
+    // Batched evaluation: the evaluations every rank runs, each `steps` exact co-batches
+    // from their own producer.
+    let evaluations = opts.eval.passes(epochs_done, epochs);
     let eval_feed = steps::Feed::on_demand(local_ranks, plan_threads + PREFETCH_STEPS);
     let eval = match &decision.eval {
         Eval::TrainingPlans => worker::EvalOn::TrainingPlans,

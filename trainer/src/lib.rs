@@ -86,6 +86,18 @@ impl EvalSchedule {
     pub fn at_end(self) -> bool {
         self != EvalSchedule::Never
     }
+
+    /// How many evaluation passes a run makes that trains epochs `done + 1..=epochs`: the
+    /// epochs [`after`](Self::after) names (the last one's being the final), or the final
+    /// alone when nothing is left to train.
+    pub fn passes(self, done: usize, epochs: usize) -> usize {
+        let trained = done + 1..=epochs;
+        if trained.is_empty() {
+            usize::from(self.at_end())
+        } else {
+            trained.filter(|&e| self.after(e, epochs)).count()
+        }
+    }
 }
 
 impl TrainOptions {
@@ -525,9 +537,8 @@ fn train_prepared<B: Backend>(
         }
     }
     let logits = match last_logits {
-        Some(l) => Some(l),
         None if opts.eval.at_end() => Some(prepared.logits(&model)?),
-        None => None,
+        evaluated => evaluated,
     };
     let accuracy = |split| {
         logits
@@ -603,4 +614,21 @@ fn logits_of<B: Backend>(prepared: &Prepared<'_, B>, ck: &Checkpoint) -> anyhow:
     let mut model = Model::new(&prepared.backend, ck.model.clone())?;
     ck.restore(&prepared.backend, &mut model, false)?;
     prepared.logits(&model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EvalSchedule;
+
+    #[test]
+    fn evaluation_passes_count_the_epochs_the_schedule_names() {
+        assert_eq!(EvalSchedule::Every(1).passes(0, 5), 5);
+        assert_eq!(EvalSchedule::Every(2).passes(0, 5), 3); // 2, 4, 5
+        assert_eq!(EvalSchedule::Every(2).passes(3, 5), 2); // resumed: 4, 5
+        assert_eq!(EvalSchedule::End.passes(0, 5), 1);
+        assert_eq!(EvalSchedule::Never.passes(0, 5), 0);
+        // Nothing left to train: the final evaluation alone, unless there is none.
+        assert_eq!(EvalSchedule::Every(1).passes(5, 5), 1);
+        assert_eq!(EvalSchedule::Never.passes(5, 5), 0);
+    }
 }
