@@ -95,6 +95,7 @@ pub fn embeddings(
         totals,
         collect_logits: false,
         feed: &feed,
+        prefetch: None,
         iterations: 1,
         eval: worker::EvalOn::TrainingPlans,
         weights,

@@ -14,12 +14,15 @@
 //! step, in the same order (setup, each new training step, each evaluation build).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use grandis_fabric::{Endpoint, Tag};
 use grandis_masking::{DevicePlan, Layout};
 use grandis_store::DatasetView;
+
+use crate::steps::Step;
 
 /// Tag epoch of the plan built before the first training epoch (training epochs count from 1;
 /// evaluation builds carry [`crate::EVAL_EPOCH_BIT`]).
@@ -42,8 +45,7 @@ impl FeatureSource<'_> {
     /// memory holds its whole partition, and its devices load from it over the host link, not
     /// the fabric. The others are fetched from their home rank under `tag`, and this rank
     /// sends the other servers' ranks the rows of their layer-0 plans whose home it is. Raw
-    /// values travel; every row is normalised here once, with the trainer's arithmetic, so
-    /// the result is bit-identical to reading every row locally.
+    /// values travel, so the result is bit-identical to reading every row locally.
     pub fn layer0_features(
         &self,
         plans: &[Vec<Arc<DevicePlan>>],
@@ -53,60 +55,42 @@ impl FeatureSource<'_> {
     ) -> anyhow::Result<Vec<f32>> {
         let layout = self.layout;
         let me = ep.rank();
-        let world = layout.num_ranks();
-        if plans.len() != world || ep.world() != world {
+        if ep.world() != layout.num_ranks() {
             bail!(
-                "internal: a step with plans for {} ranks, a fabric of {} ranks and a layout of \
-                 {world}",
-                plans.len(),
-                ep.world()
+                "internal: a fabric of {} ranks and a layout of {}",
+                ep.world(),
+                layout.num_ranks()
             );
         }
-        let layer0 = |r: usize| -> anyhow::Result<&[u32]> {
-            let p = plans[r]
-                .first()
-                .with_context(|| format!("internal: rank {r} has no layer-0 plan"))?;
-            let owned = &p.global_ids[..p.n_owned];
-            let n = layout.num_vertices();
-            if let Some(&g) = owned.iter().find(|&&g| g >= n) {
-                bail!("internal: rank {r}'s plan owns vertex {g}, past the layout's {n}");
-            }
-            Ok(owned)
-        };
+        let reads = self.reads(plans, me)?;
         let f = self.view.feature_dim;
-        let owned = layer0(me)?;
-        if rows < owned.len() {
-            bail!(
-                "internal: {rows} feature rows for {} owned rows",
-                owned.len()
-            );
+        let owned = reads.owned;
+        if rows < owned {
+            bail!("internal: {rows} feature rows for {owned} owned rows");
         }
+        // Every row this rank reads, in one gather: its own server's rows, then each peer's.
+        let ids: Vec<u32> = reads
+            .local
+            .iter()
+            .map(|&(_, o)| o)
+            .chain(reads.sends.iter().flat_map(|(_, olds)| olds.iter().copied()))
+            .collect();
+        let mut read = vec![0f32; ids.len() * f];
+        self.view
+            .gather_features(&ids, &mut read)
+            .context("reading the step's feature rows")?;
         let mut host = vec![0f32; rows * f];
-
-        // What this rank reads itself, and which rows it receives from each other-server home.
-        let my_server = layout.server_range(layout.server_of_rank(me));
-        let mut incoming: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-        for (i, &g) in owned.iter().enumerate() {
-            if my_server.contains(&g) {
-                host[i * f..(i + 1) * f].copy_from_slice(self.raw(g)?);
-            } else {
-                incoming.entry(layout.owner(g)).or_default().push(i);
-            }
+        let (local, mut rest) = read.split_at(reads.local.len() * f);
+        for (&(i, _), src) in reads.local.iter().zip(local.chunks_exact(f.max(1))) {
+            host[i * f..(i + 1) * f].copy_from_slice(src);
         }
-        // What the other servers' ranks need from this rank's range, in their row order.
-        let mine = layout.range(me);
-        let mut sends = Vec::new();
-        for r in (0..world).filter(|&r| !layout.same_server(r, me)) {
-            let (mut data, mut count) = (Vec::new(), 0);
-            for &g in layer0(r)?.iter().filter(|g| mine.contains(g)) {
-                data.extend_from_slice(self.raw(g)?);
-                count += 1;
-            }
-            // By rows, not values: the peer expects a message whenever it owns such a row.
-            if count > 0 {
-                sends.push((r, data));
-            }
+        let mut sends = Vec::with_capacity(reads.sends.len());
+        for (r, olds) in &reads.sends {
+            let (data, tail) = rest.split_at(olds.len() * f);
+            sends.push((*r, data.to_vec()));
+            rest = tail;
         }
+        let incoming = reads.incoming;
         let expect: Vec<(usize, usize)> = incoming
             .iter()
             .map(|(&home, rows)| (home, rows.len() * f))
@@ -126,21 +110,160 @@ impl FeatureSource<'_> {
                 }
             }
         }
-        // The step's rows are copied: drop the mapped pages they were read from, so a run
-        // over features larger than memory keeps one step's pages resident, not every
-        // page any step touched (they stay in the page cache for the next step).
-        self.view.release_feature_pages();
         Ok(host)
     }
 
-    /// The raw feature row of NEW id `g`.
-    fn raw(&self, g: u32) -> anyhow::Result<&[f32]> {
-        let o = *self
-            .new_to_old
-            .get(g as usize)
-            .with_context(|| format!("internal: vertex {g} has no original id"))?;
-        Ok(self.view.feature_row(o))
+    /// Starts reading the feature rows rank `me` will read for `plans` into the page cache
+    /// (see [`DatasetView::prefetch_features`]), so the step's gather finds them there: what
+    /// a rank asks for the next step while it computes this one. Advice only.
+    pub fn prefetch(&self, plans: &[Vec<Arc<DevicePlan>>], me: usize) -> anyhow::Result<()> {
+        let reads = self.reads(plans, me)?;
+        let mut ids: Vec<u32> = reads
+            .local
+            .iter()
+            .map(|&(_, o)| o)
+            .chain(reads.sends.iter().flat_map(|(_, olds)| olds.iter().copied()))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        self.view.prefetch_features(&ids);
+        Ok(())
     }
+
+    /// What rank `me` reads from the view for a step's layer-0 plans (`plans[rank][layer]`
+    /// for every rank) and what it receives. Rows whose home is this rank or a sibling device
+    /// of its server are read from the view — a server's host memory holds its whole
+    /// partition, and its devices load from it over the host link, not the fabric; the other
+    /// servers' ranks are sent the rows of their layer-0 plans whose home is this rank.
+    fn reads(&self, plans: &[Vec<Arc<DevicePlan>>], me: usize) -> anyhow::Result<Reads> {
+        let layout = self.layout;
+        let world = layout.num_ranks();
+        if plans.len() != world {
+            bail!(
+                "internal: a step with plans for {} ranks and a layout of {world}",
+                plans.len()
+            );
+        }
+        let layer0 = |r: usize| -> anyhow::Result<&[u32]> {
+            let p = plans[r]
+                .first()
+                .with_context(|| format!("internal: rank {r} has no layer-0 plan"))?;
+            let owned = &p.global_ids[..p.n_owned];
+            let n = layout.num_vertices();
+            if let Some(&g) = owned.iter().find(|&&g| g >= n) {
+                bail!("internal: rank {r}'s plan owns vertex {g}, past the layout's {n}");
+            }
+            Ok(owned)
+        };
+        let owned = layer0(me)?;
+        let my_server = layout.server_range(layout.server_of_rank(me));
+        let mut local = Vec::new();
+        let mut incoming: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, &g) in owned.iter().enumerate() {
+            if my_server.contains(&g) {
+                local.push((i, self.old(g)?));
+            } else {
+                incoming.entry(layout.owner(g)).or_default().push(i);
+            }
+        }
+        // What the other servers' ranks need from this rank's range, in their row order.
+        let mine = layout.range(me);
+        let mut sends = Vec::new();
+        for r in (0..world).filter(|&r| !layout.same_server(r, me)) {
+            let olds = layer0(r)?
+                .iter()
+                .filter(|g| mine.contains(g))
+                .map(|&g| self.old(g))
+                .collect::<anyhow::Result<Vec<u32>>>()?;
+            // By rows, not values: the peer expects a message whenever it owns such a row.
+            if !olds.is_empty() {
+                sends.push((r, olds));
+            }
+        }
+        Ok(Reads {
+            owned: owned.len(),
+            local,
+            sends,
+            incoming,
+        })
+    }
+
+    /// The original id of NEW id `g`.
+    fn old(&self, g: u32) -> anyhow::Result<u32> {
+        self.new_to_old
+            .get(g as usize)
+            .copied()
+            .with_context(|| format!("internal: vertex {g} has no original id"))
+    }
+}
+
+/// Reads the feature rows of the steps the ranks will take next into the page cache while
+/// they compute the current ones, on a thread of its own: at 100M vertices a step's scattered
+/// rows are gigabytes not in the cache, and a rank faulting them in one by one waits on the
+/// disk at a queue depth of one ([`FeatureSource::prefetch`] hands the kernel the whole step
+/// at once). Requests are advice: one that finds the queue full is dropped.
+pub(crate) struct Prefetcher {
+    requests: Mutex<Option<SyncSender<Request>>>,
+    /// Taken by [`Prefetcher::serve`].
+    queue: Mutex<Option<Receiver<Request>>>,
+}
+
+/// A rank's next step, and the rank.
+type Request = (Arc<Step>, usize);
+
+impl Prefetcher {
+    /// Requests that may wait: one next step per local rank is plenty.
+    const QUEUE: usize = 16;
+
+    pub fn new() -> Prefetcher {
+        let (tx, rx) = std::sync::mpsc::sync_channel(Self::QUEUE);
+        Prefetcher {
+            requests: Mutex::new(Some(tx)),
+            queue: Mutex::new(Some(rx)),
+        }
+    }
+
+    /// Serves the requests from `source` until [`Prefetcher::close`] (on a thread of its
+    /// own; a second call returns at once).
+    pub fn serve(&self, source: FeatureSource<'_>) {
+        let Some(queue) = self.queue.lock().ok().and_then(|mut q| q.take()) else {
+            return;
+        };
+        for (step, rank) in queue {
+            if let Err(e) = source.prefetch(&step.plans, rank) {
+                // The rank's own gather of this step reports the same problem.
+                tracing::debug!("prefetching rank {rank}'s features: {e:#}");
+            }
+        }
+    }
+
+    /// Asks for rank `rank`'s rows of `step` (the step it takes next).
+    pub fn request(&self, step: Arc<Step>, rank: usize) {
+        if let Ok(tx) = self.requests.lock() {
+            if let Some(tx) = tx.as_ref() {
+                let _ = tx.try_send((step, rank));
+            }
+        }
+    }
+
+    /// Ends [`Prefetcher::serve`] once the requests already queued are served.
+    pub fn close(&self) {
+        if let Ok(mut tx) = self.requests.lock() {
+            tx.take();
+        }
+    }
+}
+
+/// One rank's share of a step's layer-0 features (see [`FeatureSource::reads`]).
+struct Reads {
+    /// Rows of the rank's layer-0 plan.
+    owned: usize,
+    /// (plan row, original id) of the rows read from this server's features.
+    local: Vec<(usize, u32)>,
+    /// (peer rank, original ids) of the rows this rank sends, in the peer's row order.
+    sends: Vec<(usize, Vec<u32>)>,
+    /// Home rank -> plan rows that arrive from it.
+    incoming: BTreeMap<usize, Vec<usize>>,
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use grandis_store::DatasetView;
 use grandis_trainer::{Checkpoint, EpochStats, TrainOptions};
 
 use crate::decide::{Decision, Eval};
+use crate::fetch::{FeatureSource, Prefetcher};
 use crate::setup::in_train_split;
 use crate::steps::{self, RunStats, Schedule};
 use crate::worker::{self, RankResult};
@@ -76,8 +77,6 @@ pub(crate) fn run(
         decision,
         resume,
     } = inputs;
-    // Ranks gather their rows by partition id, scattered over a mapped feature file.
-    view.advise_random_feature_access();
     let epochs = opts.epochs.max(1);
     let epochs_done = resume.map_or(0, |ck| ck.epochs_done);
     let layout = &part.layout;
@@ -112,6 +111,13 @@ pub(crate) fn run(
             steps: batches.steps(),
         },
     };
+    let source = FeatureSource {
+        view,
+        new_to_old: &part.new_to_old,
+        layout,
+    };
+    // Per-step plans: each rank's next step's feature rows are read ahead.
+    let prefetcher = Prefetcher::new();
     let shared = worker::Shared {
         view,
         new_to_old: &part.new_to_old,
@@ -124,6 +130,7 @@ pub(crate) fn run(
         totals,
         collect_logits: popts.collect_logits,
         feed: &feed,
+        prefetch: (!decision.is_static()).then_some(&prefetcher),
         iterations,
         eval,
         weights: None,
@@ -225,9 +232,19 @@ pub(crate) fn run(
                     )
                 })
                 .context("starting the plan producer thread")?;
+            // Without the thread requests are dropped and ranks read as they go.
+            let prefetch = std::thread::Builder::new()
+                .name("grandis-prefetch".into())
+                .spawn_scoped(scope, || prefetcher.serve(source))
+                .inspect_err(|e| tracing::warn!("no feature prefetch thread: {e}"))
+                .ok();
             let r = run_all();
             feed.close();
             eval_feed.close();
+            prefetcher.close();
+            if prefetch.is_some_and(|p| p.join().is_err()) {
+                bail!("the feature prefetch thread panicked");
+            }
             if producer.join().is_err() {
                 bail!("the plan producer thread panicked");
             }

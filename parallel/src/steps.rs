@@ -617,6 +617,12 @@ impl Feed {
         self.cv.notify_all();
     }
 
+    /// Step `index` if it is built and some rank here has not taken it yet, without taking
+    /// it: what a rank looks at to prefetch its next step's data.
+    pub fn peek(&self, index: u64) -> Option<Arc<Step>> {
+        self.lock().ready.get(&index).map(|(step, _)| step.clone())
+    }
+
     /// Step `index` for one rank (each rank takes every step exactly once, in order).
     pub fn take(&self, index: u64) -> anyhow::Result<Arc<Step>> {
         let mut st = self.lock();
@@ -790,6 +796,20 @@ mod tests {
             plans: Vec::new(),
             targets: 0,
         })
+    }
+
+    /// Peeking at a step neither takes it nor waits: the step stays for every rank, and a
+    /// step not built yet (or taken by every rank) is None.
+    #[test]
+    fn peeking_takes_nothing() {
+        let feed = Feed::new(2, 4, 0);
+        assert!(feed.peek(0).is_none());
+        feed.push(0, step());
+        assert!(feed.peek(0).is_some());
+        feed.take(0).unwrap();
+        assert!(feed.peek(0).is_some(), "one rank has not taken it");
+        feed.take(0).unwrap();
+        assert!(feed.peek(0).is_none());
     }
 
     /// An on-demand feed's producer builds nothing until a rank allows it, then stops at the

@@ -21,7 +21,7 @@ use grandis_models::{Model, ModelConfig, ModelKind, StageCache};
 use grandis_store::DatasetView;
 use grandis_trainer::{Checkpoint, CheckpointOptions, EpochStats, TrainOptions};
 
-use crate::fetch::SETUP_EPOCH;
+use crate::fetch::{Prefetcher, SETUP_EPOCH};
 use crate::metered::Meter;
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
 use crate::steps::{Feed, Step};
@@ -50,6 +50,8 @@ pub(crate) struct Shared<'a> {
     pub collect_logits: bool,
     /// Training steps, in order (`iterations` per epoch).
     pub feed: &'a Feed,
+    /// Reads each rank's next step's feature rows ahead (runs with per-step plans).
+    pub prefetch: Option<&'a Prefetcher>,
     pub iterations: usize,
     /// What evaluation runs on.
     pub eval: EvalOn<'a>,
@@ -617,6 +619,9 @@ impl<'w, B: Backend> Worker<'w, B> {
                 for j in 0..steps as u64 {
                     let step = feed.take(first + j)?;
                     self.load(step, epoch as u32 | EVAL_EPOCH_BIT)?;
+                    if j + 1 < steps as u64 {
+                        self.prefetch(feed, first + j + 1);
+                    }
                     self.evaluate_plans(epoch, with_logits, &mut correct, &mut logits)?;
                 }
             }
@@ -641,6 +646,14 @@ impl<'w, B: Backend> Worker<'w, B> {
     }
 
     /// Switches to the plans of `step` in training epoch `epoch`.
+    /// Asks for this rank's feature rows of step `index` of `feed` to be read ahead, while
+    /// it computes the step it holds, if that step is built already.
+    fn prefetch(&self, feed: &Feed, index: u64) {
+        if let (Some(prefetcher), Some(step)) = (self.sh.prefetch, feed.peek(index)) {
+            prefetcher.request(step, self.ep.rank());
+        }
+    }
+
     fn switch_to(&mut self, step: Arc<Step>, epoch: usize) -> anyhow::Result<()> {
         if Arc::ptr_eq(&step, &self.step) {
             return Ok(());
@@ -710,6 +723,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                     times.plan_load_s += loading.elapsed().as_secs_f64();
                 }
                 index += 1;
+                self.prefetch(sh.feed, index);
                 let t = self.step.targets;
                 local += self.train_step(epoch, index, t)?;
                 targets += t;

@@ -313,8 +313,6 @@ const PAGE_BYTES: usize = 4096;
 
 /// Drops the pages of a read-only file mapping that lie wholly inside `bytes` from this
 /// process's resident set; they stay in the page cache and a later read faults them back in.
-/// With [`advise_random`], one of the two places grandis advises the kernel (store arrays and
-/// `.npy` files both call them).
 pub fn release_pages(map: &memmap2::Mmap, bytes: std::ops::Range<usize>) {
     let start = bytes.start.div_ceil(PAGE_BYTES) * PAGE_BYTES;
     let end = bytes.end.min(map.len()) / PAGE_BYTES * PAGE_BYTES;
@@ -326,17 +324,6 @@ pub fn release_pages(map: &memmap2::Mmap, bytes: std::ops::Range<usize>) {
             map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
         };
     }
-}
-
-/// Tells the kernel that reads of `map` will be scattered (gathers of rows, neighbour lists):
-/// a fault then reads the page it needs, not the readahead window around it. Without it,
-/// every fault on a file that is not cached reads up to the device's `read_ahead_kb` (8 MiB
-/// on our VMs), and an epoch gathering 256-byte feature rows from a 25.6 GB file read it
-/// some 25 times over (748 GB in 23 minutes at 100M vertices) before finishing. Sequential
-/// passes ([`MappedArray::scan_chunks`], verification) want readahead: advise after them.
-pub fn advise_random(map: &memmap2::Mmap) {
-    // Advice only: a kernel that ignores it reads more, never wrongly.
-    let _ = map.advise(memmap2::Advice::Random);
 }
 
 /// A memory-mapped array file whose header has been checked (magic, version, dtype, size).
@@ -478,13 +465,6 @@ impl<T: Element> MappedArray<T> {
             self.release(i.saturating_sub(1) * per_chunk..i * per_chunk + chunk.len());
         }
         Ok(())
-    }
-
-    /// From now on reads of this array are scattered: see [`advise_random`].
-    pub fn advise_random_access(&self) {
-        if let Some(map) = &self.map {
-            advise_random(map);
-        }
     }
 
     /// Drops the pages that lie wholly inside elements `range` from this process's resident
