@@ -123,6 +123,12 @@ impl<'a> DatasetView<'a> {
         Ok(())
     }
 
+    /// (cached, sampled) pages of the feature gathers so far ([`crate::RowReader::cached_pages`]);
+    /// None for features in memory.
+    pub fn feature_pages_cached(&self) -> Option<(u64, u64)> {
+        self.feature_reader.and_then(|r| r.cached_pages())
+    }
+
     /// Starts reading the pages of feature rows `ids` (ascending) into the page cache without
     /// waiting ([`crate::RowReader::prefetch`]); nothing for features in memory.
     pub fn prefetch_features(&self, ids: &[u32]) {

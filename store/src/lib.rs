@@ -30,5 +30,5 @@ pub use edges::{
     EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops, SortedEdges, DEFAULT_RUN_BYTES,
 };
 pub use error::{Result, StoreError};
-pub use rows::RowReader;
+pub use rows::{RowReader, RESIDENCY_SAMPLE};
 pub use split::Split;
