@@ -77,6 +77,17 @@ pub(crate) fn run(
         decision,
         resume,
     } = inputs;
+    // The host side of the memory model, before the ranks allocate anything.
+    let relied_on = crate::budget::page_cache_relied_on(part);
+    let available = grandis_telemetry::mem_available_bytes();
+    crate::budget::check_host_memory(relied_on, available)?;
+    if relied_on > 0 {
+        tracing::info!(
+            "host memory: the run relies on {relied_on} bytes of page cache (the mapped graph); \
+             {} bytes available",
+            available.map_or("unknown".into(), |a| a.to_string())
+        );
+    }
     let epochs = opts.epochs.max(1);
     let epochs_done = resume.map_or(0, |ck| ck.epochs_done);
     let layout = &part.layout;
