@@ -25,6 +25,15 @@ impl PartGraph {
             PartGraph::Mapped(d) => d.graph(),
         }
     }
+
+    /// Keeps a mapped graph's pages resident for as long as it is mapped (see
+    /// [`Dataset::lock_graph_resident`]); a built graph is resident anyway.
+    pub fn lock_resident(&self) -> std::io::Result<()> {
+        match self {
+            PartGraph::Built(_) => Ok(()),
+            PartGraph::Mapped(d) => d.lock_graph_resident(),
+        }
+    }
 }
 
 impl std::fmt::Debug for PartGraph {

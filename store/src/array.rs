@@ -467,6 +467,16 @@ impl<T: Element> MappedArray<T> {
         Ok(())
     }
 
+    /// Keeps this array's pages resident (`mlock`: read in now, never evicted while mapped):
+    /// for an array read at scattered places all the time, whose eviction would turn each
+    /// read into a disk request. Fails past `RLIMIT_MEMLOCK`.
+    pub fn lock_resident(&self) -> std::io::Result<()> {
+        match &self.map {
+            Some(map) => map.lock(),
+            None => Ok(()),
+        }
+    }
+
     /// Drops the pages that lie wholly inside elements `range` from this process's resident
     /// set (they stay in the page cache; a later read faults them back in). For sequential
     /// passes over arrays larger than memory: release what is behind the cursor.

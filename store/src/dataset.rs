@@ -667,6 +667,11 @@ impl Dataset {
         self.features.release(rows.start * f..rows.end * f);
         self.offsets.release(rows);
     }
+    /// Keeps the graph's pages resident ([`MappedArray::lock_resident`]).
+    pub fn lock_graph_resident(&self) -> std::io::Result<()> {
+        self.offsets.lock_resident()?;
+        self.indices.lock_resident()
+    }
     /// Positioned reads of feature rows (see [`crate::RowReader`]): gathers that leave the
     /// resident set alone, for passes over features larger than memory.
     pub fn feature_rows(&self) -> Result<crate::RowReader> {

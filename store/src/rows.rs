@@ -33,6 +33,25 @@ pub const MAX_GAP_BYTES: u64 = 64 << 10;
 const MAX_READ_BYTES: u64 = 4 << 20;
 /// The smallest Linux page: the unit the page cache reads and a gather from it coalesces by.
 const PAGE_BYTES: u64 = 4096;
+/// Threads of the pool that scattered gathers from the disk read on ([`io_pool`]).
+const IO_THREADS: usize = 32;
+
+/// The pool scattered gathers read on when their pages are not cached: such a read waits on
+/// the device, so a pool sized to the cores keeps too few requests in flight (4 ranks on a
+/// 2-core pool had 2), and the device answers more requests per second the more it is given.
+/// None if it cannot be started (the gather then reads on the current pool).
+fn io_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(IO_THREADS)
+            .thread_name(|i| format!("grandis-io-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
 /// Rows a scattered gather checks for residency before choosing its gap.
 pub const RESIDENCY_SAMPLE: usize = 64;
 
@@ -221,7 +240,8 @@ impl RowReader {
     }
 
     /// Copies row `ids[i]` into `out[i * cols..]`. `ids` should be ascending (each maximal
-    /// ascending run is coalesced); they are read in parallel on the current rayon pool.
+    /// ascending run is coalesced); they are read in parallel on the current rayon pool, or,
+    /// for a scattered reader whose rows are not cached, on the I/O pool ([`io_pool`]).
     pub fn gather(&self, ids: &[u32], out: &mut [f32]) -> Result<()> {
         let cols = self.cols;
         assert_eq!(out.len(), ids.len() * cols, "gather output size");
@@ -235,13 +255,18 @@ impl RowReader {
             ));
         }
         let gap = self.gap_for(ids, true);
-        let per_task = ids
-            .len()
-            .div_ceil(rayon::current_num_threads() * 4)
-            .max(256);
-        ids.par_chunks(per_task)
-            .zip(out.par_chunks_mut(per_task * cols))
-            .try_for_each(|(ids, out)| self.gather_run(ids, out, gap))
+        let read = |out: &mut [f32]| {
+            let per_task = ids.len().div_ceil(rayon::current_num_threads() * 4).max(64);
+            ids.par_chunks(per_task)
+                .zip(out.par_chunks_mut(per_task * cols))
+                .try_for_each(|(ids, out)| self.gather_run(ids, out, gap))
+        };
+        // Reads that go to the disk wait on it, not on a core: more of them in flight.
+        let from_disk = self.residency.is_some() && gap == MAX_GAP_BYTES;
+        match io_pool().filter(|_| from_disk) {
+            Some(pool) => pool.install(|| read(out)),
+            None => read(out),
+        }
     }
 
     fn gather_run(&self, ids: &[u32], out: &mut [f32], gap: u64) -> Result<()> {

@@ -570,7 +570,8 @@ impl JobSpec {
             partition_dir: r.string("partition_dir"),
             device_memory: r.bytes("device_memory"),
         };
-        if !spec.evaluate && obj.contains_key("eval_every") {
+        // The default is what a serialized spec of a run without evaluation carries.
+        if !spec.evaluate && obj.contains_key("eval_every") && spec.eval_every != d.eval_every {
             r.error(
                 "eval_every",
                 "has no effect with evaluate = false (the run does not evaluate); drop one",
@@ -1510,10 +1511,17 @@ mod tests {
             device_memory: Some(1 << 34),
             ..JobSpec::default()
         };
-        let json = serde_json::to_string(&s).unwrap();
-        assert_eq!(serde_json::from_str::<JobSpec>(&json).unwrap(), s);
-        // The user-facing reader accepts what the serializer writes.
-        assert_eq!(JobSpec::from_json_str(&json).unwrap(), s);
+        // Without evaluation too (the serializer writes the default eval_every beside it).
+        let quiet = JobSpec {
+            evaluate: false,
+            ..s.clone()
+        };
+        for s in [s, quiet] {
+            let json = serde_json::to_string(&s).unwrap();
+            assert_eq!(serde_json::from_str::<JobSpec>(&json).unwrap(), s);
+            // The user-facing reader accepts what the serializer writes.
+            assert_eq!(JobSpec::from_json_str(&json).unwrap(), s);
+        }
     }
 
     #[test]
