@@ -68,18 +68,8 @@ impl FeatureSource<'_> {
         if rows < owned {
             bail!("internal: {rows} feature rows for {owned} owned rows");
         }
-        // Every row this rank reads, in one gather: its own server's rows, then each peer's.
-        let ids: Vec<u32> = reads
-            .local
-            .iter()
-            .map(|&(_, o)| o)
-            .chain(
-                reads
-                    .sends
-                    .iter()
-                    .flat_map(|(_, olds)| olds.iter().copied()),
-            )
-            .collect();
+        // Every row this rank reads, in one gather.
+        let ids = reads.ids();
         let mut read = vec![0f32; ids.len() * f];
         self.view
             .gather_features(&ids, &mut read)
@@ -123,17 +113,7 @@ impl FeatureSource<'_> {
     /// a rank asks for the next step while it computes this one. Advice only.
     pub fn prefetch(&self, plans: &[Vec<Arc<DevicePlan>>], me: usize) -> anyhow::Result<()> {
         let reads = self.reads(plans, me)?;
-        let mut ids: Vec<u32> = reads
-            .local
-            .iter()
-            .map(|&(_, o)| o)
-            .chain(
-                reads
-                    .sends
-                    .iter()
-                    .flat_map(|(_, olds)| olds.iter().copied()),
-            )
-            .collect();
+        let mut ids = reads.ids();
         ids.sort_unstable();
         ids.dedup();
         self.view.prefetch_features(&ids);
@@ -309,6 +289,15 @@ struct Reads {
     sends: Vec<(usize, Vec<u32>)>,
     /// Home rank -> plan rows that arrive from it.
     incoming: BTreeMap<usize, Vec<usize>>,
+}
+
+impl Reads {
+    /// The original ids the rank reads: its own server's rows, then each peer's, in order.
+    fn ids(&self) -> Vec<u32> {
+        let local = self.local.iter().map(|&(_, o)| o);
+        let sent = self.sends.iter().flat_map(|(_, olds)| olds.iter().copied());
+        local.chain(sent).collect()
+    }
 }
 
 #[cfg(test)]
