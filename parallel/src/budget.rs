@@ -27,8 +27,7 @@ pub(crate) fn page_cache_relied_on(part: &crate::PartitionedGraph) -> u64 {
     match &part.graph {
         crate::input::PartGraph::Mapped(_) => {
             let g = part.graph.view();
-            (g.offsets.len() * std::mem::size_of::<u64>()
-                + g.indices.len() * std::mem::size_of::<u32>()) as u64
+            (std::mem::size_of_val(g.offsets) + std::mem::size_of_val(g.indices)) as u64
         }
         crate::input::PartGraph::Built(_) => 0,
     }
