@@ -14,7 +14,7 @@ use grandis_store::DatasetView;
 use grandis_trainer::{Checkpoint, EpochStats, TrainOptions};
 
 use crate::decide::{Decision, Eval};
-use crate::fetch::{FeatureSource, Prefetcher};
+use crate::fetch::Prefetcher;
 use crate::setup::in_train_split;
 use crate::steps::{self, RunStats, Schedule};
 use crate::worker::{self, RankResult};
@@ -121,11 +121,6 @@ pub(crate) fn run(
             feed: &eval_feed,
             steps: batches.steps(),
         },
-    };
-    let source = FeatureSource {
-        view,
-        new_to_old: &part.new_to_old,
-        layout,
     };
     // Per-step plans: each rank's next step's feature rows are read ahead.
     let prefetcher = Prefetcher::new();
@@ -258,7 +253,7 @@ pub(crate) fn run(
             // Without the thread requests are dropped and ranks read as they go.
             let prefetch = std::thread::Builder::new()
                 .name("grandis-prefetch".into())
-                .spawn_scoped(scope, || prefetcher.serve(source))
+                .spawn_scoped(scope, || prefetcher.serve(shared.features()))
                 .inspect_err(|e| tracing::warn!("no feature prefetch thread: {e}"))
                 .ok();
             let r = run_all();

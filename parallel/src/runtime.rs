@@ -14,7 +14,6 @@ use grandis_masking::{layer_spaces, DevicePlan, LayerRows, SPLIT_TRAIN};
 use grandis_models::StageCtx;
 use grandis_store::CsrGraph;
 
-use crate::fetch::FeatureSource;
 use crate::worker::Shared;
 
 /// One uploaded compact layer space (see `grandis_masking::LayerRows`): the graph block a
@@ -203,12 +202,9 @@ impl<B: Backend> Rt<B> {
         } else {
             blocks[layers[0].block].rows.n_src
         };
-        let source = FeatureSource {
-            view: sh.view,
-            new_to_old: sh.new_to_old,
-            layout: sh.layout,
-        };
-        let host = source.layer0_features(step_plans, ep, fetch_tag, rows)?;
+        let host = sh
+            .features()
+            .layer0_features(step_plans, ep, fetch_tag, rows)?;
         let features = b.upload(&host)?;
         drop(host);
         // Loss rows: inner rows of the last layer's plan that are labelled train vertices.

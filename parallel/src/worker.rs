@@ -21,7 +21,7 @@ use grandis_models::{Model, ModelConfig, ModelKind, StageCache};
 use grandis_store::DatasetView;
 use grandis_trainer::{Checkpoint, CheckpointOptions, EpochStats, TrainOptions};
 
-use crate::fetch::{Prefetcher, SETUP_EPOCH};
+use crate::fetch::{FeatureSource, Prefetcher, SETUP_EPOCH};
 use crate::metered::Meter;
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
 use crate::steps::{Feed, Step};
@@ -63,7 +63,16 @@ pub(crate) struct Shared<'a> {
     pub checkpoint: &'a CheckpointOptions,
 }
 
-impl Shared<'_> {
+impl<'a> Shared<'a> {
+    /// Where the ranks' layer-0 features come from.
+    pub fn features(&self) -> FeatureSource<'a> {
+        FeatureSource {
+            view: self.view,
+            new_to_old: self.new_to_old,
+            layout: self.layout,
+        }
+    }
+
     /// Epochs the resumed checkpoint holds (0 for a fresh run).
     pub fn epochs_done(&self) -> usize {
         self.resume.map_or(0, |ck| ck.epochs_done)
@@ -645,7 +654,6 @@ impl<'w, B: Backend> Worker<'w, B> {
         })
     }
 
-    /// Switches to the plans of `step` in training epoch `epoch`.
     /// Asks for this rank's feature rows of step `index` of `feed` to be read ahead, while
     /// it computes the step it holds, if that step is built already.
     fn prefetch(&self, feed: &Feed, index: u64) {
@@ -654,6 +662,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         }
     }
 
+    /// Switches to the plans of `step` in training epoch `epoch`.
     fn switch_to(&mut self, step: Arc<Step>, epoch: usize) -> anyhow::Result<()> {
         if Arc::ptr_eq(&step, &self.step) {
             return Ok(());

@@ -308,8 +308,9 @@ fn encode_header(dtype: DType, summary: &ArraySummary) -> [u8; HEADER_BYTES] {
 
 /// Bytes per chunk of [`MappedArray::scan_chunks`].
 pub const SCAN_CHUNK_BYTES: usize = 64 << 20;
-/// The unit in which [`MappedArray::scan_chunks`] releases pages (the smallest Linux page).
-const PAGE_BYTES: usize = 4096;
+/// The smallest Linux page: the unit in which [`MappedArray::scan_chunks`] releases pages and
+/// the page cache reads (`rows.rs` coalesces cached reads by it).
+pub(crate) const PAGE_BYTES: usize = 4096;
 
 /// Drops the pages of a read-only file mapping that lie wholly inside `bytes` from this
 /// process's resident set; they stay in the page cache and a later read faults them back in.

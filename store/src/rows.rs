@@ -31,8 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const MAX_GAP_BYTES: u64 = 64 << 10;
 /// The largest single request.
 const MAX_READ_BYTES: u64 = 4 << 20;
-/// The smallest Linux page: the unit the page cache reads and a gather from it coalesces by.
-const PAGE_BYTES: u64 = 4096;
+/// The unit a gather from the page cache coalesces by.
+const PAGE_BYTES: u64 = crate::array::PAGE_BYTES as u64;
 /// Threads of the pool that scattered gathers from the disk read on ([`io_pool`]).
 const IO_THREADS: usize = 32;
 
@@ -137,7 +137,7 @@ impl RowReader {
     /// cached. Rows are grouped into requests as a gather would group them. Advice only;
     /// rows past the end are ignored.
     pub fn prefetch(&self, ids: &[u32]) {
-        let row_bytes = self.cols as u64 * 4;
+        let row_bytes = self.row_bytes();
         let ids: Vec<u32> = ids
             .iter()
             .copied()
@@ -166,7 +166,7 @@ impl RowReader {
             return MAX_GAP_BYTES;
         };
         let map = &residency.map;
-        let row_bytes = self.cols as u64 * 4;
+        let row_bytes = self.row_bytes();
         let step = ids.len().div_ceil(RESIDENCY_SAMPLE).max(1);
         let (mut sampled, mut cached) = (0usize, 0usize);
         for &v in ids.iter().step_by(step) {
@@ -203,7 +203,7 @@ impl RowReader {
     /// The end of the request that starts at `ids[i]`: the following rows while each is at
     /// most `gap` bytes past the previous one and the request stays bounded.
     fn request_end(&self, ids: &[u32], i: usize, gap: u64) -> usize {
-        let row_bytes = self.cols as u64 * 4;
+        let row_bytes = self.row_bytes();
         let first = ids[i] as u64;
         let mut j = i + 1;
         while j < ids.len() {
@@ -233,6 +233,10 @@ impl RowReader {
 
     pub fn cols(&self) -> usize {
         self.cols
+    }
+
+    fn row_bytes(&self) -> u64 {
+        self.cols as u64 * 4
     }
 
     pub fn rows(&self) -> u64 {
@@ -270,7 +274,7 @@ impl RowReader {
     }
 
     fn gather_run(&self, ids: &[u32], out: &mut [f32], gap: u64) -> Result<()> {
-        let row_bytes = self.cols as u64 * 4;
+        let row_bytes = self.row_bytes();
         let mut buf: Vec<f32> = Vec::new();
         let mut i = 0;
         while i < ids.len() {
