@@ -3,7 +3,9 @@
 //! [`JobSpec`] ([`JobArgs::spec`]); every default is the spec's ([`grandis_wire::defaults`]).
 
 use anyhow::bail;
-use grandis_wire::{defaults, JobSpec, Mode, ModelKind, PartitionMethod, Priority, Sampling};
+use grandis_wire::{
+    defaults, JobSpec, Mode, ModelKind, PartitionMethod, PredictSpec, Priority, Sampling,
+};
 
 /// Flags of a job (model, optimiser, distribution, sampling).
 #[derive(clap::Args, Debug, Clone)]
@@ -128,6 +130,22 @@ pub struct JobArgs {
     /// default there is the largest that fits), per device for mb, GraphSAINT's budget.
     #[arg(long, visible_alias = "cobatch-size")]
     pub batch_size: Option<u32>,
+    /// After training, predict every vertex by layer-wise inference across the ranks
+    /// (distributed modes): each rank R writes `predictions.R.npy` (int64 class ids),
+    /// `vertices.R.npy` (the dataset's id of each row) and, with --predict-embeddings,
+    /// `embeddings.R.npy` to this directory (a path on every server for cluster jobs).
+    #[arg(long)]
+    pub predict_dir: Option<String>,
+    /// With --predict-dir: write the logits (f32, rows x classes) instead of class ids.
+    #[arg(long, requires = "predict_dir")]
+    pub predict_logits: bool,
+    /// With --predict-dir: also write the vertex embeddings (the last layer's input).
+    #[arg(long, requires = "predict_dir")]
+    pub predict_embeddings: bool,
+    /// With --predict-dir: memory one block of vertices may use on a rank, bytes or with a
+    /// unit (default: half of --device-memory).
+    #[arg(long, requires = "predict_dir", value_parser = grandis_wire::spec::parse_bytes)]
+    pub predict_block_memory: Option<u64>,
 }
 
 impl JobArgs {
@@ -194,6 +212,12 @@ impl JobArgs {
             partition_seed: self.partition_seed,
             partition_dir: self.partition_dir.clone(),
             device_memory: self.device_memory,
+            predict: self.predict_dir.clone().map(|dir| PredictSpec {
+                dir,
+                logits: self.predict_logits,
+                embeddings: self.predict_embeddings,
+                block_memory: self.predict_block_memory,
+            }),
         };
         Ok(spec)
     }
@@ -209,12 +233,16 @@ pub fn validate_as_flags(spec: &JobSpec) -> anyhow::Result<()> {
         .iter()
         .map(|f| {
             let name = f.field.rsplit('.').next().unwrap_or(&f.field);
-            let flag = match name {
-                "fanout" => "eas-fanout".to_string(),
-                "hops" => "eas-hops".to_string(),
-                "walk_length" => "saint-walk-length".to_string(),
-                "layer_norm" => "norm".to_string(),
-                other => other.replace('_', "-"),
+            let flag = match f.field.as_str() {
+                "predict" | "predict.dir" => "predict-dir".to_string(),
+                p if p.starts_with("predict.") => p.replace(['.', '_'], "-"),
+                _ => match name {
+                    "fanout" => "eas-fanout".to_string(),
+                    "hops" => "eas-hops".to_string(),
+                    "walk_length" => "saint-walk-length".to_string(),
+                    "layer_norm" => "norm".to_string(),
+                    other => other.replace('_', "-"),
+                },
             };
             format!("--{flag}: {}", f.message)
         })

@@ -94,6 +94,7 @@ pub fn embeddings(
         labelled_flags: &labelled_flags,
         totals,
         collect_logits: false,
+        infer: None,
         feed: &feed,
         prefetch: None,
         iterations: 1,

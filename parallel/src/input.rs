@@ -26,6 +26,13 @@ impl PartGraph {
         }
     }
 
+    /// Lets go of the mapped adjacency of `rows` (nothing for a built graph).
+    pub fn release_rows(&self, rows: std::ops::Range<usize>) {
+        if let PartGraph::Mapped(d) = self {
+            d.release_rows(rows);
+        }
+    }
+
     /// Keeps a mapped graph's pages resident for as long as it is mapped (see
     /// [`Dataset::lock_graph_resident`]); a built graph is resident anyway.
     pub fn lock_resident(&self) -> std::io::Result<()> {

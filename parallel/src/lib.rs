@@ -36,6 +36,7 @@ mod budget;
 mod decide;
 mod embed;
 mod fetch;
+pub mod infer;
 pub mod input;
 pub mod metered;
 mod options;

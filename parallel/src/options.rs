@@ -121,6 +121,8 @@ pub struct ParallelOptions {
     /// Threads building per-step plans (mb, cob, SAINT); None: half the cores, at most 8.
     /// Steps are pure functions of their index, so any count gives the same run.
     pub plan_threads: Option<usize>,
+    /// After training, layer-wise inference over every vertex across the ranks.
+    pub infer: Option<crate::infer::InferOptions>,
 }
 
 impl Default for ParallelOptions {
@@ -139,6 +141,7 @@ impl Default for ParallelOptions {
             resample_every: None,
             checkpoint: grandis_trainer::CheckpointOptions::default(),
             plan_threads: None,
+            infer: None,
         }
     }
 }
@@ -160,6 +163,15 @@ impl ParallelOptions {
                 _ => None,
             },
             resample_every: spec.resample_every,
+            infer: spec.predict.as_ref().map(|p| crate::infer::InferOptions {
+                dir: p.dir.clone().into(),
+                kind: match p.logits {
+                    true => grandis_trainer::layerwise::Predictions::Logits,
+                    false => grandis_trainer::layerwise::Predictions::ClassIds,
+                },
+                embeddings: p.embeddings,
+                block_budget: p.block_memory,
+            }),
             ..ParallelOptions::default()
         }
     }

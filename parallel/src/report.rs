@@ -4,7 +4,7 @@ use anyhow::Context;
 use grandis_fabric::{Counters, LinkClass, Phase};
 use grandis_sampling::AutoDecision;
 use grandis_trainer::{TrainOptions, TrainReport};
-use grandis_wire::{JobSpec, LinkBytes, Mode, RankMemory, RunSummary, TimeSplit};
+use grandis_wire::{InferenceSummary, JobSpec, LinkBytes, Mode, RankMemory, RunSummary, TimeSplit};
 use serde::Serialize;
 
 use crate::decide::Decision;
@@ -73,6 +73,8 @@ pub struct ParallelReport {
     /// Fabric counters summed over ranks (training and evaluation epochs).
     #[serde(skip)]
     pub counters: Counters,
+    /// Layer-wise inference after training, over the ranks run here.
+    pub inference: Option<InferenceSummary>,
 }
 
 impl ParallelReport {
@@ -107,6 +109,7 @@ impl ParallelReport {
             computed_vertex_layers: self.computed_vertex_layers,
             aggregated_edges_per_layer: self.aggregated_edges_per_layer.clone(),
             beta: self.beta.clone(),
+            inference: self.inference.clone(),
             // The training figures, as a single-process run reports them.
             ..self.train.summary(job, device)
         }
@@ -224,11 +227,39 @@ impl Ran {
                 .map(|&x| per_ep(x))
                 .collect(),
             beta: rs.beta_sum.iter().map(|b| b / steps_n).collect(),
+            inference: popts.infer.as_ref().map(|o| inference_summary(o, &results)),
             train,
             logits,
             counters,
         })
     }
+}
+
+/// The ranks' inference reports as one summary.
+fn inference_summary(
+    opts: &crate::infer::InferOptions,
+    results: &[worker::RankResult],
+) -> InferenceSummary {
+    let mut sum = InferenceSummary {
+        dir: opts.dir.display().to_string(),
+        ..InferenceSummary::default()
+    };
+    for r in results.iter().filter_map(|r| r.inference.as_ref()) {
+        sum.absorb(&InferenceSummary {
+            dir: String::new(),
+            ranks: vec![r.rank],
+            vertices: r.vertices as u64,
+            halo_rows: r.halo_rows_received,
+            bytes: LinkBytes {
+                intra_server: r.bytes_intra_server,
+                inter_server: r.bytes_inter_server,
+            },
+            stage_seconds: r.stage_seconds.clone(),
+            exchange_seconds: r.exchange_seconds,
+            seconds: r.seconds,
+        });
+    }
+    sum
 }
 
 /// Payload bytes of `phase` per training epoch by link class, from fabric counters summed over

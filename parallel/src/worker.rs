@@ -61,6 +61,8 @@ pub(crate) struct Shared<'a> {
     pub resume: Option<&'a Checkpoint>,
     /// Where and when global rank 0 writes checkpoints.
     pub checkpoint: &'a CheckpointOptions,
+    /// Layer-wise inference after training.
+    pub infer: Option<crate::infer::InferShared<'a>>,
 }
 
 impl<'a> Shared<'a> {
@@ -113,6 +115,8 @@ pub(crate) struct RankResult {
     pub peak_bytes: u64,
     /// Live bytes after setup (features, graphs, parameters) before the first epoch.
     pub setup_bytes: u64,
+    /// What layer-wise inference after training did on this rank.
+    pub inference: Option<crate::infer::RankInference>,
 }
 
 /// One training epoch's wall seconds on one rank, and the parts of it spent getting steps.
@@ -804,16 +808,39 @@ impl<'w, B: Backend> Worker<'w, B> {
                 logits: Vec::new(),
             },
         };
+        let num_parameters = self.model.num_parameters();
+        let counters = self.ep.counters();
+        let inference = match &sh.infer {
+            Some(infer) => {
+                // The training step's buffers go first: inference sizes its blocks to the
+                // budget the training used.
+                let Worker {
+                    b,
+                    mut ep,
+                    model,
+                    rt,
+                    step,
+                    ..
+                } = self;
+                drop((rt, step));
+                Some(
+                    crate::infer::infer_rank(b, &model, &mut ep, infer)
+                        .context("layer-wise inference after training")?,
+                )
+            }
+            None => None,
+        };
         Ok(RankResult {
             rank,
             epochs,
             final_acc: ev.acc,
-            num_parameters: self.model.num_parameters(),
+            num_parameters,
             logits: ev.logits,
-            counters: self.ep.counters(),
+            counters,
             epoch_times,
             peak_bytes,
             setup_bytes,
+            inference,
         })
     }
 

@@ -128,12 +128,14 @@ pub fn predict_layerwise<B: Backend>(
         .then(|| global_scales(view.graph, grandis_models::aggregation(ck.model.kind)));
     // The scales read every row's offsets through the mapping (8 bytes a vertex): let go.
     dataset.release_rows(0..n);
-    let pass = Pass {
+    let release = |rows: std::ops::Range<usize>| dataset.release_rows(rows);
+    let pass = StagePass {
         b,
         model: &model,
         graph: view.graph,
         scales: scales.as_ref(),
-        dataset,
+        vertex_ids: None,
+        release: &release,
         opts,
     };
     let mut input = dataset.feature_rows()?;
@@ -156,7 +158,7 @@ pub fn predict_layerwise<B: Backend>(
         } else if let (true, Some(e)) = (s + 2 == stages, &outputs.embeddings) {
             (e.clone(), None)
         } else {
-            let p = opts.scratch_dir.join(scratch_name("layer", s));
+            let p = opts.scratch_dir.join(scratch_name("layer", s, None));
             (p.clone(), Some(Scratch(p)))
         };
         // A splitting stage first computes, once per vertex, the rows its blocks gather.
@@ -164,7 +166,7 @@ pub fn predict_layerwise<B: Backend>(
         let mut rows_pass_seconds = 0.0;
         let rows_file = match model.stage_neighbour_width(s).filter(|_| split) {
             Some(w) => {
-                let p = opts.scratch_dir.join(scratch_name("rows", s));
+                let p = opts.scratch_dir.join(scratch_name("rows", s, None));
                 let t = Instant::now();
                 let mut progress = grandis_telemetry::Progress::new(
                     format!("predict: stage {}/{stages}, aggregated rows", s + 1),
@@ -172,7 +174,7 @@ pub fn predict_layerwise<B: Backend>(
                 );
                 let scratch = Scratch(p.clone());
                 stream(&p, n, w, None, |emit| {
-                    pass.neighbour_rows(s, &input, emit, &mut progress)
+                    pass.neighbour_rows(s, &input, 0..n, emit, &mut progress)
                 })?;
                 progress.finish();
                 rows_pass_seconds = t.elapsed().as_secs_f64();
@@ -190,7 +192,8 @@ pub fn predict_layerwise<B: Backend>(
                 s,
                 split,
                 &input,
-                rows_file.as_ref().map(|(r, _)| r),
+                rows_file.as_ref().map(|(r, _)| r as &dyn LayerRows),
+                0..n,
                 emit,
                 &mut progress,
             )
@@ -220,17 +223,20 @@ pub fn predict_layerwise<B: Backend>(
     })
 }
 
-fn scratch_name(what: &str, stage: usize) -> String {
-    format!(".grandis-{what}{stage}-{}.npy", std::process::id())
+/// The name of a scratch file holding `what` of `stage`, unique to this process (and to
+/// `owner`, when several passes share it: the ranks of one server).
+pub fn scratch_name(what: &str, stage: usize, owner: Option<usize>) -> String {
+    let owner = owner.map_or(String::new(), |o| format!("-r{o}"));
+    format!(".grandis-{what}{stage}-{}{owner}.npy", std::process::id())
 }
 
 /// Sink of a stage's output rows, in vertex order.
-type Emit<'e> = dyn FnMut(&[f32]) -> std::io::Result<()> + 'e;
+pub type Emit<'e> = dyn FnMut(&[f32]) -> std::io::Result<()> + 'e;
 
 /// Writes the `n x cols` rows `produce` hands over to the `.npy` file `path` (atomically),
 /// or with `class_ids = Some(cols)` the argmax of each row as int64. Returns what `produce`
 /// returned; its error wins over the writer's.
-fn stream<R>(
+pub fn stream<R>(
     path: &Path,
     n: usize,
     cols: usize,
@@ -298,23 +304,59 @@ pub fn block_bytes(
 /// one 5M-row step took 6.4 s, 17 steps of 300k rows 1.8 s).
 const ROWS_PASS_STEP: usize = 1 << 18;
 
-/// One stage's passes over every vertex.
-struct Pass<'a, B: Backend> {
-    b: &'a B,
-    model: &'a Model<B>,
-    graph: CsrView<'a>,
-    scales: Option<&'a GlobalScales>,
-    dataset: &'a Dataset,
-    opts: &'a LayerwiseOptions,
+/// Rows of one layer (a stage's input, or the rows it aggregates), looked up by vertex id.
+/// A whole layer in one file is a [`RowReader`]; a rank of a distributed pass holds its own
+/// vertices' rows and the halo rows its peers sent.
+pub trait LayerRows: Sync {
+    fn cols(&self) -> usize;
+    /// Copies row `ids[i]` into `out[i * cols..]`. The ids come as at most a few ascending
+    /// runs (a block's own rows, then its sorted halo).
+    fn gather(&self, ids: &[u32], out: &mut [f32]) -> anyhow::Result<()>;
 }
 
-impl<B: Backend> Pass<'_, B> {
-    /// The row-local half of splitting stage `s` ([`Model::stage_neighbour_rows`]) for every
-    /// vertex, in row ranges that fit the budget.
-    fn neighbour_rows(
+impl LayerRows for RowReader {
+    fn cols(&self) -> usize {
+        RowReader::cols(self)
+    }
+
+    fn gather(&self, ids: &[u32], out: &mut [f32]) -> anyhow::Result<()> {
+        Ok(RowReader::gather(self, ids, out)?)
+    }
+}
+
+/// A stage's passes over a range of destination vertices of `graph`: the whole graph for
+/// [`predict_layerwise`], a rank's own vertices in a distributed pass.
+pub struct StagePass<'a, B: Backend> {
+    pub b: &'a B,
+    pub model: &'a Model<B>,
+    pub graph: CsrView<'a>,
+    /// Present when some stage reads neighbours.
+    pub scales: Option<&'a GlobalScales>,
+    /// The id the model sees for each vertex of `graph` (a partitioned graph's original
+    /// ids); `None`: the vertex id itself.
+    pub vertex_ids: Option<&'a [u32]>,
+    /// Called with each block's destinations once it is done: their adjacency was read
+    /// through a mapping, and may be let go.
+    pub release: &'a (dyn Fn(std::ops::Range<usize>) + Sync),
+    pub opts: &'a LayerwiseOptions,
+}
+
+impl<B: Backend> StagePass<'_, B> {
+    /// The ids the model sees for graph vertices `ids`.
+    fn model_ids(&self, ids: &[u32]) -> Vec<u32> {
+        match self.vertex_ids {
+            Some(map) => ids.iter().map(|&v| map[v as usize]).collect(),
+            None => ids.to_vec(),
+        }
+    }
+
+    /// The row-local half of splitting stage `s` ([`Model::stage_neighbour_rows`]) for the
+    /// vertices of `range`, in row ranges that fit the budget.
+    pub fn neighbour_rows(
         &self,
         s: usize,
-        input: &RowReader,
+        input: &dyn LayerRows,
+        range: std::ops::Range<usize>,
         emit: &mut Emit<'_>,
         progress: &mut grandis_telemetry::Progress,
     ) -> anyhow::Result<()> {
@@ -324,19 +366,18 @@ impl<B: Backend> Pass<'_, B> {
             .model
             .stage_neighbour_width(s)
             .expect("a stage with its own rows");
-        let n = self.graph.num_vertices();
         // Per row: the input on the host and the backend, its pre-op copy, the rows and
         // their download, the id.
         let per_row = 4 * (3 * d_in + 2 * w) as u64 + 8;
         let step = ((self.opts.block_budget / per_row) as usize).clamp(1, ROWS_PASS_STEP);
-        for lo in (0..n).step_by(step) {
-            let hi = (lo + step).min(n);
+        for lo in range.clone().step_by(step) {
+            let hi = (lo + step).min(range.end);
             let ids: Vec<u32> = (lo as u32..hi as u32).collect();
             let mut host = vec![0.0f32; ids.len() * d_in];
             input.gather(&ids, &mut host)?;
             let x = b.upload(&host)?;
             drop(host);
-            let ids = b.upload_index(&ids)?;
+            let ids = b.upload_index(&self.model_ids(&ids))?;
             let r = self
                 .model
                 .stage_neighbour_rows(b, s, &x, hi - lo, &ids)?
@@ -349,16 +390,20 @@ impl<B: Backend> Pass<'_, B> {
         Ok(())
     }
 
-    /// Stage `s` over every vertex in blocks: whole ([`Model::forward_stage`] on the
-    /// gathered input rows) or split ([`Model::forward_stage_split`] on the rows gathered from
-    /// `rows_file` and the destinations' input rows; without a rows file the stage aggregates
-    /// its input, and the gathered rows start with the destinations' own).
-    fn blocks(
+    /// Stage `s` over the destinations of `range` in blocks: whole ([`Model::forward_stage`]
+    /// on the gathered input rows) or split ([`Model::forward_stage_split`] on the rows
+    /// gathered from `rows_file` and the destinations' input rows; without a rows file the
+    /// stage aggregates its input, and the gathered rows start with the destinations' own).
+    /// `input` (and `rows_file`) must hold the rows of `range` and of every in-neighbour of
+    /// it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn blocks(
         &self,
         s: usize,
         split: bool,
-        input: &RowReader,
-        rows_file: Option<&RowReader>,
+        input: &dyn LayerRows,
+        rows_file: Option<&dyn LayerRows>,
+        range: std::ops::Range<usize>,
         emit: &mut Emit<'_>,
         progress: &mut grandis_telemetry::Progress,
     ) -> anyhow::Result<StageReport> {
@@ -383,9 +428,9 @@ impl<B: Backend> Pass<'_, B> {
             largest_block_bytes: 0,
             seconds: 0.0,
         };
-        let mut lo = 0;
-        while lo < n {
-            let blk = planner.next(self.graph, lo, shape, self.opts)?;
+        let mut lo = range.start;
+        while lo < range.end {
+            let blk = planner.next(self.graph, lo..range.end, shape, self.opts)?;
             let dst = blk.dst.clone();
             let (n_dst, n_src) = (dst.len(), dst.len() + blk.halo.len());
             let graph = if neighbours {
@@ -417,7 +462,7 @@ impl<B: Backend> Pass<'_, B> {
             };
             let g = b.upload_graph(&graph)?;
             drop(graph);
-            let ids = b.upload_index(&src_ids)?;
+            let ids = b.upload_index(&self.model_ids(&src_ids))?;
             drop(src_ids);
             let ctx = StageCtx {
                 graph: &g,
@@ -439,7 +484,7 @@ impl<B: Backend> Pass<'_, B> {
             emit(&out)?;
             planner.finish(&blk);
             // The block's adjacency was read through the mapping: drop it behind the cursor.
-            self.dataset.release_rows(dst.clone());
+            (self.release)(dst.clone());
             report.blocks += 1;
             report.source_rows += n_src as u64;
             report.edges += blk.edges;
@@ -466,7 +511,7 @@ fn no_edges(rows: usize) -> BlockGraph {
 }
 
 /// Reads back a layer written as `.npy` (checked to be `n x cols` f32).
-fn layer_rows(path: &Path, n: usize, cols: usize) -> anyhow::Result<RowReader> {
+pub fn layer_rows(path: &Path, n: usize, cols: usize) -> anyhow::Result<RowReader> {
     let file = NpyFile::open(path)?;
     if file.dtype() != grandis_npy::DType::F32 || file.shape() != [n as u64, cols as u64] {
         bail!(
@@ -485,7 +530,7 @@ fn layer_rows(path: &Path, n: usize, cols: usize) -> anyhow::Result<RowReader> {
 }
 
 /// A scratch file, removed when dropped (also when a pass fails half way).
-struct Scratch(PathBuf);
+pub struct Scratch(pub PathBuf);
 
 impl Drop for Scratch {
     fn drop(&mut self) {
@@ -548,15 +593,15 @@ impl BlockPlanner {
         self.slots[blk.dst.clone()].fill(0);
     }
 
-    /// The block starting at destination `lo`.
+    /// The block starting at the first destination of `range`, within it.
     fn next(
         &mut self,
         graph: CsrView<'_>,
-        lo: usize,
+        range: std::ops::Range<usize>,
         (d_in, d_out, gathered): (u64, u64, Option<u64>),
         opts: &LayerwiseOptions,
     ) -> anyhow::Result<Block> {
-        let n = graph.num_vertices();
+        let (lo, n) = (range.start, range.end);
         let cap = opts.max_block_rows.unwrap_or(usize::MAX).max(1);
         let cost =
             |dst: u64, src: u64, edges: u64| block_bytes(dst, src, edges, d_in, d_out, gathered);

@@ -21,7 +21,7 @@ pub use protocol::{
     RegisterResponse, ServerSlot, CHECKPOINT_EPOCH_HEADER, PROTOCOL_VERSION,
 };
 pub use spec::{
-    defaults, FieldError, JobSpec, Mode, ModelKind, PartitionMethod, Priority, Sampling, SpecError,
-    UnknownName,
+    defaults, FieldError, JobSpec, Mode, ModelKind, PartitionMethod, PredictSpec, Priority,
+    Sampling, SpecError, UnknownName,
 };
-pub use summary::{RankMemory, RunSummary, ServerTraffic, TimeSplit, WireStats};
+pub use summary::{InferenceSummary, RankMemory, RunSummary, ServerTraffic, TimeSplit, WireStats};

@@ -355,6 +355,29 @@ pub struct JobSpec {
     pub partition_dir: Option<String>,
     /// Memory budget per device in bytes; absent = what the device reports.
     pub device_memory: Option<u64>,
+    /// After training, predict every vertex by layer-wise inference across the job's ranks
+    /// (distributed modes); absent = no predictions.
+    pub predict: Option<PredictSpec>,
+}
+
+/// Layer-wise inference over every vertex after training, across the job's ranks: each rank
+/// computes its own vertices one layer at a time and writes them to `dir` as `.npy`
+/// (`predictions.R.npy`, `vertices.R.npy` — the dataset's id of each row —, and
+/// `embeddings.R.npy`, for global rank R), so no process ever holds a whole layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictSpec {
+    /// Output directory, as a path on every server (created if missing). Required.
+    pub dir: String,
+    /// Write the logits (f32, rows x classes) instead of class ids (int64) (default false).
+    #[serde(default)]
+    pub logits: bool,
+    /// Also write the vertex embeddings (the last layer's input) (default false).
+    #[serde(default)]
+    pub embeddings: bool,
+    /// Bytes one block of vertices may use on a rank; absent = half the device budget.
+    #[serde(default)]
+    pub block_memory: Option<u64>,
 }
 
 impl Default for JobSpec {
@@ -391,6 +414,7 @@ impl Default for JobSpec {
             partition_seed: 0,
             partition_dir: None,
             device_memory: None,
+            predict: None,
         }
     }
 }
@@ -473,6 +497,7 @@ const FIELDS: &[&str] = &[
     "partition_seed",
     "partition_dir",
     "device_memory",
+    "predict",
 ];
 
 impl JobSpec {
@@ -569,6 +594,7 @@ impl JobSpec {
             partition_seed: r.u64("partition_seed").unwrap_or(d.partition_seed),
             partition_dir: r.string("partition_dir"),
             device_memory: r.bytes("device_memory"),
+            predict: r.predict(),
         };
         // The default is what a serialized spec of a run without evaluation carries.
         if !spec.evaluate && obj.contains_key("eval_every") && spec.eval_every != d.eval_every {
@@ -641,6 +667,25 @@ impl JobSpec {
                 err(
                     "partition_dir",
                     "must be a directory path (not empty, no control characters)".into(),
+                );
+            }
+        }
+        if let Some(p) = &self.predict {
+            if p.dir.trim().is_empty() || p.dir.chars().any(char::is_control) {
+                err(
+                    "predict.dir",
+                    "must be a directory path (not empty, no control characters)".into(),
+                );
+            }
+            if p.block_memory == Some(0) {
+                err("predict.block_memory", "must be > 0 bytes".into());
+            }
+            if self.mode == Mode::Single {
+                err(
+                    "predict",
+                    "runs on the ranks of a distributed mode; with mode single, run `grandis \
+                     predict` on the checkpoint"
+                        .into(),
                 );
             }
         }
@@ -1046,6 +1091,41 @@ impl Reader<'_> {
                 None
             }
         }
+    }
+
+    /// The `predict` table.
+    fn predict(&mut self) -> Option<PredictSpec> {
+        let v = self.get("predict")?.clone();
+        let Value::Object(obj) = &v else {
+            let msg = format!(
+                "expected a table with 'dir' (and optionally logits, embeddings, block_memory), \
+                 got {}",
+                describe(&v)
+            );
+            self.error("predict", msg);
+            return None;
+        };
+        let mut sub = Reader {
+            obj,
+            prefix: "predict.",
+            errors: Vec::new(),
+        };
+        sub.unknown_fields(&["dir", "logits", "embeddings", "block_memory"]);
+        let dir = sub.string("dir");
+        if dir.is_none() && sub.get("dir").is_none() {
+            sub.error(
+                "dir",
+                "required (the output directory, as a path on every server)",
+            );
+        }
+        let spec = PredictSpec {
+            dir: dir.unwrap_or_default(),
+            logits: sub.bool("logits").unwrap_or(false),
+            embeddings: sub.bool("embeddings").unwrap_or(false),
+            block_memory: sub.bytes("block_memory"),
+        };
+        self.errors.append(&mut sub.errors);
+        Some(spec)
     }
 
     /// The `sampling` field, and GraphSAINT's `roots` when given (a budget in disguise,
@@ -1509,6 +1589,13 @@ mod tests {
             layers: 3,
             seed: u64::MAX,
             device_memory: Some(1 << 34),
+            mode: Mode::Cob,
+            predict: Some(PredictSpec {
+                dir: "/out".into(),
+                logits: true,
+                embeddings: true,
+                block_memory: Some(1 << 30),
+            }),
             ..JobSpec::default()
         };
         // Without evaluation too (the serializer writes the default eval_every beside it).

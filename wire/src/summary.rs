@@ -93,6 +93,51 @@ pub struct RunSummary {
     /// One server's part of a cluster job (daemon reports only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerTraffic>,
+    /// Layer-wise inference after training (jobs with `predict`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inference: Option<InferenceSummary>,
+}
+
+/// What layer-wise inference after training did on the reporting ranks (a daemon's: its
+/// server's; `cluster up` sums the servers).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InferenceSummary {
+    /// Where the files are (`predictions.R.npy`, `vertices.R.npy`, `embeddings.R.npy`).
+    pub dir: String,
+    /// The global ranks whose files were written.
+    pub ranks: Vec<usize>,
+    /// Vertices predicted.
+    pub vertices: u64,
+    /// Rows received from other ranks per stage that reads neighbours (the halos), summed.
+    pub halo_rows: u64,
+    /// Bytes sent between ranks (halo rows and the requests for them).
+    pub bytes: LinkBytes,
+    /// Wall seconds of each stage, its exchange included (the slowest rank's).
+    pub stage_seconds: Vec<f64>,
+    /// Of those, seconds exchanging halo rows (the slowest rank's total).
+    pub exchange_seconds: f64,
+    /// Wall seconds of the whole pass (the slowest rank's).
+    pub seconds: f64,
+}
+
+impl InferenceSummary {
+    /// Adds another set of ranks' figures (another server's).
+    pub fn absorb(&mut self, other: &InferenceSummary) {
+        self.ranks.extend(&other.ranks);
+        self.ranks.sort_unstable();
+        self.vertices += other.vertices;
+        self.halo_rows += other.halo_rows;
+        self.bytes.add(&other.bytes);
+        for (i, &s) in other.stage_seconds.iter().enumerate() {
+            match self.stage_seconds.get_mut(i) {
+                Some(t) => *t = t.max(s),
+                None => self.stage_seconds.push(s),
+            }
+        }
+        self.seconds = self.seconds.max(other.seconds);
+        self.exchange_seconds = self.exchange_seconds.max(other.exchange_seconds);
+    }
 }
 
 /// Mean seconds per training epoch, averaged over ranks and over epochs (the first, warm-up
@@ -209,6 +254,11 @@ impl RunSummary {
             }
             all.memory.extend(r.memory.iter().cloned());
             all.peak_rss_bytes = all.peak_rss_bytes.max(r.peak_rss_bytes);
+            match (&mut all.inference, &r.inference) {
+                (Some(sum), Some(add)) => sum.absorb(add),
+                (None, Some(add)) => all.inference = Some(add.clone()),
+                _ => {}
+            }
         }
         Some(all)
     }
@@ -246,6 +296,18 @@ impl RunSummary {
                 self.halo_bytes_per_epoch.intra_server,
                 self.fetch_bytes_per_epoch.inter_server,
                 self.setup_fetch_bytes.inter_server
+            ));
+        }
+        if let Some(i) = &self.inference {
+            s.push_str(&format!(
+                "  predicted {} vertices into {} in {:.3}s (exchange {:.3}s, halo bytes inter {} \
+                 intra {})",
+                i.vertices,
+                i.dir,
+                i.seconds,
+                i.exchange_seconds,
+                i.bytes.inter_server,
+                i.bytes.intra_server
             ));
         }
         s

@@ -1,0 +1,547 @@
+//! Layer-wise inference across the ranks: after training, every rank computes the final
+//! layers of the vertices it owns (its [`Layout`] range) one stage at a time, as
+//! `grandis predict` does in one process ([`grandis_trainer::layerwise`]), and writes its
+//! rows' predictions (and embeddings) to `.npy` files in the job's output directory. Nothing
+//! ever holds a whole layer: a rank keeps its own rows of the current layer in a scratch file
+//! and, before each stage that reads neighbours, receives from their home ranks the rows of
+//! its halo (the in-neighbours of its range that other ranks own) into a second one. Its
+//! blocks then read both, so a stage is exactly the whole graph's convolution restricted to
+//! the rank's rows (`tests/infer.rs` checks it against the one-process pass).
+//!
+//! The exchange: each rank tells every peer which of the peer's vertices it needs (once: the
+//! graph does not change between stages); per stage, the rows go in rounds of at most
+//! [`round_rows`] rows per peer, so what is in flight stays within the block budget however
+//! large the halo. Halo rows are the stage's gathered rows: the narrow aggregated rows of a
+//! split stage ([`grandis_models::Model::stage_splits`]), else its input.
+//!
+//! Files, per rank `r` (global rank = server × devices + device), in the rank's vertex order:
+//! `predictions.r.npy` (int64 class ids, or f32 logits), `embeddings.r.npy` (f32, the last
+//! stage's input) and `vertices.r.npy` (int64: the dataset's id of each row). They are
+//! written under hidden names and renamed once every rank has written its own, so a failed
+//! job leaves no partial set behind.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use grandis_engine::norm::GlobalScales;
+use grandis_engine::Backend;
+use grandis_fabric::{Endpoint, Phase, Tag};
+use grandis_masking::Layout;
+use grandis_models::Model;
+use grandis_store::{CsrView, DatasetView, RowReader};
+use grandis_trainer::layerwise::{
+    layer_rows, scratch_name, stream, LayerRows, LayerwiseOptions, Predictions, Scratch, StagePass,
+    StageReport,
+};
+use serde::Serialize;
+
+/// Tags of inference traffic carry this epoch: apart from training's and evaluation's.
+pub const INFER_EPOCH: u32 = 1 << 30;
+
+/// What the ranks write after training.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferOptions {
+    /// Where every rank writes its files (created if missing).
+    pub dir: PathBuf,
+    pub kind: Predictions,
+    /// Also write `embeddings.r.npy`.
+    pub embeddings: bool,
+    /// Bytes one block may use on a rank; None = half the rank's memory budget.
+    pub block_budget: Option<u64>,
+}
+
+impl InferOptions {
+    /// The file of `what` ("predictions", "embeddings", "vertices") of global rank `rank`.
+    pub fn file(&self, what: &str, rank: usize) -> PathBuf {
+        self.dir.join(format!("{what}.{rank}.npy"))
+    }
+}
+
+/// What one rank's pass did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RankInference {
+    pub rank: usize,
+    /// Vertices this rank wrote.
+    pub vertices: usize,
+    /// In-neighbours of its range owned by other ranks.
+    pub halo_rows: usize,
+    /// Rows received from other ranks: the halo, once per stage that reads neighbours.
+    pub halo_rows_received: u64,
+    pub stages: Vec<StageReport>,
+    /// Wall seconds of each stage (its row pass, exchange and blocks).
+    pub stage_seconds: Vec<f64>,
+    /// Of those, seconds spent exchanging halo rows.
+    pub exchange_seconds: f64,
+    /// Bytes this rank sent to ranks on other servers (rows and requests).
+    pub bytes_inter_server: u64,
+    /// Bytes this rank sent to the other ranks of its server.
+    pub bytes_intra_server: u64,
+    pub seconds: f64,
+}
+
+/// The inputs every rank of a process shares.
+pub(crate) struct InferShared<'a> {
+    pub opts: &'a InferOptions,
+    /// The rank memory budget (the half of it default block budget).
+    pub device_memory: u64,
+    /// The graph in new ids.
+    pub graph: CsrView<'a>,
+    /// The dataset in original ids (stage 0 reads its features).
+    pub view: DatasetView<'a>,
+    pub new_to_old: &'a [u32],
+    pub layout: &'a Layout,
+    pub scales: &'a GlobalScales,
+    /// Lets go of mapped adjacency behind each block.
+    pub release: &'a (dyn Fn(Range<usize>) + Sync),
+}
+
+/// Runs the pass on one rank with its trained `model` and returns what it did. Every rank of
+/// the job must call it (the exchanges pair up).
+pub(crate) fn infer_rank<B: Backend>(
+    b: &B,
+    model: &Model<B>,
+    ep: &mut Endpoint,
+    sh: &InferShared<'_>,
+) -> anyhow::Result<RankInference> {
+    let start = Instant::now();
+    let opts = sh.opts;
+    let rank = ep.rank();
+    let range = sh.layout.range(rank);
+    let own = range.start as usize..range.end as usize;
+    let stages = model.num_stages();
+    if opts.embeddings && stages < 2 {
+        bail!("the model has a single stage: its input is the features, there are no embeddings to write");
+    }
+    std::fs::create_dir_all(&opts.dir)
+        .with_context(|| format!("creating the prediction directory {}", opts.dir.display()))?;
+    let reads_neighbours = (0..stages).any(|s| model.stage_reads_neighbors(s));
+    // Who needs what, once: the halo of this range by owner, and the rows each peer needs.
+    let halo = if reads_neighbours {
+        halo_of(sh.graph, own.clone())
+    } else {
+        Vec::new()
+    };
+    let plan = ExchangePlan::agree(ep, sh.layout, &halo)?;
+    let lw = LayerwiseOptions {
+        block_budget: opts.block_budget.unwrap_or(sh.device_memory / 2),
+        max_block_rows: None,
+        scratch_dir: opts.dir.clone(),
+    };
+    let pass = StagePass {
+        b,
+        model,
+        graph: sh.graph,
+        scales: reads_neighbours.then_some(sh.scales),
+        vertex_ids: Some(sh.new_to_old),
+        release: sh.release,
+        opts: &lw,
+    };
+    let features = Features {
+        view: sh.view,
+        new_to_old: sh.new_to_old,
+        own: own.clone(),
+    };
+    // This rank's rows of the current stage's input: the features, then each stage's output.
+    let mut input: Box<dyn LayerRows + '_> = Box::new(features);
+    let mut _input_file: Option<Scratch> = None;
+    let mut outputs: Vec<(Scratch, PathBuf)> = Vec::new();
+    let mut reports = Vec::with_capacity(stages);
+    let mut stage_seconds = Vec::with_capacity(stages);
+    let (mut halo_rows_received, mut exchange_seconds) = (0u64, 0f64);
+    let n_own = own.len();
+    for s in 0..stages {
+        let stage_start = Instant::now();
+        let (_, d_out) = model.stage_dims(s);
+        let last = s + 1 == stages;
+        let split = model.stage_splits(s);
+        let mut rows_pass_seconds = 0.0;
+        let mut progress = grandis_telemetry::Progress::new(
+            format!("predict: rank {rank}, stage {}/{stages}", s + 1),
+            Some(n_own as u64),
+        );
+        // A splitting stage first computes its own vertices' aggregated rows.
+        let rows_file = match model.stage_neighbour_width(s).filter(|_| split) {
+            Some(w) => {
+                let t = Instant::now();
+                let p = opts.dir.join(scratch_name("rows", s, Some(rank)));
+                let scratch = Scratch(p.clone());
+                stream(&p, n_own, w, None, |emit| {
+                    pass.neighbour_rows(s, input.as_ref(), own.clone(), emit, &mut progress)
+                })?;
+                rows_pass_seconds = t.elapsed().as_secs_f64();
+                Some((OwnRows::open(&p, own.clone(), w)?, scratch))
+            }
+            None => None,
+        };
+        // The rows the blocks gather for their sources, with the halo's from its owners.
+        let gathered: &dyn LayerRows = match &rows_file {
+            Some((rows, _)) => rows,
+            None => input.as_ref(),
+        };
+        let halo_rows = if model.stage_reads_neighbors(s) {
+            let p = opts.dir.join(scratch_name("halo", s, Some(rank)));
+            let scratch = Scratch(p.clone());
+            let t = Instant::now();
+            plan.exchange(ep, s, gathered, &p, &lw)
+                .with_context(|| format!("exchanging the halo rows of stage {s}"))?;
+            exchange_seconds += t.elapsed().as_secs_f64();
+            halo_rows_received += halo.len() as u64;
+            Some((layer_rows(&p, halo.len(), gathered.cols())?, scratch))
+        } else {
+            None
+        };
+        let with_halo = RankRows {
+            own: gathered,
+            halo: halo_rows.as_ref().map(|(r, _)| (halo.as_slice(), r)),
+        };
+        let own_input = RankRows {
+            own: input.as_ref(),
+            halo: None,
+        };
+        let (block_input, block_rows): (&dyn LayerRows, Option<&dyn LayerRows>) = match &rows_file {
+            Some(_) => (&own_input, Some(&with_halo)),
+            None => (&with_halo, None),
+        };
+        let what = if last {
+            Some("predictions")
+        } else if s + 2 == stages && opts.embeddings {
+            Some("embeddings")
+        } else {
+            None
+        };
+        let path = match what {
+            Some(w) => opts.dir.join(scratch_name(w, 0, Some(rank))),
+            None => opts.dir.join(scratch_name("layer", s, Some(rank))),
+        };
+        let scratch = Scratch(path.clone());
+        let ids = (last && opts.kind == Predictions::ClassIds).then_some(d_out);
+        let mut report = stream(&path, n_own, d_out, ids, |emit| {
+            pass.blocks(
+                s,
+                split,
+                block_input,
+                block_rows,
+                own.clone(),
+                emit,
+                &mut progress,
+            )
+        })
+        .with_context(|| format!("stage {s} of layer-wise inference on rank {rank}"))?;
+        progress.finish();
+        report.rows_pass_seconds = rows_pass_seconds;
+        reports.push(report);
+        stage_seconds.push(stage_start.elapsed().as_secs_f64());
+        drop((halo_rows, rows_file));
+        if !last {
+            input = Box::new(OwnRows::open(&path, own.clone(), d_out)?);
+        }
+        match what {
+            Some(w) => {
+                outputs.push((scratch, opts.file(w, rank)));
+                _input_file = None;
+            }
+            // The previous input's file goes now that nothing reads it.
+            None => _input_file = Some(scratch),
+        }
+    }
+    drop(input);
+    let vertices_path = opts.dir.join(scratch_name("vertices", 0, Some(rank)));
+    let vertices = Scratch(vertices_path.clone());
+    let ids: Vec<i64> = sh.new_to_old[own.clone()]
+        .iter()
+        .map(|&v| v as i64)
+        .collect();
+    grandis_npy::write_npy(&vertices_path, &[n_own as u64], &ids)?;
+    outputs.push((vertices, opts.file("vertices", rank)));
+    // Every rank has written its files: only now do any of them take their names.
+    ep.barrier(Tag::new(INFER_EPOCH, 0, Phase::Other))
+        .context("waiting for every rank's predictions")?;
+    for (scratch, target) in outputs {
+        std::fs::rename(&scratch.0, &target)
+            .with_context(|| format!("renaming {} into place", target.display()))?;
+        std::mem::forget(scratch);
+    }
+    let counters = ep.counters();
+    let traffic = counters.epoch(INFER_EPOCH);
+    Ok(RankInference {
+        rank,
+        vertices: n_own,
+        halo_rows: halo.len(),
+        halo_rows_received,
+        stages: reports,
+        stage_seconds,
+        exchange_seconds,
+        bytes_inter_server: traffic.map_or(0, |t| t.bytes_inter_server),
+        bytes_intra_server: traffic.map_or(0, |t| t.bytes_intra_server),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The in-neighbours of `own` outside it, ascending (a bitmap over the graph: 1 bit a
+/// vertex, where collecting the edges first would take 4 bytes an edge).
+fn halo_of(graph: CsrView<'_>, own: Range<usize>) -> Vec<u32> {
+    let n = graph.num_vertices();
+    let mut marked = vec![0u64; n.div_ceil(64)];
+    for v in own.clone() {
+        for &u in graph.neighbors(v as u32) {
+            let u = u as usize;
+            if !own.contains(&u) {
+                marked[u / 64] |= 1 << (u % 64);
+            }
+        }
+    }
+    let mut halo = Vec::new();
+    for (w, &bits) in marked.iter().enumerate() {
+        let mut bits = bits;
+        while bits != 0 {
+            halo.push((w * 64 + bits.trailing_zeros() as usize) as u32);
+            bits &= bits - 1;
+        }
+    }
+    halo
+}
+
+/// Rows per peer in one round of a stage's exchange: in flight at once are a round's rows to
+/// and from every peer, which the block budget bounds.
+fn round_rows(budget: u64, cols: usize, peers: usize) -> usize {
+    let per_row = (2 * peers.max(1) * cols.max(1) * 4) as u64;
+    ((budget / per_row) as usize).clamp(1, 1 << 20)
+}
+
+/// Which rows this rank receives from and sends to each peer.
+struct ExchangePlan {
+    /// (peer, range of the halo it owns), ascending peers.
+    recv: Vec<(usize, Range<usize>)>,
+    /// (peer, own vertices it asked for, ascending).
+    send: Vec<(usize, Vec<u32>)>,
+}
+
+impl ExchangePlan {
+    /// Sends every peer the ids of its vertices in `halo` and receives theirs.
+    fn agree(ep: &mut Endpoint, layout: &Layout, halo: &[u32]) -> anyhow::Result<Self> {
+        let me = ep.rank();
+        let tag = Tag::new(INFER_EPOCH, 0, Phase::Other);
+        let own = layout.range(me);
+        let mut recv = Vec::new();
+        let mut lo = 0;
+        for peer in 0..ep.world() {
+            let r = layout.range(peer);
+            let hi = lo + halo[lo..].partition_point(|&v| v < r.end);
+            if peer != me {
+                let ids: Vec<u8> = bytemuck::cast_slice(&halo[lo..hi]).to_vec();
+                ep.send_bytes(peer, ids, tag)?;
+                recv.push((peer, lo..hi));
+            } else if hi != lo {
+                bail!("the halo holds vertices of this rank's own range");
+            }
+            lo = hi;
+        }
+        let mut send = Vec::new();
+        for peer in (0..ep.world()).filter(|&p| p != me) {
+            let bytes = ep.recv_bytes(peer, tag)?;
+            if bytes.len() % 4 != 0 {
+                bail!(
+                    "rank {peer} asked for rows in a message of {} bytes, not whole ids",
+                    bytes.len()
+                );
+            }
+            let ids: Vec<u32> = bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            if !ids.is_sorted() || ids.iter().any(|v| !own.contains(v)) {
+                bail!(
+                    "rank {peer} asked for rows that are not this rank's ({:?}) in ascending order",
+                    own
+                );
+            }
+            send.push((peer, ids));
+        }
+        Ok(ExchangePlan { recv, send })
+    }
+
+    /// Stage `stage`'s exchange: sends every peer its rows of `rows`, and writes the rows
+    /// received into `path` (f32 `.npy`, halo order), in bounded rounds.
+    fn exchange(
+        &self,
+        ep: &mut Endpoint,
+        stage: usize,
+        rows: &dyn LayerRows,
+        path: &Path,
+        opts: &LayerwiseOptions,
+    ) -> anyhow::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let cols = rows.cols();
+        let halo_len = self.recv.last().map_or(0, |(_, r)| r.end);
+        let header =
+            grandis_npy::encode_header(grandis_npy::DType::F32, &[halo_len as u64, cols as u64]);
+        let file =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        file.write_all_at(&header, 0)
+            .and_then(|()| file.set_len((header.len() + halo_len * cols * 4) as u64))
+            .with_context(|| format!("writing {}", path.display()))?;
+        let per_round = round_rows(opts.block_budget, cols, self.send.len());
+        let rounds = |n: usize| n.div_ceil(per_round);
+        let total = self
+            .send
+            .iter()
+            .map(|(_, ids)| rounds(ids.len()))
+            .chain(self.recv.iter().map(|(_, r)| rounds(r.len())))
+            .max()
+            .unwrap_or(0);
+        let tag = Tag::new(INFER_EPOCH, stage as u32, Phase::Forward);
+        for round in 0..total {
+            let at = round * per_round;
+            for (peer, ids) in &self.send {
+                if at < ids.len() {
+                    let ids = &ids[at..(at + per_round).min(ids.len())];
+                    let mut out = vec![0f32; ids.len() * cols];
+                    rows.gather(ids, &mut out)?;
+                    ep.send(*peer, out, tag)?;
+                }
+            }
+            for (peer, r) in &self.recv {
+                if at < r.len() {
+                    let n = per_round.min(r.len() - at);
+                    let got = ep.recv_exact(*peer, n * cols, tag)?;
+                    let offset = header.len() + (r.start + at) * cols * 4;
+                    file.write_all_at(bytemuck::cast_slice(&got), offset as u64)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Stage 0's input of this rank's vertices: their features, read from the dataset in its own
+/// ids.
+struct Features<'a> {
+    view: DatasetView<'a>,
+    new_to_old: &'a [u32],
+    own: Range<usize>,
+}
+
+impl LayerRows for Features<'_> {
+    fn cols(&self) -> usize {
+        self.view.feature_dim
+    }
+
+    fn gather(&self, ids: &[u32], out: &mut [f32]) -> anyhow::Result<()> {
+        if let Some(v) = ids.iter().find(|&&v| !self.own.contains(&(v as usize))) {
+            bail!("vertex {v} is not this rank's (it owns {:?})", self.own);
+        }
+        let old: Vec<u32> = ids.iter().map(|&v| self.new_to_old[v as usize]).collect();
+        Ok(self.view.gather_features(&old, out)?)
+    }
+}
+
+/// A layer file holding the rows of this rank's range `own`, looked up by vertex id.
+struct OwnRows {
+    reader: RowReader,
+    own: Range<usize>,
+}
+
+impl OwnRows {
+    fn open(path: &Path, own: Range<usize>, cols: usize) -> anyhow::Result<Self> {
+        Ok(OwnRows {
+            reader: layer_rows(path, own.len(), cols)?,
+            own,
+        })
+    }
+}
+
+impl LayerRows for OwnRows {
+    fn cols(&self) -> usize {
+        self.reader.cols()
+    }
+
+    fn gather(&self, ids: &[u32], out: &mut [f32]) -> anyhow::Result<()> {
+        let lo = self.own.start as u32;
+        let local: Vec<u32> = ids
+            .iter()
+            .map(|&v| match self.own.contains(&(v as usize)) {
+                true => Ok(v - lo),
+                false => Err(anyhow::anyhow!(
+                    "vertex {v} is not this rank's (it owns {:?})",
+                    self.own
+                )),
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(self.reader.gather(&local, out)?)
+    }
+}
+
+/// A stage's rows on one rank: its own (`own`, by vertex id) and, where received, its
+/// halo's (`halo`: the sorted halo ids and their rows in that order).
+struct RankRows<'a> {
+    own: &'a dyn LayerRows,
+    halo: Option<(&'a [u32], &'a RowReader)>,
+}
+
+impl LayerRows for RankRows<'_> {
+    fn cols(&self) -> usize {
+        self.own.cols()
+    }
+
+    fn gather(&self, ids: &[u32], out: &mut [f32]) -> anyhow::Result<()> {
+        let cols = self.cols();
+        let Some((halo, rows)) = self.halo else {
+            return self.own.gather(ids, out);
+        };
+        // Split the request by where each row lives, read both sides in their order, and put
+        // the rows back in the request's.
+        let (mut own_at, mut own_ids, mut halo_at, mut halo_pos) = (vec![], vec![], vec![], vec![]);
+        for (i, &v) in ids.iter().enumerate() {
+            match halo.binary_search(&v) {
+                Ok(p) => {
+                    halo_at.push(i);
+                    halo_pos.push(p as u32);
+                }
+                Err(_) => {
+                    own_at.push(i);
+                    own_ids.push(v);
+                }
+            }
+        }
+        let mut buf = vec![0f32; own_ids.len() * cols];
+        self.own.gather(&own_ids, &mut buf)?;
+        for (&i, row) in own_at.iter().zip(buf.chunks_exact(cols.max(1))) {
+            out[i * cols..(i + 1) * cols].copy_from_slice(row);
+        }
+        let mut buf = vec![0f32; halo_pos.len() * cols];
+        rows.gather(&halo_pos, &mut buf)?;
+        for (&i, row) in halo_at.iter().zip(buf.chunks_exact(cols.max(1))) {
+            out[i * cols..(i + 1) * cols].copy_from_slice(row);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_halo_is_every_outside_in_neighbour_once_ascending() {
+        // 0 <- {3, 5}, 1 <- {0, 3}, 2 <- {4}, rows 3..6 empty.
+        let offsets = vec![0u64, 2, 4, 5, 5, 5, 5];
+        let indices = vec![3u32, 5, 0, 3, 4];
+        let g = CsrView {
+            offsets: &offsets,
+            indices: &indices,
+        };
+        assert_eq!(halo_of(g, 0..2), vec![3, 5]);
+        assert_eq!(halo_of(g, 0..3), vec![3, 4, 5]);
+        assert_eq!(halo_of(g, 3..6), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn rounds_stay_within_the_budget() {
+        assert_eq!(round_rows(1 << 20, 64, 3), (1 << 20) / (2 * 3 * 64 * 4));
+        assert_eq!(round_rows(0, 64, 3), 1);
+        assert_eq!(round_rows(u64::MAX, 1, 0), 1 << 20);
+    }
+}
