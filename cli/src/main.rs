@@ -58,7 +58,7 @@ enum Command {
     /// Run the per-server daemon (one per server, e.g. under systemd).
     Daemon(daemon::DaemonArgs),
     /// Submit a job to a coordinator and optionally follow its progress.
-    Submit(submit::SubmitArgs),
+    Submit(Box<submit::SubmitArgs>),
     /// Certificates of the data plane's mutual TLS.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -86,7 +86,7 @@ fn main() {
         Command::Cluster(cmd) => cluster::run(cmd),
         Command::Coordinator(args) => coordinator::run(args),
         Command::Daemon(args) => daemon::run(args),
-        Command::Submit(args) => submit::run(args),
+        Command::Submit(args) => submit::run(*args),
         Command::Certs(cmd) => certs::run(cmd),
     };
     if let Err(err) = result {

@@ -264,6 +264,80 @@ fn cluster_up_cob_and_flx_eas_match_in_process_training() {
     assert_eq!(cluster["test_acc"], local["test_acc"]);
 }
 
+/// `--predict-dir` through the daemons: every rank of both servers writes its vertices'
+/// logits after training, equal to the in-process run's, and the QUIC wire carried exactly
+/// the fabric's inter-server bytes, the inference exchange included.
+#[test]
+fn cluster_up_predicts_every_vertex_like_the_in_process_run() {
+    let c = Cluster::new(EXE, &["unused"], Timing::default()).unwrap();
+    let ds = c.synth("synth", 1000, 7).unwrap();
+    let ds = ds.display().to_string();
+    let (in_cluster, in_process) = (c.path("pred-cluster"), c.path("pred-local"));
+    let run = |command: &[&str], dir: &std::path::Path| -> Value {
+        let dir = dir.display().to_string();
+        let mut args = command.to_vec();
+        args.extend_from_slice(&[
+            "--servers",
+            "2",
+            "--devices",
+            "2",
+            "--mode",
+            "fb",
+            "--epochs",
+            "3",
+            "--hidden",
+            "16",
+            "--seed",
+            "3",
+            "--threads",
+            "2",
+            "--json",
+            "--predict-dir",
+            &dir,
+            "--predict-logits",
+            "--predict-embeddings",
+        ]);
+        let (ok, out, err) = run_grandis(EXE, &args, LONG).unwrap();
+        assert!(ok, "{command:?} failed:\n{err}");
+        last_json_line(&out).unwrap_or_else(|| panic!("no JSON in {out}"))
+    };
+    let cluster = run(&["cluster", "up", "--dataset", &ds], &in_cluster);
+    let local = run(&["train", &ds], &in_process);
+    let inference = &cluster["inference"];
+    assert_eq!(inference["vertices"], 1000, "{cluster}");
+    assert_eq!(inference["ranks"], json!([0, 1, 2, 3]), "{cluster}");
+    assert!(inference["bytes"]["inter_server"].as_u64().unwrap() > 0);
+    assert_eq!(inference["bytes"], local["inference"]["bytes"]);
+    assert_eq!(
+        cluster["quic_payload_bytes_sent"],
+        cluster["fabric_inter_server_bytes_sent"]
+    );
+    let read = |dir: &std::path::Path, what: &str, rank: usize| {
+        let f = grandis_npy::NpyFile::open(dir.join(format!("{what}.{rank}.npy"))).unwrap();
+        match what {
+            "vertices" => f
+                .values::<i64>()
+                .unwrap()
+                .iter()
+                .map(|&v| v as f32)
+                .collect(),
+            _ => f.values::<f32>().unwrap().into_owned(),
+        }
+    };
+    for rank in 0..4 {
+        for what in ["vertices", "predictions", "embeddings"] {
+            let (a, b) = (read(&in_cluster, what, rank), read(&in_process, what, rank));
+            assert_eq!(a.len(), b.len(), "{what}.{rank}");
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!(
+                    (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+                    "{what}.{rank}[{i}]: cluster {x}, in-process {y}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn cluster_up_matches_in_process_training_on_cora() {
     let Some(dir) = std::env::var_os("GRANDIS_CORA") else {

@@ -70,7 +70,7 @@ pub struct ParallelReport {
     /// Final logits (dropout off) in ORIGINAL vertex order, `n x classes`, when requested.
     #[serde(skip)]
     pub logits: Option<Vec<f32>>,
-    /// Fabric counters summed over ranks (training and evaluation epochs).
+    /// Fabric counters summed over ranks (training, evaluation and inference epochs).
     #[serde(skip)]
     pub counters: Counters,
     /// Layer-wise inference after training, over the ranks run here.
@@ -271,7 +271,7 @@ fn class_bytes_per_epoch(counters: &Counters, phase: Phase, epochs: usize) -> Li
 
 /// Whether a tag epoch is a training epoch (not the setup before it, not an evaluation).
 fn is_training_epoch(epoch: u32) -> bool {
-    epoch & EVAL_EPOCH_BIT == 0 && epoch != SETUP_EPOCH
+    epoch & (EVAL_EPOCH_BIT | crate::infer::INFER_EPOCH) == 0 && epoch != SETUP_EPOCH
 }
 
 /// Both classes divided by `epochs` (at least 1).

@@ -809,8 +809,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             },
         };
         let num_parameters = self.model.num_parameters();
-        let counters = self.ep.counters();
-        let inference = match &sh.infer {
+        let (inference, counters) = match &sh.infer {
             Some(infer) => {
                 // The training step's buffers go first: inference sizes its blocks to the
                 // budget the training used.
@@ -823,12 +822,12 @@ impl<'w, B: Backend> Worker<'w, B> {
                     ..
                 } = self;
                 drop((rt, step));
-                Some(
-                    crate::infer::infer_rank(b, &model, &mut ep, infer)
-                        .context("layer-wise inference after training")?,
-                )
+                let inference = crate::infer::infer_rank(b, &model, &mut ep, infer)
+                    .context("layer-wise inference after training")?;
+                // Its traffic too (under its own epoch): the wire carried it.
+                (Some(inference), ep.counters())
             }
-            None => None,
+            None => (None, self.ep.counters()),
         };
         Ok(RankResult {
             rank,
