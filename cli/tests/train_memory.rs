@@ -2,7 +2,7 @@
 //! memory the run may keep resident (the scaled-down version of training a billion-edge graph
 //! on one machine): the features stay on disk, each step reads only its rows (positioned reads,
 //! so the pages stay in the page cache, outside the process), and the process's peak RSS stays
-//! well below the features it streams through. Reading the rows through the mapping instead
+//! well below the features it streams through, and so does layer-wise inference after it. Reading the rows through the mapping instead
 //! held all of them: 527 MB peak, with the kernel's fault-around mapping 64 KiB per row read.
 
 const EXE: &str = env!("CARGO_BIN_EXE_grandis");
@@ -78,17 +78,32 @@ fn cobatch_training_keeps_features_out_of_memory() {
         "--epochs",
         "1",
         "--no-eval",
+        // Then every vertex predicted layer by layer across the ranks, in small blocks: the
+        // first layer streams the features once more.
+        "--predict-dir",
+        &p("pred"),
+        "--predict-embeddings",
+        "--predict-block-memory",
+        "8MiB",
         "--json",
     ]);
     assert!(ok, "{err}");
     let report = grandis_e2e::last_json_line(&out).unwrap_or_else(|| panic!("no JSON in {out}"));
     assert!(report["train_acc"].is_null(), "--no-eval: {report}");
     assert!(report["final_loss"].as_f64().unwrap().is_finite());
+    assert_eq!(report["inference"]["vertices"], VERTICES, "{report}");
+    for rank in 0..4 {
+        for what in ["predictions", "embeddings", "vertices"] {
+            let f = dir.path().join("pred").join(format!("{what}.{rank}.npy"));
+            assert!(f.is_file(), "{} missing", f.display());
+        }
+    }
     let features = VERTICES * FEATURES * 4;
     let peak = report["peak_rss_bytes"].as_u64().unwrap();
+    eprintln!("peak RSS {peak} bytes, features {features} bytes");
     // What stays: the binary, dataset verification's 64 MiB scan window, O(V) state, the
-    // graph's pages and one step per rank; never the features the steps stream through
-    // (measured: 140 MB).
+    // graph's pages and one step (or inference block) per rank; never the features the steps
+    // and the inference stream through (measured: 148 MB).
     assert!(
         peak < features / 2,
         "peak RSS {peak} over {features} bytes of features"
