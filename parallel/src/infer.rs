@@ -279,6 +279,96 @@ pub(crate) fn infer_rank<B: Backend>(
     })
 }
 
+/// Predicts with a checkpoint that holds every epoch the run asks for, without training (a
+/// retry after a failure in the inference, `train --resume` on a finished checkpoint): the
+/// ranks load the model and run [`infer_rank`]. `local`: only one server's ranks, as in
+/// training.
+pub(crate) fn predict_only(
+    view: DatasetView<'_>,
+    part: &crate::PartitionedGraph,
+    config: &grandis_models::ModelConfig,
+    ck: &grandis_trainer::Checkpoint,
+    popts: &crate::ParallelOptions,
+    local: Option<Vec<Endpoint>>,
+) -> anyhow::Result<crate::ParallelReport> {
+    use crate::Compute;
+    let opts = popts
+        .infer
+        .as_ref()
+        .context("predicting without training needs inference options")?;
+    let layout = &part.layout;
+    let local_ranks = local.as_ref().map_or(layout.num_ranks(), Vec::len);
+    let threads_per_rank = popts.threads_per_rank.unwrap_or_else(|| {
+        (std::thread::available_parallelism().map_or(1, |c| c.get()) / local_ranks).max(1)
+    });
+    let scales = grandis_engine::norm::global_scales(
+        part.graph.view(),
+        grandis_models::aggregation(config.kind),
+    );
+    let release = |rows: Range<usize>| part.graph.release_rows(rows);
+    let shared = InferShared {
+        opts,
+        device_memory: match popts.device_memory {
+            Some(b) => b,
+            None => crate::default_budget(&popts.compute, 1, local_ranks)?.0,
+        },
+        graph: part.graph.view(),
+        view,
+        new_to_old: &part.new_to_old,
+        layout,
+        scales: &scales,
+        release: &release,
+    };
+    fn on<B: Backend>(
+        b: &B,
+        config: &grandis_models::ModelConfig,
+        ck: &grandis_trainer::Checkpoint,
+        mut ep: Endpoint,
+        shared: &InferShared<'_>,
+    ) -> anyhow::Result<(RankInference, grandis_fabric::Counters)> {
+        let mut model = Model::new(b, config.clone())?;
+        ck.restore(b, &mut model, false)?;
+        let r = infer_rank(b, &model, &mut ep, shared)?;
+        Ok((r, ep.counters()))
+    }
+    let work = |ep: Endpoint| match &popts.compute {
+        Compute::Cpu => {
+            let b = grandis_engine::CpuBackend::new(Some(threads_per_rank))?;
+            on(&b, config, ck, ep, &shared)
+        }
+        #[cfg(feature = "cuda")]
+        Compute::Cuda { .. } => {
+            let b = crate::run::cuda_rank_backend(&popts.compute, &ep)?;
+            on(&b, config, ck, ep, &shared)
+        }
+        // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
+        #[cfg(not(feature = "cuda"))]
+        Compute::Cuda { .. } => match crate::run::cuda_rank_backend(&popts.compute, &ep)? {},
+    };
+    let endpoints = match local {
+        Some(endpoints) => endpoints,
+        None => grandis_fabric::Fabric::new(grandis_fabric::FabricConfig {
+            servers: layout.servers(),
+            devices: layout.devices(),
+            intra: popts.intra,
+            inter: popts.inter,
+            ..grandis_fabric::FabricConfig::default()
+        })?
+        .into_endpoints(),
+    };
+    let results = grandis_fabric::run_ranks(endpoints, work)?;
+    let num_parameters =
+        Model::new(&grandis_engine::CpuBackend::new(Some(1))?, config.clone())?.num_parameters();
+    Ok(crate::ParallelReport::predicted_only(
+        popts,
+        part,
+        threads_per_rank,
+        num_parameters,
+        ck.epochs_done,
+        results,
+    ))
+}
+
 /// The in-neighbours of `own` outside it, ascending (a bitmap over the graph: 1 bit a
 /// vertex, where collecting the edges first would take 4 bytes an edge).
 fn halo_of(graph: CsrView<'_>, own: Range<usize>) -> Vec<u32> {

@@ -106,6 +106,24 @@ pub(crate) fn train_ranks(
 ) -> anyhow::Result<ParallelReport> {
     check_inputs(&view, part, &config)?;
     let (popts, auto) = auto::resolve_mode(&view, part, &config, popts, opts.seed)?;
+    let resume = popts.checkpoint.resume_from(&config, opts)?;
+    if let Some(ck) = &resume {
+        if ck.epochs_done == opts.epochs && popts.infer.is_some() {
+            tracing::info!(
+                "the checkpoint holds all {} epochs: predicting without training",
+                ck.epochs_done
+            );
+            return infer::predict_only(view, part, &config, ck, &popts, local);
+        }
+        if ck.epochs_done >= opts.epochs {
+            bail!(
+                "the checkpoint already holds {} epochs and the run asks for {}: raise --epochs \
+                 to train further",
+                ck.epochs_done,
+                opts.epochs
+            );
+        }
+    }
     let (labelled_flags, totals) = labelled(&view, part)?;
     if totals[0] == 0 {
         bail!("the dataset's train split has no labelled vertices");
@@ -125,17 +143,6 @@ pub(crate) fn train_ranks(
     )?;
     if decision.schedule.iterations() == 0 {
         bail!("no training vertex to batch: the train split is empty");
-    }
-    let resume = popts.checkpoint.resume_from(&config, opts)?;
-    if let Some(ck) = &resume {
-        if ck.epochs_done >= opts.epochs {
-            bail!(
-                "the checkpoint already holds {} epochs and the run asks for {}: raise --epochs \
-                 to train further",
-                ck.epochs_done,
-                opts.epochs
-            );
-        }
     }
     let inputs = run::RunInputs {
         view,

@@ -116,6 +116,68 @@ impl ParallelReport {
     }
 }
 
+impl ParallelReport {
+    /// The report of a run that only predicted ([`crate::infer::predict_only`]): no epoch,
+    /// no plan; the inference and its traffic.
+    pub(crate) fn predicted_only(
+        popts: &ParallelOptions,
+        part: &PartitionedGraph,
+        threads_per_rank: usize,
+        num_parameters: usize,
+        epochs_done: usize,
+        ranks: Vec<(crate::infer::RankInference, Counters)>,
+    ) -> ParallelReport {
+        let counters = Counters::sum(ranks.iter().map(|(_, c)| c));
+        let inference = popts
+            .infer
+            .as_ref()
+            .map(|o| inference_summary(o, ranks.iter().map(|(r, _)| r)));
+        ParallelReport {
+            mode: popts.mode,
+            auto: None,
+            servers: part.layout.servers(),
+            devices: part.layout.devices(),
+            partition: part.source.clone(),
+            threads_per_rank,
+            preload_hops: 0,
+            k_reason: "no training: the checkpoint holds every epoch".into(),
+            k_estimates: Vec::new(),
+            replicated_vertices: 0,
+            halo_bytes_per_epoch: LinkBytes::default(),
+            forward_bytes_per_epoch: LinkBytes::default(),
+            backward_bytes_per_epoch: LinkBytes::default(),
+            predicted_halo_bytes_per_epoch: LinkBytes::default(),
+            all_reduce_bytes_per_epoch: LinkBytes::default(),
+            fetch_bytes_per_epoch: LinkBytes::default(),
+            setup_fetch_bytes: LinkBytes::default(),
+            time: TimeSplit::default(),
+            memory: Vec::new(),
+            sampling: String::new(),
+            batch_size: None,
+            iterations_per_epoch: 0,
+            targets_per_epoch: 0,
+            sampled_edges: 0,
+            computed_vertices_per_layer: Vec::new(),
+            computed_vertex_layers: 0,
+            aggregated_edges_per_layer: Vec::new(),
+            beta: Vec::new(),
+            train: TrainReport {
+                epochs: Vec::new(),
+                final_loss: f64::NAN,
+                train_acc: f64::NAN,
+                val_acc: f64::NAN,
+                test_acc: f64::NAN,
+                median_epoch_s: f64::NAN,
+                first_epoch: epochs_done + 1,
+                num_parameters,
+            },
+            logits: None,
+            counters,
+            inference,
+        }
+    }
+}
+
 impl Ran {
     /// The report of this run: the ranks' counters, times and memory, what the decision chose
     /// and the steps computed (per epoch), and rank 0's training figures.
@@ -227,7 +289,10 @@ impl Ran {
                 .map(|&x| per_ep(x))
                 .collect(),
             beta: rs.beta_sum.iter().map(|b| b / steps_n).collect(),
-            inference: popts.infer.as_ref().map(|o| inference_summary(o, &results)),
+            inference: popts
+                .infer
+                .as_ref()
+                .map(|o| inference_summary(o, results.iter().filter_map(|r| r.inference.as_ref()))),
             train,
             logits,
             counters,
@@ -236,15 +301,15 @@ impl Ran {
 }
 
 /// The ranks' inference reports as one summary.
-fn inference_summary(
+fn inference_summary<'r>(
     opts: &crate::infer::InferOptions,
-    results: &[worker::RankResult],
+    ranks: impl Iterator<Item = &'r crate::infer::RankInference>,
 ) -> InferenceSummary {
     let mut sum = InferenceSummary {
         dir: opts.dir.display().to_string(),
         ..InferenceSummary::default()
     };
-    for r in results.iter().filter_map(|r| r.inference.as_ref()) {
+    for r in ranks {
         sum.absorb(&InferenceSummary {
             dir: String::new(),
             ranks: vec![r.rank],

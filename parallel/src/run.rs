@@ -322,7 +322,7 @@ fn run_rank<B: grandis_engine::Backend>(
 /// The CUDA backend of the rank behind `ep`: its device index inside the server picks the
 /// ordinal ([`Compute::ordinal`]).
 #[cfg(feature = "cuda")]
-fn cuda_rank_backend(
+pub(crate) fn cuda_rank_backend(
     compute: &Compute,
     ep: &Endpoint,
 ) -> anyhow::Result<grandis_engine::cuda::CudaBackend> {
@@ -333,6 +333,9 @@ fn cuda_rank_backend(
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_rank_backend(_: &Compute, _: &Endpoint) -> anyhow::Result<std::convert::Infallible> {
+pub(crate) fn cuda_rank_backend(
+    _: &Compute,
+    _: &Endpoint,
+) -> anyhow::Result<std::convert::Infallible> {
     bail!(crate::NOT_BUILT_WITH_CUDA)
 }

@@ -35,6 +35,21 @@ fn run(
     infer: InferOptions,
     ckpt: &Path,
 ) -> anyhow::Result<ParallelReport> {
+    run_resumed(ds, part, kind, layers, mode, infer, ckpt, false)
+}
+
+/// [`run`], continuing from `ckpt` when `resume` (and it exists).
+#[allow(clippy::too_many_arguments)]
+fn run_resumed(
+    ds: &Dataset,
+    part: &PartitionedGraph,
+    kind: ModelKind,
+    layers: usize,
+    mode: Mode,
+    infer: InferOptions,
+    ckpt: &Path,
+    resume: bool,
+) -> anyhow::Result<ParallelReport> {
     let view = ds.view();
     let popts = ParallelOptions {
         mode,
@@ -43,6 +58,7 @@ fn run(
         batch_size: (mode == Mode::Cob).then_some(40),
         checkpoint: CheckpointOptions {
             path: Some(ckpt.to_path_buf()),
+            resume,
             ..Default::default()
         },
         infer: Some(infer),
@@ -207,6 +223,29 @@ fn class_ids_after_cooperative_batches() {
         );
     }
     assert!(!infer.file("embeddings", 0).exists());
+    // From the checkpoint that holds every epoch (a retry after a failure in the inference,
+    // or `train --resume`): no training, the same predictions.
+    let again = InferOptions {
+        dir: tmp.path().join("again"),
+        ..infer.clone()
+    };
+    let r = run_resumed(
+        &ds,
+        &part,
+        ModelKind::Sage,
+        2,
+        Mode::Cob,
+        again.clone(),
+        &ckpt,
+        true,
+    )
+    .unwrap();
+    assert!(
+        r.train.epochs.is_empty(),
+        "trained again: {:?}",
+        r.train.epochs
+    );
+    assert_eq!(gather::<i64>(&again, "predictions", 2, 1), ids);
 }
 
 /// A directory that cannot be written fails the job naming it, and no rank leaves files.

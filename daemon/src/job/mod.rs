@@ -341,8 +341,12 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
         compute,
         threads_per_rank: cfg.threads.map(|t| (t / g).max(1)),
         checkpoint: grandis_trainer::CheckpointOptions {
-            path: (job.checkpoint_every.is_some() || a.resume_epoch.is_some())
-                .then(|| checkpoint_path.clone()),
+            // A job that predicts keeps its final model too: a retry after a failure in the
+            // inference resumes from it and predicts without training again.
+            path: (job.checkpoint_every.is_some()
+                || a.resume_epoch.is_some()
+                || job.predict.is_some())
+            .then(|| checkpoint_path.clone()),
             every: job.checkpoint_every.map(|n| n as usize),
             resume: a.resume_epoch.is_some(),
         },
