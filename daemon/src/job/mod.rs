@@ -409,7 +409,8 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     // The transports are gone with the workers: let the writers drain, then close.
     let wire = node.shutdown(Duration::from_secs(5));
     let report = report?;
-    let summary = report::server_summary(ctx, a, &job, &report, wire);
+    let device = popts.compute.name();
+    let summary = report::server_summary(ctx, a, &job, &report, wire, device);
     report::write(cfg, a.job_id, &summary)?;
     let peak_device = report
         .memory

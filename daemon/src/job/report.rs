@@ -11,13 +11,14 @@ use crate::config::DaemonConfig;
 
 /// The summary of this server's part: cluster-wide losses, accuracies and sampling counters,
 /// this server's ranks' traffic (fabric counters and QUIC wire statistics) and the plan's
-/// cluster-wide prediction.
+/// cluster-wide prediction. `device`: where the ranks computed (`cpu`, `cuda`, `cuda:N`).
 pub(super) fn server_summary(
     ctx: &JobContext,
     a: &Assignment,
     job: &JobSpec,
     r: &ParallelReport,
     wire: WireStats,
+    device: String,
 ) -> RunSummary {
     let c = &r.counters;
     RunSummary {
@@ -29,7 +30,7 @@ pub(super) fn server_summary(
             inter_server_payload_received: c.bytes(LinkClass::InterServer, Direction::Received),
             wire,
         }),
-        ..r.summary(job, "cpu".into())
+        ..r.summary(job, device)
     }
 }
 
