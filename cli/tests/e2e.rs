@@ -312,6 +312,15 @@ fn cluster_up_predicts_every_vertex_like_the_in_process_run() {
         cluster["quic_payload_bytes_sent"],
         cluster["fabric_inter_server_bytes_sent"]
     );
+    // Each server measured its links over QUIC (the probe's bytes are on the wire too).
+    for r in cluster["reports"].as_array().unwrap() {
+        let inter = &r["server"]["rates"]["inter"];
+        assert!(
+            inter["bandwidth_bytes_per_s"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+        assert!(inter["latency_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
     let read = |dir: &std::path::Path, what: &str, rank: usize| {
         let f = grandis_npy::NpyFile::open(dir.join(format!("{what}.{rank}.npy"))).unwrap();
         match what {
@@ -438,6 +447,31 @@ fn coordinator_restart_keeps_queued_and_finished_jobs() {
         .unwrap();
     let end = api.wait_end(&t, done, LONG).unwrap();
     assert_eq!(end["state"], "succeeded", "{end}");
+    // The server measured its compute and links when the job started; the coordinator keeps
+    // the figures (the cluster view and its metrics).
+    let cluster = api.get("/v1/cluster", Some(&t)).unwrap().body;
+    let rates = &cluster["servers"][0]["rates"];
+    assert!(
+        rates["compute"]["gemm_flops_per_s"].as_f64().unwrap() > 0.0,
+        "{cluster}"
+    );
+    assert_eq!(rates["compute"]["width"], 8, "{cluster}");
+    assert!(
+        rates["intra"]["bandwidth_bytes_per_s"].as_f64().unwrap() > 0.0,
+        "{cluster}"
+    );
+    assert!(
+        rates["inter"].is_null(),
+        "one server has no inter-server link: {cluster}"
+    );
+    let coordinator_metrics = api.get("/metrics", None).unwrap().body;
+    let text = coordinator_metrics.as_str().unwrap_or_default();
+    for needle in [
+        "grandis_server_gemm_flops{label=\"solo\"}",
+        "grandis_server_link_bandwidth_bytes{label=\"solo\",link_class=\"intra_server\"}",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from:\n{text}");
+    }
     // The daemon's metrics carry the job's figures.
     let metrics = Rest::new(&format!(
         "http://{}",

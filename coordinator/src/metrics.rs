@@ -94,6 +94,52 @@ pub fn render(core: &Core, now: Instant) -> String {
     }
     reg.register("server_term", "Election term of each server label", terms);
 
+    // What each server measured when its last job started (the performance model's rates).
+    let gemm = Family::<Labels, FloatGauge>::default();
+    let aggregation = Family::<Labels, FloatGauge>::default();
+    let bandwidth = Family::<Labels, FloatGauge>::default();
+    let latency = Family::<Labels, FloatGauge>::default();
+    for (name, rates) in core
+        .labels
+        .iter()
+        .filter_map(|(n, l)| l.rates.as_ref().map(|r| (n, r)))
+    {
+        let server = vec![("label".to_string(), name.clone())];
+        gemm.get_or_create(&server)
+            .set(rates.compute.gemm_flops_per_s);
+        aggregation
+            .get_or_create(&server)
+            .set(rates.compute.aggregation_edge_cols_per_s);
+        for (class, link) in [("intra_server", rates.intra), ("inter_server", rates.inter)] {
+            if let Some(link) = link {
+                let mut l = server.clone();
+                l.push(("link_class".into(), class.into()));
+                bandwidth.get_or_create(&l).set(link.bandwidth_bytes_per_s);
+                latency.get_or_create(&l).set(link.latency_s);
+            }
+        }
+    }
+    reg.register(
+        "server_gemm_flops",
+        "Dense matrix flops per second of one device, measured when the server's last job started",
+        gemm,
+    );
+    reg.register(
+        "server_aggregation_edge_columns",
+        "Aggregated edges x columns per second of one device, measured likewise",
+        aggregation,
+    );
+    reg.register(
+        "server_link_bandwidth_bytes",
+        "Payload bytes per second of the server's links by class, measured likewise",
+        bandwidth,
+    );
+    reg.register(
+        "server_link_latency_seconds",
+        "One-way time of a small message on the server's links by class, measured likewise",
+        latency,
+    );
+
     let epoch = Family::<Labels, Gauge<i64>>::default();
     let epoch_seconds = Family::<Labels, FloatGauge>::default();
     let loss = Family::<Labels, FloatGauge>::default();

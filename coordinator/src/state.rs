@@ -77,6 +77,9 @@ pub struct Daemon {
 pub struct Label {
     pub term: u64,
     pub head: Option<DaemonId>,
+    /// What the server measured when its last job started (kept in memory: a restarted
+    /// coordinator learns them again with the next job).
+    pub rates: Option<grandis_wire::ServerRates>,
 }
 
 /// What changed, for server-sent event streams.
@@ -140,7 +143,16 @@ impl Core {
         let labels = store
             .load_terms()?
             .into_iter()
-            .map(|(name, term)| (name, Label { term, head: None }))
+            .map(|(name, term)| {
+                (
+                    name,
+                    Label {
+                        term,
+                        head: None,
+                        rates: None,
+                    },
+                )
+            })
             .collect();
         let mut core = Core {
             timing,
@@ -537,6 +549,10 @@ impl Core {
                     self.schedule(now);
                 }
             }
+            JobEvent::Measured { rates } => {
+                tracing::info!(job = job_id, server = %label, ?rates, "server rates measured");
+                self.labels.entry(label).or_default().rates = Some(rates);
+            }
             JobEvent::Failed { reason, retryable } => {
                 self.end_run(job_id, format!("server '{label}': {reason}"), retryable)?;
                 self.schedule(now);
@@ -884,6 +900,7 @@ impl Core {
                     .filter(|d| &d.label == name)
                     .map(|d| d.id)
                     .collect(),
+                rates: lab.rates.clone(),
             })
             .collect();
         let daemons = self

@@ -45,6 +45,7 @@ pub mod config;
 pub mod counters;
 pub mod endpoint;
 pub mod error;
+pub mod probe;
 pub mod tag;
 pub mod transport;
 
@@ -54,6 +55,7 @@ pub use config::{FabricConfig, LinkModel, Topology, DEFAULT_RECV_TIMEOUT};
 pub use counters::{CallRecord, Counters, Direction, EpochCounters, LinkClass, LinkRecord};
 pub use endpoint::Endpoint;
 pub use error::{FabricError, Result};
+pub use probe::{LinkProbe, PROBE_EPOCH};
 pub use tag::{Op, Phase, Tag};
 pub use transport::{
     ChannelTransport, Envelope, Header, LinkEmulator, Payload, Transport, TransportError,

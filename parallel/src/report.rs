@@ -336,7 +336,8 @@ fn class_bytes_per_epoch(counters: &Counters, phase: Phase, epochs: usize) -> Li
 
 /// Whether a tag epoch is a training epoch (not the setup before it, not an evaluation).
 fn is_training_epoch(epoch: u32) -> bool {
-    epoch & (EVAL_EPOCH_BIT | crate::infer::INFER_EPOCH) == 0 && epoch != SETUP_EPOCH
+    epoch & (EVAL_EPOCH_BIT | crate::infer::INFER_EPOCH | grandis_fabric::PROBE_EPOCH) == 0
+        && epoch != SETUP_EPOCH
 }
 
 /// Both classes divided by `epochs` (at least 1).

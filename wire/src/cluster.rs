@@ -29,6 +29,9 @@ pub struct ServerView {
     /// The active job on this server, if any.
     pub job: Option<JobId>,
     pub daemons: Vec<DaemonId>,
+    /// What the server measured when its last job started (absent until one did).
+    #[serde(default)]
+    pub rates: Option<crate::ServerRates>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -3,13 +3,14 @@
 //! field; [`job`] is the job state machine and per-epoch progress as the REST API reports it;
 //! [`protocol`] is the daemon ↔ coordinator control protocol (register, heartbeat, job events),
 //! versioned by [`PROTOCOL_VERSION`]; [`summary`] is the one run summary every front end prints
-//! and reads. Everything here is plain serde data with no I/O, so every side of the system
+//! and reads; [`rates`] what a server measures of its compute and links. Everything here is plain serde data with no I/O, so every side of the system
 //! agrees on one definition and the coordinator, daemon and CLI can evolve separately.
 
 pub mod cluster;
 pub mod job;
 pub mod nan;
 pub mod protocol;
+pub mod rates;
 pub mod spec;
 pub mod summary;
 
@@ -20,6 +21,7 @@ pub use protocol::{
     HeartbeatRequest, HeartbeatResponse, JobEvent, JobEventRequest, RegisterRequest,
     RegisterResponse, ServerSlot, CHECKPOINT_EPOCH_HEADER, PROTOCOL_VERSION,
 };
+pub use rates::{ComputeRate, LinkRate, ServerRates};
 pub use spec::{
     defaults, FieldError, JobSpec, Mode, ModelKind, PartitionMethod, PredictSpec, Priority,
     Sampling, SpecError, UnknownName,

@@ -176,6 +176,9 @@ pub enum JobEvent {
     Started,
     /// One epoch done (leader only: server index 0).
     Progress { progress: EpochProgress },
+    /// The server measured its compute and link rates (when the job started); the
+    /// coordinator keeps the latest per server.
+    Measured { rates: crate::ServerRates },
     /// The server finished; the leader's summary becomes the job's summary. The job succeeds
     /// once every server has finished.
     Finished { summary: Box<RunSummary> },

@@ -197,6 +197,9 @@ pub struct ServerTraffic {
     pub inter_server_payload_received: u64,
     /// What the QUIC node really wrote and read.
     pub wire: WireStats,
+    /// The rates this server measured when the job started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rates: Option<crate::ServerRates>,
 }
 
 /// Bytes and frames actually written to and read from a node's QUIC data streams.

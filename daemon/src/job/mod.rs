@@ -365,7 +365,30 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
         servers: s,
         devices: g,
     };
-    let (node, endpoints) = plane::connect(ctx, a, topology)?;
+    let (node, mut endpoints) = plane::connect(ctx, a, topology)?;
+    // The rates the performance model needs, over this job's own transport and devices; every
+    // server of the job measures at the same time (the probe is collective).
+    let threads = popts.threads_per_rank.unwrap_or_else(|| {
+        (std::thread::available_parallelism().map_or(1, |c| c.get()) / g).max(1)
+    });
+    let rates = grandis_parallel::measure::server_rates(
+        &popts.compute,
+        threads,
+        &mut endpoints,
+        job.hidden as usize,
+    )
+    .context("measuring this server's compute and links")?;
+    tracing::info!(
+        gemm_gflops = rates.compute.gemm_flops_per_s / 1e9,
+        aggregation_g_edge_cols = rates.compute.aggregation_edge_cols_per_s / 1e9,
+        intra = ?rates.intra,
+        inter = ?rates.inter,
+        seconds = rates.seconds,
+        "measured this server"
+    );
+    events.send(JobEvent::Measured {
+        rates: rates.clone(),
+    });
     let labels = Metrics::labels(a.job_id, &cfg.label);
     let leader = me == 0;
     let report = grandis_parallel::server::train_server(
@@ -410,7 +433,7 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     let wire = node.shutdown(Duration::from_secs(5));
     let report = report?;
     let device = popts.compute.name();
-    let summary = report::server_summary(ctx, a, &job, &report, wire, device);
+    let summary = report::server_summary(ctx, a, &job, &report, wire, device, rates);
     report::write(cfg, a.job_id, &summary)?;
     let peak_device = report
         .memory

@@ -4,7 +4,7 @@
 use anyhow::Context;
 use grandis_fabric::{Direction, LinkClass};
 use grandis_parallel::ParallelReport;
-use grandis_wire::{Assignment, JobId, JobSpec, RunSummary, ServerTraffic, WireStats};
+use grandis_wire::{Assignment, JobId, JobSpec, RunSummary, ServerRates, ServerTraffic, WireStats};
 
 use super::JobContext;
 use crate::config::DaemonConfig;
@@ -19,6 +19,7 @@ pub(super) fn server_summary(
     r: &ParallelReport,
     wire: WireStats,
     device: String,
+    rates: ServerRates,
 ) -> RunSummary {
     let c = &r.counters;
     RunSummary {
@@ -29,6 +30,7 @@ pub(super) fn server_summary(
             inter_server_payload_sent: c.bytes(LinkClass::InterServer, Direction::Sent),
             inter_server_payload_received: c.bytes(LinkClass::InterServer, Direction::Received),
             wire,
+            rates: Some(rates),
         }),
         ..r.summary(job, device)
     }

@@ -1,0 +1,187 @@
+//! What a server measures of itself when a job starts ([`server_rates`]): one device's compute
+//! rate on the job's hidden width (a short calibration of the two kinds of work a layer does,
+//! dense products and neighbourhood aggregation, on the backend the ranks will use) and its
+//! links ([`grandis_fabric::Endpoint::probe_links`] over the job's own transport). The
+//! performance model turns a plan's counts into seconds with them.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use grandis_engine::{Backend, BlockGraph};
+use grandis_fabric::{Endpoint, LinkProbe};
+use grandis_wire::{ComputeRate, LinkRate, ServerRates};
+
+use crate::Compute;
+
+/// Bytes of the probe's bandwidth message.
+pub const PROBE_BYTES: usize = 8 << 20;
+
+/// How long each half of the compute calibration runs (at least one call).
+const CALIBRATION: Duration = Duration::from_millis(100);
+
+/// Rows of the calibration's matrices and graph.
+const ROWS: usize = 8192;
+
+/// In-degree of the calibration graph.
+const DEGREE: usize = 16;
+
+/// Measures one device's compute rate at `width` columns on backend `b`.
+pub fn compute_rate<B: Backend>(b: &B, width: usize) -> anyhow::Result<ComputeRate> {
+    let width = width.max(1);
+    let x = b.upload(&pseudo_random(ROWS * width, 1))?;
+    let w = b.upload(&pseudo_random(width * width, 2))?;
+    let mut y = b.alloc(ROWS * width)?;
+    let gemm_calls = repeat(b, || {
+        b.gemm(false, false, ROWS, width, width, 1.0, &x, &w, 0.0, &mut y)
+    })?;
+    let flops = 2.0 * (ROWS * width * width) as f64;
+    let n = ROWS;
+    let graph = BlockGraph {
+        n_dst: n,
+        n_src: n,
+        offsets: (0..=n).map(|v| (v * DEGREE) as u64).collect(),
+        // A scattered neighbourhood, as a partitioned graph's is.
+        indices: (0..n * DEGREE)
+            .map(|e| ((e as u64).wrapping_mul(2654435761) % n as u64) as u32)
+            .collect(),
+        dst_scale: vec![1.0 / DEGREE as f32; n],
+        src_scale: None,
+        self_scale: None,
+    };
+    let g = b.upload_graph(&graph)?;
+    let agg_calls = repeat(b, || b.aggregate(&g, &x, width, &mut y))?;
+    Ok(ComputeRate {
+        gemm_flops_per_s: flops * gemm_calls.0 as f64 / gemm_calls.1,
+        aggregation_edge_cols_per_s: (n * DEGREE * width) as f64 * agg_calls.0 as f64 / agg_calls.1,
+        width,
+    })
+}
+
+/// Calls `f` until [`CALIBRATION`] has passed (after one warm-up call): (calls, seconds).
+fn repeat<B: Backend>(
+    b: &B,
+    mut f: impl FnMut() -> grandis_engine::Result<()>,
+) -> anyhow::Result<(usize, f64)> {
+    f()?;
+    b.synchronize()?;
+    let start = Instant::now();
+    let mut calls = 0;
+    while calls == 0 || start.elapsed() < CALIBRATION {
+        f()?;
+        calls += 1;
+        if calls % 4 == 0 {
+            b.synchronize()?;
+        }
+    }
+    b.synchronize()?;
+    Ok((calls, start.elapsed().as_secs_f64()))
+}
+
+fn pseudo_random(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// Measures this server: its links over `endpoints` (this server's ranks, which must all be
+/// here; every other server of the job must measure at the same time) and one device's
+/// compute on `compute` at `width` columns, with `threads` CPU threads per rank.
+pub fn server_rates(
+    compute: &Compute,
+    threads: usize,
+    endpoints: &mut [Endpoint],
+    width: usize,
+) -> anyhow::Result<ServerRates> {
+    let start = Instant::now();
+    let probes: Vec<LinkProbe> = std::thread::scope(|scope| {
+        let handles: Vec<_> = endpoints
+            .iter_mut()
+            .map(|ep| scope.spawn(move || ep.probe_links(PROBE_BYTES)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h.join() {
+                Ok(r) => r.context("measuring the links"),
+                Err(_) => Err(anyhow::anyhow!("a link probe panicked")),
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    let device = endpoints.first().map_or(0, |e| e.device());
+    let rate = match compute {
+        Compute::Cpu => compute_rate(&grandis_engine::CpuBackend::new(Some(threads))?, width)?,
+        #[cfg(feature = "cuda")]
+        Compute::Cuda { .. } => {
+            let available = grandis_engine::cuda::device_count()?;
+            let ordinal = compute.ordinal(device, available).unwrap_or(0);
+            compute_rate(&grandis_engine::cuda::CudaBackend::new(ordinal)?, width)?
+        }
+        #[cfg(not(feature = "cuda"))]
+        Compute::Cuda { .. } => {
+            let _ = device;
+            anyhow::bail!(crate::NOT_BUILT_WITH_CUDA)
+        }
+    };
+    let mean = |links: Vec<LinkRate>| -> Option<LinkRate> {
+        let n = links.len() as f64;
+        (!links.is_empty()).then(|| LinkRate {
+            bandwidth_bytes_per_s: links.iter().map(|l| l.bandwidth_bytes_per_s).sum::<f64>() / n,
+            latency_s: links.iter().map(|l| l.latency_s).sum::<f64>() / n,
+        })
+    };
+    Ok(ServerRates {
+        device: compute.name(),
+        compute: rate,
+        intra: mean(probes.iter().filter_map(|p| p.intra).collect()),
+        inter: mean(probes.iter().filter_map(|p| p.inter).collect()),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The calibration reports positive rates, and a wider matrix costs more flops per call
+    /// (so the rate is per flop, not per call).
+    #[test]
+    fn calibration_measures_positive_rates() {
+        let b = grandis_engine::CpuBackend::new(Some(1)).unwrap();
+        let r = compute_rate(&b, 16).unwrap();
+        assert!(r.gemm_flops_per_s > 1e6, "{r:?}");
+        assert!(r.aggregation_edge_cols_per_s > 1e6, "{r:?}");
+        assert_eq!(r.width, 16);
+    }
+
+    /// Two servers of two devices measure their links together; each server's figures come
+    /// back with one inter-server rate (its head's) and the mean of its devices' intra ones.
+    #[test]
+    fn servers_measure_their_links_together() {
+        let fabric = grandis_fabric::Fabric::new(grandis_fabric::FabricConfig {
+            servers: 2,
+            devices: 2,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut endpoints = fabric.into_endpoints();
+        let second: Vec<Endpoint> = endpoints.split_off(2);
+        let (a, b) = std::thread::scope(|s| {
+            let h = s.spawn(move || {
+                let mut second = second;
+                server_rates(&Compute::Cpu, 1, &mut second, 8)
+            });
+            let a = server_rates(&Compute::Cpu, 1, &mut endpoints, 8);
+            (a, h.join().unwrap())
+        });
+        for r in [a.unwrap(), b.unwrap()] {
+            assert!(r.intra.is_some() && r.inter.is_some(), "{r:?}");
+            assert_eq!(r.device, "cpu");
+            assert!(r.compute.gemm_flops_per_s > 0.0);
+        }
+    }
+}

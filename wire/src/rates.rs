@@ -1,0 +1,42 @@
+//! What a server measured of itself when a job started: how fast its devices compute and how
+//! fast its links carry data, the rates the performance model turns plan counts into seconds
+//! with. Daemons send them with [`crate::JobEvent::Measured`]; the coordinator keeps the latest
+//! per server (`GET /v1/cluster`, metrics) and every job report carries its server's.
+
+use serde::{Deserialize, Serialize};
+
+/// One link class as a rank saw it: payload bytes per second of a large message, and the
+/// one-way time of a small one (both through the job's transport, framing included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkRate {
+    pub bandwidth_bytes_per_s: f64,
+    pub latency_s: f64,
+}
+
+/// How fast one device computes the two kinds of work a GNN layer is made of, on the job's
+/// hidden width.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ComputeRate {
+    /// Dense matrix products (the layers' weights): multiply-adds × 2 per second.
+    pub gemm_flops_per_s: f64,
+    /// Neighbourhood aggregation: edges × columns per second.
+    pub aggregation_edge_cols_per_s: f64,
+    /// The width it was measured at (the job's hidden width).
+    pub width: usize,
+}
+
+/// A server's measured rates.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServerRates {
+    /// Where the ranks compute (`cpu`, `cuda`, `cuda:N`).
+    pub device: String,
+    /// One device's rate (each of the server's ranks runs on its own).
+    pub compute: ComputeRate,
+    /// Between the server's devices (absent with one device): the mean over its ranks.
+    pub intra: Option<LinkRate>,
+    /// Between this server and the others (absent with one server), measured by its head.
+    pub inter: Option<LinkRate>,
+    /// Seconds the measurement took.
+    pub seconds: f64,
+}
