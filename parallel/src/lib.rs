@@ -41,6 +41,7 @@ pub mod input;
 pub mod measure;
 pub mod metered;
 mod options;
+pub mod planner;
 mod report;
 mod run;
 mod runtime;

@@ -1,0 +1,645 @@
+//! The performance model and the planner: what a candidate plan (mode, k, sampler, batch
+//! size) costs per epoch, predicted from the plan's exact counts and measured rates, before
+//! anything trains.
+//!
+//! **Counts** ([`EpochCounts`]) come from the same code that makes a run's steps (`decide`,
+//! `steps::build_step`): per rank and conv layer the rows computed and the edges aggregated,
+//! per layer the rows every rank receives from every other (forward halo exchange) and sends
+//! back (backward), the replicated features fetched from their home server, the parameters
+//! the all-reduce sums, and the memory model's bytes. Per-iteration plans (cob, mb) count the
+//! first [`COUNTED_STEPS`] steps of the epoch and scale to its iterations.
+//!
+//! **Time** ([`predict`]): GraNNDIS Eqs. 1-4 generalised to the plan's own counts. The ranks
+//! run in lock step, so per layer and direction the slowest rank's compute comes first, then
+//! the exchange; an exchange lasts as long as its busiest link: a server's NIC (its bytes out
+//! or in, whichever is larger, over the inter-server bandwidth; the NIC is shared by the
+//! server's devices) or a device's intra-server link, plus one latency per class used. What
+//! the paper's equations leave out and this model adds: the backward pass (twice the forward
+//! dense products, the transposed aggregation, the same exchange reversed), the hierarchical
+//! all-reduce of every iteration (reduce to the head and back over the intra links, a
+//! reduce-scatter and all-gather among heads over the NICs), the fetch of replicated features
+//! per step (and once at setup for static plans), and CPU contention when several ranks share
+//! one machine's cores. Not modelled: overlap (the runtime does not overlap compute with
+//! communication), host-side plan building (it runs ahead of the ranks) and evaluation.
+
+use std::sync::Arc;
+
+use grandis_masking::{DevicePlan, Layout, ModelDims};
+use grandis_models::{Model, ModelConfig, ModelKind};
+use grandis_wire::{ComputeRate, LinkBytes, LinkRate};
+use serde::Serialize;
+
+use crate::steps::Step;
+
+/// Steps of a per-iteration schedule counted for one epoch (the rest are assumed alike).
+pub const COUNTED_STEPS: usize = 16;
+
+/// Bytes a rank sends to another in one exchange (only pairs with traffic).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Traffic {
+    /// (from rank, to rank, bytes).
+    pub pairs: Vec<(usize, usize, u64)>,
+}
+
+impl Traffic {
+    fn add(&mut self, from: usize, to: usize, bytes: u64) {
+        if bytes > 0 {
+            self.pairs.push((from, to, bytes));
+        }
+    }
+
+    fn scaled(&self, f: f64) -> Traffic {
+        Traffic {
+            pairs: self
+                .pairs
+                .iter()
+                .map(|&(a, b, x)| (a, b, (x as f64 * f).round() as u64))
+                .collect(),
+        }
+    }
+
+    /// Bytes by link class.
+    pub fn bytes(&self, layout: &Layout) -> LinkBytes {
+        let mut out = LinkBytes::default();
+        for &(a, b, x) in &self.pairs {
+            if layout.same_server(a, b) {
+                out.intra_server += x;
+            } else {
+                out.inter_server += x;
+            }
+        }
+        out
+    }
+}
+
+/// What one step does, in counts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StepCounts {
+    /// `[rank][layer]` rows computed (valid owned rows) and edges aggregated.
+    pub rows: Vec<Vec<u64>>,
+    pub edges: Vec<Vec<u64>>,
+    /// `[layer]` the forward halo exchange feeding the layer, and its backward (empty for
+    /// layers without one).
+    pub forward: Vec<Traffic>,
+    pub backward: Vec<Traffic>,
+    /// Replicated features fetched from their home server for this step (see
+    /// [`EpochCounts::setup_fetch`] for plans that serve the whole run).
+    pub fetch: Traffic,
+}
+
+/// What one epoch of a candidate does, in counts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EpochCounts {
+    pub iterations: usize,
+    /// The counted steps (each standing for [`Self::scale`] iterations).
+    pub steps: Vec<StepCounts>,
+    /// Fetched once before the first epoch (static plans), not per epoch.
+    pub setup_fetch: Traffic,
+    /// Iterations per counted step (1 when every step was counted).
+    pub scale: f64,
+    /// Parameters the all-reduce sums every iteration.
+    pub parameters: usize,
+    /// The memory model's peak over the counted steps, per rank.
+    pub model_bytes: Vec<u64>,
+}
+
+/// The per-layer constants of a model that turn rows and edges into work.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerWork {
+    /// Dense flops of one row's forward pass at this layer (its weights; the encoder of
+    /// ResSAGE+ on its first layer, its head on its last).
+    pub flops_per_row: f64,
+    /// Columns the layer aggregates per edge.
+    pub aggregated_cols: usize,
+    /// Columns of a halo row in its exchange (the layer's input width).
+    pub exchanged_cols: usize,
+    /// Whether the layer's halo gradients go back to their owners.
+    pub backward_exchange: bool,
+}
+
+/// The work constants of every conv layer of `config`.
+pub fn layer_work(config: &ModelConfig, dims: &ModelDims) -> anyhow::Result<Vec<LayerWork>> {
+    let b = grandis_engine::CpuBackend::new(Some(1))?;
+    let model = Model::new(&b, config.clone())?;
+    let shapes = config
+        .parameter_shapes()
+        .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;
+    let stage_flops = |s: usize| -> f64 {
+        let prefix = format!("stage{s}.");
+        shapes
+            .iter()
+            .filter(|(n, sh)| n.starts_with(&prefix) && sh.len() == 2)
+            .map(|(_, sh)| 2.0 * (sh[0] * sh[1]) as f64)
+            .sum()
+    };
+    let stages = model.num_stages();
+    let res = config.kind == ModelKind::ResSage;
+    let first_conv = usize::from(res);
+    Ok((0..config.layers)
+        .map(|l| {
+            let s = l + first_conv;
+            let mut flops = stage_flops(s);
+            if res && l == 0 {
+                flops += stage_flops(0);
+            }
+            if res && l + 1 == config.layers && stages > s + 1 {
+                flops += (s + 1..stages).map(stage_flops).sum::<f64>();
+            }
+            let (d_in, _) = model.stage_dims(s);
+            LayerWork {
+                flops_per_row: flops,
+                aggregated_cols: model.stage_neighbour_width(s).unwrap_or(d_in),
+                exchanged_cols: dims.in_width(l),
+                backward_exchange: l > 0 || res,
+            }
+        })
+        .collect())
+}
+
+/// Counts of one step: every rank's rows and edges per layer, its exchanges and fetch.
+pub(crate) fn count_step(
+    step: &Step,
+    layout: &Layout,
+    work: &[LayerWork],
+    features: usize,
+) -> StepCounts {
+    let layers = work.len();
+    let mut rows = vec![vec![0u64; layers]; step.plans.len()];
+    let mut edges = vec![vec![0u64; layers]; step.plans.len()];
+    let mut forward = vec![Traffic::default(); layers];
+    let mut backward = vec![Traffic::default(); layers];
+    let mut fetch = Traffic::default();
+    for (r, plans) in step.plans.iter().enumerate() {
+        for (l, p) in plans.iter().enumerate().take(layers) {
+            let valid = p.valid_owned(l);
+            rows[r][l] = valid.len() as u64;
+            edges[r][l] = valid.map(|v| p.agg_degree_at(l, v) as u64).sum();
+            let row_bytes = (work[l].exchanged_cols * 4) as u64;
+            for (gi, g) in p.halo.iter().enumerate() {
+                let n = p.recv_rows(l, gi).len() as u64;
+                forward[l].add(g.peer, r, n * row_bytes);
+                if work[l].backward_exchange {
+                    backward[l].add(r, g.peer, n * row_bytes);
+                }
+            }
+        }
+        if let Some(p) = plans.first() {
+            fetch_of(p, r, layout, features, &mut fetch);
+        }
+    }
+    StepCounts {
+        rows,
+        edges,
+        forward,
+        backward,
+        fetch,
+    }
+}
+
+/// The features rank `r`'s layer-0 plan `p` owns but whose home is another server.
+fn fetch_of(p: &Arc<DevicePlan>, r: usize, layout: &Layout, features: usize, out: &mut Traffic) {
+    let server = layout.server_of_rank(r);
+    let mut from: std::collections::BTreeMap<usize, u64> = Default::default();
+    for &g in &p.global_ids[..p.n_owned] {
+        if layout.server_of(g) != server {
+            *from.entry(layout.owner(g)).or_default() += (features * 4) as u64;
+        }
+    }
+    for (home, bytes) in from {
+        out.add(home, r, bytes);
+    }
+}
+
+/// The rates a prediction uses: one device's compute, the two link classes, and how many
+/// ranks share one device's compute (CPU ranks on fewer cores than they have threads).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Rates {
+    pub compute: ComputeRate,
+    pub intra: LinkRate,
+    pub inter: LinkRate,
+    /// Compute time multiplier: 1 for dedicated devices; ranks × threads / cores when the
+    /// ranks share a machine's cores.
+    pub contention: f64,
+}
+
+/// A candidate's predicted epoch, its parts (seconds, as the run summary splits them) and
+/// bytes.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Prediction {
+    pub epoch_s: f64,
+    pub compute_s: f64,
+    pub intra_s: f64,
+    pub inter_s: f64,
+    pub fetch_s: f64,
+    pub all_reduce_s: f64,
+    /// Once, before the first epoch (static plans' replicated features).
+    pub setup_fetch_s: f64,
+    /// Halo bytes per epoch (forward + backward) by link class.
+    pub halo_bytes: LinkBytes,
+    /// Fetched feature bytes per epoch.
+    pub fetch_bytes: LinkBytes,
+    /// Fetched once, before the first epoch.
+    pub setup_fetch_bytes: u64,
+    /// Rows computed per epoch over all layers and ranks (forward).
+    pub computed_vertex_layers: u64,
+    /// The memory model's worst rank.
+    pub peak_bytes: u64,
+}
+
+/// Seconds of one exchange: its busiest link per class, plus a latency for each class used.
+/// Returns (intra, inter) seconds; the exchange lasts their maximum.
+fn exchange_seconds(t: &Traffic, layout: &Layout, rates: &Rates) -> (f64, f64) {
+    let ranks = layout.num_ranks();
+    let servers = layout.servers();
+    let (mut dev_out, mut dev_in) = (vec![0u64; ranks], vec![0u64; ranks]);
+    let (mut nic_out, mut nic_in) = (vec![0u64; servers], vec![0u64; servers]);
+    let (mut intra_used, mut inter_used) = (false, false);
+    for &(a, b, x) in &t.pairs {
+        if layout.same_server(a, b) {
+            dev_out[a] += x;
+            dev_in[b] += x;
+            intra_used = true;
+        } else {
+            nic_out[layout.server_of_rank(a)] += x;
+            nic_in[layout.server_of_rank(b)] += x;
+            inter_used = true;
+        }
+    }
+    let busiest = |a: &[u64], b: &[u64]| a.iter().chain(b).copied().max().unwrap_or(0) as f64;
+    let time = |bytes: f64, link: &LinkRate, used: bool| {
+        if !used {
+            return 0.0;
+        }
+        let bw = if link.bandwidth_bytes_per_s > 0.0 {
+            bytes / link.bandwidth_bytes_per_s
+        } else {
+            0.0
+        };
+        bw + link.latency_s
+    };
+    (
+        time(busiest(&dev_out, &dev_in), &rates.intra, intra_used),
+        time(busiest(&nic_out, &nic_in), &rates.inter, inter_used),
+    )
+}
+
+/// Predicts one epoch of `counts` on `layout` with `rates`.
+pub fn predict(
+    counts: &EpochCounts,
+    work: &[LayerWork],
+    layout: &Layout,
+    rates: &Rates,
+) -> Prediction {
+    let mut p = Prediction::default();
+    let gemm = rates.compute.gemm_flops_per_s.max(1.0);
+    let agg = rates.compute.aggregation_edge_cols_per_s.max(1.0);
+    let c = rates.contention.max(1.0);
+    for step in &counts.steps {
+        let ranks = &step.rows;
+        let rows: u64 = ranks.iter().flatten().sum();
+        p.computed_vertex_layers += (rows as f64 * counts.scale).round() as u64;
+        for (l, w) in work.iter().enumerate() {
+            // Forward: the dense products and the aggregation; backward: the products of
+            // both gradients (twice the forward) and the transposed aggregation.
+            let rank_seconds = |r: usize, gemm_factor: f64| {
+                let rows = ranks[r][l] as f64;
+                let edges = step.edges[r][l] as f64;
+                c * (gemm_factor * rows * w.flops_per_row / gemm
+                    + edges * w.aggregated_cols as f64 / agg)
+            };
+            let slowest = |f: f64| {
+                (0..ranks.len())
+                    .map(|r| rank_seconds(r, f))
+                    .fold(0.0, f64::max)
+            };
+            p.compute_s += (slowest(1.0) + slowest(2.0)) * counts.scale;
+            for t in [&step.forward[l], &step.backward[l]] {
+                let (intra, inter) = exchange_seconds(t, layout, rates);
+                // Both classes run at once; the time is split between them by which one ends
+                // last, as the runtime's wait counters attribute it.
+                if inter >= intra {
+                    p.inter_s += inter * counts.scale;
+                } else {
+                    p.intra_s += intra * counts.scale;
+                }
+                let b = t.bytes(layout);
+                p.halo_bytes.intra_server += (b.intra_server as f64 * counts.scale) as u64;
+                p.halo_bytes.inter_server += (b.inter_server as f64 * counts.scale) as u64;
+            }
+        }
+        let (intra, inter) = exchange_seconds(&step.fetch, layout, rates);
+        p.fetch_s += intra.max(inter) * counts.scale;
+        let b = step.fetch.scaled(counts.scale).bytes(layout);
+        p.fetch_bytes.add(&b);
+    }
+    p.all_reduce_s =
+        counts.iterations as f64 * all_reduce_seconds(counts.parameters, layout, rates);
+    let (intra, inter) = exchange_seconds(&counts.setup_fetch, layout, rates);
+    p.setup_fetch_s = intra.max(inter);
+    let setup = counts.setup_fetch.bytes(layout);
+    p.setup_fetch_bytes = setup.intra_server + setup.inter_server;
+    p.peak_bytes = counts.model_bytes.iter().copied().max().unwrap_or(0);
+    p.epoch_s = p.compute_s + p.intra_s + p.inter_s + p.fetch_s + p.all_reduce_s;
+    p
+}
+
+/// One hierarchical all-reduce of `parameters` values (`fabric`'s): the devices send their
+/// buffers to the head and get the result back over its intra link; the heads reduce-scatter
+/// and all-gather over their NICs (each sends and receives 2 (S-1)/S of the buffer).
+fn all_reduce_seconds(parameters: usize, layout: &Layout, rates: &Rates) -> f64 {
+    let bytes = (parameters * 4) as f64;
+    let (s, g) = (layout.servers() as f64, layout.devices() as f64);
+    let per = |link: &LinkRate, b: f64, messages: f64| {
+        let bw = if link.bandwidth_bytes_per_s > 0.0 {
+            b / link.bandwidth_bytes_per_s
+        } else {
+            0.0
+        };
+        bw + messages * link.latency_s
+    };
+    let intra = if g > 1.0 {
+        per(&rates.intra, 2.0 * (g - 1.0) * bytes, 2.0)
+    } else {
+        0.0
+    };
+    let inter = if s > 1.0 {
+        per(&rates.inter, 2.0 * (s - 1.0) / s * bytes, 2.0)
+    } else {
+        0.0
+    };
+    intra + inter
+}
+
+/// One plan the planner considers: a mode with its knobs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Candidate {
+    pub mode: grandis_wire::Mode,
+    pub preload_hops: Option<usize>,
+    pub sampling: grandis_wire::Sampling,
+    pub batch_size: Option<usize>,
+}
+
+impl Candidate {
+    /// A short name: `fb`, `flx k=2`, `flx-eas h=1 f=15`, `cob 1024 sage(10,5)`, `mb 256 ...`.
+    pub fn name(&self) -> String {
+        use grandis_wire::{Mode, Sampling};
+        let sampler = |s: &Sampling| match s {
+            Sampling::None => "exact".to_string(),
+            Sampling::Eas { hops, fanout, .. } => format!("eas h={hops} f={fanout}"),
+            Sampling::Fanout { fanouts } => format!(
+                "sage({})",
+                fanouts
+                    .iter()
+                    .map(|f| f.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Sampling::Saint { walk_length } => format!("saint(walk {walk_length})"),
+        };
+        match (self.mode, &self.sampling) {
+            (Mode::Flx, Sampling::None) => format!("flx k={}", self.preload_hops.unwrap_or(0)),
+            (Mode::Flx, s) => format!("flx-{}", sampler(s)),
+            (Mode::Cob | Mode::Mb, s) => format!(
+                "{} {} {}",
+                self.mode.name(),
+                self.batch_size.unwrap_or(0),
+                sampler(s)
+            ),
+            (m, _) => m.name().to_string(),
+        }
+    }
+
+    /// Whether the candidate trains on the exact graph (no sampling).
+    pub fn is_exact(&self) -> bool {
+        self.sampling == grandis_wire::Sampling::None
+    }
+
+    /// `base` with this candidate's mode and knobs.
+    pub fn options(&self, base: &crate::ParallelOptions) -> crate::ParallelOptions {
+        crate::ParallelOptions {
+            mode: self.mode,
+            preload_hops: self.preload_hops,
+            sampling: self.sampling.clone(),
+            batch_size: self.batch_size,
+            ..base.clone()
+        }
+    }
+}
+
+/// The candidates for a model of `layers` layers: fb; exact flx with k = 1..=layers; flx-eas
+/// with k = layers over hops {1, 2} x fanout {5, 15}; cob with the co-batch size `batch` and
+/// its half and quarter, each with `sampling` (exact when none); mb with `batch` / devices per
+/// device when `sampling` is a sampler mb runs (fanout or eas).
+pub fn candidates(
+    layers: usize,
+    batch: usize,
+    devices: usize,
+    sampling: &grandis_wire::Sampling,
+) -> Vec<Candidate> {
+    use grandis_wire::{Mode, Priority, Sampling};
+    let mut out = vec![Candidate {
+        mode: Mode::Fb,
+        preload_hops: None,
+        sampling: Sampling::None,
+        batch_size: None,
+    }];
+    for k in 1..=layers {
+        out.push(Candidate {
+            mode: Mode::Flx,
+            preload_hops: Some(k),
+            sampling: Sampling::None,
+            batch_size: None,
+        });
+    }
+    for hops in [1, 2] {
+        for fanout in [5, 15] {
+            out.push(Candidate {
+                mode: Mode::Flx,
+                preload_hops: Some(layers),
+                sampling: Sampling::Eas {
+                    hops,
+                    fanout,
+                    priority: Priority::Degree,
+                },
+                batch_size: None,
+            });
+        }
+    }
+    let cob_sampling = match sampling {
+        Sampling::Saint { .. } => Sampling::None,
+        s => s.clone(),
+    };
+    for b in [batch, batch / 2, batch / 4] {
+        if b > 0 {
+            out.push(Candidate {
+                mode: Mode::Cob,
+                preload_hops: None,
+                sampling: cob_sampling.clone(),
+                batch_size: Some(b),
+            });
+        }
+    }
+    if matches!(sampling, Sampling::Fanout { .. } | Sampling::Eas { .. }) {
+        out.push(Candidate {
+            mode: Mode::Mb,
+            preload_hops: None,
+            sampling: sampling.clone(),
+            batch_size: Some((batch / devices.max(1)).max(1)),
+        });
+    }
+    out
+}
+
+/// A candidate with its counts and prediction, or why it cannot run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Planned {
+    pub candidate: Candidate,
+    pub name: String,
+    pub prediction: Option<Prediction>,
+    /// Whether the memory model's worst rank fits the budget.
+    pub fits: bool,
+    pub error: Option<String>,
+}
+
+/// Counts and predicts every candidate for `config` on `part` with `rates`; `base` carries
+/// the budget (`device_memory`) and everything a candidate does not set.
+pub fn plan(
+    view: grandis_store::DatasetView<'_>,
+    part: &crate::PartitionedGraph,
+    config: &ModelConfig,
+    seed: u64,
+    base: &crate::ParallelOptions,
+    candidates: &[Candidate],
+    rates: &Rates,
+) -> anyhow::Result<Vec<Planned>> {
+    crate::setup::check_inputs(&view, part, config)?;
+    let (flags, totals) = crate::setup::labelled(&view, part)?;
+    if totals[0] == 0 {
+        anyhow::bail!("the dataset's train split has no labelled vertices");
+    }
+    let ctx = crate::plan_context(&view, part)?;
+    let dims = crate::model_dims(config);
+    let work = layer_work(config, &dims)?;
+    let parameters =
+        Model::new(&grandis_engine::CpuBackend::new(Some(1))?, config.clone())?.num_parameters();
+    let budget = match base.device_memory {
+        Some(b) => b,
+        None => crate::default_budget(&base.compute, 1, part.layout.num_ranks())?.0,
+    };
+    let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
+    let mut out = Vec::new();
+    for c in candidates {
+        let popts = crate::ParallelOptions {
+            device_memory: Some(budget),
+            ..c.options(base)
+        };
+        let counted = (|| -> anyhow::Result<EpochCounts> {
+            let sampler =
+                grandis_sampling::dependency_sampler(&popts.sampling, config.layers, seed)?;
+            let decision = crate::decide::decide(
+                &ctx,
+                config,
+                &popts,
+                &dims,
+                sampler.as_deref(),
+                &labelled_train,
+                seed,
+            )?;
+            count_epoch(
+                &ctx,
+                &decision,
+                &dims,
+                &work,
+                view.feature_dim,
+                &labelled_train,
+            )
+            .map(|c| EpochCounts { parameters, ..c })
+        })();
+        out.push(match counted {
+            Ok(counts) => {
+                let p = predict(&counts, &work, &part.layout, rates);
+                Planned {
+                    candidate: c.clone(),
+                    name: c.name(),
+                    fits: p.peak_bytes <= budget,
+                    prediction: Some(p),
+                    error: None,
+                }
+            }
+            Err(e) => Planned {
+                candidate: c.clone(),
+                name: c.name(),
+                prediction: None,
+                fits: false,
+                error: Some(format!("{e:#}")),
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// Counts one epoch of `decision`'s schedule (epoch 0; per-iteration schedules: its first
+/// [`COUNTED_STEPS`] steps, scaled).
+fn count_epoch(
+    ctx: &grandis_masking::PlanContext<'_>,
+    decision: &crate::decide::Decision<'_>,
+    dims: &ModelDims,
+    work: &[LayerWork],
+    features: usize,
+    labelled_train: &dyn Fn(u32) -> bool,
+) -> anyhow::Result<EpochCounts> {
+    use crate::steps::Schedule;
+    let iterations = decision.schedule.iterations();
+    let counted = iterations.clamp(1, COUNTED_STEPS);
+    let mut counts = EpochCounts {
+        iterations,
+        scale: iterations as f64 / counted as f64,
+        ..EpochCounts::default()
+    };
+    let mut prev = None;
+    for it in 0..counted {
+        let built = crate::steps::build_step(
+            ctx,
+            &decision.schedule,
+            dims,
+            0,
+            it,
+            prev.as_ref(),
+            labelled_train,
+        )?;
+        let mut step = count_step(&built.1, ctx.layout(), work, features);
+        for (peak, &b) in grow(&mut counts.model_bytes, built.2.model_bytes.len())
+            .iter_mut()
+            .zip(&built.2.model_bytes)
+        {
+            *peak = (*peak).max(b);
+        }
+        let fetch = std::mem::take(&mut step.fetch);
+        step.fetch = match &decision.schedule {
+            // One plan for the whole run: its features are fetched once, before training.
+            Schedule::Static { .. } => {
+                counts.setup_fetch = fetch;
+                Traffic::default()
+            }
+            // Sampled FLX fetches when it draws a sample: once, or every `every` epochs.
+            Schedule::FlxSampled { every, .. } => match every {
+                Some(n) if *n > 0 => fetch.scaled(1.0 / *n as f64),
+                _ => {
+                    counts.setup_fetch = fetch;
+                    Traffic::default()
+                }
+            },
+            Schedule::Cob { .. } | Schedule::Mb { .. } => fetch,
+        };
+        counts.steps.push(step);
+        prev = Some(built);
+    }
+    Ok(counts)
+}
+
+fn grow(v: &mut Vec<u64>, len: usize) -> &mut Vec<u64> {
+    if v.len() < len {
+        v.resize(len, 0);
+    }
+    v
+}
