@@ -10,6 +10,7 @@ mod daemon;
 mod data;
 mod job_args;
 mod partition;
+mod plan;
 mod predict;
 mod submit;
 mod train;
@@ -41,6 +42,9 @@ enum Command {
     Partition(partition::PartitionArgs),
     /// Train a model on a dataset.
     Train(Box<train::TrainArgs>),
+    /// Predict every candidate plan of a job (mode, k, sampler, co-batch size) from its exact
+    /// counts and measured rates, and say which one it would run.
+    Plan(Box<plan::PlanArgs>),
     /// Write predictions (and embeddings) of a trained checkpoint as .npy, layer by layer, so
     /// graphs larger than memory work too.
     Predict(predict::PredictArgs),
@@ -80,6 +84,7 @@ fn main() {
         Command::Data(cmd) => data::run(cmd),
         Command::Partition(args) => partition::run(args),
         Command::Train(args) => train::run(*args),
+        Command::Plan(args) => plan::run(*args),
         Command::Predict(args) => predict::run(args),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Analyze(cmd) => analyze::run(cmd),

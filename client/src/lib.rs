@@ -234,6 +234,11 @@ impl Client {
         self.call_for("POST", "/v1/jobs", Some((content_type, document)))
     }
 
+    /// The cluster: servers (with what they measured), heads and daemons.
+    pub fn cluster(&self) -> Result<grandis_wire::ClusterView, CallError> {
+        self.call_for("GET", "/v1/cluster", None)
+    }
+
     /// A job's status.
     pub fn status(&self, id: JobId) -> Result<JobStatus, CallError> {
         self.call_for("GET", &format!("/v1/jobs/{id}"), None)

@@ -19,8 +19,11 @@ pub const PROBE_BYTES: usize = 8 << 20;
 /// How long each half of the compute calibration runs (at least one call).
 const CALIBRATION: Duration = Duration::from_millis(100);
 
-/// Rows of the calibration's matrices and graph.
+/// Rows of the calibration's matrices and graph, and the source rows of its aggregations:
+/// within the caches, and far beyond them.
 const ROWS: usize = 8192;
+pub const CACHED_SOURCE_ROWS: usize = ROWS;
+pub const UNCACHED_SOURCE_ROWS: usize = 1 << 18;
 
 /// In-degree of the calibration graph.
 const DEGREE: usize = 16;
@@ -35,24 +38,35 @@ pub fn compute_rate<B: Backend>(b: &B, width: usize) -> anyhow::Result<ComputeRa
         b.gemm(false, false, ROWS, width, width, 1.0, &x, &w, 0.0, &mut y)
     })?;
     let flops = 2.0 * (ROWS * width * width) as f64;
-    let n = ROWS;
-    let graph = BlockGraph {
-        n_dst: n,
-        n_src: n,
-        offsets: (0..=n).map(|v| (v * DEGREE) as u64).collect(),
-        // A scattered neighbourhood, as a partitioned graph's is.
-        indices: (0..n * DEGREE)
-            .map(|e| ((e as u64).wrapping_mul(2654435761) % n as u64) as u32)
-            .collect(),
-        dst_scale: vec![1.0 / DEGREE as f32; n],
-        src_scale: None,
-        self_scale: None,
+    let aggregation = |sources: usize| -> anyhow::Result<f64> {
+        let n = ROWS;
+        let graph = BlockGraph {
+            n_dst: n,
+            n_src: sources,
+            offsets: (0..=n).map(|v| (v * DEGREE) as u64).collect(),
+            // A scattered neighbourhood, as a partitioned graph's is.
+            indices: (0..n * DEGREE)
+                .map(|e| ((e as u64).wrapping_mul(2654435761) % sources as u64) as u32)
+                .collect(),
+            dst_scale: vec![1.0 / DEGREE as f32; n],
+            src_scale: None,
+            self_scale: None,
+        };
+        let g = b.upload_graph(&graph)?;
+        let src = match sources {
+            s if s == ROWS => None,
+            s => Some(b.upload(&pseudo_random(s * width, 3))?),
+        };
+        let mut out = b.alloc(n * width)?;
+        let calls = repeat(b, || {
+            b.aggregate(&g, src.as_ref().unwrap_or(&x), width, &mut out)
+        })?;
+        Ok((n * DEGREE * width) as f64 * calls.0 as f64 / calls.1)
     };
-    let g = b.upload_graph(&graph)?;
-    let agg_calls = repeat(b, || b.aggregate(&g, &x, width, &mut y))?;
     Ok(ComputeRate {
         gemm_flops_per_s: flops * gemm_calls.0 as f64 / gemm_calls.1,
-        aggregation_edge_cols_per_s: (n * DEGREE * width) as f64 * agg_calls.0 as f64 / agg_calls.1,
+        aggregation_edge_cols_per_s: aggregation(CACHED_SOURCE_ROWS)?,
+        aggregation_uncached_edge_cols_per_s: aggregation(UNCACHED_SOURCE_ROWS)?,
         width,
     })
 }

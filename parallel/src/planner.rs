@@ -78,6 +78,8 @@ pub struct StepCounts {
     /// `[rank][layer]` rows computed (valid owned rows) and edges aggregated.
     pub rows: Vec<Vec<u64>>,
     pub edges: Vec<Vec<u64>>,
+    /// `[rank][layer]` rows the layer's aggregation reads from (the plan's local rows).
+    pub sources: Vec<Vec<u64>>,
     /// `[layer]` the forward halo exchange feeding the layer, and its backward (empty for
     /// layers without one).
     pub forward: Vec<Traffic>,
@@ -101,6 +103,9 @@ pub struct EpochCounts {
     pub parameters: usize,
     /// The memory model's peak over the counted steps, per rank.
     pub model_bytes: Vec<u64>,
+    /// Host seconds building the epoch's plans (sampling, extraction; per-iteration
+    /// schedules only, scaled like the steps): CPU work that competes with CPU ranks.
+    pub build_seconds: f64,
 }
 
 /// The per-layer constants of a model that turn rows and edges into work.
@@ -166,6 +171,7 @@ pub(crate) fn count_step(
     let layers = work.len();
     let mut rows = vec![vec![0u64; layers]; step.plans.len()];
     let mut edges = vec![vec![0u64; layers]; step.plans.len()];
+    let mut sources = vec![vec![0u64; layers]; step.plans.len()];
     let mut forward = vec![Traffic::default(); layers];
     let mut backward = vec![Traffic::default(); layers];
     let mut fetch = Traffic::default();
@@ -173,6 +179,7 @@ pub(crate) fn count_step(
         for (l, p) in plans.iter().enumerate().take(layers) {
             let valid = p.valid_owned(l);
             rows[r][l] = valid.len() as u64;
+            sources[r][l] = p.n_local() as u64;
             edges[r][l] = valid.map(|v| p.agg_degree_at(l, v) as u64).sum();
             let row_bytes = (work[l].exchanged_cols * 4) as u64;
             for (gi, g) in p.halo.iter().enumerate() {
@@ -190,6 +197,7 @@ pub(crate) fn count_step(
     StepCounts {
         rows,
         edges,
+        sources,
         forward,
         backward,
         fetch,
@@ -220,6 +228,55 @@ pub struct Rates {
     /// Compute time multiplier: 1 for dedicated devices; ranks × threads / cores when the
     /// ranks share a machine's cores.
     pub contention: f64,
+    /// Compute time multiplier from [`calibrate`]: a real training step of the job's model
+    /// over what the two kernel rates alone account for (the element-wise work, the loss,
+    /// the optimiser, kernel shapes); 1 when not calibrated.
+    pub calibration: f64,
+    /// The cores CPU ranks share with the host's plan builders (in-process runs on one
+    /// machine); None when the ranks have devices of their own.
+    pub shared_cores: Option<usize>,
+}
+
+/// The aggregation rate over `sources` rows of `cols` columns: between the cached and the
+/// uncached calibration, by the bytes the sources take (log-linear in between).
+fn aggregation_rate(rate: &ComputeRate, sources: f64, cols: usize) -> f64 {
+    use crate::measure::{CACHED_SOURCE_ROWS, UNCACHED_SOURCE_ROWS};
+    let cached = rate.aggregation_edge_cols_per_s.max(1.0);
+    let uncached = rate.aggregation_uncached_edge_cols_per_s;
+    if uncached <= 0.0 {
+        return cached;
+    }
+    // Rows of the calibration's width holding as many bytes.
+    let rows = sources * cols as f64 / rate.width.max(1) as f64;
+    let (lo, hi) = (
+        (CACHED_SOURCE_ROWS as f64).ln(),
+        (UNCACHED_SOURCE_ROWS as f64).ln(),
+    );
+    let t = ((rows.max(1.0).ln() - lo) / (hi - lo)).clamp(0.0, 1.0);
+    (cached.ln() * (1.0 - t) + uncached.ln() * t).exp()
+}
+
+/// Seconds of the forward (`backward = false`) or backward pass of conv layer `l` over
+/// `rows` rows aggregating `edges` edges, at `rate`: the dense products (twice the forward
+/// ones backward, except on layer 0 of a plain stack, whose input needs no gradient) and the
+/// aggregation (transposed backward).
+#[allow(clippy::too_many_arguments)]
+fn layer_seconds(
+    rows: f64,
+    edges: f64,
+    sources: f64,
+    l: usize,
+    w: &LayerWork,
+    rate: &ComputeRate,
+    backward: bool,
+) -> f64 {
+    let gemm_factor = match (backward, l == 0 && !w.backward_exchange) {
+        (false, _) => 1.0,
+        (true, true) => 1.0,
+        (true, false) => 2.0,
+    };
+    gemm_factor * rows * w.flops_per_row / rate.gemm_flops_per_s.max(1.0)
+        + edges * w.aggregated_cols as f64 / aggregation_rate(rate, sources, w.aggregated_cols)
 }
 
 /// A candidate's predicted epoch, its parts (seconds, as the run summary splits them) and
@@ -291,28 +348,31 @@ pub fn predict(
     rates: &Rates,
 ) -> Prediction {
     let mut p = Prediction::default();
-    let gemm = rates.compute.gemm_flops_per_s.max(1.0);
-    let agg = rates.compute.aggregation_edge_cols_per_s.max(1.0);
-    let c = rates.contention.max(1.0);
+    let c = rates.contention.max(1.0) * rates.calibration.max(f64::MIN_POSITIVE);
+    let mut cpu_seconds = 0.0;
     for step in &counts.steps {
         let ranks = &step.rows;
         let rows: u64 = ranks.iter().flatten().sum();
         p.computed_vertex_layers += (rows as f64 * counts.scale).round() as u64;
         for (l, w) in work.iter().enumerate() {
-            // Forward: the dense products and the aggregation; backward: the products of
-            // both gradients (twice the forward) and the transposed aggregation.
-            let rank_seconds = |r: usize, gemm_factor: f64| {
-                let rows = ranks[r][l] as f64;
-                let edges = step.edges[r][l] as f64;
-                c * (gemm_factor * rows * w.flops_per_row / gemm
-                    + edges * w.aggregated_cols as f64 / agg)
+            let rank_seconds = |r: usize, backward: bool| {
+                let (rows, edges) = (ranks[r][l] as f64, step.edges[r][l] as f64);
+                let sources = step.sources[r][l] as f64;
+                c * layer_seconds(rows, edges, sources, l, w, &rates.compute, backward)
             };
-            let slowest = |f: f64| {
+            // All ranks' CPU work, for the shared-cores bound below.
+            cpu_seconds += (0..ranks.len())
+                .map(|r| {
+                    (rank_seconds(r, false) + rank_seconds(r, true)) / rates.contention.max(1.0)
+                })
+                .sum::<f64>()
+                * counts.scale;
+            let slowest = |backward: bool| {
                 (0..ranks.len())
-                    .map(|r| rank_seconds(r, f))
+                    .map(|r| rank_seconds(r, backward))
                     .fold(0.0, f64::max)
             };
-            p.compute_s += (slowest(1.0) + slowest(2.0)) * counts.scale;
+            p.compute_s += (slowest(false) + slowest(true)) * counts.scale;
             for t in [&step.forward[l], &step.backward[l]] {
                 let (intra, inter) = exchange_seconds(t, layout, rates);
                 // Both classes run at once; the time is split between them by which one ends
@@ -339,6 +399,13 @@ pub fn predict(
     let setup = counts.setup_fetch.bytes(layout);
     p.setup_fetch_bytes = setup.intra_server + setup.inter_server;
     p.peak_bytes = counts.model_bytes.iter().copied().max().unwrap_or(0);
+    // Ranks sharing a machine's cores with the plan builders cannot compute faster than all
+    // that CPU work spread over the cores.
+    if let Some(cores) = rates.shared_cores {
+        p.compute_s = p
+            .compute_s
+            .max((cpu_seconds + counts.build_seconds) / cores.max(1) as f64);
+    }
     p.epoch_s = p.compute_s + p.intra_s + p.inter_s + p.fetch_s + p.all_reduce_s;
     p
 }
@@ -598,6 +665,7 @@ fn count_epoch(
     };
     let mut prev = None;
     for it in 0..counted {
+        let t = std::time::Instant::now();
         let built = crate::steps::build_step(
             ctx,
             &decision.schedule,
@@ -607,6 +675,12 @@ fn count_epoch(
             prev.as_ref(),
             labelled_train,
         )?;
+        if matches!(
+            decision.schedule,
+            Schedule::Cob { .. } | Schedule::Mb { .. }
+        ) {
+            counts.build_seconds += t.elapsed().as_secs_f64() * counts.scale;
+        }
         let mut step = count_step(&built.1, ctx.layout(), work, features);
         for (peak, &b) in grow(&mut counts.model_bytes, built.2.model_bytes.len())
             .iter_mut()
@@ -642,4 +716,131 @@ fn grow(v: &mut Vec<u64>, len: usize) -> &mut Vec<u64> {
         v.resize(len, 0);
     }
     v
+}
+
+/// The plan to run: the fastest predicted candidate that fits its budget, except that a
+/// sampled one must be predicted at least `exact_preference` times faster than the fastest
+/// exact one (sampling changes what is learned; exact plans reproduce full-batch training).
+/// Returns its index in `planned` and why; None when nothing fits.
+pub fn choose(planned: &[Planned], exact_preference: f64) -> Option<(usize, String)> {
+    let time = |p: &Planned| p.prediction.as_ref().map_or(f64::INFINITY, |x| x.epoch_s);
+    let fastest = |exact: bool| {
+        planned
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.fits && p.prediction.is_some() && p.candidate.is_exact() == exact)
+            .min_by(|a, b| time(a.1).total_cmp(&time(b.1)))
+            .map(|(i, _)| i)
+    };
+    match (fastest(true), fastest(false)) {
+        (Some(e), Some(s)) if time(&planned[s]) * exact_preference < time(&planned[e]) => Some((
+            s,
+            format!(
+                "{} is predicted {:.2}x faster than the fastest exact plan ({}), more than the \
+                 {exact_preference:.2}x a sampled plan must win by",
+                planned[s].name,
+                time(&planned[e]) / time(&planned[s]),
+                planned[e].name
+            ),
+        )),
+        (Some(e), s) => Some((
+            e,
+            match s {
+                Some(s) => format!(
+                    "the fastest exact plan; the fastest sampled one ({}) is not {exact_preference:.2}x faster",
+                    planned[s].name
+                ),
+                None => "the fastest plan that fits".into(),
+            },
+        )),
+        (None, Some(s)) => Some((s, "no exact plan fits the budget".into())),
+        (None, None) => None,
+    }
+}
+
+/// Vertices of [`calibrate`]'s sample.
+pub const CALIBRATION_VERTICES: usize = 50_000;
+
+/// [`Rates::calibration`] for `config` on `view`: trains the model full-batch for three
+/// epochs on the subgraph induced by the first [`CALIBRATION_VERTICES`] vertices (their
+/// features, labels and in-edges among them) with `threads` threads, and divides the faster
+/// of the last two epochs by what the kernel rates `rate` predict for the same rows and
+/// edges.
+pub fn calibrate(
+    view: grandis_store::DatasetView<'_>,
+    config: &ModelConfig,
+    rate: &ComputeRate,
+    threads: usize,
+) -> anyhow::Result<f64> {
+    let n = view.num_vertices().min(CALIBRATION_VERTICES);
+    let mut edges = Vec::new();
+    for v in 0..n as u32 {
+        for &u in view.graph.neighbors(v) {
+            if (u as usize) < n {
+                edges.push((u, v));
+            }
+        }
+    }
+    let graph = grandis_store::CsrGraph::from_edges(
+        n as u64,
+        edges,
+        grandis_store::EdgeOptions {
+            symmetrize: false,
+            self_loops: grandis_store::SelfLoops::Keep,
+        },
+    )?;
+    let f = view.feature_dim;
+    let mut features = vec![0f32; n * f];
+    let ids: Vec<u32> = (0..n as u32).collect();
+    view.gather_features(&ids, &mut features)?;
+    let labels: Vec<i32> = (0..n).map(|v| view.labels[v].max(0)).collect();
+    let sample = grandis_store::InMemoryDataset {
+        name: "calibration".into(),
+        graph,
+        features,
+        feature_dim: f,
+        labels,
+        num_classes: view.num_classes,
+        split: grandis_store::Split {
+            train: ids,
+            val: Vec::new(),
+            test: Vec::new(),
+        },
+    };
+    let sv = sample.view();
+    let opts: grandis_trainer::TrainOptions = serde_json::from_value(serde_json::json!({
+        "epochs": 3, "lr": 0.01, "weight_decay": 5e-4, "adamw": false, "grad_clip": null,
+        "eval": "never", "seed": 0,
+    }))?;
+    let report = grandis_trainer::train(
+        sv,
+        config.clone(),
+        &opts,
+        &Default::default(),
+        Some(threads),
+        |_| {},
+    )?;
+    let measured = report
+        .epochs
+        .iter()
+        .skip(1)
+        .map(|e| e.seconds)
+        .fold(f64::INFINITY, f64::min);
+    let work = layer_work(config, &crate::model_dims(config))?;
+    let (rows, e) = (n as f64, sv.graph.num_edges() as f64);
+    let modelled: f64 = work
+        .iter()
+        .enumerate()
+        .map(|(l, w)| {
+            layer_seconds(rows, e, rows, l, w, rate, false)
+                + layer_seconds(rows, e, rows, l, w, rate, true)
+        })
+        .sum();
+    Ok(
+        if modelled > 0.0 && measured.is_finite() && measured > 0.0 {
+            measured / modelled
+        } else {
+            1.0
+        },
+    )
 }

@@ -27,6 +27,7 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
         compute: ComputeRate {
             gemm_flops_per_s: 1e9,
             aggregation_edge_cols_per_s: 1e9,
+            aggregation_uncached_edge_cols_per_s: 2e8,
             width: 8,
         },
         intra: LinkRate {
@@ -38,6 +39,8 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
             latency_s: 1e-4,
         },
         contention: 1.0,
+        calibration: 1.0,
+        shared_cores: None,
     };
     let sampling = Sampling::Fanout {
         fanouts: vec![3, 3],

@@ -19,8 +19,13 @@ pub struct LinkRate {
 pub struct ComputeRate {
     /// Dense matrix products (the layers' weights): multiply-adds × 2 per second.
     pub gemm_flops_per_s: f64,
-    /// Neighbourhood aggregation: edges × columns per second.
+    /// Neighbourhood aggregation: edges × columns per second, over source rows that fit the
+    /// caches (8192 rows).
     pub aggregation_edge_cols_per_s: f64,
+    /// The same over source rows far beyond the caches (262144 rows), as a large graph's
+    /// are: every row read is a memory access.
+    #[serde(default)]
+    pub aggregation_uncached_edge_cols_per_s: f64,
     /// The width it was measured at (the job's hidden width).
     pub width: usize,
 }

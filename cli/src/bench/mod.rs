@@ -3,6 +3,7 @@
 
 mod modes;
 mod partition;
+mod plan;
 mod train;
 
 use clap::Subcommand;
@@ -15,6 +16,9 @@ pub enum BenchCommand {
     Train(train::BenchTrainArgs),
     /// FB_base vs FLX (k = 1..L) epoch time split and traffic; speedups against FB_base.
     Modes(modes::BenchModesArgs),
+    /// The planner's predicted epoch time of every candidate against the measured one, over
+    /// several emulated inter-server bandwidths; whether its choice is the fastest.
+    Plan(plan::BenchPlanArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -22,5 +26,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Partition(args) => partition::run(args),
         BenchCommand::Train(args) => train::run(args),
         BenchCommand::Modes(args) => modes::run(args),
+        BenchCommand::Plan(args) => plan::run(args),
     }
 }
