@@ -86,15 +86,37 @@ pub(crate) struct InferShared<'a> {
     pub opts: &'a InferOptions,
     /// The rank memory budget (the half of it default block budget).
     pub device_memory: u64,
-    /// The graph in new ids.
-    pub graph: CsrView<'a>,
+    /// The graph in new ids, its layout and id map.
+    pub part: &'a crate::PartitionedGraph,
     /// The dataset in original ids (stage 0 reads its features).
     pub view: DatasetView<'a>,
-    pub new_to_old: &'a [u32],
-    pub layout: &'a Layout,
     pub scales: &'a GlobalScales,
-    /// Lets go of mapped adjacency behind each block.
-    pub release: &'a (dyn Fn(Range<usize>) + Sync),
+}
+
+impl<'a> InferShared<'a> {
+    /// The inputs of `popts`'s inference (None without one) for `local_ranks` ranks in this
+    /// process.
+    pub fn new(
+        popts: &'a crate::ParallelOptions,
+        part: &'a crate::PartitionedGraph,
+        view: DatasetView<'a>,
+        scales: &'a GlobalScales,
+        local_ranks: usize,
+    ) -> anyhow::Result<Option<Self>> {
+        let Some(opts) = &popts.infer else {
+            return Ok(None);
+        };
+        Ok(Some(InferShared {
+            opts,
+            device_memory: match popts.device_memory {
+                Some(b) => b,
+                None => crate::default_budget(&popts.compute, 1, local_ranks)?.0,
+            },
+            part,
+            view,
+            scales,
+        }))
+    }
 }
 
 /// Runs the pass on one rank with its trained `model` and returns what it did. Every rank of
@@ -108,7 +130,9 @@ pub(crate) fn infer_rank<B: Backend>(
     let start = Instant::now();
     let opts = sh.opts;
     let rank = ep.rank();
-    let range = sh.layout.range(rank);
+    let (graph, layout, new_to_old) = (sh.part.graph.view(), &sh.part.layout, &sh.part.new_to_old);
+    let release = |rows: Range<usize>| sh.part.graph.release_rows(rows);
+    let range = layout.range(rank);
     let own = range.start as usize..range.end as usize;
     let stages = model.num_stages();
     if opts.embeddings && stages < 2 {
@@ -119,11 +143,11 @@ pub(crate) fn infer_rank<B: Backend>(
     let reads_neighbours = (0..stages).any(|s| model.stage_reads_neighbors(s));
     // Who needs what, once: the halo of this range by owner, and the rows each peer needs.
     let halo = if reads_neighbours {
-        halo_of(sh.graph, own.clone())
+        halo_of(graph, own.clone())
     } else {
         Vec::new()
     };
-    let plan = ExchangePlan::agree(ep, sh.layout, &halo)?;
+    let plan = ExchangePlan::agree(ep, layout, &halo)?;
     let lw = LayerwiseOptions {
         block_budget: opts.block_budget.unwrap_or(sh.device_memory / 2),
         max_block_rows: None,
@@ -132,15 +156,15 @@ pub(crate) fn infer_rank<B: Backend>(
     let pass = StagePass {
         b,
         model,
-        graph: sh.graph,
+        graph,
         scales: reads_neighbours.then_some(sh.scales),
-        vertex_ids: Some(sh.new_to_old),
-        release: sh.release,
+        vertex_ids: Some(new_to_old),
+        release: &release,
         opts: &lw,
     };
     let features = Features {
         view: sh.view,
-        new_to_old: sh.new_to_old,
+        new_to_old,
         own: own.clone(),
     };
     // This rank's rows of the current stage's input: the features, then each stage's output.
@@ -249,10 +273,7 @@ pub(crate) fn infer_rank<B: Backend>(
     drop(input);
     let vertices_path = opts.dir.join(scratch_name("vertices", 0, Some(rank)));
     let vertices = Scratch(vertices_path.clone());
-    let ids: Vec<i64> = sh.new_to_old[own.clone()]
-        .iter()
-        .map(|&v| v as i64)
-        .collect();
+    let ids: Vec<i64> = new_to_old[own.clone()].iter().map(|&v| v as i64).collect();
     grandis_npy::write_npy(&vertices_path, &[n_own as u64], &ids)?;
     outputs.push((vertices, opts.file("vertices", rank)));
     // Every rank has written its files: only now do any of them take their names.
@@ -292,10 +313,6 @@ pub(crate) fn predict_only(
     local: Option<Vec<Endpoint>>,
 ) -> anyhow::Result<crate::ParallelReport> {
     use crate::Compute;
-    let opts = popts
-        .infer
-        .as_ref()
-        .context("predicting without training needs inference options")?;
     let layout = &part.layout;
     let local_ranks = local.as_ref().map_or(layout.num_ranks(), Vec::len);
     let threads_per_rank = popts.threads_per_rank.unwrap_or_else(|| {
@@ -305,20 +322,8 @@ pub(crate) fn predict_only(
         part.graph.view(),
         grandis_models::aggregation(config.kind),
     );
-    let release = |rows: Range<usize>| part.graph.release_rows(rows);
-    let shared = InferShared {
-        opts,
-        device_memory: match popts.device_memory {
-            Some(b) => b,
-            None => crate::default_budget(&popts.compute, 1, local_ranks)?.0,
-        },
-        graph: part.graph.view(),
-        view,
-        new_to_old: &part.new_to_old,
-        layout,
-        scales: &scales,
-        release: &release,
-    };
+    let shared = InferShared::new(popts, part, view, &scales, local_ranks)?
+        .context("predicting without training needs inference options")?;
     fn on<B: Backend>(
         b: &B,
         config: &grandis_models::ModelConfig,

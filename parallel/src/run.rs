@@ -124,23 +124,7 @@ pub(crate) fn run(
     };
     // Per-step plans: each rank's next step's feature rows are read ahead.
     let prefetcher = Prefetcher::new();
-    let release = |rows: std::ops::Range<usize>| part.graph.release_rows(rows);
-    let infer = match &popts.infer {
-        Some(opts) => Some(crate::infer::InferShared {
-            opts,
-            device_memory: match popts.device_memory {
-                Some(b) => b,
-                None => crate::default_budget(&popts.compute, 1, local_ranks)?.0,
-            },
-            graph: part.graph.view(),
-            view,
-            new_to_old: &part.new_to_old,
-            layout,
-            scales: &scales,
-            release: &release,
-        }),
-        None => None,
-    };
+    let infer = crate::infer::InferShared::new(popts, part, view, &scales, local_ranks)?;
     let shared = worker::Shared {
         view,
         new_to_old: &part.new_to_old,
