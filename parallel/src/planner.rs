@@ -19,8 +19,9 @@
 //! all-reduce of every iteration (reduce to the head and back over the intra links, a
 //! reduce-scatter and all-gather among heads over the NICs), the fetch of replicated features
 //! per step (and once at setup for static plans), and CPU contention when several ranks share
-//! one machine's cores. Not modelled: overlap (the runtime does not overlap compute with
-//! communication), host-side plan building (it runs ahead of the ranks) and evaluation.
+//! one machine's cores, with the host's plan building when CPU ranks share its cores. Not
+//! modelled: overlap (the runtime does not overlap compute with communication) and
+//! evaluation.
 
 use std::sync::Arc;
 
@@ -118,8 +119,10 @@ pub struct LayerWork {
     pub aggregated_cols: usize,
     /// Columns of a halo row in its exchange (the layer's input width).
     pub exchanged_cols: usize,
-    /// Whether the layer's halo gradients go back to their owners.
-    pub backward_exchange: bool,
+    /// Whether the layer's input gets a gradient (all but layer 0 of a plain stack, whose
+    /// input is the features): backward then runs the input's products too, and the halo
+    /// rows' gradients go back to their owners.
+    pub input_gradient: bool,
 }
 
 /// The work constants of every conv layer of `config`.
@@ -155,7 +158,7 @@ pub fn layer_work(config: &ModelConfig, dims: &ModelDims) -> anyhow::Result<Vec<
                 flops_per_row: flops,
                 aggregated_cols: model.stage_neighbour_width(s).unwrap_or(d_in),
                 exchanged_cols: dims.in_width(l),
-                backward_exchange: l > 0 || res,
+                input_gradient: l > 0 || res,
             }
         })
         .collect())
@@ -185,7 +188,7 @@ pub(crate) fn count_step(
             for (gi, g) in p.halo.iter().enumerate() {
                 let n = p.recv_rows(l, gi).len() as u64;
                 forward[l].add(g.peer, r, n * row_bytes);
-                if work[l].backward_exchange {
+                if work[l].input_gradient {
                     backward[l].add(r, g.peer, n * row_bytes);
                 }
             }
@@ -256,24 +259,22 @@ fn aggregation_rate(rate: &ComputeRate, sources: f64, cols: usize) -> f64 {
     (cached.ln() * (1.0 - t) + uncached.ln() * t).exp()
 }
 
-/// Seconds of the forward (`backward = false`) or backward pass of conv layer `l` over
-/// `rows` rows aggregating `edges` edges, at `rate`: the dense products (twice the forward
-/// ones backward, except on layer 0 of a plain stack, whose input needs no gradient) and the
+/// Seconds of the forward (`backward = false`) or backward pass of a conv layer doing `w`
+/// over `rows` rows aggregating `edges` edges from `sources` rows, at `rate`: the dense
+/// products (backward: the weights' gradient, and the input's when it has one) and the
 /// aggregation (transposed backward).
-#[allow(clippy::too_many_arguments)]
 fn layer_seconds(
     rows: f64,
     edges: f64,
     sources: f64,
-    l: usize,
     w: &LayerWork,
     rate: &ComputeRate,
     backward: bool,
 ) -> f64 {
-    let gemm_factor = match (backward, l == 0 && !w.backward_exchange) {
-        (false, _) => 1.0,
-        (true, true) => 1.0,
-        (true, false) => 2.0,
+    let gemm_factor = if backward && w.input_gradient {
+        2.0
+    } else {
+        1.0
     };
     gemm_factor * rows * w.flops_per_row / rate.gemm_flops_per_s.max(1.0)
         + edges * w.aggregated_cols as f64 / aggregation_rate(rate, sources, w.aggregated_cols)
@@ -303,6 +304,17 @@ pub struct Prediction {
     pub peak_bytes: u64,
 }
 
+/// Seconds `link` takes to carry `bytes` in `messages` messages (an unmeasured bandwidth
+/// counts as unlimited).
+fn transfer_seconds(link: &LinkRate, bytes: f64, messages: f64) -> f64 {
+    let bandwidth = if link.bandwidth_bytes_per_s > 0.0 {
+        bytes / link.bandwidth_bytes_per_s
+    } else {
+        0.0
+    };
+    bandwidth + messages * link.latency_s
+}
+
 /// Seconds of one exchange: its busiest link per class, plus a latency for each class used.
 /// Returns (intra, inter) seconds; the exchange lasts their maximum.
 fn exchange_seconds(t: &Traffic, layout: &Layout, rates: &Rates) -> (f64, f64) {
@@ -323,16 +335,9 @@ fn exchange_seconds(t: &Traffic, layout: &Layout, rates: &Rates) -> (f64, f64) {
         }
     }
     let busiest = |a: &[u64], b: &[u64]| a.iter().chain(b).copied().max().unwrap_or(0) as f64;
-    let time = |bytes: f64, link: &LinkRate, used: bool| {
-        if !used {
-            return 0.0;
-        }
-        let bw = if link.bandwidth_bytes_per_s > 0.0 {
-            bytes / link.bandwidth_bytes_per_s
-        } else {
-            0.0
-        };
-        bw + link.latency_s
+    let time = |bytes: f64, link: &LinkRate, used: bool| match used {
+        true => transfer_seconds(link, bytes, 1.0),
+        false => 0.0,
     };
     (
         time(busiest(&dev_out, &dev_in), &rates.intra, intra_used),
@@ -348,31 +353,34 @@ pub fn predict(
     rates: &Rates,
 ) -> Prediction {
     let mut p = Prediction::default();
-    let c = rates.contention.max(1.0) * rates.calibration.max(f64::MIN_POSITIVE);
+    let contention = rates.contention.max(1.0);
+    let calibration = rates.calibration.max(f64::MIN_POSITIVE);
+    // Every rank's compute seconds, summed: the CPU work of the shared-cores bound below.
     let mut cpu_seconds = 0.0;
     for step in &counts.steps {
         let ranks = &step.rows;
         let rows: u64 = ranks.iter().flatten().sum();
         p.computed_vertex_layers += (rows as f64 * counts.scale).round() as u64;
         for (l, w) in work.iter().enumerate() {
+            // A rank's seconds alone on its device (contention aside).
             let rank_seconds = |r: usize, backward: bool| {
                 let (rows, edges) = (ranks[r][l] as f64, step.edges[r][l] as f64);
                 let sources = step.sources[r][l] as f64;
-                c * layer_seconds(rows, edges, sources, l, w, &rates.compute, backward)
+                calibration * layer_seconds(rows, edges, sources, w, &rates.compute, backward)
             };
-            // All ranks' CPU work, for the shared-cores bound below.
-            cpu_seconds += (0..ranks.len())
-                .map(|r| {
-                    (rank_seconds(r, false) + rank_seconds(r, true)) / rates.contention.max(1.0)
-                })
+            let ranks_n = 0..ranks.len();
+            cpu_seconds += ranks_n
+                .clone()
+                .map(|r| rank_seconds(r, false) + rank_seconds(r, true))
                 .sum::<f64>()
                 * counts.scale;
             let slowest = |backward: bool| {
-                (0..ranks.len())
+                ranks_n
+                    .clone()
                     .map(|r| rank_seconds(r, backward))
                     .fold(0.0, f64::max)
             };
-            p.compute_s += (slowest(false) + slowest(true)) * counts.scale;
+            p.compute_s += contention * (slowest(false) + slowest(true)) * counts.scale;
             for t in [&step.forward[l], &step.backward[l]] {
                 let (intra, inter) = exchange_seconds(t, layout, rates);
                 // Both classes run at once; the time is split between them by which one ends
@@ -416,21 +424,13 @@ pub fn predict(
 fn all_reduce_seconds(parameters: usize, layout: &Layout, rates: &Rates) -> f64 {
     let bytes = (parameters * 4) as f64;
     let (s, g) = (layout.servers() as f64, layout.devices() as f64);
-    let per = |link: &LinkRate, b: f64, messages: f64| {
-        let bw = if link.bandwidth_bytes_per_s > 0.0 {
-            b / link.bandwidth_bytes_per_s
-        } else {
-            0.0
-        };
-        bw + messages * link.latency_s
-    };
     let intra = if g > 1.0 {
-        per(&rates.intra, 2.0 * (g - 1.0) * bytes, 2.0)
+        transfer_seconds(&rates.intra, 2.0 * (g - 1.0) * bytes, 2.0)
     } else {
         0.0
     };
     let inter = if s > 1.0 {
-        per(&rates.inter, 2.0 * (s - 1.0) / s * bytes, 2.0)
+        transfer_seconds(&rates.inter, 2.0 * (s - 1.0) / s * bytes, 2.0)
     } else {
         0.0
     };
@@ -682,12 +682,7 @@ fn count_epoch(
             counts.build_seconds += t.elapsed().as_secs_f64() * counts.scale;
         }
         let mut step = count_step(&built.1, ctx.layout(), work, features);
-        for (peak, &b) in grow(&mut counts.model_bytes, built.2.model_bytes.len())
-            .iter_mut()
-            .zip(&built.2.model_bytes)
-        {
-            *peak = (*peak).max(b);
-        }
+        crate::steps::raise_peaks(&mut counts.model_bytes, &built.2.model_bytes);
         let fetch = std::mem::take(&mut step.fetch);
         step.fetch = match &decision.schedule {
             // One plan for the whole run: its features are fetched once, before training.
@@ -709,13 +704,6 @@ fn count_epoch(
         prev = Some(built);
     }
     Ok(counts)
-}
-
-fn grow(v: &mut Vec<u64>, len: usize) -> &mut Vec<u64> {
-    if v.len() < len {
-        v.resize(len, 0);
-    }
-    v
 }
 
 /// The plan to run: the fastest predicted candidate that fits its budget, except that a
@@ -830,10 +818,9 @@ pub fn calibrate(
     let (rows, e) = (n as f64, sv.graph.num_edges() as f64);
     let modelled: f64 = work
         .iter()
-        .enumerate()
-        .map(|(l, w)| {
-            layer_seconds(rows, e, rows, l, w, rate, false)
-                + layer_seconds(rows, e, rows, l, w, rate, true)
+        .map(|w| {
+            layer_seconds(rows, e, rows, w, rate, false)
+                + layer_seconds(rows, e, rows, w, rate, true)
         })
         .sum();
     Ok(

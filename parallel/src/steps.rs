@@ -87,12 +87,17 @@ impl RunStats {
 
     /// Raises every rank's memory-model peak to at least `model_bytes[rank]`.
     pub fn raise_peaks(&mut self, model_bytes: &[u64]) {
-        if self.model_peak.len() < model_bytes.len() {
-            self.model_peak.resize(model_bytes.len(), 0);
-        }
-        for (a, &b) in self.model_peak.iter_mut().zip(model_bytes) {
-            *a = (*a).max(b);
-        }
+        raise_peaks(&mut self.model_peak, model_bytes);
+    }
+}
+
+/// Raises `peaks[rank]` to at least `bytes[rank]` for every rank (growing `peaks`).
+pub(crate) fn raise_peaks(peaks: &mut Vec<u64>, bytes: &[u64]) {
+    if peaks.len() < bytes.len() {
+        peaks.resize(bytes.len(), 0);
+    }
+    for (a, &b) in peaks.iter_mut().zip(bytes) {
+        *a = (*a).max(b);
     }
 }
 
