@@ -194,16 +194,12 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The link the flags describe ([`crate::train_parallel::link`] checks them).
 fn link(bandwidth: f64, latency_ms: f64, what: &str) -> anyhow::Result<LinkRate> {
-    if !(bandwidth.is_finite() && bandwidth > 0.0) {
-        anyhow::bail!("--{what}-bandwidth must be a positive number of bytes/s, got {bandwidth}");
-    }
-    if !(latency_ms.is_finite() && latency_ms >= 0.0) {
-        anyhow::bail!("--{what}-latency-ms must be a non-negative number, got {latency_ms}");
-    }
+    let model = crate::train_parallel::link(Some(bandwidth), latency_ms, what)?;
     Ok(LinkRate {
         bandwidth_bytes_per_s: bandwidth,
-        latency_s: latency_ms / 1e3,
+        latency_s: model.latency.as_secs_f64(),
     })
 }
 

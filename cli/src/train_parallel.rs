@@ -39,7 +39,12 @@ pub struct LocalArgs {
     pub plan_threads: Option<u16>,
 }
 
-fn link(bandwidth: Option<f64>, latency_ms: f64, what: &str) -> anyhow::Result<LinkModel> {
+/// The link `--{what}-bandwidth` and `--{what}-latency-ms` describe, checked.
+pub(crate) fn link(
+    bandwidth: Option<f64>,
+    latency_ms: f64,
+    what: &str,
+) -> anyhow::Result<LinkModel> {
     if !(latency_ms.is_finite() && latency_ms >= 0.0) {
         bail!("--{what}-latency-ms must be a non-negative number, got {latency_ms}");
     }

@@ -103,9 +103,7 @@ pub fn embeddings(
         resume: None,
         checkpoint: &grandis_trainer::CheckpointOptions::default(),
     };
-    let threads = threads_per_rank.unwrap_or_else(|| {
-        (std::thread::available_parallelism().map_or(1, |c| c.get()) / ranks).max(1)
-    });
+    let threads = threads_per_rank.unwrap_or_else(|| crate::options::cores_per_rank(ranks));
     let fabric = Fabric::new(FabricConfig {
         servers: layout.servers(),
         devices: layout.devices(),

@@ -280,9 +280,9 @@ pub(crate) fn infer_rank<B: Backend>(
     ep.barrier(Tag::new(INFER_EPOCH, 0, Phase::Other))
         .context("waiting for every rank's predictions")?;
     for (scratch, target) in outputs {
-        std::fs::rename(&scratch.0, &target)
+        scratch
+            .persist(&target)
             .with_context(|| format!("renaming {} into place", target.display()))?;
-        std::mem::forget(scratch);
     }
     let counters = ep.counters();
     let traffic = counters.epoch(INFER_EPOCH);
@@ -315,9 +315,7 @@ pub(crate) fn predict_only(
     use crate::Compute;
     let layout = &part.layout;
     let local_ranks = local.as_ref().map_or(layout.num_ranks(), Vec::len);
-    let threads_per_rank = popts.threads_per_rank.unwrap_or_else(|| {
-        (std::thread::available_parallelism().map_or(1, |c| c.get()) / local_ranks).max(1)
-    });
+    let threads_per_rank = popts.rank_threads(local_ranks);
     let scales = grandis_engine::norm::global_scales(
         part.graph.view(),
         grandis_models::aggregation(config.kind),

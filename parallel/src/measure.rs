@@ -126,20 +126,17 @@ pub fn server_rates(
             })
             .collect::<anyhow::Result<Vec<_>>>()
     })?;
-    let device = endpoints.first().map_or(0, |e| e.device());
+    // One device stands for the server's: its first rank's.
+    let first = endpoints.first().context("a server without ranks")?;
     let rate = match compute {
         Compute::Cpu => compute_rate(&grandis_engine::CpuBackend::new(Some(threads))?, width)?,
         #[cfg(feature = "cuda")]
         Compute::Cuda { .. } => {
-            let available = grandis_engine::cuda::device_count()?;
-            let ordinal = compute.ordinal(device, available).unwrap_or(0);
-            compute_rate(&grandis_engine::cuda::CudaBackend::new(ordinal)?, width)?
+            compute_rate(&crate::run::cuda_rank_backend(compute, first)?, width)?
         }
+        // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
         #[cfg(not(feature = "cuda"))]
-        Compute::Cuda { .. } => {
-            let _ = device;
-            anyhow::bail!(crate::NOT_BUILT_WITH_CUDA)
-        }
+        Compute::Cuda { .. } => match crate::run::cuda_rank_backend(compute, first)? {},
     };
     let mean = |links: Vec<LinkRate>| -> Option<LinkRate> {
         let n = links.len() as f64;

@@ -146,7 +146,19 @@ impl Default for ParallelOptions {
     }
 }
 
+/// This machine's cores shared by `ranks` ranks (at least one each).
+pub fn cores_per_rank(ranks: usize) -> usize {
+    (std::thread::available_parallelism().map_or(1, |c| c.get()) / ranks.max(1)).max(1)
+}
+
 impl ParallelOptions {
+    /// Threads of each CPU rank when `local_ranks` ranks run in this process:
+    /// `threads_per_rank`, else [`cores_per_rank`].
+    pub fn rank_threads(&self, local_ranks: usize) -> usize {
+        self.threads_per_rank
+            .unwrap_or_else(|| cores_per_rank(local_ranks))
+    }
+
     /// The options of a job: the one mapping from a spec to a run, used by `grandis train` and
     /// by every daemon alike (so a cluster job equals `grandis train` with the same spec).
     /// Pure: the machine's part (compute, threads, links) keeps its defaults.

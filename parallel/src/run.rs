@@ -92,9 +92,7 @@ pub(crate) fn run(
     let epochs_done = resume.map_or(0, |ck| ck.epochs_done);
     let layout = &part.layout;
     let local_ranks = local.as_ref().map_or(layout.num_ranks(), Vec::len);
-    let threads_per_rank = popts.threads_per_rank.unwrap_or_else(|| {
-        (std::thread::available_parallelism().map_or(1, |c| c.get()) / local_ranks).max(1)
-    });
+    let threads_per_rank = popts.rank_threads(local_ranks);
     let scales = global_scales(part.graph.view(), grandis_models::aggregation(config.kind));
     // Every step is kept until each rank run HERE took it.
     let iterations = decision.schedule.iterations();

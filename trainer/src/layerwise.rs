@@ -529,12 +529,24 @@ pub fn layer_rows(path: &Path, n: usize, cols: usize) -> anyhow::Result<RowReade
     )?)
 }
 
-/// A scratch file, removed when dropped (also when a pass fails half way).
+/// A scratch file, removed when dropped (also when a pass fails half way) unless it was
+/// [persisted](Scratch::persist).
 pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// Keeps the file, renamed to `target`; on failure it is removed as any scratch file.
+    pub fn persist(mut self, target: &Path) -> std::io::Result<()> {
+        std::fs::rename(&self.0, target)?;
+        self.0 = PathBuf::new();
+        Ok(())
+    }
+}
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 }
 

@@ -368,12 +368,9 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     let (node, mut endpoints) = plane::connect(ctx, a, topology)?;
     // The rates the performance model needs, over this job's own transport and devices; every
     // server of the job measures at the same time (the probe is collective).
-    let threads = popts.threads_per_rank.unwrap_or_else(|| {
-        (std::thread::available_parallelism().map_or(1, |c| c.get()) / g).max(1)
-    });
     let rates = grandis_parallel::measure::server_rates(
         &popts.compute,
-        threads,
+        popts.rank_threads(g),
         &mut endpoints,
         job.hidden as usize,
     )
