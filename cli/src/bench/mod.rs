@@ -6,7 +6,13 @@ mod partition;
 mod plan;
 mod train;
 
+use anyhow::Context;
 use clap::Subcommand;
+use grandis_models::{ModelConfig, ModelKind};
+use grandis_parallel::PartitionedGraph;
+use grandis_partition::PartitionMethod;
+use grandis_store::InMemoryDataset;
+use grandis_synth::{GraphStats, SynthConfig};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -27,5 +33,116 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Train(args) => train::run(args),
         BenchCommand::Modes(args) => modes::run(args),
         BenchCommand::Plan(args) => plan::run(args),
+    }
+}
+
+/// The synthetic power-law graph, its partition over S x G ranks (threads of this process)
+/// and the SAGE model that `bench modes` and `bench plan` run, with the links they emulate.
+#[derive(clap::Args)]
+pub struct BenchGraphArgs {
+    #[arg(long, default_value_t = 200_000)]
+    pub vertices: u64,
+    /// Target average directed degree of the power-law graph.
+    #[arg(long, default_value_t = 20.0)]
+    pub avg_degree: f64,
+    /// Input features (equal to --hidden by default, as the paper's model assumes).
+    #[arg(long, default_value_t = 64)]
+    pub features: usize,
+    #[arg(long, default_value_t = 64)]
+    pub hidden: usize,
+    #[arg(long, default_value_t = 16)]
+    pub classes: usize,
+    #[arg(long, default_value_t = 3)]
+    pub layers: usize,
+    /// Epochs per run; the first is a warm-up and is left out of the times.
+    #[arg(long, default_value_t = 3)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = 2)]
+    pub servers: usize,
+    #[arg(long, default_value_t = 2)]
+    pub devices: usize,
+    #[arg(long, default_value = "metis")]
+    pub partition: String,
+    /// Emulated intra-server bandwidth per device link, bytes/s.
+    #[arg(long, default_value_t = 400e6)]
+    pub intra_bandwidth: f64,
+    /// Emulated inter-server latency per message, milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub inter_latency_ms: f64,
+    /// Rayon threads per rank.
+    #[arg(long, default_value_t = 1)]
+    pub threads_per_rank: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// What [`BenchGraphArgs::build`] makes.
+pub struct BenchGraph {
+    pub dataset: InMemoryDataset,
+    pub stats: GraphStats,
+    pub part: PartitionedGraph,
+    pub config: ModelConfig,
+}
+
+impl BenchGraphArgs {
+    /// Generates the graph (named `name`), partitions it and configures the model, logging
+    /// what each took.
+    pub fn build(&self, name: &str) -> anyhow::Result<BenchGraph> {
+        let t = std::time::Instant::now();
+        let dataset = grandis_synth::generate_in_memory(&SynthConfig {
+            name: name.into(),
+            nodes: self.vertices,
+            avg_degree: self.avg_degree,
+            features: self.features,
+            classes: self.classes,
+            seed: self.seed,
+            ..SynthConfig::default()
+        })
+        .context("generating the graph")?;
+        let view = dataset.view();
+        let stats = grandis_synth::measure(&view);
+        eprintln!(
+            "graph: {} vertices, {} edges (avg degree {:.2}, max {}) in {:.1}s",
+            stats.num_vertices,
+            stats.num_edges,
+            stats.avg_degree,
+            stats.max_degree,
+            t.elapsed().as_secs_f64()
+        );
+        let method: PartitionMethod = self.partition.parse()?;
+        let t = std::time::Instant::now();
+        let part = PartitionedGraph::partition(
+            &view,
+            view.graph.is_symmetric(),
+            self.servers,
+            self.devices,
+            method,
+            self.seed,
+        )?;
+        eprintln!(
+            "partition: {} into {} x {} in {:.1}s",
+            method,
+            self.servers,
+            self.devices,
+            t.elapsed().as_secs_f64()
+        );
+        let config = ModelConfig {
+            kind: ModelKind::Sage,
+            layers: self.layers,
+            in_dim: self.features,
+            hidden: self.hidden,
+            heads: grandis_wire::defaults::HEADS as usize,
+            output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
+            classes: self.classes,
+            dropout: 0.5,
+            layer_norm: false,
+            seed: self.seed,
+        };
+        Ok(BenchGraph {
+            dataset,
+            stats,
+            part,
+            config,
+        })
     }
 }

@@ -10,53 +10,16 @@
 //! with GraphSAGE fanouts (CoB-SAGE) against CoB with EAS (CoB-EAS), same co-batch size.
 
 use anyhow::Context;
-use grandis_models::{ModelConfig, ModelKind};
-use grandis_parallel::{
-    Mode, ParallelOptions, ParallelReport, PartitionedGraph, Priority, Sampling,
-};
-use grandis_partition::PartitionMethod;
-use grandis_synth::SynthConfig;
+use grandis_parallel::{Mode, ParallelOptions, ParallelReport, Priority, Sampling};
 use grandis_trainer::TrainOptions;
 
 #[derive(clap::Args)]
 pub struct BenchModesArgs {
-    #[arg(long, default_value_t = 200_000)]
-    pub vertices: u64,
-    /// Target average directed degree of the power-law graph.
-    #[arg(long, default_value_t = 20.0)]
-    pub avg_degree: f64,
-    /// Input features (equal to --hidden by default, as the paper's model assumes).
-    #[arg(long, default_value_t = 64)]
-    pub features: usize,
-    #[arg(long, default_value_t = 64)]
-    pub hidden: usize,
-    #[arg(long, default_value_t = 16)]
-    pub classes: usize,
-    #[arg(long, default_value_t = 3)]
-    pub layers: usize,
-    /// Epochs per mode; the first is a warm-up and is left out of the times.
-    #[arg(long, default_value_t = 3)]
-    pub epochs: usize,
-    #[arg(long, default_value_t = 2)]
-    pub servers: usize,
-    #[arg(long, default_value_t = 2)]
-    pub devices: usize,
-    #[arg(long, default_value = "metis")]
-    pub partition: String,
-    /// Intra-server bandwidth per device link, bytes/s.
-    #[arg(long, default_value_t = 400e6)]
-    pub intra_bandwidth: f64,
+    #[command(flatten)]
+    pub graph: super::BenchGraphArgs,
     /// Inter-server bandwidth per server NIC = intra-bandwidth / this.
     #[arg(long, default_value_t = 8.0)]
     pub inter_ratio: f64,
-    /// Inter-server latency per message, milliseconds.
-    #[arg(long, default_value_t = 0.0)]
-    pub inter_latency_ms: f64,
-    /// Rayon threads per rank.
-    #[arg(long, default_value_t = 1)]
-    pub threads_per_rank: usize,
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
     /// FLX-EAS / CoB-EAS: external hops h.
     #[arg(long, default_value_t = 1)]
     pub eas_hops: usize,
@@ -83,76 +46,34 @@ struct Row {
 }
 
 pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
-    let synth = SynthConfig {
-        name: "bench-modes".into(),
-        nodes: args.vertices,
-        avg_degree: args.avg_degree,
-        features: args.features,
-        classes: args.classes,
-        seed: args.seed,
-        ..SynthConfig::default()
-    };
-    let t = std::time::Instant::now();
-    let ds = grandis_synth::generate_in_memory(&synth).context("generating the graph")?;
+    let super::BenchGraph {
+        dataset: ds,
+        stats,
+        part,
+        config,
+    } = args.graph.build("bench-modes")?;
     let view = ds.view();
-    let stats = grandis_synth::measure(&view);
-    eprintln!(
-        "graph: {} vertices, {} edges (avg degree {:.2}, max {}) in {:.1}s",
-        stats.num_vertices,
-        stats.num_edges,
-        stats.avg_degree,
-        stats.max_degree,
-        t.elapsed().as_secs_f64()
-    );
-    let method: PartitionMethod = args.partition.parse()?;
-    let t = std::time::Instant::now();
-    let part = PartitionedGraph::partition(
-        &view,
-        view.graph.is_symmetric(),
-        args.servers,
-        args.devices,
-        method,
-        args.seed,
-    )?;
-    eprintln!(
-        "partition: {} into {} x {} in {:.1}s",
-        method,
-        args.servers,
-        args.devices,
-        t.elapsed().as_secs_f64()
-    );
-    let config = ModelConfig {
-        kind: ModelKind::Sage,
-        layers: args.layers,
-        in_dim: args.features,
-        hidden: args.hidden,
-        heads: grandis_wire::defaults::HEADS as usize,
-        output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
-        classes: args.classes,
-        dropout: 0.5,
-        layer_norm: false,
-        seed: args.seed,
-    };
     // Through serde so that options the trainer adds later take their defaults.
     let opts: TrainOptions = serde_json::from_value(serde_json::json!({
-        "epochs": args.epochs.max(2),
+        "epochs": args.graph.epochs.max(2),
         "lr": 0.01,
         "weight_decay": 5e-4,
         "adamw": false,
         "grad_clip": null,
         // Benchmarks time epochs: only the final accuracies.
         "eval": "end",
-        "seed": args.seed,
+        "seed": args.graph.seed,
     }))?;
-    let intra = grandis_parallel::LinkModel::new(args.intra_bandwidth, std::time::Duration::ZERO);
-    let inter_bw = args.intra_bandwidth / args.inter_ratio;
+    let intra =
+        grandis_parallel::LinkModel::new(args.graph.intra_bandwidth, std::time::Duration::ZERO);
+    let inter_bw = args.graph.intra_bandwidth / args.inter_ratio;
     let inter = grandis_parallel::LinkModel::new(
         inter_bw,
-        std::time::Duration::from_secs_f64(args.inter_latency_ms / 1000.0),
+        std::time::Duration::from_secs_f64(args.graph.inter_latency_ms / 1000.0),
     );
     let mut rows: Vec<Row> = Vec::new();
     let mut modes: Vec<(String, ParallelOptions)> = std::iter::once((Mode::Fb, None))
-        .chain((1..=args.layers).map(|k| (Mode::Flx, Some(k))))
+        .chain((1..=args.graph.layers).map(|k| (Mode::Flx, Some(k))))
         .map(|(mode, k)| {
             let name = match k {
                 None => "FB_base".to_string(),
@@ -180,7 +101,7 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
                 .map(|x| x.trim().parse::<u32>())
                 .collect::<Result<_, _>>()
                 .with_context(|| format!("--fanouts {f}: expected integers like 25,10,5"))?,
-            None => (0..args.layers as u32)
+            None => (0..args.graph.layers as u32)
                 .map(|i| [25, 10].get(i as usize).copied().unwrap_or(5))
                 .collect(),
         };
@@ -194,7 +115,7 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
             "FLX-EAS".into(),
             ParallelOptions {
                 mode: Mode::Flx,
-                preload_hops: Some(args.layers),
+                preload_hops: Some(args.graph.layers),
                 sampling: eas.clone(),
                 ..Default::default()
             },
@@ -206,7 +127,7 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         let popts = ParallelOptions {
             intra,
             inter,
-            threads_per_rank: Some(args.threads_per_rank),
+            threads_per_rank: Some(args.graph.threads_per_rank),
             ..popts
         };
         eprintln!("running {name} ...");
@@ -224,7 +145,7 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
             .find(|r| r.name == name)
             .map(|r| r.report.time.epoch_s)
     };
-    let flx_full = format!("FLX k={}", args.layers);
+    let flx_full = format!("FLX k={}", args.graph.layers);
     // Sampled rows are also compared with their exact / GraphSAGE counterpart.
     let versus = |name: &str| -> Option<(&'static str, f64)> {
         match name {
@@ -281,17 +202,17 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
     // The paper's model on our measured rates. Widths are equal (features = hidden), so a
     // vertex row is `hidden * 4` bytes in every exchange; the inter-server NIC is shared by
     // the G devices of a server, so per device B_inter is the NIC bandwidth / G.
-    let (ns, ng) = (args.servers as f64, args.devices as f64);
+    let (ns, ng) = (args.graph.servers as f64, args.graph.devices as f64);
     let v = stats.num_vertices as f64;
     let e = stats.num_edges as f64;
     let d = e / v;
-    let l = args.layers as f64;
-    let row_bytes = (args.hidden * 4) as f64;
+    let l = args.graph.layers as f64;
+    let row_bytes = (args.graph.hidden * 4) as f64;
     let fb = &rows[0].report;
     // C: vertex-layers per second of one device, from FB_base's compute time (each device
     // computes V / (Ns Ng) rows per layer, forward and backward).
     let c = v * l / (ns * ng) / fb.time.compute_s;
-    let b_intra = args.intra_bandwidth / row_bytes;
+    let b_intra = args.graph.intra_bandwidth / row_bytes;
     let b_inter = inter_bw / ng / row_bytes;
     let t_prev = v * l / (ns * ng * c)
         + e / (ns * ng) * ((ng - 1.0) / (ng * ns) / b_intra + (1.0 - 1.0 / ns) / b_inter);
@@ -321,14 +242,14 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         let json = serde_json::json!({
             "bench": "modes",
             "graph": stats,
-            "servers": args.servers,
-            "devices": args.devices,
-            "layers": args.layers,
-            "features": args.features,
-            "hidden": args.hidden,
-            "intra_bandwidth": args.intra_bandwidth,
+            "servers": args.graph.servers,
+            "devices": args.graph.devices,
+            "layers": args.graph.layers,
+            "features": args.graph.features,
+            "hidden": args.graph.hidden,
+            "intra_bandwidth": args.graph.intra_bandwidth,
             "inter_bandwidth": inter_bw,
-            "threads_per_rank": args.threads_per_rank,
+            "threads_per_rank": args.graph.threads_per_rank,
             "modes": rows.iter().map(|r| serde_json::json!({
                 "name": r.name,
                 "preload_hops": r.report.preload_hops,

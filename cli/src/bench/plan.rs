@@ -6,48 +6,19 @@
 //! whether the plan the planner chooses is within 10 % of the fastest measured one.
 
 use anyhow::Context;
-use grandis_models::{ModelConfig, ModelKind};
 use grandis_parallel::planner::{candidates, choose, plan, Rates};
-use grandis_parallel::{LinkModel, ParallelOptions, PartitionedGraph, Sampling};
-use grandis_partition::PartitionMethod;
-use grandis_synth::SynthConfig;
+use grandis_parallel::{LinkModel, ParallelOptions, Sampling};
 use grandis_trainer::TrainOptions;
 use grandis_wire::LinkRate;
 use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct BenchPlanArgs {
-    #[arg(long, default_value_t = 200_000)]
-    pub vertices: u64,
-    /// Target average directed degree of the power-law graph.
-    #[arg(long, default_value_t = 20.0)]
-    pub avg_degree: f64,
-    #[arg(long, default_value_t = 64)]
-    pub features: usize,
-    #[arg(long, default_value_t = 64)]
-    pub hidden: usize,
-    #[arg(long, default_value_t = 16)]
-    pub classes: usize,
-    #[arg(long, default_value_t = 3)]
-    pub layers: usize,
-    /// Epochs per candidate; the first is a warm-up and is left out of the times.
-    #[arg(long, default_value_t = 3)]
-    pub epochs: usize,
-    #[arg(long, default_value_t = 2)]
-    pub servers: usize,
-    #[arg(long, default_value_t = 2)]
-    pub devices: usize,
-    #[arg(long, default_value = "metis")]
-    pub partition: String,
-    /// Emulated intra-server bandwidth per device link, bytes/s.
-    #[arg(long, default_value_t = 400e6)]
-    pub intra_bandwidth: f64,
+    #[command(flatten)]
+    pub graph: super::BenchGraphArgs,
     /// Inter-server bandwidth per server NIC = intra-bandwidth / each of these.
     #[arg(long, value_delimiter = ',', default_value = "4,8,32")]
     pub inter_ratios: Vec<f64>,
-    /// Emulated inter-server latency per message, milliseconds.
-    #[arg(long, default_value_t = 0.0)]
-    pub inter_latency_ms: f64,
     /// Co-batch size per server of the cob candidates (and half, quarter); mb: / devices.
     #[arg(long, default_value_t = 1024)]
     pub cobatch_size: usize,
@@ -58,10 +29,6 @@ pub struct BenchPlanArgs {
     /// Only the candidates whose name starts with one of these (e.g. fb,flx,cob).
     #[arg(long, value_delimiter = ',')]
     pub only: Option<Vec<String>>,
-    #[arg(long, default_value_t = 1)]
-    pub threads_per_rank: usize,
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
     /// A sampled plan is chosen over the fastest exact one only when predicted this many
     /// times faster.
     #[arg(long, default_value_t = 1.2)]
@@ -72,50 +39,25 @@ pub struct BenchPlanArgs {
 }
 
 pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
-    let ds = grandis_synth::generate_in_memory(&SynthConfig {
-        name: "bench-plan".into(),
-        nodes: args.vertices,
-        avg_degree: args.avg_degree,
-        features: args.features,
-        classes: args.classes,
-        seed: args.seed,
-        ..SynthConfig::default()
-    })
-    .context("generating the graph")?;
+    let super::BenchGraph {
+        dataset: ds,
+        part,
+        config,
+        ..
+    } = args.graph.build("bench-plan")?;
     let view = ds.view();
-    let method: PartitionMethod = args.partition.parse()?;
-    let part = PartitionedGraph::partition(
-        &view,
-        view.graph.is_symmetric(),
-        args.servers,
-        args.devices,
-        method,
-        args.seed,
-    )?;
-    let config = ModelConfig {
-        kind: ModelKind::Sage,
-        layers: args.layers,
-        in_dim: args.features,
-        hidden: args.hidden,
-        heads: grandis_wire::defaults::HEADS as usize,
-        output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
-        classes: args.classes,
-        dropout: 0.5,
-        layer_norm: false,
-        seed: args.seed,
-    };
     let opts: TrainOptions = serde_json::from_value(serde_json::json!({
-        "epochs": args.epochs.max(2), "lr": 0.01, "weight_decay": 5e-4, "adamw": false,
-        "grad_clip": null, "eval": "never", "seed": args.seed,
+        "epochs": args.graph.epochs.max(2), "lr": 0.01, "weight_decay": 5e-4, "adamw": false,
+        "grad_clip": null, "eval": "never", "seed": args.graph.seed,
     }))?;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let ranks = args.servers * args.devices;
+    let ranks = args.graph.servers * args.graph.devices;
     let compute = grandis_parallel::measure::compute_rate(
-        &grandis_engine::CpuBackend::new(Some(args.threads_per_rank))?,
-        args.hidden,
+        &grandis_engine::CpuBackend::new(Some(args.graph.threads_per_rank))?,
+        args.graph.hidden,
     )?;
     let calibration =
-        grandis_parallel::planner::calibrate(view, &config, &compute, args.threads_per_rank)
+        grandis_parallel::planner::calibrate(view, &config, &compute, args.graph.threads_per_rank)
             .context("calibrating on a sample of the graph")?;
     eprintln!(
         "compute: {:.2} GFLOP/s dense, {:.2} G edge-columns/s aggregation, a training step \
@@ -124,14 +66,14 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
         compute.aggregation_edge_cols_per_s / 1e9
     );
     let fanouts = args.fanouts.clone().unwrap_or_else(|| {
-        (0..args.layers)
+        (0..args.graph.layers)
             .map(|i| [25, 10].get(i).copied().unwrap_or(5))
             .collect()
     });
     let mut cands = candidates(
-        args.layers,
+        args.graph.layers,
         args.cobatch_size,
-        args.devices,
+        args.graph.devices,
         &Sampling::Fanout { fanouts },
     );
     if let Some(only) = &args.only {
@@ -139,30 +81,30 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
     }
     let mut rows = Vec::new();
     for &ratio in &args.inter_ratios {
-        let inter_bw = args.intra_bandwidth / ratio;
-        let latency = Duration::from_secs_f64(args.inter_latency_ms / 1e3);
+        let inter_bw = args.graph.intra_bandwidth / ratio;
+        let latency = Duration::from_secs_f64(args.graph.inter_latency_ms / 1e3);
         let rates = Rates {
             compute,
             intra: LinkRate {
-                bandwidth_bytes_per_s: args.intra_bandwidth,
+                bandwidth_bytes_per_s: args.graph.intra_bandwidth,
                 latency_s: 0.0,
             },
             inter: LinkRate {
                 bandwidth_bytes_per_s: inter_bw,
                 latency_s: latency.as_secs_f64(),
             },
-            contention: ((ranks * args.threads_per_rank) as f64 / cores as f64).max(1.0),
+            contention: ((ranks * args.graph.threads_per_rank) as f64 / cores as f64).max(1.0),
             calibration,
             // The ranks and the plan builders share this machine's cores.
             shared_cores: Some(cores),
         };
         let base = ParallelOptions {
-            threads_per_rank: Some(args.threads_per_rank),
-            intra: LinkModel::new(args.intra_bandwidth, Duration::ZERO),
+            threads_per_rank: Some(args.graph.threads_per_rank),
+            intra: LinkModel::new(args.graph.intra_bandwidth, Duration::ZERO),
             inter: LinkModel::new(inter_bw, latency),
             ..Default::default()
         };
-        let planned = plan(view, &part, &config, args.seed, &base, &cands, &rates)?;
+        let planned = plan(view, &part, &config, args.graph.seed, &base, &cands, &rates)?;
         let chosen = choose(&planned, args.exact_preference);
         let mut measured = Vec::new();
         for p in &planned {
