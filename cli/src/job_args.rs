@@ -11,9 +11,10 @@ use grandis_wire::{
 #[derive(clap::Args, Debug, Clone)]
 pub struct JobArgs {
     /// Execution mode: single (one process, the exact reference; `train` only), fb, flx, cob
-    /// (cooperative batching), mb (per-GPU mini-batches) or auto (FLX when the graph fits
-    /// --device-memory, else CoB with the largest co-batch that fits). Default: single for
-    /// `train`, flx for `cluster up` and `submit`.
+    /// (cooperative batching), mb (per-GPU mini-batches) or auto (the servers measure their
+    /// compute and links, and the planner runs the plan predicted fastest that fits
+    /// --device-memory: see `grandis plan`). Default: single for `train`, flx for `cluster up`
+    /// and `submit`.
     #[arg(long)]
     pub mode: Option<Mode>,
     /// Model: sage, gcn, ressage, gat (attention, PyG GATConv semantics; see --heads), or mlp
@@ -76,8 +77,8 @@ pub struct JobArgs {
     #[arg(long)]
     pub preload_hops: Option<u32>,
     /// Per-device memory budget, bytes or with a unit ("64MiB", "16GiB"). flx: the largest k
-    /// that fits; auto: FLX or CoB; every mode: a plan the memory model prices above it is
-    /// out of memory (default: what the device has).
+    /// that fits; auto: the plans that fit; every mode: a plan the memory model prices above
+    /// it is out of memory (default: what the device has).
     #[arg(long, value_parser = grandis_wire::spec::parse_bytes)]
     pub device_memory: Option<u64>,
     /// flx/cob/mb: dependency sampling: none, eas (expansion-aware), fanout (GraphSAGE) or
@@ -103,6 +104,10 @@ pub struct JobArgs {
     /// flx with sampling: draw a new sample every N epochs (default: sample once).
     #[arg(long)]
     pub resample_every: Option<u64>,
+    /// auto: choose a sampled plan over the fastest exact one only when it is predicted this
+    /// many times faster (1 = no preference) [default: 1.2].
+    #[arg(long)]
+    pub exact_preference: Option<f64>,
     /// Write the checkpoint every N epochs too, not only after the last (`train` needs
     /// --checkpoint PATH; for cluster jobs the coordinator keeps the latest, and a retry
     /// resumes from it).
@@ -199,6 +204,7 @@ impl JobArgs {
                 .filter(|_| mode.is_mini_batch() || mode == Mode::Auto),
             sampling,
             resample_every: self.resample_every,
+            exact_preference: self.exact_preference,
             checkpoint_every: self.checkpoint_every,
             max_retries: self.max_retries,
             elastic: self.elastic,

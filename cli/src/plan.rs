@@ -1,15 +1,16 @@
-//! `grandis plan`: what the performance model predicts for every candidate plan of a job
-//! (`grandis_parallel::planner`): epoch time and its parts, bytes per link class, memory, and
-//! which one it would run. Compute is calibrated on this machine; links come from the flags
-//! or from what the cluster's servers measured (`--coordinator`).
+//! `grandis plan`: what `mode = auto` would run for a job, and why: every candidate plan
+//! (`grandis_parallel::auto::plan_job`) with its predicted epoch time and its parts, bytes
+//! per link class, memory, and the choice. Compute is measured and calibrated here; links
+//! come from the flags, or compute and links from what the cluster's servers measured when
+//! their last job started (`--coordinator`).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use grandis_models::ModelConfig;
-use grandis_parallel::planner::{candidates, choose, plan, Rates};
+use grandis_parallel::auto::{plan_job, plan_rates, Placement};
 use grandis_parallel::{Compute, ParallelOptions, PartitionedGraph};
-use grandis_wire::{LinkRate, Mode};
+use grandis_wire::{LinkRate, Mode, ServerRates};
 
 use crate::job_args::JobArgs;
 
@@ -31,14 +32,15 @@ pub struct PlanArgs {
     /// Inter-server latency per message, milliseconds.
     #[arg(long, default_value_t = 0.05)]
     pub inter_latency_ms: f64,
-    /// Take the links from what the cluster's servers measured when their last job started
-    /// (the slowest server's), from the coordinator at this URL.
+    /// Take compute and links from what the cluster's servers measured when their last job
+    /// started (the slowest server's), from the coordinator at this URL.
     #[arg(long, requires = "token")]
     pub coordinator: Option<String>,
     /// API bearer token of --coordinator.
     #[arg(long, env = "GRANDIS_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Where the ranks compute: cpu or cuda:N (calibrated here).
+    /// Where the ranks compute: cpu (measured and calibrated here), or cuda with
+    /// --coordinator (the servers' measured GPUs).
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// CPU threads per rank (default: this machine's cores / devices per server).
@@ -48,10 +50,10 @@ pub struct PlanArgs {
     /// up`): they share its cores. Default: each server is a machine like this one.
     #[arg(long)]
     pub one_machine: bool,
-    /// A sampled plan is chosen over the fastest exact one only when predicted this many
-    /// times faster.
-    #[arg(long, default_value_t = 1.2)]
-    pub exact_preference: f64,
+    /// Count every candidate; by default a static plan (fb, flx) is counted only when what
+    /// its own rows cost leaves it able to be chosen, as `mode auto` does.
+    #[arg(long)]
+    pub all: bool,
     /// Print the candidates as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -61,72 +63,77 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let dataset = grandis_store::Dataset::open(&args.dataset)
         .with_context(|| format!("opening dataset {}", args.dataset.display()))?;
     let view = dataset.view();
-    // The mode only has to accept the sampler: every candidate is planned whatever it is.
-    let sampled = args.job.sampling != "none";
-    let spec = args.job.spec(
-        args.dataset.display().to_string(),
-        if sampled { Mode::Cob } else { Mode::Fb },
-    )?;
-    crate::job_args::validate_as_flags(&spec)?;
-    let part = PartitionedGraph::for_job(&dataset, &spec)?;
-    let config = ModelConfig::for_job(&spec, view.feature_dim, view.num_classes);
-    let compute = Compute::parse(&args.device)?;
+    let mut spec = args
+        .job
+        .spec(args.dataset.display().to_string(), Mode::Auto)?;
+    spec.mode = Mode::Auto;
+    let (servers, devices) = (spec.servers as usize, spec.devices as usize);
+    let measured = match &args.coordinator {
+        Some(url) => coordinator_rates(url, args.token.as_deref().unwrap_or_default())?,
+        None => Vec::new(),
+    };
+    let compute = match measured.first() {
+        Some(s) => Compute::parse(&s.device)?,
+        None => Compute::parse(&args.device)?,
+    };
+    if compute.is_cuda() && measured.is_empty() {
+        anyhow::bail!(
+            "--device {}: a GPU's rates come from the servers that measured it: pass \
+             --coordinator (or plan on the CPU)",
+            args.device
+        );
+    }
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let devices = spec.devices as usize;
     let sharing = if args.one_machine {
-        (spec.servers * spec.devices) as usize
+        servers * devices
     } else {
         devices
     };
+    if spec.device_memory.is_none() {
+        // What each rank would get: this machine's memory over the ranks sharing it.
+        let machines = if args.one_machine { servers } else { 1 };
+        spec.device_memory = Some(grandis_parallel::default_budget(&compute, machines, devices)?.0);
+    }
+    crate::job_args::validate_as_flags(&spec)?;
+    let part = PartitionedGraph::for_job(&dataset, &spec)?;
+    let config = ModelConfig::for_job(&spec, view.feature_dim, view.num_classes);
     let threads = args
         .threads_per_rank
         .unwrap_or_else(|| (cores / sharing).max(1));
-    let rate = match &compute {
-        Compute::Cpu => grandis_parallel::measure::compute_rate(
-            &grandis_engine::CpuBackend::new(Some(threads))?,
-            spec.hidden as usize,
-        )?,
-        Compute::Cuda { .. } => anyhow::bail!(
-            "calibrating a GPU is not wired into `grandis plan` yet: plan on the CPU, or read \
-             the rates a cluster measured with --coordinator"
-        ),
+    let measured = match measured.is_empty() {
+        false => measured,
+        true => vec![ServerRates {
+            device: compute.name(),
+            compute: grandis_parallel::measure::compute_rate(
+                &grandis_engine::CpuBackend::new(Some(threads))?,
+                spec.hidden as usize,
+            )?,
+            intra: Some(link(args.intra_bandwidth, args.intra_latency_ms, "intra")?),
+            inter: Some(link(args.inter_bandwidth, args.inter_latency_ms, "inter")?),
+            seconds: 0.0,
+        }],
     };
-    let (intra, inter) = match &args.coordinator {
-        Some(url) => coordinator_links(url, args.token.as_deref().unwrap_or_default())?,
-        None => (
-            link(args.intra_bandwidth, args.intra_latency_ms, "intra")?,
-            link(args.inter_bandwidth, args.inter_latency_ms, "inter")?,
-        ),
+    let placement = Placement {
+        compute: compute.clone(),
+        threads_per_rank: threads,
+        ranks_per_machine: sharing,
+        one_machine: args.one_machine,
     };
-    let rates = Rates {
-        compute: rate,
-        intra,
-        inter,
-        contention: match compute {
-            Compute::Cpu => ((sharing * threads) as f64 / cores as f64).max(1.0),
-            Compute::Cuda { .. } => 1.0,
-        },
-        calibration: grandis_parallel::planner::calibrate(view, &config, &rate, threads)
-            .context("calibrating on a sample of the graph")?,
-        shared_cores: (args.one_machine && matches!(compute, Compute::Cpu)).then_some(cores),
-    };
-    let base = ParallelOptions {
+    let rates = plan_rates(view, &config, &measured, &placement)?;
+    let popts = ParallelOptions {
         compute,
         threads_per_rank: Some(threads),
         ..ParallelOptions::for_job(&spec)
     };
-    let cands = candidates(
-        config.layers,
-        spec.batch_size_or_default() as usize,
-        devices,
-        &spec.sampling,
-    );
-    let planned = plan(view, &part, &config, spec.seed, &base, &cands, &rates)?;
-    let chosen = choose(&planned, args.exact_preference);
+    let job = plan_job(view, &part, &config, &popts, spec.seed, rates, !args.all)?;
+    let (planned, rates) = (&job.planned, &job.rates);
+    let chosen = job.chosen.clone();
     if args.json {
         let value = serde_json::json!({
             "rates": rates,
             "candidates": planned,
+            "budget": job.budget,
+            "seconds": job.seconds,
             "chosen": chosen.as_ref().map(|(i, why)| serde_json::json!({
                 "name": planned[*i].name, "why": why
             })),
@@ -162,7 +169,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         "memory",
         "fits"
     );
-    for p in &planned {
+    for p in planned {
         match &p.prediction {
             Some(x) => println!(
                 "{:<20} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>13} {:>13} \
@@ -180,16 +187,18 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
                 x.peak_bytes,
                 if p.fits { "yes" } else { "no" }
             ),
-            None => println!(
-                "{:<20} cannot run: {}",
-                p.name,
-                p.error.as_deref().unwrap_or("")
-            ),
+            None => match (&p.pruned, &p.error) {
+                (Some(why), _) => println!("{:<20} not counted: {why}", p.name),
+                (_, e) => println!("{:<20} cannot run: {}", p.name, e.as_deref().unwrap_or("")),
+            },
         }
     }
     match chosen {
         Some((i, why)) => println!("chosen: {} ({why})", planned[i].name),
-        None => println!("chosen: none: no candidate fits the budget"),
+        None => println!(
+            "chosen: none: no candidate fits the {}-byte budget",
+            job.budget
+        ),
     }
     Ok(())
 }
@@ -203,22 +212,17 @@ fn link(bandwidth: f64, latency_ms: f64, what: &str) -> anyhow::Result<LinkRate>
     })
 }
 
-/// The slowest measured links over the coordinator's servers.
-fn coordinator_links(url: &str, token: &str) -> anyhow::Result<(LinkRate, LinkRate)> {
+/// What the coordinator's servers measured when their last job started.
+fn coordinator_rates(url: &str, token: &str) -> anyhow::Result<Vec<ServerRates>> {
     let view = crate::submit::client(url, token)
         .cluster()
         .with_context(|| format!("reading the cluster's rates from {url}"))?;
-    let slowest = |pick: fn(&grandis_wire::ServerRates) -> Option<LinkRate>| {
-        view.servers
-            .iter()
-            .filter_map(|s| s.rates.as_ref().and_then(pick))
-            .min_by(|a, b| a.bandwidth_bytes_per_s.total_cmp(&b.bandwidth_bytes_per_s))
-    };
-    match (slowest(|r| r.intra), slowest(|r| r.inter)) {
-        (Some(intra), Some(inter)) => Ok((intra, inter)),
-        _ => anyhow::bail!(
-            "the coordinator at {url} has no measured intra- and inter-server rates yet (they \
-             are measured when a job starts on two or more servers of two or more devices)"
-        ),
+    let rates: Vec<ServerRates> = view.servers.into_iter().filter_map(|s| s.rates).collect();
+    if rates.is_empty() {
+        anyhow::bail!(
+            "the coordinator at {url} has no measured rates yet (servers measure themselves \
+             when a job starts on them)"
+        );
     }
+    Ok(rates)
 }

@@ -347,6 +347,84 @@ fn cluster_up_predicts_every_vertex_like_the_in_process_run() {
     }
 }
 
+/// `mode auto` on two daemons: the first server plans on every server's measured rates and
+/// both run its choice (one plan summary, whose predicted halo bytes the run moved); a job
+/// no plan fits fails on every server with the planner's reason instead of hanging.
+#[test]
+fn cluster_up_auto_runs_one_plan_on_every_server() {
+    let c = Cluster::new(EXE, &["unused"], Timing::default()).unwrap();
+    let ds = c.synth("synth", 1000, 7).unwrap();
+    let ds = ds.display().to_string();
+    let run = |memory: &str| {
+        run_grandis(
+            EXE,
+            &[
+                "cluster",
+                "up",
+                "--dataset",
+                &ds,
+                "--servers",
+                "2",
+                "--devices",
+                "2",
+                "--mode",
+                "auto",
+                "--device-memory",
+                memory,
+                "--sampling",
+                "fanout",
+                "--fanouts",
+                "5,5",
+                "--epochs",
+                "2",
+                "--hidden",
+                "16",
+                "--threads",
+                "1",
+                "--json",
+            ],
+            LONG,
+        )
+        .unwrap()
+    };
+    let (ok, out, err) = run("1GiB");
+    assert!(ok, "cluster up failed:\n{err}");
+    let cluster = last_json_line(&out).unwrap_or_else(|| panic!("no JSON in {out}"));
+    let plan = &cluster["plan"];
+    let chosen = plan["chosen"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{cluster}"));
+    assert!(
+        plan["prediction"]["epoch_s"].as_f64().unwrap() > 0.0,
+        "{plan}"
+    );
+    assert_eq!(plan["candidates"].as_array().unwrap().len(), 11, "{plan}");
+    assert!(err.contains(&format!("auto chose {chosen}")), "{err}");
+    for r in cluster["reports"].as_array().unwrap() {
+        assert_eq!(
+            &r["plan"], plan,
+            "every server runs the first server's plan"
+        );
+    }
+    // The leader planned with the servers' rates measured over QUIC.
+    assert!(
+        plan["rates"]["inter"]["bandwidth_bytes_per_s"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert_eq!(
+        cluster["halo_bytes_per_epoch"], plan["prediction"]["halo_bytes"],
+        "{chosen}: the run moved what the plan predicted"
+    );
+    let (ok, _, err) = run("1KiB");
+    assert!(!ok, "a job no plan fits must fail");
+    assert!(
+        err.contains("no plan fits") && err.contains("cob and mb"),
+        "{err}"
+    );
+}
+
 #[test]
 fn cluster_up_matches_in_process_training_on_cora() {
     let Some(dir) = std::env::var_os("GRANDIS_CORA") else {

@@ -89,6 +89,7 @@ pub struct Metrics {
     all_reduce_seconds: Family<JobLabels, FGauge>,
     peak_memory: Family<KindLabels, FGauge>,
     preload_hops: Family<JobLabels, FGauge>,
+    predicted_epoch_seconds: Family<JobLabels, FGauge>,
     sampled_edges: Family<JobLabels, FGauge>,
     wire_bytes: Family<KindLabels, FGauge>,
     jobs: Family<OutcomeLabels, Counter>,
@@ -114,6 +115,7 @@ impl Metrics {
             all_reduce_seconds: Family::default(),
             peak_memory: Family::default(),
             preload_hops: Family::default(),
+            predicted_epoch_seconds: Family::default(),
             sampled_edges: Family::default(),
             wire_bytes: Family::default(),
             jobs: Family::default(),
@@ -162,6 +164,12 @@ impl Metrics {
             "job_preload_hops",
             "Hops k preloaded per server (0 = FB_base)",
             m.preload_hops.clone(),
+        );
+        r.register(
+            "job_predicted_epoch_seconds",
+            "Epoch seconds the planner predicted for the plan mode auto chose (compare \
+             job_epoch_seconds)",
+            m.predicted_epoch_seconds.clone(),
         );
         r.register(
             "job_sampled_edges",
@@ -235,6 +243,9 @@ impl Metrics {
         self.sampled_edges
             .get_or_create(l)
             .set(f.sampled_edges as f64);
+        if let Some(s) = f.predicted_epoch_seconds {
+            self.predicted_epoch_seconds.get_or_create(l).set(s);
+        }
         for (kind, v) in [("sent", f.wire_sent), ("received", f.wire_received)] {
             self.wire_bytes
                 .get_or_create(&kind_labels(l, kind))
@@ -271,6 +282,8 @@ pub struct Finished<'a> {
     pub peak_device: u64,
     pub preload_hops: usize,
     pub sampled_edges: u64,
+    /// mode auto: the chosen plan's predicted epoch seconds.
+    pub predicted_epoch_seconds: Option<f64>,
     pub wire_sent: u64,
     pub wire_received: u64,
 }
@@ -494,6 +507,7 @@ mod tests {
                 peak_device: 1024,
                 preload_hops: 1,
                 sampled_edges: 10,
+                predicted_epoch_seconds: Some(0.25),
                 wire_sent: 100,
                 wire_received: 90,
             },
@@ -503,8 +517,9 @@ mod tests {
             .lines()
             .filter(|line| line.starts_with("grandis_job_"))
             .collect();
-        // Eleven families: three accuracy splits, two memory and two wire kinds, one link key.
-        assert_eq!(series.len(), 15, "{text}");
+        // Sixteen series: three accuracy splits, two memory and two wire kinds, one link key,
+        // one of each other family.
+        assert_eq!(series.len(), 16, "{text}");
         for line in series {
             assert!(
                 line.contains("{grandis_job=\"7\",server=\"node-a\""),
@@ -516,6 +531,12 @@ mod tests {
             text.contains(
                 "grandis_job_link_bytes{grandis_job=\"7\",server=\"node-a\",\
                  class=\"inter_server\",layer=\"0\",phase=\"forward\"} 64.0"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "grandis_job_predicted_epoch_seconds{grandis_job=\"7\",server=\"node-a\"} 0.25"
             ),
             "{text}"
         );

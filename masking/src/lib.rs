@@ -39,8 +39,8 @@ pub use flx::{FbPlan, FlxPlan, PreloadPlan, ServerExtraction};
 pub use layout::Layout;
 pub use memory::{
     choose_k, estimate, estimate_device, estimate_masked, estimate_masked_device,
-    estimate_masked_inference, AttentionDims, InputCopy, KChoice, KEstimate, LayerMemory,
-    MemoryTerms, ModelDims,
+    estimate_masked_inference, owned_rows_floor, AttentionDims, InputCopy, KChoice, KEstimate,
+    LayerMemory, MemoryTerms, ModelDims,
 };
 pub use plan::{DevicePlan, HaloGroup, LayerMask, SendList};
 pub use rows::{layer_spaces, CompactHalo, LayerRows};

@@ -302,13 +302,49 @@ fn terms<'p>(
     // Every layer runs in its compact row space; layers with equal spaces on the same plan
     // share one uploaded graph, exactly as the runner does.
     let spaces = layer_spaces(dims.layers, &plan_at);
-    let rows: Vec<&LayerRows> = spaces.iter().map(|(r, _)| r).collect();
-    let features = rows.first().map_or(0, |r| r.n_src as u64) * dims.features as u64 * F32_BYTES;
+    let rows: Vec<(u64, u64)> = spaces
+        .iter()
+        .map(|(r, _)| (r.n_src as u64, r.n_dst as u64))
+        .collect();
+    let mut t = row_terms(dims, rank, &rows, masked_at);
+    t.graph = spaces
+        .iter()
+        .enumerate()
+        .filter(|&(l, &(_, first))| first == l)
+        .map(|(l, (r, _))| compact_graph_bytes(plan_at(l), r))
+        .sum();
+    t.halo_buffers = 2
+        * held.iter().map(|p| send_rows(p)).max().unwrap_or(0)
+        * dims.max_width() as u64
+        * F32_BYTES;
+    t.metadata = held
+        .iter()
+        .map(|p| p.n_local() as u64 * METADATA_BYTES_PER_ROW)
+        .sum();
+    t.total = t.features
+        + t.activations
+        + t.backward_scratch
+        + t.halo_buffers
+        + t.graph
+        + t.metadata
+        + t.params;
+    t
+}
+
+/// The terms that depend only on each layer's `(source rows, computed rows)`: features,
+/// saved tensors, backward scratch and parameters (graph, halo buffers and metadata 0, and
+/// `total` their sum).
+fn row_terms(
+    dims: &ModelDims,
+    rank: usize,
+    rows: &[(u64, u64)],
+    masked_at: impl Fn(usize) -> bool,
+) -> MemoryTerms {
+    let features = rows.first().map_or(0, |r| r.0) * dims.features as u64 * F32_BYTES;
     let layers: Vec<LayerMemory> = rows
         .iter()
         .enumerate()
-        .map(|(l, r)| {
-            let (src, dst) = (r.n_src as u64, r.n_dst as u64);
+        .map(|(l, &(src, dst))| {
             let (iw, ow) = (dims.in_width(l) as u64, dims.out_width(l) as u64);
             LayerMemory {
                 layer: l,
@@ -334,42 +370,35 @@ fn terms<'p>(
     let backward_scratch = rows
         .iter()
         .enumerate()
-        .map(|(l, r)| {
+        .map(|(l, &(src, _))| {
             let widest = dims.in_width(l).max(dims.out_width(l)) as u64;
             let attended = 2 * dims.attention_width(l).unwrap_or(0) as u64;
-            r.n_src as u64 * (scratch_buffers * widest + attended) * F32_BYTES
+            src * (scratch_buffers * widest + attended) * F32_BYTES
         })
         .max()
         .unwrap_or(0);
-    let graph = spaces
-        .iter()
-        .enumerate()
-        .filter(|&(l, &(_, first))| first == l)
-        .map(|(l, (r, _))| compact_graph_bytes(plan_at(l), r))
-        .sum();
-    let halo_buffers = 2
-        * held.iter().map(|p| send_rows(p)).max().unwrap_or(0)
-        * dims.max_width() as u64
-        * F32_BYTES;
-    let metadata = held
-        .iter()
-        .map(|p| p.n_local() as u64 * METADATA_BYTES_PER_ROW)
-        .sum();
     let params = PARAM_COPIES * dims.param_count() * F32_BYTES;
-    let total =
-        features + activations + backward_scratch + halo_buffers + graph + metadata + params;
     MemoryTerms {
         rank,
         features,
         layers,
         activations,
         backward_scratch,
-        halo_buffers,
-        graph,
-        metadata,
+        halo_buffers: 0,
+        graph: 0,
+        metadata: 0,
         params,
-        total,
+        total: features + activations + backward_scratch + params,
     }
+}
+
+/// The least the estimate of any FB or FLX plan (exact or sampled) can be on a device whose
+/// layout range holds `owned` vertices: every layer of those plans computes at least these
+/// rows from at least these sources, and holds their metadata; the floor counts no edge, no
+/// halo row and no replica. Lets a planner rule a static plan out without building it.
+pub fn owned_rows_floor(dims: &ModelDims, owned: u64) -> u64 {
+    let t = row_terms(dims, 0, &vec![(owned, owned); dims.layers], |_| false);
+    t.total + owned * METADATA_BYTES_PER_ROW
 }
 
 /// Estimate of every device for `k` preloaded hops (`flx` must be the k-hop plan, None for 0).

@@ -4,7 +4,9 @@
 use std::collections::{BTreeSet, HashMap};
 
 use grandis_masking::testing::{self, Case, CaseBounds};
-use grandis_masking::{choose_k, DevicePlan, InputCopy, MaskingError, ModelDims, PlanContext};
+use grandis_masking::{
+    choose_k, owned_rows_floor, DevicePlan, InputCopy, MaskingError, ModelDims, PlanContext,
+};
 use proptest::prelude::*;
 
 fn case() -> impl Strategy<Value = Case> {
@@ -288,6 +290,10 @@ proptest! {
             for t in &e.devices {
                 prop_assert_eq!(t.total, t.features + t.activations + t.backward_scratch
                     + t.halo_buffers + t.graph + t.metadata + t.params);
+                // The floor a planner prunes static plans with never exceeds a real one.
+                let owned = c.layout.range(t.rank).len() as u64;
+                prop_assert!(owned_rows_floor(&dims, owned) <= t.total, "rank {}: floor {} > {}",
+                    t.rank, owned_rows_floor(&dims, owned), t.total);
             }
         }
         // Budget exactly at some k's estimate: choose_k must return the largest fitting k.

@@ -1,31 +1,92 @@
-//! `mode = auto` (GraNNDIS §8.6), decided where the run starts: FLX with the largest k that
-//! fits when plain FB fits the per-device budget (the full graph fits the servers' aggregate
-//! memory), otherwise CoB with the largest co-batch that fits, with the sampler the run will
-//! use. Every server of a cluster job decides from the same job, dataset and partition, so
-//! all reach the same decision.
+//! `mode = auto`: the plan the performance model predicts fastest among those that fit
+//! ([`crate::planner`]), decided where the run starts.
+//!
+//! - **Rates** ([`plan_rates`]): what the servers measured when the job started
+//!   ([`crate::measure::server_rates`]; a run of every rank in one process measures its own
+//!   fabric and one rank's compute here), the slowest server's of each (the ranks run in lock
+//!   step), with the contention of ranks sharing a machine's cores and, on CPUs, a calibration
+//!   of the job's model on a sample of its graph.
+//! - **Candidates** ([`plan_job`]): fb, exact flx for every k, flx-eas over hops {1, 2} ×
+//!   fanout {5, 15}, cob with the job's co-batch size (else the largest that fits the budget)
+//!   and its half and quarter, mb; a `preload_hops` in the job keeps only the static plans of
+//!   that k. Counted with [`Counting::Pruned`]: a static plan is counted only when its floors
+//!   leave it able to be chosen.
+//! - **Agreement** (a daemon's ranks): every server sends its measured rates to global rank
+//!   0, which plans once and sends the choice (or its error) back to every server's head, so
+//!   all servers run the same plan whatever their clocks said.
+
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use grandis_fabric::{Endpoint, Phase, Tag, PROBE_EPOCH};
 use grandis_models::ModelConfig;
-use grandis_sampling::{AutoChoice, AutoDecision};
 use grandis_store::DatasetView;
-use grandis_wire::{Mode, Sampling};
+use grandis_wire::{
+    CandidateSummary, ComputeRate, LinkRate, Mode, PlanRates, PlanSummary, Sampling, ServerRates,
+};
+use serde::{Deserialize, Serialize};
 
-use crate::{ParallelOptions, PartitionedGraph};
+use crate::planner::{candidates, choose, plan, Candidate, Counting, Planned};
+use crate::{Compute, ParallelOptions, PartitionedGraph};
 
-/// The options to run with: `popts` itself for fb, flx, cob and mb; for auto, the decision's
-/// options and the decision. Single is the single-process trainer's mode, not a parallel one.
+/// How long a server waits for the first server's plan (counting large static plans takes
+/// minutes; a lost peer still fails the wait at once).
+const PLAN_WAIT: Duration = Duration::from_secs(3600);
+
+/// The options to run with: `popts` itself for fb, flx, cob and mb; for auto, the planner's
+/// choice and its summary. `local`: this server's endpoints when the run is one server's
+/// ranks (they agree with the other servers); None when every rank runs in this process.
 pub(crate) fn resolve_mode(
     view: &DatasetView<'_>,
     part: &PartitionedGraph,
     config: &ModelConfig,
     popts: &ParallelOptions,
     seed: u64,
-) -> anyhow::Result<(ParallelOptions, Option<AutoDecision>)> {
+    local: Option<&mut [Endpoint]>,
+) -> anyhow::Result<(ParallelOptions, Option<PlanSummary>)> {
     match popts.mode {
         Mode::Fb | Mode::Flx | Mode::Cob | Mode::Mb => Ok((popts.clone(), None)),
         Mode::Auto => {
-            let (p, d) = decide_auto(view, part, config, popts, seed)?;
-            Ok((p, Some(d)))
+            let (g, world) = (part.layout.devices(), part.layout.num_ranks());
+            let choose_with = |servers: &[ServerRates], placement: Placement| {
+                let rates = plan_rates(*view, config, servers, &placement)?;
+                let planned = plan_job(*view, part, config, popts, seed, rates, true)?;
+                planned.chosen()
+            };
+            let chosen = match local {
+                None => {
+                    let measured = match &popts.measured {
+                        Some(m) => m.clone(),
+                        None => crate::measure::in_process_rates(popts, &part.layout, config)?,
+                    };
+                    let placement = Placement {
+                        compute: popts.compute.clone(),
+                        threads_per_rank: popts.rank_threads(world),
+                        ranks_per_machine: world,
+                        one_machine: true,
+                    };
+                    choose_with(&[measured], placement)?
+                }
+                Some(endpoints) => {
+                    let measured = popts.measured.as_ref().context(
+                        "mode auto on a server: the server's rates must be measured first",
+                    )?;
+                    let placement = Placement {
+                        compute: popts.compute.clone(),
+                        threads_per_rank: popts.rank_threads(g),
+                        ranks_per_machine: g,
+                        one_machine: false,
+                    };
+                    agree(endpoints, measured, |all| choose_with(all, placement))?
+                }
+            };
+            tracing::info!(
+                chosen = %chosen.summary.chosen,
+                predicted_epoch_s = chosen.summary.prediction.epoch_s,
+                why = %chosen.summary.why,
+                "mode auto"
+            );
+            Ok((chosen.candidate.options(popts), Some(chosen.summary)))
         }
         Mode::Single => bail!(
             "mode single is the single-process trainer (`grandis train --mode single`); the \
@@ -34,41 +95,269 @@ pub(crate) fn resolve_mode(
     }
 }
 
-/// The `auto` decision for `popts` (its sampler, budget and co-batch size, if any) and the
-/// options it leads to.
-pub fn decide_auto(
-    view: &DatasetView<'_>,
+/// Where a job's ranks run, as the rates' contention and calibration see it.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub compute: Compute,
+    /// CPU threads of each rank.
+    pub threads_per_rank: usize,
+    /// Ranks sharing one machine: a server's devices, or every rank when one machine runs
+    /// them all.
+    pub ranks_per_machine: usize,
+    /// One machine runs every rank (in-process `grandis train`): its plan builders share the
+    /// ranks' cores too.
+    pub one_machine: bool,
+}
+
+/// The rates a plan is predicted with: the slowest of `servers`' measured rates (the ranks
+/// run in lock step), the contention of `placement`'s CPU ranks on this machine's cores, and
+/// on CPUs a calibration of `config` on a sample of `view` (GPUs: 1, not calibrated).
+pub fn plan_rates(
+    view: DatasetView<'_>,
+    config: &ModelConfig,
+    servers: &[ServerRates],
+    placement: &Placement,
+) -> anyhow::Result<PlanRates> {
+    let first = servers.first().context("no measured server")?;
+    let slowest = |f: fn(&ComputeRate) -> f64| {
+        servers
+            .iter()
+            .map(|s| f(&s.compute))
+            .fold(f64::INFINITY, f64::min)
+    };
+    let compute = ComputeRate {
+        gemm_flops_per_s: slowest(|c| c.gemm_flops_per_s),
+        aggregation_edge_cols_per_s: slowest(|c| c.aggregation_edge_cols_per_s),
+        aggregation_uncached_edge_cols_per_s: slowest(|c| c.aggregation_uncached_edge_cols_per_s),
+        width: first.compute.width,
+    };
+    let link = |pick: fn(&ServerRates) -> Option<LinkRate>| {
+        let links: Vec<LinkRate> = servers.iter().filter_map(pick).collect();
+        match links.is_empty() {
+            // Unused by the topology (one device, or one server): no time.
+            true => LinkRate::default(),
+            false => LinkRate {
+                bandwidth_bytes_per_s: links
+                    .iter()
+                    .map(|l| l.bandwidth_bytes_per_s)
+                    .fold(f64::INFINITY, f64::min),
+                latency_s: links.iter().map(|l| l.latency_s).fold(0.0, f64::max),
+            },
+        }
+    };
+    let cpu = matches!(placement.compute, Compute::Cpu);
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    Ok(PlanRates {
+        compute,
+        intra: link(|s| s.intra),
+        inter: link(|s| s.inter),
+        contention: match cpu {
+            true => ((placement.ranks_per_machine * placement.threads_per_rank) as f64
+                / cores as f64)
+                .max(1.0),
+            false => 1.0,
+        },
+        calibration: match cpu {
+            true => crate::planner::calibrate(view, config, &compute, placement.threads_per_rank)
+                .context("calibrating the model on a sample of the graph")?,
+            false => 1.0,
+        },
+        shared_cores: (placement.one_machine && cpu).then_some(cores),
+    })
+}
+
+/// A job's candidates counted and predicted, and the planner's choice.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobPlan {
+    pub planned: Vec<Planned>,
+    /// The index of the chosen candidate in `planned`, and why; None when nothing fits.
+    pub chosen: Option<(usize, String)>,
+    pub rates: PlanRates,
+    pub exact_preference: f64,
+    /// The per-device budget the candidates had to fit.
+    pub budget: u64,
+    /// Why there are no cob and mb candidates (not even a co-batch of one fits).
+    pub no_cobatch: Option<String>,
+    /// Seconds the planning took (not the rates' measurement).
+    pub seconds: f64,
+}
+
+/// The chosen candidate and the summary a run reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Chosen {
+    pub candidate: Candidate,
+    pub summary: PlanSummary,
+}
+
+impl JobPlan {
+    /// The choice, or an error naming why each candidate was left out.
+    pub fn chosen(&self) -> anyhow::Result<Chosen> {
+        let Some((i, why)) = &self.chosen else {
+            let reasons: Vec<String> = self
+                .planned
+                .iter()
+                .map(|p| format!("{}: {}", p.name, note(p, self.budget)))
+                .chain(self.no_cobatch.iter().map(|e| format!("cob and mb: {e}")))
+                .collect();
+            bail!(
+                "mode auto: no plan fits the {}-byte budget per device ({})",
+                self.budget,
+                reasons.join("; ")
+            );
+        };
+        let p = &self.planned[*i];
+        Ok(Chosen {
+            candidate: p.candidate.clone(),
+            summary: PlanSummary {
+                chosen: p.name.clone(),
+                why: why.clone(),
+                prediction: p.prediction.clone().unwrap_or_default(),
+                rates: self.rates,
+                candidates: self
+                    .planned
+                    .iter()
+                    .map(|p| CandidateSummary {
+                        name: p.name.clone(),
+                        epoch_s: p.prediction.as_ref().map(|x| x.epoch_s),
+                        peak_bytes: p.prediction.as_ref().map(|x| x.peak_bytes),
+                        fits: p.fits,
+                        note: (!p.fits).then(|| note(p, self.budget)),
+                    })
+                    .collect(),
+                exact_preference: self.exact_preference,
+                seconds: self.seconds,
+            },
+        })
+    }
+}
+
+/// Why `p` cannot be chosen: not counted, cannot run, or over the budget.
+fn note(p: &Planned, budget: u64) -> String {
+    match (&p.pruned, &p.error, &p.prediction) {
+        (Some(why), _, _) => format!("not counted: {why}"),
+        (_, Some(e), _) => format!("cannot run: {e}"),
+        (_, _, Some(x)) if x.peak_bytes > budget => {
+            format!(
+                "needs {} bytes, over the {budget}-byte budget",
+                x.peak_bytes
+            )
+        }
+        _ => "fits".into(),
+    }
+}
+
+/// Plans `popts`' job (its sampler, budget, co-batch size, preload hops and exact
+/// preference) with `rates`: every candidate counted, or (`prune`) as [`Counting::Pruned`].
+pub fn plan_job(
+    view: DatasetView<'_>,
     part: &PartitionedGraph,
     config: &ModelConfig,
     popts: &ParallelOptions,
     seed: u64,
-) -> anyhow::Result<(ParallelOptions, AutoDecision)> {
-    let ctx = crate::plan_context(view, part)?;
-    let dims = crate::model_dims(config);
+    rates: PlanRates,
+    prune: bool,
+) -> anyhow::Result<JobPlan> {
+    let started = Instant::now();
     let (budget, _) = crate::budget::budget(popts, &part.layout)?;
-    let sampler = grandis_sampling::dependency_sampler(&popts.sampling, config.layers, seed)?
-        .unwrap_or_else(|| Box::new(grandis_sampling::Exact));
-    let decision = grandis_sampling::auto_mode(&ctx, &dims, budget, sampler.as_ref(), seed)
-        .context("mode auto")?;
-    tracing::info!("{decision}");
-    let resolved = match decision.mode {
-        AutoChoice::Flx { k } => ParallelOptions {
-            mode: if k == 0 { Mode::Fb } else { Mode::Flx },
-            preload_hops: (k > 0).then_some(k),
-            // FLX trains on the exact graph or with EAS; other samplers are co-batch ones.
-            sampling: match popts.sampling {
-                Sampling::Eas { .. } if k > 0 => popts.sampling.clone(),
-                _ => Sampling::None,
-            },
-            batch_size: None,
-            ..popts.clone()
-        },
-        AutoChoice::Cob { batch_size } => ParallelOptions {
-            mode: Mode::Cob,
-            preload_hops: None,
-            batch_size: Some(batch_size),
-            ..popts.clone()
+    let base = ParallelOptions {
+        device_memory: Some(budget),
+        ..popts.clone()
+    };
+    let (batch, no_cobatch) = match popts.batch_size {
+        Some(b) => (b, None),
+        None => match largest_cobatch(view, part, config, &popts.sampling, budget, seed) {
+            Ok(b) => (b, None),
+            Err(e) => (0, Some(format!("{e:#}"))),
         },
     };
-    Ok((resolved, decision))
+    let cands: Vec<Candidate> =
+        candidates(config.layers, batch, part.layout.devices(), &popts.sampling)
+            .into_iter()
+            .filter(|c| match (c.mode, popts.preload_hops) {
+                (Mode::Fb | Mode::Flx, Some(k)) => c.preload_hops.unwrap_or(0) == k,
+                _ => true,
+            })
+            .collect();
+    let counting = match prune {
+        true => Counting::Pruned {
+            exact_preference: popts.exact_preference,
+        },
+        false => Counting::Every,
+    };
+    let planned = plan(view, part, config, seed, &base, &cands, &rates, counting)?;
+    let chosen = choose(&planned, popts.exact_preference);
+    Ok(JobPlan {
+        planned,
+        chosen,
+        rates,
+        exact_preference: popts.exact_preference,
+        budget,
+        no_cobatch,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The largest co-batch whose plan fits `budget` with the sampler cob would train with
+/// (`sampling`; GraphSAINT's subgraphs are not co-batches, so exact then); an error when not
+/// even one vertex fits (the cob and mb candidates are then left out).
+fn largest_cobatch(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    sampling: &Sampling,
+    budget: u64,
+    seed: u64,
+) -> anyhow::Result<usize> {
+    let ctx = crate::plan_context(&view, part)?;
+    let dims = crate::model_dims(config);
+    let sampling = match sampling {
+        Sampling::Saint { .. } => Sampling::None,
+        s => s.clone(),
+    };
+    let sampler = grandis_sampling::dependency_sampler(&sampling, config.layers, seed)?
+        .unwrap_or_else(|| Box::new(grandis_sampling::Exact));
+    let fit = grandis_sampling::largest_cobatch(&ctx, &dims, budget, sampler.as_ref(), seed)?;
+    Ok(fit.batch_size)
+}
+
+/// Every server's `measured` rates to global rank 0, which runs `decide` on them once; its
+/// choice (or error) back to every server. Collective over the job's servers: this server's
+/// head among `local` takes part, its other ranks wait in this process.
+fn agree(
+    local: &mut [Endpoint],
+    measured: &ServerRates,
+    decide: impl FnOnce(&[ServerRates]) -> anyhow::Result<Chosen>,
+) -> anyhow::Result<Chosen> {
+    let tag = Tag::new(PROBE_EPOCH, 1, Phase::Other);
+    let head = local
+        .iter_mut()
+        .find(|e| e.is_head())
+        .context("this server's endpoints have no head")?;
+    let servers = head.servers();
+    let topology = head.topology();
+    let saved = head.recv_timeout();
+    if head.rank() != 0 {
+        head.send_bytes(0, serde_json::to_vec(measured)?, tag)?;
+        head.set_recv_timeout(PLAN_WAIT);
+        let reply = head.recv_bytes(0, tag);
+        head.set_recv_timeout(saved);
+        let reply: Result<Chosen, String> =
+            serde_json::from_slice(&reply?).context("the first server's plan is not valid JSON")?;
+        return reply.map_err(|e| anyhow::anyhow!("the job's first server could not plan: {e}"));
+    }
+    let mut all = vec![measured.clone()];
+    for s in 1..servers {
+        let bytes = head.recv_bytes(topology.head_of(s), tag)?;
+        all.push(
+            serde_json::from_slice(&bytes)
+                .with_context(|| format!("server {s}'s measured rates are not valid JSON"))?,
+        );
+    }
+    let decided = decide(&all);
+    let reply: Result<&Chosen, String> = decided.as_ref().map_err(|e| format!("{e:#}"));
+    let bytes = serde_json::to_vec(&reply)?;
+    for s in 1..servers {
+        head.send_bytes(topology.head_of(s), bytes.clone(), tag)?;
+    }
+    decided
 }

@@ -31,7 +31,7 @@
 //! (full-neighbourhood inference), and [`embeddings`] runs one forward pass on any masked
 //! plan with given weights (exactness tests, `grandis analyze error`).
 
-mod auto;
+pub mod auto;
 mod budget;
 mod decide;
 mod embed;
@@ -55,7 +55,6 @@ use grandis_models::ModelConfig;
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, TrainOptions};
 
-pub use auto::decide_auto;
 pub use budget::{
     choose_preload_hops, default_budget, default_device_memory, model_dims, predicted_halo_bytes,
 };
@@ -104,10 +103,11 @@ pub(crate) fn train_ranks(
     opts: &TrainOptions,
     popts: &ParallelOptions,
     on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
-    local: Option<Vec<grandis_fabric::Endpoint>>,
+    mut local: Option<Vec<grandis_fabric::Endpoint>>,
 ) -> anyhow::Result<ParallelReport> {
     check_inputs(&view, part, &config)?;
-    let (popts, auto) = auto::resolve_mode(&view, part, &config, popts, opts.seed)?;
+    let (popts, plan) =
+        auto::resolve_mode(&view, part, &config, popts, opts.seed, local.as_deref_mut())?;
     let resume = popts.checkpoint.resume_from(&config, opts)?;
     if let Some(ck) = &resume {
         if ck.epochs_done == opts.epochs && popts.infer.is_some() {
@@ -161,7 +161,7 @@ pub(crate) fn train_ranks(
     run::run(inputs, ctx, on_epoch, local)?.report(
         &decision,
         &popts,
-        auto,
+        plan,
         part,
         config.classes,
         opts,

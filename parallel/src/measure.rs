@@ -154,6 +154,30 @@ pub fn server_rates(
     })
 }
 
+/// What a run of every rank in this process measures: its fabric's links (one built as the
+/// run builds it, with `popts`' emulated link models) and one rank's compute at the model's
+/// hidden width.
+pub fn in_process_rates(
+    popts: &crate::ParallelOptions,
+    layout: &grandis_masking::Layout,
+    config: &grandis_models::ModelConfig,
+) -> anyhow::Result<ServerRates> {
+    let mut endpoints = grandis_fabric::Fabric::new(grandis_fabric::FabricConfig {
+        servers: layout.servers(),
+        devices: layout.devices(),
+        intra: popts.intra,
+        inter: popts.inter,
+        ..grandis_fabric::FabricConfig::default()
+    })?
+    .into_endpoints();
+    server_rates(
+        &popts.compute,
+        popts.rank_threads(layout.num_ranks()),
+        &mut endpoints,
+        config.hidden,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -92,8 +92,8 @@ impl Compute {
 /// Options of a parallel run beyond the model and optimiser.
 #[derive(Debug, Clone)]
 pub struct ParallelOptions {
-    /// fb, flx, cob, mb, or auto (decided by the memory model when the run starts); single is
-    /// the trainer's, not a parallel mode.
+    /// fb, flx, cob, mb, or auto (the planner's choice when the run starts, [`crate::auto`]);
+    /// single is the trainer's, not a parallel mode.
     pub mode: Mode,
     /// Where the ranks compute (CPU threads by default).
     pub compute: Compute,
@@ -123,6 +123,12 @@ pub struct ParallelOptions {
     pub plan_threads: Option<usize>,
     /// After training, layer-wise inference over every vertex across the ranks.
     pub infer: Option<crate::infer::InferOptions>,
+    /// auto: a sampled plan must be predicted this many times faster than the fastest exact
+    /// one to be chosen.
+    pub exact_preference: f64,
+    /// What this server measured when the job started (a daemon's ranks): auto plans with
+    /// it. None: a run of every rank in one process measures when it needs to.
+    pub measured: Option<grandis_wire::ServerRates>,
 }
 
 impl Default for ParallelOptions {
@@ -142,6 +148,8 @@ impl Default for ParallelOptions {
             checkpoint: grandis_trainer::CheckpointOptions::default(),
             plan_threads: None,
             infer: None,
+            exact_preference: grandis_wire::defaults::EXACT_PREFERENCE,
+            measured: None,
         }
     }
 }
@@ -175,6 +183,9 @@ impl ParallelOptions {
                 _ => None,
             },
             resample_every: spec.resample_every,
+            exact_preference: spec
+                .exact_preference
+                .unwrap_or(grandis_wire::defaults::EXACT_PREFERENCE),
             infer: spec.predict.as_ref().map(|p| crate::infer::InferOptions {
                 dir: p.dir.clone().into(),
                 kind: match p.logits {

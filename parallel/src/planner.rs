@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use grandis_masking::{DevicePlan, Layout, ModelDims};
 use grandis_models::{Model, ModelConfig, ModelKind};
-use grandis_wire::{ComputeRate, LinkBytes, LinkRate};
+use grandis_wire::{ComputeRate, LinkBytes, LinkRate, PlanRates, Prediction};
 use serde::Serialize;
 
 use crate::steps::Step;
@@ -221,25 +221,6 @@ fn fetch_of(p: &Arc<DevicePlan>, r: usize, layout: &Layout, features: usize, out
     }
 }
 
-/// The rates a prediction uses: one device's compute, the two link classes, and how many
-/// ranks share one device's compute (CPU ranks on fewer cores than they have threads).
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Rates {
-    pub compute: ComputeRate,
-    pub intra: LinkRate,
-    pub inter: LinkRate,
-    /// Compute time multiplier: 1 for dedicated devices; ranks × threads / cores when the
-    /// ranks share a machine's cores.
-    pub contention: f64,
-    /// Compute time multiplier from [`calibrate`]: a real training step of the job's model
-    /// over what the two kernel rates alone account for (the element-wise work, the loss,
-    /// the optimiser, kernel shapes); 1 when not calibrated.
-    pub calibration: f64,
-    /// The cores CPU ranks share with the host's plan builders (in-process runs on one
-    /// machine); None when the ranks have devices of their own.
-    pub shared_cores: Option<usize>,
-}
-
 /// The aggregation rate over `sources` rows of `cols` columns: between the cached and the
 /// uncached calibration, by the bytes the sources take (log-linear in between).
 fn aggregation_rate(rate: &ComputeRate, sources: f64, cols: usize) -> f64 {
@@ -280,30 +261,6 @@ fn layer_seconds(
         + edges * w.aggregated_cols as f64 / aggregation_rate(rate, sources, w.aggregated_cols)
 }
 
-/// A candidate's predicted epoch, its parts (seconds, as the run summary splits them) and
-/// bytes.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Prediction {
-    pub epoch_s: f64,
-    pub compute_s: f64,
-    pub intra_s: f64,
-    pub inter_s: f64,
-    pub fetch_s: f64,
-    pub all_reduce_s: f64,
-    /// Once, before the first epoch (static plans' replicated features).
-    pub setup_fetch_s: f64,
-    /// Halo bytes per epoch (forward + backward) by link class.
-    pub halo_bytes: LinkBytes,
-    /// Fetched feature bytes per epoch.
-    pub fetch_bytes: LinkBytes,
-    /// Fetched once, before the first epoch.
-    pub setup_fetch_bytes: u64,
-    /// Rows computed per epoch over all layers and ranks (forward).
-    pub computed_vertex_layers: u64,
-    /// The memory model's worst rank.
-    pub peak_bytes: u64,
-}
-
 /// Seconds `link` takes to carry `bytes` in `messages` messages (an unmeasured bandwidth
 /// counts as unlimited).
 fn transfer_seconds(link: &LinkRate, bytes: f64, messages: f64) -> f64 {
@@ -317,7 +274,7 @@ fn transfer_seconds(link: &LinkRate, bytes: f64, messages: f64) -> f64 {
 
 /// Seconds of one exchange: its busiest link per class, plus a latency for each class used.
 /// Returns (intra, inter) seconds; the exchange lasts their maximum.
-fn exchange_seconds(t: &Traffic, layout: &Layout, rates: &Rates) -> (f64, f64) {
+fn exchange_seconds(t: &Traffic, layout: &Layout, rates: &PlanRates) -> (f64, f64) {
     let ranks = layout.num_ranks();
     let servers = layout.servers();
     let (mut dev_out, mut dev_in) = (vec![0u64; ranks], vec![0u64; ranks]);
@@ -350,7 +307,7 @@ pub fn predict(
     counts: &EpochCounts,
     work: &[LayerWork],
     layout: &Layout,
-    rates: &Rates,
+    rates: &PlanRates,
 ) -> Prediction {
     let mut p = Prediction::default();
     let contention = rates.contention.max(1.0);
@@ -421,7 +378,7 @@ pub fn predict(
 /// One hierarchical all-reduce of `parameters` values (`fabric`'s): the devices send their
 /// buffers to the head and get the result back over its intra link; the heads reduce-scatter
 /// and all-gather over their NICs (each sends and receives 2 (S-1)/S of the buffer).
-fn all_reduce_seconds(parameters: usize, layout: &Layout, rates: &Rates) -> f64 {
+fn all_reduce_seconds(parameters: usize, layout: &Layout, rates: &PlanRates) -> f64 {
     let bytes = (parameters * 4) as f64;
     let (s, g) = (layout.servers() as f64, layout.devices() as f64);
     let intra = if g > 1.0 {
@@ -438,7 +395,7 @@ fn all_reduce_seconds(parameters: usize, layout: &Layout, rates: &Rates) -> f64 
 }
 
 /// One plan the planner considers: a mode with its knobs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Candidate {
     pub mode: grandis_wire::Mode,
     pub preload_hops: Option<usize>,
@@ -496,7 +453,7 @@ impl Candidate {
 /// The candidates for a model of `layers` layers: fb; exact flx with k = 1..=layers; flx-eas
 /// with k = layers over hops {1, 2} x fanout {5, 15}; cob with the co-batch size `batch` and
 /// its half and quarter, each with `sampling` (exact when none); mb with `batch` / devices per
-/// device when `sampling` is a sampler mb runs (fanout or eas).
+/// device when `sampling` is a sampler mb runs (fanout or eas). `batch` 0: neither cob nor mb.
 pub fn candidates(
     layers: usize,
     batch: usize,
@@ -546,7 +503,7 @@ pub fn candidates(
             });
         }
     }
-    if matches!(sampling, Sampling::Fanout { .. } | Sampling::Eas { .. }) {
+    if batch > 0 && matches!(sampling, Sampling::Fanout { .. } | Sampling::Eas { .. }) {
         out.push(Candidate {
             mode: Mode::Mb,
             preload_hops: None,
@@ -557,7 +514,7 @@ pub fn candidates(
     out
 }
 
-/// A candidate with its counts and prediction, or why it cannot run.
+/// A candidate with its counts and prediction, or why it cannot run or was not counted.
 #[derive(Debug, Clone, Serialize)]
 pub struct Planned {
     pub candidate: Candidate,
@@ -566,10 +523,104 @@ pub struct Planned {
     /// Whether the memory model's worst rank fits the budget.
     pub fits: bool,
     pub error: Option<String>,
+    /// Why the candidate was not counted ([`Counting::Pruned`]): the floor that rules it out.
+    pub pruned: Option<String>,
+    /// Seconds spent counting it.
+    pub count_seconds: f64,
 }
 
-/// Counts and predicts every candidate for `config` on `part` with `rates`; `base` carries
-/// the budget (`device_memory`) and everything a candidate does not set.
+/// Which candidates [`plan`] counts. The static ones (FB and FLX: one plan over the whole
+/// graph) are the expensive ones to count, as long as a run's setup; the per-iteration ones
+/// (cob, mb) count a few steps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Counting {
+    /// Every candidate.
+    Every,
+    /// The per-iteration candidates first, then a static one only when its floors (what its
+    /// owned rows alone cost, [`StaticFloor`]) leave it able to fit the budget and to be
+    /// chosen by [`choose`] with this `exact_preference` over what was counted before it.
+    Pruned { exact_preference: f64 },
+}
+
+/// Lower bounds on every static plan of a job, from the partition alone: each FB or FLX plan
+/// (exact or EAS-sampled) computes at least every rank's own rows at every layer, aggregating
+/// at least their in-edges from the rank's server (EAS samples only the inter-server ones;
+/// exact plans keep them all), and holds at least those rows in memory.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct StaticFloor {
+    /// Predicted seconds of an exact static plan's epoch on the owned rows and all their
+    /// in-edges, with nothing exchanged or fetched.
+    pub exact_s: f64,
+    /// The same with only the in-edges from the rank's own server.
+    pub sampled_s: f64,
+    /// [`grandis_masking::owned_rows_floor`] of the largest rank.
+    pub bytes: u64,
+}
+
+/// The [`StaticFloor`] of `ctx`'s partition for a model of `work`, `dims` and `parameters`.
+pub fn static_floor(
+    ctx: &grandis_masking::PlanContext<'_>,
+    dims: &ModelDims,
+    work: &[LayerWork],
+    parameters: usize,
+    rates: &PlanRates,
+) -> StaticFloor {
+    let layout = ctx.layout();
+    let ranks = layout.num_ranks();
+    let (mut owned, mut all, mut inner) = (vec![0u64; ranks], vec![0u64; ranks], vec![0u64; ranks]);
+    for r in 0..ranks {
+        let server = layout.server_range(layout.server_of_rank(r));
+        for v in layout.range(r) {
+            let sources = ctx.in_neighbors(v);
+            owned[r] += 1;
+            all[r] += sources.len() as u64;
+            inner[r] += sources.iter().filter(|u| server.contains(u)).count() as u64;
+        }
+    }
+    let layers = work.len();
+    let epoch_s = |edges: &[u64]| {
+        let per_layer = |x: &[u64]| x.iter().map(|&n| vec![n; layers]).collect::<Vec<_>>();
+        let counts = EpochCounts {
+            iterations: 1,
+            steps: vec![StepCounts {
+                rows: per_layer(&owned),
+                edges: per_layer(edges),
+                sources: per_layer(&owned),
+                forward: vec![Traffic::default(); layers],
+                backward: vec![Traffic::default(); layers],
+                fetch: Traffic::default(),
+            }],
+            scale: 1.0,
+            parameters,
+            ..EpochCounts::default()
+        };
+        predict(&counts, work, layout, rates).epoch_s
+    };
+    StaticFloor {
+        exact_s: epoch_s(&all),
+        sampled_s: epoch_s(&inner),
+        bytes: owned
+            .iter()
+            .map(|&n| grandis_masking::owned_rows_floor(dims, n))
+            .max()
+            .unwrap_or(0),
+    }
+}
+
+/// The parameters of `config` (what every iteration's all-reduce sums).
+pub fn parameters(config: &ModelConfig) -> anyhow::Result<usize> {
+    Ok(config
+        .parameter_shapes()
+        .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?
+        .iter()
+        .map(|(_, shape)| shape.iter().product::<usize>())
+        .sum())
+}
+
+/// Counts and predicts the candidates for `config` on `part` with `rates` (all of them, or
+/// as `counting` prunes); `base` carries the budget (`device_memory`) and everything a
+/// candidate does not set. The result is in `candidates`' order.
+#[allow(clippy::too_many_arguments)]
 pub fn plan(
     view: grandis_store::DatasetView<'_>,
     part: &crate::PartitionedGraph,
@@ -577,7 +628,8 @@ pub fn plan(
     seed: u64,
     base: &crate::ParallelOptions,
     candidates: &[Candidate],
-    rates: &Rates,
+    rates: &PlanRates,
+    counting: Counting,
 ) -> anyhow::Result<Vec<Planned>> {
     crate::setup::check_inputs(&view, part, config)?;
     let (flags, totals) = crate::setup::labelled(&view, part)?;
@@ -587,19 +639,18 @@ pub fn plan(
     let ctx = crate::plan_context(&view, part)?;
     let dims = crate::model_dims(config);
     let work = layer_work(config, &dims)?;
-    let parameters =
-        Model::new(&grandis_engine::CpuBackend::new(Some(1))?, config.clone())?.num_parameters();
+    let parameters = parameters(config)?;
     let budget = match base.device_memory {
         Some(b) => b,
         None => crate::default_budget(&base.compute, 1, part.layout.num_ranks())?.0,
     };
     let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
-    let mut out = Vec::new();
-    for c in candidates {
+    let count = |c: &Candidate| -> Planned {
         let popts = crate::ParallelOptions {
             device_memory: Some(budget),
             ..c.options(base)
         };
+        let started = std::time::Instant::now();
         let counted = (|| -> anyhow::Result<EpochCounts> {
             let sampler =
                 grandis_sampling::dependency_sampler(&popts.sampling, config.layers, seed)?;
@@ -622,27 +673,116 @@ pub fn plan(
             )
             .map(|c| EpochCounts { parameters, ..c })
         })();
-        out.push(match counted {
-            Ok(counts) => {
-                let p = predict(&counts, &work, &part.layout, rates);
+        let count_seconds = started.elapsed().as_secs_f64();
+        tracing::info!(candidate = %c.name(), seconds = count_seconds, "counted");
+        let (prediction, error) = match counted {
+            Ok(counts) => (Some(predict(&counts, &work, &part.layout, rates)), None),
+            Err(e) => (None, Some(format!("{e:#}"))),
+        };
+        Planned {
+            candidate: c.clone(),
+            name: c.name(),
+            fits: prediction.as_ref().is_some_and(|p| p.peak_bytes <= budget),
+            prediction,
+            error,
+            pruned: None,
+            count_seconds,
+        }
+    };
+    let is_static =
+        |c: &Candidate| matches!(c.mode, grandis_wire::Mode::Fb | grandis_wire::Mode::Flx);
+    let exact_preference = match counting {
+        Counting::Every => return Ok(candidates.iter().map(count).collect()),
+        Counting::Pruned { exact_preference } => exact_preference,
+    };
+    let floor = candidates
+        .iter()
+        .any(is_static)
+        .then(|| static_floor(&ctx, &dims, &work, parameters, rates));
+    let mut out: Vec<Option<Planned>> = vec![None; candidates.len()];
+    let per_iteration_first = (0..candidates.len())
+        .filter(|&i| !is_static(&candidates[i]))
+        .chain((0..candidates.len()).filter(|&i| is_static(&candidates[i])));
+    for i in per_iteration_first {
+        let c = &candidates[i];
+        let pruned = floor.and_then(|floor| {
+            let counted: Vec<&Planned> = out.iter().flatten().collect();
+            is_static(c)
+                .then(|| ruled_out(c, &floor, budget, &counted, exact_preference))
+                .flatten()
+        });
+        out[i] = Some(match pruned {
+            Some(why) => {
+                tracing::info!(candidate = %c.name(), %why, "not counted");
                 Planned {
                     candidate: c.clone(),
                     name: c.name(),
-                    fits: p.peak_bytes <= budget,
-                    prediction: Some(p),
+                    prediction: None,
+                    fits: false,
                     error: None,
+                    pruned: Some(why),
+                    count_seconds: 0.0,
                 }
             }
-            Err(e) => Planned {
-                candidate: c.clone(),
-                name: c.name(),
-                prediction: None,
-                fits: false,
-                error: Some(format!("{e:#}")),
-            },
+            None => count(c),
         });
     }
-    Ok(out)
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// Why static candidate `c` cannot be what [`choose`] picks, whatever its counts, given its
+/// `floor` and the candidates `counted` so far; None when it might be.
+fn ruled_out(
+    c: &Candidate,
+    floor: &StaticFloor,
+    budget: u64,
+    counted: &[&Planned],
+    exact_preference: f64,
+) -> Option<String> {
+    if floor.bytes > budget {
+        return Some(format!(
+            "its ranks' own rows alone need {} bytes, over the {budget}-byte budget",
+            floor.bytes
+        ));
+    }
+    let fastest = |exact: bool| {
+        counted
+            .iter()
+            .filter(|p| p.fits && p.candidate.is_exact() == exact)
+            .filter_map(|p| p.prediction.as_ref().map(|x| (x.epoch_s, p.name.as_str())))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    let (exact, sampled) = (fastest(true), fastest(false));
+    if c.is_exact() {
+        let at_least = floor.exact_s;
+        if let Some((t, name)) = exact.filter(|&(t, _)| at_least > t) {
+            return Some(format!(
+                "at least {at_least:.3} s per epoch (its own rows' compute), slower than {name} \
+                 ({t:.3} s)"
+            ));
+        }
+        if let Some((t, name)) = sampled.filter(|&(t, _)| at_least > t * exact_preference) {
+            return Some(format!(
+                "at least {at_least:.3} s per epoch (its own rows' compute), more than \
+                 {exact_preference:.2}x the {t:.3} s of {name}"
+            ));
+        }
+    } else {
+        let at_least = floor.sampled_s;
+        if let Some((t, name)) = sampled.filter(|&(t, _)| at_least > t) {
+            return Some(format!(
+                "at least {at_least:.3} s per epoch (its own rows' compute), slower than {name} \
+                 ({t:.3} s)"
+            ));
+        }
+        if let Some((t, name)) = exact.filter(|&(t, _)| at_least * exact_preference >= t) {
+            return Some(format!(
+                "at least {at_least:.3} s per epoch (its own rows' compute): not \
+                 {exact_preference:.2}x faster than the exact {name} ({t:.3} s)"
+            ));
+        }
+    }
+    None
 }
 
 /// Counts one epoch of `decision`'s schedule (epoch 0; per-iteration schedules: its first
@@ -741,7 +881,20 @@ pub fn choose(planned: &[Planned], exact_preference: f64) -> Option<(usize, Stri
                 None => "the fastest plan that fits".into(),
             },
         )),
-        (None, Some(s)) => Some((s, "no exact plan fits the budget".into())),
+        (None, Some(s)) => Some((
+            s,
+            if planned
+                .iter()
+                .any(|p| p.candidate.is_exact() && p.pruned.is_some())
+            {
+                format!(
+                    "no counted exact plan fits the budget, and the floors of the others rule \
+                     them out (slower than {exact_preference:.2}x this one, or over the budget)"
+                )
+            } else {
+                "no exact plan fits the budget".into()
+            },
+        )),
         (None, None) => None,
     }
 }
@@ -749,7 +902,7 @@ pub fn choose(planned: &[Planned], exact_preference: f64) -> Option<(usize, Stri
 /// Vertices of [`calibrate`]'s sample.
 pub const CALIBRATION_VERTICES: usize = 50_000;
 
-/// [`Rates::calibration`] for `config` on `view`: trains the model full-batch for three
+/// [`PlanRates::calibration`] for `config` on `view`: trains the model full-batch for three
 /// epochs on the subgraph induced by the first [`CALIBRATION_VERTICES`] vertices (their
 /// features, labels and in-edges among them) with `threads` threads, and divides the faster
 /// of the last two epochs by what the kernel rates `rate` predict for the same rows and

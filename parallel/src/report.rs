@@ -2,7 +2,6 @@
 
 use anyhow::Context;
 use grandis_fabric::{Counters, LinkClass, Phase};
-use grandis_sampling::AutoDecision;
 use grandis_trainer::{TrainOptions, TrainReport};
 use grandis_wire::{InferenceSummary, JobSpec, LinkBytes, Mode, RankMemory, RunSummary, TimeSplit};
 use serde::Serialize;
@@ -18,8 +17,8 @@ use crate::{ParallelOptions, PartitionedGraph};
 pub struct ParallelReport {
     /// The mode that ran (`auto` resolved to fb, flx or cob).
     pub mode: Mode,
-    /// `auto`'s decision, when the run was asked for `auto`.
-    pub auto: Option<AutoDecision>,
+    /// The planner's choice, when the run was asked for `auto`.
+    pub plan: Option<grandis_wire::PlanSummary>,
     pub servers: usize,
     pub devices: usize,
     pub partition: String,
@@ -82,7 +81,7 @@ impl ParallelReport {
     pub fn summary(&self, job: &JobSpec, device: String) -> RunSummary {
         RunSummary {
             mode: self.mode,
-            auto: self.auto.as_ref().map(|d| d.to_string()),
+            plan: self.plan.clone(),
             servers: self.servers,
             devices: self.devices,
             partition: self.partition.clone(),
@@ -134,7 +133,7 @@ impl ParallelReport {
             .map(|o| inference_summary(o, ranks.iter().map(|(r, _)| r)));
         ParallelReport {
             mode: popts.mode,
-            auto: None,
+            plan: None,
             servers: part.layout.servers(),
             devices: part.layout.devices(),
             partition: part.source.clone(),
@@ -185,7 +184,7 @@ impl Ran {
         self,
         decision: &Decision<'_>,
         popts: &ParallelOptions,
-        auto: Option<AutoDecision>,
+        plan: Option<grandis_wire::PlanSummary>,
         part: &PartitionedGraph,
         classes: usize,
         opts: &TrainOptions,
@@ -243,7 +242,7 @@ impl Ran {
         let choice = &decision.choice;
         Ok(ParallelReport {
             mode: popts.mode,
-            auto,
+            plan,
             servers: part.layout.servers(),
             devices: part.layout.devices(),
             partition: part.source.clone(),

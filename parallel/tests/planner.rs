@@ -7,9 +7,39 @@ mod common;
 
 use common::{config, opts, random_dataset, random_partition};
 use grandis_models::ModelKind;
-use grandis_parallel::planner::{candidates, plan, Rates};
-use grandis_parallel::{ParallelOptions, Sampling};
-use grandis_wire::{ComputeRate, LinkRate};
+use grandis_parallel::planner::{
+    candidates, choose, layer_work, parameters, plan, static_floor, Counting,
+};
+use grandis_parallel::{Mode, ParallelOptions, Sampling};
+use grandis_wire::{ComputeRate, LinkRate, PlanRates, ServerRates};
+
+/// Rates with `compute` for both kernels (a fifth of it beyond the caches) and links of
+/// `intra` and `inter` bytes/s.
+fn rates(compute: f64, intra: f64, inter: f64) -> PlanRates {
+    PlanRates {
+        compute: ComputeRate {
+            gemm_flops_per_s: compute,
+            aggregation_edge_cols_per_s: compute,
+            aggregation_uncached_edge_cols_per_s: compute / 5.0,
+            width: 8,
+        },
+        intra: LinkRate {
+            bandwidth_bytes_per_s: intra,
+            latency_s: 1e-5,
+        },
+        inter: LinkRate {
+            bandwidth_bytes_per_s: inter,
+            latency_s: 1e-4,
+        },
+        contention: 1.0,
+        calibration: 1.0,
+        shared_cores: None,
+    }
+}
+
+fn is_static(mode: Mode) -> bool {
+    matches!(mode, Mode::Fb | Mode::Flx)
+}
 
 #[test]
 fn predicted_counts_are_what_every_candidate_moves_and_computes() {
@@ -23,25 +53,7 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
         device_memory: Some(1 << 30),
         ..Default::default()
     };
-    let rates = Rates {
-        compute: ComputeRate {
-            gemm_flops_per_s: 1e9,
-            aggregation_edge_cols_per_s: 1e9,
-            aggregation_uncached_edge_cols_per_s: 2e8,
-            width: 8,
-        },
-        intra: LinkRate {
-            bandwidth_bytes_per_s: 1e9,
-            latency_s: 1e-5,
-        },
-        inter: LinkRate {
-            bandwidth_bytes_per_s: 1e8,
-            latency_s: 1e-4,
-        },
-        contention: 1.0,
-        calibration: 1.0,
-        shared_cores: None,
-    };
+    let rates = rates(1e9, 1e9, 1e8);
     let sampling = Sampling::Fanout {
         fanouts: vec![3, 3],
     };
@@ -63,7 +75,17 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
             "mb 24 sage(3,3)",
         ]
     );
-    let planned = plan(view, &part, &cfg, train.seed, &base, &cands, &rates).unwrap();
+    let planned = plan(
+        view,
+        &part,
+        &cfg,
+        train.seed,
+        &base,
+        &cands,
+        &rates,
+        Counting::Every,
+    )
+    .unwrap();
     for p in &planned {
         let what = &p.name;
         let pred = p
@@ -95,5 +117,182 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
         );
         let setup = r.setup_fetch_bytes.inter_server + r.setup_fetch_bytes.intra_server;
         assert_eq!(pred.setup_fetch_bytes, setup, "{what}: setup fetch");
+    }
+}
+
+/// The floors a pruned plan rules static candidates out with never exceed what those
+/// candidates are predicted to cost, and pruning never changes the choice: over compute- and
+/// link-bound rates and several exact preferences, the pruned plan picks the candidate the
+/// full one does (and does prune somewhere). Under a budget below the memory floor every
+/// static candidate is ruled out uncounted.
+#[test]
+fn pruning_rules_out_only_what_cannot_be_chosen() {
+    let ds = random_dataset(21, 400, 2400, 8, 4);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 3);
+    let cfg = config(&view, ModelKind::Sage, 2);
+    let seed = opts(1).seed;
+    let base = ParallelOptions {
+        threads_per_rank: Some(1),
+        device_memory: Some(1 << 30),
+        ..Default::default()
+    };
+    let cands = candidates(
+        2,
+        48,
+        2,
+        &Sampling::Fanout {
+            fanouts: vec![3, 3],
+        },
+    );
+    let ctx = grandis_parallel::plan_context(&view, &part).unwrap();
+    let dims = grandis_parallel::model_dims(&cfg);
+    let work = layer_work(&cfg, &dims).unwrap();
+    let params = parameters(&cfg).unwrap();
+    let mut pruned_any = false;
+    for (compute, inter) in [(1e9, 1e9), (1e5, 1e9), (1e9, 1e4)] {
+        let rates = rates(compute, 1e9, inter);
+        let every = plan(
+            view,
+            &part,
+            &cfg,
+            seed,
+            &base,
+            &cands,
+            &rates,
+            Counting::Every,
+        )
+        .unwrap();
+        let floor = static_floor(&ctx, &dims, &work, params, &rates);
+        for p in every.iter().filter(|p| is_static(p.candidate.mode)) {
+            let x = p.prediction.as_ref().unwrap();
+            let at_least = match p.candidate.is_exact() {
+                true => floor.exact_s,
+                false => floor.sampled_s,
+            };
+            assert!(
+                at_least <= x.epoch_s * (1.0 + 1e-9),
+                "{}: {floor:?} vs {x:?}",
+                p.name
+            );
+            assert!(
+                floor.bytes <= x.peak_bytes,
+                "{}: {floor:?} vs {x:?}",
+                p.name
+            );
+        }
+        for preference in [1.0, 1.2, 100.0] {
+            let counting = Counting::Pruned {
+                exact_preference: preference,
+            };
+            let pruned = plan(view, &part, &cfg, seed, &base, &cands, &rates, counting).unwrap();
+            let pick = |planned: &[grandis_parallel::planner::Planned]| {
+                choose(planned, preference).map(|(i, _)| planned[i].name.clone())
+            };
+            assert_eq!(
+                pick(&every),
+                pick(&pruned),
+                "compute {compute}, inter {inter}"
+            );
+            for (a, b) in every.iter().zip(&pruned) {
+                assert_eq!(a.name, b.name);
+                if b.pruned.is_none() {
+                    assert_eq!(
+                        a.prediction.as_ref().map(|x| x.epoch_s),
+                        b.prediction.as_ref().map(|x| x.epoch_s)
+                    );
+                } else {
+                    assert!(is_static(b.candidate.mode), "{}", b.name);
+                    pruned_any = true;
+                }
+            }
+        }
+    }
+    assert!(pruned_any, "no setting pruned a static candidate");
+    let rates = rates(1e9, 1e9, 1e8);
+    let floor = static_floor(&ctx, &dims, &work, params, &rates);
+    let tight = ParallelOptions {
+        device_memory: Some(floor.bytes - 1),
+        ..base.clone()
+    };
+    let counting = Counting::Pruned {
+        exact_preference: 1.2,
+    };
+    let pruned = plan(view, &part, &cfg, seed, &tight, &cands, &rates, counting).unwrap();
+    for p in pruned.iter().filter(|p| is_static(p.candidate.mode)) {
+        let why = p
+            .pruned
+            .as_deref()
+            .unwrap_or_else(|| panic!("{} was counted", p.name));
+        assert!(why.contains("budget"), "{why}");
+    }
+}
+
+/// `mode auto` runs the plan it chose: the chosen candidate's predicted halo bytes and
+/// vertex-layers are exactly the run's, and a budget below every static plan's memory floor
+/// makes it a per-iteration plan.
+#[test]
+fn auto_runs_the_plan_it_chose() {
+    let ds = random_dataset(22, 400, 2400, 8, 4);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 5);
+    let cfg = config(&view, ModelKind::Sage, 2);
+    let train = opts(1);
+    let measured = ServerRates {
+        device: "cpu".into(),
+        compute: rates(1e9, 1e9, 1e8).compute,
+        intra: Some(rates(1e9, 1e9, 1e8).intra),
+        inter: Some(rates(1e9, 1e9, 1e8).inter),
+        seconds: 0.0,
+    };
+    let ctx = grandis_parallel::plan_context(&view, &part).unwrap();
+    let dims = grandis_parallel::model_dims(&cfg);
+    let work = layer_work(&cfg, &dims).unwrap();
+    let floor = static_floor(
+        &ctx,
+        &dims,
+        &work,
+        parameters(&cfg).unwrap(),
+        &rates(1e9, 1e9, 1e8),
+    );
+    for (budget, batch) in [(1u64 << 30, None), (floor.bytes - 1, Some(16))] {
+        let popts = ParallelOptions {
+            mode: Mode::Auto,
+            threads_per_rank: Some(1),
+            device_memory: Some(budget),
+            batch_size: batch,
+            sampling: Sampling::Fanout {
+                fanouts: vec![3, 3],
+            },
+            measured: Some(measured.clone()),
+            ..Default::default()
+        };
+        // The planner fits training steps to the budget; evaluation batches are sized apart
+        // (and exceed this tiny one), so the tight run does not evaluate.
+        let train = match batch {
+            None => train.clone(),
+            Some(_) => grandis_trainer::TrainOptions {
+                eval: grandis_trainer::EvalSchedule::Never,
+                ..train.clone()
+            },
+        };
+        let r = grandis_parallel::train(view, &part, cfg.clone(), &train, &popts, &mut |_| {})
+            .unwrap_or_else(|e| panic!("budget {budget}: {e:#}"));
+        assert_eq!(r.train.num_parameters, parameters(&cfg).unwrap());
+        let plan = r.plan.as_ref().expect("auto reports its plan");
+        let x = &plan.prediction;
+        assert!(x.epoch_s > 0.0, "{plan:?}");
+        assert_eq!(plan.candidates.len(), 11, "{plan:?}");
+        assert!(plan.candidates.iter().any(|c| c.name == plan.chosen));
+        assert_eq!(x.halo_bytes, r.halo_bytes_per_epoch, "{}", plan.chosen);
+        assert_eq!(
+            x.computed_vertex_layers, r.computed_vertex_layers,
+            "{}",
+            plan.chosen
+        );
+        if budget < floor.bytes {
+            assert!(!is_static(r.mode), "{} under {budget} bytes", plan.chosen);
+            assert!(plan.chosen.ends_with("sage(3,3)"), "{}", plan.chosen);
+        }
     }
 }

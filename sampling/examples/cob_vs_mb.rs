@@ -11,8 +11,8 @@ use std::time::Instant;
 use grandis_masking::{InputCopy, Layout, ModelDims, PlanContext, SplitMembership};
 use grandis_partition::{assign, relabel, PartitionConfig, PartitionMethod};
 use grandis_sampling::{
-    auto_mode, cob_epoch_stats, mb_epoch_stats, sample_stats, CoBatcher, Eas, EpochStats, Fanout,
-    MiniBatcher, Sampler,
+    cob_epoch_stats, largest_cobatch, mb_epoch_stats, sample_stats, CoBatcher, Eas, EpochStats,
+    Fanout, MiniBatcher, Sampler,
 };
 use grandis_store::{CsrGraph, EdgeOptions};
 use grandis_synth::{generate_in_memory, SynthConfig};
@@ -171,8 +171,16 @@ fn main() {
     );
     for budget_mib in [8192u64, 1024, 256] {
         let t = Instant::now();
-        match auto_mode(&ctx, &dims, budget_mib << 20, &sage, 1) {
-            Ok(d) => println!("budget {budget_mib} MiB/device: {d} ({:.1?})", t.elapsed()),
+        match largest_cobatch(&ctx, &dims, budget_mib << 20, &sage, 1) {
+            Ok(fit) => println!(
+                "budget {budget_mib} MiB/device: co-batch {} of at most {} ({} bytes on rank {}; \
+                 {:.1?})",
+                fit.batch_size,
+                fit.max_batch,
+                fit.estimate_bytes,
+                fit.worst_rank,
+                t.elapsed()
+            ),
             Err(e) => println!("budget {budget_mib} MiB/device: {e}"),
         }
     }

@@ -8,27 +8,27 @@
 //! batching ([`CoBatcher`], [`cob_plan`]: one MFG per server per co-batch, spread over its
 //! devices) and the per-GPU mini-batch baseline ([`MiniBatcher`], [`mb_plans`]: one MFG per
 //! device, no sharing). [`sample_stats`] and [`EpochStats`] count sampled edges, computed
-//! vertex-layers and the boundary ratio β; [`auto_mode`] picks FLX or CoB from masking's
-//! memory model. No numerics live here: a runner executes the plans.
+//! vertex-layers and the boundary ratio β; [`largest_cobatch`] finds the largest co-batch that
+//! fits a memory budget. No numerics live here: a runner executes the plans.
 
-mod auto;
 mod batch;
 mod eas;
 mod error;
 mod fanout;
+mod fit;
 mod rng;
 mod saint;
 mod sampler;
 mod spec;
 mod stats;
 
-pub use auto::{auto_mode, AutoChoice, AutoDecision};
 pub use batch::{
     cob_epoch_stats, cob_plan, mb_epoch_stats, mb_plans, CoBatcher, EpochStats, MiniBatcher,
 };
 pub use eas::{external_distance, Eas, Priority};
 pub use error::{Result, SamplingError};
 pub use fanout::Fanout;
+pub use fit::{largest_cobatch, CobatchFit};
 pub use saint::{Saint, SaintKind};
 pub use sampler::{round_for_epoch, round_of, Exact, Sampler};
 pub use spec::{dependency_sampler, saint_sampler};

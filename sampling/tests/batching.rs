@@ -5,8 +5,8 @@ use grandis_masking::{
     estimate_masked, InputCopy, Layout, ModelDims, PlanContext, SplitMembership,
 };
 use grandis_sampling::{
-    auto_mode, cob_epoch_stats, cob_plan, mb_epoch_stats, mb_plans, round_for_epoch, sample_stats,
-    AutoChoice, CoBatcher, Eas, Exact, Fanout, MiniBatcher, Priority,
+    cob_epoch_stats, cob_plan, largest_cobatch, mb_epoch_stats, mb_plans, round_for_epoch,
+    sample_stats, CoBatcher, Eas, Exact, Fanout, MiniBatcher, Priority,
 };
 use grandis_synth::{generate_in_memory, SynthConfig};
 
@@ -108,7 +108,7 @@ fn resampling_changes_the_sample_and_rounds_are_reproducible() {
 }
 
 #[test]
-fn auto_mode_picks_flx_when_it_fits_else_the_largest_cob_batch() {
+fn the_largest_cobatch_that_fits_is_maximal() {
     let ds = dataset(1500);
     let cx = ctx(&ds);
     let dims = ModelDims {
@@ -119,17 +119,6 @@ fn auto_mode_picks_flx_when_it_fits_else_the_largest_cob_batch() {
         input_copy: InputCopy::None,
         attention: None,
     };
-    let d = auto_mode(&cx, &dims, u64::MAX, &Exact, 0).unwrap();
-    assert_eq!(d.mode, AutoChoice::Flx { k: 2 });
-    assert!(d.to_string().contains("FLX with k = 2"), "{d}");
-    // Below plain FB but above a tiny co-batch: CoB, and the chosen size is maximal.
-    let fb = cx.choose_k(&dims, u64::MAX).unwrap().estimates[0].max_bytes;
-    let budget = fb / 2;
-    let d = auto_mode(&cx, &dims, budget, &Exact, 0).unwrap();
-    let AutoChoice::Cob { batch_size } = d.mode else {
-        panic!("expected CoB, got {d}")
-    };
-    assert!(d.estimate_bytes <= budget, "{d}");
     let est = |b: usize| {
         let batcher = CoBatcher::new(&cx, b, 0).unwrap();
         estimate_masked(
@@ -138,10 +127,18 @@ fn auto_mode_picks_flx_when_it_fits_else_the_largest_cob_batch() {
         )
         .max_bytes
     };
-    assert_eq!(est(batch_size), d.estimate_bytes);
-    assert!(est(batch_size + 1) > budget, "{d}");
-    assert!(d.to_string().contains("CoB with co-batch size"), "{d}");
-    let e = auto_mode(&cx, &dims, 10, &Exact, 0)
+    // A budget that holds every co-batch: the whole train set of a server.
+    let all = largest_cobatch(&cx, &dims, u64::MAX, &Exact, 0).unwrap();
+    assert_eq!(all.batch_size, all.max_batch);
+    // Half of plain FB: the chosen size fits and one more does not.
+    let fb = cx.choose_k(&dims, u64::MAX).unwrap().estimates[0].max_bytes;
+    let budget = fb / 2;
+    let fit = largest_cobatch(&cx, &dims, budget, &Exact, 0).unwrap();
+    assert!(fit.batch_size < fit.max_batch, "{fit:?}");
+    assert!(fit.estimate_bytes <= budget, "{fit:?}");
+    assert_eq!(est(fit.batch_size), fit.estimate_bytes);
+    assert!(est(fit.batch_size + 1) > budget, "{fit:?}");
+    let e = largest_cobatch(&cx, &dims, 10, &Exact, 0)
         .unwrap_err()
         .to_string();
     assert!(e.contains("even a co-batch of 1"), "{e}");

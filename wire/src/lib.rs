@@ -3,12 +3,15 @@
 //! field; [`job`] is the job state machine and per-epoch progress as the REST API reports it;
 //! [`protocol`] is the daemon ↔ coordinator control protocol (register, heartbeat, job events),
 //! versioned by [`PROTOCOL_VERSION`]; [`summary`] is the one run summary every front end prints
-//! and reads; [`rates`] what a server measures of its compute and links. Everything here is plain serde data with no I/O, so every side of the system
-//! agrees on one definition and the coordinator, daemon and CLI can evolve separately.
+//! and reads; [`rates`] what a server measures of its compute and links; [`plan`] what the
+//! planner predicts and chooses from them. Everything here is plain serde data with no I/O, so
+//! every side of the system agrees on one definition and the coordinator, daemon and CLI can
+//! evolve separately.
 
 pub mod cluster;
 pub mod job;
 pub mod nan;
+pub mod plan;
 pub mod protocol;
 pub mod rates;
 pub mod spec;
@@ -16,6 +19,7 @@ pub mod summary;
 
 pub use cluster::{ClusterView, DaemonView, ServerView};
 pub use job::{EpochProgress, JobId, JobRetry, JobState, JobStatus, LinkBytes};
+pub use plan::{CandidateSummary, PlanRates, PlanSummary, Prediction};
 pub use protocol::{
     Assignment, DaemonId, DaemonJob, DaemonState, DeviceInfo, ErrorBody, HeadInfo,
     HeartbeatRequest, HeartbeatResponse, JobEvent, JobEventRequest, RegisterRequest,

@@ -139,6 +139,9 @@ pub mod defaults {
     /// Times a cluster job is put back in the queue after losing a server (or the
     /// coordinator) before it fails.
     pub const MAX_RETRIES: u32 = 2;
+    /// auto: how many times faster than the fastest exact plan a sampled one must be
+    /// predicted to be chosen.
+    pub const EXACT_PREFERENCE: f64 = 1.2;
 }
 
 impl Sampling {
@@ -318,6 +321,9 @@ pub struct JobSpec {
     pub sampling: Sampling,
     /// flx with sampling: draw a new sample every N epochs; absent = sample once.
     pub resample_every: Option<u64>,
+    /// auto: a sampled plan is chosen over the fastest exact one only when predicted this
+    /// many times faster (1 = no preference); absent = [`defaults::EXACT_PREFERENCE`].
+    pub exact_preference: Option<f64>,
     /// Write a checkpoint (weights, Adam state, epoch) every N epochs and after the last; a
     /// job run again (a retry, `--resume`) continues from it. Absent = only `grandis train
     /// --checkpoint` writes one, at the end.
@@ -401,6 +407,7 @@ impl Default for JobSpec {
             batch_size: None,
             sampling: Sampling::None,
             resample_every: None,
+            exact_preference: None,
             checkpoint_every: None,
             max_retries: defaults::MAX_RETRIES,
             elastic: false,
@@ -484,6 +491,7 @@ const FIELDS: &[&str] = &[
     "batch_size",
     "sampling",
     "resample_every",
+    "exact_preference",
     "checkpoint_every",
     "max_retries",
     "elastic",
@@ -572,6 +580,7 @@ impl JobSpec {
             batch_size: r.uint("batch_size", 1, u32::MAX as i64),
             sampling: d.sampling.clone(),
             resample_every: r.u64("resample_every"),
+            exact_preference: r.float("exact_preference"),
             checkpoint_every: r.uint("checkpoint_every", 1, u32::MAX as i64),
             max_retries: r.uint("max_retries", 0, 100).unwrap_or(d.max_retries),
             elastic: r.bool("elastic").unwrap_or(d.elastic),
@@ -819,6 +828,19 @@ impl JobSpec {
                 err(
                     "resample_every",
                     "only used with sampling (sampling is 'none')".into(),
+                );
+            }
+        }
+        if let Some(x) = self.exact_preference {
+            if self.mode != Mode::Auto {
+                err(
+                    "exact_preference",
+                    format!("only used by mode auto (mode is '{}')", self.mode),
+                );
+            } else if !(x.is_finite() && x >= 1.0) {
+                err(
+                    "exact_preference",
+                    format!("must be a number ≥ 1 (1 = no preference), got {x}"),
                 );
             }
         }

@@ -20,9 +20,9 @@ pub struct RunSummary {
     pub job: JobSpec,
     /// The mode that ran: `single`, `fb`, `flx`, `cob` or `mb` (`auto` resolved).
     pub mode: Mode,
-    /// `auto`'s decision with the estimate behind it (absent otherwise).
+    /// `auto`'s plan: the candidate chosen, why, and its prediction (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub auto: Option<String>,
+    pub plan: Option<crate::plan::PlanSummary>,
     /// Where the ranks computed: `cpu`, `cuda` or `cuda:N`.
     pub device: String,
     pub num_parameters: usize,
@@ -299,6 +299,12 @@ impl RunSummary {
                 self.halo_bytes_per_epoch.intra_server,
                 self.fetch_bytes_per_epoch.inter_server,
                 self.setup_fetch_bytes.inter_server
+            ));
+        }
+        if let Some(p) = &self.plan {
+            s.push_str(&format!(
+                "  auto chose {}: predicted {:.3}s per epoch ({})",
+                p.chosen, p.prediction.epoch_s, p.why
             ));
         }
         if let Some(i) = &self.inference {

@@ -6,10 +6,11 @@
 //! whether the plan the planner chooses is within 10 % of the fastest measured one.
 
 use anyhow::Context;
-use grandis_parallel::planner::{candidates, choose, plan, Rates};
+use grandis_parallel::planner::{candidates, choose, plan, Counting};
 use grandis_parallel::{LinkModel, ParallelOptions, Sampling};
 use grandis_trainer::TrainOptions;
 use grandis_wire::LinkRate;
+use grandis_wire::PlanRates;
 use std::time::Duration;
 
 #[derive(clap::Args)]
@@ -83,7 +84,7 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
     for &ratio in &args.inter_ratios {
         let inter_bw = args.graph.intra_bandwidth / ratio;
         let latency = Duration::from_secs_f64(args.graph.inter_latency_ms / 1e3);
-        let rates = Rates {
+        let rates = PlanRates {
             compute,
             intra: LinkRate {
                 bandwidth_bytes_per_s: args.graph.intra_bandwidth,
@@ -104,7 +105,16 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
             inter: LinkModel::new(inter_bw, latency),
             ..Default::default()
         };
-        let planned = plan(view, &part, &config, args.graph.seed, &base, &cands, &rates)?;
+        let planned = plan(
+            view,
+            &part,
+            &config,
+            args.graph.seed,
+            &base,
+            &cands,
+            &rates,
+            Counting::Every,
+        )?;
         let chosen = choose(&planned, args.exact_preference);
         let mut measured = Vec::new();
         for p in &planned {

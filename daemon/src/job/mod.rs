@@ -337,7 +337,7 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
         .join(a.job_id.to_string())
         .join(format!("{}.checkpoint.safetensors", cfg.label));
     checkpoint::prepare(ctx, a, &checkpoint_path)?;
-    let popts = ParallelOptions {
+    let mut popts = ParallelOptions {
         compute,
         threads_per_rank: cfg.threads.map(|t| (t / g).max(1)),
         checkpoint: grandis_trainer::CheckpointOptions {
@@ -386,6 +386,8 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     events.send(JobEvent::Measured {
         rates: rates.clone(),
     });
+    // `auto` plans with them (every server's, gathered at the first server).
+    popts.measured = Some(rates.clone());
     let labels = Metrics::labels(a.job_id, &cfg.label);
     let leader = me == 0;
     let report = grandis_parallel::server::train_server(
@@ -448,6 +450,7 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
             peak_device,
             preload_hops: report.preload_hops,
             sampled_edges: report.sampled_edges,
+            predicted_epoch_seconds: report.plan.as_ref().map(|p| p.prediction.epoch_s),
             wire_sent: wire.bytes_sent,
             wire_received: wire.bytes_received,
         },
