@@ -133,6 +133,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             "rates": rates,
             "candidates": planned,
             "budget": job.budget,
+            "exact_preference": job.exact_preference,
             "seconds": job.seconds,
             "chosen": chosen.as_ref().map(|(i, why)| serde_json::json!({
                 "name": planned[*i].name, "why": why

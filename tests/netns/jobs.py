@@ -121,6 +121,83 @@ def reference(a, spec, servers):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# The planner's validation bounds (GraNNDIS's model checked on real links): every candidate's
+# predicted epoch within 25 % of the measured one, the chosen plan within 10 % of the best.
+PLAN_TOLERANCE = 0.25
+CHOICE_TOLERANCE = 0.10
+
+
+def validate_plan(a, cl, base):
+    """Plans the job with the rates the servers measured (`grandis plan --coordinator`), runs
+    every candidate that fits as a cluster job, and compares predicted with measured epochs."""
+    n = len(cl.servers)
+    # A first job makes every server measure its compute and links for the coordinator.
+    st = cl.run_job(dict(base, name="netns-measure", mode="fb", epochs=1), a.job_timeout)
+    if st["state"] != "succeeded":
+        return [f"measuring job {st['id']} {st['state']}: {st.get('reason', '')}"], None
+    cmd = ["ip", "netns", "exec", a.coordinator_ns, a.bin, "-q", "plan", a.dataset,
+           "--servers", str(n), "--devices", "1", "--layers", str(base["layers"]),
+           "--hidden", str(base["hidden"]), "--seed", str(base["seed"]),
+           "--sampling", "fanout", "--fanouts", "10,5", "--batch-size", str(a.plan_batch),
+           "--coordinator", a.coordinator, "--token", a.token, "--threads-per-rank", "1",
+           # Every daemon of this rig shares this machine's cores (and its plan builders).
+           "--one-machine", "--all", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        return [f"grandis plan failed: {out.stderr.strip()[-800:]}"], None
+    planned = json.loads(out.stdout.strip().splitlines()[-1])
+    chosen = (planned.get("chosen") or {}).get("name")
+    rows, problems = [], []
+    for p in planned["candidates"]:
+        pred = p.get("prediction")
+        if not pred or not p["fits"]:
+            rows.append({"name": p["name"], "note": p.get("error") or "does not fit"})
+            continue
+        c = p["candidate"]
+        # Epochs only: the planner predicts training, not evaluation.
+        spec = dict(base, name=f"netns-plan-{p['name']}", mode=c["mode"],
+                    sampling=c["sampling"], evaluate=False)
+        for key in ("preload_hops", "batch_size"):
+            if c.get(key) is not None:
+                spec[key] = c[key]
+        # Per-step plans on a slow link take seconds per epoch.
+        st = cl.run_job(spec, max(a.job_timeout, 900))
+        if st["state"] != "succeeded":
+            problems.append(f"{p['name']}: job {st['id']} {st['state']}: {st.get('reason', '')}")
+            continue
+        secs = [h["seconds"] for h in st.get("history") or []]
+        measured = statistics.median(secs[1:] or secs)
+        ratio = pred["epoch_s"] / measured
+        rows.append({"name": p["name"], "predicted_s": pred["epoch_s"], "measured_s": measured,
+                     "ratio": ratio, "exact": c["sampling"]["method"] == "none"})
+        log(f"plan {p['name']}: predicted {pred['epoch_s']:.3f} s, measured {measured:.3f} s "
+            f"per epoch ({ratio:.2f})")
+        if abs(ratio - 1) > PLAN_TOLERANCE:
+            problems.append(f"{p['name']}: predicted {pred['epoch_s']:.3f} s per epoch, measured "
+                            f"{measured:.3f} s ({ratio:.2f}x, outside {PLAN_TOLERANCE:.0%})")
+    ran = [r for r in rows if "measured_s" in r]
+    if ran and chosen:
+        # The best measured plan by the planner's own rule: the fastest exact one, unless a
+        # sampled one measured `exact_preference` times faster.
+        pref = planned["exact_preference"]
+        fastest = lambda rs: min(rs, key=lambda r: r["measured_s"]) if rs else None
+        exact = fastest([r for r in ran if r["exact"]])
+        sampled = fastest([r for r in ran if not r["exact"]])
+        best = sampled if sampled and (not exact or
+                                       sampled["measured_s"] * pref < exact["measured_s"]) else exact
+        got = next((r for r in ran if r["name"] == chosen), None)
+        log(f"plan: chose {chosen}; best measured {best['name']} ({best['measured_s']:.3f} s; "
+            f"fastest exact {exact and exact['name']}, fastest sampled "
+            f"{sampled and sampled['name']}, a sampled plan must be {pref}x faster)")
+        if got is None:
+            problems.append(f"the chosen plan {chosen} did not run")
+        elif got["measured_s"] > best["measured_s"] * (1 + CHOICE_TOLERANCE):
+            problems.append(f"the chosen plan {chosen} ({got['measured_s']:.3f} s) is more than "
+                            f"{CHOICE_TOLERANCE:.0%} slower than {best['name']} "
+                            f"({best['measured_s']:.3f} s)")
+    return problems, {"chosen": chosen, "rates": planned["rates"], "candidates": rows}
+
+
 def main():
     ap = argparse.ArgumentParser()
     for arg in ("bin", "work", "dataset", "coordinator-ns", "coordinator", "token", "servers",
@@ -128,11 +205,26 @@ def main():
         ap.add_argument(f"--{arg}", required=True)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--job-timeout", type=int, default=150)
+    ap.add_argument("--plan", action="store_true",
+                    help="validate the planner's predictions instead of the runtime checks")
+    ap.add_argument("--plan-batch", type=int, default=1024)
     a = ap.parse_args()
     cl = Cluster(a)
     n = len(cl.servers)
     base = {"dataset": a.dataset, "model": "sage", "layers": 2, "hidden": 32,
             "epochs": a.epochs, "seed": 0, "servers": n, "devices": 1, "partition": "metis"}
+    if a.plan:
+        problems, plan = validate_plan(a, cl, base)
+        out = {"servers": n, "rate": a.rate, "netem_delay": a.delay if a.netem == "1" else None,
+               "plan": plan, "problems": problems}
+        with open(os.path.join(a.work, "results.json"), "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=2)
+        for p in problems:
+            print(f"[netns] FAILED: {p}", file=sys.stderr)
+        print(f"netns plan: {len(problems)} problem(s)" if problems else
+              f"netns plan: every prediction within {PLAN_TOLERANCE:.0%}, the choice within "
+              f"{CHOICE_TOLERANCE:.0%} of the best")
+        return 1 if problems else 0
     jobs = [
         ("FB_base", dict(base, name="netns-fb", mode="fb")),
         ("FLX", dict(base, name="netns-flx", mode="flx", preload_hops=2)),

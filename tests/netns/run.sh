@@ -2,11 +2,17 @@
 # Multi-host test of the grandis runtime over real network interfaces with shaped links.
 #
 #   tests/netns/run.sh [--bin PATH] [--servers 2|3] [--rate RATE] [--delay DELAY] [--keep]
+#                      [--nodes N] [--epochs N] [--plan]
 #
 #   --bin PATH     grandis binary (default: $GRANDIS_BIN, else target/debug/grandis)
 #   --servers N    servers (daemon namespaces), 2 or 3 (default 3)
 #   --rate RATE    tc rate of every server's data-network uplink (default 20mbit)
 #   --delay DELAY  netem delay added on the data network when the kernel has netem (default 1ms)
+#   --nodes N      vertices of the synthetic graph (default 6000)
+#   --epochs N     epochs of every job (default 4)
+#   --plan         instead of the checks below: validate the planner on these links (plan the
+#                  job with the rates the daemons measured, run every candidate, compare
+#                  predicted with measured epochs: within 25 %, the choice within 10 % of best)
 #   --keep         keep the work directory (logs, job reports, results.json); with
 #                  GRANDIS_NETNS_KEEP_ON_FAILURE=1 it is kept only when the test fails
 #
@@ -44,6 +50,9 @@ servers=3
 rate=20mbit
 delay=1ms
 keep=0
+nodes=6000
+epochs=4
+plan=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin) bin="${2:?}"; shift 2 ;;
@@ -51,7 +60,10 @@ while [ $# -gt 0 ]; do
         --rate) rate="${2:?}"; shift 2 ;;
         --delay) delay="${2:?}"; shift 2 ;;
         --keep) keep=1; shift ;;
-        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --nodes) nodes="${2:?}"; shift 2 ;;
+        --epochs) epochs="${2:?}"; shift 2 ;;
+        --plan) plan=(--plan); shift ;;
+        -h|--help) sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -170,7 +182,7 @@ labels="$(for ((i = 1; i <= servers; i++)); do printf 's%d,' "$i"; done)"
 "$bin" certs init --out "$work/certs" --nodes "${labels%,}" >/dev/null
 
 say "dataset: synthetic graph"
-"$bin" -q data synth --nodes 6000 --avg-degree 10 --features 32 --classes 8 --seed 1 \
+"$bin" -q data synth --nodes "$nodes" --avg-degree 10 --features 32 --classes 8 --seed 1 \
     --out "$work/data" >/dev/null
 
 cat >"$work/coordinator.toml" <<EOF
@@ -219,4 +231,5 @@ say "coordinator and $servers daemons up"
 # --- jobs and checks --------------------------------------------------------------------------
 python3 "$here/jobs.py" --bin "$bin" --work "$work" --dataset "$work/data" \
     --coordinator-ns "$C" --coordinator http://10.77.0.1:7700 --token "$token" \
-    --servers "${S[*]}" --rate "$rate" --netem "$netem" --delay "$delay"
+    --servers "${S[*]}" --rate "$rate" --netem "$netem" --delay "$delay" --epochs "$epochs" \
+    "${plan[@]}"
