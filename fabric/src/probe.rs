@@ -3,8 +3,8 @@
 //! measured in a ring, so every link of the class carries the same traffic at once, as in a
 //! halo exchange: the devices of a server each send to the next one, then the servers' heads
 //! each send to the next server's head. Per class: the one-way time of a one-value message
-//! (the mean of a few rounds after a warm-up) and the payload bandwidth of a large message (the
-//! fastest of [`BANDWIDTH_ROUNDS`]).
+//! (the mean of a few rounds after a warm-up) and the payload bandwidth of large messages (the
+//! fastest of [`BANDWIDTH_ROUNDS`], sized to the link: at most the caller's size).
 
 use std::time::Instant;
 
@@ -19,10 +19,16 @@ pub const PROBE_EPOCH: u32 = 1 << 29;
 /// Rounds of the latency measurement (after one warm-up round).
 const PINGS: usize = 8;
 
-/// Large messages of the bandwidth measurement; the fastest counts. The first one over a
-/// fresh connection pays its transport's ramp-up (QUIC's slow start, queues filling behind a
-/// rate limiter), which a job's sustained exchanges do not.
+/// Messages of the bandwidth measurement; the fastest counts. The first one over a fresh
+/// connection pays its transport's ramp-up (QUIC's slow start, queues filling behind a rate
+/// limiter), which a job's sustained exchanges do not.
 const BANDWIDTH_ROUNDS: usize = 3;
+
+/// The first bandwidth message (at most the caller's size); each later one is sized to last
+/// about [`ROUND_SECONDS`] at the rate measured so far (between this and the caller's size),
+/// so a slow link is not probed for seconds and a fast one still with large messages.
+const FIRST_BYTES: usize = 1 << 20;
+const ROUND_SECONDS: f64 = 0.5;
 
 /// What one rank measured: the classes it took part in.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -34,8 +40,8 @@ pub struct LinkProbe {
 }
 
 impl Endpoint {
-    /// Measures this rank's links with messages of `bytes` for the bandwidth. Collective:
-    /// every rank of the topology must call it with the same `bytes`.
+    /// Measures this rank's links with messages of at most `bytes` for the bandwidth.
+    /// Collective: every rank of the topology must call it.
     pub fn probe_links(&mut self, bytes: usize) -> Result<LinkProbe> {
         let tag = Tag::new(PROBE_EPOCH, 0, Phase::Other);
         let topo = self.topology();
@@ -77,16 +83,20 @@ impl Endpoint {
             latency += hop()?;
         }
         let latency = latency / PINGS as f64;
-        let mut transfer = f64::INFINITY;
+        let first = (FIRST_BYTES / 4).clamp(1, values);
+        let (mut size, mut best) = (first, 0.0f64);
         for _ in 0..BANDWIDTH_ROUNDS {
             let start = Instant::now();
-            self.send(next, vec![0.0; values], tag)?;
-            self.recv_exact(prev, values, tag)?;
-            // The large message also paid one latency.
-            transfer = transfer.min((start.elapsed().as_secs_f64() - latency).max(1e-9));
+            self.send(next, vec![0.0; size], tag)?;
+            // `prev` sized its message by its own measurements.
+            let got = self.recv(prev, tag)?.len();
+            // The message also paid one latency.
+            let transfer = (start.elapsed().as_secs_f64() - latency).max(1e-9);
+            best = best.max((got * 4) as f64 / transfer);
+            size = ((best * ROUND_SECONDS / 4.0) as usize).clamp(first, values);
         }
         Ok(LinkRate {
-            bandwidth_bytes_per_s: (values * 4) as f64 / transfer,
+            bandwidth_bytes_per_s: best,
             latency_s: latency,
         })
     }

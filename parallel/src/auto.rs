@@ -71,11 +71,12 @@ pub(crate) fn resolve_mode(
                     let measured = popts.measured.as_ref().context(
                         "mode auto on a server: the server's rates must be measured first",
                     )?;
+                    let shared = popts.servers_share_machine;
                     let placement = Placement {
                         compute: popts.compute.clone(),
                         threads_per_rank: popts.rank_threads(g),
-                        ranks_per_machine: g,
-                        one_machine: false,
+                        ranks_per_machine: if shared { world } else { g },
+                        one_machine: shared,
                     };
                     agree(endpoints, measured, |all| choose_with(all, placement))?
                 }

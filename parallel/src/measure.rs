@@ -13,7 +13,7 @@ use grandis_wire::{ComputeRate, LinkRate, ServerRates};
 
 use crate::Compute;
 
-/// Bytes of the probe's bandwidth message.
+/// The largest message of the probe's bandwidth measurement.
 pub const PROBE_BYTES: usize = 8 << 20;
 
 /// How long each half of the compute calibration runs (at least one call).

@@ -129,6 +129,9 @@ pub struct ParallelOptions {
     /// What this server measured when the job started (a daemon's ranks): auto plans with
     /// it. None: a run of every rank in one process measures when it needs to.
     pub measured: Option<grandis_wire::ServerRates>,
+    /// Every server of a daemon's job runs on this machine (`grandis cluster up`): their ranks
+    /// share its cores, as auto's plan prices them.
+    pub servers_share_machine: bool,
 }
 
 impl Default for ParallelOptions {
@@ -150,6 +153,7 @@ impl Default for ParallelOptions {
             infer: None,
             exact_preference: grandis_wire::defaults::EXACT_PREFERENCE,
             measured: None,
+            servers_share_machine: false,
         }
     }
 }

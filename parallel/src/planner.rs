@@ -888,8 +888,8 @@ pub fn choose(planned: &[Planned], exact_preference: f64) -> Option<(usize, Stri
                 .any(|p| p.candidate.is_exact() && p.pruned.is_some())
             {
                 format!(
-                    "no counted exact plan fits the budget, and the floors of the others rule \
-                     them out (slower than {exact_preference:.2}x this one, or over the budget)"
+                    "the fastest plan that fits; the exact plans are ruled out by their floors \
+                     (more than {exact_preference:.2}x slower than this one, or over the budget)"
                 )
             } else {
                 "no exact plan fits the budget".into()

@@ -386,8 +386,15 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     events.send(JobEvent::Measured {
         rates: rates.clone(),
     });
-    // `auto` plans with them (every server's, gathered at the first server).
+    // `auto` plans with them (every server's, gathered at the first server), and with the
+    // cores the ranks share: servers whose data planes are all on loopback are processes of
+    // this one machine (`grandis cluster up`).
     popts.measured = Some(rates.clone());
+    popts.servers_share_machine = a.servers.iter().all(|s| {
+        s.data_addr
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|addr| addr.ip().is_loopback())
+    });
     let labels = Metrics::labels(a.job_id, &cfg.label);
     let leader = me == 0;
     let report = grandis_parallel::server::train_server(
