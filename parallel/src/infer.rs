@@ -350,14 +350,7 @@ pub(crate) fn predict_only(
     };
     let endpoints = match local {
         Some(endpoints) => endpoints,
-        None => grandis_fabric::Fabric::new(grandis_fabric::FabricConfig {
-            servers: layout.servers(),
-            devices: layout.devices(),
-            intra: popts.intra,
-            inter: popts.inter,
-            ..grandis_fabric::FabricConfig::default()
-        })?
-        .into_endpoints(),
+        None => popts.in_process_endpoints(layout)?,
     };
     let results = grandis_fabric::run_ranks(endpoints, work)?;
     let num_parameters =

@@ -162,14 +162,7 @@ pub fn in_process_rates(
     layout: &grandis_masking::Layout,
     config: &grandis_models::ModelConfig,
 ) -> anyhow::Result<ServerRates> {
-    let mut endpoints = grandis_fabric::Fabric::new(grandis_fabric::FabricConfig {
-        servers: layout.servers(),
-        devices: layout.devices(),
-        intra: popts.intra,
-        inter: popts.inter,
-        ..grandis_fabric::FabricConfig::default()
-    })?
-    .into_endpoints();
+    let mut endpoints = popts.in_process_endpoints(layout)?;
     server_rates(
         &popts.compute,
         popts.rank_threads(layout.num_ranks()),

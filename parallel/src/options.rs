@@ -164,6 +164,22 @@ pub fn cores_per_rank(ranks: usize) -> usize {
 }
 
 impl ParallelOptions {
+    /// The endpoints of every rank of `layout` in this process, over links emulated as
+    /// `intra` and `inter`.
+    pub fn in_process_endpoints(
+        &self,
+        layout: &grandis_masking::Layout,
+    ) -> anyhow::Result<Vec<grandis_fabric::Endpoint>> {
+        Ok(grandis_fabric::Fabric::new(grandis_fabric::FabricConfig {
+            servers: layout.servers(),
+            devices: layout.devices(),
+            intra: self.intra,
+            inter: self.inter,
+            ..grandis_fabric::FabricConfig::default()
+        })?
+        .into_endpoints())
+    }
+
     /// Threads of each CPU rank when `local_ranks` ranks run in this process:
     /// `threads_per_rank`, else [`cores_per_rank`].
     pub fn rank_threads(&self, local_ranks: usize) -> usize {

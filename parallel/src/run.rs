@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use anyhow::{bail, Context};
 use grandis_engine::norm::global_scales;
 use grandis_engine::CpuBackend;
-use grandis_fabric::{Endpoint, Fabric, FabricConfig};
+use grandis_fabric::Endpoint;
 use grandis_masking::{ModelDims, PlanContext};
 use grandis_models::ModelConfig;
 use grandis_store::DatasetView;
@@ -171,14 +171,7 @@ pub(crate) fn run(
     let run_all = || -> anyhow::Result<Vec<RankResult>> {
         let endpoints = match local {
             Some(endpoints) => endpoints,
-            None => Fabric::new(FabricConfig {
-                servers: layout.servers(),
-                devices: layout.devices(),
-                intra: popts.intra,
-                inter: popts.inter,
-                ..FabricConfig::default()
-            })?
-            .into_endpoints(),
+            None => popts.in_process_endpoints(layout)?,
         };
         grandis_fabric::run_ranks(endpoints, work)
     };
