@@ -1385,6 +1385,36 @@ mod tests {
     }
 
     #[test]
+    fn exact_preference_is_auto_s_and_at_least_one() {
+        for (doc, want) in [
+            (
+                r#"{"dataset": "d", "mode": "cob", "exact_preference": 1.5}"#,
+                "only used by mode auto (mode is 'cob')",
+            ),
+            (
+                r#"{"dataset": "d", "mode": "auto", "device_memory": "1GiB", "exact_preference": 0.5}"#,
+                "must be a number ≥ 1",
+            ),
+            (
+                r#"{"dataset": "d", "mode": "auto", "device_memory": "1GiB", "exact_preference": "fast"}"#,
+                "expected a number",
+            ),
+        ] {
+            let e = errors(doc);
+            assert!(
+                e.iter()
+                    .any(|m| m.starts_with("exact_preference: ") && m.contains(want)),
+                "{doc}: {e:?}"
+            );
+        }
+        let ok = JobSpec::from_json_str(
+            r#"{"dataset": "d", "mode": "auto", "device_memory": "1GiB", "exact_preference": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(ok.exact_preference, Some(1.0));
+    }
+
+    #[test]
     fn control_characters_in_names_and_paths_are_refused() {
         let e =
             errors(r#"{"dataset": "d\u001b[2J", "name": "x\n2026-11-23T00:00:00Z INFO forged"}"#);
