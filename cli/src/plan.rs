@@ -83,7 +83,6 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             args.device
         );
     }
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let sharing = if args.one_machine {
         servers * devices
     } else {
@@ -99,7 +98,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     let config = ModelConfig::for_job(&spec, view.feature_dim, view.num_classes);
     let threads = args
         .threads_per_rank
-        .unwrap_or_else(|| (cores / sharing).max(1));
+        .unwrap_or_else(|| grandis_parallel::cores_per_rank(sharing));
     let measured = match measured.is_empty() {
         false => measured,
         true => vec![ServerRates {

@@ -264,9 +264,12 @@ pub fn plan_job(
         device_memory: Some(budget),
         ..popts.clone()
     };
+    // One plan context (the graph's transpose, the splits) for the co-batch search and the
+    // counting.
+    let ctx = crate::plan_context(&view, part)?;
     let (batch, no_cobatch) = match popts.batch_size {
         Some(b) => (b, None),
-        None => match largest_cobatch(view, part, config, &popts.sampling, budget, seed) {
+        None => match largest_cobatch(&ctx, config, &popts.sampling, budget, seed) {
             Ok(b) => (b, None),
             Err(e) => (0, Some(format!("{e:#}"))),
         },
@@ -285,7 +288,9 @@ pub fn plan_job(
         },
         false => Counting::Every,
     };
-    let planned = plan(view, part, config, seed, &base, &cands, &rates, counting)?;
+    let planned = plan(
+        view, part, &ctx, config, seed, &base, &cands, &rates, counting,
+    )?;
     let chosen = choose(&planned, popts.exact_preference);
     Ok(JobPlan {
         planned,
@@ -302,14 +307,12 @@ pub fn plan_job(
 /// (`sampling`; GraphSAINT's subgraphs are not co-batches, so exact then); an error when not
 /// even one vertex fits (the cob and mb candidates are then left out).
 fn largest_cobatch(
-    view: DatasetView<'_>,
-    part: &PartitionedGraph,
+    ctx: &grandis_masking::PlanContext<'_>,
     config: &ModelConfig,
     sampling: &Sampling,
     budget: u64,
     seed: u64,
 ) -> anyhow::Result<usize> {
-    let ctx = crate::plan_context(&view, part)?;
     let dims = crate::model_dims(config);
     let sampling = match sampling {
         Sampling::Saint { .. } => Sampling::None,
@@ -317,7 +320,7 @@ fn largest_cobatch(
     };
     let sampler = grandis_sampling::dependency_sampler(&sampling, config.layers, seed)?
         .unwrap_or_else(|| Box::new(grandis_sampling::Exact));
-    let fit = grandis_sampling::largest_cobatch(&ctx, &dims, budget, sampler.as_ref(), seed)?;
+    let fit = grandis_sampling::largest_cobatch(ctx, &dims, budget, sampler.as_ref(), seed)?;
     Ok(fit.batch_size)
 }
 

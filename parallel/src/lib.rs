@@ -73,7 +73,7 @@ pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
 /// What every front end says when asked for CUDA in a build without it.
 pub const NOT_BUILT_WITH_CUDA: &str =
     "this grandis was built without CUDA support; rebuild with `--features cuda`";
-pub use options::{Compute, ParallelOptions};
+pub use options::{cores_per_rank, Compute, ParallelOptions};
 pub use report::ParallelReport;
 pub use setup::plan_context;
 pub use worker::EVAL_EPOCH_BIT;

@@ -617,13 +617,15 @@ pub fn parameters(config: &ModelConfig) -> anyhow::Result<usize> {
         .sum())
 }
 
-/// Counts and predicts the candidates for `config` on `part` with `rates` (all of them, or
-/// as `counting` prunes); `base` carries the budget (`device_memory`) and everything a
-/// candidate does not set. The result is in `candidates`' order.
+/// Counts and predicts the candidates for `config` on `part` (whose plan context is `ctx`)
+/// with `rates` (all of them, or as `counting` prunes); `base` carries the budget
+/// (`device_memory`, else what the ranks' devices have) and everything a candidate does not
+/// set. The result is in `candidates`' order.
 #[allow(clippy::too_many_arguments)]
 pub fn plan(
     view: grandis_store::DatasetView<'_>,
     part: &crate::PartitionedGraph,
+    ctx: &grandis_masking::PlanContext<'_>,
     config: &ModelConfig,
     seed: u64,
     base: &crate::ParallelOptions,
@@ -636,14 +638,10 @@ pub fn plan(
     if totals[0] == 0 {
         anyhow::bail!("the dataset's train split has no labelled vertices");
     }
-    let ctx = crate::plan_context(&view, part)?;
     let dims = crate::model_dims(config);
     let work = layer_work(config, &dims)?;
     let parameters = parameters(config)?;
-    let budget = match base.device_memory {
-        Some(b) => b,
-        None => crate::default_budget(&base.compute, 1, part.layout.num_ranks())?.0,
-    };
+    let (budget, _) = crate::budget::budget(base, &part.layout)?;
     let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
     let count = |c: &Candidate| -> Planned {
         let popts = crate::ParallelOptions {
@@ -655,7 +653,7 @@ pub fn plan(
             let sampler =
                 grandis_sampling::dependency_sampler(&popts.sampling, config.layers, seed)?;
             let decision = crate::decide::decide(
-                &ctx,
+                ctx,
                 config,
                 &popts,
                 &dims,
@@ -664,7 +662,7 @@ pub fn plan(
                 seed,
             )?;
             count_epoch(
-                &ctx,
+                ctx,
                 &decision,
                 &dims,
                 &work,
@@ -698,7 +696,7 @@ pub fn plan(
     let floor = candidates
         .iter()
         .any(is_static)
-        .then(|| static_floor(&ctx, &dims, &work, parameters, rates));
+        .then(|| static_floor(ctx, &dims, &work, parameters, rates));
     let mut out: Vec<Option<Planned>> = vec![None; candidates.len()];
     let per_iteration_first = (0..candidates.len())
         .filter(|&i| !is_static(&candidates[i]))

@@ -75,9 +75,11 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
             "mb 24 sage(3,3)",
         ]
     );
+    let ctx = grandis_parallel::plan_context(&view, &part).unwrap();
     let planned = plan(
         view,
         &part,
+        &ctx,
         &cfg,
         train.seed,
         &base,
@@ -155,6 +157,7 @@ fn pruning_rules_out_only_what_cannot_be_chosen() {
         let every = plan(
             view,
             &part,
+            &ctx,
             &cfg,
             seed,
             &base,
@@ -185,7 +188,10 @@ fn pruning_rules_out_only_what_cannot_be_chosen() {
             let counting = Counting::Pruned {
                 exact_preference: preference,
             };
-            let pruned = plan(view, &part, &cfg, seed, &base, &cands, &rates, counting).unwrap();
+            let pruned = plan(
+                view, &part, &ctx, &cfg, seed, &base, &cands, &rates, counting,
+            )
+            .unwrap();
             let pick = |planned: &[grandis_parallel::planner::Planned]| {
                 choose(planned, preference).map(|(i, _)| planned[i].name.clone())
             };
@@ -218,7 +224,10 @@ fn pruning_rules_out_only_what_cannot_be_chosen() {
     let counting = Counting::Pruned {
         exact_preference: 1.2,
     };
-    let pruned = plan(view, &part, &cfg, seed, &tight, &cands, &rates, counting).unwrap();
+    let pruned = plan(
+        view, &part, &ctx, &cfg, seed, &tight, &cands, &rates, counting,
+    )
+    .unwrap();
     for p in pruned.iter().filter(|p| is_static(p.candidate.mode)) {
         let why = p
             .pruned

@@ -6,11 +6,11 @@
 //! whether the plan the planner chooses is within 10 % of the fastest measured one.
 
 use anyhow::Context;
+use grandis_parallel::auto::{plan_rates, Placement};
 use grandis_parallel::planner::{candidates, choose, plan, Counting};
-use grandis_parallel::{LinkModel, ParallelOptions, Sampling};
+use grandis_parallel::{Compute, LinkModel, ParallelOptions, Sampling};
 use grandis_trainer::TrainOptions;
-use grandis_wire::LinkRate;
-use grandis_wire::PlanRates;
+use grandis_wire::{LinkRate, PlanRates, ServerRates};
 use std::time::Duration;
 
 #[derive(clap::Args)]
@@ -32,7 +32,7 @@ pub struct BenchPlanArgs {
     pub only: Option<Vec<String>>,
     /// A sampled plan is chosen over the fastest exact one only when predicted this many
     /// times faster.
-    #[arg(long, default_value_t = 1.2)]
+    #[arg(long, default_value_t = grandis_wire::defaults::EXACT_PREFERENCE)]
     pub exact_preference: f64,
     /// Print one JSON object as the last stdout line.
     #[arg(long)]
@@ -51,21 +51,33 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
         "epochs": args.graph.epochs.max(2), "lr": 0.01, "weight_decay": 5e-4, "adamw": false,
         "grad_clip": null, "eval": "never", "seed": args.graph.seed,
     }))?;
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let ranks = args.graph.servers * args.graph.devices;
-    let compute = grandis_parallel::measure::compute_rate(
-        &grandis_engine::CpuBackend::new(Some(args.graph.threads_per_rank))?,
-        args.graph.hidden,
-    )?;
-    let calibration =
-        grandis_parallel::planner::calibrate(view, &config, &compute, args.graph.threads_per_rank)
-            .context("calibrating on a sample of the graph")?;
+    let measured = ServerRates {
+        device: Compute::Cpu.name(),
+        compute: grandis_parallel::measure::compute_rate(
+            &grandis_engine::CpuBackend::new(Some(args.graph.threads_per_rank))?,
+            args.graph.hidden,
+        )?,
+        // Each ratio's links are the emulated ones, set below.
+        intra: None,
+        inter: None,
+        seconds: 0.0,
+    };
+    // Every rank and the plan builders share this machine's cores.
+    let placement = Placement {
+        compute: Compute::Cpu,
+        threads_per_rank: args.graph.threads_per_rank,
+        ranks_per_machine: args.graph.servers * args.graph.devices,
+        one_machine: true,
+    };
+    let calibrated = plan_rates(view, &config, &[measured], &placement)?;
     eprintln!(
         "compute: {:.2} GFLOP/s dense, {:.2} G edge-columns/s aggregation, a training step \
-         {calibration:.2}x what those account for",
-        compute.gemm_flops_per_s / 1e9,
-        compute.aggregation_edge_cols_per_s / 1e9
+         {:.2}x what those account for",
+        calibrated.compute.gemm_flops_per_s / 1e9,
+        calibrated.compute.aggregation_edge_cols_per_s / 1e9,
+        calibrated.calibration
     );
+    let ctx = grandis_parallel::plan_context(&view, &part)?;
     let fanouts = args.fanouts.clone().unwrap_or_else(|| {
         (0..args.graph.layers)
             .map(|i| [25, 10].get(i).copied().unwrap_or(5))
@@ -85,7 +97,6 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
         let inter_bw = args.graph.intra_bandwidth / ratio;
         let latency = Duration::from_secs_f64(args.graph.inter_latency_ms / 1e3);
         let rates = PlanRates {
-            compute,
             intra: LinkRate {
                 bandwidth_bytes_per_s: args.graph.intra_bandwidth,
                 latency_s: 0.0,
@@ -94,10 +105,7 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
                 bandwidth_bytes_per_s: inter_bw,
                 latency_s: latency.as_secs_f64(),
             },
-            contention: ((ranks * args.graph.threads_per_rank) as f64 / cores as f64).max(1.0),
-            calibration,
-            // The ranks and the plan builders share this machine's cores.
-            shared_cores: Some(cores),
+            ..calibrated
         };
         let base = ParallelOptions {
             threads_per_rank: Some(args.graph.threads_per_rank),
@@ -108,6 +116,7 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
         let planned = plan(
             view,
             &part,
+            &ctx,
             &config,
             args.graph.seed,
             &base,
