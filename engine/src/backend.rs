@@ -390,7 +390,20 @@ pub trait Backend: Send + Sync {
     /// Sets the first `len` elements of `buf` to `value`.
     fn fill(&self, buf: &mut Self::Buf, len: usize, value: f32) -> Result<()>;
     /// `dst[..len] = src[..len]`.
-    fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize) -> Result<()>;
+    fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize) -> Result<()> {
+        self.copy_range(src, 0, dst, 0, len)
+    }
+    /// `dst[dst_at..dst_at + len] = src[src_at..src_at + len]`. `src` may belong to another
+    /// backend of the same kind in this process (a rank on another stream or device): the
+    /// device transports hand buffers between ranks and the receiver copies them into place.
+    fn copy_range(
+        &self,
+        src: &Self::Buf,
+        src_at: usize,
+        dst: &mut Self::Buf,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<()>;
     /// Waits until all queued work is done (for timing).
     fn synchronize(&self) -> Result<()>;
 

@@ -10,6 +10,16 @@ use crate::error::{FabricError, Result};
 use crate::tag::{Op, Tag};
 use crate::transport::{Envelope, Header, Payload, Transport, TransportError};
 
+/// Bytes one operation moved between this rank and one peer on a device transport
+/// ([`Endpoint::account_device_transfers`]); `None` where nothing went that way (an empty
+/// message is `Some(0)` and counts as a message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceTransfer {
+    pub peer: usize,
+    pub sent: Option<usize>,
+    pub received: Option<usize>,
+}
+
 /// One rank's handle on the fabric. `Send`, so it can move into its worker thread.
 ///
 /// Ordering contract: messages from one rank to another are received in the order they were
@@ -232,6 +242,26 @@ impl Endpoint {
         })
     }
 
+    /// The first half of [`Self::exchange_sized`]: sends every `(peer, buffer)` of `sends`
+    /// and returns without waiting. The receiving side calls [`Self::exchange_collect`] with
+    /// the same tag. A rank whose exchange also has a part on a device transport posts here,
+    /// runs that part, then collects, so both parts are in flight together.
+    pub fn exchange_post(&mut self, sends: Vec<(usize, Vec<f32>)>, tag: Tag) -> Result<()> {
+        self.timed(tag, |ep| ep.post_exchange_impl(sends, tag))
+    }
+
+    /// The second half of [`Self::exchange_sized`]: receives exactly `len` values from every
+    /// `(peer, len)` of `expect`, in that order.
+    pub fn exchange_collect(
+        &mut self,
+        expect: &[(usize, usize)],
+        tag: Tag,
+    ) -> Result<Vec<(usize, Vec<f32>)>> {
+        self.timed(tag, |ep| {
+            ep.collect_exchange_impl(expect.iter().map(|&(p, n)| (p, Some(n))), tag)
+        })
+    }
+
     fn exchange_impl(
         &mut self,
         sends: Vec<(usize, Vec<f32>)>,
@@ -239,35 +269,53 @@ impl Endpoint {
         tag: Tag,
     ) -> Result<Vec<(usize, Vec<f32>)>> {
         // Validate everything before the first send, so a bad call leaves no stray messages.
-        let world = self.world();
-        let mut seen = vec![false; world];
-        for &(peer, _) in &sends {
-            self.check_peer(peer, tag, Op::Exchange)?;
-            if std::mem::replace(&mut seen[peer], true) {
-                return Err(self.invalid_peer(peer, tag, Op::Exchange, "listed twice in sends"));
-            }
-        }
-        seen.iter_mut().for_each(|s| *s = false);
-        for (peer, _) in expect.clone() {
-            self.check_peer(peer, tag, Op::Exchange)?;
-            if std::mem::replace(&mut seen[peer], true) {
-                return Err(self.invalid_peer(
-                    peer,
-                    tag,
-                    Op::Exchange,
-                    "listed twice in expect_from",
-                ));
-            }
-        }
+        self.check_peer_list(expect.clone().map(|(p, _)| p), tag, "expect_from")?;
+        self.post_exchange_impl(sends, tag)?;
+        self.collect_exchange_impl(expect, tag)
+    }
+
+    fn post_exchange_impl(&mut self, sends: Vec<(usize, Vec<f32>)>, tag: Tag) -> Result<()> {
+        self.check_peer_list(sends.iter().map(|&(p, _)| p), tag, "sends")?;
         for (peer, data) in sends {
             self.post(peer, Op::Exchange, tag, Payload::F32(data))?;
         }
+        Ok(())
+    }
+
+    fn collect_exchange_impl(
+        &mut self,
+        expect: impl Iterator<Item = (usize, Option<usize>)> + Clone,
+        tag: Tag,
+    ) -> Result<Vec<(usize, Vec<f32>)>> {
+        self.check_peer_list(expect.clone().map(|(p, _)| p), tag, "expect_from")?;
         let mut out = Vec::new();
         for (peer, len) in expect {
             let data = self.take_f32(peer, Op::Exchange, tag, len)?;
             out.push((peer, data));
         }
         Ok(out)
+    }
+
+    /// Every peer of an exchange list is another rank of the world, listed once.
+    fn check_peer_list(
+        &self,
+        peers: impl Iterator<Item = usize>,
+        tag: Tag,
+        list: &str,
+    ) -> Result<()> {
+        let mut seen = vec![false; self.world()];
+        for peer in peers {
+            self.check_peer(peer, tag, Op::Exchange)?;
+            if std::mem::replace(&mut seen[peer], true) {
+                return Err(self.invalid_peer(
+                    peer,
+                    tag,
+                    Op::Exchange,
+                    &format!("listed twice in {list}"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     // ---------------------------------------------------------------- collectives
@@ -307,6 +355,35 @@ impl Endpoint {
             add_into(buf, &v);
         }
         // Step 2: reduce-scatter + all-gather among heads, summing in server order.
+        self.heads_all_reduce_impl(buf, tag)?;
+        // Step 3: hand the result to the server's devices.
+        for device in 1..topo.devices {
+            let rank = topo.rank_of(server, device);
+            self.post(rank, Op::HeadToDevices, tag, Payload::F32(buf.to_vec()))?;
+        }
+        Ok(())
+    }
+
+    /// Step 2 of [`Self::all_reduce_sum`] alone: sums `buf` over the servers' heads (device 0
+    /// of each server), in server order, by reduce-scatter + all-gather over the inter class.
+    /// Only heads call it, all with the same tag and length; it is how a server whose devices
+    /// reduce among themselves on another transport (NCCL, device copies) joins the others.
+    pub fn heads_all_reduce_sum(&mut self, buf: &mut [f32], tag: Tag) -> Result<()> {
+        if !self.is_head() {
+            return Err(self.invalid_peer(
+                self.rank,
+                tag,
+                Op::HeadReduceScatter,
+                "only a server's head (device 0) joins the heads' all-reduce",
+            ));
+        }
+        self.timed(tag, |ep| ep.heads_all_reduce_impl(buf, tag))
+    }
+
+    fn heads_all_reduce_impl(&mut self, buf: &mut [f32], tag: Tag) -> Result<()> {
+        let topo = self.topology;
+        let server = self.server();
+        let n = buf.len();
         let s_count = topo.servers;
         if s_count > 1 {
             for c in (0..s_count).filter(|&c| c != server) {
@@ -355,12 +432,30 @@ impl Endpoint {
                 buf[range].copy_from_slice(&part);
             }
         }
-        // Step 3: hand the result to the server's devices.
-        for device in 1..topo.devices {
-            let rank = topo.rank_of(server, device);
-            self.post(rank, Op::HeadToDevices, tag, Payload::F32(buf.to_vec()))?;
-        }
         Ok(())
+    }
+
+    /// Accounts bytes that moved between this rank and `peer` outside the fabric, on a device
+    /// transport (NCCL, device-to-device copies), under `tag` and the pair's link class, so
+    /// counters, reports and the checks against the plans' predictions keep their meaning
+    /// whichever transport carried the rows. `op_seconds` is the wall time of the operation
+    /// the transfers belong to (counted once per call, as the fabric's own calls are).
+    pub fn account_device_transfers(
+        &mut self,
+        tag: Tag,
+        op_seconds: Duration,
+        transfers: impl IntoIterator<Item = DeviceTransfer>,
+    ) {
+        for t in transfers {
+            let class = self.topology.class(self.rank, t.peer);
+            if let Some(bytes) = t.sent {
+                self.counters.add_sent(tag, class, bytes);
+            }
+            if let Some(bytes) = t.received {
+                self.counters.add_received(tag, class, bytes);
+            }
+        }
+        self.counters.add_call(tag, op_seconds);
     }
 
     /// Copies `buf` of rank `root` into `buf` of every rank. All ranks must pass buffers of

@@ -111,7 +111,7 @@ pub fn embeddings(
     })?;
     let results = fabric.run(|ep| {
         let backend = CpuBackend::new(Some(threads))?;
-        worker::Worker::new(&shared, &backend, ep)?.embed()
+        worker::Worker::new(&shared, &backend, ep, crate::links::RankLinks::fabric())?.embed()
     })?;
     let model = grandis_models::Model::new(&CpuBackend::new(Some(1))?, config.clone())?;
     let first_conv = usize::from(config.kind == ModelKind::ResSage);

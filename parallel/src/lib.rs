@@ -38,6 +38,7 @@ mod embed;
 mod fetch;
 pub mod infer;
 pub mod input;
+pub mod links;
 pub mod measure;
 pub mod metered;
 mod options;

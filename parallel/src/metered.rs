@@ -249,7 +249,14 @@ impl<B: Backend> Backend for Metered<B> {
         fn download(&self, buf: &Self::Buf, offset: usize, out: &mut [f32]) -> Result<()>;
         fn index_len(&self, idx: &Self::Index) -> usize;
         fn fill(&self, buf: &mut Self::Buf, len: usize, value: f32) -> Result<()>;
-        fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize) -> Result<()>;
+        fn copy_range(
+            &self,
+            src: &Self::Buf,
+            src_at: usize,
+            dst: &mut Self::Buf,
+            dst_at: usize,
+            len: usize,
+        ) -> Result<()>;
         fn synchronize(&self) -> Result<()>;
         fn gather_rows(
             &self,

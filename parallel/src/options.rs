@@ -132,6 +132,12 @@ pub struct ParallelOptions {
     /// Every server of a daemon's job runs on this machine (`grandis cluster up`): their ranks
     /// share its cores, as auto's plan prices them.
     pub servers_share_machine: bool,
+    /// What carries traffic between servers (the job's `inter_transport`).
+    pub inter_transport: grandis_wire::InterTransport,
+    /// Replaces the automatic choice of the transport inside a server
+    /// ([`crate::links::select`]); tests and benchmarks use it to run the device transports'
+    /// code paths on CPU ranks.
+    pub intra_transport: Option<crate::links::IntraTransport>,
 }
 
 impl Default for ParallelOptions {
@@ -154,6 +160,8 @@ impl Default for ParallelOptions {
             exact_preference: grandis_wire::defaults::EXACT_PREFERENCE,
             measured: None,
             servers_share_machine: false,
+            inter_transport: grandis_wire::InterTransport::Quic,
+            intra_transport: None,
         }
     }
 }
@@ -203,6 +211,7 @@ impl ParallelOptions {
                 _ => None,
             },
             resample_every: spec.resample_every,
+            inter_transport: spec.inter_transport,
             exact_preference: spec
                 .exact_preference
                 .unwrap_or(grandis_wire::defaults::EXACT_PREFERENCE),

@@ -15,6 +15,9 @@ use grandis_trainer::{Checkpoint, EpochStats, TrainOptions};
 
 use crate::decide::{Decision, Eval};
 use crate::fetch::Prefetcher;
+use crate::links::copies::CopyHub;
+use crate::links::nccl::{HostNccl, Nccl};
+use crate::links::{IntraTransport, Transports};
 use crate::setup::in_train_split;
 use crate::steps::{self, RunStats, Schedule};
 use crate::worker::{self, RankResult};
@@ -144,6 +147,24 @@ pub(crate) fn run(
         checkpoint: &popts.checkpoint,
     };
     let callback: worker::EpochCallback<'_> = Mutex::new(on_epoch);
+    let transports = crate::links::select(
+        &popts.compute,
+        &rank_ordinals(&popts.compute, layout.devices())?,
+        popts.inter_transport,
+        popts.intra_transport,
+    )?;
+    let hub = (transports.intra == IntraTransport::DeviceCopies).then(|| {
+        let ranks: Vec<usize> = match &local {
+            Some(endpoints) => endpoints.iter().map(Endpoint::rank).collect(),
+            None => (0..layout.num_ranks()).collect(),
+        };
+        let topology = grandis_fabric::Topology {
+            servers: layout.servers(),
+            devices: layout.devices(),
+        };
+        CopyHub::new(topology, &ranks)
+    });
+    let links = (transports, hub.as_ref());
     // In-process: rank 0 reports epochs; one server's ranks: its first device does.
     let server_mode = local.is_some();
     let work = |ep: Endpoint| {
@@ -156,12 +177,19 @@ pub(crate) fn run(
         match &popts.compute {
             Compute::Cpu => {
                 let backend = CpuBackend::new(Some(threads_per_rank))?;
-                run_rank(&shared, backend, ep, callback)
+                run_rank::<_, HostNccl>(&shared, backend, ep, links, callback)
             }
             #[cfg(feature = "cuda")]
             Compute::Cuda { .. } => {
                 let backend = cuda_rank_backend(&popts.compute, &ep)?;
-                run_rank(&shared, backend, ep, callback)
+                match transports.intra {
+                    IntraTransport::NcclOnHost => {
+                        run_rank::<_, HostNccl>(&shared, backend, ep, links, callback)
+                    }
+                    _ => {
+                        run_rank::<_, crate::links::CudaNccl>(&shared, backend, ep, links, callback)
+                    }
+                }
             }
             // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
             #[cfg(not(feature = "cuda"))]
@@ -280,18 +308,47 @@ pub(crate) fn run(
     })
 }
 
-/// Sets up and runs one rank on `backend` (wrapped in the byte meter).
-fn run_rank<B: grandis_engine::Backend>(
+/// Sets up and runs one rank on `backend` (wrapped in the byte meter), its halo rows and
+/// gradients on `links` (the job's transports and, for device copies, the process's channels;
+/// `N` is the NCCL the rank's communicators use).
+fn run_rank<B, N>(
     shared: &worker::Shared<'_>,
     backend: B,
-    ep: Endpoint,
+    mut ep: Endpoint,
+    (transports, hub): (Transports, Option<&CopyHub>),
     callback: Option<&worker::EpochCallback<'_>>,
-) -> anyhow::Result<RankResult> {
+) -> anyhow::Result<RankResult>
+where
+    B: grandis_engine::Backend + 'static,
+    N: Nccl<metered::Metered<B>> + 'static,
+{
     let rank = ep.rank();
     let backend = metered::Metered::new(backend);
-    let w = worker::Worker::new(shared, &backend, ep)
+    let links =
+        crate::links::connect::<_, N>(&backend, &mut ep, transports, hub).with_context(|| {
+            format!(
+                "connecting rank {rank}'s {} transport",
+                transports.intra.name()
+            )
+        })?;
+    let w = worker::Worker::new(shared, &backend, ep, links)
         .with_context(|| format!("setting up rank {rank}"))?;
     w.run(&backend.meter, callback)
+}
+
+/// The CUDA ordinal of every device index of a server (empty on CPU): what picks the
+/// transport inside a server.
+fn rank_ordinals(compute: &Compute, devices: usize) -> anyhow::Result<Vec<usize>> {
+    if !compute.is_cuda() {
+        return Ok(Vec::new());
+    }
+    #[cfg(feature = "cuda")]
+    let available = grandis_engine::cuda::device_count()?;
+    #[cfg(not(feature = "cuda"))]
+    let available = 1;
+    Ok((0..devices)
+        .filter_map(|d| compute.ordinal(d, available))
+        .collect())
 }
 
 /// The CUDA backend of the rank behind `ep`: its device index inside the server picks the

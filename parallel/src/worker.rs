@@ -22,6 +22,7 @@ use grandis_store::DatasetView;
 use grandis_trainer::{Checkpoint, CheckpointOptions, EpochStats, TrainOptions};
 
 use crate::fetch::{FeatureSource, Prefetcher, SETUP_EPOCH};
+use crate::links::{Arrived, RankLinks};
 use crate::metered::Meter;
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
 use crate::steps::{Feed, Step};
@@ -147,6 +148,8 @@ pub(crate) struct Worker<'w, B: Backend> {
     sh: &'w Shared<'w>,
     b: &'w B,
     ep: Endpoint,
+    /// The device transports of halo rows and weight gradients (none: all over `ep`).
+    links: RankLinks<B>,
     model: Model<B>,
     rt: Rt<B>,
     /// The step `rt` was built for (a new step with other plans rebuilds it).
@@ -161,7 +164,12 @@ pub(crate) struct Worker<'w, B: Backend> {
 }
 
 impl<'w, B: Backend> Worker<'w, B> {
-    pub fn new(sh: &'w Shared<'w>, b: &'w B, mut ep: Endpoint) -> anyhow::Result<Self> {
+    pub fn new(
+        sh: &'w Shared<'w>,
+        b: &'w B,
+        mut ep: Endpoint,
+        links: RankLinks<B>,
+    ) -> anyhow::Result<Self> {
         let mut model = Model::new(b, sh.config.clone())?;
         if let Some(w) = sh.weights {
             if w.len() != model.params.len() {
@@ -211,6 +219,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             sh,
             b,
             ep,
+            links,
             model,
             rt,
             step,
@@ -230,49 +239,56 @@ impl<'w, B: Backend> Worker<'w, B> {
         &self.rt.blocks[self.rt.layers[l].block]
     }
 
-    /// Sends the owned rows peers need for layer `l` (gathered from `src`, the layer's input
-    /// or the previous layer's output: owned ids are the same in both) and returns the
-    /// received halo rows with the compact input row each group starts at.
+    /// Sends the owned rows peers need for layer `l` (gathered from `input`, the layer's input,
+    /// or from the features buffer when `None`: owned ids are the same in both) and writes the
+    /// halo rows that arrive into their compact rows of the same buffer.
     fn exchange_forward(
         &mut self,
         l: usize,
-        src: Option<&B::Buf>,
+        input: Option<&mut B::Buf>,
         d: usize,
         tag: Tag,
-    ) -> anyhow::Result<Vec<(usize, Vec<f32>)>> {
+    ) -> anyhow::Result<()> {
         let b = self.b;
         let lr = &self.rt.layers[l];
         let plan = &self.rt.plans[lr.plan];
         let rows = &self.rt.blocks[lr.block].rows;
-        let src = src.unwrap_or(&self.rt.features);
-        let mut sends = Vec::new();
+        let buf = match input {
+            Some(x) => x,
+            None => &mut self.rt.features,
+        };
+        let mut packed = Vec::new();
         for (i, s) in plan.sends.iter().enumerate() {
             if let Some(idx) = &lr.send_idx[i] {
-                let n = b.index_len(idx);
-                let mut packed = b.alloc(n * d)?;
-                b.gather_rows(src, d, idx, &mut packed)?;
-                let mut host = vec![0f32; n * d];
-                b.download(&packed, 0, &mut host)?;
-                sends.push((s.peer, host));
+                let n = b.index_len(idx) * d;
+                let mut rows = b.alloc(n)?;
+                b.gather_rows(buf, d, idx, &mut rows)?;
+                packed.push((s.peer, rows, n));
             }
         }
+        let sends: Vec<_> = packed
+            .iter()
+            .map(|(p, rows, n)| (*p, rows, 0..*n))
+            .collect();
         let mut expect = Vec::new();
         let mut starts = Vec::new();
         for (g, h) in plan.halo.iter().zip(&rows.halo) {
             if h.len > 0 {
                 expect.push((g.peer, h.len as usize * d));
-                starts.push(h.compact_start as usize);
+                starts.push(h.compact_start as usize * d);
             }
         }
         let got = self
-            .ep
-            .exchange_sized(sends, &expect, tag)
+            .links
+            .exchange(b, &mut self.ep, &sends, &expect, tag)
             .with_context(|| format!("forward halo exchange of layer {l}"))?;
-        Ok(starts
-            .into_iter()
-            .zip(got)
-            .map(|(start, (_, data))| (start, data))
-            .collect())
+        for ((at, &(_, len)), arrived) in starts.into_iter().zip(&expect).zip(got) {
+            match arrived {
+                Arrived::Host(data) => b.upload_into(buf, at, &data)?,
+                Arrived::Device(rows) => b.copy_range(&rows, 0, buf, at, len)?,
+            }
+        }
+        Ok(())
     }
 
     /// Sends the gradients of the halo rows of `gx` (layer `l`'s compact input gradient) back
@@ -288,14 +304,16 @@ impl<'w, B: Backend> Worker<'w, B> {
         let lr = &self.rt.layers[l];
         let plan = &self.rt.plans[lr.plan];
         let rows = &self.rt.blocks[lr.block].rows;
-        let mut sends = Vec::new();
-        for (g, h) in plan.halo.iter().zip(&rows.halo) {
-            if h.len > 0 {
-                let mut host = vec![0f32; h.len as usize * d];
-                b.download(gx, h.compact_start as usize * d, &mut host)?;
-                sends.push((g.peer, host));
-            }
-        }
+        let sends: Vec<_> = plan
+            .halo
+            .iter()
+            .zip(&rows.halo)
+            .filter(|(_, h)| h.len > 0)
+            .map(|(g, h)| {
+                let at = h.compact_start as usize * d;
+                (g.peer, &*gx, at..at + h.len as usize * d)
+            })
+            .collect();
         let mut expect = Vec::new();
         let mut lists = Vec::new();
         for (i, s) in plan.sends.iter().enumerate() {
@@ -305,14 +323,17 @@ impl<'w, B: Backend> Worker<'w, B> {
             }
         }
         let got = self
-            .ep
-            .exchange_sized(sends, &expect, tag)
+            .links
+            .exchange(b, &mut self.ep, &sends, &expect, tag)
             .with_context(|| format!("backward halo exchange of layer {l}"))?;
         let lr = &self.rt.layers[l];
-        for (i, (_, data)) in lists.into_iter().zip(got) {
+        for (i, arrived) in lists.into_iter().zip(got) {
             let idx = lr.send_idx[i].as_ref().context("send index")?;
-            let tmp = b.upload(&data)?;
-            b.scatter_add_rows(&tmp, d, idx, gx)?;
+            let grads = match arrived {
+                Arrived::Host(data) => b.upload(&data)?,
+                Arrived::Device(grads) => grads,
+            };
+            b.scatter_add_rows(&grads, d, idx, gx)?;
         }
         Ok(())
     }
@@ -349,10 +370,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             let input = match act.take() {
                 None => {
                     // Layer 0 of sage/gcn: halo rows of the features buffer, in place.
-                    let got = self.exchange_forward(l, None, d_in, tag)?;
-                    for (start, data) in got {
-                        b.upload_into(&mut self.rt.features, start * d_in, &data)?;
-                    }
+                    self.exchange_forward(l, None, d_in, tag)?;
                     None
                 }
                 Some(prev) => {
@@ -363,10 +381,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                     let mut inp = b.alloc(n_src * d_in)?;
                     b.copy(&prev, &mut inp, owned * d_in)?;
                     drop(prev);
-                    let got = self.exchange_forward(l, Some(&inp), d_in, tag)?;
-                    for (start, data) in got {
-                        b.upload_into(&mut inp, start * d_in, &data)?;
-                    }
+                    self.exchange_forward(l, Some(&mut inp), d_in, tag)?;
                     Some(inp)
                 }
             };
@@ -535,23 +550,19 @@ impl<'w, B: Backend> Worker<'w, B> {
         self.backward(e, train, &logits, tape, grad)?;
         drop(logits);
         // Weight gradients: one fused buffer, hierarchical bit-identical all-reduce.
-        let total: usize = self.model.params.iter().map(|p| p.len()).sum();
-        let mut flat = vec![0f32; total];
-        let mut at = 0;
-        for p in &self.model.params {
-            b.download(&p.grad, 0, &mut flat[at..at + p.len()])?;
-            at += p.len();
-        }
-        self.ep
-            .all_reduce_sum(&mut flat, Tag::all_reduce(e, 0))
+        let mut grads: Vec<_> = self
+            .model
+            .params
+            .iter_mut()
+            .map(|p| {
+                let n = p.len();
+                (&mut p.grad, n)
+            })
+            .collect();
+        self.links
+            .all_reduce_sum(b, &mut self.ep, &mut grads, Tag::all_reduce(e, 0))
             .context("weight-gradient all-reduce")?;
-        let mut at = 0;
-        for p in &mut self.model.params {
-            let n = p.len();
-            b.upload_into(&mut p.grad, 0, &flat[at..at + n])?;
-            at += n;
-        }
-        drop(flat);
+        drop(grads);
         // Every rank now holds the global gradient, so clipping and Adam need no more traffic
         // and the weights stay identical on all ranks.
         let grad_scale = self.model.clip_factor(b, sh.opts.grad_clip)?;

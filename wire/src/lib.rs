@@ -27,7 +27,7 @@ pub use protocol::{
 };
 pub use rates::{ComputeRate, LinkRate, ServerRates};
 pub use spec::{
-    defaults, FieldError, JobSpec, Mode, ModelKind, PartitionMethod, PredictSpec, Priority,
-    Sampling, SpecError, UnknownName,
+    defaults, FieldError, InterTransport, JobSpec, Mode, ModelKind, PartitionMethod, PredictSpec,
+    Priority, Sampling, SpecError, UnknownName,
 };
 pub use summary::{InferenceSummary, RankMemory, RunSummary, ServerTraffic, TimeSplit, WireStats};

@@ -52,6 +52,19 @@ pub enum Mode {
     Auto,
 }
 
+/// What carries a job's traffic between servers (halo rows, the heads' all-reduce).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InterTransport {
+    /// The daemons' data plane: QUIC with mutual TLS (the in-process fabric inside `grandis
+    /// train`); device rows are staged through host memory.
+    #[default]
+    Quic,
+    /// NCCL across servers (InfiniBand / RoCE clusters): device buffers straight to the NIC.
+    /// Needs CUDA ranks on distinct devices; the communicator's id travels over the data plane.
+    Nccl,
+}
+
 /// How vertices are split over servers and devices (at both levels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -237,6 +250,7 @@ named_enum!(PartitionMethod, "metis, spring or random", [
     Metis => "metis", Spring => "spring", Random => "random"
 ]);
 named_enum!(Priority, "degree or uniform", [Degree => "degree", Uniform => "uniform"]);
+named_enum!(InterTransport, "quic or nccl", [Quic => "quic", Nccl => "nccl"]);
 
 impl Default for Mode {
     fn default() -> Mode {
@@ -352,6 +366,10 @@ pub struct JobSpec {
     pub devices: u32,
     /// Partitioning method (default metis).
     pub partition: PartitionMethod,
+    /// What carries traffic between servers: quic (default) or nccl (CUDA ranks on an
+    /// InfiniBand cluster). Inside a server, CUDA ranks always use NCCL, or device copies
+    /// when they share a GPU.
+    pub inter_transport: InterTransport,
     /// Seed of the partitioner (default 0).
     pub partition_seed: u64,
     /// A partition directory written by `grandis partition` from `dataset`, as a path on
@@ -418,6 +436,7 @@ impl Default for JobSpec {
             servers: defaults::SERVERS,
             devices: defaults::DEVICES,
             partition: defaults::PARTITION,
+            inter_transport: InterTransport::Quic,
             partition_seed: 0,
             partition_dir: None,
             device_memory: None,
@@ -502,6 +521,7 @@ const FIELDS: &[&str] = &[
     "servers",
     "devices",
     "partition",
+    "inter_transport",
     "partition_seed",
     "partition_dir",
     "device_memory",
@@ -600,6 +620,14 @@ impl JobSpec {
                     PartitionMethod::EXPECTED,
                 )
                 .unwrap_or(d.partition),
+            inter_transport: r
+                .choice(
+                    "inter_transport",
+                    "inter-server transport",
+                    InterTransport::parse,
+                    InterTransport::EXPECTED,
+                )
+                .unwrap_or(d.inter_transport),
             partition_seed: r.u64("partition_seed").unwrap_or(d.partition_seed),
             partition_dir: r.string("partition_dir"),
             device_memory: r.bytes("device_memory"),
@@ -830,6 +858,12 @@ impl JobSpec {
                     "only used with sampling (sampling is 'none')".into(),
                 );
             }
+        }
+        if self.inter_transport == InterTransport::Nccl && !self.mode.is_distributed() {
+            err(
+                "inter_transport",
+                "nccl carries traffic between ranks; mode 'single' has none".into(),
+            );
         }
         if let Some(x) = self.exact_preference {
             if self.mode != Mode::Auto {

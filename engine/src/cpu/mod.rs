@@ -233,13 +233,20 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) -> Result<()> {
-        need("copy", "src", src.len(), len)?;
-        need("copy", "dst", dst.len(), len)?;
+    fn copy_range(
+        &self,
+        src: &Vec<f32>,
+        src_at: usize,
+        dst: &mut Vec<f32>,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<()> {
+        need("copy", "src", src.len(), src_at.saturating_add(len))?;
+        need("copy", "dst", dst.len(), dst_at.saturating_add(len))?;
         self.timed(OpClass::Other("copy"), || {
-            dst[..len]
+            dst[dst_at..dst_at + len]
                 .par_chunks_mut(ELEM_CHUNK)
-                .zip(src[..len].par_chunks(ELEM_CHUNK))
+                .zip(src[src_at..src_at + len].par_chunks(ELEM_CHUNK))
                 .for_each(|(d, s)| d.copy_from_slice(s))
         });
         Ok(())

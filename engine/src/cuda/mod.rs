@@ -985,15 +985,25 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn copy(&self, src: &CudaBuf, dst: &mut CudaBuf, len: usize) -> Result<()> {
+    fn copy_range(
+        &self,
+        src: &CudaBuf,
+        src_at: usize,
+        dst: &mut CudaBuf,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<()> {
         self.timed(OpClass::Other("copy"), || {
-            need("copy", "src", src.len, len)?;
-            need("copy", "dst", dst.len, len)?;
+            need("copy", "src", src.len, src_at.saturating_add(len))?;
+            need("copy", "dst", dst.len, dst_at.saturating_add(len))?;
             if len == 0 {
                 return Ok(());
             }
-            let s = src.data.slice(0..len);
-            let mut d = dst.data.slice_mut(0..len);
+            // On this stream: a buffer from a rank on another stream is complete here because
+            // its sender synchronised before handing it over (the same-device transport); one on
+            // another device is copied through unified addressing.
+            let s = src.data.slice(src_at..src_at + len);
+            let mut d = dst.data.slice_mut(dst_at..dst_at + len);
             self.stream
                 .memcpy_dtod(&s, &mut d)
                 .map_err(|e| dev_err("copy", e))
