@@ -4,7 +4,8 @@
 
 use anyhow::bail;
 use grandis_wire::{
-    defaults, JobSpec, Mode, ModelKind, PartitionMethod, PredictSpec, Priority, Sampling,
+    defaults, InterTransport, JobSpec, Mode, ModelKind, PartitionMethod, PredictSpec, Priority,
+    Sampling,
 };
 
 /// Flags of a job (model, optimiser, distribution, sampling).
@@ -66,6 +67,11 @@ pub struct JobArgs {
     /// Partitioning: metis, spring or random.
     #[arg(long, default_value_t = defaults::PARTITION)]
     pub partition: PartitionMethod,
+    /// What carries traffic between servers: quic (the daemons' data plane; the in-process
+    /// fabric in `grandis train`) or nccl (CUDA ranks each on its own GPU, e.g. InfiniBand
+    /// clusters). Inside a server CUDA ranks use NCCL, or device copies when they share a GPU.
+    #[arg(long, default_value_t = InterTransport::Quic)]
+    pub inter_transport: InterTransport,
     /// Seed of the partitioner.
     #[arg(long, default_value_t = 0)]
     pub partition_seed: u64,
@@ -215,6 +221,7 @@ impl JobArgs {
             servers: self.servers,
             devices: self.devices,
             partition: self.partition,
+            inter_transport: self.inter_transport,
             partition_seed: self.partition_seed,
             partition_dir: self.partition_dir.clone(),
             device_memory: self.device_memory,

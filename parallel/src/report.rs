@@ -23,6 +23,8 @@ pub struct ParallelReport {
     pub devices: usize,
     pub partition: String,
     pub threads_per_rank: usize,
+    /// What carried halo rows and gradients ([`crate::links::Transports::describe`]).
+    pub transport: String,
     pub preload_hops: usize,
     /// Why this k (budget and estimates), or "fixed by --preload-hops" / "FB mode".
     pub k_reason: String,
@@ -86,6 +88,7 @@ impl ParallelReport {
             devices: self.devices,
             partition: self.partition.clone(),
             threads_per_rank: self.threads_per_rank,
+            transport: self.transport.clone(),
             preload_hops: self.preload_hops,
             preload_reason: self.k_reason.clone(),
             preload_estimates: self.k_estimates.clone(),
@@ -138,6 +141,7 @@ impl ParallelReport {
             devices: part.layout.devices(),
             partition: part.source.clone(),
             threads_per_rank,
+            transport: "fabric (inference only)".into(),
             preload_hops: 0,
             k_reason: "no training: the checkpoint holds every epoch".into(),
             k_estimates: Vec::new(),
@@ -193,6 +197,7 @@ impl Ran {
             results,
             stats: rs,
             threads_per_rank,
+            transports,
         } = self;
         // Epochs trained in this run (fewer than `opts.epochs` after a resume): the per-epoch
         // figures divide by them.
@@ -247,6 +252,7 @@ impl Ran {
             devices: part.layout.devices(),
             partition: part.source.clone(),
             threads_per_rank,
+            transport: transports.describe(),
             preload_hops: choice.k,
             k_reason: choice.reason.clone(),
             k_estimates: choice

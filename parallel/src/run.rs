@@ -57,6 +57,7 @@ pub(crate) struct Ran {
     /// What the steps computed (the producer's counts).
     pub stats: RunStats,
     pub threads_per_rank: usize,
+    pub transports: Transports,
 }
 
 /// Trains the ranks: all of them on an in-process fabric, or — with `local` — only the given
@@ -305,6 +306,7 @@ pub(crate) fn run(
         results,
         stats,
         threads_per_rank,
+        transports,
     })
 }
 

@@ -52,6 +52,11 @@ pub struct RunSummary {
     /// Where the partition came from ("metis (seed 0)", a partition directory).
     pub partition: String,
     pub threads_per_rank: usize,
+    /// What carried the ranks' halo rows and gradients inside and between servers ("fabric
+    /// inside servers, quic between", "nccl inside servers, nccl between", ...; empty for
+    /// `single`).
+    #[serde(default)]
+    pub transport: String,
     /// Preloaded hops k, why this k, and `(k, worst-device bytes)` of the estimates behind it.
     pub preload_hops: usize,
     pub preload_reason: String,

@@ -26,6 +26,7 @@
 #[cfg(all(test, target_os = "linux"))]
 mod emulated;
 pub mod kernels;
+pub mod nccl;
 
 use crate::backend::{
     check_attention, dropout_threshold, need, shape_err, AdamStep, Attention, Backend, BlockGraph,

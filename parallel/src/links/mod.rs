@@ -22,7 +22,12 @@
 //! against the plans' predictions mean the same on every transport.
 
 pub(crate) mod copies;
+#[cfg(feature = "cuda")]
+mod cuda_nccl;
 pub(crate) mod nccl;
+
+#[cfg(feature = "cuda")]
+pub(crate) use cuda_nccl::CudaNccl;
 
 use std::ops::Range;
 use std::time::Instant;
@@ -70,6 +75,17 @@ impl IntraTransport {
 pub struct Transports {
     pub intra: IntraTransport,
     pub inter: InterTransport,
+}
+
+impl Transports {
+    /// For reports: "nccl inside servers, quic between".
+    pub fn describe(&self) -> String {
+        format!(
+            "{} inside servers, {} between",
+            self.intra.name(),
+            self.inter
+        )
+    }
 }
 
 /// Picks the transports: CPU ranks use the fabric; CUDA ranks of a server use NCCL when their
