@@ -17,7 +17,8 @@
 #   modes   --mode mb and --mode cob (fanouts 15,10,5, batch 1024) on the same graph
 #   ranks   fb, flx (every k), cob and mb, 2 servers x 2 ranks sharing the GPU (no sampling),
 #           against the same runs on CPU threads: per-epoch losses within 1e-4 relative, and
-#           the single-GPU full-batch epoch (RANKS_NODES vertices, default 20000)
+#           the single-GPU full-batch epoch (RANKS_NODES vertices, default 20000); the ranks
+#           use device copies; then fb on one rank with NCCL inside and between servers
 # Output of each step goes to stdout and to OUT/STEP.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -148,9 +149,36 @@ step_ranks() {
         "$GRANDIS" train "$ds" --mode $r "${common[@]}" --device cpu >"$WORK/ranks-$tag-cpu.json" 2>"$WORK/ranks-$tag-cpu.err" || { tail -3 "$WORK/ranks-$tag-cpu.err"; ok=1; continue; }
         "$GRANDIS" train "$ds" --mode $r "${common[@]}" --device cuda:0 >"$WORK/ranks-$tag-gpu.json" 2>"$WORK/ranks-$tag-gpu.err" || { tail -3 "$WORK/ranks-$tag-gpu.err"; ok=1; continue; }
         same_losses "$WORK/ranks-$tag-cpu.json" "$WORK/ranks-$tag-gpu.json" 1e-4 || ok=1
+        transport_is "$WORK/ranks-$tag-gpu.json" "device copies inside servers, quic between" || ok=1
     done
+    # One GPU cannot hold two NCCL ranks of a communicator: this proves the library, the
+    # communicators' set-up (ids over the fabric) and the watchdog wait on hardware, with one
+    # rank per communicator.
+    echo "--- --mode fb, 1 x 1, NCCL inside and between servers"
+    local one=(--mode fb --servers 1 --devices 1 --layers 3 --hidden 64 --epochs 5 --json)
+    "$GRANDIS" train "$ds" "${one[@]}" --device cpu >"$WORK/ranks-nccl-cpu.json" 2>"$WORK/ranks-nccl-cpu.err" || { tail -3 "$WORK/ranks-nccl-cpu.err"; ok=1; }
+    "$GRANDIS" train "$ds" "${one[@]}" --device cuda:0 --inter-transport nccl >"$WORK/ranks-nccl-gpu.json" 2>"$WORK/ranks-nccl-gpu.err" || { tail -3 "$WORK/ranks-nccl-gpu.err"; ok=1; }
+    same_losses "$WORK/ranks-nccl-cpu.json" "$WORK/ranks-nccl-gpu.json" 1e-4 || ok=1
+    transport_is "$WORK/ranks-nccl-gpu.json" "nccl inside servers, nccl between" || ok=1
     return $ok
 }
+
+# The run summary's transport (the last line of a --json run) is the one expected.
+transport_is() {
+    tail -1 "$1" | python3 -c '
+import json, sys
+got = json.loads(sys.stdin.read()).get("transport", "")
+print(f"  transport: {got}")
+sys.exit(0 if got == sys.argv[1] else 1)' "$2"
+}
+
+# libnccl.so.2 from the nvidia-nccl wheel, for the NCCL transport.
+NCCL_LIB=$(python3 -c '
+import glob, sys
+for p in sys.path:
+    for d in glob.glob(p + "/nvidia/nccl/lib"):
+        print(d); sys.exit(0)' 2>/dev/null)
+[ -n "$NCCL_LIB" ] && export LD_LIBRARY_PATH=$NCCL_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 for s in "${STEPS[@]}"; do
     case "$s" in

@@ -10,8 +10,10 @@
 //! [`Endpoint::barrier`]). Every transfer carries a [`Tag`] (epoch, layer, phase); receivers check
 //! it, and [`Counters`] account payload bytes per epoch × link class × layer × phase × direction
 //! plus the seconds spent, serialisable for the trainer's JSON. The [`Transport`] trait is the seam
-//! where QUIC (inter-server) and NCCL (intra-server) will plug in: it only moves envelopes;
-//! accounting, tag checks and collectives stay in [`Endpoint`]. A worker that fails or panics drops
+//! where QUIC (inter-server) plugs in: it only moves envelopes; accounting, tag checks and
+//! collectives stay in [`Endpoint`]. Device transports (NCCL, device copies: `grandis-parallel`'s
+//! `links`) move rows outside the fabric and count them with
+//! [`Endpoint::account_device_transfers`], so counters mean the same on every transport. A worker that fails or panics drops
 //! its endpoint, and every peer waiting on it gets [`FabricError::PeerGone`] naming it; receives
 //! also time out ([`FabricConfig::recv_timeout`], 300 s by default) with an error naming the peer
 //! and tag.

@@ -8,7 +8,9 @@
 //! k-hop in-neighbourhood of its vertices, layers `< k` run on that (masked) FLX plan with
 //! intra-server exchanges only, layers `>= k` on the FB plan (the reshape); k is the largest
 //! that fits the per-device memory budget unless given. Weight gradients are summed with the
-//! fabric's hierarchical, bit-identical all-reduce, so all ranks keep identical weights. Every
+//! fabric's hierarchical, bit-identical all-reduce, so all ranks keep identical weights. CUDA
+//! ranks move halo rows and gradients on device transports instead ([`links`]: NCCL, or
+//! device copies between ranks that share a GPU), in the same order and with the same counts. Every
 //! normalisation uses GLOBAL degrees and every dropout mask is keyed by the dataset's ORIGINAL
 //! vertex id, so for any partition and any k the per-epoch losses and final logits equal the
 //! single-process trainer's (`grandis-trainer`) up to float summation order. A server holds
