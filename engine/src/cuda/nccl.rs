@@ -20,6 +20,10 @@ use cudarc::nccl::{result, sys};
 use super::{dev_err, CudaBackend, CudaBuf, BACKEND};
 use crate::backend::{EngineError, Result};
 
+type NcclResult = std::result::Result<result::NcclStatus, result::NcclError>;
+const F32: sys::ncclDataType_t = sys::ncclDataType_t::ncclFloat32;
+const SUM: sys::ncclRedOp_t = sys::ncclRedOp_t::ncclSum;
+
 /// Bytes of an NCCL unique id.
 pub const NCCL_ID_BYTES: usize = 128;
 
@@ -48,7 +52,7 @@ fn nccl_err(what: impl std::fmt::Display, code: sys::ncclResult_t) -> EngineErro
     dev_err(format!("NCCL {what}"), text.to_string_lossy())
 }
 
-fn check(what: &str, r: std::result::Result<result::NcclStatus, result::NcclError>) -> Result<()> {
+fn check(what: &str, r: NcclResult) -> Result<()> {
     r.map(|_| ()).map_err(|e| nccl_err(what, e.0))
 }
 
@@ -166,98 +170,70 @@ impl NcclComm {
         Ok(())
     }
 
+    /// Checks that `buf` holds `end` values and queues `call` (given the device address of
+    /// `buf[at]`, the communicator and the stream) on the backend's stream.
+    ///
+    /// SAFETY (for the callers' `unsafe` calls): the address range lies inside the buffer, which
+    /// outlives the queued operation (the transports wait before they drop it), and in-place
+    /// collectives are allowed by NCCL.
+    fn enqueue(
+        &mut self,
+        what: &str,
+        buf: &CudaBuf,
+        at: usize,
+        end: usize,
+        call: impl FnOnce(*mut c_void, sys::ncclComm_t, sys::cudaStream_t) -> NcclResult,
+    ) -> Result<()> {
+        Self::span(what, buf, end)?;
+        let comm = self.live(what)?;
+        let ptr = self.ptr(buf, at);
+        check(what, call(ptr, comm, self.cu_stream()))
+    }
+
     /// `ncclSend` of `buf[range]` to `peer`.
     pub fn send(&mut self, buf: &CudaBuf, range: Range<usize>, peer: usize) -> Result<()> {
-        Self::span("send", buf, range.end)?;
-        let comm = self.live("send")?;
-        let ptr = self.ptr(buf, range.start);
-        // SAFETY: the range lies inside the buffer, which outlives the queued operation (the
-        // transports wait before they drop it).
-        check("ncclSend", unsafe {
-            result::send(
-                ptr,
-                range.len(),
-                sys::ncclDataType_t::ncclFloat32,
-                peer as c_int,
-                comm,
-                self.cu_stream(),
-            )
-        })
+        let n = range.len();
+        self.enqueue(
+            "ncclSend",
+            buf,
+            range.start,
+            range.end,
+            |p, comm, stream| {
+                // SAFETY: see `enqueue`.
+                unsafe { result::send(p, n, F32, peer as c_int, comm, stream) }
+            },
+        )
     }
 
     /// `ncclRecv` of `len` values from `peer` into `buf[..len]`.
     pub fn recv(&mut self, buf: &mut CudaBuf, len: usize, peer: usize) -> Result<()> {
-        Self::span("recv", buf, len)?;
-        let comm = self.live("recv")?;
-        let ptr = self.ptr(buf, 0);
-        // SAFETY: as in `send`.
-        check("ncclRecv", unsafe {
-            result::recv(
-                ptr,
-                len,
-                sys::ncclDataType_t::ncclFloat32,
-                peer as c_int,
-                comm,
-                self.cu_stream(),
-            )
+        self.enqueue("ncclRecv", buf, 0, len, |p, comm, stream| {
+            // SAFETY: see `enqueue`.
+            unsafe { result::recv(p, len, F32, peer as c_int, comm, stream) }
         })
     }
 
     /// In-place `ncclReduce` (sum) of `buf[..len]` to `root`.
     pub fn reduce(&mut self, buf: &mut CudaBuf, len: usize, root: usize) -> Result<()> {
-        Self::span("reduce", buf, len)?;
-        let comm = self.live("reduce")?;
-        let ptr = self.ptr(buf, 0);
-        // SAFETY: as in `send`; in place is allowed.
-        check("ncclReduce", unsafe {
-            result::reduce(
-                ptr,
-                ptr,
-                len,
-                sys::ncclDataType_t::ncclFloat32,
-                sys::ncclRedOp_t::ncclSum,
-                root as c_int,
-                comm,
-                self.cu_stream(),
-            )
+        self.enqueue("ncclReduce", buf, 0, len, |p, comm, stream| {
+            // SAFETY: see `enqueue`.
+            unsafe { result::reduce(p, p, len, F32, SUM, root as c_int, comm, stream) }
         })
     }
 
     /// In-place `ncclBroadcast` of `root`'s `buf[..len]`.
     pub fn broadcast(&mut self, buf: &mut CudaBuf, len: usize, root: usize) -> Result<()> {
-        Self::span("broadcast", buf, len)?;
-        let comm = self.live("broadcast")?;
-        let ptr = self.ptr(buf, 0);
-        // SAFETY: as in `send`; in place is allowed.
-        check("ncclBroadcast", unsafe {
-            result::broadcast(
-                ptr,
-                ptr,
-                len,
-                sys::ncclDataType_t::ncclFloat32,
-                root as c_int,
-                comm,
-                self.cu_stream(),
-            )
+        self.enqueue("ncclBroadcast", buf, 0, len, |p, comm, stream| {
+            // SAFETY: see `enqueue`.
+            unsafe { result::broadcast(p, p, len, F32, root as c_int, comm, stream) }
         })
     }
 
     /// In-place `ncclAllReduce` (sum) of `buf[..len]`.
     pub fn all_reduce(&mut self, buf: &mut CudaBuf, len: usize) -> Result<()> {
-        Self::span("all-reduce", buf, len)?;
-        let comm = self.live("all-reduce")?;
-        let ptr = self.ptr(buf, 0);
-        // SAFETY: as in `send`; in place is allowed.
-        check("ncclAllReduce", unsafe {
-            result::all_reduce(
-                ptr,
-                ptr,
-                len,
-                sys::ncclDataType_t::ncclFloat32,
-                sys::ncclRedOp_t::ncclSum,
-                comm,
-                self.cu_stream(),
-            )
+        self.enqueue("ncclAllReduce", buf, 0, len, |p, comm, stream| {
+            // SAFETY: see `enqueue`.
+            unsafe { result::all_reduce(p, p, len, F32, SUM, comm, stream) }
         })
     }
 

@@ -1,4 +1,4 @@
-//! How a rank's halo rows, halo gradients and weight gradients travel: [`RankLinks`], the
+//! How a rank's halo rows, halo gradients and weight gradients travel: `RankLinks`, the
 //! worker's handle on the device transports, beside the fabric [`Endpoint`] that carries
 //! everything else (features fetched from their home rank, evaluation counts, barriers,
 //! checkpoints' agreement) and every byte no device transport reaches.
@@ -6,12 +6,12 @@
 //! Transports (chosen per job by [`select`]):
 //! - **fabric**: rows are downloaded to host buffers and go through the endpoint (the
 //!   in-process channels, or QUIC between daemons). CPU ranks always use it.
-//! - **NCCL** inside a server ([`nccl`]): CUDA ranks on distinct GPUs exchange rows straight
+//! - **NCCL** inside a server (`nccl`): CUDA ranks on distinct GPUs exchange rows straight
 //!   from device buffers as one NCCL group per exchange (a send and a receive per peer: NCCL
 //!   has no all-to-all), and reduce / broadcast the weight gradients on a communicator of the
 //!   server's ranks. With `inter_transport = "nccl"` a communicator of all ranks carries every
 //!   halo exchange and one of the servers' heads the all-reduce between servers.
-//! - **device copies** ([`copies`]): NCCL refuses two ranks of one communicator on one device,
+//! - **device copies** (`copies`): NCCL refuses two ranks of one communicator on one device,
 //!   so ranks of a process that share a GPU hand each other device buffers and copy them
 //!   device to device (each rank on its own stream).
 //!
@@ -50,7 +50,7 @@ pub enum IntraTransport {
     DeviceCopies,
     /// NCCL (CUDA ranks on distinct GPUs).
     Nccl,
-    /// NCCL's call sequence run on host buffers by [`nccl::HostNccl`]: how the NCCL paths are
+    /// NCCL's call sequence run on host buffers by `nccl::HostNccl`: how the NCCL paths are
     /// exercised on machines without GPUs (tests).
     NcclOnHost,
 }
