@@ -37,6 +37,11 @@ impl Topology {
         server * self.devices + device
     }
 
+    /// The ranks of `server`, its head first.
+    pub fn ranks_of(&self, server: usize) -> std::ops::Range<usize> {
+        self.rank_of(server, 0)..self.rank_of(server + 1, 0)
+    }
+
     /// Head of `server` (its device 0), which talks to other servers in collectives.
     pub fn head_of(&self, server: usize) -> usize {
         self.rank_of(server, 0)

@@ -57,9 +57,10 @@ fn add_into(acc: &mut [f32], x: &[f32]) {
     }
 }
 
-/// Element range of chunk `c` when `n` elements are split into `parts` nearly equal chunks.
-/// Both the sender and the receiver of a chunk compute it, so no lengths travel.
-fn chunk_range(n: usize, parts: usize, c: usize) -> std::ops::Range<usize> {
+/// Element range of chunk `c` when `n` elements are split into `parts` nearly equal chunks:
+/// head `c`'s chunk in the heads' all-reduce. Both the sender and the receiver of a chunk
+/// compute it, so no lengths travel; device transports count their bytes by it too.
+pub fn chunk_range(n: usize, parts: usize, c: usize) -> std::ops::Range<usize> {
     // u128: n * parts cannot overflow even for absurd sizes.
     let lo = (n as u128 * c as u128 / parts as u128) as usize;
     let hi = (n as u128 * (c as u128 + 1) / parts as u128) as usize;

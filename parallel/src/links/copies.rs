@@ -13,22 +13,18 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use grandis_engine::Backend;
 use grandis_fabric::Topology;
 
-use super::DeviceLink;
+use super::{receive, DeviceLink, Labelled};
 
-/// One handed-over buffer: what it is for, its length, and the `Arc<B::Buf>` itself.
-struct Parcel {
-    what: &'static str,
-    len: usize,
-    buf: Box<dyn Any + Send>,
-}
+/// One handed-over buffer: its payload is the `Arc<B::Buf>` itself.
+type Parcel = Labelled<Box<dyn Any + Send>>;
 
 /// A rank's ends of the channels to and from the other ranks of its server.
 struct Ends {
@@ -88,9 +84,7 @@ impl CopyHub {
         let server = topology.server_of(rank);
         Ok(DeviceCopies {
             rank,
-            members: (0..topology.devices)
-                .map(|d| topology.rank_of(server, d))
-                .collect(),
+            members: topology.ranks_of(server).collect(),
             ends,
             timeout,
             backend: PhantomData,
@@ -128,7 +122,7 @@ where
         let parcel = Parcel {
             what,
             len,
-            buf: Box::new(buf),
+            payload: Box::new(buf),
         };
         self.ends
             .out
@@ -144,30 +138,17 @@ where
             .inbox
             .get(&from)
             .with_context(|| format!("rank {from} is not on rank {}'s server", self.rank))?;
-        let parcel = inbox.recv_timeout(self.timeout).map_err(|e| match e {
-            RecvTimeoutError::Timeout => anyhow::anyhow!(
-                "rank {} waited {:?} for {what} from rank {from} over device copies",
-                self.rank,
-                self.timeout
-            ),
-            RecvTimeoutError::Disconnected => {
-                anyhow::anyhow!("rank {from} is gone (its device-copy channel closed)")
-            }
-        })?;
-        if parcel.what != what || parcel.len != len {
-            bail!(
-                "rank {} expected {what} of {len} values from rank {from} over device copies, \
-                 got {} of {}",
-                self.rank,
-                parcel.what,
-                parcel.len
-            );
-        }
-        parcel
-            .buf
-            .downcast::<Arc<B::Buf>>()
-            .map(|b| *b)
-            .map_err(|_| anyhow::anyhow!("rank {from} sent a buffer of another backend"))
+        receive(
+            inbox,
+            "device copies",
+            self.rank,
+            from,
+            (what, len),
+            self.timeout,
+        )?
+        .downcast::<Arc<B::Buf>>()
+        .map(|b| *b)
+        .map_err(|_| anyhow::anyhow!("rank {from} sent a buffer of another backend"))
     }
 
     fn root(&self) -> usize {

@@ -30,11 +30,12 @@ pub(crate) mod nccl;
 pub(crate) use cuda_nccl::CudaNccl;
 
 use std::ops::Range;
-use std::time::Instant;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use grandis_engine::Backend;
-use grandis_fabric::{DeviceTransfer, Endpoint, Tag, Topology};
+use grandis_fabric::{chunk_range, DeviceTransfer, Endpoint, Tag, Topology};
 use grandis_wire::InterTransport;
 use serde::Serialize;
 
@@ -142,7 +143,7 @@ where
     let (rank, server, device) = (ep.rank(), ep.server(), ep.device());
     let timeout = ep.recv_timeout();
     let tag = Tag::other(crate::fetch::SETUP_EPOCH, 0);
-    let mates: Vec<usize> = (0..topo.devices).map(|d| topo.rank_of(server, d)).collect();
+    let mates: Vec<usize> = topo.ranks_of(server).collect();
     let intra: Option<Box<dyn DeviceLink<B>>> = match transports.intra {
         IntraTransport::Fabric => None,
         IntraTransport::DeviceCopies => {
@@ -165,7 +166,7 @@ where
         }
     };
     if transports.inter != InterTransport::Nccl {
-        return Ok(RankLinks::new(intra, None, None));
+        return Ok(RankLinks::new(topo, intra, None, None));
     }
     let made = if rank == 0 {
         [N::unique_id()?, N::unique_id()?].concat()
@@ -189,7 +190,43 @@ where
     } else {
         None
     };
-    Ok(RankLinks::new(intra, Some(world), heads))
+    Ok(RankLinks::new(topo, intra, Some(world), heads))
+}
+
+/// A message between ranks of one process on a device transport's channels: what it is for,
+/// its length in values, and its payload.
+pub(crate) struct Labelled<T> {
+    pub what: &'static str,
+    pub len: usize,
+    pub payload: T,
+}
+
+/// Receives the next message from rank `from` on `inbox` within `timeout`; it must be `what`
+/// of `len` values. `transport` names the channels in errors ("device copies", "host NCCL").
+pub(crate) fn receive<T>(
+    inbox: &Receiver<Labelled<T>>,
+    transport: &str,
+    rank: usize,
+    from: usize,
+    (what, len): (&'static str, usize),
+    timeout: Duration,
+) -> anyhow::Result<T> {
+    let message = inbox.recv_timeout(timeout).map_err(|e| match e {
+        RecvTimeoutError::Timeout => {
+            anyhow::anyhow!(
+                "{transport}: rank {rank} waited {timeout:?} for {what} from rank {from}"
+            )
+        }
+        RecvTimeoutError::Disconnected => anyhow::anyhow!("{transport}: rank {from} is gone"),
+    })?;
+    if message.what != what || message.len != len {
+        anyhow::bail!(
+            "{transport}: rank {rank} expected {what} of {len} values from rank {from}, got {} of {}",
+            message.what,
+            message.len
+        );
+    }
+    Ok(message.payload)
 }
 
 /// One device transport between a group of ranks (`members`, global ranks, sorted; the first
@@ -233,6 +270,8 @@ pub(crate) struct RankLinks<B: Backend> {
     world: Option<Box<dyn DeviceLink<B>>>,
     /// The servers' heads (`inter_transport = "nccl"`): the all-reduce between servers.
     heads: Option<Box<dyn DeviceLink<B>>>,
+    /// By global rank: whether the exchange link reaches it (else the fabric does).
+    on_device: Vec<bool>,
 }
 
 impl<B: Backend> RankLinks<B> {
@@ -242,27 +281,27 @@ impl<B: Backend> RankLinks<B> {
             intra: None,
             world: None,
             heads: None,
+            on_device: Vec::new(),
         }
     }
 
     fn new(
+        topo: Topology,
         intra: Option<Box<dyn DeviceLink<B>>>,
         world: Option<Box<dyn DeviceLink<B>>>,
         heads: Option<Box<dyn DeviceLink<B>>>,
     ) -> Self {
+        // Halo exchanges use the world's link when there is one (it reaches every rank),
+        // else the server's.
+        let on_device = match world.as_ref().or(intra.as_ref()) {
+            Some(link) => (0..topo.world()).map(|p| link.reaches(p)).collect(),
+            None => Vec::new(),
+        };
         RankLinks {
             intra,
             world,
             heads,
-        }
-    }
-
-    /// Whether a device link reaches `peer` (the world's reaches every rank).
-    fn on_device(&self, peer: usize) -> bool {
-        match (&self.world, &self.intra) {
-            (Some(world), _) => world.reaches(peer),
-            (None, Some(intra)) => intra.reaches(peer),
-            (None, None) => false,
+            on_device,
         }
     }
 
@@ -278,7 +317,12 @@ impl<B: Backend> RankLinks<B> {
         expect: &[(usize, usize)],
         tag: Tag,
     ) -> anyhow::Result<Vec<Arrived<B>>> {
-        let routed: Vec<bool> = (0..ep.world()).map(|p| self.on_device(p)).collect();
+        let RankLinks {
+            intra,
+            world,
+            on_device: routed,
+            ..
+        } = self;
         let on_device = |peer: usize| routed.get(peer).copied().unwrap_or(false);
         let (dev_sends, host_sends): (Vec<_>, Vec<_>) = sends
             .iter()
@@ -294,13 +338,9 @@ impl<B: Backend> RankLinks<B> {
         }
         ep.exchange_post(staged, tag)?;
         let mut from_device = Vec::new();
-        if !dev_sends.is_empty() || !dev_expect.is_empty() {
+        let link = world.as_mut().or(intra.as_mut());
+        if let Some(link) = link.filter(|_| !dev_sends.is_empty() || !dev_expect.is_empty()) {
             let start = Instant::now();
-            let link = match (&mut self.world, &mut self.intra) {
-                (Some(world), _) => world,
-                (None, Some(intra)) => intra,
-                (None, None) => unreachable!("peers were routed to a device link"),
-            };
             from_device = link
                 .exchange(b, &dev_sends, &dev_expect)
                 .with_context(|| format!("device exchange ({tag})"))?;
@@ -351,7 +391,7 @@ impl<B: Backend> RankLinks<B> {
             Some(*at - n)
         });
         let offsets: Vec<usize> = offsets.collect();
-        if self.intra.is_none() {
+        let Some(intra) = self.intra.as_mut() else {
             let mut host = vec![0f32; len];
             for ((buf, n), &at) in parts.iter().zip(&offsets) {
                 b.download(buf, 0, &mut host[at..at + *n])?;
@@ -361,66 +401,66 @@ impl<B: Backend> RankLinks<B> {
                 b.upload_into(buf, 0, &host[at..at + *n])?;
             }
             return Ok(());
-        }
+        };
         let mut flat = b.alloc(len)?;
         for ((buf, n), &at) in parts.iter().zip(&offsets) {
             b.copy_range(buf, 0, &mut flat, at, *n)?;
         }
-        self.device_all_reduce(b, ep, &mut flat, len, tag)?;
+        device_all_reduce(intra, self.heads.as_mut(), b, ep, &mut flat, len, tag)?;
         for ((buf, n), &at) in parts.iter_mut().zip(&offsets) {
             b.copy_range(&flat, at, buf, 0, *n)?;
         }
         Ok(())
     }
+}
 
-    fn device_all_reduce(
-        &mut self,
-        b: &B,
-        ep: &mut Endpoint,
-        buf: &mut B::Buf,
-        len: usize,
-        tag: Tag,
-    ) -> anyhow::Result<()> {
-        let Some(intra) = &mut self.intra else {
-            unreachable!("called with a device link inside the server")
-        };
-        let topo = ep.topology();
-        let (rank, server) = (ep.rank(), ep.server());
-        let bytes = len * 4;
-        let head = topo.head_of(server);
-        let mates = || (0..topo.devices).map(move |d| topo.rank_of(server, d));
-        let start = Instant::now();
-        intra
-            .reduce(b, buf, len)
-            .context("reducing the weight gradients inside the server")?;
-        let reduced = reduce_transfers(rank, head, mates(), bytes);
-        ep.account_device_transfers(tag, start.elapsed(), reduced);
-        if ep.is_head() && topo.servers > 1 {
-            match &mut self.heads {
-                Some(heads) => {
-                    let start = Instant::now();
-                    heads
-                        .all_reduce(b, buf, len)
-                        .context("all-reducing the weight gradients among the heads")?;
-                    let transfers = heads_transfers(topo, server, len);
-                    ep.account_device_transfers(tag, start.elapsed(), transfers);
-                }
-                None => {
-                    let mut host = vec![0f32; len];
-                    b.download(buf, 0, &mut host)?;
-                    ep.heads_all_reduce_sum(&mut host, tag)?;
-                    b.upload_into(buf, 0, &host)?;
-                }
+/// Reduce to the head on the server's link, all-reduce among heads (their link, or the
+/// endpoint through host memory), broadcast on the server's link; each step accounted as the
+/// fabric counts it.
+fn device_all_reduce<B: Backend>(
+    intra: &mut Box<dyn DeviceLink<B>>,
+    heads: Option<&mut Box<dyn DeviceLink<B>>>,
+    b: &B,
+    ep: &mut Endpoint,
+    buf: &mut B::Buf,
+    len: usize,
+    tag: Tag,
+) -> anyhow::Result<()> {
+    let topo = ep.topology();
+    let (rank, server) = (ep.rank(), ep.server());
+    let bytes = len * 4;
+    let head = topo.head_of(server);
+    let start = Instant::now();
+    intra
+        .reduce(b, buf, len)
+        .context("reducing the weight gradients inside the server")?;
+    let reduced = reduce_transfers(rank, head, topo.ranks_of(server), bytes);
+    ep.account_device_transfers(tag, start.elapsed(), reduced);
+    if ep.is_head() && topo.servers > 1 {
+        match heads {
+            Some(heads) => {
+                let start = Instant::now();
+                heads
+                    .all_reduce(b, buf, len)
+                    .context("all-reducing the weight gradients among the heads")?;
+                let transfers = heads_transfers(topo, server, len);
+                ep.account_device_transfers(tag, start.elapsed(), transfers);
+            }
+            None => {
+                let mut host = vec![0f32; len];
+                b.download(buf, 0, &mut host)?;
+                ep.heads_all_reduce_sum(&mut host, tag)?;
+                b.upload_into(buf, 0, &host)?;
             }
         }
-        let start = Instant::now();
-        intra
-            .broadcast(b, buf, len)
-            .context("broadcasting the weight gradients inside the server")?;
-        let broadcast = broadcast_transfers(rank, head, mates(), bytes);
-        ep.account_device_transfers(tag, start.elapsed(), broadcast);
-        Ok(())
     }
+    let start = Instant::now();
+    intra
+        .broadcast(b, buf, len)
+        .context("broadcasting the weight gradients inside the server")?;
+    let broadcast = broadcast_transfers(rank, head, topo.ranks_of(server), bytes);
+    ep.account_device_transfers(tag, start.elapsed(), broadcast);
+    Ok(())
 }
 
 /// What the fabric counts for step 1 of its all-reduce: each device sends its buffer to the
@@ -469,7 +509,7 @@ fn broadcast_transfers(
 /// chunk of the buffer and then its own reduced chunk, and receives theirs (the fabric's
 /// chunking).
 fn heads_transfers(topo: Topology, server: usize, len: usize) -> Vec<DeviceTransfer> {
-    let chunk = |c: usize| len * (c + 1) / topo.servers - len * c / topo.servers;
+    let chunk = |c: usize| chunk_range(len, topo.servers, c).len();
     let others = (0..topo.servers).filter(|&c| c != server);
     let scatter = others.clone().map(|c| DeviceTransfer {
         peer: topo.head_of(c),

@@ -13,14 +13,14 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use grandis_engine::Backend;
 
-use super::DeviceLink;
+use super::{receive, DeviceLink, Labelled};
 
 /// The NCCL calls the transports make, on device buffers of backend `B`. Ranks and roots are
 /// ranks of the communicator; buffers are `B`'s, used on the backend's stream.
@@ -159,11 +159,8 @@ pub(crate) enum NcclCall {
     Wait,
 }
 
-/// What one host "NCCL" message carries: the call that sent it and its values.
-struct Packet {
-    call: &'static str,
-    data: Vec<f32>,
-}
+/// One host "NCCL" message: the call that sent it and its values.
+type Packet = Labelled<Vec<f32>>;
 
 /// A host communicator's channels: `to[a][b]` sends from rank a to rank b, `from[b][a]`
 /// receives them.
@@ -199,7 +196,11 @@ impl HostNccl {
 
     fn post(&self, to: usize, call: &'static str, data: Vec<f32>) -> anyhow::Result<()> {
         self.comm.to[self.rank][to]
-            .send(Packet { call, data })
+            .send(Packet {
+                what: call,
+                len: data.len(),
+                payload: data,
+            })
             .map_err(|_| anyhow::anyhow!("host NCCL: rank {to} is gone"))
     }
 
@@ -207,24 +208,16 @@ impl HostNccl {
         let inbox = self.comm.from[self.rank][from]
             .lock()
             .map_err(|_| anyhow::anyhow!("host NCCL channel poisoned"))?;
-        let packet = inbox.recv_timeout(self.timeout).map_err(|e| match e {
-            RecvTimeoutError::Timeout => anyhow::anyhow!(
-                "host NCCL: rank {} waited {:?} for {call} from rank {from} (NCCL would hang)",
-                self.rank,
-                self.timeout
-            ),
-            RecvTimeoutError::Disconnected => anyhow::anyhow!("host NCCL: rank {from} is gone"),
-        })?;
-        if packet.call != call || packet.data.len() != len {
-            bail!(
-                "host NCCL: rank {} expected {call} of {len} values from rank {from}, got {} of \
-                 {} (NCCL would hang or corrupt memory)",
-                self.rank,
-                packet.call,
-                packet.data.len()
-            );
-        }
-        Ok(packet.data)
+        // Where NCCL would hang (a call that never comes) or corrupt memory (a length the peer
+        // did not send), this is an error.
+        receive(
+            &inbox,
+            "host NCCL",
+            self.rank,
+            from,
+            (call, len),
+            self.timeout,
+        )
     }
 
     fn p2p(&mut self, call: NcclCall) -> anyhow::Result<()> {
