@@ -64,7 +64,7 @@ pub struct JobArgs {
     /// Devices per server.
     #[arg(long, default_value_t = defaults::DEVICES)]
     pub devices: u32,
-    /// Partitioning: metis, spring or random.
+    /// Partitioning: metis, spring, random or bytegnn.
     #[arg(long, default_value_t = defaults::PARTITION)]
     pub partition: PartitionMethod,
     /// What carries traffic between servers: quic (the daemons' data plane; the in-process

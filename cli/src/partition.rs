@@ -16,7 +16,7 @@ pub struct PartitionArgs {
     #[arg(long, default_value_t = 1)]
     devices: u32,
     /// Partitioning method at both levels.
-    #[arg(long, default_value = "metis", value_parser = ["metis", "spring", "random"])]
+    #[arg(long, default_value = "metis", value_parser = ["metis", "spring", "random", "bytegnn"])]
     method: String,
     /// Output partition directory (partition.json, id maps, relabelled dataset/).
     #[arg(long)]
@@ -24,9 +24,14 @@ pub struct PartitionArgs {
     /// Random seed (METIS, random; SPRING is deterministic by construction).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// SPRING balance factor β: no merged cluster exceeds β·|V|/parts vertices.
+    /// Balance factor β: SPRING merges no cluster past β·|V|/parts vertices, ByteGNN fills no
+    /// part past it.
     #[arg(long, default_value_t = 1.05)]
     balance: f64,
+    /// ByteGNN's block radius: hops of the search around each train/validation/test vertex
+    /// (set it to the model's layers).
+    #[arg(long, default_value_t = 2)]
+    block_hops: u32,
     /// Also order the vertices inside each device's range by METIS clusters of about this many
     /// vertices (neighbours get nearby ids: faster aggregation on big graphs). Off by default.
     #[arg(long)]
@@ -47,6 +52,7 @@ pub fn run(args: PartitionArgs) -> anyhow::Result<()> {
         method,
         seed: args.seed,
         balance_factor: args.balance,
+        block_hops: args.block_hops,
         cluster_vertices: args.cluster_vertices,
     };
     let report = grandis_partition::partition_dataset(&args.dataset, &args.out, &cfg, args.force)

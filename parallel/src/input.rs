@@ -145,7 +145,18 @@ impl PartitionedGraph {
             seed,
             ..Default::default()
         };
-        let a = grandis_partition::assign(view, symmetric, &cfg)
+        Self::partition_with(view, symmetric, &cfg)
+    }
+
+    /// [`Self::partition`] with every setting of the partitioner.
+    pub fn partition_with(
+        view: &DatasetView<'_>,
+        symmetric: bool,
+        cfg: &PartitionConfig,
+    ) -> anyhow::Result<Self> {
+        let method = cfg.method;
+        let (servers, devices) = (cfg.servers as usize, cfg.devices as usize);
+        let a = grandis_partition::assign(view, symmetric, cfg)
             .with_context(|| format!("partitioning with {method}"))?;
         let r = grandis_partition::relabel(&a, cfg.servers, cfg.devices);
         let bounds: Vec<u32> = r.starts.iter().map(|&s| s as u32).collect();
@@ -187,13 +198,18 @@ impl PartitionedGraph {
             }
             return PartitionedGraph::from_book(&book, dataset);
         }
-        PartitionedGraph::partition(
+        PartitionedGraph::partition_with(
             &dataset.view(),
             dataset.manifest().symmetric,
-            servers,
-            devices,
-            spec.partition,
-            spec.partition_seed,
+            &PartitionConfig {
+                servers: servers as u32,
+                devices: devices as u32,
+                method: spec.partition,
+                seed: spec.partition_seed,
+                // ByteGNN's blocks: what one sample of this model reads.
+                block_hops: spec.layers.max(1),
+                ..Default::default()
+            },
         )
     }
 

@@ -59,6 +59,8 @@ pub struct ParallelReport {
     pub targets_per_epoch: u64,
     /// Edges of the one-hop graphs the ranks hold, summed over the steps of an epoch.
     pub sampled_edges: u64,
+    /// Of those, edges whose ends are homed on different servers.
+    pub inter_server_sampled_edges: u64,
     /// Rows computed at each layer, summed over ranks and the steps of an epoch.
     pub computed_vertices_per_layer: Vec<u64>,
     pub computed_vertex_layers: u64,
@@ -107,6 +109,7 @@ impl ParallelReport {
             iterations_per_epoch: self.iterations_per_epoch,
             targets_per_epoch: self.targets_per_epoch,
             sampled_edges: self.sampled_edges,
+            inter_server_sampled_edges: self.inter_server_sampled_edges,
             computed_vertices_per_layer: self.computed_vertices_per_layer.clone(),
             computed_vertex_layers: self.computed_vertex_layers,
             aggregated_edges_per_layer: self.aggregated_edges_per_layer.clone(),
@@ -160,6 +163,7 @@ impl ParallelReport {
             iterations_per_epoch: 0,
             targets_per_epoch: 0,
             sampled_edges: 0,
+            inter_server_sampled_edges: 0,
             computed_vertices_per_layer: Vec::new(),
             computed_vertex_layers: 0,
             aggregated_edges_per_layer: Vec::new(),
@@ -286,6 +290,7 @@ impl Ran {
             iterations_per_epoch: decision.schedule.iterations(),
             targets_per_epoch: per_ep(rs.targets),
             sampled_edges: per_ep(rs.sampled_edges),
+            inter_server_sampled_edges: per_ep(rs.inter_server_sampled_edges),
             computed_vertex_layers: computed.iter().sum(),
             computed_vertices_per_layer: computed,
             aggregated_edges_per_layer: rs

@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use anyhow::Context;
 use grandis_masking::{
     estimate_device, estimate_masked, estimate_masked_device, estimate_masked_inference,
-    DevicePlan, FlxPlan, ModelDims, PlanContext,
+    DevicePlan, FlxPlan, Layout, ModelDims, PlanContext,
 };
 use grandis_sampling::{
     boundary_ratio, round_for_epoch, round_of, CoBatcher, MiniBatcher, Saint, Sampler,
@@ -39,6 +39,8 @@ pub(crate) struct Step {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct StepStats {
     pub sampled_edges: u64,
+    /// Of those, edges whose two ends are homed on different servers.
+    pub inter_server_sampled_edges: u64,
     pub computed_per_layer: Vec<u64>,
     pub aggregated_edges_per_layer: Vec<u64>,
     pub beta: Vec<f64>,
@@ -54,6 +56,7 @@ pub(crate) struct StepStats {
 pub(crate) struct RunStats {
     pub steps: u64,
     pub sampled_edges: u64,
+    pub inter_server_sampled_edges: u64,
     pub computed_per_layer: Vec<u64>,
     pub aggregated_edges_per_layer: Vec<u64>,
     pub beta_sum: Vec<f64>,
@@ -69,6 +72,7 @@ impl RunStats {
     pub fn add(&mut self, s: &StepStats) {
         self.steps += 1;
         self.sampled_edges += s.sampled_edges;
+        self.inter_server_sampled_edges += s.inter_server_sampled_edges;
         self.targets += s.targets;
         self.replicated += s.replicated;
         add_u64(&mut self.computed_per_layer, &s.computed_per_layer);
@@ -161,7 +165,7 @@ pub(crate) fn every_layer(d: DevicePlan, layers: usize) -> Vec<Arc<DevicePlan>> 
 }
 
 /// Counts of a step from every rank's per-layer plans (`beta` and memory filled by the caller).
-fn count(plans: &[Vec<Arc<DevicePlan>>], layers: usize) -> StepStats {
+fn count(layout: &Layout, plans: &[Vec<Arc<DevicePlan>>], layers: usize) -> StepStats {
     let mut s = StepStats {
         computed_per_layer: vec![0; layers],
         aggregated_edges_per_layer: vec![0; layers],
@@ -177,10 +181,23 @@ fn count(plans: &[Vec<Arc<DevicePlan>>], layers: usize) -> StepStats {
             if !seen.iter().any(|q| Arc::ptr_eq(q, p)) {
                 seen.push(p);
                 s.sampled_edges += p.num_edges() as u64;
+                s.inter_server_sampled_edges += inter_server_edges(layout, p);
             }
         }
     }
     s
+}
+
+/// Edges of `p`'s graph whose ends are homed on different servers: what a partition built
+/// for sampling locality (ByteGNN's) keeps low.
+fn inter_server_edges(layout: &Layout, p: &DevicePlan) -> u64 {
+    let server = |row: u32| layout.server_of(p.global_ids[row as usize]);
+    (0..p.n_owned as u32)
+        .map(|i| {
+            let home = server(i);
+            p.row(i).iter().filter(|&&j| server(j) != home).count() as u64
+        })
+        .sum()
 }
 
 /// Loss rows of a step: labelled training vertices among the inner rows of every rank's
@@ -221,6 +238,7 @@ fn masked_step(
         .map(|d| every_layer(d, dims.layers))
         .collect();
     let (step, mut stats) = finish(
+        ctx.layout(),
         plans,
         dims.layers,
         beta,
@@ -232,13 +250,14 @@ fn masked_step(
 }
 
 fn finish(
+    layout: &Layout,
     plans: Vec<Vec<Arc<DevicePlan>>>,
     layers: usize,
     beta: Vec<f64>,
     model_bytes: Vec<u64>,
     labelled_train: &dyn Fn(u32) -> bool,
 ) -> (Arc<Step>, StepStats) {
-    let mut stats = count(&plans, layers);
+    let mut stats = count(layout, &plans, layers);
     stats.beta = beta;
     stats.model_bytes = model_bytes;
     let t = targets(&plans, labelled_train);
@@ -261,33 +280,21 @@ pub(crate) fn static_step(
         .enumerate()
         .map(|(r, d)| estimate_device(dims, k, d, flx.as_ref().map(|f| &f.devices[r])).total)
         .collect();
-    let (beta, flx_devices) = match flx {
-        Some(f) => {
-            let b = betas(ctx, &f);
-            (b, Some(f.devices))
-        }
+    let (beta, fb, flx_devices) = match flx {
+        Some(f) => (betas(ctx, &f), fb, Some(f.devices)),
         None => {
             let wrapper = FlxPlan {
                 k: 0,
                 servers: Vec::new(),
                 devices: fb,
             };
-            let b = betas(ctx, &wrapper);
-            return finish_static(
-                wrapper.devices,
-                None,
-                k,
-                layers,
-                b,
-                model_bytes,
-                labelled_train,
-            );
+            (betas(ctx, &wrapper), wrapper.devices, None)
         }
     };
-    finish_static(
-        fb,
-        flx_devices,
-        k,
+    let plans = static_plans(fb, flx_devices, k, layers);
+    finish(
+        ctx.layout(),
+        plans,
         layers,
         beta,
         model_bytes,
@@ -295,18 +302,16 @@ pub(crate) fn static_step(
     )
 }
 
-fn finish_static(
+/// Every rank's per-layer plans of a static step: FLX for layers `< k`, FB above.
+fn static_plans(
     fb: Vec<DevicePlan>,
     flx: Option<Vec<DevicePlan>>,
     k: usize,
     layers: usize,
-    beta: Vec<f64>,
-    model_bytes: Vec<u64>,
-    labelled_train: &dyn Fn(u32) -> bool,
-) -> (Arc<Step>, StepStats) {
+) -> Vec<Vec<Arc<DevicePlan>>> {
     let fb: Vec<Arc<DevicePlan>> = fb.into_iter().map(Arc::new).collect();
     let flx: Option<Vec<Arc<DevicePlan>>> = flx.map(|v| v.into_iter().map(Arc::new).collect());
-    let plans = (0..fb.len())
+    (0..fb.len())
         .map(|r| {
             (0..layers)
                 .map(|l| match &flx {
@@ -315,8 +320,7 @@ fn finish_static(
                 })
                 .collect()
         })
-        .collect();
-    finish(plans, layers, beta, model_bytes, labelled_train)
+        .collect()
 }
 
 /// Builds step `it` of `epoch` (0-based both). `prev` is the previous step, which FLX-EAS
@@ -365,7 +369,14 @@ pub(crate) fn build_step(
                         .collect()
                 })
                 .collect();
-            let (step, mut stats) = finish(plans, layers, beta, model_bytes, labelled_train);
+            let (step, mut stats) = finish(
+                ctx.layout(),
+                plans,
+                layers,
+                beta,
+                model_bytes,
+                labelled_train,
+            );
             stats.replicated = replicated;
             Ok((round, step, stats))
         }
@@ -402,7 +413,14 @@ pub(crate) fn build_step(
                 .into_iter()
                 .map(|d| every_layer(d, layers))
                 .collect();
-            let (step, stats) = finish(plans, layers, beta, model_bytes, labelled_train);
+            let (step, stats) = finish(
+                ctx.layout(),
+                plans,
+                layers,
+                beta,
+                model_bytes,
+                labelled_train,
+            );
             Ok((round, step, stats))
         }
     }

@@ -325,6 +325,14 @@ fn sampled_modes_are_deterministic_and_report_counters() {
         assert!(a.beta.iter().all(|&x| (0.0..=1.0).contains(&x)), "{name}");
         assert_eq!(a.computed_vertices_per_layer.len(), 2, "{name}");
         assert!(a.sampled_edges > 0, "{name}");
+        assert!(
+            a.inter_server_sampled_edges <= a.sampled_edges,
+            "{name}: a subset of the sampled edges"
+        );
+        if name.starts_with("mb") || (name.starts_with("cob-") && name != "cob-saint") {
+            // Two servers' targets sample each other's vertices.
+            assert!(a.inter_server_sampled_edges > 0, "{name}");
+        }
         assert_eq!(
             a.halo_bytes_per_epoch.inter_server, 0,
             "{name}: no inter-server halo"

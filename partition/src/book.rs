@@ -34,8 +34,11 @@ pub struct BookMeta {
     pub servers: u32,
     pub devices: u32,
     pub seed: u64,
-    /// SPRING's balance factor β (recorded for every method; only SPRING reads it).
+    /// The balance factor (recorded for every method; SPRING and ByteGNN read it).
     pub balance_factor: f64,
+    /// ByteGNN's block radius (ByteGNN partitions only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_hops: Option<u32>,
     pub num_vertices: u64,
     /// Half-open new-id ranges `[start, end)` of every device part, server-major:
     /// entry `s * devices + d` belongs to device `d` of server `s`.

@@ -1,9 +1,9 @@
 //! Two-level graph partitioning for grandis, following the GraNNDIS cluster model: a dataset
 //! is first split into `servers` parts that minimise the inter-server edge cut (the expensive,
 //! network-crossing one), then each server's induced subgraph is split into `devices` parts.
-//! Three methods: METIS (multi-constraint, balancing vertices and training vertices as in
-//! DistDGL), SPRING (CATGNN's streaming, O(V)-memory partitioner) and seeded random (the
-//! baseline). The result is a partition directory: the vertices are relabelled so that every
+//! Four methods: METIS (multi-constraint, balancing vertices and training vertices as in
+//! DistDGL), SPRING (CATGNN's streaming, O(V)-memory partitioner), ByteGNN's block
+//! partitioning (neighbourhood blocks for sampling locality) and seeded random (the baseline). The result is a partition directory: the vertices are relabelled so that every
 //! (server, device) owns a contiguous id range (server-major), the full dataset is rewritten in
 //! the new ids under `dataset/`, and `partition.json` records the ranges, the quality report
 //! ([`Quality`]) and the source's checksums. Read it back with [`PartitionBook::open`].
@@ -66,8 +66,12 @@ pub struct PartitionConfig {
     pub devices: u32,
     pub method: PartitionMethod,
     pub seed: u64,
-    /// SPRING's balance factor β (CATGNN uses 1.05).
+    /// SPRING's balance factor β (CATGNN uses 1.05); ByteGNN's vertex cap per part, as a
+    /// multiple of the mean part.
     pub balance_factor: f64,
+    /// ByteGNN's block radius K: hops of the breadth-first search around each labelled
+    /// vertex (the model's layers: what one sample reads).
+    pub block_hops: u32,
     /// Order the vertices inside each (server, device) part by METIS clusters of about this
     /// many vertices, each a contiguous id range, so that neighbours get nearby ids (the
     /// aggregation's gathers then hit cache); `None` keeps the original order inside a part.
@@ -82,6 +86,7 @@ impl Default for PartitionConfig {
             method: PartitionMethod::Metis,
             seed: 0,
             balance_factor: 1.05,
+            block_hops: 2,
             cluster_vertices: None,
         }
     }
@@ -102,6 +107,11 @@ impl PartitionConfig {
                 "{} servers x {} devices = {parts} parts, more than the {num_vertices} vertices of the graph",
                 self.servers, self.devices
             ));
+        }
+        if self.method == PartitionMethod::Bytegnn && self.block_hops == 0 {
+            return bad(
+                "block hops must be at least 1 (ByteGNN's blocks are neighbourhoods)".into(),
+            );
         }
         if self.cluster_vertices == Some(0) {
             return bad("cluster vertices must be at least 1".into());
@@ -165,11 +175,18 @@ pub fn assign(
     for &v in view.train {
         is_train[v as usize] = true;
     }
+    let role = match cfg.method {
+        PartitionMethod::Bytegnn => roles(view),
+        _ => Vec::new(),
+    };
     let run = |sub: &Subgraph<'_>, parts: u32, seed: u64| -> Result<Vec<u32>> {
         Ok(match cfg.method {
             PartitionMethod::Metis => methods::metis_parts(sub, parts, seed, &is_train)?,
             PartitionMethod::Spring => methods::spring_parts(sub, parts, cfg.balance_factor),
             PartitionMethod::Random => methods::random_parts(sub, parts, seed),
+            PartitionMethod::Bytegnn => {
+                methods::bytegnn_parts(sub, parts, cfg.block_hops, &role, cfg.balance_factor)
+            }
         })
     };
     let whole = Subgraph {
@@ -209,6 +226,22 @@ pub fn assign(
         device,
         cluster,
     })
+}
+
+/// Every vertex's split (a vertex in several splits counts as its first of train, validation,
+/// test).
+fn roles(view: &DatasetView<'_>) -> Vec<methods::Role> {
+    let mut role = vec![methods::Role::Unlabelled; view.num_vertices()];
+    for (ids, r) in [
+        (view.test, methods::Role::Test),
+        (view.val, methods::Role::Val),
+        (view.train, methods::Role::Train),
+    ] {
+        for &v in ids {
+            role[v as usize] = r;
+        }
+    }
+    role
 }
 
 /// The vertices of each of `groups` groups (ascending) and every vertex's position in its
@@ -451,9 +484,12 @@ pub fn partition_dataset(
         Some(size) => format!(", ordered by METIS clusters of ~{size} vertices"),
         None => String::new(),
     };
+    let method = match cfg.method {
+        PartitionMethod::Bytegnn => format!("bytegnn ({}-hop blocks)", cfg.block_hops),
+        m => m.to_string(),
+    };
     provenance.push(format!(
-        "partition: relabelled by {} into {} servers x {} devices (seed {}){locality} from {}",
-        cfg.method,
+        "partition: relabelled by {method} into {} servers x {} devices (seed {}){locality} from {}",
         cfg.servers,
         cfg.devices,
         cfg.seed,
@@ -489,6 +525,7 @@ pub fn partition_dataset(
         devices: cfg.devices,
         seed: cfg.seed,
         balance_factor: cfg.balance_factor,
+        block_hops: (cfg.method == PartitionMethod::Bytegnn).then_some(cfg.block_hops),
         num_vertices: m.num_vertices,
         ranges: r.starts.windows(2).map(|w| [w[0], w[1]]).collect(),
         report: report.clone(),

@@ -1,4 +1,4 @@
-//! The three one-level partitioners. Each maps the vertices of a [`Subgraph`] to `0..parts`;
+//! The one-level partitioners. Each maps the vertices of a [`Subgraph`] to `0..parts`;
 //! the two-level driver in `lib.rs` applies them to the whole graph and then inside each
 //! server.
 
@@ -305,4 +305,194 @@ pub(crate) fn spring_parts(sub: &Subgraph<'_>, parts: u32, beta: f64) -> Vec<u32
     (0..n)
         .map(|v| part_of_cluster[find(&mut parent, cluster[v]) as usize])
         .collect()
+}
+
+/// What a vertex is to the training job, for ByteGNN's balance (its split).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Unlabelled = 0,
+    Train = 1,
+    Val = 2,
+    Test = 3,
+}
+
+/// ByteGNN's block partitioning (Zheng et al., "ByteGNN", §4.2.3; in
+/// `distdgl-bytegnn-sancus.txt`), for the locality of mini-batch sampling.
+///
+/// 1. **Blocks.** A breadth-first search of `hops` levels from every train, validation and test
+///    vertex (the block centres, all at once, level by level) along the in-neighbour rows that
+///    sampling follows; a vertex joins the block of the first centre that reaches it, so a
+///    block is its centre's sampling neighbourhood minus what nearer centres took. Vertices no
+///    centre reaches form blocks the same way from the lowest unclaimed id (they are computed
+///    in full-batch modes, and this keeps their neighbourhoods together too).
+/// 2. **Assignment.** Blocks in descending order of their largest split count (big blocks
+///    first, small ones fill up the parts later); each goes to the part maximising
+///    `(CE + 1) / (|P| + 1) · BS`, where `CE` counts the edges between the block and the part's
+///    vertices (cut edges avoided), `|P|` the part's vertices (so the count is per vertex
+///    held), and `BS = 1 − Σ_t w_t |P(t)| / C(t)` the balance score over the train, validation
+///    and test splits the block has vertices of (`C(t)` the per-part average, `w_t` the
+///    split's share of labelled vertices, the paper's α, β, γ by scale), floored at 0. The
+///    `+ 1`s define the paper's ratio for an empty part. A part already holding `balance · |V| / parts` vertices takes no more blocks
+///    (memory balance, which GraNNDIS's per-device budgets need); a block no part can take
+///    goes to the part with the fewest vertices.
+///
+/// Memory: a few per-vertex arrays and the block lists, O(V); time O(E + blocks · parts).
+pub(crate) fn bytegnn_parts(
+    sub: &Subgraph<'_>,
+    parts: u32,
+    hops: u32,
+    role: &[Role],
+    balance: f64,
+) -> Vec<u32> {
+    let n = sub.num_vertices();
+    if parts == 1 || n == 0 {
+        return vec![0; n];
+    }
+    let role_of = |l: u32| role[sub.global(l) as usize];
+    let (block, blocks) = bytegnn_blocks(sub, hops, |l| role_of(l) != Role::Unlabelled);
+
+    // Members of every block (CSR by block) and each block's count per split.
+    let mut start = vec![0u32; blocks + 1];
+    for &b in &block {
+        start[b as usize + 1] += 1;
+    }
+    for b in 0..blocks {
+        start[b + 1] += start[b];
+    }
+    let mut members = vec![0u32; n];
+    let mut cursor = start.clone();
+    let mut counts = vec![[0u32; 4]; blocks];
+    for l in 0..n as u32 {
+        let b = block[l as usize] as usize;
+        members[cursor[b] as usize] = l;
+        cursor[b] += 1;
+        counts[b][role_of(l) as usize] += 1;
+    }
+    drop(cursor);
+
+    // Per-part average of each split, and the splits' weights by scale.
+    let mut totals = [0u64; 4];
+    for c in &counts {
+        for t in 0..4 {
+            totals[t] += c[t] as u64;
+        }
+    }
+    let labelled: u64 = totals[1..].iter().sum();
+    let avg: Vec<f64> = totals.iter().map(|&t| t as f64 / parts as f64).collect();
+    let weight: Vec<f64> = totals
+        .iter()
+        .map(|&t| {
+            if labelled == 0 {
+                0.0
+            } else {
+                t as f64 / labelled as f64
+            }
+        })
+        .collect();
+
+    let mut order: Vec<u32> = (0..blocks as u32).collect();
+    // Stable: equal blocks keep their creation order, so the result is deterministic.
+    order.sort_by_key(|&b| Reverse(counts[b as usize][1..].iter().copied().max().unwrap_or(0)));
+
+    let cap = (balance * n as f64 / parts as f64).ceil().max(1.0) as u64;
+    let k = parts as usize;
+    let mut part_of = vec![NONE; n];
+    let mut size = vec![0u64; k];
+    let mut held = vec![[0u64; 4]; k];
+    let mut cross = vec![0u64; k];
+    for b in order {
+        let b = b as usize;
+        let vs = &members[start[b] as usize..start[b + 1] as usize];
+        cross.fill(0);
+        for &l in vs {
+            sub.for_each_neighbor(l, |u| {
+                let p = part_of[u as usize];
+                if p != NONE {
+                    cross[p as usize] += 1;
+                }
+            });
+        }
+        let fits = |p: usize| size[p] + vs.len() as u64 <= cap;
+        // Only the splits this block has vertices of: an unlabelled block adds no work to
+        // balance, and goes where its edges are.
+        let balance_score = |p: usize| {
+            1.0 - (1..4)
+                .filter(|&t| counts[b][t] > 0 && avg[t] > 0.0)
+                .map(|t| weight[t] * held[p][t] as f64 / avg[t])
+                .sum::<f64>()
+        };
+        // (score, balance score): a part past its share scores 0, and among those the least
+        // loaded wins.
+        let score = |p: usize| {
+            let bs = balance_score(p);
+            let locality = (cross[p] + 1) as f64 / (size[p] + 1) as f64;
+            (locality * bs.max(0.0), bs)
+        };
+        let better = |a: (f64, f64), b: (f64, f64)| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1));
+        let chosen = (0..k)
+            .filter(|&p| fits(p))
+            // Ties go to the lower part index.
+            .max_by(|&a, &b| better(score(a), score(b)).then(b.cmp(&a)))
+            .unwrap_or_else(|| (0..k).min_by_key(|&p| (size[p], p)).expect("parts > 0"));
+        for &l in vs {
+            part_of[l as usize] = chosen as u32;
+        }
+        size[chosen] += vs.len() as u64;
+        for t in 0..4 {
+            held[chosen][t] += counts[b][t] as u64;
+        }
+    }
+    tracing::debug!(blocks, cap, "ByteGNN block assignment done");
+    part_of
+}
+
+/// Step 1 of [`bytegnn_parts`]: the block of every local vertex and the number of blocks.
+/// Blocks are numbered centres first (in local id order), then the blocks grown from
+/// unclaimed vertices.
+pub(crate) fn bytegnn_blocks(
+    sub: &Subgraph<'_>,
+    hops: u32,
+    is_centre: impl Fn(u32) -> bool,
+) -> (Vec<u32>, usize) {
+    let n = sub.num_vertices();
+    let mut block = vec![NONE; n];
+    let mut blocks = 0usize;
+    let mut frontier: Vec<u32> = Vec::new();
+    for l in 0..n as u32 {
+        if is_centre(l) {
+            block[l as usize] = blocks as u32;
+            blocks += 1;
+            frontier.push(l);
+        }
+    }
+    let mut next = Vec::new();
+    let mut expand = |frontier: &mut Vec<u32>, block: &mut [u32]| {
+        for _ in 0..hops {
+            next.clear();
+            for &v in frontier.iter() {
+                let b = block[v as usize];
+                sub.for_each_neighbor(v, |u| {
+                    if block[u as usize] == NONE {
+                        block[u as usize] = b;
+                        next.push(u);
+                    }
+                });
+            }
+            std::mem::swap(frontier, &mut next);
+            if frontier.is_empty() {
+                break;
+            }
+        }
+    };
+    expand(&mut frontier, &mut block);
+    for l in 0..n as u32 {
+        if block[l as usize] == NONE {
+            block[l as usize] = blocks as u32;
+            blocks += 1;
+            frontier.clear();
+            frontier.push(l);
+            expand(&mut frontier, &mut block);
+        }
+    }
+    (block, blocks)
 }

@@ -385,3 +385,109 @@ fn metis_beyond_memory_is_a_clear_error_naming_spring() {
     assert!(methods::check_metis_memory(&sub, Some(need)).is_ok());
     assert!(methods::check_metis_memory(&sub, None).is_ok());
 }
+
+/// Hop distances from `from` along in-neighbour rows (what ByteGNN's search follows).
+fn hops_from(graph: grandis_store::CsrView<'_>, from: u32) -> Vec<u32> {
+    let mut dist = vec![u32::MAX; graph.num_vertices()];
+    dist[from as usize] = 0;
+    let mut queue = std::collections::VecDeque::from([from]);
+    while let Some(v) = queue.pop_front() {
+        for &u in graph.neighbors(v) {
+            if dist[u as usize] == u32::MAX {
+                dist[u as usize] = dist[v as usize] + 1;
+                queue.push_back(u);
+            }
+        }
+    }
+    dist
+}
+
+#[test]
+fn bytegnn_blocks_are_their_centres_nearest_neighbourhoods() {
+    // A 12x12 grid with five labelled vertices, blocks of radius 2.
+    let mut ds = grid_dataset(12, 12, 0);
+    ds.split = Split {
+        train: vec![0, 77, 143],
+        val: vec![30],
+        test: vec![100],
+    };
+    let view = ds.view();
+    let role = roles(&view);
+    let whole = Subgraph {
+        graph: view.graph,
+        symmetric: true,
+        scope: None,
+    };
+    let (block, blocks) =
+        methods::bytegnn_blocks(&whole, 2, |l| role[l as usize] != methods::Role::Unlabelled);
+    // Centres first, in id order: 0, 30, 77, 100, 143.
+    let centres = [0u32, 30, 77, 100, 143];
+    let dist: Vec<Vec<u32>> = centres.iter().map(|&c| hops_from(view.graph, c)).collect();
+    for (b, &c) in centres.iter().enumerate() {
+        assert_eq!(
+            block[c as usize], b as u32,
+            "centre {c} keeps its own block"
+        );
+    }
+    for v in 0..144usize {
+        let nearest = dist.iter().map(|d| d[v]).min().unwrap();
+        let b = block[v] as usize;
+        if nearest <= 2 {
+            // Reached by the search: in the block of a centre at the nearest distance.
+            assert!(b < centres.len(), "vertex {v} is within 2 hops of a centre");
+            assert_eq!(dist[b][v], nearest, "vertex {v} joined a farther centre");
+        } else {
+            // Unreached vertices form blocks of their own, never a centre's.
+            assert!(
+                b >= centres.len(),
+                "vertex {v} is {nearest} hops from every centre"
+            );
+        }
+    }
+    assert!(blocks > centres.len());
+    // A block grown from an unclaimed vertex stays within 2 hops of its first member.
+    let first_of = |b: u32| (0..144).find(|&v| block[v] == b).unwrap() as u32;
+    for (v, &b) in block.iter().enumerate() {
+        if b as usize >= centres.len() {
+            assert!(hops_from(view.graph, first_of(b))[v] <= 2);
+        }
+    }
+}
+
+#[test]
+fn bytegnn_balances_every_split_and_cuts_less_than_random() {
+    let ds = power_law(3000);
+    let c = cfg(2, 2, PartitionMethod::Bytegnn);
+    let a = assign(&ds.view(), true, &c).unwrap();
+    let parts = 4usize;
+    let share = |ids: &[u32]| {
+        let mut n = vec![0usize; parts];
+        for &v in ids {
+            n[a.part(v as usize, 2)] += 1;
+        }
+        *n.iter().max().unwrap() as f64 / (ids.len() as f64 / parts as f64)
+    };
+    let all: Vec<u32> = (0..3000).collect();
+    // The vertex cap (β = 1.05, rounded up) and the split balance score.
+    assert!(share(&all) <= 1.06, "vertices {}", share(&all));
+    for (name, ids) in [
+        ("train", &ds.split.train),
+        ("val", &ds.split.val),
+        ("test", &ds.split.test),
+    ] {
+        assert!(share(ids) < 1.25, "{name} balance {}", share(ids));
+    }
+    let bytegnn = quality_of(&ds, true, &c);
+    let random = quality_of(&ds, true, &cfg(2, 2, PartitionMethod::Random));
+    assert!(
+        (bytegnn.inter_server_cut as f64) < 0.9 * random.inter_server_cut as f64,
+        "bytegnn {bytegnn:?}\nrandom {random:?}"
+    );
+    // Zero hops would make every block a single vertex: refused.
+    let zero = PartitionConfig {
+        block_hops: 0,
+        ..c.clone()
+    };
+    let e = assign(&ds.view(), true, &zero).unwrap_err().to_string();
+    assert!(e.contains("block hops"), "{e}");
+}

@@ -75,6 +75,9 @@ pub enum PartitionMethod {
     Spring,
     /// Seeded uniform random assignment.
     Random,
+    /// ByteGNN's block partitioning: multi-hop neighbourhood blocks around the train,
+    /// validation and test vertices, assigned balancing each split (sampling locality).
+    Bytegnn,
 }
 
 /// How expansion-aware sampling picks among external candidates.
@@ -246,8 +249,8 @@ named_enum!(ModelKind, "sage, gcn, ressage, mlp or gat", [
 named_enum!(Mode, "single, fb, flx, cob, mb or auto", [
     Single => "single", Fb => "fb", Flx => "flx", Cob => "cob", Mb => "mb", Auto => "auto"
 ]);
-named_enum!(PartitionMethod, "metis, spring or random", [
-    Metis => "metis", Spring => "spring", Random => "random"
+named_enum!(PartitionMethod, "metis, spring, random or bytegnn", [
+    Metis => "metis", Spring => "spring", Random => "random", Bytegnn => "bytegnn"
 ]);
 named_enum!(Priority, "degree or uniform", [Degree => "degree", Uniform => "uniform"]);
 named_enum!(InterTransport, "quic or nccl", [Quic => "quic", Nccl => "nccl"]);

@@ -88,6 +88,9 @@ pub struct RunSummary {
     pub targets_per_epoch: u64,
     /// Edges of the one-hop graphs the ranks hold, summed over the steps of an epoch.
     pub sampled_edges: u64,
+    /// Of those, edges whose two ends are homed on different servers (the sampling locality
+    /// a partition gives: ByteGNN's partitioning aims to keep it low).
+    pub inter_server_sampled_edges: u64,
     /// Rows computed at each layer, summed over ranks and the steps of an epoch.
     pub computed_vertices_per_layer: Vec<u64>,
     pub computed_vertex_layers: u64,
