@@ -110,6 +110,15 @@ pub struct JobArgs {
     /// flx with sampling: draw a new sample every N epochs (default: sample once).
     #[arg(long)]
     pub resample_every: Option<u64>,
+    /// fb/flx: SANCUS staleness, BOUND,MAX_SKIPS (e.g. 0.05,4): a layer's boundary rows go to
+    /// another server only when they moved by more than BOUND (relative norm) since last
+    /// sent, and at least every MAX_SKIPS + 1 epochs; in between the receiver reuses them.
+    #[arg(long, value_name = "BOUND,MAX_SKIPS")]
+    pub staleness: Option<grandis_wire::Staleness>,
+    /// cob/mb: DGS feature sampling, the fraction of feature columns fetched for vertices
+    /// from other servers (the most important, from the first layer's weights).
+    #[arg(long, value_name = "FRACTION")]
+    pub remote_features: Option<f64>,
     /// auto: choose a sampled plan over the fastest exact one only when it is predicted this
     /// many times faster (1 = no preference) [default: 1.2].
     #[arg(long)]
@@ -231,6 +240,8 @@ impl JobArgs {
                 embeddings: self.predict_embeddings,
                 block_memory: self.predict_block_memory,
             }),
+            staleness: self.staleness,
+            remote_features: self.remote_features,
         };
         Ok(spec)
     }
@@ -249,6 +260,7 @@ pub fn validate_as_flags(spec: &JobSpec) -> anyhow::Result<()> {
             let flag = match f.field.as_str() {
                 "predict" | "predict.dir" => "predict-dir".to_string(),
                 p if p.starts_with("predict.") => p.replace(['.', '_'], "-"),
+                p if p.starts_with("staleness") => "staleness".to_string(),
                 _ => match name {
                     "fanout" => "eas-fanout".to_string(),
                     "hops" => "eas-hops".to_string(),

@@ -20,6 +20,25 @@ pub struct DeviceTransfer {
     pub received: Option<usize>,
 }
 
+/// What one message of [`Endpoint::exchange_collect`] may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// Exactly this many `f32` values.
+    Exactly(usize),
+    /// Exactly this many, or none: the sender may skip the transfer (an empty message says
+    /// so; SANCUS's stale boundary rows).
+    ExactlyOrNone(usize),
+}
+
+impl Expected {
+    /// The full length.
+    pub fn full_len(self) -> usize {
+        match self {
+            Expected::Exactly(n) | Expected::ExactlyOrNone(n) => n,
+        }
+    }
+}
+
 /// One rank's handle on the fabric. `Send`, so it can move into its worker thread.
 ///
 /// Ordering contract: messages from one rank to another are received in the order they were
@@ -251,15 +270,27 @@ impl Endpoint {
         self.timed(tag, |ep| ep.post_exchange_impl(sends, tag))
     }
 
-    /// The second half of [`Self::exchange_sized`]: receives exactly `len` values from every
-    /// `(peer, len)` of `expect`, in that order.
+    /// The second half of [`Self::exchange_sized`]: receives from every `(peer, expected)` of
+    /// `expect`, in that order, a message of the length `expected` allows.
     pub fn exchange_collect(
         &mut self,
-        expect: &[(usize, usize)],
+        expect: &[(usize, Expected)],
         tag: Tag,
     ) -> Result<Vec<(usize, Vec<f32>)>> {
         self.timed(tag, |ep| {
-            ep.collect_exchange_impl(expect.iter().map(|&(p, n)| (p, Some(n))), tag)
+            ep.check_peer_list(expect.iter().map(|&(p, _)| p), tag, "expect_from")?;
+            let mut out = Vec::with_capacity(expect.len());
+            for &(peer, expected) in expect {
+                let payload = ep.take(peer, Op::Exchange, tag)?;
+                let data = match (expected, &payload) {
+                    (Expected::ExactlyOrNone(_), Payload::F32(v)) if v.is_empty() => Vec::new(),
+                    _ => {
+                        ep.expect_f32(payload, peer, Op::Exchange, tag, Some(expected.full_len()))?
+                    }
+                };
+                out.push((peer, data));
+            }
+            Ok(out)
         })
     }
 

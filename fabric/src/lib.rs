@@ -55,7 +55,7 @@ use std::sync::Arc;
 
 pub use config::{FabricConfig, LinkModel, Topology, DEFAULT_RECV_TIMEOUT};
 pub use counters::{CallRecord, Counters, Direction, EpochCounters, LinkClass, LinkRecord};
-pub use endpoint::{chunk_range, DeviceTransfer, Endpoint};
+pub use endpoint::{chunk_range, DeviceTransfer, Endpoint, Expected};
 pub use error::{FabricError, Result};
 pub use probe::{LinkProbe, PROBE_EPOCH};
 pub use tag::{Op, Phase, Tag};

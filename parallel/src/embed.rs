@@ -102,6 +102,8 @@ pub fn embeddings(
         weights,
         resume: None,
         checkpoint: &grandis_trainer::CheckpointOptions::default(),
+        staleness: None,
+        remote_features: None,
     };
     let threads = threads_per_rank.unwrap_or_else(|| crate::options::cores_per_rank(ranks));
     let fabric = Fabric::new(FabricConfig {

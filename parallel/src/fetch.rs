@@ -46,12 +46,17 @@ impl FeatureSource<'_> {
     /// the fabric. The others are fetched from their home rank under `tag`, and this rank
     /// sends the other servers' ranks the rows of their layer-0 plans whose home it is. Raw
     /// values travel, so the result is bit-identical to reading every row locally.
+    ///
+    /// With `columns` (ascending feature columns; DGS's feature-level sampling), rows fetched
+    /// from other servers carry only those columns and the others are zero: every rank of the
+    /// step must pass the same columns.
     pub fn layer0_features(
         &self,
         plans: &[Vec<Arc<DevicePlan>>],
         ep: &mut Endpoint,
         tag: Tag,
         rows: usize,
+        columns: Option<&[u32]>,
     ) -> anyhow::Result<Vec<f32>> {
         let layout = self.layout;
         let me = ep.rank();
@@ -79,16 +84,28 @@ impl FeatureSource<'_> {
         for (&(i, _), src) in reads.local.iter().zip(local.chunks_exact(f.max(1))) {
             host[i * f..(i + 1) * f].copy_from_slice(src);
         }
+        if let Some(&c) = columns.and_then(|c| c.iter().find(|&&c| c as usize >= f)) {
+            bail!("internal: feature column {c} of {f}");
+        }
+        // What one fetched row carries.
+        let sent_width = columns.map_or(f, <[u32]>::len);
         let mut sends = Vec::with_capacity(reads.sends.len());
         for (r, olds) in &reads.sends {
             let (data, tail) = rest.split_at(olds.len() * f);
-            sends.push((*r, data.to_vec()));
+            let data = match columns {
+                None => data.to_vec(),
+                Some(cols) => data
+                    .chunks_exact(f.max(1))
+                    .flat_map(|row| cols.iter().map(|&c| row[c as usize]))
+                    .collect(),
+            };
+            sends.push((*r, data));
             rest = tail;
         }
         let incoming = reads.incoming;
         let expect: Vec<(usize, usize)> = incoming
             .iter()
-            .map(|(&home, rows)| (home, rows.len() * f))
+            .map(|(&home, rows)| (home, rows.len() * sent_width))
             .collect();
         // Point-to-point only: a rank with nothing to move skips the call (its peers, deriving
         // the same lists, expect nothing from it), so FB plans add no messages at all.
@@ -100,8 +117,16 @@ impl FeatureSource<'_> {
                 if home != want {
                     bail!("internal: features from rank {home} where rank {want}'s were due");
                 }
-                for (&i, src) in rows.iter().zip(data.chunks_exact(f.max(1))) {
-                    host[i * f..(i + 1) * f].copy_from_slice(src);
+                for (&i, src) in rows.iter().zip(data.chunks_exact(sent_width.max(1))) {
+                    let row = &mut host[i * f..(i + 1) * f];
+                    match columns {
+                        None => row.copy_from_slice(src),
+                        Some(cols) => {
+                            for (&c, &x) in cols.iter().zip(src) {
+                                row[c as usize] = x;
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -341,6 +366,7 @@ mod tests {
         view: DatasetView<'_>,
         part: &PartitionedGraph,
         plans: &[Vec<Arc<DevicePlan>>],
+        columns: Option<&[u32]>,
     ) -> (Vec<Vec<f32>>, Counters) {
         let layout = &part.layout;
         let f = view.feature_dim;
@@ -370,7 +396,8 @@ mod tests {
                     layout,
                 };
                 let p0 = &plans[rank][0];
-                let host = src.layer0_features(plans, &mut ep, Tag::fetch(1), p0.n_local())?;
+                let host =
+                    src.layer0_features(plans, &mut ep, Tag::fetch(1), p0.n_local(), columns)?;
                 anyhow::Ok((host, ep.counters()))
             })
             .unwrap();
@@ -415,7 +442,7 @@ mod tests {
         );
 
         {
-            let (hosts, counters) = run(view, &part, &cob);
+            let (hosts, counters) = run(view, &part, &cob, None);
             let fetched = |class, dir| -> u64 {
                 counters
                     .epochs
@@ -441,6 +468,38 @@ mod tests {
             }
         }
 
+        // DGS: only columns 1 and 3 travel; the others of fetched rows are zero, local rows
+        // are whole, and the bytes are exactly 4 x 2 per fetched row.
+        let columns = [1u32, 3];
+        let (hosts, counters) = run(view, &part, &cob, Some(&columns));
+        let fetched: u64 = counters
+            .epochs
+            .iter()
+            .map(|e| {
+                e.bytes_where(Direction::Sent, |r| {
+                    r.phase == Phase::Fetch && r.class == LinkClass::InterServer
+                })
+            })
+            .sum();
+        assert_eq!(fetched, 4 * columns.len() as u64 * remote);
+        for (rank, host) in hosts.iter().enumerate() {
+            let p = &cob[rank][0];
+            let home = part.layout.server_of_rank(rank);
+            for (i, &g) in p.global_ids[..p.n_owned].iter().enumerate() {
+                let want = view.feature_row(part.new_to_old[g as usize]);
+                let got = &host[i * f..(i + 1) * f];
+                for c in 0..f {
+                    let kept = part.layout.server_of(g) == home || columns.contains(&(c as u32));
+                    let expected = if kept { want[c] } else { 0.0 };
+                    assert_eq!(
+                        got[c].to_bits(),
+                        expected.to_bits(),
+                        "rank {rank} row {i} col {c}"
+                    );
+                }
+            }
+        }
+
         let fb: Vec<Vec<Arc<DevicePlan>>> = ctx
             .fb_plan()
             .unwrap()
@@ -449,7 +508,7 @@ mod tests {
             .map(|d| steps::every_layer(d, LAYERS))
             .collect();
         assert_eq!(remote_rows(&part.layout, &fb), 0);
-        let (hosts, counters) = run(view, &part, &fb);
+        let (hosts, counters) = run(view, &part, &fb, None);
         assert!(counters.epochs.is_empty(), "{counters:?}");
         assert!(hosts.iter().flatten().all(|v| v.is_finite()));
     }

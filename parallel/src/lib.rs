@@ -50,6 +50,7 @@ mod run;
 mod runtime;
 pub mod server;
 mod setup;
+mod stale;
 mod steps;
 mod worker;
 
@@ -111,6 +112,18 @@ pub(crate) fn train_ranks(
     check_inputs(&view, part, &config)?;
     let (popts, plan) =
         auto::resolve_mode(&view, part, &config, popts, opts.seed, local.as_deref_mut())?;
+    if popts.staleness.is_some() && !matches!(popts.mode, Mode::Fb | Mode::Flx) {
+        bail!(
+            "staleness bounds the full-batch halo exchange of modes fb and flx; mode {} has none              to skip",
+            popts.mode
+        );
+    }
+    if popts.remote_features.is_some() && !popts.mode.is_mini_batch() {
+        bail!(
+            "remote features samples the features fetched per step in modes cob and mb; mode {}              fetches them once",
+            popts.mode
+        );
+    }
     let resume = popts.checkpoint.resume_from(&config, opts)?;
     if let Some(ck) = &resume {
         if ck.epochs_done == opts.epochs && popts.infer.is_some() {

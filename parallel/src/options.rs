@@ -115,6 +115,11 @@ pub struct ParallelOptions {
     pub batch_size: Option<usize>,
     /// FLX with sampling: draw a new sample every N epochs (None or 0: sample once).
     pub resample_every: Option<u64>,
+    /// FB / FLX: SANCUS's staleness-bounded halo exchange between servers ([`crate::stale`]).
+    pub staleness: Option<grandis_wire::Staleness>,
+    /// CoB / MB: DGS's fraction of feature columns fetched for other servers' vertices
+    /// ([`crate::fetch`]).
+    pub remote_features: Option<f64>,
     /// Where rank 0 writes checkpoints (weights are replicated, so one file serves every
     /// rank), how often, and whether the run resumes from it.
     pub checkpoint: grandis_trainer::CheckpointOptions,
@@ -154,6 +159,8 @@ impl Default for ParallelOptions {
             sampling: Sampling::None,
             batch_size: None,
             resample_every: None,
+            staleness: None,
+            remote_features: None,
             checkpoint: grandis_trainer::CheckpointOptions::default(),
             plan_threads: None,
             infer: None,
@@ -211,6 +218,8 @@ impl ParallelOptions {
                 _ => None,
             },
             resample_every: spec.resample_every,
+            staleness: spec.staleness,
+            remote_features: spec.remote_features,
             inter_transport: spec.inter_transport,
             exact_preference: spec
                 .exact_preference

@@ -78,6 +78,8 @@ pub struct ParallelReport {
     pub counters: Counters,
     /// Layer-wise inference after training, over the ranks run here.
     pub inference: Option<InferenceSummary>,
+    /// What the staleness bound skipped, over the ranks run here (runs with it).
+    pub staleness: Option<grandis_wire::StaleSummary>,
 }
 
 impl ParallelReport {
@@ -115,6 +117,7 @@ impl ParallelReport {
             aggregated_edges_per_layer: self.aggregated_edges_per_layer.clone(),
             beta: self.beta.clone(),
             inference: self.inference.clone(),
+            staleness: self.staleness,
             // The training figures, as a single-process run reports them.
             ..self.train.summary(job, device)
         }
@@ -181,6 +184,7 @@ impl ParallelReport {
             logits: None,
             counters,
             inference,
+            staleness: None,
         }
     }
 }
@@ -303,6 +307,11 @@ impl Ran {
                 .infer
                 .as_ref()
                 .map(|o| inference_summary(o, results.iter().filter_map(|r| r.inference.as_ref()))),
+            staleness: popts.staleness.map(|_| grandis_wire::StaleSummary {
+                sends: results.iter().map(|r| r.stale.sent).sum(),
+                skips: results.iter().map(|r| r.stale.skipped).sum(),
+                saved_bytes_per_epoch: per_ep(results.iter().map(|r| r.stale.saved_bytes).sum()),
+            }),
             train,
             logits,
             counters,

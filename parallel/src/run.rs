@@ -146,6 +146,8 @@ pub(crate) fn run(
         weights: None,
         resume,
         checkpoint: &popts.checkpoint,
+        staleness: popts.staleness,
+        remote_features: popts.remote_features,
     };
     let callback: worker::EpochCallback<'_> = Mutex::new(on_epoch);
     let transports = crate::links::select(

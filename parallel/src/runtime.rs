@@ -118,14 +118,14 @@ fn block(
 impl<B: Backend> Rt<B> {
     /// Uploads this rank's plan of every layer of `step_plans` (`[rank][layer]`, all ranks)
     /// with the features of the layer-0 plan's owned rows (replicated ones fetched under
-    /// `fetch_tag`: every rank must build the same steps in the same order) and the loss rows
-    /// of the last layer's plan.
+    /// `fetch_tag`, only `columns` of them when given: every rank must build the same steps in
+    /// the same order, with the same columns) and the loss rows of the last layer's plan.
     pub(crate) fn build(
         sh: &Shared<'_>,
         b: &B,
         step_plans: &[Vec<Arc<DevicePlan>>],
         ep: &mut Endpoint,
-        fetch_tag: Tag,
+        (fetch_tag, columns): (Tag, Option<&[u32]>),
         has_head: bool,
     ) -> anyhow::Result<Rt<B>> {
         let per_layer = plans_of(step_plans, ep.rank())?;
@@ -204,7 +204,7 @@ impl<B: Backend> Rt<B> {
         };
         let host = sh
             .features()
-            .layer0_features(step_plans, ep, fetch_tag, rows)?;
+            .layer0_features(step_plans, ep, fetch_tag, rows, columns)?;
         let features = b.upload(&host)?;
         drop(host);
         // Loss rows: inner rows of the last layer's plan that are labelled train vertices.

@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use grandis_engine::norm::{Aggregation, GlobalScales};
 use grandis_engine::{AdamStep, Backend};
-use grandis_fabric::{Endpoint, Tag};
+use grandis_fabric::{Endpoint, Expected, Tag};
 use grandis_masking::{DevicePlan, Layout, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
 use grandis_models::{Model, ModelConfig, ModelKind, StageCache};
 use grandis_store::DatasetView;
@@ -25,7 +25,26 @@ use crate::fetch::{FeatureSource, Prefetcher, SETUP_EPOCH};
 use crate::links::{Arrived, RankLinks};
 use crate::metered::Meter;
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
+use crate::stale::{StaleCounts, StaleHalo};
 use crate::steps::{Feed, Step};
+
+/// The `ceil(fraction · F)` most important columns (at least one), ascending; ties go to the
+/// lower column.
+fn top_columns(importance: &[f64], fraction: f64) -> Vec<u32> {
+    if importance.is_empty() {
+        return Vec::new();
+    }
+    let k = ((fraction * importance.len() as f64).ceil() as usize).clamp(1, importance.len());
+    let mut order: Vec<u32> = (0..importance.len() as u32).collect();
+    order.sort_by(|&a, &b| {
+        importance[b as usize]
+            .total_cmp(&importance[a as usize])
+            .then(a.cmp(&b))
+    });
+    order.truncate(k);
+    order.sort_unstable();
+    order
+}
 
 /// How often global rank 0 logs its step within a long epoch.
 const STEP_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
@@ -64,6 +83,10 @@ pub(crate) struct Shared<'a> {
     pub checkpoint: &'a CheckpointOptions,
     /// Layer-wise inference after training.
     pub infer: Option<crate::infer::InferShared<'a>>,
+    /// SANCUS's bounded staleness between servers (fb, flx).
+    pub staleness: Option<grandis_wire::Staleness>,
+    /// DGS's fraction of feature columns fetched from other servers (cob, mb).
+    pub remote_features: Option<f64>,
 }
 
 impl<'a> Shared<'a> {
@@ -118,6 +141,8 @@ pub(crate) struct RankResult {
     pub setup_bytes: u64,
     /// What layer-wise inference after training did on this rank.
     pub inference: Option<crate::infer::RankInference>,
+    /// What the stale exchange skipped (zeros without `--staleness`).
+    pub stale: StaleCounts,
 }
 
 /// One training epoch's wall seconds on one rank, and the parts of it spent getting steps.
@@ -161,6 +186,11 @@ pub(crate) struct Worker<'w, B: Backend> {
     capture: Option<Vec<Vec<f32>>>,
     /// Evaluations done so far (batched evaluation's round in its feed).
     evaluations: u64,
+    /// SANCUS's cached boundary rows, with `--staleness`.
+    stale: Option<StaleHalo>,
+    /// DGS: the feature columns fetched for other servers' vertices this epoch (ascending),
+    /// with `--remote-features`; None = whole rows.
+    remote_columns: Option<Vec<u32>>,
 }
 
 impl<'w, B: Backend> Worker<'w, B> {
@@ -212,7 +242,8 @@ impl<'w, B: Backend> Worker<'w, B> {
             b,
             &step.plans,
             &mut ep,
-            Tag::fetch(SETUP_EPOCH),
+            // The first step's features are whole: no weights to rank the columns by yet.
+            (Tag::fetch(SETUP_EPOCH), None),
             has_head,
         )?;
         Ok(Worker {
@@ -227,6 +258,8 @@ impl<'w, B: Backend> Worker<'w, B> {
             has_head,
             capture: None,
             evaluations: 0,
+            stale: sh.staleness.map(StaleHalo::new),
+            remote_columns: None,
         })
     }
 
@@ -241,13 +274,16 @@ impl<'w, B: Backend> Worker<'w, B> {
 
     /// Sends the owned rows peers need for layer `l` (gathered from `input`, the layer's input,
     /// or from the features buffer when `None`: owned ids are the same in both) and writes the
-    /// halo rows that arrive into their compact rows of the same buffer.
+    /// halo rows that arrive into their compact rows of the same buffer. With `stale`, rows for
+    /// other servers go out only when SANCUS's bound says so ([`crate::stale`]) and cached rows
+    /// stand in for those a peer skipped.
     fn exchange_forward(
         &mut self,
         l: usize,
         input: Option<&mut B::Buf>,
         d: usize,
         tag: Tag,
+        stale: bool,
     ) -> anyhow::Result<()> {
         let b = self.b;
         let lr = &self.rt.layers[l];
@@ -257,13 +293,26 @@ impl<'w, B: Backend> Worker<'w, B> {
             Some(x) => x,
             None => &mut self.rt.features,
         };
+        let topo = self.ep.topology();
+        let me = self.ep.server();
+        let stale_on = stale && self.stale.is_some();
+        let stale_peer = |peer: usize| stale_on && topo.server_of(peer) != me;
         let mut packed = Vec::new();
         for (i, s) in plan.sends.iter().enumerate() {
             if let Some(idx) = &lr.send_idx[i] {
                 let n = b.index_len(idx) * d;
                 let mut rows = b.alloc(n)?;
                 b.gather_rows(buf, d, idx, &mut rows)?;
-                packed.push((s.peer, rows, n));
+                let mut len = n;
+                if let Some(st) = self.stale.as_mut().filter(|_| stale_peer(s.peer)) {
+                    let mut host = vec![0f32; n];
+                    b.download(&rows, 0, &mut host)?;
+                    if !st.send(l, i, host) {
+                        // An empty message: "use what you have".
+                        len = 0;
+                    }
+                }
+                packed.push((s.peer, rows, len));
             }
         }
         let sends: Vec<_> = packed
@@ -271,20 +320,31 @@ impl<'w, B: Backend> Worker<'w, B> {
             .map(|(p, rows, n)| (*p, rows, 0..*n))
             .collect();
         let mut expect = Vec::new();
-        let mut starts = Vec::new();
-        for (g, h) in plan.halo.iter().zip(&rows.halo) {
+        let mut arrivals = Vec::new();
+        for (i, (g, h)) in plan.halo.iter().zip(&rows.halo).enumerate() {
             if h.len > 0 {
-                expect.push((g.peer, h.len as usize * d));
-                starts.push(h.compact_start as usize * d);
+                let len = h.len as usize * d;
+                let skippable = stale_peer(g.peer);
+                expect.push((
+                    g.peer,
+                    match skippable {
+                        true => Expected::ExactlyOrNone(len),
+                        false => Expected::Exactly(len),
+                    },
+                ));
+                arrivals.push((i, h.compact_start as usize * d, len, skippable));
             }
         }
         let got = self
             .links
             .exchange(b, &mut self.ep, &sends, &expect, tag)
             .with_context(|| format!("forward halo exchange of layer {l}"))?;
-        for ((at, &(_, len)), arrived) in starts.into_iter().zip(&expect).zip(got) {
+        for ((group, at, len, skippable), arrived) in arrivals.into_iter().zip(got) {
             match arrived {
-                Arrived::Host(data) => b.upload_into(buf, at, &data)?,
+                Arrived::Host(data) => match (skippable, self.stale.as_mut()) {
+                    (true, Some(st)) => b.upload_into(buf, at, &st.arrived(l, group, data)?)?,
+                    _ => b.upload_into(buf, at, &data)?,
+                },
                 Arrived::Device(rows) => b.copy_range(&rows, 0, buf, at, len)?,
             }
         }
@@ -304,21 +364,46 @@ impl<'w, B: Backend> Worker<'w, B> {
         let lr = &self.rt.layers[l];
         let plan = &self.rt.plans[lr.plan];
         let rows = &self.rt.blocks[lr.block].rows;
+        // Rows the forward took from the stale cache were constants: no gradient goes back
+        // for them, and their owner expects none.
+        let stale = self.stale.as_mut();
+        let (cached, skipped) = match &stale {
+            Some(st) => (
+                (0..plan.halo.len())
+                    .map(|g| st.skipped_halo(l, g))
+                    .collect(),
+                (0..plan.sends.len())
+                    .map(|i| st.skipped_send(l, i))
+                    .collect(),
+            ),
+            None => (vec![false; plan.halo.len()], vec![false; plan.sends.len()]),
+        };
+        let mut saved = 0u64;
         let sends: Vec<_> = plan
             .halo
             .iter()
             .zip(&rows.halo)
-            .filter(|(_, h)| h.len > 0)
-            .map(|(g, h)| {
+            .enumerate()
+            .filter(|(_, (_, h))| h.len > 0)
+            .filter(|&(g, (_, h))| {
+                if cached[g] {
+                    saved += h.len as u64 * d as u64 * 4;
+                }
+                !cached[g]
+            })
+            .map(|(_, (g, h))| {
                 let at = h.compact_start as usize * d;
                 (g.peer, &*gx, at..at + h.len as usize * d)
             })
             .collect();
+        if let Some(st) = stale {
+            st.saved(saved);
+        }
         let mut expect = Vec::new();
         let mut lists = Vec::new();
         for (i, s) in plan.sends.iter().enumerate() {
-            if let Some(idx) = &lr.send_idx[i] {
-                expect.push((s.peer, b.index_len(idx) * d));
+            if let Some(idx) = lr.send_idx[i].as_ref().filter(|_| !skipped[i]) {
+                expect.push((s.peer, Expected::Exactly(b.index_len(idx) * d)));
                 lists.push(i);
             }
         }
@@ -370,7 +455,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             let input = match act.take() {
                 None => {
                     // Layer 0 of sage/gcn: halo rows of the features buffer, in place.
-                    self.exchange_forward(l, None, d_in, tag)?;
+                    self.exchange_forward(l, None, d_in, tag, keep)?;
                     None
                 }
                 Some(prev) => {
@@ -381,7 +466,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                     let mut inp = b.alloc(n_src * d_in)?;
                     b.copy(&prev, &mut inp, owned * d_in)?;
                     drop(prev);
-                    self.exchange_forward(l, Some(&mut inp), d_in, tag)?;
+                    self.exchange_forward(l, Some(&mut inp), d_in, tag, keep)?;
                     Some(inp)
                 }
             };
@@ -529,6 +614,9 @@ impl<'w, B: Backend> Worker<'w, B> {
         let sh = self.sh;
         let e = epoch as u32;
         let train = Some((sh.opts.seed, step));
+        if let Some(st) = self.stale.as_mut() {
+            st.follow(&self.step);
+        }
         self.model.zero_grads(b)?;
         let (logits, tape) = self.forward(e, train, true)?;
         let tape = tape.context("forward keeps a tape in training")?;
@@ -631,7 +719,14 @@ impl<'w, B: Backend> Worker<'w, B> {
             }
             EvalOn::Plans(plans) => {
                 let tag = Tag::fetch(epoch as u32 | EVAL_EPOCH_BIT);
-                let eval_rt = Rt::build(self.sh, self.b, plans, &mut self.ep, tag, self.has_head)?;
+                let eval_rt = Rt::build(
+                    self.sh,
+                    self.b,
+                    plans,
+                    &mut self.ep,
+                    (tag, None),
+                    self.has_head,
+                )?;
                 let train_rt = std::mem::replace(&mut self.rt, eval_rt);
                 let out = self.evaluate_plans(epoch, with_logits, &mut correct, &mut logits);
                 self.rt = train_rt;
@@ -642,7 +737,8 @@ impl<'w, B: Backend> Worker<'w, B> {
                 feed.allow(first + steps as u64);
                 for j in 0..steps as u64 {
                     let step = feed.take(first + j)?;
-                    self.load(step, epoch as u32 | EVAL_EPOCH_BIT)?;
+                    // Evaluation is exact: whole feature rows.
+                    self.load(step, epoch as u32 | EVAL_EPOCH_BIT, None)?;
                     if j + 1 < steps as u64 {
                         self.prefetch(feed, first + j + 1);
                     }
@@ -682,12 +778,16 @@ impl<'w, B: Backend> Worker<'w, B> {
         if Arc::ptr_eq(&step, &self.step) {
             return Ok(());
         }
-        self.load(step, epoch as u32)
+        let columns = self.remote_columns.take();
+        let loaded = self.load(step, epoch as u32, columns.as_deref());
+        self.remote_columns = columns;
+        loaded
     }
 
-    /// Builds the runtime of `step` (its feature fetch tagged with `epoch`), freeing the
-    /// current step's buffers first so a rank never holds two steps at once.
-    fn load(&mut self, step: Arc<Step>, epoch: u32) -> anyhow::Result<()> {
+    /// Builds the runtime of `step` (its feature fetch tagged with `epoch`, only `columns` of
+    /// rows from other servers when given), freeing the current step's buffers first so a
+    /// rank never holds two steps at once.
+    fn load(&mut self, step: Arc<Step>, epoch: u32, columns: Option<&[u32]>) -> anyhow::Result<()> {
         let b = self.b;
         self.rt.plans.clear();
         self.rt.blocks.clear();
@@ -700,7 +800,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             b,
             &step.plans,
             &mut self.ep,
-            Tag::fetch(epoch),
+            (Tag::fetch(epoch), columns),
             self.has_head,
         )?;
         self.step = step;
@@ -723,6 +823,11 @@ impl<'w, B: Backend> Worker<'w, B> {
         let mut last_eval = None;
         for epoch in sh.epochs_done() + 1..=sh.opts.epochs {
             let start = Instant::now();
+            if let (Some(fraction), true) = (sh.remote_features, epoch > 1) {
+                // Every rank ranks the same (all-reduced) weights: the same columns.
+                let importance = self.model.input_importance(self.b)?;
+                self.remote_columns = Some(top_columns(&importance, fraction));
+            }
             let mut times = EpochTimes::default();
             let mut local = 0f64;
             let mut targets = 0usize;
@@ -820,6 +925,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             },
         };
         let num_parameters = self.model.num_parameters();
+        let stale_counts = self.stale.as_ref().map(|s| s.counts).unwrap_or_default();
         let (inference, counters) = match &sh.infer {
             Some(infer) => {
                 // The training step's buffers go first: inference sizes its blocks to the
@@ -851,6 +957,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             peak_bytes,
             setup_bytes,
             inference,
+            stale: stale_counts,
         })
     }
 

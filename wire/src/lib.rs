@@ -28,6 +28,8 @@ pub use protocol::{
 pub use rates::{ComputeRate, LinkRate, ServerRates};
 pub use spec::{
     defaults, FieldError, InterTransport, JobSpec, Mode, ModelKind, PartitionMethod, PredictSpec,
-    Priority, Sampling, SpecError, UnknownName,
+    Priority, Sampling, SpecError, Staleness, UnknownName,
 };
-pub use summary::{InferenceSummary, RankMemory, RunSummary, ServerTraffic, TimeSplit, WireStats};
+pub use summary::{
+    InferenceSummary, RankMemory, RunSummary, ServerTraffic, StaleSummary, TimeSplit, WireStats,
+};

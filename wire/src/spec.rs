@@ -385,6 +385,65 @@ pub struct JobSpec {
     /// After training, predict every vertex by layer-wise inference across the job's ranks
     /// (distributed modes); absent = no predictions.
     pub predict: Option<PredictSpec>,
+    /// fb / flx: SANCUS's staleness-bounded halo exchange between servers; absent = exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staleness: Option<Staleness>,
+    /// cob / mb: DGS's feature-level sampling of vertices fetched from other servers: the
+    /// fraction of feature columns sent (the most important ones); absent = every column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_features: Option<f64>,
+}
+
+/// SANCUS's bounded embedding staleness (the "variation gap" bound, with an epoch bound on
+/// top): an owner re-sends a layer's boundary rows to another server only when they have moved
+/// by more than `bound` (relative: `‖H − H_sent‖ / ‖H_sent‖`, Frobenius) since it last sent
+/// them, and at least every `max_skips + 1` epochs; the receiver computes with the rows it last
+/// received in between.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Staleness {
+    /// Relative variation below which a send is skipped (≥ 0; 0 skips only unchanged rows).
+    pub bound: f64,
+    /// Skips in a row at most (≥ 1).
+    pub max_skips: u32,
+}
+
+impl std::str::FromStr for Staleness {
+    type Err = String;
+
+    /// `BOUND,MAX_SKIPS`, e.g. `0.05,4`.
+    fn from_str(s: &str) -> Result<Staleness, String> {
+        let (bound, skips) = s
+            .split_once(',')
+            .ok_or_else(|| format!("expected BOUND,MAX_SKIPS (e.g. 0.05,4), got '{s}'"))?;
+        let bound: f64 = bound
+            .trim()
+            .parse()
+            .map_err(|_| format!("the bound '{bound}' is not a number"))?;
+        let max_skips: u32 = skips
+            .trim()
+            .parse()
+            .map_err(|_| format!("max skips '{skips}' is not a whole number"))?;
+        let st = Staleness { bound, max_skips };
+        st.check()?;
+        Ok(st)
+    }
+}
+
+impl Staleness {
+    /// The ranges a usable bound has.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.bound.is_finite() && self.bound >= 0.0) {
+            return Err(format!(
+                "the bound must be a finite number ≥ 0, got {}",
+                self.bound
+            ));
+        }
+        if self.max_skips < 1 {
+            return Err("max skips must be ≥ 1 (0 would never skip: leave staleness out)".into());
+        }
+        Ok(())
+    }
 }
 
 /// Layer-wise inference over every vertex after training, across the job's ranks: each rank
@@ -444,6 +503,8 @@ impl Default for JobSpec {
             partition_dir: None,
             device_memory: None,
             predict: None,
+            staleness: None,
+            remote_features: None,
         }
     }
 }
@@ -529,6 +590,8 @@ const FIELDS: &[&str] = &[
     "partition_dir",
     "device_memory",
     "predict",
+    "staleness",
+    "remote_features",
 ];
 
 impl JobSpec {
@@ -635,6 +698,8 @@ impl JobSpec {
             partition_dir: r.string("partition_dir"),
             device_memory: r.bytes("device_memory"),
             predict: r.predict(),
+            staleness: r.staleness(),
+            remote_features: r.float("remote_features"),
         };
         // The default is what a serialized spec of a run without evaluation carries.
         if !spec.evaluate && obj.contains_key("eval_every") && spec.eval_every != d.eval_every {
@@ -878,6 +943,44 @@ impl JobSpec {
                 err(
                     "exact_preference",
                     format!("must be a number ≥ 1 (1 = no preference), got {x}"),
+                );
+            }
+        }
+        if let Some(st) = self.staleness {
+            if !matches!(self.mode, Mode::Fb | Mode::Flx) {
+                err(
+                    "staleness",
+                    format!(
+                        "bounds the full-batch halo exchange of modes fb and flx (mode is '{}')",
+                        self.mode
+                    ),
+                );
+            } else if self.inter_transport == InterTransport::Nccl {
+                err(
+                    "staleness",
+                    "skipped sends need the quic transport between servers (NCCL receives \
+                     need their sizes in advance)"
+                        .into(),
+                );
+            }
+            if let Err(e) = st.check() {
+                err("staleness", e);
+            }
+        }
+        if let Some(f) = self.remote_features {
+            if !matches!(self.mode, Mode::Cob | Mode::Mb) {
+                err(
+                    "remote_features",
+                    format!(
+                        "samples the features fetched from other servers in modes cob and mb \
+                         (mode is '{}')",
+                        self.mode
+                    ),
+                );
+            } else if !(f.is_finite() && f > 0.0 && f <= 1.0) {
+                err(
+                    "remote_features",
+                    format!("must be a fraction in (0, 1], got {f}"),
                 );
             }
         }
@@ -1185,6 +1288,40 @@ impl Reader<'_> {
         };
         self.errors.append(&mut sub.errors);
         Some(spec)
+    }
+
+    /// The `staleness` table (`bound`, `max_skips`).
+    fn staleness(&mut self) -> Option<Staleness> {
+        let v = self.get("staleness")?.clone();
+        let Value::Object(obj) = &v else {
+            let msg = format!(
+                "expected a table with 'bound' and 'max_skips', got {}",
+                describe(&v)
+            );
+            self.error("staleness", msg);
+            return None;
+        };
+        let mut sub = Reader {
+            obj,
+            prefix: "staleness.",
+            errors: Vec::new(),
+        };
+        sub.unknown_fields(&["bound", "max_skips"]);
+        let bound = sub.float("bound");
+        let max_skips = sub.uint("max_skips", 1, u32::MAX as i64);
+        for (key, given) in [
+            ("bound", bound.is_some()),
+            ("max_skips", max_skips.is_some()),
+        ] {
+            if !given && sub.get(key).is_none() {
+                sub.error(key, "required");
+            }
+        }
+        self.errors.append(&mut sub.errors);
+        Some(Staleness {
+            bound: bound?,
+            max_skips: max_skips?,
+        })
     }
 
     /// The `sampling` field, and GraphSAINT's `roots` when given (a budget in disguise,
@@ -1614,6 +1751,81 @@ mod tests {
             errors(r#"{"dataset": "d", "sampling": {"hops": 2}}"#),
             ["sampling.method: required (none, eas, fanout or saint)"]
         );
+    }
+
+    #[test]
+    fn seed_system_options() {
+        let s = JobSpec::from_toml_str(
+            "dataset = \"d\"\nmode = \"fb\"\n[staleness]\nbound = 0.05\nmax_skips = 4\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.staleness,
+            Some(Staleness {
+                bound: 0.05,
+                max_skips: 4
+            })
+        );
+        let back = JobSpec::from_json_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s, "round trip");
+        let s = JobSpec::from_json_str(r#"{"dataset": "d", "mode": "mb", "remote_features": 0.4}"#)
+            .unwrap();
+        assert_eq!(s.remote_features, Some(0.4));
+        for (doc, field, says) in [
+            (
+                r#"{"dataset": "d", "mode": "cob", "staleness": {"bound": 0.1, "max_skips": 2}}"#,
+                "staleness",
+                "modes fb and flx",
+            ),
+            (
+                r#"{"dataset": "d", "mode": "fb", "staleness": {"bound": -1, "max_skips": 2}}"#,
+                "staleness",
+                "≥ 0",
+            ),
+            (
+                r#"{"dataset": "d", "mode": "fb", "staleness": {"bound": 0.1}}"#,
+                "staleness.max_skips",
+                "required",
+            ),
+            (
+                r#"{"dataset": "d", "mode": "fb", "staleness": {"bound": 0.1, "max_skips": 2, "x": 1}}"#,
+                "staleness.x",
+                "unknown field",
+            ),
+            (
+                r#"{"dataset": "d", "mode": "fb", "inter_transport": "nccl", "staleness": {"bound": 0.1, "max_skips": 2}}"#,
+                "staleness",
+                "quic",
+            ),
+            (
+                r#"{"dataset": "d", "mode": "flx", "remote_features": 0.5}"#,
+                "remote_features",
+                "cob and mb",
+            ),
+            (
+                r#"{"dataset": "d", "mode": "mb", "remote_features": 1.5}"#,
+                "remote_features",
+                "(0, 1]",
+            ),
+        ] {
+            let e = JobSpec::from_json_str(doc).unwrap_err();
+            let f = e
+                .fields()
+                .iter()
+                .find(|f| f.field == field)
+                .unwrap_or_else(|| panic!("{doc}: no error on {field}: {e}"));
+            assert!(f.message.contains(says), "{doc}: {}", f.message);
+        }
+        assert_eq!(
+            "0.05,4".parse::<Staleness>().unwrap(),
+            Staleness {
+                bound: 0.05,
+                max_skips: 4
+            }
+        );
+        for bad in ["0.05", "x,4", "0.1,0", "0.1,-2"] {
+            assert!(bad.parse::<Staleness>().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -104,6 +104,23 @@ pub struct RunSummary {
     /// Layer-wise inference after training (jobs with `predict`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inference: Option<InferenceSummary>,
+    /// What SANCUS's staleness bound skipped (jobs with `staleness`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub staleness: Option<StaleSummary>,
+}
+
+/// What the staleness-bounded exchange did on the reporting ranks (summed over their epochs;
+/// `cluster up` sums the servers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StaleSummary {
+    /// Boundary-row sends between servers (one per layer, sending rank and peer) made and
+    /// skipped over the run.
+    pub sends: u64,
+    pub skips: u64,
+    /// Inter-server halo payload bytes per epoch not sent because of skips (the rows and their
+    /// gradients): `halo_bytes_per_epoch` plus this is the plan's prediction.
+    pub saved_bytes_per_epoch: u64,
 }
 
 /// What layer-wise inference after training did on the reporting ranks (a daemon's: its
@@ -265,6 +282,12 @@ impl RunSummary {
             }
             all.memory.extend(r.memory.iter().cloned());
             all.peak_rss_bytes = all.peak_rss_bytes.max(r.peak_rss_bytes);
+            if let Some(add) = &r.staleness {
+                let sum = all.staleness.get_or_insert_with(StaleSummary::default);
+                sum.sends += add.sends;
+                sum.skips += add.skips;
+                sum.saved_bytes_per_epoch += add.saved_bytes_per_epoch;
+            }
             match (&mut all.inference, &r.inference) {
                 (Some(sum), Some(add)) => sum.absorb(add),
                 (None, Some(add)) => all.inference = Some(add.clone()),

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use grandis_engine::Backend;
-use grandis_fabric::{chunk_range, DeviceTransfer, Endpoint, Tag, Topology};
+use grandis_fabric::{chunk_range, DeviceTransfer, Endpoint, Expected, Tag, Topology};
 use grandis_wire::InterTransport;
 use serde::Serialize;
 
@@ -306,15 +306,16 @@ impl<B: Backend> RankLinks<B> {
     }
 
     /// One layer's halo exchange: sends `sends` (`(peer, buffer, element range)`) and returns
-    /// what arrived from every `(peer, len)` of `expect`, in that order. Peers a device link
-    /// reaches go over it; the rest over the fabric, posted before the device round and
-    /// collected after it, so both are in flight together.
+    /// what arrived from every `(peer, expected)` of `expect`, in that order. Peers a device
+    /// link reaches go over it; the rest over the fabric, posted before the device round and
+    /// collected after it, so both are in flight together. Only fabric peers may skip a
+    /// transfer ([`Expected::ExactlyOrNone`]): device receives need their sizes in advance.
     pub fn exchange(
         &mut self,
         b: &B,
         ep: &mut Endpoint,
         sends: &[(usize, &B::Buf, Range<usize>)],
-        expect: &[(usize, usize)],
+        expect: &[(usize, Expected)],
         tag: Tag,
     ) -> anyhow::Result<Vec<Arrived<B>>> {
         let RankLinks {
@@ -330,6 +331,15 @@ impl<B: Backend> RankLinks<B> {
             .partition(|(p, _, _)| on_device(*p));
         let (dev_expect, host_expect): (Vec<_>, Vec<_>) =
             expect.iter().copied().partition(|&(p, _)| on_device(p));
+        let dev_expect: Vec<(usize, usize)> = dev_expect
+            .into_iter()
+            .map(|(p, e)| match e {
+                Expected::Exactly(n) => Ok((p, n)),
+                Expected::ExactlyOrNone(_) => Err(anyhow::anyhow!(
+                    "rank {p} is reached over a device link, which cannot skip a transfer ({tag})"
+                )),
+            })
+            .collect::<anyhow::Result<_>>()?;
         let mut staged = Vec::with_capacity(host_sends.len());
         for (peer, buf, range) in host_sends {
             let mut host = vec![0f32; range.len()];

@@ -1,0 +1,103 @@
+//! DGS's feature-level sampling of remote vertices (`ParallelOptions::remote_features`): the
+//! first epoch fetches whole rows (no trained weights to rank columns by yet) and equals the
+//! exact run; from the second on, every row fetched from another server carries exactly
+//! `ceil(fraction · F)` columns, so each epoch's fetched bytes are the exact run's times
+//! `k / F` (the batches are the same: same seed); modes without per-step fetches refuse it.
+
+mod common;
+
+use common::*;
+use grandis_fabric::{Direction, LinkClass, Phase};
+use grandis_models::ModelKind;
+use grandis_parallel::{Mode, ParallelOptions, ParallelReport, Sampling};
+
+fn run(
+    view: grandis_store::DatasetView<'_>,
+    part: &grandis_parallel::PartitionedGraph,
+    mode: Mode,
+    remote_features: Option<f64>,
+) -> anyhow::Result<ParallelReport> {
+    let config = config(&view, ModelKind::Sage, 2);
+    let popts = ParallelOptions {
+        mode,
+        threads_per_rank: Some(1),
+        batch_size: mode.is_mini_batch().then_some(10),
+        sampling: match mode {
+            Mode::Mb => Sampling::Fanout {
+                fanouts: vec![4, 3],
+            },
+            _ => Sampling::None,
+        },
+        remote_features,
+        ..Default::default()
+    };
+    grandis_parallel::train(view, part, config, &opts(4), &popts, &mut |_| {})
+}
+
+/// Inter-server fetch bytes sent in training epoch `epoch`.
+fn fetched(r: &ParallelReport, epoch: u32) -> u64 {
+    r.counters
+        .epochs
+        .iter()
+        .filter(|e| e.epoch == epoch)
+        .map(|e| {
+            e.bytes_where(Direction::Sent, |l| {
+                l.phase == Phase::Fetch && l.class == LinkClass::InterServer
+            })
+        })
+        .sum()
+}
+
+#[test]
+fn remote_rows_carry_the_chosen_fraction_of_columns() {
+    let f = 8u64;
+    let ds = random_dataset(31, 90, 360, f as usize, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 31);
+    for mode in [Mode::Mb, Mode::Cob] {
+        let exact = run(view, &part, mode, None).unwrap();
+        // ceil(0.3 * 8) = 3 columns.
+        let r = run(view, &part, mode, Some(0.3)).unwrap();
+        let k = 3u64;
+        let losses =
+            |r: &ParallelReport| -> Vec<f64> { r.train.epochs.iter().map(|s| s.loss).collect() };
+        assert_eq!(
+            losses(&r)[0],
+            losses(&exact)[0],
+            "{mode:?}: epoch 1 is exact"
+        );
+        assert!(losses(&r).iter().all(|l| l.is_finite()));
+        assert_eq!(
+            fetched(&r, 1),
+            fetched(&exact, 1),
+            "{mode:?}: whole rows first"
+        );
+        for epoch in 2..=4 {
+            let (got, full) = (fetched(&r, epoch), fetched(&exact, epoch));
+            assert!(
+                full > 0,
+                "{mode:?}: epoch {epoch} fetches from the other server"
+            );
+            assert_eq!(got * f, full * k, "{mode:?} epoch {epoch}: {got} vs {full}");
+        }
+        assert!(r.fetch_bytes_per_epoch.inter_server < exact.fetch_bytes_per_epoch.inter_server);
+        // Evaluation stays exact, and nothing else moves differently inside servers.
+        assert_eq!(
+            r.halo_bytes_per_epoch.intra_server,
+            exact.halo_bytes_per_epoch.intra_server
+        );
+    }
+}
+
+#[test]
+fn modes_that_fetch_once_refuse_remote_features() {
+    let ds = random_dataset(32, 60, 200, 4, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 1, 32);
+    for mode in [Mode::Fb, Mode::Flx] {
+        let e = run(view, &part, mode, Some(0.5))
+            .err()
+            .unwrap_or_else(|| panic!("{mode:?} accepted remote features"));
+        assert!(format!("{e:#}").contains("remote features"), "{e:#}");
+    }
+}
