@@ -12,7 +12,8 @@ use grandis_wire::{
 #[derive(clap::Args, Debug, Clone)]
 pub struct JobArgs {
     /// Execution mode: single (one process, the exact reference; `train` only), fb, flx, cob
-    /// (cooperative batching), mb (per-GPU mini-batches) or auto (the servers measure their
+    /// (cooperative batching), mb (per-GPU mini-batches), cluster (GraphTheta cluster batches:
+    /// unions of small METIS clusters, neighbours inside the batch) or auto (the servers measure their
     /// compute and links, and the planner runs the plan predicted fastest that fits
     /// --device-memory: see `grandis plan`). Default: single for `train`, flx for `cluster up`
     /// and `submit`.
@@ -147,7 +148,8 @@ pub struct JobArgs {
     #[arg(long)]
     pub elastic: bool,
     /// Target vertices per iteration: per server for cob (and auto when it picks CoB; the
-    /// default there is the largest that fits), per device for mb, GraphSAINT's budget.
+    /// default there is the largest that fits) and cluster (8 clusters of a eighth of it), per
+    /// device for mb, GraphSAINT's budget.
     #[arg(long, visible_alias = "cobatch-size")]
     pub batch_size: Option<u32>,
     /// After training, predict every vertex by layer-wise inference across the ranks

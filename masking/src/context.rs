@@ -128,6 +128,10 @@ impl<'a> PlanContext<'a> {
     pub fn graph(&self) -> CsrView<'a> {
         self.graph
     }
+    /// Whether the context was built for a symmetric graph (every edge has its reverse).
+    pub fn is_symmetric(&self) -> bool {
+        self.reverse.is_none()
+    }
     pub fn layout(&self) -> &Layout {
         &self.layout
     }

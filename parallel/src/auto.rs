@@ -45,7 +45,7 @@ pub(crate) fn resolve_mode(
     local: Option<&mut [Endpoint]>,
 ) -> anyhow::Result<(ParallelOptions, Option<PlanSummary>)> {
     match popts.mode {
-        Mode::Fb | Mode::Flx | Mode::Cob | Mode::Mb => Ok((popts.clone(), None)),
+        Mode::Fb | Mode::Flx | Mode::Cob | Mode::Mb | Mode::Cluster => Ok((popts.clone(), None)),
         Mode::Auto => {
             let (g, world) = (part.layout.devices(), part.layout.num_ranks());
             let choose_with = |servers: &[ServerRates], placement: Placement| {

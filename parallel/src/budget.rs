@@ -83,7 +83,7 @@ pub fn choose_preload_hops(
 ) -> anyhow::Result<KChoice> {
     let dims = model_dims(config);
     match (popts.mode, popts.preload_hops) {
-        (Mode::Cob | Mode::Mb | Mode::Single | Mode::Auto, _) => bail!(
+        (Mode::Cob | Mode::Mb | Mode::Cluster | Mode::Single | Mode::Auto, _) => bail!(
             "--mode {} runs every layer on its per-iteration plans; preloading is for --mode flx",
             popts.mode.name()
         ),

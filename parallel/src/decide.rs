@@ -8,12 +8,17 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use grandis_masking::{DevicePlan, KChoice, ModelDims, PlanContext, PreloadPlan};
 use grandis_models::ModelConfig;
-use grandis_sampling::{CoBatcher, MiniBatcher, Sampler};
+use grandis_sampling::{ClusterBatches, CoBatcher, MiniBatcher, Sampler};
 use grandis_wire::{LinkBytes, Mode, Sampling};
 
 use crate::budget::{choose_preload_hops, choose_sampled_k, predicted_halo_bytes};
 use crate::steps::{self, CobSampler, EvalBatches, Schedule};
 use crate::ParallelOptions;
+
+/// Clusters in one cluster batch per server (`--mode cluster`): a batch of `batch_size`
+/// vertices is this many METIS clusters of `batch_size / CLUSTERS_PER_BATCH`, drawn afresh each
+/// epoch, so batches vary between epochs (Cluster-GCN's stochastic multiple partitions).
+const CLUSTERS_PER_BATCH: usize = 8;
 
 /// What a run trains on, decided from its (resolved) options.
 pub(crate) struct Decision<'s> {
@@ -43,7 +48,7 @@ impl Decision<'_> {
         match &self.schedule {
             Schedule::Static { .. } => false,
             Schedule::FlxSampled { every, .. } => every.is_some_and(|n| n > 0 && epochs as u64 > n),
-            Schedule::Cob { .. } | Schedule::Mb { .. } => true,
+            Schedule::Cob { .. } | Schedule::Mb { .. } | Schedule::Cluster { .. } => true,
         }
     }
 }
@@ -71,7 +76,7 @@ pub(crate) fn decide<'s>(
     labelled_train: &dyn Fn(u32) -> bool,
     seed: u64,
 ) -> anyhow::Result<Decision<'s>> {
-    if let (Mode::Cob | Mode::Mb, Some(k)) = (popts.mode, popts.preload_hops) {
+    if let (Mode::Cob | Mode::Mb | Mode::Cluster, Some(k)) = (popts.mode, popts.preload_hops) {
         bail!(
             "--preload-hops {k}: --mode {} runs every layer on its per-iteration plans; \
              preloading is for --mode flx",
@@ -225,6 +230,46 @@ pub(crate) fn decide<'s>(
                 sampling: sampler_name,
             })
         }
+        (Mode::Cluster, Sampling::None) => {
+            let b = batch_size()?;
+            let size = (b / CLUSTERS_PER_BATCH).max(1) as u64;
+            let layout = ctx.layout();
+            let server_of: Vec<u32> = (0..layout.num_vertices())
+                .map(|v| layout.server_of(v) as u32)
+                .collect();
+            let cluster_of = grandis_partition::fine_clusters(
+                ctx.graph(),
+                ctx.is_symmetric(),
+                &server_of,
+                layout.servers(),
+                size,
+                seed,
+            )
+            .context("cutting the servers' vertices into clusters")?;
+            let batches = ClusterBatches::new(ctx, &cluster_of, CLUSTERS_PER_BATCH, seed)?;
+            let choice = batching(format!(
+                "cluster batches: {CLUSTERS_PER_BATCH} METIS clusters of about {size} vertices \
+                 per server per iteration ({:?} clusters per server), {} iterations per epoch, \
+                 neighbours restricted to the batch",
+                batches.clusters(),
+                batches.iterations()
+            ));
+            Ok(Decision {
+                sampling: batches.name(),
+                schedule: Schedule::Cluster { batches },
+                choice,
+                predicted: LinkBytes::default(),
+                replicated_vertices: 0,
+                // Evaluation is exact, as in every mode: full neighbourhoods, in co-batches.
+                eval: Eval::Batches(EvalBatches::new(ctx, b, popts.collect_logits)),
+            })
+        }
+        (Mode::Cluster, s) => bail!(
+            "{}",
+            Mode::Cluster
+                .sampling_conflict(s)
+                .unwrap_or_else(|| "internal: no conflict for this mode and sampling".into())
+        ),
         (Mode::Single | Mode::Auto, _) => {
             bail!(
                 "internal: mode {} reached the planner unresolved",

@@ -212,7 +212,7 @@ impl ParallelOptions {
             device_memory: spec.device_memory,
             sampling: spec.sampling.clone(),
             batch_size: match spec.mode {
-                Mode::Cob | Mode::Mb => Some(spec.batch_size_or_default() as usize),
+                Mode::Cob | Mode::Mb | Mode::Cluster => Some(spec.batch_size_or_default() as usize),
                 // auto: absent = the largest co-batch that fits, if it comes to CoB.
                 Mode::Auto => spec.batch_size.map(|b| b as usize),
                 _ => None,

@@ -815,7 +815,7 @@ fn count_epoch(
         )?;
         if matches!(
             decision.schedule,
-            Schedule::Cob { .. } | Schedule::Mb { .. }
+            Schedule::Cob { .. } | Schedule::Mb { .. } | Schedule::Cluster { .. }
         ) {
             counts.build_seconds += t.elapsed().as_secs_f64() * counts.scale;
         }
@@ -836,7 +836,7 @@ fn count_epoch(
                     Traffic::default()
                 }
             },
-            Schedule::Cob { .. } | Schedule::Mb { .. } => fetch,
+            Schedule::Cob { .. } | Schedule::Mb { .. } | Schedule::Cluster { .. } => fetch,
         };
         counts.steps.push(step);
         prev = Some(built);

@@ -23,7 +23,8 @@ use grandis_masking::{
     DevicePlan, FlxPlan, Layout, ModelDims, PlanContext,
 };
 use grandis_sampling::{
-    boundary_ratio, round_for_epoch, round_of, CoBatcher, MiniBatcher, Saint, Sampler,
+    boundary_ratio, round_for_epoch, round_of, ClusterBatches, CoBatcher, MiniBatcher, Saint,
+    Sampler,
 };
 
 /// One optimiser step's plans.
@@ -136,6 +137,9 @@ pub(crate) enum Schedule<'s> {
         batcher: MiniBatcher,
         sampler: &'s dyn Sampler,
     },
+    /// GraphTheta's cluster batches: one masked plan (all layers) per iteration on the
+    /// subgraph a union of clusters induces.
+    Cluster { batches: ClusterBatches },
 }
 
 /// What builds a co-batch's dependency graph.
@@ -154,6 +158,7 @@ impl Schedule<'_> {
             Schedule::Static { .. } | Schedule::FlxSampled { .. } => 1,
             Schedule::Cob { batcher, .. } => batcher.iterations(),
             Schedule::Mb { batcher, .. } => batcher.iterations(),
+            Schedule::Cluster { batches } => batches.iterations(),
         }
     }
 }
@@ -390,6 +395,13 @@ pub(crate) fn build_step(
                 }
                 CobSampler::Saint(s) => s.plan(ctx, layers, round)?,
             };
+            let (step, stats) = masked_step(ctx, plan, dims, labelled_train);
+            Ok((round, step, stats))
+        }
+        Schedule::Cluster { batches } => {
+            let round = round_of(epoch, it, batches.iterations());
+            let batch = batches.batch(epoch, it)?;
+            let plan = batches.plan(ctx, &batch, layers)?;
             let (step, stats) = masked_step(ctx, plan, dims, labelled_train);
             Ok((round, step, stats))
         }

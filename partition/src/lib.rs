@@ -277,10 +277,44 @@ fn clusters(
         .map(|v| part_index(server[v], device[v], cfg.devices) as u32)
         .collect();
     let parts = cfg.servers as usize * cfg.devices as usize;
-    let (members, local) = members_of(&part, parts);
+    fine_clusters(view.graph, symmetric, &part, parts, size, cfg.seed)
+}
+
+/// METIS clusters of about `size` vertices inside each of `groups` groups (`group_of[v]` for
+/// every vertex): the induced subgraph of every group is split on its own, so no cluster
+/// spans two groups. Returns every vertex's cluster, numbered from 0 within its group.
+/// Vertices only are balanced. Locality ordering uses it per device part; GraphTheta-style
+/// cluster batches per server.
+pub fn fine_clusters(
+    graph: CsrView<'_>,
+    symmetric: bool,
+    group_of: &[u32],
+    groups: usize,
+    size: u64,
+    seed: u64,
+) -> Result<Vec<u32>> {
+    if size == 0 {
+        return Err(PartitionError::Config(
+            "clusters must hold at least 1 vertex".into(),
+        ));
+    }
+    if group_of.len() != graph.num_vertices() {
+        return Err(PartitionError::Config(format!(
+            "{} group entries for {} vertices",
+            group_of.len(),
+            graph.num_vertices()
+        )));
+    }
+    if let Some(&g) = group_of.iter().find(|&&g| g as usize >= groups) {
+        return Err(PartitionError::Config(format!(
+            "group {g} of {groups} groups"
+        )));
+    }
+    let n = group_of.len();
+    let (members, local) = members_of(group_of, groups);
     let no_train = vec![false; n];
     let mut cluster = vec![0u32; n];
-    let mut progress = grandis_telemetry::Progress::new("locality clusters", Some(parts as u64));
+    let mut progress = grandis_telemetry::Progress::new("clusters", Some(groups as u64));
     for (p, m) in members.iter().enumerate() {
         let count = (m.len() as u64).div_ceil(size).max(1);
         let count = u32::try_from(count).map_err(|_| {
@@ -289,9 +323,8 @@ fn clusters(
                 m.len()
             ))
         })?;
-        let sub = Subgraph::induced(view.graph, symmetric, m, &local, &part, p as u32);
-        // Balance vertices only: clusters are about memory locality, not work.
-        let seed = cfg.seed.wrapping_add(0x10_0000 + p as u64);
+        let sub = Subgraph::induced(graph, symmetric, m, &local, group_of, p as u32);
+        let seed = seed.wrapping_add(0x10_0000 + p as u64);
         for (i, c) in methods::metis_parts(&sub, count, seed, &no_train)?
             .into_iter()
             .enumerate()

@@ -7,11 +7,13 @@
 //! GraphSAINT node / random-walk subgraphs ([`Saint`], the unmasked case), cooperative
 //! batching ([`CoBatcher`], [`cob_plan`]: one MFG per server per co-batch, spread over its
 //! devices) and the per-GPU mini-batch baseline ([`MiniBatcher`], [`mb_plans`]: one MFG per
-//! device, no sharing). [`sample_stats`] and [`EpochStats`] count sampled edges, computed
+//! device, no sharing), and GraphTheta's cluster batches ([`ClusterBatches`]: unions of
+//! small clusters, each vertex's neighbours restricted to the batch). [`sample_stats`] and [`EpochStats`] count sampled edges, computed
 //! vertex-layers and the boundary ratio β; [`largest_cobatch`] finds the largest co-batch that
 //! fits a memory budget. No numerics live here: a runner executes the plans.
 
 mod batch;
+mod cluster;
 mod eas;
 mod error;
 mod fanout;
@@ -25,6 +27,7 @@ mod stats;
 pub use batch::{
     cob_epoch_stats, cob_plan, mb_epoch_stats, mb_plans, CoBatcher, EpochStats, MiniBatcher,
 };
+pub use cluster::ClusterBatches;
 pub use eas::{external_distance, Eas, Priority};
 pub use error::{Result, SamplingError};
 pub use fanout::Fanout;

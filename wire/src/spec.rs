@@ -48,6 +48,9 @@ pub enum Mode {
     Cob,
     /// Conventional distributed mini-batch: one mini-batch per device (the MB baseline).
     Mb,
+    /// GraphTheta's cluster batches: each iteration trains on a union of small METIS clusters,
+    /// neighbours restricted to the batch (as Cluster-GCN).
+    Cluster,
     /// Let the runtime choose from the memory model (`device_memory`).
     Auto,
 }
@@ -246,8 +249,9 @@ pub struct UnknownName {
 named_enum!(ModelKind, "sage, gcn, ressage, mlp or gat", [
     Sage => "sage", Gcn => "gcn", ResSage => "ressage", Mlp => "mlp", Gat => "gat"
 ]);
-named_enum!(Mode, "single, fb, flx, cob, mb or auto", [
-    Single => "single", Fb => "fb", Flx => "flx", Cob => "cob", Mb => "mb", Auto => "auto"
+named_enum!(Mode, "single, fb, flx, cob, mb, cluster or auto", [
+    Single => "single", Fb => "fb", Flx => "flx", Cob => "cob", Mb => "mb",
+    Cluster => "cluster", Auto => "auto"
 ]);
 named_enum!(PartitionMethod, "metis, spring, random or bytegnn", [
     Metis => "metis", Spring => "spring", Random => "random", Bytegnn => "bytegnn"
@@ -264,7 +268,7 @@ impl Default for Mode {
 impl Mode {
     /// Modes that train on mini-batches (and so use `batch_size`).
     pub fn is_mini_batch(self) -> bool {
-        matches!(self, Mode::Cob | Mode::Mb)
+        matches!(self, Mode::Cob | Mode::Mb | Mode::Cluster)
     }
 
     /// Modes that run on servers × devices ranks (all but `single`).
@@ -289,6 +293,11 @@ impl Mode {
             (Mode::Mb, Sampling::Saint { .. }) => {
                 Some("GraphSAINT is server-wise here: use mode cob with sampling saint".into())
             }
+            (Mode::Cluster, s) => Some(format!(
+                "mode 'cluster' samples by clusters: its batches are their own sampling, so \
+                 sampling '{}' does not apply",
+                s.method()
+            )),
             _ => None,
         }
     }
@@ -968,12 +977,12 @@ impl JobSpec {
             }
         }
         if let Some(f) = self.remote_features {
-            if !matches!(self.mode, Mode::Cob | Mode::Mb) {
+            if !self.mode.is_mini_batch() {
                 err(
                     "remote_features",
                     format!(
-                        "samples the features fetched from other servers in modes cob and mb \
-                         (mode is '{}')",
+                        "samples the features fetched from other servers in modes cob, mb and \
+                         cluster (mode is '{}')",
                         self.mode
                     ),
                 );
@@ -1800,7 +1809,7 @@ mod tests {
             (
                 r#"{"dataset": "d", "mode": "flx", "remote_features": 0.5}"#,
                 "remote_features",
-                "cob and mb",
+                "cob, mb and cluster",
             ),
             (
                 r#"{"dataset": "d", "mode": "mb", "remote_features": 1.5}"#,
