@@ -359,7 +359,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("unknown 'fast' (expected single, fb, flx, cob, mb or auto)"),
+            e.contains("unknown 'fast' (expected single, fb, flx, cob, mb, cluster or auto)"),
             "{e}"
         );
         let e = spec(&["--sampling", "fanout"], Mode::Flx)

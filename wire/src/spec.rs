@@ -1071,7 +1071,7 @@ impl JobSpec {
                 field: "mode".into(),
                 message: format!(
                     "'{}' is the single-process trainer (`grandis train --mode single`); a \
-                     cluster job runs in mode fb, flx, cob, mb or auto",
+                     cluster job runs in mode fb, flx, cob, mb, cluster or auto",
                     self.mode
                 ),
             });
