@@ -296,7 +296,10 @@ pub(crate) fn static_step(
             (betas(ctx, &wrapper), wrapper.devices, None)
         }
     };
-    let plans = static_plans(fb, flx_devices, k, layers);
+    let fb: Vec<Arc<DevicePlan>> = fb.into_iter().map(Arc::new).collect();
+    let flx: Option<Vec<Arc<DevicePlan>>> =
+        flx_devices.map(|v| v.into_iter().map(Arc::new).collect());
+    let plans = layered_plans(&fb, flx.as_deref(), k, layers);
     finish(
         ctx.layout(),
         plans,
@@ -307,19 +310,18 @@ pub(crate) fn static_step(
     )
 }
 
-/// Every rank's per-layer plans of a static step: FLX for layers `< k`, FB above.
-fn static_plans(
-    fb: Vec<DevicePlan>,
-    flx: Option<Vec<DevicePlan>>,
+/// Every rank's per-layer plans of a full-batch step: its FLX plan for layers `< k` (when
+/// there is one), its FB plan above.
+fn layered_plans(
+    fb: &[Arc<DevicePlan>],
+    flx: Option<&[Arc<DevicePlan>]>,
     k: usize,
     layers: usize,
 ) -> Vec<Vec<Arc<DevicePlan>>> {
-    let fb: Vec<Arc<DevicePlan>> = fb.into_iter().map(Arc::new).collect();
-    let flx: Option<Vec<Arc<DevicePlan>>> = flx.map(|v| v.into_iter().map(Arc::new).collect());
     (0..fb.len())
         .map(|r| {
             (0..layers)
-                .map(|l| match &flx {
+                .map(|l| match flx {
                     Some(f) if l < k => f[r].clone(),
                     _ => fb[r].clone(),
                 })
@@ -361,19 +363,7 @@ pub(crate) fn build_step(
                 .map(|(r, d)| estimate_device(dims, *k, d, Some(&flx.devices[r])).total)
                 .collect();
             let flx: Vec<Arc<DevicePlan>> = flx.devices.into_iter().map(Arc::new).collect();
-            let plans = (0..fb.len())
-                .map(|r| {
-                    (0..layers)
-                        .map(|l| {
-                            if l < *k {
-                                flx[r].clone()
-                            } else {
-                                fb[r].clone()
-                            }
-                        })
-                        .collect()
-                })
-                .collect();
+            let plans = layered_plans(fb, Some(&flx), *k, layers);
             let (step, mut stats) = finish(
                 ctx.layout(),
                 plans,
