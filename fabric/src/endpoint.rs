@@ -258,7 +258,11 @@ impl Endpoint {
         tag: Tag,
     ) -> Result<Vec<(usize, Vec<f32>)>> {
         self.timed(tag, |ep| {
-            ep.exchange_impl(sends, expect.iter().map(|&(p, n)| (p, Some(n))), tag)
+            ep.exchange_impl(
+                sends,
+                expect.iter().map(|&(p, n)| (p, Some(Expected::Exactly(n)))),
+                tag,
+            )
         })
     }
 
@@ -278,26 +282,14 @@ impl Endpoint {
         tag: Tag,
     ) -> Result<Vec<(usize, Vec<f32>)>> {
         self.timed(tag, |ep| {
-            ep.check_peer_list(expect.iter().map(|&(p, _)| p), tag, "expect_from")?;
-            let mut out = Vec::with_capacity(expect.len());
-            for &(peer, expected) in expect {
-                let payload = ep.take(peer, Op::Exchange, tag)?;
-                let data = match (expected, &payload) {
-                    (Expected::ExactlyOrNone(_), Payload::F32(v)) if v.is_empty() => Vec::new(),
-                    _ => {
-                        ep.expect_f32(payload, peer, Op::Exchange, tag, Some(expected.full_len()))?
-                    }
-                };
-                out.push((peer, data));
-            }
-            Ok(out)
+            ep.collect_exchange_impl(expect.iter().map(|&(p, e)| (p, Some(e))), tag)
         })
     }
 
     fn exchange_impl(
         &mut self,
         sends: Vec<(usize, Vec<f32>)>,
-        expect: impl Iterator<Item = (usize, Option<usize>)> + Clone,
+        expect: impl Iterator<Item = (usize, Option<Expected>)> + Clone,
         tag: Tag,
     ) -> Result<Vec<(usize, Vec<f32>)>> {
         // Validate everything before the first send, so a bad call leaves no stray messages.
@@ -314,15 +306,27 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Receives one exchange message from every `(peer, expected)` of `expect`, in order
+    /// (`None`: any length).
     fn collect_exchange_impl(
         &mut self,
-        expect: impl Iterator<Item = (usize, Option<usize>)> + Clone,
+        expect: impl Iterator<Item = (usize, Option<Expected>)> + Clone,
         tag: Tag,
     ) -> Result<Vec<(usize, Vec<f32>)>> {
         self.check_peer_list(expect.clone().map(|(p, _)| p), tag, "expect_from")?;
         let mut out = Vec::new();
-        for (peer, len) in expect {
-            let data = self.take_f32(peer, Op::Exchange, tag, len)?;
+        for (peer, expected) in expect {
+            let payload = self.take(peer, Op::Exchange, tag)?;
+            let data = match (expected, &payload) {
+                (Some(Expected::ExactlyOrNone(_)), Payload::F32(v)) if v.is_empty() => Vec::new(),
+                _ => self.expect_f32(
+                    payload,
+                    peer,
+                    Op::Exchange,
+                    tag,
+                    expected.map(Expected::full_len),
+                )?,
+            };
             out.push((peer, data));
         }
         Ok(out)

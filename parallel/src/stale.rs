@@ -122,20 +122,24 @@ impl StaleHalo {
 
     /// The rows of halo group `g` of layer `l` from a message that arrived: the message
     /// itself (cached for later), or for an empty message (a skipped send) the cached rows.
-    pub fn arrived(&mut self, l: usize, g: usize, data: Vec<f32>) -> anyhow::Result<Vec<f32>> {
+    pub fn arrived(&mut self, l: usize, g: usize, data: Vec<f32>) -> anyhow::Result<&[f32]> {
+        let skipped = data.is_empty();
         let cached = slot(&mut self.received, l, g);
-        if !data.is_empty() {
-            *cached = Some(data.clone());
-            return Ok(data);
-        }
-        let Some(rows) = cached else {
+        if !skipped {
+            *cached = Some(data);
+        } else if cached.is_none() {
             bail!(
                 "a peer skipped sending layer {l}'s halo group {g}, which it never sent: \
                  nothing cached to use instead"
             );
-        };
-        *slot(&mut self.skipped_halo, l, g) = true;
-        Ok(rows.clone())
+        }
+        if skipped {
+            *slot(&mut self.skipped_halo, l, g) = true;
+        }
+        // Present: stored above, or checked.
+        Ok(slot(&mut self.received, l, g)
+            .as_deref()
+            .unwrap_or_default())
     }
 
     /// Whether this step's forward skipped send list `i` of layer `l`.
@@ -224,9 +228,9 @@ mod tests {
             st.arrived(0, 0, Vec::new()).is_err(),
             "a skip before any send is an error"
         );
-        assert_eq!(st.arrived(0, 0, vec![1.0, 2.0]).unwrap(), vec![1.0, 2.0]);
+        assert_eq!(st.arrived(0, 0, vec![1.0, 2.0]).unwrap(), [1.0, 2.0]);
         assert!(!st.skipped_halo(0, 0));
-        assert_eq!(st.arrived(0, 0, Vec::new()).unwrap(), vec![1.0, 2.0]);
+        assert_eq!(st.arrived(0, 0, Vec::new()).unwrap(), [1.0, 2.0]);
         assert!(st.skipped_halo(0, 0));
     }
 

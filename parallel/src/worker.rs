@@ -342,7 +342,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         for ((group, at, len, skippable), arrived) in arrivals.into_iter().zip(got) {
             match arrived {
                 Arrived::Host(data) => match (skippable, self.stale.as_mut()) {
-                    (true, Some(st)) => b.upload_into(buf, at, &st.arrived(l, group, data)?)?,
+                    (true, Some(st)) => b.upload_into(buf, at, st.arrived(l, group, data)?)?,
                     _ => b.upload_into(buf, at, &data)?,
                 },
                 Arrived::Device(rows) => b.copy_range(&rows, 0, buf, at, len)?,
@@ -366,43 +366,21 @@ impl<'w, B: Backend> Worker<'w, B> {
         let rows = &self.rt.blocks[lr.block].rows;
         // Rows the forward took from the stale cache were constants: no gradient goes back
         // for them, and their owner expects none.
-        let stale = self.stale.as_mut();
-        let (cached, skipped) = match &stale {
-            Some(st) => (
-                (0..plan.halo.len())
-                    .map(|g| st.skipped_halo(l, g))
-                    .collect(),
-                (0..plan.sends.len())
-                    .map(|i| st.skipped_send(l, i))
-                    .collect(),
-            ),
-            None => (vec![false; plan.halo.len()], vec![false; plan.sends.len()]),
-        };
-        let mut saved = 0u64;
-        let sends: Vec<_> = plan
-            .halo
-            .iter()
-            .zip(&rows.halo)
-            .enumerate()
-            .filter(|(_, (_, h))| h.len > 0)
-            .filter(|&(g, (_, h))| {
-                if cached[g] {
-                    saved += h.len as u64 * d as u64 * 4;
-                }
-                !cached[g]
-            })
-            .map(|(_, (g, h))| {
-                let at = h.compact_start as usize * d;
-                (g.peer, &*gx, at..at + h.len as usize * d)
-            })
-            .collect();
-        if let Some(st) = stale {
-            st.saved(saved);
+        let mut stale = self.stale.as_mut();
+        let mut sends = Vec::new();
+        for (g, (group, h)) in plan.halo.iter().zip(&rows.halo).enumerate() {
+            let (at, len) = (h.compact_start as usize * d, h.len as usize * d);
+            match stale.as_deref_mut().filter(|st| st.skipped_halo(l, g)) {
+                Some(st) => st.saved(len as u64 * 4),
+                None if len > 0 => sends.push((group.peer, &*gx, at..at + len)),
+                None => {}
+            }
         }
+        let skipped = |i: usize| stale.as_ref().is_some_and(|st| st.skipped_send(l, i));
         let mut expect = Vec::new();
         let mut lists = Vec::new();
         for (i, s) in plan.sends.iter().enumerate() {
-            if let Some(idx) = lr.send_idx[i].as_ref().filter(|_| !skipped[i]) {
+            if let Some(idx) = lr.send_idx[i].as_ref().filter(|_| !skipped(i)) {
                 expect.push((s.peer, Expected::Exactly(b.index_len(idx) * d)));
                 lists.push(i);
             }
