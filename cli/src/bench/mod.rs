@@ -4,6 +4,7 @@
 mod modes;
 mod partition;
 mod plan;
+mod techniques;
 mod train;
 
 use anyhow::Context;
@@ -25,6 +26,10 @@ pub enum BenchCommand {
     /// The planner's predicted epoch time of every candidate against the measured one, over
     /// several emulated inter-server bandwidths; whether its choice is the fastest.
     Plan(plan::BenchPlanArgs),
+    /// SANCUS staleness, DGS remote-feature sampling and cluster batches against the exact
+    /// runs they change, over seeds: inter-server bytes, epoch time, test accuracy and seconds
+    /// to a validation accuracy, as ratios against the exact row.
+    Techniques(techniques::BenchTechniquesArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -33,13 +38,28 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Train(args) => train::run(args),
         BenchCommand::Modes(args) => modes::run(args),
         BenchCommand::Plan(args) => plan::run(args),
+        BenchCommand::Techniques(args) => techniques::run(args),
     }
 }
 
-/// The synthetic power-law graph, its partition over S x G ranks (threads of this process)
-/// and the SAGE model that `bench modes` and `bench plan` run, with the links they emulate.
+/// Training seconds until the validation accuracy first reached `target`, from a curve of
+/// (training seconds so far, validation accuracy) after each evaluated epoch.
+fn seconds_to(curve: &[(f64, f64)], target: f64) -> Option<f64> {
+    curve
+        .iter()
+        .find(|(_, acc)| *acc >= target)
+        .map(|(s, _)| *s)
+}
+
+/// The synthetic power-law graph (or a dataset directory), its partition over S x G ranks
+/// (threads of this process) and the SAGE model that `bench modes`, `bench plan` and `bench
+/// techniques` run, with the links they emulate.
 #[derive(clap::Args)]
 pub struct BenchGraphArgs {
+    /// A dataset directory (`grandis data ...`, e.g. data/cora) to run on instead of the
+    /// synthetic graph; --vertices, --avg-degree, --features and --classes are then unused.
+    #[arg(long)]
+    pub data: Option<std::path::PathBuf>,
     #[arg(long, default_value_t = 200_000)]
     pub vertices: u64,
     /// Target average directed degree of the power-law graph.
@@ -54,9 +74,10 @@ pub struct BenchGraphArgs {
     pub classes: usize,
     #[arg(long, default_value_t = 3)]
     pub layers: usize,
-    /// Epochs per run; the first is a warm-up and is left out of the times.
-    #[arg(long, default_value_t = 3)]
-    pub epochs: usize,
+    /// Epochs per run (default 3; `bench techniques`: 20). Epoch times are medians, so the
+    /// first epoch's warm-up barely moves them.
+    #[arg(long)]
+    pub epochs: Option<usize>,
     #[arg(long, default_value_t = 2)]
     pub servers: usize,
     #[arg(long, default_value_t = 2)]
@@ -85,20 +106,25 @@ pub struct BenchGraph {
 }
 
 impl BenchGraphArgs {
-    /// Generates the graph (named `name`), partitions it and configures the model, logging
-    /// what each took.
+    /// Generates the graph (named `name`) or reads `--data`, partitions it and configures the
+    /// model, logging what each took.
     pub fn build(&self, name: &str) -> anyhow::Result<BenchGraph> {
         let t = std::time::Instant::now();
-        let dataset = grandis_synth::generate_in_memory(&SynthConfig {
-            name: name.into(),
-            nodes: self.vertices,
-            avg_degree: self.avg_degree,
-            features: self.features,
-            classes: self.classes,
-            seed: self.seed,
-            ..SynthConfig::default()
-        })
-        .context("generating the graph")?;
+        let dataset = match &self.data {
+            Some(dir) => grandis_store::Dataset::open(dir)
+                .with_context(|| format!("opening dataset {}", dir.display()))?
+                .to_in_memory(),
+            None => grandis_synth::generate_in_memory(&SynthConfig {
+                name: name.into(),
+                nodes: self.vertices,
+                avg_degree: self.avg_degree,
+                features: self.features,
+                classes: self.classes,
+                seed: self.seed,
+                ..SynthConfig::default()
+            })
+            .context("generating the graph")?,
+        };
         let view = dataset.view();
         let stats = grandis_synth::measure(&view);
         eprintln!(
@@ -129,11 +155,11 @@ impl BenchGraphArgs {
         let config = ModelConfig {
             kind: ModelKind::Sage,
             layers: self.layers,
-            in_dim: self.features,
+            in_dim: dataset.feature_dim,
             hidden: self.hidden,
             heads: grandis_wire::defaults::HEADS as usize,
             output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
-            classes: self.classes,
+            classes: dataset.num_classes,
             dropout: 0.5,
             layer_norm: false,
             seed: self.seed,

@@ -55,7 +55,7 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
     let view = ds.view();
     // Through serde so that options the trainer adds later take their defaults.
     let opts: TrainOptions = serde_json::from_value(serde_json::json!({
-        "epochs": args.graph.epochs.max(2),
+        "epochs": args.graph.epochs.unwrap_or(3).max(2),
         "lr": 0.01,
         "weight_decay": 5e-4,
         "adamw": false,

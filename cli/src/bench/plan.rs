@@ -48,7 +48,7 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
     } = args.graph.build("bench-plan")?;
     let view = ds.view();
     let opts: TrainOptions = serde_json::from_value(serde_json::json!({
-        "epochs": args.graph.epochs.max(2), "lr": 0.01, "weight_decay": 5e-4, "adamw": false,
+        "epochs": args.graph.epochs.unwrap_or(3).max(2), "lr": 0.01, "weight_decay": 5e-4, "adamw": false,
         "grad_clip": null, "eval": "never", "seed": args.graph.seed,
     }))?;
     let measured = ServerRates {

@@ -343,14 +343,6 @@ fn timed_epochs<B: grandis_engine::Backend>(
     Ok(m)
 }
 
-/// Training seconds until the validation accuracy first reached `target`.
-fn seconds_to(curve: &[(f64, f64)], target: f64) -> Option<f64> {
-    curve
-        .iter()
-        .find(|(_, acc)| *acc >= target)
-        .map(|(s, _)| *s)
-}
-
 /// Device-to-device copy rate of `b` (bytes read plus written per second), best of 5 copies
 /// of a 1 GiB buffer: the bandwidth bound an aggregation is held against on a GPU.
 #[cfg(feature = "cuda")]
@@ -537,7 +529,7 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
     );
     let to_target = args
         .target_acc
-        .map(|t| (t, seconds_to(&run.measured.curve, t)));
+        .map(|t| (t, super::seconds_to(&run.measured.curve, t)));
     if let Some((t, secs)) = to_target {
         match secs {
             Some(s) => println!("  validation accuracy {t} after {s:.2}s of training"),
@@ -581,7 +573,7 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
                 println!(
                     "  seconds to validation accuracy {target}: grandis {}, PyG ({adj}) {}",
                     fmt(ours),
-                    fmt(seconds_to(&theirs, target))
+                    fmt(super::seconds_to(&theirs, target))
                 );
             }
         }
