@@ -10,7 +10,7 @@ mod train;
 use anyhow::Context;
 use clap::Subcommand;
 use grandis_models::{ModelConfig, ModelKind};
-use grandis_parallel::PartitionedGraph;
+use grandis_parallel::{LinkModel, PartitionedGraph};
 use grandis_partition::PartitionMethod;
 use grandis_store::InMemoryDataset;
 use grandis_synth::{GraphStats, SynthConfig};
@@ -95,6 +95,19 @@ pub struct BenchGraphArgs {
     pub threads_per_rank: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+}
+
+impl BenchGraphArgs {
+    /// The emulated links: intra-server at `--intra-bandwidth`, inter-server at `1 /
+    /// inter_ratio` of it with `--inter-latency-ms` per message.
+    pub fn links(&self, inter_ratio: f64) -> (LinkModel, LinkModel) {
+        let intra = LinkModel::new(self.intra_bandwidth, std::time::Duration::ZERO);
+        let inter = LinkModel::new(
+            self.intra_bandwidth / inter_ratio,
+            std::time::Duration::from_secs_f64(self.inter_latency_ms / 1000.0),
+        );
+        (intra, inter)
+    }
 }
 
 /// What [`BenchGraphArgs::build`] makes.

@@ -64,13 +64,8 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         "eval": "end",
         "seed": args.graph.seed,
     }))?;
-    let intra =
-        grandis_parallel::LinkModel::new(args.graph.intra_bandwidth, std::time::Duration::ZERO);
     let inter_bw = args.graph.intra_bandwidth / args.inter_ratio;
-    let inter = grandis_parallel::LinkModel::new(
-        inter_bw,
-        std::time::Duration::from_secs_f64(args.graph.inter_latency_ms / 1000.0),
-    );
+    let (intra, inter) = args.graph.links(args.inter_ratio);
     let mut rows: Vec<Row> = Vec::new();
     let mut modes: Vec<(String, ParallelOptions)> = std::iter::once((Mode::Fb, None))
         .chain((1..=args.graph.layers).map(|k| (Mode::Flx, Some(k))))

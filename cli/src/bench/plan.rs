@@ -8,7 +8,7 @@
 use anyhow::Context;
 use grandis_parallel::auto::{plan_rates, Placement};
 use grandis_parallel::planner::{candidates, choose, plan, Counting};
-use grandis_parallel::{Compute, LinkModel, ParallelOptions, Sampling};
+use grandis_parallel::{Compute, ParallelOptions, Sampling};
 use grandis_trainer::TrainOptions;
 use grandis_wire::{LinkRate, PlanRates, ServerRates};
 use std::time::Duration;
@@ -107,10 +107,11 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
             },
             ..calibrated
         };
+        let (intra, inter) = args.graph.links(ratio);
         let base = ParallelOptions {
             threads_per_rank: Some(args.graph.threads_per_rank),
-            intra: LinkModel::new(args.graph.intra_bandwidth, Duration::ZERO),
-            inter: LinkModel::new(inter_bw, latency),
+            intra,
+            inter,
             ..Default::default()
         };
         let planned = plan(

@@ -214,12 +214,7 @@ pub fn run(args: BenchTechniquesArgs) -> anyhow::Result<()> {
     } = args.graph.build("bench-techniques")?;
     let view = ds.view();
     let inter_bw = args.graph.intra_bandwidth / args.inter_ratio;
-    let intra =
-        grandis_parallel::LinkModel::new(args.graph.intra_bandwidth, std::time::Duration::ZERO);
-    let inter = grandis_parallel::LinkModel::new(
-        inter_bw,
-        std::time::Duration::from_secs_f64(args.graph.inter_latency_ms / 1000.0),
-    );
+    let (intra, inter) = args.graph.links(args.inter_ratio);
 
     let mut runs: BTreeMap<&str, Vec<Run>> = BTreeMap::new();
     let total = (variants.len() * args.seeds.len()) as u64;
