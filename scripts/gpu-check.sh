@@ -18,7 +18,8 @@
 #   ranks   fb, flx (every k), cob and mb, 2 servers x 2 ranks sharing the GPU (no sampling),
 #           against the same runs on CPU threads: per-epoch losses within 1e-4 relative, and
 #           the single-GPU full-batch epoch (RANKS_NODES vertices, default 20000); the ranks
-#           use device copies; then fb on one rank with NCCL inside and between servers
+#           use device copies; then fb on one rank with NCCL inside and between servers; then
+#           `cluster up --device cuda:0` (two daemon processes x 2 ranks) for fb and cob
 # Output of each step goes to stdout and to OUT/STEP.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -160,6 +161,17 @@ step_ranks() {
     "$GRANDIS" train "$ds" "${one[@]}" --device cuda:0 --inter-transport nccl >"$WORK/ranks-nccl-gpu.json" 2>"$WORK/ranks-nccl-gpu.err" || { tail -3 "$WORK/ranks-nccl-gpu.err"; ok=1; }
     same_losses "$WORK/ranks-nccl-cpu.json" "$WORK/ranks-nccl-gpu.json" 1e-4 || ok=1
     transport_is "$WORK/ranks-nccl-gpu.json" "nccl inside servers, nccl between" || ok=1
+    # Two daemon processes (a coordinator and QUIC between them), each with its 2 ranks on the
+    # one GPU, against the in-process CPU runs above (same flags, so the same losses).
+    local m
+    for m in "fb" "cob --cobatch-size 2000"; do
+        local tag=${m// /_}
+        echo "--- cluster up --mode $m --device cuda:0 (2 daemons x 2 ranks)"
+        [ -s "$WORK/ranks-$tag-cpu.json" ] || { echo "  no CPU run to compare with"; ok=1; continue; }
+        "$GRANDIS" cluster up --dataset "$ds" --mode $m "${common[@]}" --device cuda:0 \
+            >"$WORK/cluster-$tag-gpu.json" 2>"$WORK/cluster-$tag-gpu.err" || { tail -5 "$WORK/cluster-$tag-gpu.err"; ok=1; continue; }
+        same_losses "$WORK/ranks-$tag-cpu.json" "$WORK/cluster-$tag-gpu.json" 1e-4 || ok=1
+    done
     return $ok
 }
 
