@@ -114,13 +114,15 @@ pub(crate) fn train_ranks(
         auto::resolve_mode(&view, part, &config, popts, opts.seed, local.as_deref_mut())?;
     if popts.staleness.is_some() && !matches!(popts.mode, Mode::Fb | Mode::Flx) {
         bail!(
-            "staleness bounds the full-batch halo exchange of modes fb and flx; mode {} has none              to skip",
+            "staleness bounds the full-batch halo exchange of modes fb and flx; mode {} has none \
+             to skip",
             popts.mode
         );
     }
     if popts.remote_features.is_some() && !popts.mode.is_mini_batch() {
         bail!(
-            "remote features samples the features fetched per step in modes cob and mb; mode {}              fetches them once",
+            "remote features samples the features fetched per step in modes cob, mb and \
+             cluster; mode {} fetches them once",
             popts.mode
         );
     }
