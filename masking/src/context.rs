@@ -75,6 +75,9 @@ pub struct PlanContext<'a> {
     reverse: Option<CsrGraph>,
     layout: Layout,
     splits: SplitMembership,
+    /// One bit per vertex: does it have a full-graph in-neighbour homed on another server
+    /// (computed on first use, one pass over the graph, then O(1) per vertex).
+    crosses: std::sync::OnceLock<Vec<u64>>,
 }
 
 impl<'a> PlanContext<'a> {
@@ -122,6 +125,7 @@ impl<'a> PlanContext<'a> {
             reverse,
             layout,
             splits,
+            crosses: std::sync::OnceLock::new(),
         })
     }
 
@@ -155,6 +159,29 @@ impl<'a> PlanContext<'a> {
     /// In-degree of `v` in the FULL graph (what normalisation must use on a partial graph).
     pub fn in_degree(&self, v: u32) -> u32 {
         self.graph.degree(v) as u32
+    }
+    /// Whether `v` has an in-neighbour in the full graph homed on another server than `v`
+    /// (its inputs cross the server boundary): the first call sets a bit per vertex in one
+    /// parallel pass, so per-step statistics never walk full in-neighbour lists.
+    pub fn reads_across_servers(&self, v: u32) -> bool {
+        let bits = self.crosses.get_or_init(|| {
+            use rayon::prelude::*;
+            let n = self.num_vertices();
+            (0..n.div_ceil(64))
+                .into_par_iter()
+                .map(|w| {
+                    let mut word = 0u64;
+                    for v in (w * 64) as u32..((w + 1) * 64).min(n) as u32 {
+                        let home = self.layout.server_range(self.layout.server_of(v));
+                        if self.in_neighbors(v).iter().any(|u| !home.contains(u)) {
+                            word |= 1 << (v % 64);
+                        }
+                    }
+                    word
+                })
+                .collect()
+        });
+        bits[v as usize / 64] >> (v % 64) & 1 == 1
     }
     /// Out-degree of `v` in the full graph.
     pub fn out_degree(&self, v: u32) -> u32 {

@@ -44,9 +44,14 @@ pub struct SampledEdges {
     offsets: Vec<u64>,
     /// Kept sources of every row, sorted and distinct within a row.
     indices: Vec<u32>,
-    /// Optional per-layer edge flags: `layers[l][e]` for every kept edge `e` (index into
-    /// `indices`). None: every kept edge is used at every layer.
-    layers: Option<Vec<Vec<bool>>>,
+    /// Optional per-layer edge flags: bit `l` of `layers[e]` says kept edge `e` (index into
+    /// `indices`) is used at layer `l`. None: every kept edge is used at every layer.
+    layers: Option<Vec<u64>>,
+    /// Number of per-layer flag sets (0 without them).
+    num_layers: usize,
+    /// Row position of every vertex in `rows`: a row is found in O(1), so walking a sample
+    /// costs what the sample holds, not a search through it per vertex.
+    position: rustc_hash::FxHashMap<u32, u32>,
 }
 
 impl SampledEdges {
@@ -61,37 +66,25 @@ impl SampledEdges {
                 w[0].0
             )));
         }
-        let mut out = SampledEdges {
-            rows: Vec::with_capacity(rows.len()),
-            offsets: Vec::with_capacity(rows.len() + 1),
-            indices: Vec::new(),
-            layers: None,
-        };
-        out.offsets.push(0);
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut offsets = Vec::with_capacity(rows.len() + 1);
+        let mut indices = Vec::new();
+        offsets.push(0);
         for (v, mut srcs) in rows {
             srcs.sort_unstable();
             srcs.dedup();
-            out.rows.push(v);
-            out.indices.extend(srcs);
-            out.offsets.push(out.indices.len() as u64);
+            ids.push(v);
+            indices.extend(srcs);
+            offsets.push(indices.len() as u64);
         }
-        Ok(out)
+        Ok(SampledEdges::assemble(ids, offsets, indices, None, 0))
     }
 
     /// Per-layer sampled edges: `per_layer[l]` lists `(destination, sources used at layer l)`.
     /// The kept graph is the union over layers, with one flag per layer and edge.
     pub fn from_layer_rows(per_layer: Vec<Vec<(u32, Vec<u32>)>>) -> Result<SampledEdges> {
         let n_layers = per_layer.len();
-        if n_layers == 0 {
-            return Err(MaskingError::Spec(
-                "per-layer sampled edges need at least one layer".into(),
-            ));
-        }
-        if n_layers > 64 {
-            return Err(MaskingError::Spec(format!(
-                "{n_layers} sampled layers is more than the supported 64"
-            )));
-        }
+        check_layer_count(n_layers)?;
         // (dst, src, layer bits), merged.
         let mut all: Vec<(u32, u32, u64)> = Vec::new();
         for (l, rows) in per_layer.into_iter().enumerate() {
@@ -100,41 +93,130 @@ impl SampledEdges {
             }
         }
         all.sort_unstable_by_key(|&(v, u, _)| (v, u));
-        let mut merged: Vec<(u32, u32, u64)> = Vec::with_capacity(all.len());
-        for e in all {
-            match merged.last_mut() {
-                Some(m) if m.0 == e.0 && m.1 == e.1 => m.2 |= e.2,
-                _ => merged.push(e),
+        let mut rows = Vec::new();
+        let mut offsets = vec![0u64];
+        let mut indices: Vec<u32> = Vec::with_capacity(all.len());
+        let mut bits: Vec<u64> = Vec::with_capacity(all.len());
+        for (v, u, b) in all {
+            if rows.last() == Some(&v) && indices.last() == Some(&u) {
+                *bits.last_mut().expect("an edge was pushed") |= b;
+                continue;
             }
-        }
-        let mut out = SampledEdges {
-            rows: Vec::new(),
-            offsets: vec![0],
-            indices: Vec::with_capacity(merged.len()),
-            layers: Some(vec![Vec::with_capacity(merged.len()); n_layers]),
-        };
-        let layers = out.layers.as_mut().expect("set above");
-        for &(v, u, bits) in &merged {
-            if out.rows.last() != Some(&v) {
-                if !out.rows.is_empty() {
-                    out.offsets.push(out.indices.len() as u64);
+            if rows.last() != Some(&v) {
+                if !rows.is_empty() {
+                    offsets.push(indices.len() as u64);
                 }
-                out.rows.push(v);
+                rows.push(v);
             }
-            out.indices.push(u);
-            for (l, flags) in layers.iter_mut().enumerate() {
-                flags.push(bits >> l & 1 == 1);
+            indices.push(u);
+            bits.push(b);
+        }
+        if !rows.is_empty() {
+            offsets.push(indices.len() as u64);
+        }
+        Ok(SampledEdges::assemble(
+            rows,
+            offsets,
+            indices,
+            Some(bits),
+            n_layers,
+        ))
+    }
+
+    /// Straight from a CSR a sampler built: `rows` ascending and distinct, `offsets` of
+    /// `rows.len() + 1` entries from 0 to `indices.len()`, each row's sources ascending and
+    /// distinct, and with `layers = Some((n, bits))` one bit set of `n` layers per edge (bit l:
+    /// used at layer l). Checked in one pass over the edges.
+    pub fn from_csr(
+        rows: Vec<u32>,
+        offsets: Vec<u64>,
+        indices: Vec<u32>,
+        layers: Option<(usize, Vec<u64>)>,
+    ) -> Result<SampledEdges> {
+        let bad = |what: String| Err(MaskingError::Spec(format!("sampled edges: {what}")));
+        if offsets.len() != rows.len() + 1
+            || offsets.first() != Some(&0)
+            || offsets.last() != Some(&(indices.len() as u64))
+        {
+            return bad(format!(
+                "{} offsets for {} rows and {} edges",
+                offsets.len(),
+                rows.len(),
+                indices.len()
+            ));
+        }
+        if let Some(w) = rows.windows(2).find(|w| w[0] >= w[1]) {
+            return bad(format!("rows {} then {} are not ascending", w[0], w[1]));
+        }
+        for (i, w) in offsets.windows(2).enumerate() {
+            let Some(row) = indices.get(w[0] as usize..w[1] as usize) else {
+                return bad(format!(
+                    "row of vertex {} has offsets {}..{}",
+                    rows[i], w[0], w[1]
+                ));
+            };
+            if let Some(p) = row.windows(2).find(|p| p[0] >= p[1]) {
+                return bad(format!(
+                    "sources {} then {} of vertex {} are not ascending",
+                    p[0], p[1], rows[i]
+                ));
             }
         }
-        if !out.rows.is_empty() {
-            out.offsets.push(out.indices.len() as u64);
+        let (n_layers, bits) = match layers {
+            None => (0, None),
+            Some((n, bits)) => {
+                check_layer_count(n)?;
+                if bits.len() != indices.len() {
+                    return bad(format!(
+                        "{} layer flags for {} edges",
+                        bits.len(),
+                        indices.len()
+                    ));
+                }
+                if n < 64 && bits.iter().any(|&b| b >> n != 0) {
+                    return bad(format!("a layer flag past the {n} layers"));
+                }
+                (n, Some(bits))
+            }
+        };
+        Ok(SampledEdges::assemble(
+            rows, offsets, indices, bits, n_layers,
+        ))
+    }
+
+    fn assemble(
+        rows: Vec<u32>,
+        offsets: Vec<u64>,
+        indices: Vec<u32>,
+        layers: Option<Vec<u64>>,
+        num_layers: usize,
+    ) -> SampledEdges {
+        let mut position = rustc_hash::FxHashMap::default();
+        position.reserve(rows.len());
+        position.extend(rows.iter().enumerate().map(|(i, &v)| (v, i as u32)));
+        SampledEdges {
+            rows,
+            offsets,
+            indices,
+            layers,
+            num_layers,
+            position,
         }
-        Ok(out)
     }
 
     /// Vertices with a kept row (sorted).
     pub fn rows(&self) -> &[u32] {
         &self.rows
+    }
+    /// Every kept row in order: (vertex, index of its first edge, its kept sources).
+    pub fn iter_rows(&self) -> impl Iterator<Item = (u32, usize, &[u32])> + '_ {
+        self.rows
+            .iter()
+            .zip(self.offsets.windows(2))
+            .map(|(&v, w)| {
+                let (a, b) = (w[0] as usize, w[1] as usize);
+                (v, a, &self.indices[a..b])
+            })
     }
     /// Number of kept edges (the union over layers).
     pub fn num_edges(&self) -> usize {
@@ -142,7 +224,7 @@ impl SampledEdges {
     }
     /// Number of per-layer flag sets (0 when every edge is used at every layer).
     pub fn num_layers(&self) -> usize {
-        self.layers.as_ref().map_or(0, Vec::len)
+        self.num_layers
     }
     /// Whether edges carry per-layer flags.
     pub fn is_per_layer(&self) -> bool {
@@ -150,28 +232,43 @@ impl SampledEdges {
     }
     /// Kept sources of `v` and the index of its first edge; empty when `v` has no kept row.
     pub fn row(&self, v: u32) -> (usize, &[u32]) {
-        match self.rows.binary_search(&v) {
-            Ok(i) => {
+        match self.position.get(&v) {
+            Some(&i) => {
+                let i = i as usize;
                 let (a, b) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
                 (a, &self.indices[a..b])
             }
-            Err(_) => (0, &[]),
+            None => (0, &[]),
         }
     }
     /// Whether kept edge `e` is used at layer `layer` (always true without per-layer flags).
     pub fn used_at(&self, e: usize, layer: usize) -> bool {
         match &self.layers {
-            Some(flags) => flags[layer][e],
+            Some(bits) => bits[e] >> layer & 1 == 1,
             None => true,
         }
     }
     /// Kept edges used at `layer` (all kept edges without per-layer flags).
     pub fn edges_at(&self, layer: usize) -> usize {
         match &self.layers {
-            Some(flags) => flags[layer].iter().filter(|&&b| b).count(),
+            Some(bits) => bits.iter().filter(|&&b| b >> layer & 1 == 1).count(),
             None => self.indices.len(),
         }
     }
+}
+
+fn check_layer_count(n_layers: usize) -> Result<()> {
+    if n_layers == 0 {
+        return Err(MaskingError::Spec(
+            "per-layer sampled edges need at least one layer".into(),
+        ));
+    }
+    if n_layers > 64 {
+        return Err(MaskingError::Spec(format!(
+            "{n_layers} sampled layers is more than the supported 64"
+        )));
+    }
+    Ok(())
 }
 
 /// Which in-edges of the extracted rows are kept.
@@ -244,10 +341,6 @@ impl<'g> RowSource<'_, 'g> {
             RowSource::Exact(_) => true,
             RowSource::Sampled(s) => s.used_at(e, layer),
         }
-    }
-    /// Whether `u -> v` is a kept edge (`v`'s row contains `u`).
-    pub fn keeps(&self, u: u32, v: u32) -> bool {
-        self.row(v).1.binary_search(&u).is_ok()
     }
     /// The need level a kept edge `e` of a row at level `lv` contributes in a plan with `k`
     /// masked layers: the row's level without per-layer flags; with them `k - 1 - l` for the

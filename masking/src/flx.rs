@@ -8,6 +8,7 @@ use rayon::prelude::*;
 use crate::context::PlanContext;
 use crate::error::{MaskingError, Result};
 use crate::extract::{Edges, ExtractionSpec, RowSource};
+use crate::idmap::IdMap;
 use crate::plan::{build_device, fill_sends, DevicePlan, DeviceSpec};
 
 /// The FB plan (PipeGCN without pipeline): `devices[r]` is rank r's plan; halos come from any
@@ -117,14 +118,48 @@ impl PreloadPlan {
     }
 }
 
-/// Per-vertex state of one server's extraction.
-#[derive(Clone, Copy)]
-struct Slot {
-    /// Hop distance from the inner set; `ABSENT` when not extracted.
-    level: u8,
-    /// Device (within the server) that owns the vertex in the FLX plan.
-    device: u16,
+/// The vertices one server's extraction reached, by index in discovery order (a vertex's
+/// level and, once placed, its device within the server).
+struct Reached {
+    index: IdMap,
+    level: Vec<u8>,
+    device: Vec<u16>,
 }
+
+impl Reached {
+    /// For an extraction of about `expected` vertices of a graph of `n`.
+    fn new(expected: usize, n: usize) -> Reached {
+        Reached {
+            index: IdMap::for_size(expected, n),
+            level: Vec::with_capacity(expected.min(n)),
+            device: Vec::with_capacity(expected.min(n)),
+        }
+    }
+    fn len(&self) -> usize {
+        self.level.len()
+    }
+    /// Records `v` at `level` unless already reached; whether it was new.
+    fn insert_new(&mut self, v: u32, level: u8) -> bool {
+        let new = self.index.insert_new(v, self.level.len() as u32);
+        if new {
+            self.level.push(level);
+            self.device.push(u16::MAX);
+        }
+        new
+    }
+    fn index(&self, v: u32) -> Option<usize> {
+        self.index.get(v).map(|i| i as usize)
+    }
+    fn set_device(&mut self, v: u32, device: u16) {
+        let i = self.index(v).expect("placing a reached vertex");
+        self.device[i] = device;
+    }
+    /// Device of a reached vertex (`u16::MAX` before placement, or for a vertex not reached).
+    fn device(&self, v: u32) -> u16 {
+        self.index(v).map_or(u16::MAX, |i| self.device[i])
+    }
+}
+
 const ABSENT: u8 = u8::MAX;
 
 impl<'a> PlanContext<'a> {
@@ -149,6 +184,7 @@ impl<'a> PlanContext<'a> {
                         owned_level: vec![0; n],
                         complete_below: 1,
                         masked_layers: 0,
+                        sole: false,
                     },
                     |u| Some(layout.owner(u)),
                     |_| 0,
@@ -317,14 +353,26 @@ impl<'a> PlanContext<'a> {
                     spec.hops
                 )));
             }
-            for &v in e.rows() {
+            // Ids are checked always (a bad one would index out of range); that every kept
+            // edge is an edge of the graph only in debug builds and tests: samplers draw from
+            // the graph's rows by construction, and the check reads every full row again,
+            // which costs a step more than the rest of its extraction.
+            for (v, _, kept) in e.iter_rows() {
                 if v >= n {
                     return Err(MaskingError::Spec(format!(
                         "server {s}: sampled row of vertex {v}, the graph has {n} vertices"
                     )));
                 }
+                if let Some(&u) = kept.iter().find(|&&u| u >= n) {
+                    return Err(MaskingError::Spec(format!(
+                        "server {s}: sampled edge {u} -> {v}, the graph has {n} vertices"
+                    )));
+                }
+                if !cfg!(debug_assertions) {
+                    continue;
+                }
                 let full = self.in_neighbors(v);
-                if let Some(&u) = e.row(v).1.iter().find(|u| full.binary_search(u).is_err()) {
+                if let Some(&u) = kept.iter().find(|u| full.binary_search(u).is_err()) {
                     return Err(MaskingError::Spec(format!(
                         "server {s}: sampled edge {u} -> {v} is not an edge of the graph"
                     )));
@@ -356,13 +404,16 @@ impl<'a> PlanContext<'a> {
             layout.devices()
         };
         let rank_of = |g: usize| layout.rank(server, single.unwrap_or(g));
-        let mut slots = vec![
-            Slot {
-                level: ABSENT,
-                device: u16::MAX
-            };
+        // Every extracted vertex in discovery order: a step's work is proportional to what it
+        // reaches, never to |V| (no vertex-sized array per step).
+        // Sampled batches reach a small part of the graph (a map sized to them); exact
+        // closures and whole-range extractions most of it (an array over the graph).
+        let expected = if exact {
             self.num_vertices()
-        ];
+        } else {
+            spec.targets.len().saturating_mul(8)
+        };
+        let mut reached = Reached::new(expected, self.num_vertices());
         let mut loads = vec![0usize; g_count];
         for &v in &spec.targets {
             let g = if single.is_some() {
@@ -370,18 +421,16 @@ impl<'a> PlanContext<'a> {
             } else {
                 layout.device_of(v)
             };
-            slots[v as usize] = Slot {
-                level: 0,
-                device: g as u16,
-            };
+            reached.insert_new(v, 0);
+            reached.set_device(v, g as u16);
             loads[g] += 1;
         }
         // levels[d]: vertices at level d, ascending.
         let mut levels: Vec<Vec<u32>> = vec![spec.targets.clone()];
         let mut total = levels[0].len();
-        let mut counts = vec![0usize; g_count];
         for d in 1..=k {
             let lvl = d as u8;
+            let first_new = reached.len();
             let mut next = Vec::new();
             if rows.per_layer() {
                 // Hop d feeds layer k - d, whose valid rows are all levels <= d - 1.
@@ -389,9 +438,7 @@ impl<'a> PlanContext<'a> {
                 for &v in levels.iter().flatten() {
                     let (base, srcs) = rows.row(v);
                     for (j, &u) in srcs.iter().enumerate() {
-                        let slot = &mut slots[u as usize];
-                        if slot.level == ABSENT && rows.used_at(base + j, layer) {
-                            slot.level = lvl;
+                        if rows.used_at(base + j, layer) && reached.insert_new(u, lvl) {
                             next.push(u);
                         }
                     }
@@ -399,9 +446,7 @@ impl<'a> PlanContext<'a> {
             } else {
                 for &v in &levels[d - 1] {
                     for &u in rows.row(v).1 {
-                        let slot = &mut slots[u as usize];
-                        if slot.level == ABSENT {
-                            slot.level = lvl;
+                        if reached.insert_new(u, lvl) {
                             next.push(u);
                         }
                     }
@@ -409,30 +454,43 @@ impl<'a> PlanContext<'a> {
             }
             next.sort_unstable();
             total += next.len();
-            let cap = total.div_ceil(g_count);
-            for &u in &next {
-                counts.iter_mut().for_each(|c| *c = 0);
-                for &w in self.out_neighbors(u) {
-                    let s = slots[w as usize];
-                    if s.level == lvl - 1 && (exact || rows.keeps(u, w)) {
-                        counts[s.device as usize] += 1;
+            if g_count == 1 {
+                for &u in &next {
+                    reached.set_device(u, 0);
+                }
+            } else {
+                // How many of u's readers at level d - 1 (rows that keep the edge u -> w) each
+                // device owns, counted from those readers' kept rows: the new vertices are
+                // the reached indices from `first_new` on.
+                let mut counts = vec![0u32; (reached.len() - first_new) * g_count];
+                for &w in &levels[d - 1] {
+                    let gw = reached.device(w) as usize;
+                    for &u in rows.row(w).1 {
+                        if let Some(i) = reached.index(u).filter(|&i| i >= first_new) {
+                            counts[(i - first_new) * g_count + gw] += 1;
+                        }
                     }
                 }
-                let best = (0..g_count)
-                    .filter(|&g| loads[g] < cap)
-                    .max_by_key(|&g| (counts[g], std::cmp::Reverse(loads[g]), std::cmp::Reverse(g)))
-                    .ok_or_else(|| {
-                        MaskingError::Internal(format!(
-                            "server {server}: no device below capacity {cap} at level {d}"
-                        ))
-                    })?;
-                loads[best] += 1;
-                slots[u as usize].device = best as u16;
+                let cap = total.div_ceil(g_count);
+                for &u in &next {
+                    let i = reached.index(u).expect("inserted above") - first_new;
+                    let c = &counts[i * g_count..(i + 1) * g_count];
+                    let best = (0..g_count)
+                        .filter(|&g| loads[g] < cap)
+                        .max_by_key(|&g| (c[g], std::cmp::Reverse(loads[g]), std::cmp::Reverse(g)))
+                        .ok_or_else(|| {
+                            MaskingError::Internal(format!(
+                                "server {server}: no device below capacity {cap} at level {d}"
+                            ))
+                        })?;
+                    loads[best] += 1;
+                    reached.set_device(u, best as u16);
+                }
             }
             levels.push(next);
         }
 
-        let slots = &slots;
+        let reached = &reached;
         let levels = &levels;
         let rows = &rows;
         let plans = (0..g_count)
@@ -442,13 +500,13 @@ impl<'a> PlanContext<'a> {
                 let mut owned: Vec<u32> = levels[0]
                     .iter()
                     .copied()
-                    .filter(|&t| slots[t as usize].device as usize == g)
+                    .filter(|&t| reached.device(t) as usize == g)
                     .collect();
                 let n_inner = owned.len();
                 let mut owned_level = vec![0u8; n_inner];
                 for (d, lvl) in levels.iter().enumerate().skip(1) {
                     for &u in lvl {
-                        if slots[u as usize].device as usize == g {
+                        if reached.device(u) as usize == g {
                             owned.push(u);
                             owned_level.push(d as u8);
                         }
@@ -466,12 +524,14 @@ impl<'a> PlanContext<'a> {
                         owned_level,
                         complete_below: k as u8,
                         masked_layers: k,
+                        sole: single.is_some(),
                     },
                     |u| {
-                        let s = slots[u as usize];
-                        (s.level != ABSENT).then(|| rank_of(s.device as usize))
+                        reached
+                            .index(u)
+                            .map(|i| rank_of(reached.device[i] as usize))
                     },
-                    |u| slots[u as usize].level,
+                    |u| reached.index(u).map_or(ABSENT, |i| reached.level[i]),
                 )
             })
             .collect::<Result<Vec<_>>>()?;

@@ -24,6 +24,7 @@ mod context;
 mod error;
 pub mod extract;
 mod flx;
+mod idmap;
 mod layout;
 pub mod memory;
 mod plan;

@@ -21,6 +21,7 @@ use grandis_store::{CsrGraph, CsrView};
 use crate::context::{PlanContext, SPLIT_TRAIN};
 use crate::error::{MaskingError, Result};
 use crate::extract::RowSource;
+use crate::idmap::IdMap;
 
 /// Halo rows received from one peer: a contiguous block of local rows.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -245,6 +246,8 @@ pub(crate) struct DeviceSpec {
     pub complete_below: u8,
     /// Number of masked layers (k), 0 for an unmasked plan.
     pub masked_layers: usize,
+    /// Every vertex the plan reads is owned here (a standalone mini-batch plan): no halo.
+    pub sole: bool,
 }
 
 /// Builds a device plan except its send lists (see [`fill_sends`]). `owner_of(u)` is the rank
@@ -266,6 +269,7 @@ pub(crate) fn build_device(
         owned_level,
         complete_below,
         masked_layers,
+        sole,
     } = spec;
     let n_owned = owned.len();
     if !owned
@@ -286,9 +290,14 @@ pub(crate) fn build_device(
     owned_lookup.sort_unstable();
 
     // Halo candidates: (peer, vertex, need level) for every used in-edge of a complete row
-    // that comes from another device; duplicates keep the smallest need level.
+    // that comes from another device; duplicates keep the smallest need level. A standalone
+    // plan owns every vertex it reads, so it has none (a missing one is caught below).
     let mut cand: Vec<(usize, u32, u8)> = Vec::new();
-    for (i, &v) in owned.iter().enumerate() {
+    for (i, &v) in owned
+        .iter()
+        .enumerate()
+        .take(if sole { 0 } else { n_owned })
+    {
         let lv = owned_level[i];
         if lv >= complete_below {
             continue;
@@ -345,56 +354,63 @@ pub(crate) fn build_device(
             "rank {rank}: a vertex is both owned and halo"
         )));
     }
-    let local_of = |g: u32| -> u32 {
-        // Every in-neighbour of a complete row was added above, so the search succeeds.
-        lookup[lookup.binary_search_by_key(&g, |&(x, _)| x).unwrap()].1
+    // Every in-neighbour of a complete row is a row of the plan (owned, or added above as
+    // halo); a map rather than a search of `lookup`, since this runs once per kept edge.
+    let mut local = IdMap::for_size(lookup.len(), ctx.num_vertices());
+    for &(g, l) in &lookup {
+        local.insert_new(g, l);
+    }
+    let local_of = |g: u32, v: u32| -> Result<u32> {
+        local.get(g).ok_or_else(|| {
+            MaskingError::Internal(format!(
+                "rank {rank}: in-neighbour {g} of complete row {v} is not in the plan"
+            ))
+        })
     };
 
+    // The union graph and, with per-layer sampling, every layer's graph, in one pass over
+    // each row's kept edges (each edge mapped to its local row once). Layer l holds the rows
+    // valid at l (level <= k - 1 - l) and their edges flagged for l.
+    let per_layer = if rows.per_layer() { masked_layers } else { 0 };
     let mut offsets = Vec::with_capacity(n_owned + 1);
     offsets.push(0u64);
     let mut indices = Vec::new();
+    let mut layer_parts: Vec<(Vec<u64>, Vec<u32>)> =
+        (0..per_layer).map(|_| (vec![0u64], Vec::new())).collect();
     for i in 0..n_owned {
-        if level[i] < complete_below {
+        let lv = level[i];
+        if lv < complete_below {
             let start = indices.len();
-            let (base, srcs) = rows.row(global_ids[i]);
-            indices.extend(
-                srcs.iter()
-                    .enumerate()
-                    .filter(|&(j, _)| rows.edge_need(base + j, level[i], masked_layers).is_some())
-                    .map(|(_, &u)| local_of(u)),
-            );
+            let v = global_ids[i];
+            let (base, srcs) = rows.row(v);
+            for (j, &u) in srcs.iter().enumerate() {
+                if rows.edge_need(base + j, lv, masked_layers).is_none() {
+                    continue;
+                }
+                let loc = local_of(u, v)?;
+                indices.push(loc);
+                for (l, part) in layer_parts.iter_mut().enumerate() {
+                    if lv as usize + l < masked_layers && rows.used_at(base + j, l) {
+                        part.1.push(loc);
+                    }
+                }
+            }
             indices[start..].sort_unstable();
+            for (offsets, indices) in &mut layer_parts {
+                // This row's segment starts at the layer's last offset.
+                let s = *offsets.last().expect("starts with 0") as usize;
+                indices[s..].sort_unstable();
+            }
         }
         offsets.push(indices.len() as u64);
+        for part in &mut layer_parts {
+            part.0.push(part.1.len() as u64);
+        }
     }
-    // Layer l of a per-layer plan: rows valid at l (level <= k - 1 - l), edges flagged for l.
-    let layer_graphs: Vec<CsrGraph> = if rows.per_layer() {
-        (0..masked_layers)
-            .map(|l| {
-                let thr = (masked_layers - 1 - l) as u8;
-                let mut offsets = Vec::with_capacity(n_owned + 1);
-                offsets.push(0u64);
-                let mut indices = Vec::new();
-                for i in 0..n_owned {
-                    if level[i] <= thr {
-                        let start = indices.len();
-                        let (base, srcs) = rows.row(global_ids[i]);
-                        indices.extend(
-                            srcs.iter()
-                                .enumerate()
-                                .filter(|&(j, _)| rows.used_at(base + j, l))
-                                .map(|(_, &u)| local_of(u)),
-                        );
-                        indices[start..].sort_unstable();
-                    }
-                    offsets.push(indices.len() as u64);
-                }
-                CsrGraph { offsets, indices }
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let layer_graphs: Vec<CsrGraph> = layer_parts
+        .into_iter()
+        .map(|(offsets, indices)| CsrGraph { offsets, indices })
+        .collect();
 
     let in_degree: Vec<u32> = global_ids.iter().map(|&g| ctx.in_degree(g)).collect();
     let agg_degree = (0..global_ids.len())

@@ -242,6 +242,65 @@ fn check(c: &Case, mode: Mode, plan: &FlxPlan) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Checks the placement rule of `PlanContext::flx_plan`'s doc, computed here from the FULL
+/// graph's out-neighbours: levels in order, vertices of a level ascending; before level d every
+/// device's capacity is `ceil(|levels 0..=d| / G)`; u goes to the device below capacity owning
+/// the most out-neighbours w of u at level d - 1 that keep the edge u -> w, ties to the smaller
+/// load, then the smaller device.
+fn check_placement(c: &Case, mode: Mode, plan: &FlxPlan) -> Result<(), TestCaseError> {
+    let g_count = c.layout.devices();
+    let reverse = c.graph.view().transpose();
+    for s in 0..c.layout.servers() {
+        // (level, device) of every vertex the server extracted, from its devices' owned rows.
+        let mut at: BTreeMap<u32, (u8, usize)> = BTreeMap::new();
+        for d in plan.devices.iter().filter(|d| d.server == s) {
+            for i in 0..d.n_owned {
+                at.insert(d.global_ids[i], (d.level[i], d.device));
+            }
+        }
+        let keeps = |u: u32, w: u32| -> bool {
+            match mode {
+                Mode::PerLayer => (0..c.k).any(|l| kept(c, mode, w, l).contains(&u)),
+                _ => kept(c, mode, w, 0).contains(&u),
+            }
+        };
+        let mut loads = vec![0usize; g_count];
+        let mut total = 0;
+        for d in 0..=c.k as u8 {
+            let level: Vec<u32> = at
+                .iter()
+                .filter(|(_, &(l, _))| l == d)
+                .map(|(&v, _)| v)
+                .collect();
+            total += level.len();
+            if d == 0 {
+                for v in &level {
+                    loads[at[v].1] += 1;
+                }
+                continue;
+            }
+            let cap = total.div_ceil(g_count);
+            for &u in &level {
+                let mut counts = vec![0usize; g_count];
+                for &w in reverse.view().neighbors(u) {
+                    if let Some(&(lw, gw)) = at.get(&w) {
+                        if lw == d - 1 && keeps(u, w) {
+                            counts[gw] += 1;
+                        }
+                    }
+                }
+                let best = (0..g_count)
+                    .filter(|&g| loads[g] < cap)
+                    .max_by_key(|&g| (counts[g], std::cmp::Reverse(loads[g]), std::cmp::Reverse(g)))
+                    .unwrap();
+                prop_assert_eq!(at[&u].1, best, "server {} level {} vertex {}", s, d, u);
+                loads[best] += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn ctx(c: &Case) -> PlanContext<'_> {
     let n = c.graph.view().num_vertices();
     PlanContext::new(c.graph.view(), c.layout.clone(), SplitMembership::none(n)).unwrap()
@@ -294,6 +353,14 @@ proptest! {
             let held = t.features + t.graph + t.metadata + t.params + t.halo_buffers;
             let widest_output = t.layers.iter().map(|m| m.pre_activation).max().unwrap_or(0);
             prop_assert!(i.total >= held + widest_output);
+        }
+    }
+
+    #[test]
+    fn placement_follows_the_out_neighbour_rule(c in case()) {
+        for mode in [Mode::Exact, Mode::Sampled, Mode::PerLayer] {
+            let plan = ctx(&c).extract_plan(&specs(&c, mode)).unwrap();
+            check_placement(&c, mode, &plan)?;
         }
     }
 
@@ -378,17 +445,27 @@ fn bad_specs_are_rejected_with_reasons() {
     assert!(err(vec![ok(0, vec![2]), ok(1, vec![])]).contains("target 2 is not one of its"));
     assert!(err(vec![ok(0, vec![1, 0]), ok(1, vec![])]).contains("sorted and distinct"));
     assert!(err(vec![ok(1, vec![]), ok(0, vec![])]).contains("server order"));
-    let bad_edge = SampledEdges::from_rows([(1u32, vec![3u32])]).unwrap();
-    let e = err(vec![
-        ExtractionSpec {
-            server: 0,
-            targets: vec![1],
-            hops: 1,
-            edges: Edges::Sampled(bad_edge),
-        },
-        ok(1, vec![]),
-    ]);
-    assert!(e.contains("sampled edge 3 -> 1 is not an edge"), "{e}");
+    let sampled = |rows: Vec<(u32, Vec<u32>)>| {
+        vec![
+            ExtractionSpec {
+                server: 0,
+                targets: vec![1],
+                hops: 1,
+                edges: Edges::Sampled(SampledEdges::from_rows(rows).unwrap()),
+            },
+            ok(1, vec![]),
+        ]
+    };
+    // An id past the graph is refused in every build; a non-edge in debug builds (tests).
+    let e = err(sampled(vec![(1, vec![9])]));
+    assert!(
+        e.contains("sampled edge 9 -> 1, the graph has 4 vertices"),
+        "{e}"
+    );
+    if cfg!(debug_assertions) {
+        let e = err(sampled(vec![(1, vec![3])]));
+        assert!(e.contains("sampled edge 3 -> 1 is not an edge"), "{e}");
+    }
     assert!(SampledEdges::from_rows([(1u32, vec![0u32]), (1, vec![])]).is_err());
     let layered = SampledEdges::from_layer_rows(vec![vec![(1u32, vec![0u32])]]).unwrap();
     let e = err(vec![

@@ -51,6 +51,7 @@ mod runtime;
 pub mod server;
 mod setup;
 mod stale;
+pub mod step_bench;
 mod steps;
 mod worker;
 

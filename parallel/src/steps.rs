@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use anyhow::Context;
 use grandis_masking::{
     estimate_device, estimate_masked, estimate_masked_device, estimate_masked_inference,
-    DevicePlan, FlxPlan, Layout, ModelDims, PlanContext,
+    DevicePlan, ExtractionSpec, FlxPlan, Layout, ModelDims, PlanContext,
 };
 use grandis_sampling::{
     boundary_ratio, round_for_epoch, round_of, ClusterBatches, CoBatcher, MiniBatcher, Saint,
@@ -375,18 +375,18 @@ pub(crate) fn build_step(
             stats.replicated = replicated;
             Ok((round, step, stats))
         }
-        Schedule::Cob { batcher, sampler } => {
-            let n = batcher.iterations();
-            let round = round_of(epoch, it, n);
-            let plan = match sampler {
-                CobSampler::Deps(s) => {
-                    let batch = batcher.batch(epoch, it)?;
-                    grandis_sampling::cob_plan(ctx, &batch, layers, *s, round)?
-                }
-                CobSampler::Saint(s) => s.plan(ctx, layers, round)?,
-            };
+        Schedule::Cob {
+            sampler: CobSampler::Saint(s),
+            batcher,
+        } => {
+            let round = round_of(epoch, it, batcher.iterations());
+            let plan = s.plan(ctx, layers, round)?;
             let (step, stats) = masked_step(ctx, plan, dims, labelled_train);
             Ok((round, step, stats))
+        }
+        Schedule::Cob { .. } | Schedule::Mb { .. } => {
+            let sampled = sample_step(ctx, schedule, layers, epoch, it)?;
+            plan_step(ctx, sampled, dims, labelled_train)
         }
         Schedule::Cluster { batches } => {
             let round = round_of(epoch, it, batches.iterations());
@@ -395,37 +395,124 @@ pub(crate) fn build_step(
             let (step, stats) = masked_step(ctx, plan, dims, labelled_train);
             Ok((round, step, stats))
         }
-        Schedule::Mb { batcher, sampler } => {
-            let n = batcher.iterations();
-            let round = round_of(epoch, it, n);
-            let batch = batcher.batch(epoch, it)?;
-            let devices = grandis_sampling::mb_plans(ctx, &batch, layers, *sampler, round)?;
-            let model_bytes = devices
-                .iter()
-                .map(|d| estimate_masked_device(dims, d).total)
-                .collect();
-            let wrapper = FlxPlan {
-                k: layers,
-                servers: Vec::new(),
-                devices,
-            };
-            let beta = betas(ctx, &wrapper);
-            let plans = wrapper
-                .devices
-                .into_iter()
-                .map(|d| every_layer(d, layers))
-                .collect();
-            let (step, stats) = finish(
-                ctx.layout(),
-                plans,
-                layers,
-                beta,
-                model_bytes,
-                labelled_train,
-            );
-            Ok((round, step, stats))
-        }
     }
+}
+
+/// Stage 1 of a batched step: every server's (cob) or rank's (mb) sampled dependencies, before
+/// any plan exists. A pure function of (epoch, iteration), like the step.
+pub(crate) struct SampledStep {
+    round: u64,
+    /// `[server]` (co-batches, masked over each server's devices) or `[rank]` (mini-batches,
+    /// one standalone plan each).
+    specs: Vec<ExtractionSpec>,
+    per_rank: bool,
+}
+
+impl SampledStep {
+    /// Kept in-edges over every spec (the sampler's output size).
+    pub(crate) fn sampled_edges(&self) -> u64 {
+        self.specs
+            .iter()
+            .map(|s| match &s.edges {
+                grandis_masking::Edges::Sampled(e) => e.num_edges() as u64,
+                grandis_masking::Edges::Exact => 0,
+            })
+            .sum()
+    }
+}
+
+/// Samples step `it` of `epoch` of a co-batch schedule with a dependency sampler or of a
+/// mini-batch schedule (the other schedules build their plans in one go: [`build_step`]).
+pub(crate) fn sample_step(
+    ctx: &PlanContext<'_>,
+    schedule: &Schedule<'_>,
+    layers: usize,
+    epoch: u64,
+    it: usize,
+) -> anyhow::Result<SampledStep> {
+    let (batch, sampler, per_rank, n) = match schedule {
+        Schedule::Cob {
+            batcher,
+            sampler: CobSampler::Deps(s),
+        } => (batcher.batch(epoch, it)?, *s, false, batcher.iterations()),
+        Schedule::Mb { batcher, sampler } => (
+            batcher.batch(epoch, it)?,
+            *sampler,
+            true,
+            batcher.iterations(),
+        ),
+        _ => anyhow::bail!("internal: only co-batch and mini-batch steps are sampled apart"),
+    };
+    let round = round_of(epoch, it, n);
+    let layout = ctx.layout();
+    let specs = batch
+        .into_iter()
+        .enumerate()
+        .map(|(g, targets)| {
+            let server = if per_rank {
+                layout.server_of_rank(g)
+            } else {
+                g
+            };
+            sampler.spec(ctx, server, targets, layers, round)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("sampling with {}", sampler.name()))?;
+    Ok(SampledStep {
+        round,
+        specs,
+        per_rank,
+    })
+}
+
+/// Stage 2 of a batched step: the plans of a sampled step and what they compute.
+pub(crate) fn plan_step(
+    ctx: &PlanContext<'_>,
+    sampled: SampledStep,
+    dims: &ModelDims,
+    labelled_train: &dyn Fn(u32) -> bool,
+) -> anyhow::Result<(u64, Arc<Step>, StepStats)> {
+    let SampledStep {
+        round,
+        specs,
+        per_rank,
+    } = sampled;
+    if !per_rank {
+        let plan = ctx.extract_plan(&specs)?;
+        let (step, stats) = masked_step(ctx, plan, dims, labelled_train);
+        return Ok((round, step, stats));
+    }
+    let layout = ctx.layout();
+    let devices = specs
+        .iter()
+        .enumerate()
+        .map(|(r, spec)| ctx.extract_device_plan(spec, layout.device_of_rank(r)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let layers = dims.layers;
+    let model_bytes = devices
+        .iter()
+        .map(|d| estimate_masked_device(dims, d).total)
+        .collect();
+    let wrapper = FlxPlan {
+        k: layers,
+        servers: Vec::new(),
+        devices,
+    };
+    let beta = betas(ctx, &wrapper);
+    let plans = wrapper
+        .devices
+        .into_iter()
+        .map(|d| every_layer(d, layers))
+        .collect();
+    let (step, stats) = finish(
+        ctx.layout(),
+        plans,
+        layers,
+        beta,
+        model_bytes,
+        labelled_train,
+    );
+    Ok((round, step, stats))
 }
 
 /// The sampled FLX plan with `k` hops: every server's whole range as targets.

@@ -6,17 +6,20 @@
 //! layer `L - d`: every vertex whose level is `<= d - 1` (all rows valid at that layer, targets
 //! included, exactly like the destination set of a DGL block) draws `min(fanouts[d-1],
 //! in-degree)` of its in-neighbours uniformly without replacement, independently per layer;
-//! the sources first reached in hop d get level d. The sample of (vertex, layer) depends only
-//! on (seed, round, vertex, layer). The result is [`SampledEdges::from_layer_rows`], so the
-//! plan's one-hop graph is the union over layers and `DevicePlan::layer_graphs[l]` holds layer
-//! l's edges: a runner aggregates layer l over `layer_graph(l)` and divides by
-//! `agg_degree_at(l, row)` (the per-layer kept count).
+//! the sources first reached in hop d get level d. The draw of (vertex, layer) depends only
+//! on (seed, round, vertex, layer): Floyd's algorithm picks neighbour positions from a
+//! counter-based stream keyed by those four, so no generator is seeded per row, nothing is
+//! allocated per row, and the step is the same whatever the number of threads. The result is
+//! one CSR with a layer bit per edge ([`SampledEdges::from_csr`]), so the plan's one-hop graph
+//! is the union over layers and `DevicePlan::layer_graphs[l]` holds layer l's edges: a runner
+//! aggregates layer l over `layer_graph(l)` and divides by `agg_degree_at(l, row)` (the
+//! per-layer kept count).
 
 use grandis_masking::{Edges, ExtractionSpec, PlanContext, SampledEdges};
-use rand::seq::index;
+use rayon::prelude::*;
 
 use crate::error::{Result, SamplingError};
-use crate::rng::rng;
+use crate::rng::{below, counter, mix};
 use crate::sampler::{check_targets, Sampler};
 
 /// GraphSAGE layer-wise neighbour sampling.
@@ -58,7 +61,52 @@ impl Fanout {
         Fanout::new(fanouts, seed)
     }
 
-    /// The sampled in-neighbours of `v` for `layer` in `round` (sorted).
+    /// The sampled in-neighbours of `v` for `layer` in `round`, appended to `out` in
+    /// ascending order (the graph's rows are sorted, and so are the picked positions).
+    pub fn sample_row_into(
+        &self,
+        ctx: &PlanContext<'_>,
+        v: u32,
+        layer: usize,
+        fanout: usize,
+        round: u64,
+        out: &mut Vec<u32>,
+    ) {
+        let nbrs = ctx.in_neighbors(v);
+        let n = nbrs.len();
+        if n <= fanout {
+            out.extend_from_slice(nbrs);
+            return;
+        }
+        // Floyd: for j in n - f .. n pick t uniform in 0..=j; take t unless taken, else j.
+        // Every f-subset is equally likely.
+        let key = mix(&[self.seed, round, v as u64, layer as u64, 0x5A6E]);
+        let start = out.len();
+        // A linear scan of the picks is fastest for the fanouts GNNs use; a set past that.
+        let mut taken: Option<rustc_hash::FxHashSet<u32>> =
+            (fanout > 64).then(rustc_hash::FxHashSet::default);
+        for j in (n - fanout)..n {
+            let t = below(counter(key, j as u64), j as u64 + 1) as u32;
+            let clash = match &mut taken {
+                Some(set) => !set.insert(t),
+                None => out[start..].contains(&t),
+            };
+            let take = if clash { j as u32 } else { t };
+            if clash {
+                if let Some(set) = &mut taken {
+                    set.insert(take);
+                }
+            }
+            out.push(take);
+        }
+        let picked = &mut out[start..];
+        picked.sort_unstable();
+        for p in picked.iter_mut() {
+            *p = nbrs[*p as usize];
+        }
+    }
+
+    /// [`Fanout::sample_row_into`] into a new vector.
     pub fn sample_row(
         &self,
         ctx: &PlanContext<'_>,
@@ -67,17 +115,44 @@ impl Fanout {
         fanout: usize,
         round: u64,
     ) -> Vec<u32> {
-        let nbrs = ctx.in_neighbors(v);
-        if nbrs.len() <= fanout {
-            return nbrs.to_vec();
-        }
-        let mut r = rng(&[self.seed, round, v as u64, layer as u64, 0x5A6E]);
-        let mut out: Vec<u32> = index::sample(&mut r, nbrs.len(), fanout)
-            .into_iter()
-            .map(|i| nbrs[i])
-            .collect();
-        out.sort_unstable();
+        let mut out = Vec::with_capacity(fanout.min(ctx.in_neighbors(v).len()));
+        self.sample_row_into(ctx, v, layer, fanout, round, &mut out);
         out
+    }
+
+    /// Draws of `layer` for every vertex of `frontier`, as a CSR in frontier order (chunks
+    /// drawn in parallel and joined in order, so the result does not depend on threads).
+    fn draw_hop(
+        &self,
+        ctx: &PlanContext<'_>,
+        frontier: &[u32],
+        layer: usize,
+        fanout: usize,
+        round: u64,
+    ) -> (Vec<u32>, Vec<u32>) {
+        const CHUNK: usize = 2048;
+        let parts: Vec<(Vec<u32>, Vec<u32>)> = frontier
+            .par_chunks(CHUNK)
+            .map(|chunk| {
+                let mut ends = Vec::with_capacity(chunk.len());
+                let mut srcs = Vec::with_capacity(chunk.len() * fanout);
+                for &v in chunk {
+                    self.sample_row_into(ctx, v, layer, fanout, round, &mut srcs);
+                    ends.push(srcs.len() as u32);
+                }
+                (ends, srcs)
+            })
+            .collect();
+        let total: usize = parts.iter().map(|p| p.1.len()).sum();
+        let mut offsets = Vec::with_capacity(frontier.len() + 1);
+        offsets.push(0u32);
+        let mut srcs = Vec::with_capacity(total);
+        for (ends, part) in parts {
+            let base = srcs.len() as u32;
+            offsets.extend(ends.into_iter().map(|e| base + e));
+            srcs.extend_from_slice(&part);
+        }
+        (offsets, srcs)
     }
 }
 
@@ -97,40 +172,78 @@ impl Sampler for Fanout {
             )));
         }
         check_targets(ctx, server, &targets)?;
-        let n = ctx.num_vertices();
-        let mut reached = vec![false; n];
-        let mut valid: Vec<u32> = targets.clone();
-        for &t in &targets {
-            if let Some(slot) = reached.get_mut(t as usize) {
-                *slot = true;
-            }
-        }
-        let mut per_layer: Vec<Vec<(u32, Vec<u32>)>> = vec![Vec::new(); hops];
+        // Reached vertices in discovery order: the destinations of hop d are the prefix of
+        // the vertices reached before it. Sized to the sample, never to the graph.
+        let mut reached: Vec<u32> = targets.clone();
+        let mut seen: rustc_hash::FxHashSet<u32> = rustc_hash::FxHashSet::default();
+        seen.reserve(targets.len() * 16);
+        seen.extend(targets.iter().copied());
+        // Per hop: (destinations, CSR offsets, sources) in reached order.
+        let mut draws: Vec<(usize, Vec<u32>, Vec<u32>)> = Vec::with_capacity(hops);
         for d in 1..=hops {
-            let layer = hops - d;
-            let fanout = self.fanouts[d - 1];
-            let rows: Vec<(u32, Vec<u32>)> = {
-                use rayon::prelude::*;
-                valid
-                    .par_iter()
-                    .map(|&v| (v, self.sample_row(ctx, v, layer, fanout, round)))
-                    .collect()
-            };
-            for (_, srcs) in &rows {
-                for &u in srcs {
-                    if !reached[u as usize] {
-                        reached[u as usize] = true;
-                        valid.push(u);
-                    }
+            let frontier = reached.len();
+            let (offsets, srcs) = self.draw_hop(
+                ctx,
+                &reached[..frontier],
+                hops - d,
+                self.fanouts[d - 1],
+                round,
+            );
+            for &u in &srcs {
+                if seen.insert(u) {
+                    reached.push(u);
                 }
             }
-            per_layer[layer] = rows;
+            draws.push((frontier, offsets, srcs));
+        }
+        // One CSR over the rows (every destination of the last hop), ascending by vertex; a
+        // row's edges are the union of its draws, each with the bits of the layers drawing it.
+        let rows_n = draws.last().map_or(0, |h| h.0);
+        let mut order: Vec<(u32, u32)> = reached[..rows_n]
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (v, i as u32))
+            .collect();
+        order.sort_unstable();
+        let mut rows = Vec::with_capacity(rows_n);
+        let mut offsets = Vec::with_capacity(rows_n + 1);
+        offsets.push(0u64);
+        let mut indices: Vec<u32> = Vec::new();
+        let mut bits: Vec<u64> = Vec::new();
+        let mut merged: Vec<(u32, u64)> = Vec::new();
+        for (v, i) in order {
+            merged.clear();
+            for (d, (dests, off, srcs)) in draws.iter().enumerate() {
+                if (i as usize) < *dests {
+                    let layer = hops - 1 - d;
+                    let row = &srcs[off[i as usize] as usize..off[i as usize + 1] as usize];
+                    merged.extend(row.iter().map(|&u| (u, 1u64 << layer)));
+                }
+            }
+            merged.sort_unstable_by_key(|e| e.0);
+            rows.push(v);
+            for &(u, b) in &merged {
+                if indices.len() > *offsets.last().expect("starts with 0") as usize
+                    && indices.last() == Some(&u)
+                {
+                    *bits.last_mut().expect("an edge of this row") |= b;
+                } else {
+                    indices.push(u);
+                    bits.push(b);
+                }
+            }
+            offsets.push(indices.len() as u64);
         }
         Ok(ExtractionSpec {
             server,
             targets,
             hops,
-            edges: Edges::Sampled(SampledEdges::from_layer_rows(per_layer)?),
+            edges: Edges::Sampled(SampledEdges::from_csr(
+                rows,
+                offsets,
+                indices,
+                Some((hops, bits)),
+            )?),
         })
     }
 

@@ -22,3 +22,15 @@ pub(crate) fn mix(parts: &[u64]) -> u64 {
 pub(crate) fn rng(parts: &[u64]) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(mix(parts))
 }
+
+/// Word `i` of the counter-based stream keyed by `key` (a key from [`mix`]): a pure function
+/// of (key, i), so a draw needs no generator state and no seeding per row.
+pub(crate) fn counter(key: u64, i: u64) -> u64 {
+    splitmix(key ^ splitmix(i.wrapping_add(0xD1B5_4A32_D192_ED03)))
+}
+
+/// A uniform integer in `0..n` from a 64-bit random word (Lemire's multiply-shift; the bias is
+/// below `n / 2^64`).
+pub(crate) fn below(word: u64, n: u64) -> u64 {
+    ((word as u128 * n as u128) >> 64) as u64
+}

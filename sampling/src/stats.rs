@@ -48,7 +48,9 @@ pub fn boundary_ratio(ctx: &PlanContext<'_>, plan: &FlxPlan, server: usize) -> f
     for d in plan.devices.iter().filter(|d| d.server == server) {
         for &v in &d.global_ids[..d.n_owned] {
             extracted += 1;
-            if !range.contains(&v) || ctx.in_neighbors(v).iter().any(|u| !range.contains(u)) {
+            // A vertex of this server reads across the boundary iff one of its in-neighbours
+            // is homed elsewhere: the context's per-vertex bit.
+            if !range.contains(&v) || ctx.reads_across_servers(v) {
                 boundary += 1;
             }
         }

@@ -4,6 +4,7 @@
 mod modes;
 mod partition;
 mod plan;
+mod steps;
 mod techniques;
 mod train;
 
@@ -30,6 +31,9 @@ pub enum BenchCommand {
     /// runs they change, over seeds: inter-server bytes, epoch time, test accuracy and seconds
     /// to a validation accuracy, as ratios against the exact row.
     Techniques(techniques::BenchTechniquesArgs),
+    /// The host side of mb and cob steps (sampling, plans, feature gathers) per step, with one
+    /// thread and with all; `--baseline dgl` times DGL's CPU sampler and gather alongside.
+    Steps(steps::BenchStepsArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -39,6 +43,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Modes(args) => modes::run(args),
         BenchCommand::Plan(args) => plan::run(args),
         BenchCommand::Techniques(args) => techniques::run(args),
+        BenchCommand::Steps(args) => steps::run(args),
     }
 }
 
