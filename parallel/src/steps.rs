@@ -444,20 +444,12 @@ pub(crate) fn sample_step(
         _ => anyhow::bail!("internal: only co-batch and mini-batch steps are sampled apart"),
     };
     let round = round_of(epoch, it, n);
-    let layout = ctx.layout();
-    let specs = batch
-        .into_iter()
-        .enumerate()
-        .map(|(g, targets)| {
-            let server = if per_rank {
-                layout.server_of_rank(g)
-            } else {
-                g
-            };
-            sampler.spec(ctx, server, targets, layers, round)
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("sampling with {}", sampler.name()))?;
+    let specs = if per_rank {
+        grandis_sampling::mb_specs(ctx, &batch, layers, sampler, round)
+    } else {
+        grandis_sampling::cob_specs(ctx, &batch, layers, sampler, round)
+    }
+    .with_context(|| format!("sampling with {}", sampler.name()))?;
     Ok(SampledStep {
         round,
         specs,
@@ -482,12 +474,7 @@ pub(crate) fn plan_step(
         let (step, stats) = masked_step(ctx, plan, dims, labelled_train);
         return Ok((round, step, stats));
     }
-    let layout = ctx.layout();
-    let devices = specs
-        .iter()
-        .enumerate()
-        .map(|(r, spec)| ctx.extract_device_plan(spec, layout.device_of_rank(r)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let devices = grandis_sampling::mb_device_plans(ctx, &specs)?;
     let layers = dims.layers;
     let model_bytes = devices
         .iter()

@@ -17,8 +17,8 @@
 //! the devices' plans, which is where the redundancy CoB removes shows up.
 
 use grandis_masking::{
-    estimate_masked, estimate_masked_device, DevicePlan, FlxPlan, ModelDims, PlanContext,
-    SPLIT_TRAIN,
+    estimate_masked, estimate_masked_device, DevicePlan, ExtractionSpec, FlxPlan, ModelDims,
+    PlanContext, SPLIT_TRAIN,
 };
 use rand::seq::SliceRandom;
 
@@ -166,6 +166,29 @@ impl MiniBatcher {
     }
 }
 
+/// The extraction specs of one CoB iteration: server s samples `batch[s]` with `sampler`
+/// over `layers` hops (`[server]`).
+pub fn cob_specs(
+    ctx: &PlanContext<'_>,
+    batch: &[Vec<u32>],
+    layers: usize,
+    sampler: &dyn Sampler,
+    round: u64,
+) -> Result<Vec<ExtractionSpec>> {
+    if batch.len() != ctx.layout().servers() {
+        return Err(SamplingError::Config(format!(
+            "{} co-batches given for {} servers",
+            batch.len(),
+            ctx.layout().servers()
+        )));
+    }
+    batch
+        .iter()
+        .enumerate()
+        .map(|(s, t)| sampler.spec(ctx, s, t.clone(), layers, round))
+        .collect()
+}
+
 /// The CoB plan of one iteration: server s extracts `batch[s]` with `sampler` over `layers`
 /// hops (all layers masked). Loss rows are `DevicePlan::loss_rows()` (the co-batch rows).
 pub fn cob_plan(
@@ -175,29 +198,19 @@ pub fn cob_plan(
     sampler: &dyn Sampler,
     round: u64,
 ) -> Result<FlxPlan> {
-    if batch.len() != ctx.layout().servers() {
-        return Err(SamplingError::Config(format!(
-            "{} co-batches given for {} servers",
-            batch.len(),
-            ctx.layout().servers()
-        )));
-    }
-    let specs = batch
-        .iter()
-        .enumerate()
-        .map(|(s, t)| sampler.spec(ctx, s, t.clone(), layers, round))
-        .collect::<Result<Vec<_>>>()?;
+    let specs = cob_specs(ctx, batch, layers, sampler, round)?;
     Ok(ctx.extract_plan(&specs)?)
 }
 
-/// The MB plans of one iteration: rank r's own MFG for `batch[r]` (`[rank]`).
-pub fn mb_plans(
+/// The extraction specs of one MB iteration: rank r samples `batch[r]` for its server
+/// (`[rank]`).
+pub fn mb_specs(
     ctx: &PlanContext<'_>,
     batch: &[Vec<u32>],
     layers: usize,
     sampler: &dyn Sampler,
     round: u64,
-) -> Result<Vec<DevicePlan>> {
+) -> Result<Vec<ExtractionSpec>> {
     let layout = ctx.layout();
     if batch.len() != layout.num_ranks() {
         return Err(SamplingError::Config(format!(
@@ -209,11 +222,29 @@ pub fn mb_plans(
     batch
         .iter()
         .enumerate()
-        .map(|(r, t)| {
-            let spec = sampler.spec(ctx, layout.server_of_rank(r), t.clone(), layers, round)?;
-            Ok(ctx.extract_device_plan(&spec, layout.device_of_rank(r))?)
-        })
+        .map(|(r, t)| sampler.spec(ctx, layout.server_of_rank(r), t.clone(), layers, round))
         .collect()
+}
+
+/// Every rank's standalone MFG from its spec (`specs[rank]`, as [`mb_specs`] gives them).
+pub fn mb_device_plans(ctx: &PlanContext<'_>, specs: &[ExtractionSpec]) -> Result<Vec<DevicePlan>> {
+    let layout = ctx.layout();
+    specs
+        .iter()
+        .enumerate()
+        .map(|(r, spec)| Ok(ctx.extract_device_plan(spec, layout.device_of_rank(r))?))
+        .collect()
+}
+
+/// The MB plans of one iteration: rank r's own MFG for `batch[r]` (`[rank]`).
+pub fn mb_plans(
+    ctx: &PlanContext<'_>,
+    batch: &[Vec<u32>],
+    layers: usize,
+    sampler: &dyn Sampler,
+    round: u64,
+) -> Result<Vec<DevicePlan>> {
+    mb_device_plans(ctx, &mb_specs(ctx, batch, layers, sampler, round)?)
 }
 
 /// Work and memory of one epoch of CoB or MB.

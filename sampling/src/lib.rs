@@ -25,7 +25,8 @@ mod spec;
 mod stats;
 
 pub use batch::{
-    cob_epoch_stats, cob_plan, mb_epoch_stats, mb_plans, CoBatcher, EpochStats, MiniBatcher,
+    cob_epoch_stats, cob_plan, cob_specs, mb_device_plans, mb_epoch_stats, mb_plans, mb_specs,
+    CoBatcher, EpochStats, MiniBatcher,
 };
 pub use cluster::ClusterBatches;
 pub use eas::{external_distance, Eas, Priority};

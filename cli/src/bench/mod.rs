@@ -56,6 +56,26 @@ fn seconds_to(curve: &[(f64, f64)], target: f64) -> Option<f64> {
         .map(|(s, _)| *s)
 }
 
+/// The dataset in `data`, or the synthetic graph of `synth` when there is none, in memory,
+/// with whether every edge has its reverse: the manifest's word, and synthetic graphs are
+/// symmetric by construction (checking would walk every edge).
+pub(crate) fn dataset_or_synthetic(
+    data: Option<&std::path::Path>,
+    synth: &SynthConfig,
+) -> anyhow::Result<(InMemoryDataset, bool)> {
+    Ok(match data {
+        Some(dir) => {
+            let d = grandis_store::Dataset::open(dir)
+                .with_context(|| format!("opening dataset {}", dir.display()))?;
+            (d.to_in_memory(), d.manifest().symmetric)
+        }
+        None => (
+            grandis_synth::generate_in_memory(synth).context("generating the graph")?,
+            true,
+        ),
+    })
+}
+
 /// The synthetic power-law graph (or a dataset directory), its partition over S x G ranks
 /// (threads of this process) and the SAGE model that `bench modes`, `bench plan` and `bench
 /// techniques` run, with the links they emulate.
@@ -128,11 +148,9 @@ impl BenchGraphArgs {
     /// model, logging what each took.
     pub fn build(&self, name: &str) -> anyhow::Result<BenchGraph> {
         let t = std::time::Instant::now();
-        let dataset = match &self.data {
-            Some(dir) => grandis_store::Dataset::open(dir)
-                .with_context(|| format!("opening dataset {}", dir.display()))?
-                .to_in_memory(),
-            None => grandis_synth::generate_in_memory(&SynthConfig {
+        let (dataset, symmetric) = dataset_or_synthetic(
+            self.data.as_deref(),
+            &SynthConfig {
                 name: name.into(),
                 nodes: self.vertices,
                 avg_degree: self.avg_degree,
@@ -140,9 +158,8 @@ impl BenchGraphArgs {
                 classes: self.classes,
                 seed: self.seed,
                 ..SynthConfig::default()
-            })
-            .context("generating the graph")?,
-        };
+            },
+        )?;
         let view = dataset.view();
         let stats = grandis_synth::measure(&view);
         eprintln!(
@@ -157,7 +174,7 @@ impl BenchGraphArgs {
         let t = std::time::Instant::now();
         let part = PartitionedGraph::partition(
             &view,
-            view.graph.is_symmetric(),
+            symmetric,
             self.servers,
             self.devices,
             method,

@@ -140,31 +140,21 @@ pub fn run(args: BenchStepsArgs) -> anyhow::Result<()> {
     }
 
     let t = std::time::Instant::now();
-    // Whether every edge has its reverse: the manifest's word, and synthetic graphs are
-    // symmetric by construction (a check would walk every edge).
-    let (dataset, symmetric) = match &args.data {
-        Some(dir) => {
-            let d = grandis_store::Dataset::open(dir)
-                .with_context(|| format!("opening dataset {}", dir.display()))?;
-            (d.to_in_memory(), d.manifest().symmetric)
-        }
-        None => (
-            grandis_synth::generate_in_memory(&SynthConfig {
-                name: "bench-steps".into(),
-                nodes: args.vertices,
-                avg_degree: args.avg_degree,
-                features: args.features,
-                classes: args.classes,
-                seed: args.seed,
-                train_fraction: args.train_fraction,
-                val_fraction: 0.02,
-                test_fraction: Some(0.02),
-                ..SynthConfig::default()
-            })
-            .context("generating the graph")?,
-            true,
-        ),
-    };
+    let (dataset, symmetric) = super::dataset_or_synthetic(
+        args.data.as_deref(),
+        &SynthConfig {
+            name: "bench-steps".into(),
+            nodes: args.vertices,
+            avg_degree: args.avg_degree,
+            features: args.features,
+            classes: args.classes,
+            seed: args.seed,
+            train_fraction: args.train_fraction,
+            val_fraction: 0.02,
+            test_fraction: Some(0.02),
+            ..SynthConfig::default()
+        },
+    )?;
     let view = dataset.view();
     eprintln!(
         "graph: {} vertices, {} edges, {} training vertices, in {:.1}s",
