@@ -70,7 +70,7 @@ pub fn embeddings(
                 .collect()
         }
     };
-    let feed = steps::Feed::new(ranks, 1, 0);
+    let feed = crate::feed::Feed::new(ranks, 1, 0);
     feed.push(
         0,
         Arc::new(steps::Step {

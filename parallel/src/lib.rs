@@ -37,6 +37,7 @@ pub mod auto;
 mod budget;
 mod decide;
 mod embed;
+mod feed;
 mod fetch;
 pub mod infer;
 pub mod input;

@@ -19,7 +19,7 @@ use crate::links::copies::CopyHub;
 use crate::links::nccl::{HostNccl, Nccl};
 use crate::links::{IntraTransport, Transports};
 use crate::setup::in_train_split;
-use crate::steps::{self, RunStats, Schedule};
+use crate::steps::{RunStats, Schedule};
 use crate::worker::{self, RankResult};
 use crate::{metered, Compute, ParallelOptions, PartitionedGraph};
 
@@ -101,7 +101,7 @@ pub(crate) fn run(
     // Every step is kept until each rank run HERE took it.
     let iterations = decision.schedule.iterations();
     let plan_threads = popts.plan_threads.unwrap_or_else(default_plan_threads);
-    let feed = steps::Feed::new(
+    let feed = crate::feed::Feed::new(
         local_ranks,
         if decision.is_static() {
             epochs
@@ -115,7 +115,7 @@ pub(crate) fn run(
     // Batched evaluation: the evaluations every rank runs, each `steps` exact co-batches
     // from their own producer.
     let evaluations = opts.eval.passes(epochs_done, epochs);
-    let eval_feed = steps::Feed::on_demand(local_ranks, plan_threads + PREFETCH_STEPS);
+    let eval_feed = crate::feed::Feed::on_demand(local_ranks, plan_threads + PREFETCH_STEPS);
     let eval = match &decision.eval {
         Eval::TrainingPlans => worker::EvalOn::TrainingPlans,
         Eval::Plans(plans) => worker::EvalOn::Plans(plans),
@@ -241,7 +241,7 @@ pub(crate) fn run(
                     std::thread::Builder::new()
                         .name("grandis-eval-plans".into())
                         .spawn_scoped(scope, || {
-                            steps::produce_eval(
+                            crate::feed::produce_eval(
                                 &ctx,
                                 batches,
                                 dims,
@@ -261,7 +261,7 @@ pub(crate) fn run(
             let producer = std::thread::Builder::new()
                 .name("grandis-plans".into())
                 .spawn_scoped(scope, || {
-                    steps::produce(
+                    crate::feed::produce(
                         &ctx,
                         schedule,
                         dims,

@@ -1,6 +1,6 @@
 //! The host side of batched steps, stage by stage, as a run builds them (`grandis bench
-//! steps`): sampling ([`crate::steps::sample_step`]), plan building with the step's statistics
-//! ([`crate::steps::plan_step`]) and the gather of every rank's layer-0 feature rows (what a
+//! steps`): sampling (`steps::sample_step`), plan building with the step's statistics
+//! (`steps::plan_step`) and the gather of every rank's layer-0 feature rows (what a
 //! rank reads before its upload). Timing is the caller's: it runs [`time_steps`] inside a rayon
 //! pool of the thread count it measures, since every stage parallelises on the current pool.
 

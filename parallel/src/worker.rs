@@ -21,12 +21,13 @@ use grandis_models::{Model, ModelConfig, ModelKind, StageCache};
 use grandis_store::DatasetView;
 use grandis_trainer::{Checkpoint, CheckpointOptions, EpochStats, TrainOptions};
 
+use crate::feed::Feed;
 use crate::fetch::{FeatureSource, Prefetcher, SETUP_EPOCH};
 use crate::links::{Arrived, RankLinks};
 use crate::metered::Meter;
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
 use crate::stale::{StaleCounts, StaleHalo};
-use crate::steps::{Feed, Step};
+use crate::steps::Step;
 
 mod exchange;
 
@@ -151,7 +152,7 @@ pub(crate) struct RankResult {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct EpochTimes {
     pub wall_s: f64,
-    /// Blocked on the step producer ([`crate::steps::Feed::take`]).
+    /// Blocked on the step producer ([`crate::feed::Feed::take`]).
     pub plan_wait_s: f64,
     /// Switching to a step's plans ([`Worker::switch_to`]), its feature fetch included.
     pub plan_load_s: f64,

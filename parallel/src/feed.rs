@@ -1,0 +1,382 @@
+//! The producer side of a run: threads that build steps ahead of the ranks
+//! ([`produce`], [`produce_eval`]) and the bounded [`Feed`] that hands each step to every
+//! rank. A step is a pure function of its index, so producers build steps in parallel, out of
+//! order, and the run stays deterministic: the feed releases them in order and the counts are
+//! added in step order.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex};
+
+use anyhow::Context;
+use grandis_masking::{ModelDims, PlanContext};
+
+use crate::steps::{build_step, Built, EvalBatches, RunStats, Schedule, Step, StepStats};
+
+/// Steps handed from the producers to the ranks: each step is kept until every rank took it,
+/// and only the `depth` steps from the oldest one not yet taken by every rank may wait (so
+/// producers finishing out of order never fill the window with later steps).
+pub(crate) struct Feed {
+    state: Mutex<FeedState>,
+    cv: Condvar,
+    ranks: usize,
+    depth: usize,
+    /// Steps before this one are not trained here (see [`Feed::new`]).
+    first: u64,
+    /// Whether producers wait for [`Feed::allow`] (see [`Feed::on_demand`]).
+    on_demand: bool,
+}
+
+#[derive(Default)]
+struct FeedState {
+    /// step index -> (step, ranks that have not taken it yet)
+    ready: BTreeMap<u64, (Arc<Step>, usize)>,
+    /// The step every rank needs next (all before it were taken by every rank).
+    oldest: u64,
+    /// The earliest step that failed to build, and why.
+    failed: Option<(u64, String)>,
+    closed: bool,
+    /// On-demand feeds: steps below this one may be built.
+    allowed: u64,
+}
+
+impl Feed {
+    /// A feed of steps `first..` (a resumed run starts past the steps it already trained;
+    /// steps are pure functions of their index, so the earlier ones are never built).
+    pub fn new(ranks: usize, depth: usize, first: u64) -> Feed {
+        Feed {
+            state: Mutex::new(FeedState {
+                oldest: first,
+                ..FeedState::default()
+            }),
+            cv: Condvar::new(),
+            ranks,
+            depth: depth.max(1),
+            first,
+            on_demand: false,
+        }
+    }
+
+    /// A feed whose producers build only the steps a rank allowed ([`Feed::allow`]), still at
+    /// most `depth` ahead: evaluation steps, which would otherwise be built and held during
+    /// training, competing with its steps for the producers' cores and for memory.
+    pub fn on_demand(ranks: usize, depth: usize) -> Feed {
+        Feed {
+            on_demand: true,
+            ..Feed::new(ranks, depth, 0)
+        }
+    }
+
+    /// Whether step `index` is trained (and so counted) in this run.
+    pub fn wants(&self, index: u64) -> bool {
+        index >= self.first
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FeedState> {
+        // A panicking rank poisons nothing we rely on: the state stays consistent per call.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until step `index` may be built: while it is `depth` or more steps ahead of the
+    /// oldest one the ranks still need, or (on-demand feeds) not allowed yet, so a producer
+    /// never holds a step the window has no room for. False once closed.
+    pub fn may_build(&self, index: u64) -> bool {
+        let st = self.lock();
+        self.wait_for_room(st, index).is_some()
+    }
+
+    fn wait_for_room<'g>(
+        &self,
+        mut st: std::sync::MutexGuard<'g, FeedState>,
+        index: u64,
+    ) -> Option<std::sync::MutexGuard<'g, FeedState>> {
+        let waits = |st: &FeedState| {
+            index >= st.oldest + self.depth as u64 || (self.on_demand && index >= st.allowed)
+        };
+        while waits(&st) && !st.closed {
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        (!st.closed).then_some(st)
+    }
+
+    /// Offers step `index`; waits as [`Feed::may_build`] does. False once closed.
+    pub fn push(&self, index: u64, step: Arc<Step>) -> bool {
+        if !self.wants(index) {
+            return true;
+        }
+        let Some(mut st) = self.wait_for_room(self.lock(), index) else {
+            return false;
+        };
+        st.ready.insert(index, (step, self.ranks));
+        self.cv.notify_all();
+        true
+    }
+
+    /// Lets the producers of an on-demand feed build the steps before `until`.
+    pub fn allow(&self, until: u64) {
+        let mut st = self.lock();
+        if until > st.allowed {
+            st.allowed = until;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Records that step `index` could not be built; a rank asking for it (or a later step)
+    /// returns this error. The earliest failed step wins, as if steps were built in order.
+    pub fn fail(&self, index: u64, message: String) {
+        let mut st = self.lock();
+        if st.failed.as_ref().is_none_or(|(f, _)| index < *f) {
+            st.failed = Some((index, message));
+        }
+        self.cv.notify_all();
+    }
+
+    /// Stops the producer (after the ranks are done, or gave up).
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        self.cv.notify_all();
+    }
+
+    /// Step `index` if it is built and some rank here has not taken it yet, without taking
+    /// it: what a rank looks at to prefetch its next step's data.
+    pub fn peek(&self, index: u64) -> Option<Arc<Step>> {
+        self.lock().ready.get(&index).map(|(step, _)| step.clone())
+    }
+
+    /// Step `index` for one rank (each rank takes every step exactly once, in order).
+    pub fn take(&self, index: u64) -> anyhow::Result<Arc<Step>> {
+        let mut st = self.lock();
+        loop {
+            if let Some(entry) = st.ready.get_mut(&index) {
+                let step = entry.0.clone();
+                entry.1 -= 1;
+                if entry.1 == 0 {
+                    st.ready.remove(&index);
+                    // Ranks take steps in order, so the slowest one retires them in order.
+                    st.oldest = index + 1;
+                    self.cv.notify_all();
+                }
+                return Ok(step);
+            }
+            if let Some((_, m)) = st.failed.as_ref().filter(|(f, _)| *f <= index) {
+                anyhow::bail!("building the plan of step {index}: {m}");
+            }
+            if st.closed {
+                anyhow::bail!("the plan producer stopped before step {index}");
+            }
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Builds every step of `epochs` epochs that `feed` wants into it, on `threads` producer
+/// threads (step `i` on thread `i % threads`), and adds what they compute to `stats` in step
+/// order. A step whose memory-model estimate exceeds `budget` (an explicit `--device-memory`)
+/// fails the run as out of memory, as the device would when that step's buffers were
+/// allocated.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn produce(
+    ctx: &PlanContext<'_>,
+    schedule: &Schedule<'_>,
+    dims: &ModelDims,
+    epochs: usize,
+    budget: Option<u64>,
+    feed: &Feed,
+    stats: &Mutex<RunStats>,
+    labelled_train: &(dyn Fn(u32) -> bool + Sync),
+    threads: usize,
+) {
+    let n = schedule.iterations() as u64;
+    // FLX-EAS reuses the previous step while its sampling round lasts: one thread, in order.
+    let threads = match schedule {
+        Schedule::FlxSampled { .. } => 1,
+        _ => threads,
+    };
+    let build = |index: u64, prev: Option<&Built>| {
+        let (epoch, it) = (index / n, (index % n) as usize);
+        build_step(ctx, schedule, dims, epoch, it, prev, labelled_train)
+            .and_then(|b| {
+                crate::budget::check_budget(budget, &b.2.model_bytes, "this step's plan")?;
+                Ok(b)
+            })
+            .with_context(|| format!("epoch {} iteration {it}", epoch + 1))
+    };
+    produce_steps(epochs as u64 * n, threads, feed, stats, &build);
+}
+
+/// Builds the evaluation steps of `rounds` evaluations into `feed` (index `round *
+/// batches.steps() + j` is batch `j` of that round) on `threads` threads and adds what they
+/// compute to `stats`. Each round walks the same batches, so they are built again rather
+/// than kept: only the feed's window is ever in memory. A batch that cannot be built (over
+/// the budget) also fails `training` from its next step on, so the run stops then rather
+/// than at its first evaluation.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn produce_eval(
+    ctx: &PlanContext<'_>,
+    batches: &EvalBatches,
+    dims: &ModelDims,
+    rounds: usize,
+    budget: Option<u64>,
+    feed: &Feed,
+    training: &Feed,
+    stats: &Mutex<RunStats>,
+    labelled_train: &(dyn Fn(u32) -> bool + Sync),
+    threads: usize,
+) {
+    let m = batches.steps() as u64;
+    let build = |index: u64, _: Option<&Built>| {
+        let j = (index % m) as usize;
+        batches
+            .build(ctx, dims, j, labelled_train)
+            .and_then(|b| {
+                crate::budget::check_budget(
+                    budget,
+                    &b.2.model_bytes,
+                    "this evaluation batch's plan",
+                )?;
+                Ok(b)
+            })
+            .with_context(|| format!("evaluation batch {} of {m}", j + 1))
+            .inspect_err(|e| training.fail(training.first, format!("{e:#}")))
+    };
+    produce_steps(rounds as u64 * m, threads, feed, stats, &build);
+}
+
+/// Runs `build` for steps `feed.first..total` on `threads` threads (step `i` on thread `i %
+/// threads`, each handing its previous step back to `build`) and pushes them into `feed`;
+/// the first failure is recorded in the feed for the rank that asks for that step. What the
+/// steps compute is added to `stats` in step order.
+fn produce_steps(
+    total: u64,
+    threads: usize,
+    feed: &Feed,
+    stats: &Mutex<RunStats>,
+    build: &(dyn Fn(u64, Option<&Built>) -> anyhow::Result<Built> + Sync),
+) {
+    let threads = threads.max(1) as u64;
+    let built: Mutex<BTreeMap<u64, (StepStats, f64)>> = Mutex::default();
+    let producer = |first: u64| {
+        let mut prev: Option<Built> = None;
+        for index in (first..total).step_by(threads as usize) {
+            if !feed.may_build(index) {
+                return;
+            }
+            let building = std::time::Instant::now();
+            let b = match build(index, prev.as_ref()) {
+                Ok(b) => b,
+                Err(e) => {
+                    feed.fail(index, format!("{e:#}"));
+                    return;
+                }
+            };
+            let seconds = building.elapsed().as_secs_f64();
+            if let Ok(mut m) = built.lock() {
+                m.insert(index, (b.2.clone(), seconds));
+            }
+            let step = b.1.clone();
+            prev = Some(b);
+            if !feed.push(index, step) {
+                return;
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let producer = &producer;
+            let spawned = std::thread::Builder::new()
+                .name(format!("grandis-plans-{t}"))
+                .spawn_scoped(scope, move || producer(feed.first + t));
+            if let Err(e) = spawned {
+                feed.fail(
+                    feed.first + t,
+                    format!("starting a plan producer thread: {e}"),
+                );
+            }
+        }
+    });
+    // In step order, so floating-point sums (β) do not depend on which thread finished first.
+    let built = built.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let Ok(mut s) = stats.lock() {
+        for (st, seconds) in built.values() {
+            s.add(st);
+            s.build_seconds += seconds;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step() -> Arc<Step> {
+        Arc::new(Step {
+            plans: Vec::new(),
+            targets: 0,
+        })
+    }
+
+    /// Peeking at a step neither takes it nor waits: the step stays for every rank, and a
+    /// step not built yet (or taken by every rank) is None.
+    #[test]
+    fn peeking_takes_nothing() {
+        let feed = Feed::new(2, 4, 0);
+        assert!(feed.peek(0).is_none());
+        feed.push(0, step());
+        assert!(feed.peek(0).is_some());
+        feed.take(0).unwrap();
+        assert!(feed.peek(0).is_some(), "one rank has not taken it");
+        feed.take(0).unwrap();
+        assert!(feed.peek(0).is_none());
+    }
+
+    /// An on-demand feed's producer builds nothing until a rank allows it, then stops at the
+    /// allowed end even with room in its window; an ordinary feed fills its window at once.
+    #[test]
+    fn on_demand_feed_builds_only_what_was_allowed() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        for on_demand in [false, true] {
+            let feed = if on_demand {
+                Feed::on_demand(1, 4)
+            } else {
+                Feed::new(1, 4, 0)
+            };
+            let pushed = AtomicU64::new(0);
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    for i in 0..6 {
+                        if !feed.push(i, step()) {
+                            return;
+                        }
+                        pushed.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+                // Reaching a count is polled (slow machines); staying below one is checked
+                // after a pause (a wrong build would have happened by then).
+                let reaches = |n: u64| {
+                    let t = std::time::Instant::now();
+                    while pushed.load(Ordering::SeqCst) < n && t.elapsed().as_secs() < 10 {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    pushed.load(Ordering::SeqCst)
+                };
+                if on_demand {
+                    assert_eq!(reaches(0), 0, "nothing is built before it is allowed");
+                    feed.allow(3);
+                    assert_eq!(reaches(3), 3, "up to the allowed end");
+                } else {
+                    assert_eq!(reaches(4), 4, "the window fills");
+                }
+                for i in 0..3 {
+                    feed.take(i).unwrap();
+                }
+                feed.allow(6);
+                for i in 3..6 {
+                    feed.take(i).unwrap();
+                }
+                feed.close();
+            });
+            assert_eq!(pushed.load(Ordering::SeqCst), 6);
+        }
+    }
+}
