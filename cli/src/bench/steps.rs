@@ -11,6 +11,7 @@ use grandis_parallel::step_bench::{time_steps, StepBenchOptions, StepTiming};
 use grandis_parallel::{Mode, PartitionedGraph};
 use grandis_partition::PartitionMethod;
 use grandis_synth::SynthConfig;
+use grandis_telemetry::median;
 
 #[derive(clap::Args)]
 pub struct BenchStepsArgs {
@@ -79,19 +80,6 @@ struct Row {
     gather_ms: f64,
     sampled_edges: f64,
     input_rows: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn parse_list<T: std::str::FromStr>(flag: &str, s: &str) -> anyhow::Result<Vec<T>> {
@@ -244,7 +232,8 @@ pub fn run(args: BenchStepsArgs) -> anyhow::Result<()> {
 }
 
 fn grandis_row(mode: &str, threads: usize, steps: &[StepTiming]) -> Row {
-    let ms = |f: fn(&StepTiming) -> f64| median(steps.iter().map(|s| f(s) * 1e3).collect());
+    let ms =
+        |f: fn(&StepTiming) -> f64| median(&steps.iter().map(|s| f(s) * 1e3).collect::<Vec<_>>());
     Row {
         system: "grandis".into(),
         mode: mode.into(),
@@ -253,8 +242,18 @@ fn grandis_row(mode: &str, threads: usize, steps: &[StepTiming]) -> Row {
         plan_ms: ms(|s| s.plan_s),
         sample_plan_ms: ms(|s| s.sample_s + s.plan_s),
         gather_ms: ms(|s| s.gather_s),
-        sampled_edges: median(steps.iter().map(|s| s.sampled_edges as f64).collect()),
-        input_rows: median(steps.iter().map(|s| s.input_rows as f64).collect()),
+        sampled_edges: median(
+            &steps
+                .iter()
+                .map(|s| s.sampled_edges as f64)
+                .collect::<Vec<_>>(),
+        ),
+        input_rows: median(
+            &steps
+                .iter()
+                .map(|s| s.input_rows as f64)
+                .collect::<Vec<_>>(),
+        ),
     }
 }
 
@@ -321,7 +320,7 @@ fn run_dgl(
             .map(|x| x * scale)
             .collect()
     };
-    let sample = median(col("sample_blocks_s", 1e3));
+    let sample = median(&col("sample_blocks_s", 1e3));
     Ok((
         Row {
             system: "dgl".into(),
@@ -330,9 +329,9 @@ fn run_dgl(
             sample_ms: f64::NAN,
             plan_ms: f64::NAN,
             sample_plan_ms: sample,
-            gather_ms: median(col("gather_s", 1e3)),
-            sampled_edges: median(col("sampled_edges", 1.0)),
-            input_rows: median(col("input_rows", 1.0)),
+            gather_ms: median(&col("gather_s", 1e3)),
+            sampled_edges: median(&col("sampled_edges", 1.0)),
+            input_rows: median(&col("input_rows", 1.0)),
         },
         v["versions"].clone(),
     ))
