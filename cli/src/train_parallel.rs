@@ -34,7 +34,8 @@ pub struct LocalArgs {
     #[arg(long, value_delimiter = ',')]
     pub cuda_devices: Option<Vec<usize>>,
     /// Threads sampling and building the plans of per-step modes (mb, cob, SAINT) ahead of
-    /// the ranks (default: half the cores, at most 8). Any count gives the same run.
+    /// the ranks, and reading their features (default: on CPU ranks half the cores, at most 8;
+    /// on CUDA ranks every core but one per rank, at most 32). Any count gives the same run.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub plan_threads: Option<u16>,
 }

@@ -379,6 +379,12 @@ pub trait Backend: Send + Sync {
     fn len(&self, buf: &Self::Buf) -> usize;
     /// A new buffer holding a copy of `host`.
     fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
+    /// A new buffer holding `host`, which the caller no longer needs: a backend whose buffers
+    /// are host memory keeps it without a copy (and hands back an empty vector), the others
+    /// copy it and hand it back for reuse.
+    fn upload_owned(&self, host: Vec<f32>) -> Result<(Self::Buf, Vec<f32>)> {
+        Ok((self.upload(&host)?, host))
+    }
     /// Copies `host` into `buf[offset .. offset + host.len()]` (used to fill halo rows).
     fn upload_into(&self, buf: &mut Self::Buf, offset: usize, host: &[f32]) -> Result<()>;
     /// Copies `buf[offset .. offset + out.len()]` to `out`; waits for queued work.

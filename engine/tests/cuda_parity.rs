@@ -121,6 +121,10 @@ fn buffers_round_trip() {
     let mut buf = g.upload(&host).unwrap();
     assert_eq!(g.len(&buf), 1000);
     assert_bits("upload/download", &host, &down(&g, &buf));
+    // An owned upload copies to the device and hands the host vector back for reuse.
+    let (owned, back) = g.upload_owned(host.clone()).unwrap();
+    assert_bits("owned upload", &host, &down(&g, &owned));
+    assert_eq!(back, host);
     g.upload_into(&mut buf, 990, &[7.0; 10]).unwrap();
     let mut tail = [0.0f32; 12];
     g.download(&buf, 988, &mut tail).unwrap();

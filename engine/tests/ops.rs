@@ -884,3 +884,16 @@ fn attention_on_blocks_adds_up_to_the_full_graph() {
         }
     }
 }
+
+/// An owned upload holds exactly the host values; the CPU backend keeps the vector itself
+/// (nothing handed back to reuse), as its buffers are host memory.
+#[test]
+fn owned_upload_keeps_the_values() {
+    let b = cpu();
+    let host = rnd(37, 9);
+    let (buf, back) = b.upload_owned(host.clone()).unwrap();
+    assert!(back.is_empty());
+    let mut out = vec![0f32; host.len()];
+    b.download(&buf, 0, &mut out).unwrap();
+    assert_eq!(out, host);
+}

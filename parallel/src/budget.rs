@@ -21,8 +21,8 @@ pub fn default_device_memory(ranks: usize) -> anyhow::Result<u64> {
 /// The page cache a run relies on: the bytes of a mapped graph (a partition dir's). Sampling
 /// and plan building read neighbour lists at scattered vertices every step; with the graph
 /// evicted each of those reads is a disk request (on a 5M-vertex graph starved of cache the
-/// producer took 4x longer). Features are not counted: a step streams its rows and keeps none
-/// (`RowReader::scattered`).
+/// producer took 4x longer). Features are not counted: a step reads its rows into process
+/// memory (`RowReader::scattered`), not into the mapping.
 pub(crate) fn page_cache_relied_on(part: &crate::PartitionedGraph) -> u64 {
     match &part.graph {
         crate::input::PartGraph::Mapped(_) => {

@@ -71,13 +71,7 @@ pub fn embeddings(
         }
     };
     let feed = crate::feed::Feed::new(ranks, 1, 0);
-    feed.push(
-        0,
-        Arc::new(steps::Step {
-            plans: per_rank,
-            targets: 0,
-        }),
-    );
+    feed.push(0, Arc::new(steps::Step::new(per_rank, 0)));
     let scales = global_scales(part.graph.view(), grandis_models::aggregation(config.kind));
     let opts: TrainOptions = serde_json::from_value(serde_json::json!({
         "epochs": 0, "lr": 0.0, "weight_decay": 0.0, "adamw": false, "grad_clip": null, "seed": 0,
@@ -104,6 +98,7 @@ pub fn embeddings(
         checkpoint: &grandis_trainer::CheckpointOptions::default(),
         staleness: None,
         remote_features: None,
+        buffers: &crate::prepare::BufferPool::default(),
     };
     let threads = threads_per_rank.unwrap_or_else(|| crate::options::cores_per_rank(ranks));
     let fabric = Fabric::new(FabricConfig {

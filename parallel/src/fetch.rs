@@ -22,8 +22,6 @@ use grandis_fabric::{Endpoint, Tag};
 use grandis_masking::{DevicePlan, Layout};
 use grandis_store::DatasetView;
 
-use crate::steps::Step;
-
 /// Tag epoch of the plan built before the first training epoch (training epochs count from 1;
 /// evaluation builds carry [`crate::EVAL_EPOCH_BIT`]).
 pub(crate) const SETUP_EPOCH: u32 = 0;
@@ -38,99 +36,75 @@ pub(crate) struct FeatureSource<'a> {
 }
 
 impl FeatureSource<'_> {
-    /// The host feature matrix (`rows x F`, `rows >= n_owned`) of the calling rank's layer-0
-    /// plan in `plans` (`plans[rank][layer]` for every rank): its owned rows' features, rows
-    /// past them zero (halo rows, filled later by the layer-0 exchange). Rows whose home is
-    /// this rank or a sibling device of its server are read from the view — a server's host
-    /// memory holds its whole partition, and its devices load from it over the host link, not
-    /// the fabric. The others are fetched from their home rank under `tag`, and this rank
-    /// sends the other servers' ranks the rows of their layer-0 plans whose home it is. Raw
-    /// values travel, so the result is bit-identical to reading every row locally.
-    ///
-    /// With `columns` (ascending feature columns; DGS's feature-level sampling), rows fetched
-    /// from other servers carry only those columns and the others are zero: every rank of the
-    /// step must pass the same columns.
-    pub fn layer0_features(
+    /// Rank `me`'s layer-0 feature matrix of `plans` (`rows x F`, `rows >= n_owned`) as far
+    /// as this server's host memory holds it, with no peer involved: what a step's producer
+    /// prepares for the rank. Its owned rows whose home is this rank or a sibling device of
+    /// its server are read from the view (a server's host memory holds its whole partition,
+    /// and its devices load from it over the host link, not the fabric); every other row is
+    /// zero until [`LocalFeatures::complete`] fetches the replicated ones from their home
+    /// rank. The rows this rank owes the other servers' ranks are read here too. `buf` is
+    /// reused for the matrix (its contents do not matter).
+    pub fn read_local(
         &self,
         plans: &[Vec<Arc<DevicePlan>>],
-        ep: &mut Endpoint,
-        tag: Tag,
+        me: usize,
         rows: usize,
-        columns: Option<&[u32]>,
-    ) -> anyhow::Result<Vec<f32>> {
-        let layout = self.layout;
-        let me = ep.rank();
-        if ep.world() != layout.num_ranks() {
-            bail!(
-                "internal: a fabric of {} ranks and a layout of {}",
-                ep.world(),
-                layout.num_ranks()
-            );
-        }
+        mut buf: Vec<f32>,
+    ) -> anyhow::Result<LocalFeatures> {
         let reads = self.reads(plans, me)?;
         let f = self.view.feature_dim;
         let owned = reads.owned;
         if rows < owned {
             bail!("internal: {rows} feature rows for {owned} owned rows");
         }
-        // Every row this rank reads, in one gather.
-        let ids = reads.ids();
-        let mut read = vec![0f32; ids.len() * f];
+        // Only the rows no read fills are cleared: a reused buffer is not zeroed whole.
+        buf.resize(rows * f, 0.0);
+        buf.truncate(rows * f);
+        buf[owned * f..].fill(0.0);
+        for rows in reads.incoming.values() {
+            for &i in rows {
+                buf[i * f..(i + 1) * f].fill(0.0);
+            }
+        }
+        let local_ids: Vec<u32> = reads.local.iter().map(|&(_, o)| o).collect();
+        let in_order = reads.local.iter().enumerate().all(|(j, &(i, _))| i == j);
+        if in_order {
+            // The usual case (one server, or this server's rows first): straight into place.
+            self.view
+                .gather_features(&local_ids, &mut buf[..local_ids.len() * f])
+                .context("reading the step's feature rows")?;
+        } else {
+            let mut read = vec![0f32; local_ids.len() * f];
+            self.view
+                .gather_features(&local_ids, &mut read)
+                .context("reading the step's feature rows")?;
+            for (&(i, _), src) in reads.local.iter().zip(read.chunks_exact(f.max(1))) {
+                buf[i * f..(i + 1) * f].copy_from_slice(src);
+            }
+        }
+        let sent: Vec<u32> = reads
+            .sends
+            .iter()
+            .flat_map(|(_, olds)| olds.iter().copied())
+            .collect();
+        let mut sent_rows = vec![0f32; sent.len() * f];
         self.view
-            .gather_features(&ids, &mut read)
-            .context("reading the step's feature rows")?;
-        let mut host = vec![0f32; rows * f];
-        let (local, mut rest) = read.split_at(reads.local.len() * f);
-        for (&(i, _), src) in reads.local.iter().zip(local.chunks_exact(f.max(1))) {
-            host[i * f..(i + 1) * f].copy_from_slice(src);
-        }
-        if let Some(&c) = columns.and_then(|c| c.iter().find(|&&c| c as usize >= f)) {
-            bail!("internal: feature column {c} of {f}");
-        }
-        // What one fetched row carries.
-        let sent_width = columns.map_or(f, <[u32]>::len);
+            .gather_features(&sent, &mut sent_rows)
+            .context("reading the feature rows other servers fetch")?;
+        let mut rest = sent_rows.as_slice();
         let mut sends = Vec::with_capacity(reads.sends.len());
         for (r, olds) in &reads.sends {
             let (data, tail) = rest.split_at(olds.len() * f);
-            let data = match columns {
-                None => data.to_vec(),
-                Some(cols) => data
-                    .chunks_exact(f.max(1))
-                    .flat_map(|row| cols.iter().map(|&c| row[c as usize]))
-                    .collect(),
-            };
-            sends.push((*r, data));
+            sends.push((*r, data.to_vec()));
             rest = tail;
         }
-        let incoming = reads.incoming;
-        let expect: Vec<(usize, usize)> = incoming
-            .iter()
-            .map(|(&home, rows)| (home, rows.len() * sent_width))
-            .collect();
-        // Point-to-point only: a rank with nothing to move skips the call (its peers, deriving
-        // the same lists, expect nothing from it), so FB plans add no messages at all.
-        if !sends.is_empty() || !expect.is_empty() {
-            let got = ep
-                .exchange_sized(sends, &expect, tag)
-                .with_context(|| format!("fetching replicated features {tag}"))?;
-            for ((home, data), (&want, rows)) in got.into_iter().zip(&incoming) {
-                if home != want {
-                    bail!("internal: features from rank {home} where rank {want}'s were due");
-                }
-                for (&i, src) in rows.iter().zip(data.chunks_exact(sent_width.max(1))) {
-                    let row = &mut host[i * f..(i + 1) * f];
-                    match columns {
-                        None => row.copy_from_slice(src),
-                        Some(cols) => {
-                            for (&c, &x) in cols.iter().zip(src) {
-                                row[c as usize] = x;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        Ok(host)
+        Ok(LocalFeatures {
+            host: buf,
+            feature_dim: f,
+            world: self.layout.num_ranks(),
+            sends,
+            incoming: reads.incoming,
+        })
     }
 
     /// Starts reading the feature rows rank `me` will read for `plans` into the page cache
@@ -229,8 +203,8 @@ pub(crate) struct Prefetcher {
     queue: Mutex<Option<Receiver<Request>>>,
 }
 
-/// A rank's next step, and the rank.
-type Request = (Arc<Step>, usize);
+/// A rank's next step's plans (`[rank][layer]`), and the rank.
+type Request = (Vec<Vec<Arc<DevicePlan>>>, usize);
 
 impl Prefetcher {
     /// Requests that may wait: one next step per local rank is plenty.
@@ -257,7 +231,7 @@ impl Prefetcher {
         };
         let cached = || source.view.feature_pages_cached();
         let (mut since, mut served, mut on) = (None, 0u64, true);
-        for (step, rank) in queue {
+        for (plans, rank) in queue {
             if !on {
                 continue;
             }
@@ -280,18 +254,18 @@ impl Prefetcher {
                 since = now;
             }
             served += 1;
-            if let Err(e) = source.prefetch(&step.plans, rank) {
+            if let Err(e) = source.prefetch(&plans, rank) {
                 // The rank's own gather of this step reports the same problem.
                 tracing::debug!("prefetching rank {rank}'s features: {e:#}");
             }
         }
     }
 
-    /// Asks for rank `rank`'s rows of `step` (the step it takes next).
-    pub fn request(&self, step: Arc<Step>, rank: usize) {
+    /// Asks for rank `rank`'s rows of the step of `plans` (the step it takes next).
+    pub fn request(&self, plans: Vec<Vec<Arc<DevicePlan>>>, rank: usize) {
         if let Ok(tx) = self.requests.lock() {
             if let Some(tx) = tx.as_ref() {
-                let _ = tx.try_send((step, rank));
+                let _ = tx.try_send((plans, rank));
             }
         }
     }
@@ -322,6 +296,97 @@ impl Reads {
         let local = self.local.iter().map(|&(_, o)| o);
         let sent = self.sends.iter().flat_map(|(_, olds)| olds.iter().copied());
         local.chain(sent).collect()
+    }
+}
+
+/// A rank's layer-0 feature matrix as its own server holds it ([`FeatureSource::read_local`]),
+/// and the rows it owes other servers; [`LocalFeatures::complete`] adds the replicated rows.
+pub(crate) struct LocalFeatures {
+    /// `rows x F`: local rows read, replicated rows and rows past the owned ones zero.
+    host: Vec<f32>,
+    feature_dim: usize,
+    /// Ranks of the layout the rows were read for.
+    world: usize,
+    /// (peer rank, whole feature rows in the peer's row order) this rank sends.
+    sends: Vec<(usize, Vec<f32>)>,
+    /// Home rank -> rows of `host` that arrive from it.
+    incoming: BTreeMap<usize, Vec<usize>>,
+}
+
+impl LocalFeatures {
+    /// The whole matrix: the replicated rows fetched from their home rank under `tag` while
+    /// this rank sends the other servers' ranks the rows whose home it is, in one
+    /// `exchange_sized` (no message at all when nothing moves, so FB plans add none). Raw
+    /// values travel, so the result is bit-identical to reading every row locally.
+    ///
+    /// With `columns` (ascending feature columns; DGS's feature-level sampling), rows fetched
+    /// from other servers carry only those columns and the others are zero: every rank of the
+    /// step must pass the same columns.
+    pub fn complete(
+        self,
+        ep: &mut Endpoint,
+        tag: Tag,
+        columns: Option<&[u32]>,
+    ) -> anyhow::Result<Vec<f32>> {
+        let LocalFeatures {
+            mut host,
+            feature_dim: f,
+            world,
+            sends,
+            incoming,
+        } = self;
+        if ep.world() != world {
+            bail!(
+                "internal: a fabric of {} ranks and a layout of {world}",
+                ep.world()
+            );
+        }
+        if let Some(&c) = columns.and_then(|c| c.iter().find(|&&c| c as usize >= f)) {
+            bail!("internal: feature column {c} of {f}");
+        }
+        // What one fetched row carries.
+        let sent_width = columns.map_or(f, <[u32]>::len);
+        let sends: Vec<(usize, Vec<f32>)> = match columns {
+            None => sends,
+            Some(cols) => sends
+                .into_iter()
+                .map(|(r, data)| {
+                    let picked = data
+                        .chunks_exact(f.max(1))
+                        .flat_map(|row| cols.iter().map(|&c| row[c as usize]))
+                        .collect();
+                    (r, picked)
+                })
+                .collect(),
+        };
+        let expect: Vec<(usize, usize)> = incoming
+            .iter()
+            .map(|(&home, rows)| (home, rows.len() * sent_width))
+            .collect();
+        // Point-to-point only: a rank with nothing to move skips the call (its peers, deriving
+        // the same lists, expect nothing from it).
+        if !sends.is_empty() || !expect.is_empty() {
+            let got = ep
+                .exchange_sized(sends, &expect, tag)
+                .with_context(|| format!("fetching replicated features {tag}"))?;
+            for ((home, data), (&want, rows)) in got.into_iter().zip(&incoming) {
+                if home != want {
+                    bail!("internal: features from rank {home} where rank {want}'s were due");
+                }
+                for (&i, src) in rows.iter().zip(data.chunks_exact(sent_width.max(1))) {
+                    let row = &mut host[i * f..(i + 1) * f];
+                    match columns {
+                        None => row.copy_from_slice(src),
+                        Some(cols) => {
+                            for (&c, &x) in cols.iter().zip(src) {
+                                row[c as usize] = x;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(host)
     }
 }
 
@@ -396,8 +461,9 @@ mod tests {
                     layout,
                 };
                 let p0 = &plans[rank][0];
-                let host =
-                    src.layer0_features(plans, &mut ep, Tag::fetch(1), p0.n_local(), columns)?;
+                let host = src
+                    .read_local(plans, rank, p0.n_local(), Vec::new())?
+                    .complete(&mut ep, Tag::fetch(1), columns)?;
                 anyhow::Ok((host, ep.counters()))
             })
             .unwrap();

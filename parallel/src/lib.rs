@@ -46,6 +46,7 @@ pub mod measure;
 pub mod metered;
 mod options;
 pub mod planner;
+mod prepare;
 mod report;
 mod run;
 mod runtime;

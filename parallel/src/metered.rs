@@ -189,6 +189,10 @@ impl<B: Backend> Backend for Metered<B> {
     fn upload(&self, host: &[f32]) -> Result<Self::Buf> {
         Ok(self.buf(self.inner.upload(host)?))
     }
+    fn upload_owned(&self, host: Vec<f32>) -> Result<(Self::Buf, Vec<f32>)> {
+        let (buf, back) = self.inner.upload_owned(host)?;
+        Ok((self.buf(buf), back))
+    }
     fn upload_index(&self, host: &[u32]) -> Result<Self::Index> {
         let idx = self.inner.upload_index(host)?;
         Ok(MeteredValue::new(idx, &self.meter, host.len() as u64 * 4))

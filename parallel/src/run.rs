@@ -18,6 +18,7 @@ use crate::fetch::Prefetcher;
 use crate::links::copies::CopyHub;
 use crate::links::nccl::{HostNccl, Nccl};
 use crate::links::{IntraTransport, Transports};
+use crate::prepare::HostInput;
 use crate::setup::in_train_split;
 use crate::steps::{RunStats, Schedule};
 use crate::worker::{self, RankResult};
@@ -26,11 +27,18 @@ use crate::{metered, Compute, ParallelOptions, PartitionedGraph};
 /// Steps the plan producers may build ahead of the slowest rank beyond one per producer.
 const PREFETCH_STEPS: usize = 2;
 
-/// Producer threads building per-step plans when the options name none: half the cores (the
-/// ranks' compute has the rest while it is the bottleneck; producers that run ahead block on
-/// the feed's window), at most 8.
-fn default_plan_threads() -> usize {
-    (std::thread::available_parallelism().map_or(1, |c| c.get()) / 2).clamp(1, 8)
+/// Producer threads building per-step plans when the options name none. CPU ranks: half the
+/// cores (the ranks' compute has the rest while it is the bottleneck; producers that run
+/// ahead block on the feed's window), at most 8. CUDA ranks compute on their devices and
+/// their threads mostly wait on them: every core but one per rank run here, at most 32 (on
+/// the H100 eight producers left mini-batch steps host-bound ~20x).
+fn default_plan_threads(compute: &Compute, ranks_here: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if compute.is_cuda() {
+        cores.saturating_sub(ranks_here).clamp(1, 32)
+    } else {
+        (cores / 2).clamp(1, 8)
+    }
 }
 
 /// What a decided run needs besides its planning context.
@@ -100,7 +108,9 @@ pub(crate) fn run(
     let scales = global_scales(part.graph.view(), grandis_models::aggregation(config.kind));
     // Every step is kept until each rank run HERE took it.
     let iterations = decision.schedule.iterations();
-    let plan_threads = popts.plan_threads.unwrap_or_else(default_plan_threads);
+    let plan_threads = popts
+        .plan_threads
+        .unwrap_or_else(|| default_plan_threads(&popts.compute, local_ranks));
     let feed = crate::feed::Feed::new(
         local_ranks,
         if decision.is_static() {
@@ -127,6 +137,7 @@ pub(crate) fn run(
     // Per-step plans: each rank's next step's feature rows are read ahead.
     let prefetcher = Prefetcher::new();
     let infer = crate::infer::InferShared::new(popts, part, view, &scales, local_ranks)?;
+    let buffers = crate::prepare::BufferPool::default();
     let shared = worker::Shared {
         view,
         new_to_old: &part.new_to_old,
@@ -148,6 +159,7 @@ pub(crate) fn run(
         checkpoint: &popts.checkpoint,
         staleness: popts.staleness,
         remote_features: popts.remote_features,
+        buffers: &buffers,
     };
     let callback: worker::EpochCallback<'_> = Mutex::new(on_epoch);
     let transports = crate::links::select(
@@ -156,16 +168,16 @@ pub(crate) fn run(
         popts.inter_transport,
         popts.intra_transport,
     )?;
+    let ranks_here: Vec<usize> = match &local {
+        Some(endpoints) => endpoints.iter().map(Endpoint::rank).collect(),
+        None => (0..layout.num_ranks()).collect(),
+    };
     let hub = (transports.intra == IntraTransport::DeviceCopies).then(|| {
-        let ranks: Vec<usize> = match &local {
-            Some(endpoints) => endpoints.iter().map(Endpoint::rank).collect(),
-            None => (0..layout.num_ranks()).collect(),
-        };
         let topology = grandis_fabric::Topology {
             servers: layout.servers(),
             devices: layout.devices(),
         };
-        CopyHub::new(topology, &ranks)
+        CopyHub::new(topology, &ranks_here)
     });
     let links = (transports, hub.as_ref());
     // In-process: rank 0 reports epochs; one server's ranks: its first device does.
@@ -207,6 +219,21 @@ pub(crate) fn run(
         grandis_fabric::run_ranks(endpoints, work)
     };
     let labelled_train = |g: u32| in_train_split(labelled_flags, g);
+    // Batched steps are small: their producers also read the ranks' features (FLX-EAS
+    // plans span whole partitions and are loaded by their rank, once per round).
+    let preparer = shared.preparer();
+    let fetch = |step: &crate::steps::Step| -> anyhow::Result<()> {
+        let inputs = ranks_here
+            .iter()
+            .map(|&r| Ok((r, HostInput::prepare(&preparer, &step.plans, r)?)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        step.set_prepared(inputs);
+        Ok(())
+    };
+    let fetch: Option<crate::feed::Fetch<'_>> = match &decision.schedule {
+        Schedule::FlxSampled { .. } => None,
+        _ => Some(&fetch),
+    };
     let results = match &decision.schedule {
         Schedule::Static { step, stats } => {
             crate::budget::check_budget(popts.device_memory, &stats.model_bytes, "the plan")?;
@@ -271,6 +298,7 @@ pub(crate) fn run(
                         &run_stats,
                         &labelled_train,
                         plan_threads,
+                        fetch,
                     )
                 })
                 .context("starting the plan producer thread")?;

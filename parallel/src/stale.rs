@@ -236,12 +236,7 @@ mod tests {
 
     #[test]
     fn a_new_step_forgets_everything() {
-        let step = |_: ()| {
-            Arc::new(Step {
-                plans: Vec::new(),
-                targets: 0,
-            })
-        };
+        let step = |_: ()| Arc::new(Step::new(Vec::new(), 0));
         let (a, b) = (step(()), step(()));
         let mut st = halo(1.0, 5);
         st.follow(&a);

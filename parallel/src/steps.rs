@@ -15,8 +15,9 @@
 //! The producer also counts what each step computes (sampled edges, vertex-layers, β, the
 //! memory model's bytes) for the run summary.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use crate::prepare::HostInput;
 use anyhow::Context;
 use grandis_masking::{
     estimate_device, estimate_masked, estimate_masked_device, estimate_masked_inference,
@@ -34,6 +35,39 @@ pub(crate) struct Step {
     pub plans: Vec<Vec<Arc<DevicePlan>>>,
     /// Labelled training rows that are loss rows of some rank in this step.
     pub targets: usize,
+    /// (rank, input) the producer prepared for ranks run here; each is taken once.
+    prepared: Mutex<Vec<(usize, HostInput)>>,
+}
+
+impl Step {
+    pub fn new(plans: Vec<Vec<Arc<DevicePlan>>>, targets: usize) -> Step {
+        Step {
+            plans,
+            targets,
+            prepared: Mutex::default(),
+        }
+    }
+
+    /// Hands the ranks run here their inputs, prepared ahead by a producer.
+    pub fn set_prepared(&self, inputs: Vec<(usize, HostInput)>) {
+        if let Ok(mut p) = self.prepared.lock() {
+            *p = inputs;
+        }
+    }
+
+    /// Rank `rank`'s prepared input, if a producer prepared one and the rank has not taken it.
+    pub fn take_prepared(&self, rank: usize) -> Option<HostInput> {
+        let mut p = self.prepared.lock().ok()?;
+        let i = p.iter().position(|(r, _)| *r == rank)?;
+        Some(p.swap_remove(i).1)
+    }
+
+    /// Whether rank `rank`'s input is prepared and waiting.
+    pub fn is_prepared(&self, rank: usize) -> bool {
+        self.prepared
+            .lock()
+            .is_ok_and(|p| p.iter().any(|(r, _)| *r == rank))
+    }
 }
 
 /// What one step computes, for the run summary.
@@ -267,7 +301,7 @@ fn finish(
     stats.model_bytes = model_bytes;
     let t = targets(&plans, labelled_train);
     stats.targets = t as u64;
-    (Arc::new(Step { plans, targets: t }), stats)
+    (Arc::new(Step::new(plans, t)), stats)
 }
 
 /// The static step of an FB / exact FLX run: `fb[r]`, `flx[r]` per rank, FLX for layers `< k`.

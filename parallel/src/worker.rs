@@ -25,6 +25,7 @@ use crate::feed::Feed;
 use crate::fetch::{FeatureSource, Prefetcher, SETUP_EPOCH};
 use crate::links::{Arrived, RankLinks};
 use crate::metered::Meter;
+use crate::prepare::{BufferPool, Preparer};
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
 use crate::stale::{StaleCounts, StaleHalo};
 use crate::steps::Step;
@@ -90,6 +91,8 @@ pub(crate) struct Shared<'a> {
     pub staleness: Option<grandis_wire::Staleness>,
     /// DGS's fraction of feature columns fetched from other servers (cob, mb).
     pub remote_features: Option<f64>,
+    /// Feature matrices the ranks hand back after uploading, for the next steps.
+    pub buffers: &'a BufferPool,
 }
 
 impl<'a> Shared<'a> {
@@ -99,6 +102,19 @@ impl<'a> Shared<'a> {
             view: self.view,
             new_to_old: self.new_to_old,
             layout: self.layout,
+        }
+    }
+
+    /// What preparing a rank's step input reads (the producers' fetch stage too).
+    pub fn preparer(&self) -> Preparer<'a> {
+        Preparer {
+            features: self.features(),
+            scales: self.scales,
+            agg: self.agg,
+            layers: self.config.layers,
+            owned_input_only: self.config.kind == ModelKind::ResSage,
+            labelled_flags: self.labelled_flags,
+            buffers: self.buffers,
         }
     }
 
@@ -240,15 +256,8 @@ impl<'w, B: Backend> Worker<'w, B> {
                 .context("restoring the checkpoint")?;
         }
         let step = sh.feed.take(sh.first_step())?;
-        let rt = Rt::build(
-            sh,
-            b,
-            &step.plans,
-            &mut ep,
-            // The first step's features are whole: no weights to rank the columns by yet.
-            (Tag::fetch(SETUP_EPOCH), None),
-            has_head,
-        )?;
+        // The first step's features are whole: no weights to rank the columns by yet.
+        let rt = Rt::load(sh, b, &step, &mut ep, (Tag::fetch(SETUP_EPOCH), None))?;
         Ok(Worker {
             sh,
             b,
@@ -571,14 +580,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             }
             EvalOn::Plans(plans) => {
                 let tag = Tag::fetch(epoch as u32 | EVAL_EPOCH_BIT);
-                let eval_rt = Rt::build(
-                    self.sh,
-                    self.b,
-                    plans,
-                    &mut self.ep,
-                    (tag, None),
-                    self.has_head,
-                )?;
+                let eval_rt = Rt::build(self.sh, self.b, plans, &mut self.ep, (tag, None))?;
                 let train_rt = std::mem::replace(&mut self.rt, eval_rt);
                 let out = self.evaluate_plans(epoch, with_logits, &mut correct, &mut logits);
                 self.rt = train_rt;
@@ -618,10 +620,14 @@ impl<'w, B: Backend> Worker<'w, B> {
     }
 
     /// Asks for this rank's feature rows of step `index` of `feed` to be read ahead, while
-    /// it computes the step it holds, if that step is built already.
+    /// it computes the step it holds, if that step is built already (and its producer did
+    /// not read them already).
     fn prefetch(&self, feed: &Feed, index: u64) {
+        let rank = self.ep.rank();
         if let (Some(prefetcher), Some(step)) = (self.sh.prefetch, feed.peek(index)) {
-            prefetcher.request(step, self.ep.rank());
+            if !step.is_prepared(rank) {
+                prefetcher.request(step.plans.clone(), rank);
+            }
         }
     }
 
@@ -647,13 +653,12 @@ impl<'w, B: Backend> Worker<'w, B> {
         self.rt.features = b.alloc(0)?;
         self.rt.loss_rows = b.upload_index(&[])?;
         self.rt.loss_labels = b.upload_index(&[])?;
-        self.rt = Rt::build(
+        self.rt = Rt::load(
             self.sh,
             b,
-            &step.plans,
+            &step,
             &mut self.ep,
             (Tag::fetch(epoch), columns),
-            self.has_head,
         )?;
         self.step = step;
         Ok(())

@@ -115,10 +115,16 @@ impl<'a> DatasetView<'a> {
         let mut order: Vec<u32> = (0..ids.len() as u32).collect();
         order.sort_unstable_by_key(|&i| ids[i as usize]);
         let sorted: Vec<u32> = order.iter().map(|&i| ids[i as usize]).collect();
-        let mut rows = vec![0f32; out.len()];
-        reader.gather(&sorted, &mut rows)?;
-        for (&i, row) in order.iter().zip(rows.chunks_exact(f.max(1))) {
-            out[i as usize * f..(i as usize + 1) * f].copy_from_slice(row);
+        // Read in id order through a bounded buffer, then put each row in its place: a copy of
+        // the whole output (228 MB for a products-like mini-batch) would be resident beside it.
+        const CHUNK_ROWS: usize = 16384;
+        let mut rows = vec![0f32; CHUNK_ROWS.min(ids.len()) * f];
+        for (order, sorted) in order.chunks(CHUNK_ROWS).zip(sorted.chunks(CHUNK_ROWS)) {
+            let rows = &mut rows[..sorted.len() * f];
+            reader.gather(sorted, rows)?;
+            for (&i, row) in order.iter().zip(rows.chunks_exact(f.max(1))) {
+                out[i as usize * f..(i as usize + 1) * f].copy_from_slice(row);
+            }
         }
         Ok(())
     }

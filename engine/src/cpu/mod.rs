@@ -203,6 +203,10 @@ impl Backend for CpuBackend {
         Ok(host.to_vec())
     }
 
+    fn upload_owned(&self, host: Vec<f32>) -> Result<(Vec<f32>, Vec<f32>)> {
+        Ok((host, Vec::new()))
+    }
+
     fn upload_into(&self, buf: &mut Vec<f32>, offset: usize, host: &[f32]) -> Result<()> {
         need("upload_into", "buffer", buf.len(), offset + host.len())?;
         buf[offset..offset + host.len()].copy_from_slice(host);

@@ -1,0 +1,231 @@
+//! A rank's share of a step built on the host ([`HostInput`]): the compact layer spaces as
+//! engine blocks, the layer-0 features its server holds and its loss rows, with no device
+//! and no peer involved. Producers prepare it beside the step's plans (the fetch stage after
+//! sampling and planning), so that a rank's load is the replicated-row fetch and the uploads
+//! (`crate::runtime`); the feature matrices cycle through a [`BufferPool`].
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Context};
+use grandis_engine::norm::{Aggregation, GlobalScales};
+use grandis_engine::BlockGraph;
+use grandis_masking::{layer_spaces, DevicePlan, LayerRows, SPLIT_TRAIN};
+use grandis_store::CsrGraph;
+
+use crate::fetch::{FeatureSource, LocalFeatures};
+
+/// What preparing a rank's input reads: the run's features, normalisation and labels.
+#[derive(Clone, Copy)]
+pub(crate) struct Preparer<'a> {
+    pub features: FeatureSource<'a>,
+    pub scales: &'a GlobalScales,
+    pub agg: Aggregation,
+    /// Conv layers of the model.
+    pub layers: usize,
+    /// The model reads only the layer-0 plan's owned rows (ResSAGE+'s row-local encoder),
+    /// not its halo rows too.
+    pub owned_input_only: bool,
+    /// `SPLIT_*` flags by NEW id, only for vertices with a valid label.
+    pub labelled_flags: &'a [u8],
+    /// Where feature matrices come from and go back to.
+    pub buffers: &'a BufferPool,
+}
+
+/// Feature matrices handed back by the ranks after their upload, for the producers to fill
+/// again: a step's matrix is tens to hundreds of MB, and a fresh one per step is as many page
+/// faults and page clears. Holds at most [`BufferPool::KEEP`].
+#[derive(Default)]
+pub(crate) struct BufferPool(Mutex<Vec<Vec<f32>>>);
+
+impl BufferPool {
+    /// Matrices kept: one per step a window of producers holds is plenty.
+    const KEEP: usize = 8;
+
+    /// A buffer to fill (empty when none is kept).
+    pub fn take(&self) -> Vec<f32> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|mut v| v.pop())
+            .unwrap_or_default()
+    }
+
+    /// Hands `buf` back (dropped when the pool is full).
+    pub fn put(&self, buf: Vec<f32>) {
+        if let Ok(mut v) = self.0.lock() {
+            if v.len() < Self::KEEP && buf.capacity() > 0 {
+                v.push(buf);
+            }
+        }
+    }
+}
+
+/// One compact layer space built on the host: what `crate::runtime::BlockRt` uploads.
+pub(crate) struct HostBlock {
+    pub(crate) rows: LayerRows,
+    pub(crate) graph: BlockGraph,
+    /// Original ids of the `rows.n_src` compact input rows.
+    pub(crate) ids: Vec<u32>,
+}
+
+/// A rank's share of one step built on the host, with no device and no peer: its distinct
+/// plans, the engine blocks of its compact layer spaces, the layer-0 features its server
+/// holds and its loss rows. A step's producer prepares it (`crate::feed`) so that a rank's
+/// load is the replicated-row fetch and the uploads; `crate::runtime::Rt::upload` finishes it.
+pub(crate) struct HostInput {
+    pub(crate) plans: Vec<Arc<DevicePlan>>,
+    pub(crate) blocks: Vec<HostBlock>,
+    /// Per conv layer: (index into `plans`, index into `blocks`).
+    pub(crate) layers: Vec<(usize, usize)>,
+    pub(crate) features: LocalFeatures,
+    pub(crate) loss_rows: Vec<u32>,
+    pub(crate) loss_labels: Vec<u32>,
+}
+
+impl HostInput {
+    /// Rank `rank`'s input of `step_plans` (`[rank][layer]`, all ranks), checking the
+    /// invariant the worker relies on: a layer's output rows are exactly the owned part of the
+    /// next layer's input. The feature matrix comes from the preparer's pool.
+    pub(crate) fn prepare(
+        sh: &Preparer<'_>,
+        step_plans: &[Vec<Arc<DevicePlan>>],
+        rank: usize,
+    ) -> anyhow::Result<HostInput> {
+        let per_layer = plans_of(step_plans, rank)?;
+        if per_layer.len() != sh.layers {
+            bail!(
+                "internal: a step has {} layer plans for a {}-layer model",
+                per_layer.len(),
+                sh.layers
+            );
+        }
+        // Distinct plans: FLX (layers < k) and FB (layers >= k), or one.
+        let mut plans: Vec<Arc<DevicePlan>> = Vec::new();
+        let mut blocks: Vec<HostBlock> = Vec::new();
+        let mut layers: Vec<(usize, usize)> = Vec::with_capacity(per_layer.len());
+        // Each layer runs in its compact row space: its valid prefix and the rows it reads.
+        let spaces = layer_spaces(per_layer.len(), |l| per_layer[l].as_ref());
+        for (l, (p, (rows, first))) in per_layer.iter().zip(spaces).enumerate() {
+            let pi = match plans.iter().position(|q| Arc::ptr_eq(q, p)) {
+                Some(i) => i,
+                None => {
+                    plans.push(p.clone());
+                    plans.len() - 1
+                }
+            };
+            p.check_sends(l, &rows)?;
+            if let Some(&(_, prev)) = layers.last() {
+                // A layer's output must be exactly the owned part of the next layer's input
+                // (also at the FLX -> FB reshape, where both are the inner rows).
+                let prev_dst = blocks[prev].rows.n_dst;
+                if prev_dst != rows.owned_src {
+                    bail!(
+                        "internal: layer {} outputs {prev_dst} rows but layer {l} reads {} owned \
+                         rows",
+                        l - 1,
+                        rows.owned_src
+                    );
+                }
+            }
+            let bi = if first < l {
+                layers[first].1
+            } else {
+                let src_ids = p.compact_global_ids(&rows);
+                let compact = p.compact_graph(&rows)?;
+                let graph = block(p, &rows, compact, &src_ids, sh.scales, sh.agg);
+                let ids = src_ids
+                    .iter()
+                    .map(|&g| sh.features.new_to_old[g as usize])
+                    .collect();
+                blocks.push(HostBlock { rows, graph, ids });
+                blocks.len() - 1
+            };
+            layers.push((pi, bi));
+        }
+        // Features of the owned rows of the layer-0 plan (halo rows arrive by exchange).
+        let (p0, b0) = layers[0];
+        let rows = if sh.owned_input_only {
+            plans[p0].n_owned
+        } else {
+            blocks[b0].rows.n_src
+        };
+        let features = sh
+            .features
+            .read_local(step_plans, rank, rows, sh.buffers.take())?;
+        // Loss rows: inner rows of the last layer's plan that are labelled train vertices.
+        let last = &plans[layers[per_layer.len() - 1].0];
+        let (mut loss_rows, mut loss_labels) = (Vec::new(), Vec::new());
+        for i in 0..last.n_inner {
+            let g = last.global_ids[i] as usize;
+            if sh.labelled_flags[g] & SPLIT_TRAIN != 0 {
+                loss_rows.push(i as u32);
+                loss_labels
+                    .push(sh.features.view.labels[sh.features.new_to_old[g] as usize] as u32);
+            }
+        }
+        Ok(HostInput {
+            plans,
+            blocks,
+            layers,
+            features,
+            loss_rows,
+            loss_labels,
+        })
+    }
+}
+
+/// One layer's compact graph (`plan.compact_graph(rows)`) as an engine block; `src_ids` are
+/// the global ids of its input rows. Normalisation is GLOBAL (picked by new id) for every row
+/// that aggregates over all its in-edges, so exact plans reproduce the full-graph scales bit
+/// for bit; a row that aggregates over `m < d` kept edges follows masking's contract: mean
+/// divides by `m`, sum is unscaled, GCN keeps its global source and self-loop scales and
+/// multiplies the neighbour sum by `d / m`.
+fn block(
+    plan: &DevicePlan,
+    rows: &LayerRows,
+    compact: CsrGraph,
+    src_ids: &[u32],
+    scales: &GlobalScales,
+    agg: Aggregation,
+) -> BlockGraph {
+    let pick = |s: &Vec<f32>, ids: &[u32]| ids.iter().map(|&g| s[g as usize]).collect();
+    let dst = &plan.global_ids[..rows.n_dst];
+    let dst_scale = dst
+        .iter()
+        .enumerate()
+        .map(|(i, &gid)| {
+            let d = plan.in_degree[i];
+            let m = plan.rows_agg_degree(rows, i as u32);
+            let global = scales.dst[gid as usize];
+            if m == d {
+                return global;
+            }
+            match agg {
+                Aggregation::Sum => global,
+                _ if m == 0 => 0.0,
+                Aggregation::Mean => (1.0 / m as f64) as f32,
+                Aggregation::Gcn => (global as f64 * d as f64 / m as f64) as f32,
+            }
+        })
+        .collect();
+    BlockGraph {
+        n_dst: rows.n_dst,
+        n_src: rows.n_src,
+        offsets: compact.offsets,
+        indices: compact.indices,
+        dst_scale,
+        src_scale: scales.src.as_ref().map(|s| pick(s, src_ids)),
+        self_scale: scales.self_loop.as_ref().map(|s| pick(s, dst)),
+    }
+}
+
+/// Rank `rank`'s per-layer plans of a step's (or the evaluation) plans.
+pub(crate) fn plans_of(
+    plans: &[Vec<Arc<DevicePlan>>],
+    rank: usize,
+) -> anyhow::Result<&[Arc<DevicePlan>]> {
+    plans
+        .get(rank)
+        .map(Vec::as_slice)
+        .with_context(|| format!("internal: the step has no plans for rank {rank}"))
+}
