@@ -14,7 +14,8 @@
 #           ordinal
 #   bench   full-batch 3-layer SAGE (hidden 256) on a products-scale synthetic graph against
 #           PyG on the same GPU (CSR adj_t and edge_index), in one `grandis bench train`
-#   modes   --mode mb and --mode cob (fanouts 15,10,5, batch 1024) on the same graph
+#   modes   --mode mb and --mode cob (fanouts 15,10,5, batch 1024) on the same graph, training
+#           steps only; MODES_BASELINE=BIN runs an earlier build after each, MODES_ARGS adds flags
 #   ranks   fb, flx (every k), cob and mb, 2 servers x 2 ranks sharing the GPU (no sampling),
 #           against the same runs on CPU threads: per-epoch losses within 1e-4 relative, and
 #           the single-GPU full-batch epoch (RANKS_NODES vertices, default 20000); the ranks
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --bin-dir) BIN_DIR=$2; shift 2 ;;
         --out) OUT_DIR=$2; shift 2 ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) STEPS+=("$1"); shift ;;
     esac
 done
@@ -116,11 +117,19 @@ step_modes() {
     "$GRANDIS" data synth --nodes 2400000 --avg-degree 50 --features 100 --classes 47 \
         --train-fraction ${MODES_TRAIN_FRACTION:-0.08} --val-fraction 0.02 --test-fraction 0.02 \
         --out "$ds" >/dev/null || return 1
+    # Training steps only (--no-eval): evaluation in exact co-batches costs several epochs
+    # (the issue "Mini-batch steps at line rate", item 6). MODES_BASELINE names a second
+    # binary (an earlier build) run right after each, on the same graph and GPU.
+    local bin
     for mode in mb cob; do
         local size=--batch-size
         [ "$mode" = cob ] && size=--cobatch-size
-        timeout ${MODE_TIMEOUT:-200} "$GRANDIS" train "$ds" --mode $mode --device cuda --servers 1 --devices 1 $size 1024 \
-            --sampling fanout --fanouts 15,10,5 --layers 3 --hidden 256 --epochs ${MODE_EPOCHS:-1} --json || return 1
+        for bin in "$GRANDIS" ${MODES_BASELINE:-}; do
+            echo "--- $bin --mode $mode"
+            timeout ${MODE_TIMEOUT:-200} "$bin" train "$ds" --mode $mode --device cuda --servers 1 --devices 1 $size 1024 \
+                --sampling fanout --fanouts 15,10,5 --layers 3 --hidden 256 --epochs ${MODE_EPOCHS:-1} \
+                --no-eval ${MODES_ARGS:-} --json || return 1
+        done
     done
 }
 
