@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --bin-dir) BIN_DIR=$2; shift 2 ;;
         --out) OUT_DIR=$2; shift 2 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) STEPS+=("$1"); shift ;;
     esac
 done
