@@ -22,6 +22,8 @@
 
 use thiserror::Error;
 
+use crate::host::HostBuffer;
+
 /// Errors raised by backends.
 #[derive(Debug, Error)]
 pub enum EngineError {
@@ -157,6 +159,77 @@ impl BlockGraph {
             }
         }
         Ok(())
+    }
+}
+
+/// A CSR and its scale vectors as the kernels take them: the transpose of a [`BlockGraph`]
+/// (row `u < n_src` lists the destinations whose rows contain `u`), which backward
+/// aggregation runs over.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transposed {
+    pub(crate) offsets: Vec<u64>,
+    pub(crate) indices: Vec<u32>,
+    pub(crate) dst: Vec<f32>,
+    pub(crate) src: Option<Vec<f32>>,
+    pub(crate) self_: Option<Vec<f32>>,
+}
+
+/// `A^T` of a validated block, as every backend builds it: row `u < n_src` lists the
+/// destinations `v` whose rows contain `u`, in increasing `v` (so sums run in the same
+/// order everywhere); the scales swap roles and the self term exists only for `u < n_dst`.
+pub(crate) fn transpose(g: &BlockGraph) -> Transposed {
+    let mut offsets = vec![0u64; g.n_src + 1];
+    for &u in &g.indices {
+        offsets[u as usize + 1] += 1;
+    }
+    for i in 0..g.n_src {
+        offsets[i + 1] += offsets[i];
+    }
+    let mut cursor = offsets.clone();
+    let mut indices = vec![0u32; g.indices.len()];
+    for v in 0..g.n_dst {
+        for &u in &g.indices[g.offsets[v] as usize..g.offsets[v + 1] as usize] {
+            let slot = &mut cursor[u as usize];
+            indices[*slot as usize] = v as u32;
+            *slot += 1;
+        }
+    }
+    Transposed {
+        offsets,
+        indices,
+        dst: g.src_scale.clone().unwrap_or_else(|| vec![1.0; g.n_src]),
+        src: Some(g.dst_scale.clone()),
+        self_: g.self_scale.as_ref().map(|s| {
+            let mut full = s.clone();
+            full.resize(g.n_src, 0.0);
+            full
+        }),
+    }
+}
+
+/// A validated block and its transpose, both built on the host by any thread, before the
+/// upload ([`Backend::upload_prepared`]): what lets a step's producer, not the rank that
+/// runs it, pay for checking and transposing its blocks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedGraph {
+    graph: BlockGraph,
+    transpose: Transposed,
+}
+
+impl PreparedGraph {
+    /// Checks `graph` ([`BlockGraph::validate`]) and builds its transpose.
+    pub fn new(graph: BlockGraph) -> Result<PreparedGraph> {
+        graph.validate()?;
+        let transpose = transpose(&graph);
+        Ok(PreparedGraph { graph, transpose })
+    }
+
+    pub fn graph(&self) -> &BlockGraph {
+        &self.graph
+    }
+
+    pub fn transpose(&self) -> &Transposed {
+        &self.transpose
     }
 }
 
@@ -379,11 +452,12 @@ pub trait Backend: Send + Sync {
     fn len(&self, buf: &Self::Buf) -> usize;
     /// A new buffer holding a copy of `host`.
     fn upload(&self, host: &[f32]) -> Result<Self::Buf>;
-    /// A new buffer holding `host`, which the caller no longer needs: a backend whose buffers
-    /// are host memory keeps it without a copy (and hands back an empty vector), the others
-    /// copy it and hand it back for reuse.
-    fn upload_owned(&self, host: Vec<f32>) -> Result<(Self::Buf, Vec<f32>)> {
-        Ok((self.upload(&host)?, host))
+    /// A new buffer holding `host`'s data, which the caller no longer needs: a backend whose
+    /// buffers are host memory keeps plain memory without a copy (and hands back an empty
+    /// buffer), the others copy it (at full speed from page-locked memory) and hand it back
+    /// for reuse.
+    fn upload_host(&self, host: HostBuffer) -> Result<(Self::Buf, HostBuffer)> {
+        Ok((self.upload(host.as_slice())?, host))
     }
     /// Copies `host` into `buf[offset .. offset + host.len()]` (used to fill halo rows).
     fn upload_into(&self, buf: &mut Self::Buf, offset: usize, host: &[f32]) -> Result<()>;
@@ -470,6 +544,9 @@ pub trait Backend: Send + Sync {
     /// Uploads a graph block (validated with [`BlockGraph::validate`]) and builds its
     /// transpose for [`Backend::aggregate_backward`].
     fn upload_graph(&self, graph: &BlockGraph) -> Result<Self::Graph>;
+    /// Uploads a block checked and transposed ahead ([`PreparedGraph`]): the same graph as
+    /// [`Backend::upload_graph`] of its block, with no host work left but the copies.
+    fn upload_prepared(&self, graph: &PreparedGraph) -> Result<Self::Graph>;
     /// `(n_dst, n_src, num_edges)` of an uploaded graph.
     fn graph_dims(&self, graph: &Self::Graph) -> (usize, usize, usize);
     /// Forward aggregation (formula on [`BlockGraph`]): reads the `n_src x d` matrix `x`,

@@ -11,12 +11,14 @@ pub mod backend;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod host;
 pub mod norm;
 pub mod profile;
 
 pub use backend::{
     attention_keep, dropout_keep, dropout_threshold, AdamStep, Attention, AttentionDropout,
-    Backend, BlockGraph, DropoutKey, EngineError, Result,
+    Backend, BlockGraph, DropoutKey, EngineError, PreparedGraph, Result,
 };
 pub use cpu::CpuBackend;
+pub use host::{HostAllocator, HostBuffer, PlainAllocator};
 pub use profile::{OpClass, OpProfile, OpTimes};

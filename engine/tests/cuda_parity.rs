@@ -121,10 +121,29 @@ fn buffers_round_trip() {
     let mut buf = g.upload(&host).unwrap();
     assert_eq!(g.len(&buf), 1000);
     assert_bits("upload/download", &host, &down(&g, &buf));
-    // An owned upload copies to the device and hands the host vector back for reuse.
-    let (owned, back) = g.upload_owned(host.clone()).unwrap();
+    // An owned upload copies to the device and hands the host buffer back for reuse, from
+    // plain and from page-locked memory alike.
+    let (owned, back) = g
+        .upload_host(grandis_engine::HostBuffer::from_vec(host.clone()))
+        .unwrap();
     assert_bits("owned upload", &host, &down(&g, &owned));
-    assert_eq!(back, host);
+    assert_eq!(back.as_slice(), &host[..]);
+    let pinned_alloc = grandis_engine::cuda::PinnedAllocator::new(0).unwrap();
+    let mut pinned = grandis_engine::HostAllocator::alloc(&pinned_alloc, 2000).unwrap();
+    assert!(pinned.is_pinned() && pinned.capacity() >= 2000);
+    pinned.set_len(1000).unwrap();
+    pinned.as_mut_slice().copy_from_slice(&host);
+    assert!(
+        pinned.set_len(4000).is_err(),
+        "page-locked memory never grows"
+    );
+    let (from_pinned, back) = g.upload_host(pinned).unwrap();
+    assert_bits(
+        "upload from page-locked memory",
+        &host,
+        &down(&g, &from_pinned),
+    );
+    assert!(back.is_pinned());
     g.upload_into(&mut buf, 990, &[7.0; 10]).unwrap();
     let mut tail = [0.0f32; 12];
     g.download(&buf, 988, &mut tail).unwrap();
@@ -304,7 +323,14 @@ fn aggregation_forward_and_backward_match_cpu_bit_for_bit() {
             for (label, blk) in [("full", &full), ("block", &part)] {
                 let name = format!("{agg:?} {label} d={d}");
                 let cg = c.upload_graph(blk).unwrap();
-                let gg = g.upload_graph(blk).unwrap();
+                // Blocks go up both ways: checked and transposed on the host ahead
+                // (`PreparedGraph`, as step producers do) and directly.
+                let gg = if label == "block" {
+                    let prepared = grandis_engine::PreparedGraph::new(blk.clone()).unwrap();
+                    g.upload_prepared(&prepared).unwrap()
+                } else {
+                    g.upload_graph(blk).unwrap()
+                };
                 assert_eq!(c.graph_dims(&cg), g.graph_dims(&gg));
                 let x = rnd(blk.n_src * d, 11);
                 let mut want = vec![0.0; blk.n_dst * d];

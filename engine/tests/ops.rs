@@ -885,15 +885,45 @@ fn attention_on_blocks_adds_up_to_the_full_graph() {
     }
 }
 
-/// An owned upload holds exactly the host values; the CPU backend keeps the vector itself
+/// An owned upload holds exactly the host values; the CPU backend keeps plain memory itself
 /// (nothing handed back to reuse), as its buffers are host memory.
 #[test]
 fn owned_upload_keeps_the_values() {
     let b = cpu();
     let host = rnd(37, 9);
-    let (buf, back) = b.upload_owned(host.clone()).unwrap();
+    let (buf, back) = b
+        .upload_host(grandis_engine::HostBuffer::from_vec(host.clone()))
+        .unwrap();
     assert!(back.is_empty());
     let mut out = vec![0f32; host.len()];
     b.download(&buf, 0, &mut out).unwrap();
     assert_eq!(out, host);
+}
+
+/// A block checked and transposed ahead (`PreparedGraph`) aggregates forward and backward
+/// exactly as the block uploaded directly; a malformed block is refused when prepared.
+#[test]
+fn prepared_graphs_aggregate_as_uploaded_ones() {
+    use grandis_engine::PreparedGraph;
+    let b = cpu();
+    let g = random_graph(40, 200, 3);
+    let blk = full_block(g.view(), Aggregation::Gcn);
+    let direct = b.upload_graph(&blk).unwrap();
+    let prepared = b
+        .upload_prepared(&PreparedGraph::new(blk.clone()).unwrap())
+        .unwrap();
+    let d = 5;
+    let x = rnd(blk.n_src * d, 4);
+    let (mut y1, mut y2) = (vec![0f32; blk.n_dst * d], vec![0f32; blk.n_dst * d]);
+    b.aggregate(&direct, &x, d, &mut y1).unwrap();
+    b.aggregate(&prepared, &x, d, &mut y2).unwrap();
+    assert_eq!(y1, y2);
+    let go = rnd(blk.n_dst * d, 5);
+    let (mut g1, mut g2) = (vec![0f32; blk.n_src * d], vec![0f32; blk.n_src * d]);
+    b.aggregate_backward(&direct, &go, d, &mut g1).unwrap();
+    b.aggregate_backward(&prepared, &go, d, &mut g2).unwrap();
+    assert_eq!(g1, g2);
+    let mut bad = blk;
+    bad.indices[0] = bad.n_src as u32;
+    assert!(PreparedGraph::new(bad).is_err());
 }

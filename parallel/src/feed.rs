@@ -84,13 +84,13 @@ impl Feed {
         self.wait_for_room(st, index).is_some()
     }
 
-    /// Waits until step `index` is fewer than [`FETCH_AHEAD`] steps ahead of the oldest one
-    /// the ranks still need, so its features may be read: the plans of a window of steps are
-    /// small, their feature rows are not (a products-like mini-batch reads 228 MB). False
-    /// once closed.
-    pub fn may_fetch(&self, index: u64) -> bool {
+    /// Waits until step `index` is fewer than `ahead` steps ahead of the oldest one the ranks
+    /// still need, so its features may be read: the plans of a window of steps are small,
+    /// their feature rows are not (a products-like mini-batch reads 223 MB). False once
+    /// closed.
+    pub fn may_fetch(&self, index: u64, ahead: u64) -> bool {
         let mut st = self.lock();
-        while index >= st.oldest + FETCH_AHEAD && !st.closed {
+        while index >= st.oldest + ahead.max(1) && !st.closed {
             st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         !st.closed
@@ -183,12 +183,13 @@ impl Feed {
 
 /// What producers do with a step after sampling and planning it: prepare the host inputs of
 /// the ranks run here (`crate::prepare`), so that a rank's load is its uploads.
-pub(crate) type Fetch<'f> = &'f (dyn Fn(&Step) -> anyhow::Result<()> + Sync);
-
-/// Steps ahead of the ranks whose features producers read: the one a rank takes next, so
-/// the host memory of prepared steps is one step's rows per rank, whatever the number of
-/// producers (with two, the products-like mb run's peak RSS rose by 250 MB).
-const FETCH_AHEAD: u64 = 1;
+#[derive(Clone, Copy)]
+pub(crate) struct Fetch<'f> {
+    pub prepare: &'f (dyn Fn(&Step) -> anyhow::Result<()> + Sync),
+    /// Steps ahead of the ranks whose inputs may be prepared: what bounds the host memory of
+    /// prepared steps (one step's rows per rank and step), whatever the number of producers.
+    pub ahead: u64,
+}
 
 /// Builds every step of `epochs` epochs that `feed` wants into it, on `threads` producer
 /// threads (step `i` on thread `i % threads`), and adds what they compute to `stats` in step
@@ -292,9 +293,9 @@ fn produce_steps(
                 seconds += building.elapsed().as_secs_f64();
                 let again = prev.as_ref().is_some_and(|p| Arc::ptr_eq(&p.1, &b.1));
                 if let (Some(fetch), false) = (fetch, again) {
-                    if feed.wants(index) && feed.may_fetch(index) {
+                    if feed.wants(index) && feed.may_fetch(index, fetch.ahead) {
                         let fetching = std::time::Instant::now();
-                        fetch(&b.1).context("reading the step's features")?;
+                        (fetch.prepare)(&b.1).context("reading the step's features")?;
                         seconds += fetching.elapsed().as_secs_f64();
                     }
                 }

@@ -18,6 +18,7 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
+use grandis_engine::HostBuffer;
 use grandis_fabric::{Endpoint, Tag};
 use grandis_masking::{DevicePlan, Layout};
 use grandis_store::DatasetView;
@@ -42,14 +43,14 @@ impl FeatureSource<'_> {
     /// its server are read from the view (a server's host memory holds its whole partition,
     /// and its devices load from it over the host link, not the fabric); every other row is
     /// zero until [`LocalFeatures::complete`] fetches the replicated ones from their home
-    /// rank. The rows this rank owes the other servers' ranks are read here too. `buf` is
-    /// reused for the matrix (its contents do not matter).
+    /// rank. The rows this rank owes the other servers' ranks are read here too. `buf`
+    /// becomes the matrix (its contents do not matter; it must hold `rows x F` elements).
     pub fn read_local(
         &self,
         plans: &[Vec<Arc<DevicePlan>>],
         me: usize,
         rows: usize,
-        mut buf: Vec<f32>,
+        mut host: HostBuffer,
     ) -> anyhow::Result<LocalFeatures> {
         let reads = self.reads(plans, me)?;
         let f = self.view.feature_dim;
@@ -58,8 +59,8 @@ impl FeatureSource<'_> {
             bail!("internal: {rows} feature rows for {owned} owned rows");
         }
         // Only the rows no read fills are cleared: a reused buffer is not zeroed whole.
-        buf.resize(rows * f, 0.0);
-        buf.truncate(rows * f);
+        host.set_len(rows * f)?;
+        let buf = host.as_mut_slice();
         buf[owned * f..].fill(0.0);
         for rows in reads.incoming.values() {
             for &i in rows {
@@ -99,7 +100,7 @@ impl FeatureSource<'_> {
             rest = tail;
         }
         Ok(LocalFeatures {
-            host: buf,
+            host,
             feature_dim: f,
             world: self.layout.num_ranks(),
             sends,
@@ -303,7 +304,7 @@ impl Reads {
 /// and the rows it owes other servers; [`LocalFeatures::complete`] adds the replicated rows.
 pub(crate) struct LocalFeatures {
     /// `rows x F`: local rows read, replicated rows and rows past the owned ones zero.
-    host: Vec<f32>,
+    host: HostBuffer,
     feature_dim: usize,
     /// Ranks of the layout the rows were read for.
     world: usize,
@@ -327,7 +328,7 @@ impl LocalFeatures {
         ep: &mut Endpoint,
         tag: Tag,
         columns: Option<&[u32]>,
-    ) -> anyhow::Result<Vec<f32>> {
+    ) -> anyhow::Result<HostBuffer> {
         let LocalFeatures {
             mut host,
             feature_dim: f,
@@ -373,6 +374,7 @@ impl LocalFeatures {
                 if home != want {
                     bail!("internal: features from rank {home} where rank {want}'s were due");
                 }
+                let host = host.as_mut_slice();
                 for (&i, src) in rows.iter().zip(data.chunks_exact(sent_width.max(1))) {
                     let row = &mut host[i * f..(i + 1) * f];
                     match columns {
@@ -462,9 +464,9 @@ mod tests {
                 };
                 let p0 = &plans[rank][0];
                 let host = src
-                    .read_local(plans, rank, p0.n_local(), Vec::new())?
+                    .read_local(plans, rank, p0.n_local(), HostBuffer::default())?
                     .complete(&mut ep, Tag::fetch(1), columns)?;
-                anyhow::Ok((host, ep.counters()))
+                anyhow::Ok((host.into_vec().unwrap(), ep.counters()))
             })
             .unwrap();
         let counters = Counters::sum(out.iter().map(|(_, c)| c));

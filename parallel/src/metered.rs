@@ -189,8 +189,11 @@ impl<B: Backend> Backend for Metered<B> {
     fn upload(&self, host: &[f32]) -> Result<Self::Buf> {
         Ok(self.buf(self.inner.upload(host)?))
     }
-    fn upload_owned(&self, host: Vec<f32>) -> Result<(Self::Buf, Vec<f32>)> {
-        let (buf, back) = self.inner.upload_owned(host)?;
+    fn upload_host(
+        &self,
+        host: grandis_engine::HostBuffer,
+    ) -> Result<(Self::Buf, grandis_engine::HostBuffer)> {
+        let (buf, back) = self.inner.upload_host(host)?;
         Ok((self.buf(buf), back))
     }
     fn upload_index(&self, host: &[u32]) -> Result<Self::Index> {
@@ -200,6 +203,14 @@ impl<B: Backend> Backend for Metered<B> {
     fn upload_graph(&self, graph: &BlockGraph) -> Result<Self::Graph> {
         let g = self.inner.upload_graph(graph)?;
         Ok(MeteredValue::new(g, &self.meter, graph_bytes(graph)))
+    }
+    fn upload_prepared(&self, graph: &grandis_engine::PreparedGraph) -> Result<Self::Graph> {
+        let g = self.inner.upload_prepared(graph)?;
+        Ok(MeteredValue::new(
+            g,
+            &self.meter,
+            graph_bytes(graph.graph()),
+        ))
     }
 
     // The attention parameters hold an index: rewrapped for the inner backend.

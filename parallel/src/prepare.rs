@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use grandis_engine::norm::{Aggregation, GlobalScales};
-use grandis_engine::BlockGraph;
+use grandis_engine::{BlockGraph, HostAllocator, HostBuffer, PlainAllocator, PreparedGraph};
 use grandis_masking::{layer_spaces, DevicePlan, LayerRows, SPLIT_TRAIN};
 use grandis_store::CsrGraph;
 
@@ -33,26 +33,53 @@ pub(crate) struct Preparer<'a> {
 
 /// Feature matrices handed back by the ranks after their upload, for the producers to fill
 /// again: a step's matrix is tens to hundreds of MB, and a fresh one per step is as many page
-/// faults and page clears. Holds at most [`BufferPool::KEEP`].
-#[derive(Default)]
-pub(crate) struct BufferPool(Mutex<Vec<Vec<f32>>>);
+/// faults and page clears (and, page-locked for a CUDA device, as many page-lockings). Holds
+/// at most [`BufferPool::KEEP`].
+pub(crate) struct BufferPool {
+    kept: Mutex<Vec<HostBuffer>>,
+    allocator: Box<dyn HostAllocator>,
+}
+
+impl Default for BufferPool {
+    fn default() -> BufferPool {
+        BufferPool::new(Box::new(PlainAllocator))
+    }
+}
 
 impl BufferPool {
     /// Matrices kept: one per step a window of producers holds is plenty.
     const KEEP: usize = 8;
 
-    /// A buffer to fill (empty when none is kept).
-    pub fn take(&self) -> Vec<f32> {
-        self.0
-            .lock()
-            .ok()
-            .and_then(|mut v| v.pop())
-            .unwrap_or_default()
+    pub fn new(allocator: Box<dyn HostAllocator>) -> BufferPool {
+        BufferPool {
+            kept: Mutex::default(),
+            allocator,
+        }
+    }
+
+    /// A buffer of `len` elements (contents unspecified): a kept one that is big enough, or a
+    /// new one with a quarter to spare (steps differ in size; page-locked memory never grows).
+    pub fn take(&self, len: usize) -> anyhow::Result<HostBuffer> {
+        let kept = self.kept.lock().ok().and_then(|mut v| {
+            let i = v
+                .iter()
+                .position(|b| b.capacity() >= len || !b.is_pinned())?;
+            Some(v.swap_remove(i))
+        });
+        let mut buf = match kept {
+            Some(buf) => buf,
+            None => self
+                .allocator
+                .alloc(len + len / 4)
+                .context("allocating a step's feature buffer")?,
+        };
+        buf.set_len(len)?;
+        Ok(buf)
     }
 
     /// Hands `buf` back (dropped when the pool is full).
-    pub fn put(&self, buf: Vec<f32>) {
-        if let Ok(mut v) = self.0.lock() {
+    pub fn put(&self, buf: HostBuffer) {
+        if let Ok(mut v) = self.kept.lock() {
             if v.len() < Self::KEEP && buf.capacity() > 0 {
                 v.push(buf);
             }
@@ -63,7 +90,8 @@ impl BufferPool {
 /// One compact layer space built on the host: what `crate::runtime::BlockRt` uploads.
 pub(crate) struct HostBlock {
     pub(crate) rows: LayerRows,
-    pub(crate) graph: BlockGraph,
+    /// Checked and transposed here, so the rank only copies it.
+    pub(crate) graph: PreparedGraph,
     /// Original ids of the `rows.n_src` compact input rows.
     pub(crate) ids: Vec<u32>,
 }
@@ -132,7 +160,8 @@ impl HostInput {
             } else {
                 let src_ids = p.compact_global_ids(&rows);
                 let compact = p.compact_graph(&rows)?;
-                let graph = block(p, &rows, compact, &src_ids, sh.scales, sh.agg);
+                let graph =
+                    PreparedGraph::new(block(p, &rows, compact, &src_ids, sh.scales, sh.agg))?;
                 let ids = src_ids
                     .iter()
                     .map(|&g| sh.features.new_to_old[g as usize])
@@ -149,9 +178,8 @@ impl HostInput {
         } else {
             blocks[b0].rows.n_src
         };
-        let features = sh
-            .features
-            .read_local(step_plans, rank, rows, sh.buffers.take())?;
+        let buf = sh.buffers.take(rows * sh.features.view.feature_dim)?;
+        let features = sh.features.read_local(step_plans, rank, rows, buf)?;
         // Loss rows: inner rows of the last layer's plan that are labelled train vertices.
         let last = &plans[layers[per_layer.len() - 1].0];
         let (mut loss_rows, mut loss_labels) = (Vec::new(), Vec::new());

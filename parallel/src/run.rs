@@ -137,7 +137,7 @@ pub(crate) fn run(
     // Per-step plans: each rank's next step's feature rows are read ahead.
     let prefetcher = Prefetcher::new();
     let infer = crate::infer::InferShared::new(popts, part, view, &scales, local_ranks)?;
-    let buffers = crate::prepare::BufferPool::default();
+    let buffers = feature_buffers(&popts.compute, layout.devices());
     let shared = worker::Shared {
         view,
         new_to_old: &part.new_to_old,
@@ -230,9 +230,16 @@ pub(crate) fn run(
         step.set_prepared(inputs);
         Ok(())
     };
-    let fetch: Option<crate::feed::Fetch<'_>> = match &decision.schedule {
+    let fetch = match &decision.schedule {
         Schedule::FlxSampled { .. } => None,
-        _ => Some(&fetch),
+        _ => Some(crate::feed::Fetch {
+            prepare: &fetch,
+            // CPU ranks compute a step for longer than a producer reads the next one's rows, and
+            // share the host's memory with them: one step ahead. CUDA ranks take a step every
+            // few tens of milliseconds (on an H200, one step ahead left them waiting 43 % of
+            // the epoch) and keep their buffers on the device: a few.
+            ahead: if popts.compute.is_cuda() { 4 } else { 1 },
+        }),
     };
     let results = match &decision.schedule {
         Schedule::Static { step, stats } => {
@@ -366,6 +373,21 @@ where
     let w = worker::Worker::new(shared, &backend, ep, links)
         .with_context(|| format!("setting up rank {rank}"))?;
     w.run(&backend.meter, callback)
+}
+
+/// Where steps' feature matrices are read into: page-locked memory for CUDA ranks (their
+/// uploads run at full link speed from it), plain memory otherwise or where page-locked
+/// memory cannot be had (the rank's backend then says why CUDA fails, if it does).
+fn feature_buffers(compute: &Compute, devices: usize) -> crate::prepare::BufferPool {
+    #[cfg(feature = "cuda")]
+    if let Ok(Some(&ordinal)) = rank_ordinals(compute, devices).as_ref().map(|o| o.first()) {
+        match grandis_engine::cuda::PinnedAllocator::new(ordinal) {
+            Ok(pinned) => return crate::prepare::BufferPool::new(Box::new(pinned)),
+            Err(e) => tracing::debug!("step features in pageable memory: {e}"),
+        }
+    }
+    let _ = (compute, devices);
+    crate::prepare::BufferPool::default()
 }
 
 /// The CUDA ordinal of every device index of a server (empty on CPU): what picks the

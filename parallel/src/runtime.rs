@@ -118,12 +118,14 @@ impl<B: Backend> Rt<B> {
             loss_rows,
             loss_labels,
         } = input;
+        let started = std::time::Instant::now();
         let host = features.complete(ep, fetch_tag, columns)?;
+        let fetched = started.elapsed();
         let mut blocks = Vec::with_capacity(host_blocks.len());
         for hb in host_blocks {
             let HostBlock { rows, graph, ids } = hb;
             blocks.push(BlockRt {
-                graph: b.upload_graph(&graph)?,
+                graph: b.upload_prepared(&graph)?,
                 ids: b.upload_index(&ids)?,
                 rows,
             });
@@ -147,8 +149,18 @@ impl<B: Backend> Rt<B> {
                 send_idx,
             });
         }
-        let (features, host) = b.upload_owned(host)?;
+        let structure = started.elapsed();
+        let rows = host.len();
+        let (features, host) = b.upload_host(host)?;
         sh.buffers.put(host);
+        tracing::debug!(
+            "rank {} load: replicated rows {:.1} ms, blocks and indices {:.1} ms, {rows} feature \
+             values {:.1} ms",
+            ep.rank(),
+            fetched.as_secs_f64() * 1e3,
+            (structure - fetched).as_secs_f64() * 1e3,
+            (started.elapsed() - structure).as_secs_f64() * 1e3
+        );
         Ok(Rt {
             plans,
             blocks,

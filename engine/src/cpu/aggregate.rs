@@ -2,7 +2,7 @@
 
 use super::simd::{self, simd_level, Kernel};
 use super::ROW_CHUNK;
-use crate::backend::{BlockGraph, Result};
+use crate::backend::{BlockGraph, Result, Transposed};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -194,43 +194,7 @@ pub(super) fn prefetch(p: *const f32) {
 pub(super) fn upload_graph(g: &BlockGraph) -> Result<CpuGraph> {
     g.validate()?;
     let start = Instant::now();
-    let fwd = Csr {
-        offsets: g.offsets.iter().map(|&o| o as usize).collect(),
-        indices: g.indices.clone(),
-        dst: g.dst_scale.clone(),
-        src: g.src_scale.clone(),
-        self_: g.self_scale.clone(),
-    };
-    // Transpose: row u (< n_src) lists the destinations v whose rows contain u. Visiting
-    // destinations in order keeps every transposed row sorted.
-    let mut t_off = vec![0usize; g.n_src + 1];
-    for &u in &g.indices {
-        t_off[u as usize + 1] += 1;
-    }
-    for i in 0..g.n_src {
-        t_off[i + 1] += t_off[i];
-    }
-    let mut cursor = t_off.clone();
-    let mut t_idx = vec![0u32; g.indices.len()];
-    for v in 0..g.n_dst {
-        for &u in &g.indices[fwd.offsets[v]..fwd.offsets[v + 1]] {
-            let slot = &mut cursor[u as usize];
-            t_idx[*slot] = v as u32;
-            *slot += 1;
-        }
-    }
-    // In A^T the roles of the scales swap; the self term only exists for u < n_dst.
-    let bwd = Csr {
-        offsets: t_off,
-        indices: t_idx,
-        dst: g.src_scale.clone().unwrap_or_else(|| vec![1.0; g.n_src]),
-        src: Some(g.dst_scale.clone()),
-        self_: g.self_scale.as_ref().map(|s| {
-            let mut full = s.clone();
-            full.resize(g.n_src, 0.0);
-            full
-        }),
-    };
+    let graph = upload_block(g, &crate::backend::transpose(g));
     tracing::debug!(
         "uploaded graph block {}x{} with {} edges in {:.3}s",
         g.n_dst,
@@ -238,10 +202,30 @@ pub(super) fn upload_graph(g: &BlockGraph) -> Result<CpuGraph> {
         g.indices.len(),
         start.elapsed().as_secs_f64()
     );
-    Ok(CpuGraph {
+    Ok(graph)
+}
+
+/// A validated block and its transpose as the CPU kernels take them.
+pub(super) fn upload_block(g: &BlockGraph, t: &Transposed) -> CpuGraph {
+    let offsets = |o: &[u64]| o.iter().map(|&o| o as usize).collect();
+    let fwd = Csr {
+        offsets: offsets(&g.offsets),
+        indices: g.indices.clone(),
+        dst: g.dst_scale.clone(),
+        src: g.src_scale.clone(),
+        self_: g.self_scale.clone(),
+    };
+    let bwd = Csr {
+        offsets: offsets(&t.offsets),
+        indices: t.indices.clone(),
+        dst: t.dst.clone(),
+        src: t.src.clone(),
+        self_: t.self_.clone(),
+    };
+    CpuGraph {
         fwd,
         bwd,
         n_dst: g.n_dst,
         n_src: g.n_src,
-    })
+    }
 }

@@ -20,8 +20,9 @@ pub use aggregate::CpuGraph;
 
 use crate::backend::{
     check_attention, dropout_threshold, need, shape_err, AdamStep, Attention, Backend, BlockGraph,
-    DropoutKey, EngineError, Result,
+    DropoutKey, EngineError, PreparedGraph, Result,
 };
+use crate::host::HostBuffer;
 use crate::profile::{aggregate_bytes, OpClass, OpProfile, OpTimes};
 use rayon::prelude::*;
 use simd::simd_level;
@@ -203,8 +204,11 @@ impl Backend for CpuBackend {
         Ok(host.to_vec())
     }
 
-    fn upload_owned(&self, host: Vec<f32>) -> Result<(Vec<f32>, Vec<f32>)> {
-        Ok((host, Vec::new()))
+    fn upload_host(&self, host: HostBuffer) -> Result<(Vec<f32>, HostBuffer)> {
+        match host.into_vec() {
+            Ok(data) => Ok((data, HostBuffer::default())),
+            Err(host) => Ok((host.as_slice().to_vec(), host)),
+        }
     }
 
     fn upload_into(&self, buf: &mut Vec<f32>, offset: usize, host: &[f32]) -> Result<()> {
@@ -389,6 +393,10 @@ impl Backend for CpuBackend {
 
     fn upload_graph(&self, g: &BlockGraph) -> Result<CpuGraph> {
         aggregate::upload_graph(g)
+    }
+
+    fn upload_prepared(&self, g: &PreparedGraph) -> Result<CpuGraph> {
+        Ok(aggregate::upload_block(g.graph(), g.transpose()))
     }
 
     fn graph_dims(&self, g: &CpuGraph) -> (usize, usize, usize) {

@@ -30,7 +30,7 @@ pub mod nccl;
 
 use crate::backend::{
     check_attention, dropout_threshold, need, shape_err, AdamStep, Attention, Backend, BlockGraph,
-    DropoutKey, EngineError, Result,
+    DropoutKey, EngineError, PreparedGraph, Result,
 };
 use crate::profile::{aggregate_bytes, OpClass, OpProfile, OpTimes};
 use cudarc::cublas::{sys as cublas_sys, CudaBlas, Gemm, GemmConfig};
@@ -126,6 +126,81 @@ fn check_ordinal(ordinal: usize) -> Result<()> {
 fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
     CudaContext::new(ordinal)
         .map_err(|e| dev_err(format!("creating a context on cuda:{ordinal}"), e))
+}
+
+/// Page-locked host memory of `f32` (see [`crate::host`]): portable, so every context of the
+/// process copies from it at full speed.
+#[derive(Debug)]
+pub struct PinnedRows {
+    mem: cudarc::driver::PinnedHostSlice<f32>,
+    /// `mem`'s pointer, read once: the slice's own accessors wait on an event first.
+    ptr: *mut f32,
+}
+
+// SAFETY: the memory is owned by `mem` (which is Send + Sync) and `ptr` only points into it;
+// shared access hands out `&[f32]`, exclusive access `&mut [f32]`, as a `Vec` would.
+unsafe impl Send for PinnedRows {}
+unsafe impl Sync for PinnedRows {}
+
+impl PinnedRows {
+    pub(crate) fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    pub(crate) fn as_slice(&self) -> &[f32] {
+        // SAFETY: `ptr` points at `len` floats owned by `mem`, alive as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.mem.len()) }
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: as above, and `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.mem.len()) }
+    }
+}
+
+/// Allocates page-locked host buffers for the ranks of device `ordinal`'s process.
+pub struct PinnedAllocator {
+    ctx: Arc<CudaContext>,
+}
+
+impl PinnedAllocator {
+    /// Fails (with the message [`CudaBackend::new`] would give) where there is no driver or no
+    /// such device.
+    pub fn new(ordinal: usize) -> Result<PinnedAllocator> {
+        let what = format!("page-locked memory for cuda:{ordinal}");
+        if !driver_library_present() {
+            return Err(no_driver_error(&what));
+        }
+        guarded(&what, || {
+            check_ordinal(ordinal)?;
+            Ok(PinnedAllocator {
+                ctx: context(ordinal)?,
+            })
+        })
+    }
+}
+
+impl crate::host::HostAllocator for PinnedAllocator {
+    fn alloc(&self, capacity: usize) -> Result<crate::host::HostBuffer> {
+        // SAFETY: the memory is uninitialised; HostBuffer hands out only the elements its
+        // users set (`set_len` documents that they write every element).
+        let mut mem = unsafe {
+            self.ctx.alloc_pinned_with_flags::<f32>(
+                capacity.max(1),
+                cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+        }
+        .map_err(|e| {
+            dev_err(
+                format!("allocating {capacity} floats of page-locked memory"),
+                e,
+            )
+        })?;
+        let ptr = mem
+            .as_mut_ptr()
+            .map_err(|e| dev_err("page-locked memory", e))?;
+        Ok(crate::host::HostBuffer::pinned(PinnedRows { mem, ptr }))
+    }
 }
 
 /// Buffers come from the device's default stream-ordered pool (`cuMemAllocAsync`), which by
@@ -454,47 +529,9 @@ impl<'a> AttnArgs<'a> {
     }
 }
 
-/// A CSR with its scale vectors, on the host (see [`DevCsr`]).
-struct HostCsr {
-    offsets: Vec<u64>,
-    indices: Vec<u32>,
-    dst: Vec<f32>,
-    src: Option<Vec<f32>>,
-    self_: Option<Vec<f32>>,
-}
-
-/// `A^T` of a validated block, exactly as the CPU backend builds it: row `u < n_src` lists
-/// the destinations `v` whose rows contain `u`, in increasing `v`; the scales swap roles and
-/// the self term exists only for `u < n_dst`.
-fn transpose_block(g: &BlockGraph) -> HostCsr {
-    let mut offsets = vec![0u64; g.n_src + 1];
-    for &u in &g.indices {
-        offsets[u as usize + 1] += 1;
-    }
-    for i in 0..g.n_src {
-        offsets[i + 1] += offsets[i];
-    }
-    let mut cursor = offsets.clone();
-    let mut indices = vec![0u32; g.indices.len()];
-    for v in 0..g.n_dst {
-        for &u in &g.indices[g.offsets[v] as usize..g.offsets[v + 1] as usize] {
-            let slot = &mut cursor[u as usize];
-            indices[*slot as usize] = v as u32;
-            *slot += 1;
-        }
-    }
-    HostCsr {
-        offsets,
-        indices,
-        dst: g.src_scale.clone().unwrap_or_else(|| vec![1.0; g.n_src]),
-        src: Some(g.dst_scale.clone()),
-        self_: g.self_scale.as_ref().map(|s| {
-            let mut full = s.clone();
-            full.resize(g.n_src, 0.0);
-            full
-        }),
-    }
-}
+/// A CSR on the host as the kernels take it (the transpose a backward pass runs over).
+type HostCsr = crate::backend::Transposed;
+use crate::backend::transpose as transpose_block;
 
 /// Groups the positions of `ids` by target: `(targets, offsets, positions)` with the
 /// positions of `targets[g]` at `positions[offsets[g]..offsets[g + 1]]`, ascending (the order
@@ -601,6 +638,38 @@ impl CudaBackend {
             blas,
             funcs,
             clock: OpClock::default(),
+        })
+    }
+
+    /// Uploads a validated block and its transpose.
+    fn upload_block(&self, g: &BlockGraph, t: &HostCsr) -> Result<CudaGraph> {
+        let fwd = self.upload_csr(
+            &g.offsets,
+            &g.indices,
+            &g.dst_scale,
+            g.src_scale.as_deref(),
+            g.self_scale.as_deref(),
+        )?;
+        let bwd = self.upload_csr(
+            &t.offsets,
+            &t.indices,
+            &t.dst,
+            t.src.as_deref(),
+            t.self_.as_deref(),
+        )?;
+        tracing::debug!(
+            "cuda:{}: uploaded graph block {}x{} with {} edges",
+            self.ordinal,
+            g.n_dst,
+            g.n_src,
+            g.indices.len()
+        );
+        Ok(CudaGraph {
+            fwd,
+            bwd,
+            n_dst: g.n_dst,
+            n_src: g.n_src,
+            n_edges: g.indices.len(),
         })
     }
 
@@ -1215,35 +1284,11 @@ impl Backend for CudaBackend {
 
     fn upload_graph(&self, g: &BlockGraph) -> Result<CudaGraph> {
         g.validate()?;
-        let t = transpose_block(g);
-        let fwd = self.upload_csr(
-            &g.offsets,
-            &g.indices,
-            &g.dst_scale,
-            g.src_scale.as_deref(),
-            g.self_scale.as_deref(),
-        )?;
-        let bwd = self.upload_csr(
-            &t.offsets,
-            &t.indices,
-            &t.dst,
-            t.src.as_deref(),
-            t.self_.as_deref(),
-        )?;
-        tracing::debug!(
-            "cuda:{}: uploaded graph block {}x{} with {} edges",
-            self.ordinal,
-            g.n_dst,
-            g.n_src,
-            g.indices.len()
-        );
-        Ok(CudaGraph {
-            fwd,
-            bwd,
-            n_dst: g.n_dst,
-            n_src: g.n_src,
-            n_edges: g.indices.len(),
-        })
+        self.upload_block(g, &transpose_block(g))
+    }
+
+    fn upload_prepared(&self, g: &PreparedGraph) -> Result<CudaGraph> {
+        self.upload_block(g.graph(), g.transpose())
     }
 
     fn graph_dims(&self, g: &CudaGraph) -> (usize, usize, usize) {
