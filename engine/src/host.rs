@@ -3,7 +3,9 @@
 //! driver's staging buffers: an H200 took 32 ms for a 223 MB mini-batch). Producer threads
 //! fill these buffers with no device of their own, so the allocator is a value they share
 //! ([`HostAllocator`]), and a buffer's capacity is fixed once allocated (page-locking is
-//! paid once per buffer, not per step).
+//! paid once per buffer, not per step). A copy from page-locked memory may still be running
+//! when a plain `upload` returns: hand such buffers to [`crate::Backend::upload_host`], which
+//! gives them back only once they may be written again.
 
 use crate::backend::Result;
 

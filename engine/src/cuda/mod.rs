@@ -32,6 +32,7 @@ use crate::backend::{
     check_attention, dropout_threshold, need, shape_err, AdamStep, Attention, Backend, BlockGraph,
     DropoutKey, EngineError, PreparedGraph, Result,
 };
+use crate::host::HostBuffer;
 use crate::profile::{aggregate_bytes, OpClass, OpProfile, OpTimes};
 use cudarc::cublas::{sys as cublas_sys, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
@@ -1002,6 +1003,19 @@ impl Backend for CudaBackend {
             data: self.to_dev("a buffer", host)?,
             len: host.len(),
         })
+    }
+
+    fn upload_host(&self, host: HostBuffer) -> Result<(CudaBuf, HostBuffer)> {
+        let buf = self.upload(host.as_slice())?;
+        if host.is_pinned() {
+            // From page-locked memory the copy is still running when the call returns (from
+            // pageable memory the driver has staged the data by then): the buffer goes back
+            // to its owner, who refills it, only once the copy is done.
+            self.stream
+                .synchronize()
+                .map_err(|e| dev_err(format!("cuda:{}: uploading a step", self.ordinal), e))?;
+        }
+        Ok((buf, host))
     }
 
     fn upload_into(&self, buf: &mut CudaBuf, offset: usize, host: &[f32]) -> Result<()> {
