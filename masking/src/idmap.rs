@@ -23,9 +23,12 @@ pub(crate) struct Stamped {
     stamp: u32,
 }
 
+/// An array of a dropped [`Stamped`] map and its last stamp.
+type KeptArray = (Vec<(u32, u32)>, u32);
+
 thread_local! {
-    /// Arrays of dropped [`Stamped`] maps with their last stamp, for the thread's next maps.
-    static STAMPED: RefCell<Vec<(Vec<(u32, u32)>, u32)>> = const { RefCell::new(Vec::new()) };
+    /// Arrays of dropped [`Stamped`] maps, for the thread's next maps.
+    static STAMPED: RefCell<Vec<KeptArray>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Arrays a thread keeps: a step's extraction and its plan hold two at once.
