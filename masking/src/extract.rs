@@ -34,9 +34,9 @@
 //!   layer-wise fanout sampler, where a dropped loop is simply a dropped neighbour.
 
 use crate::error::{MaskingError, Result};
+use crate::idmap::IdMap;
 
 /// The in-edges kept by a sampler, as a sparse CSR over the vertices that have a kept row.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SampledEdges {
     /// Sorted, distinct global ids of the vertices with a kept row.
     rows: Vec<u32>,
@@ -50,8 +50,59 @@ pub struct SampledEdges {
     /// Number of per-layer flag sets (0 without them).
     num_layers: usize,
     /// Row position of every vertex in `rows`: a row is found in O(1), so walking a sample
-    /// costs what the sample holds, not a search through it per vertex.
-    position: rustc_hash::FxHashMap<u32, u32>,
+    /// costs what the sample holds, not a search through it per vertex. Derived from `rows`.
+    position: IdMap,
+}
+
+impl Clone for SampledEdges {
+    fn clone(&self) -> SampledEdges {
+        SampledEdges::assemble(
+            self.rows.clone(),
+            self.offsets.clone(),
+            self.indices.clone(),
+            self.layers.clone(),
+            self.num_layers,
+        )
+    }
+}
+
+/// Equal kept edges (the position index follows from them).
+impl PartialEq for SampledEdges {
+    fn eq(&self, other: &SampledEdges) -> bool {
+        (
+            &self.rows,
+            &self.offsets,
+            &self.indices,
+            &self.layers,
+            self.num_layers,
+        ) == (
+            &other.rows,
+            &other.offsets,
+            &other.indices,
+            &other.layers,
+            other.num_layers,
+        )
+    }
+}
+
+impl Eq for SampledEdges {}
+
+impl Default for SampledEdges {
+    fn default() -> SampledEdges {
+        SampledEdges::assemble(Vec::new(), vec![0], Vec::new(), None, 0)
+    }
+}
+
+impl std::fmt::Debug for SampledEdges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SampledEdges")
+            .field("rows", &self.rows)
+            .field("offsets", &self.offsets)
+            .field("indices", &self.indices)
+            .field("layers", &self.layers)
+            .field("num_layers", &self.num_layers)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SampledEdges {
@@ -191,9 +242,12 @@ impl SampledEdges {
         layers: Option<Vec<u64>>,
         num_layers: usize,
     ) -> SampledEdges {
-        let mut position = rustc_hash::FxHashMap::default();
-        position.reserve(rows.len());
-        position.extend(rows.iter().enumerate().map(|(i, &v)| (v, i as u32)));
+        // Rows are sorted: the last bounds the ids the index covers.
+        let span = rows.last().map_or(0, |&v| v as usize + 1);
+        let mut position = IdMap::for_size(rows.len(), span);
+        for (i, &v) in rows.iter().enumerate() {
+            position.insert_new(v, i as u32);
+        }
         SampledEdges {
             rows,
             offsets,
@@ -232,8 +286,8 @@ impl SampledEdges {
     }
     /// Kept sources of `v` and the index of its first edge; empty when `v` has no kept row.
     pub fn row(&self, v: u32) -> (usize, &[u32]) {
-        match self.position.get(&v) {
-            Some(&i) => {
+        match self.position.get(v) {
+            Some(i) => {
                 let i = i as usize;
                 let (a, b) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
                 (a, &self.indices[a..b])

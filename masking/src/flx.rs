@@ -408,10 +408,11 @@ impl<'a> PlanContext<'a> {
         // reaches, never to |V| (no vertex-sized array per step).
         // Sampled batches reach a small part of the graph (a map sized to them); exact
         // closures and whole-range extractions most of it (an array over the graph).
-        let expected = if exact {
-            self.num_vertices()
-        } else {
-            spec.targets.len().saturating_mul(8)
+        let expected = match &rows {
+            _ if exact => self.num_vertices(),
+            // At most the targets and one vertex per kept edge.
+            RowSource::Sampled(e) => spec.targets.len().saturating_add(e.num_edges()),
+            RowSource::Exact(_) => spec.targets.len().saturating_mul(8),
         };
         let mut reached = Reached::new(expected, self.num_vertices());
         let mut loads = vec![0usize; g_count];

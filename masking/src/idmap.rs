@@ -31,16 +31,21 @@ thread_local! {
     static STAMPED: RefCell<Vec<KeptArray>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Arrays a thread keeps: a step's extraction and its plan hold two at once.
-const STAMPED_KEPT: usize = 2;
+/// Arrays a thread keeps: a step's sample, extraction and plan hold three at once.
+const STAMPED_KEPT: usize = 4;
 
 impl Stamped {
-    /// A map over `n` vertices on a kept array of this thread (or a new one).
+    /// A map over ids below `n` on a kept array of this thread (the smallest that covers
+    /// them), or a new one.
     fn take(n: usize) -> Stamped {
         let kept = STAMPED
             .try_with(|pool| {
                 let mut pool = pool.borrow_mut();
-                let i = pool.iter().position(|(slots, _)| slots.len() == n)?;
+                let (i, _) = pool
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (slots, _))| slots.len() >= n)
+                    .min_by_key(|(_, (slots, _))| slots.len())?;
                 Some(pool.swap_remove(i))
             })
             .ok()
@@ -172,7 +177,9 @@ mod tests {
         }
         // The stamp that would wrap to 0 (absent) starts the array afresh instead (both kept
         // arrays are taken, so the next map gets one of them whichever it is).
-        let mut maps = [IdMap::for_size(100, 1000), IdMap::for_size(100, 1000)];
+        let mut maps: Vec<IdMap> = (0..super::STAMPED_KEPT)
+            .map(|_| IdMap::for_size(100, 1000))
+            .collect();
         for m in &mut maps {
             assert!(m.insert_new(5, 1));
             if let IdMap::Stamped(s) = m {
