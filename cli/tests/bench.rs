@@ -1,7 +1,8 @@
-//! `grandis bench techniques` through the binary on a small synthetic graph: every group has
-//! its baseline first and its technique rows after, the techniques move what they claim to
-//! (fewer inter-server bytes, the same computed vertex-layers where only the traffic
-//! changes), and bad flags are one clear error.
+//! `grandis bench techniques` and `grandis bench steps` through the binary on small synthetic
+//! graphs: every techniques group has its baseline first and its technique rows after, the
+//! techniques move what they claim to (fewer inter-server bytes, the same computed
+//! vertex-layers where only the traffic changes); steps are the same with any thread count;
+//! bad flags are one clear error.
 
 const EXE: &str = env!("CARGO_BIN_EXE_grandis");
 
@@ -97,6 +98,69 @@ fn bench_techniques_refuses_bad_flags_with_one_line() {
         ]);
         assert!(!ok, "{flag} {value} was accepted");
         assert!(err.contains(needle), "{flag} {value}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// `grandis bench steps` on a small synthetic graph: one row per mode and thread count, each
+/// with positive stage times, and the same step (sampled edges, input rows) whatever the
+/// number of threads; bad flags are one clear error naming the flag.
+#[test]
+fn bench_steps_times_the_same_steps_with_any_thread_count() {
+    let (ok, out, err) = grandis(&[
+        "bench",
+        "steps",
+        "--vertices",
+        "3000",
+        "--avg-degree",
+        "10",
+        "--features",
+        "8",
+        "--classes",
+        "4",
+        "--train-fraction",
+        "0.3",
+        "--fanouts",
+        "5,3",
+        "--batch-size",
+        "64",
+        "--steps",
+        "3",
+        "--threads",
+        "1,2",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{report}");
+    for mode in ["mb", "cob"] {
+        let of: Vec<&serde_json::Value> = rows.iter().filter(|r| r["mode"] == mode).collect();
+        assert_eq!(of.len(), 2, "{report}");
+        for r in &of {
+            assert_eq!(r["system"], "grandis");
+            for key in [
+                "sample_ms",
+                "plan_ms",
+                "gather_ms",
+                "sampled_edges",
+                "input_rows",
+            ] {
+                assert!(r[key].as_f64().unwrap() > 0.0, "{key}: {r}");
+            }
+        }
+        assert_eq!(of[0]["sampled_edges"], of[1]["sampled_edges"], "{report}");
+        assert_eq!(of[0]["input_rows"], of[1]["input_rows"], "{report}");
+    }
+    for (flag, value) in [
+        ("--modes", "mb,xx"),
+        ("--fanouts", "5,0"),
+        ("--threads", "0"),
+        ("--baseline", "pyg"),
+    ] {
+        let (ok, _, err) = grandis(&["bench", "steps", flag, value]);
+        assert!(!ok, "{flag} {value} was accepted");
+        assert!(err.contains(flag), "{flag} {value}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
 }
