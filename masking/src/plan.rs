@@ -17,6 +17,7 @@
 use std::ops::Range;
 
 use grandis_store::{CsrGraph, CsrView};
+use rayon::prelude::*;
 
 use crate::context::{PlanContext, SPLIT_TRAIN};
 use crate::error::{MaskingError, Result};
@@ -250,6 +251,49 @@ pub(crate) struct DeviceSpec {
     pub sole: bool,
 }
 
+/// Rows a plan's graph builder hands one task: enough that joining the parts costs little
+/// beside building them.
+const ROWS_PER_TASK: usize = 16384;
+
+/// A run of consecutive rows' kept edges as local ids: the union CSR and one per layer, each
+/// with offsets from 0.
+struct RowsPart {
+    union: (Vec<u64>, Vec<u32>),
+    layers: Vec<(Vec<u64>, Vec<u32>)>,
+}
+
+impl RowsPart {
+    fn new(layers: usize, rows: usize) -> RowsPart {
+        let csr = || {
+            let mut offsets = Vec::with_capacity(rows + 1);
+            offsets.push(0u64);
+            (offsets, Vec::new())
+        };
+        RowsPart {
+            union: csr(),
+            layers: (0..layers).map(|_| csr()).collect(),
+        }
+    }
+
+    /// Closes the current row of every CSR.
+    fn end_row(&mut self) {
+        for (offsets, indices) in std::iter::once(&mut self.union).chain(&mut self.layers) {
+            offsets.push(indices.len() as u64);
+        }
+    }
+
+    /// Appends `next`'s rows after this part's.
+    fn append(&mut self, next: &RowsPart) {
+        let pairs = std::iter::once((&mut self.union, &next.union))
+            .chain(self.layers.iter_mut().zip(&next.layers));
+        for ((offsets, indices), (next_offsets, next_indices)) in pairs {
+            let base = indices.len() as u64;
+            offsets.extend(next_offsets[1..].iter().map(|&o| base + o));
+            indices.extend_from_slice(next_indices);
+        }
+    }
+}
+
 /// Builds a device plan except its send lists (see [`fill_sends`]). `owner_of(u)` is the rank
 /// that owns `u` in this plan (None: not part of the plan); `level_of(u)` its hop level;
 /// `rows` gives every row's kept in-edges (all of them for exact plans).
@@ -372,47 +416,62 @@ pub(crate) fn build_device(
     // each row's kept edges (each edge mapped to its local row once). Layer l holds the rows
     // valid at l (level <= k - 1 - l) and their edges flagged for l.
     let per_layer = if rows.per_layer() { masked_layers } else { 0 };
-    let mut offsets = Vec::with_capacity(n_owned + 1);
-    offsets.push(0u64);
-    let mut indices = Vec::new();
-    let mut layer_parts: Vec<(Vec<u64>, Vec<u32>)> =
-        (0..per_layer).map(|_| (vec![0u64], Vec::new())).collect();
-    for i in 0..n_owned {
-        let lv = level[i];
-        if lv < complete_below {
-            let start = indices.len();
-            let v = global_ids[i];
-            let (base, srcs) = rows.row(v);
-            for (j, &u) in srcs.iter().enumerate() {
-                if rows.edge_need(base + j, lv, masked_layers).is_none() {
-                    continue;
-                }
-                let loc = local_of(u, v)?;
-                indices.push(loc);
-                for (l, part) in layer_parts.iter_mut().enumerate() {
-                    if lv as usize + l < masked_layers && rows.used_at(base + j, l) {
-                        part.1.push(loc);
+    // Rows in chunks on the thread pool, each chunk a CSR of its own (offsets from 0), then
+    // joined in row order: the same graphs whatever the number of threads.
+    let build_rows = |range: Range<usize>| -> Result<RowsPart> {
+        let mut part = RowsPart::new(per_layer, range.len());
+        for i in range {
+            let lv = level[i];
+            if lv < complete_below {
+                let start = part.union.1.len();
+                let v = global_ids[i];
+                let (base, srcs) = rows.row(v);
+                for (j, &u) in srcs.iter().enumerate() {
+                    if rows.edge_need(base + j, lv, masked_layers).is_none() {
+                        continue;
+                    }
+                    let loc = local_of(u, v)?;
+                    part.union.1.push(loc);
+                    for (l, layer) in part.layers.iter_mut().enumerate() {
+                        if lv as usize + l < masked_layers && rows.used_at(base + j, l) {
+                            layer.1.push(loc);
+                        }
                     }
                 }
+                part.union.1[start..].sort_unstable();
+                for (offsets, indices) in &mut part.layers {
+                    // This row's segment starts at the layer's last offset.
+                    let s = *offsets.last().expect("starts with 0") as usize;
+                    indices[s..].sort_unstable();
+                }
             }
-            indices[start..].sort_unstable();
-            for (offsets, indices) in &mut layer_parts {
-                // This row's segment starts at the layer's last offset.
-                let s = *offsets.last().expect("starts with 0") as usize;
-                indices[s..].sort_unstable();
-            }
+            part.end_row();
         }
-        offsets.push(indices.len() as u64);
-        for part in &mut layer_parts {
-            part.0.push(part.1.len() as u64);
-        }
+        Ok(part)
+    };
+    let chunks: Vec<Range<usize>> = (0..n_owned)
+        .step_by(ROWS_PER_TASK)
+        .map(|a| a..(a + ROWS_PER_TASK).min(n_owned))
+        .collect();
+    let parts = chunks
+        .into_par_iter()
+        .map(build_rows)
+        .collect::<Result<Vec<RowsPart>>>()?;
+    let mut joined = RowsPart::new(per_layer, n_owned);
+    for part in &parts {
+        joined.append(part);
     }
+    let RowsPart {
+        union: (offsets, indices),
+        layers: layer_parts,
+    } = joined;
     let layer_graphs: Vec<CsrGraph> = layer_parts
         .into_iter()
         .map(|(offsets, indices)| CsrGraph { offsets, indices })
         .collect();
 
-    let in_degree: Vec<u32> = global_ids.iter().map(|&g| ctx.in_degree(g)).collect();
+    // Per-row reads of graph-sized arrays at scattered ids: on the thread pool too.
+    let in_degree: Vec<u32> = global_ids.par_iter().map(|&g| ctx.in_degree(g)).collect();
     let agg_degree = (0..global_ids.len())
         .map(|i| {
             if i < n_owned && level[i] < complete_below {
@@ -422,9 +481,9 @@ pub(crate) fn build_device(
             }
         })
         .collect();
-    let out_degree = global_ids.iter().map(|&g| ctx.out_degree(g)).collect();
+    let out_degree = global_ids.par_iter().map(|&g| ctx.out_degree(g)).collect();
     let split = global_ids[..n_owned]
-        .iter()
+        .par_iter()
         .map(|&g| ctx.splits().flags(g))
         .collect();
 
