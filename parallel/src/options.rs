@@ -123,7 +123,8 @@ pub struct ParallelOptions {
     /// Where rank 0 writes checkpoints (weights are replicated, so one file serves every
     /// rank), how often, and whether the run resumes from it.
     pub checkpoint: grandis_trainer::CheckpointOptions,
-    /// Threads building per-step plans (mb, cob, SAINT); None: half the cores, at most 8.
+    /// Threads building per-step plans (mb, cob, SAINT); None: on CPU ranks half the cores (at
+    /// most 8), on CUDA ranks every core but one per local rank (at most 32).
     /// Steps are pure functions of their index, so any count gives the same run.
     pub plan_threads: Option<usize>,
     /// After training, layer-wise inference over every vertex across the ranks.
