@@ -433,18 +433,43 @@ impl<'a> PlanContext<'a> {
             let lvl = d as u8;
             let first_new = reached.len();
             let mut next = Vec::new();
-            if rows.per_layer() {
-                // Hop d feeds layer k - d, whose valid rows are all levels <= d - 1.
+            if let RowSource::Sampled(sample) = &rows {
+                // A sample's hop: its sources gathered on the thread pool (at most the
+                // sample's edges), sorted and deduplicated, then recorded in id order, so the
+                // reached map is written in ascending addresses instead of at random. Hop d
+                // feeds layer k - d, whose valid rows are, with per-layer flags, all levels
+                // <= d - 1, else level d - 1.
+                let per_layer = sample.is_per_layer();
                 let layer = k - d;
-                for &v in levels.iter().flatten() {
-                    let (base, srcs) = rows.row(v);
-                    for (j, &u) in srcs.iter().enumerate() {
-                        if rows.used_at(base + j, layer) && reached.insert_new(u, lvl) {
-                            next.push(u);
-                        }
+                let frontier: Vec<u32> = if per_layer {
+                    levels.iter().flatten().copied().collect()
+                } else {
+                    levels[d - 1].clone()
+                };
+                let mut sources: Vec<u32> = frontier
+                    .par_chunks(4096)
+                    .flat_map_iter(|chunk| {
+                        chunk.iter().flat_map(|&v| {
+                            let (base, srcs) = sample.row(v);
+                            srcs.iter()
+                                .enumerate()
+                                .filter(move |&(j, _)| {
+                                    !per_layer || sample.used_at(base + j, layer)
+                                })
+                                .map(|(_, &u)| u)
+                        })
+                    })
+                    .collect();
+                sources.par_sort_unstable();
+                sources.dedup();
+                for u in sources {
+                    if reached.insert_new(u, lvl) {
+                        next.push(u);
                     }
                 }
             } else {
+                // The whole graph's rows (exact closures): streamed, as the sources of a
+                // partition's frontier can be most of the graph's edges.
                 for &v in &levels[d - 1] {
                     for &u in rows.row(v).1 {
                         if reached.insert_new(u, lvl) {
