@@ -162,11 +162,11 @@ impl BlockGraph {
     }
 }
 
-/// A CSR and its scale vectors as the kernels take them: the transpose of a [`BlockGraph`]
-/// (row `u < n_src` lists the destinations whose rows contain `u`), which backward
-/// aggregation runs over.
+/// A CSR and its scale vectors as the kernels take them: above all the transpose of a
+/// [`BlockGraph`] (row `u < n_src` lists the destinations whose rows contain `u`), which
+/// backward aggregation runs over.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Transposed {
+pub struct ScaledCsr {
     pub(crate) offsets: Vec<u64>,
     pub(crate) indices: Vec<u32>,
     pub(crate) dst: Vec<f32>,
@@ -177,7 +177,7 @@ pub struct Transposed {
 /// `A^T` of a validated block, as every backend builds it: row `u < n_src` lists the
 /// destinations `v` whose rows contain `u`, in increasing `v` (so sums run in the same
 /// order everywhere); the scales swap roles and the self term exists only for `u < n_dst`.
-pub(crate) fn transpose(g: &BlockGraph) -> Transposed {
+pub(crate) fn transpose(g: &BlockGraph) -> ScaledCsr {
     let mut offsets = vec![0u64; g.n_src + 1];
     for &u in &g.indices {
         offsets[u as usize + 1] += 1;
@@ -194,7 +194,7 @@ pub(crate) fn transpose(g: &BlockGraph) -> Transposed {
             *slot += 1;
         }
     }
-    Transposed {
+    ScaledCsr {
         offsets,
         indices,
         dst: g.src_scale.clone().unwrap_or_else(|| vec![1.0; g.n_src]),
@@ -213,7 +213,7 @@ pub(crate) fn transpose(g: &BlockGraph) -> Transposed {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PreparedGraph {
     graph: BlockGraph,
-    transpose: Transposed,
+    transpose: ScaledCsr,
 }
 
 impl PreparedGraph {
@@ -228,7 +228,7 @@ impl PreparedGraph {
         &self.graph
     }
 
-    pub fn transpose(&self) -> &Transposed {
+    pub fn transpose(&self) -> &ScaledCsr {
         &self.transpose
     }
 }

@@ -404,10 +404,11 @@ impl<'a> PlanContext<'a> {
             layout.devices()
         };
         let rank_of = |g: usize| layout.rank(server, single.unwrap_or(g));
-        // Every extracted vertex in discovery order: a step's work is proportional to what it
-        // reaches, never to |V| (no vertex-sized array per step).
-        // Sampled batches reach a small part of the graph (a map sized to them); exact
-        // closures and whole-range extractions most of it (an array over the graph).
+        // Every extracted vertex in order of recording: a step's work is proportional to what
+        // it reaches, never to |V| (no vertex-sized array allocated or cleared per step).
+        // Sampled batches reach at most their targets and one vertex per kept edge; exact
+        // closures and whole-range extractions most of the graph. `IdMap` picks its
+        // representation from that size.
         let expected = match &rows {
             _ if exact => self.num_vertices(),
             // At most the targets and one vertex per kept edge.

@@ -77,11 +77,20 @@ impl BufferPool {
         Ok(buf)
     }
 
-    /// Hands `buf` back (dropped when the pool is full).
+    /// Hands `buf` back. A full pool keeps the larger of `buf` and its smallest buffer, so
+    /// page-locked buffers too small for the steps cannot hold every place in it.
     pub fn put(&self, buf: HostBuffer) {
-        if let Ok(mut v) = self.kept.lock() {
-            if v.len() < Self::KEEP && buf.capacity() > 0 {
-                v.push(buf);
+        let Ok(mut v) = self.kept.lock() else {
+            return;
+        };
+        if buf.capacity() == 0 {
+            return;
+        }
+        if v.len() < Self::KEEP {
+            v.push(buf);
+        } else if let Some(smallest) = v.iter_mut().min_by_key(|b| b.capacity()) {
+            if smallest.capacity() < buf.capacity() {
+                *smallest = buf;
             }
         }
     }
@@ -115,16 +124,16 @@ impl HostInput {
     /// invariant the worker relies on: a layer's output rows are exactly the owned part of the
     /// next layer's input. The feature matrix comes from the preparer's pool.
     pub(crate) fn prepare(
-        sh: &Preparer<'_>,
+        preparer: &Preparer<'_>,
         step_plans: &[Vec<Arc<DevicePlan>>],
         rank: usize,
     ) -> anyhow::Result<HostInput> {
         let per_layer = plans_of(step_plans, rank)?;
-        if per_layer.len() != sh.layers {
+        if per_layer.len() != preparer.layers {
             bail!(
                 "internal: a step has {} layer plans for a {}-layer model",
                 per_layer.len(),
-                sh.layers
+                preparer.layers
             );
         }
         // Distinct plans: FLX (layers < k) and FB (layers >= k), or one.
@@ -160,11 +169,17 @@ impl HostInput {
             } else {
                 let src_ids = p.compact_global_ids(&rows);
                 let compact = p.compact_graph(&rows)?;
-                let graph =
-                    PreparedGraph::new(block(p, &rows, compact, &src_ids, sh.scales, sh.agg))?;
+                let graph = PreparedGraph::new(block(
+                    p,
+                    &rows,
+                    compact,
+                    &src_ids,
+                    preparer.scales,
+                    preparer.agg,
+                ))?;
                 let ids = src_ids
                     .iter()
-                    .map(|&g| sh.features.new_to_old[g as usize])
+                    .map(|&g| preparer.features.new_to_old[g as usize])
                     .collect();
                 blocks.push(HostBlock { rows, graph, ids });
                 blocks.len() - 1
@@ -173,22 +188,25 @@ impl HostInput {
         }
         // Features of the owned rows of the layer-0 plan (halo rows arrive by exchange).
         let (p0, b0) = layers[0];
-        let rows = if sh.owned_input_only {
+        let rows = if preparer.owned_input_only {
             plans[p0].n_owned
         } else {
             blocks[b0].rows.n_src
         };
-        let buf = sh.buffers.take(rows * sh.features.view.feature_dim)?;
-        let features = sh.features.read_local(step_plans, rank, rows, buf)?;
+        let buf = preparer
+            .buffers
+            .take(rows * preparer.features.view.feature_dim)?;
+        let features = preparer.features.read_local(step_plans, rank, rows, buf)?;
         // Loss rows: inner rows of the last layer's plan that are labelled train vertices.
         let last = &plans[layers[per_layer.len() - 1].0];
         let (mut loss_rows, mut loss_labels) = (Vec::new(), Vec::new());
         for i in 0..last.n_inner {
             let g = last.global_ids[i] as usize;
-            if sh.labelled_flags[g] & SPLIT_TRAIN != 0 {
+            if preparer.labelled_flags[g] & SPLIT_TRAIN != 0 {
                 loss_rows.push(i as u32);
-                loss_labels
-                    .push(sh.features.view.labels[sh.features.new_to_old[g] as usize] as u32);
+                loss_labels.push(
+                    preparer.features.view.labels[preparer.features.new_to_old[g] as usize] as u32,
+                );
             }
         }
         Ok(HostInput {

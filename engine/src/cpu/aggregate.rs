@@ -2,7 +2,7 @@
 
 use super::simd::{self, simd_level, Kernel};
 use super::ROW_CHUNK;
-use crate::backend::{BlockGraph, Result, Transposed};
+use crate::backend::{BlockGraph, Result, ScaledCsr};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -206,7 +206,7 @@ pub(super) fn upload_graph(g: &BlockGraph) -> Result<CpuGraph> {
 }
 
 /// A validated block and its transpose as the CPU kernels take them.
-pub(super) fn upload_block(g: &BlockGraph, t: &Transposed) -> CpuGraph {
+pub(super) fn upload_block(g: &BlockGraph, t: &ScaledCsr) -> CpuGraph {
     let offsets = |o: &[u64]| o.iter().map(|&o| o as usize).collect();
     let fwd = Csr {
         offsets: offsets(&g.offsets),

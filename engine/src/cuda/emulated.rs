@@ -223,7 +223,7 @@ fn colmajor_sgemm(
     }
 }
 
-fn run_csr(emu: &Emu, g: &HostCsr, x: &[f32], d: usize, out: &mut [f32]) {
+fn run_csr(emu: &Emu, g: &ScaledCsr, x: &[f32], d: usize, out: &mut [f32]) {
     let n_rows = g.offsets.len() - 1;
     if n_rows == 0 || d == 0 {
         return;
@@ -261,8 +261,8 @@ fn run_csr(emu: &Emu, g: &HostCsr, x: &[f32], d: usize, out: &mut [f32]) {
     );
 }
 
-fn host_fwd(g: &BlockGraph) -> HostCsr {
-    HostCsr {
+fn host_fwd(g: &BlockGraph) -> ScaledCsr {
+    ScaledCsr {
         offsets: g.offsets.clone(),
         indices: g.indices.clone(),
         dst: g.dst_scale.clone(),
@@ -325,7 +325,7 @@ fn check_aggregation(emu: &Emu, cpu: &CpuBackend) {
                 let mut want = vec![0.0; blk.n_src * d];
                 cpu.aggregate_backward(&cg, &go, d, &mut want).unwrap();
                 let mut got = vec![f32::NAN; blk.n_src * d];
-                run_csr(emu, &transpose_block(blk), &go, d, &mut got);
+                run_csr(emu, &crate::backend::transpose(blk), &go, d, &mut got);
                 bits(&format!("aggregate_backward {name}"), &want, &got);
             }
         }
@@ -875,7 +875,7 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
     let scales = global_scales(graph.view(), Aggregation::Mean);
     let blk = sub_block(graph.view(), &scales, &dst, &src).unwrap();
     let cg = cpu.upload_graph(&blk).unwrap();
-    let (fwd, bwd) = (host_fwd(&blk), transpose_block(&blk));
+    let (fwd, bwd) = (host_fwd(&blk), crate::backend::transpose(&blk));
     let (n_dst, n_src) = (blk.n_dst, blk.n_src);
     for (heads, f, concat, p) in [(3usize, 5usize, true, Some(0.4f32)), (2, 4, false, None)] {
         let name = format!("attention heads {heads} concat {concat} p {p:?}");

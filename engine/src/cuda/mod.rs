@@ -30,7 +30,7 @@ pub mod nccl;
 
 use crate::backend::{
     check_attention, dropout_threshold, need, shape_err, AdamStep, Attention, Backend, BlockGraph,
-    DropoutKey, EngineError, PreparedGraph, Result,
+    DropoutKey, EngineError, PreparedGraph, Result, ScaledCsr,
 };
 use crate::host::HostBuffer;
 use crate::profile::{aggregate_bytes, OpClass, OpProfile, OpTimes};
@@ -530,10 +530,6 @@ impl<'a> AttnArgs<'a> {
     }
 }
 
-/// A CSR on the host as the kernels take it (the transpose a backward pass runs over).
-type HostCsr = crate::backend::Transposed;
-use crate::backend::transpose as transpose_block;
-
 /// Groups the positions of `ids` by target: `(targets, offsets, positions)` with the
 /// positions of `targets[g]` at `positions[offsets[g]..offsets[g + 1]]`, ascending (the order
 /// in which the CPU loop adds them).
@@ -643,7 +639,7 @@ impl CudaBackend {
     }
 
     /// Uploads a validated block and its transpose.
-    fn upload_block(&self, g: &BlockGraph, t: &HostCsr) -> Result<CudaGraph> {
+    fn upload_block(&self, g: &BlockGraph, t: &ScaledCsr) -> Result<CudaGraph> {
         let fwd = self.upload_csr(
             &g.offsets,
             &g.indices,
@@ -1298,7 +1294,7 @@ impl Backend for CudaBackend {
 
     fn upload_graph(&self, g: &BlockGraph) -> Result<CudaGraph> {
         g.validate()?;
-        self.upload_block(g, &transpose_block(g))
+        self.upload_block(g, &crate::backend::transpose(g))
     }
 
     fn upload_prepared(&self, g: &PreparedGraph) -> Result<CudaGraph> {
