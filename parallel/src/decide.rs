@@ -12,7 +12,7 @@ use grandis_sampling::{ClusterBatches, CoBatcher, MiniBatcher, Sampler};
 use grandis_wire::{LinkBytes, Mode, Sampling};
 
 use crate::budget::{choose_preload_hops, choose_sampled_k, predicted_halo_bytes};
-use crate::steps::{self, CobSampler, EvalBatches, Schedule};
+use crate::steps::{self, CobSampler, Schedule};
 use crate::ParallelOptions;
 
 /// Clusters in one cluster batch per server (`--mode cluster`): a batch of `batch_size`
@@ -60,9 +60,11 @@ pub(crate) enum Eval {
     /// Exact whole-partition plans (`[rank][layer]`): FLX-EAS trains on sampled layers over
     /// them and keeps them anyway.
     Plans(Vec<Vec<Arc<DevicePlan>>>),
-    /// Exact co-batches over the evaluation targets (cob, mb): memory bounded by the batch,
-    /// as training's is, instead of a plan of the whole partition.
-    Batches(EvalBatches),
+    /// The whole graph's forward pass layer by layer across the ranks (cob, mb, cluster): each
+    /// vertex computed once per layer, in blocks bounded by the rank's memory budget, where a
+    /// plan of the whole partition would not fit and exact co-batches recompute their
+    /// overlapping closures.
+    Layerwise,
 }
 
 /// Decides what a run of `popts` (mode already resolved from auto) trains on. `sampler` is
@@ -202,7 +204,7 @@ pub(crate) fn decide<'s>(
                 choice,
                 predicted: LinkBytes::default(),
                 replicated_vertices: 0,
-                eval: Eval::Batches(EvalBatches::new(ctx, b, popts.collect_logits)),
+                eval: Eval::Layerwise,
                 sampling,
             })
         }
@@ -221,12 +223,7 @@ pub(crate) fn decide<'s>(
                 choice,
                 predicted: LinkBytes::default(),
                 replicated_vertices: 0,
-                // A server evaluates its devices' mini-batches together, as one co-batch.
-                eval: Eval::Batches(EvalBatches::new(
-                    ctx,
-                    b.saturating_mul(ctx.layout().devices()),
-                    popts.collect_logits,
-                )),
+                eval: Eval::Layerwise,
                 sampling: sampler_name,
             })
         }
@@ -260,8 +257,8 @@ pub(crate) fn decide<'s>(
                 choice,
                 predicted: LinkBytes::default(),
                 replicated_vertices: 0,
-                // Evaluation is exact, as in every mode: full neighbourhoods, in co-batches.
-                eval: Eval::Batches(EvalBatches::new(ctx, b, popts.collect_logits)),
+                // Evaluation is exact, as in every mode: full neighbourhoods.
+                eval: Eval::Layerwise,
             })
         }
         (Mode::Cluster, s) => bail!(

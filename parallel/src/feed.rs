@@ -1,5 +1,5 @@
 //! The producer side of a run: threads that build steps ahead of the ranks
-//! ([`produce`], [`produce_eval`]) and the bounded [`Feed`] that hands each step to every
+//! ([`produce`]) and the bounded [`Feed`] that hands each step to every
 //! rank. A step is a pure function of its index, so producers build steps in parallel, out of
 //! order, and the run stays deterministic: the feed releases them in order and the counts are
 //! added in step order.
@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use anyhow::Context;
 use grandis_masking::{ModelDims, PlanContext};
 
-use crate::steps::{build_step, Built, EvalBatches, RunStats, Schedule, Step, StepStats};
+use crate::steps::{build_step, Built, RunStats, Schedule, Step, StepStats};
 
 /// Steps handed from the producers to the ranks: each step is kept until every rank took it,
 /// and only the `depth` steps from the oldest one not yet taken by every rank may wait (so
@@ -22,8 +22,6 @@ pub(crate) struct Feed {
     depth: usize,
     /// Steps before this one are not trained here (see [`Feed::new`]).
     first: u64,
-    /// Whether producers wait for [`Feed::allow`] (see [`Feed::on_demand`]).
-    on_demand: bool,
 }
 
 #[derive(Default)]
@@ -35,8 +33,6 @@ struct FeedState {
     /// The earliest step that failed to build, and why.
     failed: Option<(u64, String)>,
     closed: bool,
-    /// On-demand feeds: steps below this one may be built.
-    allowed: u64,
 }
 
 impl Feed {
@@ -52,17 +48,6 @@ impl Feed {
             ranks,
             depth: depth.max(1),
             first,
-            on_demand: false,
-        }
-    }
-
-    /// A feed whose producers build only the steps a rank allowed ([`Feed::allow`]), still at
-    /// most `depth` ahead: evaluation steps, which would otherwise be built and held during
-    /// training, competing with its steps for the producers' cores and for memory.
-    pub fn on_demand(ranks: usize, depth: usize) -> Feed {
-        Feed {
-            on_demand: true,
-            ..Feed::new(ranks, depth, 0)
         }
     }
 
@@ -77,8 +62,8 @@ impl Feed {
     }
 
     /// Waits until step `index` may be built: while it is `depth` or more steps ahead of the
-    /// oldest one the ranks still need, or (on-demand feeds) not allowed yet, so a producer
-    /// never holds a step the window has no room for. False once closed.
+    /// oldest one the ranks still need, so a producer never holds a step the window has no
+    /// room for. False once closed.
     pub fn may_build(&self, index: u64) -> bool {
         let st = self.lock();
         self.wait_for_room(st, index).is_some()
@@ -101,10 +86,7 @@ impl Feed {
         mut st: std::sync::MutexGuard<'g, FeedState>,
         index: u64,
     ) -> Option<std::sync::MutexGuard<'g, FeedState>> {
-        let waits = |st: &FeedState| {
-            index >= st.oldest + self.depth as u64 || (self.on_demand && index >= st.allowed)
-        };
-        while waits(&st) && !st.closed {
+        while index >= st.oldest + self.depth as u64 && !st.closed {
             st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         (!st.closed).then_some(st)
@@ -121,15 +103,6 @@ impl Feed {
         st.ready.insert(index, (step, self.ranks));
         self.cv.notify_all();
         true
-    }
-
-    /// Lets the producers of an on-demand feed build the steps before `until`.
-    pub fn allow(&self, until: u64) {
-        let mut st = self.lock();
-        if until > st.allowed {
-            st.allowed = until;
-            self.cv.notify_all();
-        }
     }
 
     /// Records that step `index` could not be built; a rank asking for it (or a later step)
@@ -225,44 +198,6 @@ pub(crate) fn produce(
             .with_context(|| format!("epoch {} iteration {it}", epoch + 1))
     };
     produce_steps(epochs as u64 * n, threads, feed, stats, &build, fetch);
-}
-
-/// Builds the evaluation steps of `rounds` evaluations into `feed` (index `round *
-/// batches.steps() + j` is batch `j` of that round) on `threads` threads and adds what they
-/// compute to `stats`. Each round walks the same batches, so they are built again rather
-/// than kept: only the feed's window is ever in memory. A batch that cannot be built (over
-/// the budget) also fails `training` from its next step on, so the run stops then rather
-/// than at its first evaluation.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn produce_eval(
-    ctx: &PlanContext<'_>,
-    batches: &EvalBatches,
-    dims: &ModelDims,
-    rounds: usize,
-    budget: Option<u64>,
-    feed: &Feed,
-    training: &Feed,
-    stats: &Mutex<RunStats>,
-    labelled_train: &(dyn Fn(u32) -> bool + Sync),
-    threads: usize,
-) {
-    let m = batches.steps() as u64;
-    let build = |index: u64, _: Option<&Built>| {
-        let j = (index % m) as usize;
-        batches
-            .build(ctx, dims, j, labelled_train)
-            .and_then(|b| {
-                crate::budget::check_budget(
-                    budget,
-                    &b.2.model_bytes,
-                    "this evaluation batch's plan",
-                )?;
-                Ok(b)
-            })
-            .with_context(|| format!("evaluation batch {} of {m}", j + 1))
-            .inspect_err(|e| training.fail(training.first, format!("{e:#}")))
-    };
-    produce_steps(rounds as u64 * m, threads, feed, stats, &build, None);
 }
 
 /// Runs `build` for steps `feed.first..total` on `threads` threads (step `i` on thread `i %
@@ -364,54 +299,38 @@ mod tests {
         assert!(feed.peek(0).is_none());
     }
 
-    /// An on-demand feed's producer builds nothing until a rank allows it, then stops at the
-    /// allowed end even with room in its window; an ordinary feed fills its window at once.
+    /// A producer fills the window of `depth` steps at once and waits there until the ranks
+    /// take the oldest.
     #[test]
-    fn on_demand_feed_builds_only_what_was_allowed() {
+    fn the_window_fills_and_waits() {
         use std::sync::atomic::{AtomicU64, Ordering};
-        for on_demand in [false, true] {
-            let feed = if on_demand {
-                Feed::on_demand(1, 4)
-            } else {
-                Feed::new(1, 4, 0)
-            };
-            let pushed = AtomicU64::new(0);
-            std::thread::scope(|scope| {
-                scope.spawn(|| {
-                    for i in 0..6 {
-                        if !feed.push(i, step()) {
-                            return;
-                        }
-                        pushed.fetch_add(1, Ordering::SeqCst);
+        let feed = Feed::new(1, 4, 0);
+        let pushed = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for i in 0..6 {
+                    if !feed.push(i, step()) {
+                        return;
                     }
-                });
-                // Reaching a count is polled (slow machines); staying below one is checked
-                // after a pause (a wrong build would have happened by then).
-                let reaches = |n: u64| {
-                    let t = std::time::Instant::now();
-                    while pushed.load(Ordering::SeqCst) < n && t.elapsed().as_secs() < 10 {
-                        std::thread::sleep(std::time::Duration::from_millis(1));
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                    pushed.load(Ordering::SeqCst)
-                };
-                if on_demand {
-                    assert_eq!(reaches(0), 0, "nothing is built before it is allowed");
-                    feed.allow(3);
-                    assert_eq!(reaches(3), 3, "up to the allowed end");
-                } else {
-                    assert_eq!(reaches(4), 4, "the window fills");
+                    pushed.fetch_add(1, Ordering::SeqCst);
                 }
-                for i in 0..3 {
-                    feed.take(i).unwrap();
-                }
-                feed.allow(6);
-                for i in 3..6 {
-                    feed.take(i).unwrap();
-                }
-                feed.close();
             });
-            assert_eq!(pushed.load(Ordering::SeqCst), 6);
-        }
+            // Reaching a count is polled (slow machines); staying below one is checked after a
+            // pause (a wrong build would have happened by then).
+            let reaches = |n: u64| {
+                let t = std::time::Instant::now();
+                while pushed.load(Ordering::SeqCst) < n && t.elapsed().as_secs() < 10 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                pushed.load(Ordering::SeqCst)
+            };
+            assert_eq!(reaches(4), 4, "the window fills");
+            for i in 0..6 {
+                feed.take(i).unwrap();
+            }
+            feed.close();
+        });
+        assert_eq!(pushed.load(Ordering::SeqCst), 6);
     }
 }

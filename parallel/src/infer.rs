@@ -19,6 +19,10 @@
 //! stage's input) and `vertices.r.npy` (int64: the dataset's id of each row). They are
 //! written under hidden names and renamed once every rank has written its own, so a failed
 //! job leaves no partial set behind.
+//!
+//! The same pass, its last stage's rows handed to the caller instead of a file
+//! ([`forward_rank`]), is how batched runs (cob, mb, cluster) evaluate: exactly, each vertex
+//! computed once per layer.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -32,8 +36,8 @@ use grandis_masking::Layout;
 use grandis_models::Model;
 use grandis_store::{CsrView, DatasetView, RowReader};
 use grandis_trainer::layerwise::{
-    layer_rows, scratch_name, stream, LayerRows, LayerwiseOptions, Predictions, Scratch, StagePass,
-    StageReport,
+    layer_rows, scratch_name, stream, Emit, LayerRows, LayerwiseOptions, Predictions, Scratch,
+    StagePass, StageReport,
 };
 use serde::Serialize;
 
@@ -81,16 +85,46 @@ pub struct RankInference {
     pub seconds: f64,
 }
 
-/// The inputs every rank of a process shares.
-pub(crate) struct InferShared<'a> {
-    pub opts: &'a InferOptions,
-    /// The rank memory budget (the half of it default block budget).
-    pub device_memory: u64,
+/// What a layer-wise pass across the ranks reads, prediction and evaluation alike.
+pub(crate) struct PassInputs<'a> {
     /// The graph in new ids, its layout and id map.
     pub part: &'a crate::PartitionedGraph,
     /// The dataset in original ids (stage 0 reads its features).
     pub view: DatasetView<'a>,
     pub scales: &'a GlobalScales,
+    /// Bytes one block may use on a rank.
+    pub block_budget: u64,
+}
+
+impl<'a> PassInputs<'a> {
+    /// The inputs of a pass of `popts`'s run with `local_ranks` ranks in this process: blocks
+    /// of at most half a rank's memory budget unless `block_budget` says otherwise.
+    pub fn new(
+        popts: &crate::ParallelOptions,
+        part: &'a crate::PartitionedGraph,
+        view: DatasetView<'a>,
+        scales: &'a GlobalScales,
+        local_ranks: usize,
+        block_budget: Option<u64>,
+    ) -> anyhow::Result<Self> {
+        let block_budget = match (block_budget, popts.device_memory) {
+            (Some(b), _) => b,
+            (None, Some(memory)) => memory / 2,
+            (None, None) => crate::default_budget(&popts.compute, 1, local_ranks)?.0 / 2,
+        };
+        Ok(PassInputs {
+            part,
+            view,
+            scales,
+            block_budget,
+        })
+    }
+}
+
+/// The inputs every rank of a process shares for the inference after training.
+pub(crate) struct InferShared<'a> {
+    pub opts: &'a InferOptions,
+    pub pass: PassInputs<'a>,
 }
 
 impl<'a> InferShared<'a> {
@@ -106,21 +140,13 @@ impl<'a> InferShared<'a> {
         let Some(opts) = &popts.infer else {
             return Ok(None);
         };
-        Ok(Some(InferShared {
-            opts,
-            device_memory: match popts.device_memory {
-                Some(b) => b,
-                None => crate::default_budget(&popts.compute, 1, local_ranks)?.0,
-            },
-            part,
-            view,
-            scales,
-        }))
+        let pass = PassInputs::new(popts, part, view, scales, local_ranks, opts.block_budget)?;
+        Ok(Some(InferShared { opts, pass }))
     }
 }
 
-/// Runs the pass on one rank with its trained `model` and returns what it did. Every rank of
-/// the job must call it (the exchanges pair up).
+/// Runs the pass on one rank with its trained `model`, writes its files and returns what it
+/// did. Every rank of the job must call it (the exchanges pair up).
 pub(crate) fn infer_rank<B: Backend>(
     b: &B,
     model: &Model<B>,
@@ -130,16 +156,164 @@ pub(crate) fn infer_rank<B: Backend>(
     let start = Instant::now();
     let opts = sh.opts;
     let rank = ep.rank();
-    let (graph, layout, new_to_old) = (sh.part.graph.view(), &sh.part.layout, &sh.part.new_to_old);
-    let release = |rows: Range<usize>| sh.part.graph.release_rows(rows);
-    let range = layout.range(rank);
-    let own = range.start as usize..range.end as usize;
-    let stages = model.num_stages();
-    if opts.embeddings && stages < 2 {
+    if opts.embeddings && model.num_stages() < 2 {
         bail!("the model has a single stage: its input is the features, there are no embeddings to write");
     }
     std::fs::create_dir_all(&opts.dir)
         .with_context(|| format!("creating the prediction directory {}", opts.dir.display()))?;
+    let own = sh.pass.part.layout.range(rank);
+    let own = own.start as usize..own.end as usize;
+    let n_own = own.len();
+    let pass = Pass {
+        what: "predict",
+        owner: rank,
+        epoch: INFER_EPOCH,
+        scratch_dir: &opts.dir,
+        keep_embeddings: opts.embeddings,
+        // Nothing samples the graph any more: its pages may go once read.
+        release_rows: true,
+    };
+    let predictions = Scratch(opts.dir.join(scratch_name("predictions", 0, Some(rank))));
+    let class_ids = opts.kind == Predictions::ClassIds;
+    let passed = pass_rank(b, model, ep, &sh.pass, &pass, &mut |cols, produce| {
+        stream(
+            &predictions.0,
+            n_own,
+            cols,
+            class_ids.then_some(cols),
+            |emit| produce(emit),
+        )
+    })?;
+    let mut outputs = vec![(predictions, opts.file("predictions", rank))];
+    if let Some(embeddings) = passed.embeddings {
+        outputs.push((embeddings, opts.file("embeddings", rank)));
+    }
+    let vertices = Scratch(opts.dir.join(scratch_name("vertices", 0, Some(rank))));
+    let ids: Vec<i64> = sh.pass.part.new_to_old[own]
+        .iter()
+        .map(|&v| v as i64)
+        .collect();
+    grandis_npy::write_npy(&vertices.0, &[n_own as u64], &ids)?;
+    outputs.push((vertices, opts.file("vertices", rank)));
+    // Every rank has written its files: only now do any of them take their names.
+    ep.barrier(Tag::new(INFER_EPOCH, 0, Phase::Other))
+        .context("waiting for every rank's predictions")?;
+    for (scratch, target) in outputs {
+        scratch
+            .persist(&target)
+            .with_context(|| format!("renaming {} into place", target.display()))?;
+    }
+    let counters = ep.counters();
+    let traffic = counters.epoch(INFER_EPOCH);
+    Ok(RankInference {
+        rank,
+        vertices: n_own,
+        halo_rows: passed.halo_rows,
+        halo_rows_received: passed.halo_rows_received,
+        stages: passed.stages,
+        stage_seconds: passed.stage_seconds,
+        exchange_seconds: passed.exchange_seconds,
+        bytes_inter_server: traffic.map_or(0, |t| t.bytes_inter_server),
+        bytes_intra_server: traffic.map_or(0, |t| t.bytes_intra_server),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The whole graph's forward pass (dropout off) under `model` as it stands, on one rank:
+/// the output rows of the vertices it owns go to `rows` in their (new) id order. Its traffic
+/// carries `epoch` in its tags; its layers pass through scratch files in the system's
+/// temporary directory (`TMPDIR`). Every rank of the job must call it (the exchanges pair
+/// up). This is how batched runs evaluate: each vertex computed once per layer, where exact
+/// co-batches recompute the overlapping closures of every batch.
+pub(crate) fn forward_rank<B: Backend>(
+    b: &B,
+    model: &Model<B>,
+    ep: &mut Endpoint,
+    inputs: &PassInputs<'_>,
+    epoch: u32,
+    rows: &mut Emit<'_>,
+) -> anyhow::Result<()> {
+    // Scratch names are unique per process and owner: other jobs of this process (tests, a
+    // daemon's runs) evaluate into the same directory.
+    static PASSES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let dir = std::env::temp_dir();
+    let pass = Pass {
+        what: "evaluate",
+        owner: PASSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        epoch,
+        scratch_dir: &dir,
+        keep_embeddings: false,
+        // Training goes on sampling the graph, kept resident for it.
+        release_rows: false,
+    };
+    pass_rank(b, model, ep, inputs, &pass, &mut |_, produce| produce(rows))?;
+    Ok(())
+}
+
+/// A pass's own settings.
+struct Pass<'p> {
+    /// Names its progress lines.
+    what: &'static str,
+    /// Tells its scratch files from other passes' in the same directory and process.
+    owner: usize,
+    /// The epoch its traffic's tags carry.
+    epoch: u32,
+    /// Where its scratch files go.
+    scratch_dir: &'p Path,
+    /// Hand back the last stage's input (the embeddings) instead of removing it.
+    keep_embeddings: bool,
+    /// Let the graph's mapped pages go behind each block.
+    release_rows: bool,
+}
+
+impl Pass<'_> {
+    /// The scratch file of `what` of stage `stage`.
+    fn scratch(&self, what: &str, stage: usize) -> PathBuf {
+        self.scratch_dir
+            .join(scratch_name(what, stage, Some(self.owner)))
+    }
+}
+
+/// What a pass did on a rank.
+struct Passed {
+    halo_rows: usize,
+    halo_rows_received: u64,
+    stages: Vec<StageReport>,
+    stage_seconds: Vec<f64>,
+    exchange_seconds: f64,
+    /// The last stage's input, when kept.
+    embeddings: Option<Scratch>,
+}
+
+/// Produces a stage's rows into the sink it is given, returning the stage's report.
+type Produce<'p> = dyn FnMut(&mut Emit<'_>) -> anyhow::Result<StageReport> + 'p;
+
+/// Takes the last stage's rows: called once with the stage's width and its producer.
+type LastStage<'l> = dyn FnMut(usize, &mut Produce<'_>) -> anyhow::Result<StageReport> + 'l;
+
+/// The stages of `model` on the vertices rank `ep` owns, one at a time: each reads the rank's
+/// rows of the previous one (stage 0 the features) and, when it reads neighbours, the halo's
+/// rows received from their owners. Every stage but the last writes a scratch file; the
+/// last one's rows go to `last`.
+fn pass_rank<B: Backend>(
+    b: &B,
+    model: &Model<B>,
+    ep: &mut Endpoint,
+    inputs: &PassInputs<'_>,
+    pass: &Pass<'_>,
+    last_stage: &mut LastStage<'_>,
+) -> anyhow::Result<Passed> {
+    let rank = ep.rank();
+    let part = inputs.part;
+    let (graph, layout, new_to_old) = (part.graph.view(), &part.layout, &part.new_to_old);
+    let release = |rows: Range<usize>| {
+        if pass.release_rows {
+            part.graph.release_rows(rows)
+        }
+    };
+    let range = layout.range(rank);
+    let own = range.start as usize..range.end as usize;
+    let stages = model.num_stages();
     let reads_neighbours = (0..stages).any(|s| model.stage_reads_neighbors(s));
     // Who needs what, once: the halo of this range by owner, and the rows each peer needs.
     let halo = if reads_neighbours {
@@ -147,33 +321,38 @@ pub(crate) fn infer_rank<B: Backend>(
     } else {
         Vec::new()
     };
-    let plan = ExchangePlan::agree(ep, layout, &halo)?;
+    let plan = ExchangePlan::agree(ep, layout, &halo, pass.epoch)?;
     let lw = LayerwiseOptions {
-        block_budget: opts.block_budget.unwrap_or(sh.device_memory / 2),
+        block_budget: inputs.block_budget,
         max_block_rows: None,
-        scratch_dir: opts.dir.clone(),
+        scratch_dir: pass.scratch_dir.to_path_buf(),
     };
-    let pass = StagePass {
+    let stage_pass = StagePass {
         b,
         model,
         graph,
-        scales: reads_neighbours.then_some(sh.scales),
+        scales: reads_neighbours.then_some(inputs.scales),
         vertex_ids: Some(new_to_old),
         release: &release,
         opts: &lw,
     };
     let features = Features {
-        view: sh.view,
+        view: inputs.view,
         new_to_old,
         own: own.clone(),
     };
-    // This rank's rows of the current stage's input: the features, then each stage's output.
+    // This rank's rows of the current stage's input: the features, then each stage's output
+    // (its file removed once the next stage has read it, unless kept).
     let mut input: Box<dyn LayerRows + '_> = Box::new(features);
-    let mut _input_file: Option<Scratch> = None;
-    let mut outputs: Vec<(Scratch, PathBuf)> = Vec::new();
-    let mut reports = Vec::with_capacity(stages);
-    let mut stage_seconds = Vec::with_capacity(stages);
-    let (mut halo_rows_received, mut exchange_seconds) = (0u64, 0f64);
+    let mut input_file: Option<Scratch> = None;
+    let mut passed = Passed {
+        halo_rows: halo.len(),
+        halo_rows_received: 0,
+        stages: Vec::with_capacity(stages),
+        stage_seconds: Vec::with_capacity(stages),
+        exchange_seconds: 0.0,
+        embeddings: None,
+    };
     let n_own = own.len();
     for s in 0..stages {
         let stage_start = Instant::now();
@@ -182,17 +361,17 @@ pub(crate) fn infer_rank<B: Backend>(
         let split = model.stage_splits(s);
         let mut rows_pass_seconds = 0.0;
         let mut progress = grandis_telemetry::Progress::new(
-            format!("predict: rank {rank}, stage {}/{stages}", s + 1),
+            format!("{}: rank {rank}, stage {}/{stages}", pass.what, s + 1),
             Some(n_own as u64),
         );
         // A splitting stage first computes its own vertices' aggregated rows.
         let rows_file = match model.stage_neighbour_width(s).filter(|_| split) {
             Some(w) => {
                 let t = Instant::now();
-                let p = opts.dir.join(scratch_name("rows", s, Some(rank)));
+                let p = pass.scratch("rows", s);
                 let scratch = Scratch(p.clone());
                 stream(&p, n_own, w, None, |emit| {
-                    pass.neighbour_rows(s, input.as_ref(), own.clone(), emit, &mut progress)
+                    stage_pass.neighbour_rows(s, input.as_ref(), own.clone(), emit, &mut progress)
                 })?;
                 rows_pass_seconds = t.elapsed().as_secs_f64();
                 Some((OwnRows::open(&p, own.clone(), w)?, scratch))
@@ -205,13 +384,13 @@ pub(crate) fn infer_rank<B: Backend>(
             None => input.as_ref(),
         };
         let halo_rows = if model.stage_reads_neighbors(s) {
-            let p = opts.dir.join(scratch_name("halo", s, Some(rank)));
+            let p = pass.scratch("halo", s);
             let scratch = Scratch(p.clone());
             let t = Instant::now();
             plan.exchange(ep, s, gathered, &p, &lw)
                 .with_context(|| format!("exchanging the halo rows of stage {s}"))?;
-            exchange_seconds += t.elapsed().as_secs_f64();
-            halo_rows_received += halo.len() as u64;
+            passed.exchange_seconds += t.elapsed().as_secs_f64();
+            passed.halo_rows_received += halo.len() as u64;
             Some((layer_rows(&p, halo.len(), gathered.cols())?, scratch))
         } else {
             None
@@ -228,21 +407,8 @@ pub(crate) fn infer_rank<B: Backend>(
             Some(_) => (&own_input, Some(&with_halo)),
             None => (&with_halo, None),
         };
-        let what = if last {
-            Some("predictions")
-        } else if s + 2 == stages && opts.embeddings {
-            Some("embeddings")
-        } else {
-            None
-        };
-        let path = match what {
-            Some(w) => opts.dir.join(scratch_name(w, 0, Some(rank))),
-            None => opts.dir.join(scratch_name("layer", s, Some(rank))),
-        };
-        let scratch = Scratch(path.clone());
-        let ids = (last && opts.kind == Predictions::ClassIds).then_some(d_out);
-        let mut report = stream(&path, n_own, d_out, ids, |emit| {
-            pass.blocks(
+        let mut produce = |emit: &mut Emit<'_>| {
+            stage_pass.blocks(
                 s,
                 split,
                 block_input,
@@ -251,53 +417,34 @@ pub(crate) fn infer_rank<B: Backend>(
                 emit,
                 &mut progress,
             )
-        })
-        .with_context(|| format!("stage {s} of layer-wise inference on rank {rank}"))?;
+        };
+        let failed = || format!("stage {s} of the layer-wise {} on rank {rank}", pass.what);
+        let mut output = None;
+        let mut report = if last {
+            last_stage(d_out, &mut produce).with_context(failed)?
+        } else {
+            let path = pass.scratch("layer", s);
+            output = Some(Scratch(path.clone()));
+            stream(&path, n_own, d_out, None, produce).with_context(failed)?
+        };
         progress.finish();
         report.rows_pass_seconds = rows_pass_seconds;
-        reports.push(report);
-        stage_seconds.push(stage_start.elapsed().as_secs_f64());
+        passed.stages.push(report);
+        passed
+            .stage_seconds
+            .push(stage_start.elapsed().as_secs_f64());
         drop((halo_rows, rows_file));
-        if !last {
-            input = Box::new(OwnRows::open(&path, own.clone(), d_out)?);
-        }
-        match what {
-            Some(w) => {
-                outputs.push((scratch, opts.file(w, rank)));
-                _input_file = None;
-            }
+        if let Some(output) = output {
+            input = Box::new(OwnRows::open(&output.0, own.clone(), d_out)?);
             // The previous input's file goes now that nothing reads it.
-            None => _input_file = Some(scratch),
+            input_file = Some(output);
         }
     }
     drop(input);
-    let vertices_path = opts.dir.join(scratch_name("vertices", 0, Some(rank)));
-    let vertices = Scratch(vertices_path.clone());
-    let ids: Vec<i64> = new_to_old[own.clone()].iter().map(|&v| v as i64).collect();
-    grandis_npy::write_npy(&vertices_path, &[n_own as u64], &ids)?;
-    outputs.push((vertices, opts.file("vertices", rank)));
-    // Every rank has written its files: only now do any of them take their names.
-    ep.barrier(Tag::new(INFER_EPOCH, 0, Phase::Other))
-        .context("waiting for every rank's predictions")?;
-    for (scratch, target) in outputs {
-        scratch
-            .persist(&target)
-            .with_context(|| format!("renaming {} into place", target.display()))?;
+    if pass.keep_embeddings && stages >= 2 {
+        passed.embeddings = input_file.take();
     }
-    let counters = ep.counters();
-    let traffic = counters.epoch(INFER_EPOCH);
-    Ok(RankInference {
-        rank,
-        vertices: n_own,
-        halo_rows: halo.len(),
-        halo_rows_received,
-        stages: reports,
-        stage_seconds,
-        exchange_seconds,
-        bytes_inter_server: traffic.map_or(0, |t| t.bytes_inter_server),
-        bytes_intra_server: traffic.map_or(0, |t| t.bytes_intra_server),
-        seconds: start.elapsed().as_secs_f64(),
-    })
+    Ok(passed)
 }
 
 /// Predicts with a checkpoint that holds every epoch the run asks for, without training (a
@@ -402,13 +549,16 @@ struct ExchangePlan {
     recv: Vec<(usize, Range<usize>)>,
     /// (peer, own vertices it asked for, ascending).
     send: Vec<(usize, Vec<u32>)>,
+    /// The epoch the pass's tags carry.
+    epoch: u32,
 }
 
 impl ExchangePlan {
-    /// Sends every peer the ids of its vertices in `halo` and receives theirs.
-    fn agree(ep: &mut Endpoint, layout: &Layout, halo: &[u32]) -> anyhow::Result<Self> {
+    /// Sends every peer the ids of its vertices in `halo` and receives theirs (tagged with
+    /// `epoch`, as the exchanges are).
+    fn agree(ep: &mut Endpoint, layout: &Layout, halo: &[u32], epoch: u32) -> anyhow::Result<Self> {
         let me = ep.rank();
-        let tag = Tag::new(INFER_EPOCH, 0, Phase::Other);
+        let tag = Tag::new(epoch, 0, Phase::Other);
         let own = layout.range(me);
         let mut recv = Vec::new();
         let mut lo = 0;
@@ -445,7 +595,7 @@ impl ExchangePlan {
             }
             send.push((peer, ids));
         }
-        Ok(ExchangePlan { recv, send })
+        Ok(ExchangePlan { recv, send, epoch })
     }
 
     /// Stage `stage`'s exchange: sends every peer its rows of `rows`, and writes the rows
@@ -477,7 +627,7 @@ impl ExchangePlan {
             .chain(self.recv.iter().map(|(_, r)| rounds(r.len())))
             .max()
             .unwrap_or(0);
-        let tag = Tag::new(INFER_EPOCH, stage as u32, Phase::Forward);
+        let tag = Tag::new(self.epoch, stage as u32, Phase::Forward);
         for round in 0..total {
             let at = round * per_round;
             for (peer, ids) in &self.send {

@@ -121,18 +121,22 @@ pub(crate) fn run(
         (epochs_done * iterations) as u64,
     );
     let run_stats = Mutex::new(RunStats::default());
-    let eval_stats = Mutex::new(RunStats::default());
-    // Batched evaluation: the evaluations every rank runs, each `steps` exact co-batches
-    // from their own producer.
-    let evaluations = opts.eval.passes(epochs_done, epochs);
-    let eval_feed = crate::feed::Feed::on_demand(local_ranks, plan_threads + PREFETCH_STEPS);
-    let eval = match &decision.eval {
-        Eval::TrainingPlans => worker::EvalOn::TrainingPlans,
-        Eval::Plans(plans) => worker::EvalOn::Plans(plans),
-        Eval::Batches(batches) => worker::EvalOn::Batches {
-            feed: &eval_feed,
-            steps: batches.steps(),
-        },
+    let eval_inputs = match decision.eval {
+        Eval::Layerwise => Some(crate::infer::PassInputs::new(
+            popts,
+            part,
+            view,
+            &scales,
+            local_ranks,
+            None,
+        )?),
+        _ => None,
+    };
+    let eval = match (&decision.eval, &eval_inputs) {
+        (Eval::TrainingPlans, _) => worker::EvalOn::TrainingPlans,
+        (Eval::Plans(plans), _) => worker::EvalOn::Plans(plans),
+        (Eval::Layerwise, Some(inputs)) => worker::EvalOn::Layerwise(inputs),
+        (Eval::Layerwise, None) => bail!("internal: layer-wise evaluation without its inputs"),
     };
     // Per-step plans: each rank's next step's feature rows are read ahead.
     let prefetcher = Prefetcher::new();
@@ -272,28 +276,6 @@ pub(crate) fn run(
                     );
                 }
             }
-            let evaluator = match &decision.eval {
-                Eval::Batches(batches) => Some(
-                    std::thread::Builder::new()
-                        .name("grandis-eval-plans".into())
-                        .spawn_scoped(scope, || {
-                            crate::feed::produce_eval(
-                                &ctx,
-                                batches,
-                                dims,
-                                evaluations,
-                                popts.device_memory,
-                                &eval_feed,
-                                &feed,
-                                &eval_stats,
-                                &labelled_train,
-                                plan_threads,
-                            )
-                        })
-                        .context("starting the evaluation plan producer thread")?,
-                ),
-                _ => None,
-            };
             let producer = std::thread::Builder::new()
                 .name("grandis-plans".into())
                 .spawn_scoped(scope, || {
@@ -319,7 +301,6 @@ pub(crate) fn run(
                 .ok();
             let r = run_all();
             feed.close();
-            eval_feed.close();
             prefetcher.close();
             if prefetch.is_some_and(|p| p.join().is_err()) {
                 bail!("the feature prefetch thread panicked");
@@ -327,20 +308,12 @@ pub(crate) fn run(
             if producer.join().is_err() {
                 bail!("the plan producer thread panicked");
             }
-            if evaluator.is_some_and(|e| e.join().is_err()) {
-                bail!("the evaluation plan producer thread panicked");
-            }
             r
         })?,
     };
-    let mut stats = run_stats
+    let stats = run_stats
         .into_inner()
         .map_err(|_| anyhow::anyhow!("run statistics poisoned"))?;
-    // Evaluation batches are steps the ranks run too: their memory counts in the peak.
-    let eval_stats = eval_stats
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("evaluation statistics poisoned"))?;
-    stats.raise_peaks(&eval_stats.model_peak);
     Ok(Ran {
         results,
         stats,

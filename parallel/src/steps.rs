@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use crate::prepare::HostInput;
 use anyhow::Context;
 use grandis_masking::{
-    estimate_device, estimate_masked, estimate_masked_device, estimate_masked_inference,
-    DevicePlan, ExtractionSpec, FlxPlan, Layout, ModelDims, PlanContext,
+    estimate_device, estimate_masked, estimate_masked_device, DevicePlan, ExtractionSpec, FlxPlan,
+    Layout, ModelDims, PlanContext,
 };
 use grandis_sampling::{
     boundary_ratio, round_for_epoch, round_of, ClusterBatches, CoBatcher, MiniBatcher, Saint,
@@ -549,80 +549,6 @@ pub(crate) fn flx_sampled(
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("sampling the FLX plan with {}", sampler.name()))?;
     Ok(ctx.extract_plan(&specs)?)
-}
-
-/// The exact evaluation of a batched run (cob, mb) in bounded steps, so no rank ever holds a
-/// plan of its whole partition: every server's evaluation targets (its labelled vertices,
-/// or all of its vertices when the run returns every vertex's logits) cut into co-batches of
-/// at most `batch_size`, each extracted with its exact L-hop in-closure and masked over the
-/// server's devices as a training co-batch is. Nothing is shuffled: every evaluation walks
-/// the same batches, and each target is an inner row of exactly one rank in exactly one batch.
-#[derive(Debug, Clone)]
-pub(crate) struct EvalBatches {
-    /// Evaluation targets of every server (sorted).
-    targets: Vec<Vec<u32>>,
-    steps: usize,
-}
-
-impl EvalBatches {
-    pub fn new(ctx: &PlanContext<'_>, batch_size: usize, every_vertex: bool) -> EvalBatches {
-        let layout = ctx.layout();
-        let targets: Vec<Vec<u32>> = (0..layout.servers())
-            .map(|s| {
-                layout
-                    .server_range(s)
-                    .filter(|&v| every_vertex || ctx.splits().flags(v) != 0)
-                    .collect()
-            })
-            .collect();
-        let batch_size = batch_size.max(1);
-        let steps = targets
-            .iter()
-            .map(|t| t.len().div_ceil(batch_size))
-            .max()
-            .unwrap_or(0);
-        EvalBatches { targets, steps }
-    }
-
-    /// Steps of one evaluation.
-    pub fn steps(&self) -> usize {
-        self.steps
-    }
-
-    /// The co-batch of every server (`[server]`) in step `j`: near-equal consecutive chunks,
-    /// so every server takes part in every step.
-    pub fn batch(&self, j: usize) -> Vec<Vec<u32>> {
-        let n = self.steps.max(1);
-        self.targets
-            .iter()
-            .map(|t| t[t.len() * j / n..t.len() * (j + 1) / n].to_vec())
-            .collect()
-    }
-
-    /// Step `j`'s plans (every layer on the co-batch's exact masked plan), priced as the
-    /// inference pass evaluation runs.
-    pub fn build(
-        &self,
-        ctx: &PlanContext<'_>,
-        dims: &ModelDims,
-        j: usize,
-        labelled_train: &dyn Fn(u32) -> bool,
-    ) -> anyhow::Result<Built> {
-        let plan = grandis_sampling::cob_plan(
-            ctx,
-            &self.batch(j),
-            dims.layers,
-            &grandis_sampling::Exact,
-            0,
-        )?;
-        let (step, mut stats) = masked_step(ctx, plan, dims, labelled_train);
-        stats.model_bytes = step
-            .plans
-            .iter()
-            .map(|layers| estimate_masked_inference(dims, &layers[0]).total)
-            .collect();
-        Ok((0, step, stats))
-    }
 }
 
 /// What a producer built for one step: its sampling round, the step, and its counts.

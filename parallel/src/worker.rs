@@ -135,8 +135,8 @@ pub(crate) enum EvalOn<'a> {
     TrainingPlans,
     /// Exact plans of every rank's whole partition (`[rank][layer]`).
     Plans(&'a [Vec<Arc<DevicePlan>>]),
-    /// Exact co-batches: evaluation `round` takes steps `round * steps ..` of `feed`.
-    Batches { feed: &'a Feed, steps: usize },
+    /// The whole graph's forward pass, layer by layer across the ranks (cob, mb, cluster).
+    Layerwise(&'a crate::infer::PassInputs<'a>),
 }
 
 /// The per-epoch callback; only rank 0 calls it.
@@ -203,8 +203,6 @@ pub(crate) struct Worker<'w, B: Backend> {
     has_head: bool,
     /// When set, the forward pass stores every conv layer's inner-row outputs here.
     capture: Option<Vec<Vec<f32>>>,
-    /// Evaluations done so far (batched evaluation's round in its feed).
-    evaluations: u64,
     /// SANCUS's cached boundary rows, with `--staleness`.
     stale: Option<StaleHalo>,
     /// DGS: the feature columns fetched for other servers' vertices this epoch (ascending),
@@ -269,7 +267,6 @@ impl<'w, B: Backend> Worker<'w, B> {
             first_conv,
             has_head,
             capture: None,
-            evaluations: 0,
             stale: sh.staleness.map(StaleHalo::new),
             remote_columns: None,
         })
@@ -531,76 +528,66 @@ impl<'w, B: Backend> Worker<'w, B> {
         Ok(loss_sum)
     }
 
-    /// Evaluation forward (dropout off) on the current plans: adds the labelled inner rows'
-    /// correct train / val / test predictions to `correct` and, when asked, their logits (by
-    /// original id) to `logits`.
-    fn evaluate_plans(
-        &mut self,
-        epoch: usize,
-        with_logits: bool,
-        correct: &mut [f32; 3],
-        logits: &mut Vec<(u32, Vec<f32>)>,
-    ) -> anyhow::Result<()> {
-        let b = self.b;
-        let sh = self.sh;
+    /// Evaluation forward (dropout off) on the current plans: scores the inner rows.
+    fn evaluate_plans(&mut self, epoch: usize, score: &mut Score<'_>) -> anyhow::Result<()> {
         let (out, _) = self.forward(epoch as u32 | EVAL_EPOCH_BIT, None, false)?;
         let last = self.plan(self.rt.layers.len() - 1).clone();
-        let c = sh.config.classes;
-        let mut host = vec![0f32; last.n_inner * c];
-        b.download(&out, 0, &mut host)?;
-        for i in 0..last.n_inner {
-            let g = last.global_ids[i] as usize;
-            let o = sh.new_to_old[g];
-            let row = &host[i * c..(i + 1) * c];
-            let flags = sh.labelled_flags[g];
-            if flags != 0 {
-                let hit = grandis_trainer::argmax(row) as i32 == sh.view.labels[o as usize];
-                for (j, bit) in [SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST].into_iter().enumerate() {
-                    if hit && flags & bit != 0 {
-                        correct[j] += 1.0;
-                    }
-                }
-            }
-            if with_logits {
-                logits.push((o, row.to_vec()));
-            }
-        }
+        let mut host = vec![0f32; last.n_inner * self.sh.config.classes];
+        self.b.download(&out, 0, &mut host)?;
+        score.rows(&last.global_ids[..last.n_inner], &host);
         Ok(())
     }
 
     /// Evaluates the model as it stands (dropout off, exact): accuracy over every labelled
     /// vertex of the graph and, when asked, the logits of this rank's vertices. Runs on what
-    /// [`Shared::eval`] says; batched evaluation leaves the worker on its last batch (the
-    /// next training step rebuilds).
+    /// [`Shared::eval`] says.
     fn evaluate(&mut self, epoch: usize, with_logits: bool) -> anyhow::Result<EvalOut> {
-        let (mut correct, mut logits) = ([0f32; 3], Vec::new());
-        match self.sh.eval {
-            EvalOn::TrainingPlans => {
-                self.evaluate_plans(epoch, with_logits, &mut correct, &mut logits)?
-            }
+        let sh = self.sh;
+        let mut score = Score::new(sh, with_logits);
+        match sh.eval {
+            EvalOn::TrainingPlans => self.evaluate_plans(epoch, &mut score)?,
             EvalOn::Plans(plans) => {
                 let tag = Tag::fetch(epoch as u32 | EVAL_EPOCH_BIT);
-                let eval_rt = Rt::build(self.sh, self.b, plans, &mut self.ep, (tag, None))?;
+                let eval_rt = Rt::build(sh, self.b, plans, &mut self.ep, (tag, None))?;
                 let train_rt = std::mem::replace(&mut self.rt, eval_rt);
-                let out = self.evaluate_plans(epoch, with_logits, &mut correct, &mut logits);
+                let out = self.evaluate_plans(epoch, &mut score);
                 self.rt = train_rt;
                 out?;
             }
-            EvalOn::Batches { feed, steps } => {
-                let first = self.evaluations * steps as u64;
-                feed.allow(first + steps as u64);
-                for j in 0..steps as u64 {
-                    let step = feed.take(first + j)?;
-                    // Evaluation is exact: whole feature rows.
-                    self.load(step, epoch as u32 | EVAL_EPOCH_BIT, None)?;
-                    if j + 1 < steps as u64 {
-                        self.prefetch(feed, first + j + 1);
-                    }
-                    self.evaluate_plans(epoch, with_logits, &mut correct, &mut logits)?;
+            EvalOn::Layerwise(inputs) => {
+                // The rows come in this rank's vertex order, in blocks.
+                let own = sh.layout.range(self.ep.rank());
+                let mut next = own.start;
+                let c = sh.config.classes;
+                let mut rows = |host: &[f32]| -> std::io::Result<()> {
+                    let n = (host.len() / c.max(1)) as u32;
+                    let ids: Vec<u32> = (next..next + n).collect();
+                    score.rows(&ids, host);
+                    next += n;
+                    Ok(())
+                };
+                crate::infer::forward_rank(
+                    self.b,
+                    &self.model,
+                    &mut self.ep,
+                    inputs,
+                    epoch as u32 | EVAL_EPOCH_BIT,
+                    &mut rows,
+                )
+                .context("the layer-wise evaluation")?;
+                if next != own.end {
+                    bail!(
+                        "internal: the layer-wise evaluation scored vertices {:?} of rank {}'s {:?}",
+                        own.start..next,
+                        self.ep.rank(),
+                        own
+                    );
                 }
             }
         }
-        self.evaluations += 1;
+        let Score {
+            correct, logits, ..
+        } = score;
         let mut counts = correct.to_vec();
         self.ep
             .all_reduce_sum(&mut counts, Tag::other(epoch as u32 | EVAL_EPOCH_BIT, 0))
@@ -847,6 +834,46 @@ pub(crate) struct Embedded {
     pub layers: Vec<Vec<f32>>,
     /// `ids.len() x classes`.
     pub logits: Vec<f32>,
+}
+
+/// One evaluation's tally on a rank: correct train / val / test predictions among the rows
+/// scored and, when asked, their logits by original id.
+struct Score<'s> {
+    sh: &'s Shared<'s>,
+    correct: [f32; 3],
+    with_logits: bool,
+    logits: Vec<(u32, Vec<f32>)>,
+}
+
+impl<'s> Score<'s> {
+    fn new(sh: &'s Shared<'s>, with_logits: bool) -> Self {
+        Score {
+            sh,
+            correct: [0.0; 3],
+            with_logits,
+            logits: Vec::new(),
+        }
+    }
+
+    /// Scores the logits `host` (one row of `classes` per id) of the vertices `ids` (new ids).
+    fn rows(&mut self, ids: &[u32], host: &[f32]) {
+        let sh = self.sh;
+        let c = sh.config.classes;
+        for (&g, row) in ids.iter().zip(host.chunks_exact(c.max(1))) {
+            let o = sh.new_to_old[g as usize];
+            let flags = sh.labelled_flags[g as usize];
+            if flags != 0 && grandis_trainer::argmax(row) as i32 == sh.view.labels[o as usize] {
+                for (j, bit) in [SPLIT_TRAIN, SPLIT_VAL, SPLIT_TEST].into_iter().enumerate() {
+                    if flags & bit != 0 {
+                        self.correct[j] += 1.0;
+                    }
+                }
+            }
+            if self.with_logits {
+                self.logits.push((o, row.to_vec()));
+            }
+        }
+    }
 }
 
 struct EvalOut {

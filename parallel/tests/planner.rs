@@ -276,15 +276,8 @@ fn auto_runs_the_plan_it_chose() {
             measured: Some(measured.clone()),
             ..Default::default()
         };
-        // The planner fits training steps to the budget; evaluation batches are sized apart
-        // (and exceed this tiny one), so the tight run does not evaluate.
-        let train = match batch {
-            None => train.clone(),
-            Some(_) => grandis_trainer::TrainOptions {
-                eval: grandis_trainer::EvalSchedule::Never,
-                ..train.clone()
-            },
-        };
+        // The planner fits training steps to the budget; evaluation's layer-wise blocks fit
+        // it too.
         let r = grandis_parallel::train(view, &part, cfg.clone(), &train, &popts, &mut |_| {})
             .unwrap_or_else(|e| panic!("budget {budget}: {e:#}"));
         assert_eq!(r.train.num_parameters, parameters(&cfg).unwrap());

@@ -138,11 +138,11 @@ fn one_cobatch_or_minibatch_per_epoch_equals_single_trainer() {
     }
 }
 
-/// Batched modes evaluate in exact co-batches of at most the batch size, never on a plan of a
-/// whole partition: with many of them the logits of every vertex are still the whole graph's
-/// forward pass under the trained weights (read back from the run's checkpoint), and the
-/// accuracies the argmax counts over every labelled vertex. Sampled training (fanout) does not
-/// change that evaluation is exact.
+/// Batched modes evaluate with the layer-wise pass across the ranks, never on a plan of a
+/// whole partition: the logits of every vertex are the whole graph's forward pass under the
+/// trained weights (read back from the run's checkpoint), and the accuracies the argmax counts
+/// over every labelled vertex. Sampled training (fanout) does not change that evaluation is
+/// exact.
 #[test]
 fn batched_evaluation_is_the_whole_graph_forward_pass() {
     let ds = random_dataset(8, 90, 420, 5, 3);
