@@ -5,7 +5,9 @@ use grandis_masking::{AttentionDims, InputCopy, KChoice, ModelDims, PlanContext,
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_sampling::Sampler;
 
-use crate::{steps, LinkBytes, Mode, ParallelOptions};
+use grandis_wire::{LinkBytes, Mode};
+
+use crate::{steps, ParallelOptions};
 
 /// Available system memory divided by the `ranks` that share this machine: the default
 /// per-device budget of CPU workers (all S × G ranks run in this process, so the "server's"
@@ -211,7 +213,7 @@ fn cuda_budget(
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_budget(_: &crate::Compute, _: usize, _: usize) -> anyhow::Result<(u64, String)> {
-    bail!(crate::NOT_BUILT_WITH_CUDA)
+    bail!(crate::compute::NOT_BUILT_WITH_CUDA)
 }
 
 /// FLX with a sampler: the largest k whose sampled FLX plan (over the FB plan) fits the

@@ -77,7 +77,7 @@ pub fn embeddings(
         "epochs": 0, "lr": 0.0, "weight_decay": 0.0, "adamw": false, "grad_clip": null, "seed": 0,
         "eval": "never"
     }))?;
-    let shared = worker::Shared {
+    let shared = crate::shared::Shared {
         view,
         new_to_old: &part.new_to_old,
         layout: &part.layout,
@@ -92,7 +92,7 @@ pub fn embeddings(
         feed: &feed,
         prefetch: None,
         iterations: 1,
-        eval: worker::EvalOn::TrainingPlans,
+        eval: crate::shared::EvalOn::TrainingPlans,
         weights,
         resume: None,
         checkpoint: &grandis_trainer::CheckpointOptions::default(),
@@ -100,7 +100,7 @@ pub fn embeddings(
         remote_features: None,
         buffers: &crate::prepare::BufferPool::default(),
     };
-    let threads = threads_per_rank.unwrap_or_else(|| crate::options::cores_per_rank(ranks));
+    let threads = threads_per_rank.unwrap_or_else(|| crate::compute::cores_per_rank(ranks));
     let fabric = Fabric::new(FabricConfig {
         servers: layout.servers(),
         devices: layout.devices(),

@@ -41,27 +41,11 @@ use grandis_trainer::layerwise::{
 };
 use serde::Serialize;
 
+/// What the ranks write (a job's option, declared with the others).
+pub use crate::options::InferOptions;
+
 /// Tags of inference traffic carry this epoch: apart from training's and evaluation's.
 pub const INFER_EPOCH: u32 = 1 << 30;
-
-/// What the ranks write after training.
-#[derive(Debug, Clone, PartialEq)]
-pub struct InferOptions {
-    /// Where every rank writes its files (created if missing).
-    pub dir: PathBuf,
-    pub kind: Predictions,
-    /// Also write `embeddings.r.npy`.
-    pub embeddings: bool,
-    /// Bytes one block may use on a rank; None = half the rank's memory budget.
-    pub block_budget: Option<u64>,
-}
-
-impl InferOptions {
-    /// The file of `what` ("predictions", "embeddings", "vertices") of global rank `rank`.
-    pub fn file(&self, what: &str, rank: usize) -> PathBuf {
-        self.dir.join(format!("{what}.{rank}.npy"))
-    }
-}
 
 /// What one rank's pass did.
 #[derive(Debug, Clone, Serialize)]
@@ -445,71 +429,6 @@ fn pass_rank<B: Backend>(
         passed.embeddings = input_file.take();
     }
     Ok(passed)
-}
-
-/// Predicts with a checkpoint that holds every epoch the run asks for, without training (a
-/// retry after a failure in the inference, `train --resume` on a finished checkpoint): the
-/// ranks load the model and run [`infer_rank`]. `local`: only one server's ranks, as in
-/// training.
-pub(crate) fn predict_only(
-    view: DatasetView<'_>,
-    part: &crate::PartitionedGraph,
-    config: &grandis_models::ModelConfig,
-    ck: &grandis_trainer::Checkpoint,
-    popts: &crate::ParallelOptions,
-    local: Option<Vec<Endpoint>>,
-) -> anyhow::Result<crate::ParallelReport> {
-    use crate::Compute;
-    let layout = &part.layout;
-    let local_ranks = local.as_ref().map_or(layout.num_ranks(), Vec::len);
-    let threads_per_rank = popts.rank_threads(local_ranks);
-    let scales = grandis_engine::norm::global_scales(
-        part.graph.view(),
-        grandis_models::aggregation(config.kind),
-    );
-    let shared = InferShared::new(popts, part, view, &scales, local_ranks)?
-        .context("predicting without training needs inference options")?;
-    fn on<B: Backend>(
-        b: &B,
-        config: &grandis_models::ModelConfig,
-        ck: &grandis_trainer::Checkpoint,
-        mut ep: Endpoint,
-        shared: &InferShared<'_>,
-    ) -> anyhow::Result<(RankInference, grandis_fabric::Counters)> {
-        let mut model = Model::new(b, config.clone())?;
-        ck.restore(b, &mut model, false)?;
-        let r = infer_rank(b, &model, &mut ep, shared)?;
-        Ok((r, ep.counters()))
-    }
-    let work = |ep: Endpoint| match &popts.compute {
-        Compute::Cpu => {
-            let b = grandis_engine::CpuBackend::new(Some(threads_per_rank))?;
-            on(&b, config, ck, ep, &shared)
-        }
-        #[cfg(feature = "cuda")]
-        Compute::Cuda { .. } => {
-            let b = crate::run::cuda_rank_backend(&popts.compute, &ep)?;
-            on(&b, config, ck, ep, &shared)
-        }
-        // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
-        #[cfg(not(feature = "cuda"))]
-        Compute::Cuda { .. } => match crate::run::cuda_rank_backend(&popts.compute, &ep)? {},
-    };
-    let endpoints = match local {
-        Some(endpoints) => endpoints,
-        None => popts.in_process_endpoints(layout)?,
-    };
-    let results = grandis_fabric::run_ranks(endpoints, work)?;
-    let num_parameters =
-        Model::new(&grandis_engine::CpuBackend::new(Some(1))?, config.clone())?.num_parameters();
-    Ok(crate::ParallelReport::predicted_only(
-        popts,
-        part,
-        threads_per_rank,
-        num_parameters,
-        ck.epochs_done,
-        results,
-    ))
 }
 
 /// The in-neighbours of `own` outside it, ascending (a bitmap over the graph: 1 bit a

@@ -29,12 +29,14 @@
 //! (`Mode::Mb`) gives every device its own standalone plan. Plans of later steps are built by
 //! a producer thread while the ranks compute. Rows that aggregate over a sampled subset of
 //! their in-edges are normalised by the kept count (`DevicePlan::agg_degree_at`), per layer
-//! for layer-wise sampling. Sampled and mini-batch modes evaluate on the exact FB plan
-//! (full-neighbourhood inference), and [`embeddings`] runs one forward pass on any masked
+//! for layer-wise sampling. Evaluation is exact in every mode (full neighbourhoods): FLX-EAS on
+//! the FB plans it keeps, cob, mb and cluster with the layer-wise pass across the ranks that
+//! prediction runs ([`infer`]); [`embeddings`] runs one forward pass on any masked
 //! plan with given weights (exactness tests, `grandis analyze error`).
 
 pub mod auto;
 mod budget;
+mod compute;
 mod decide;
 mod embed;
 mod feed;
@@ -52,15 +54,12 @@ mod run;
 mod runtime;
 pub mod server;
 mod setup;
+mod shared;
 mod stale;
 pub mod step_bench;
 mod steps;
+mod train;
 mod worker;
-
-use anyhow::bail;
-use grandis_models::ModelConfig;
-use grandis_store::DatasetView;
-use grandis_trainer::{EpochStats, TrainOptions};
 
 pub use budget::{
     choose_preload_hops, default_budget, default_device_memory, model_dims, predicted_halo_bytes,
@@ -73,118 +72,9 @@ pub use grandis_sampling as sampling;
 pub use grandis_wire::{LinkBytes, Mode, Priority, RankMemory, Sampling, TimeSplit};
 pub use input::{PartGraph, PartitionedGraph};
 
-/// Whether this build has the CUDA backend (the `cuda` feature): configurations that name a
-/// CUDA device are refused up front without it.
-pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
-
-/// What every front end says when asked for CUDA in a build without it.
-pub const NOT_BUILT_WITH_CUDA: &str =
-    "this grandis was built without CUDA support; rebuild with `--features cuda`";
-pub use options::{cores_per_rank, Compute, ParallelOptions};
+pub use compute::{cores_per_rank, Compute, CUDA_BUILT, NOT_BUILT_WITH_CUDA};
+pub use options::ParallelOptions;
 pub use report::ParallelReport;
 pub use setup::plan_context;
+pub use train::train;
 pub use worker::EVAL_EPOCH_BIT;
-
-use setup::{check_inputs, in_train_split, labelled};
-
-/// Trains `config` on `view` (the dataset in its ORIGINAL ids) partitioned as `part`,
-/// calling `on_epoch` after every epoch with the same numbers `--mode single` reports.
-pub fn train(
-    view: DatasetView<'_>,
-    part: &PartitionedGraph,
-    config: ModelConfig,
-    opts: &TrainOptions,
-    popts: &ParallelOptions,
-    on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
-) -> anyhow::Result<ParallelReport> {
-    train_ranks(view, part, config, opts, popts, on_epoch, None)
-}
-
-/// [`train`], or — with `local` — only the ranks of one server over the given endpoints
-/// ([`server::train_server`]): the setup, the plans and the worker are the same either way.
-/// The three stages: the mode and sampling decision (`decide`), the run (`run`), the report.
-pub(crate) fn train_ranks(
-    view: DatasetView<'_>,
-    part: &PartitionedGraph,
-    config: ModelConfig,
-    opts: &TrainOptions,
-    popts: &ParallelOptions,
-    on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
-    mut local: Option<Vec<grandis_fabric::Endpoint>>,
-) -> anyhow::Result<ParallelReport> {
-    check_inputs(&view, part, &config)?;
-    let (popts, plan) =
-        auto::resolve_mode(&view, part, &config, popts, opts.seed, local.as_deref_mut())?;
-    if popts.staleness.is_some() && !matches!(popts.mode, Mode::Fb | Mode::Flx) {
-        bail!(
-            "staleness bounds the full-batch halo exchange of modes fb and flx; mode {} has none \
-             to skip",
-            popts.mode
-        );
-    }
-    if popts.remote_features.is_some() && !popts.mode.is_mini_batch() {
-        bail!(
-            "remote features samples the features fetched per step in modes cob, mb and \
-             cluster; mode {} fetches them once",
-            popts.mode
-        );
-    }
-    let resume = popts.checkpoint.resume_from(&config, opts)?;
-    if let Some(ck) = &resume {
-        if ck.epochs_done == opts.epochs && popts.infer.is_some() {
-            tracing::info!(
-                "the checkpoint holds all {} epochs: predicting without training",
-                ck.epochs_done
-            );
-            return infer::predict_only(view, part, &config, ck, &popts, local);
-        }
-        if ck.epochs_done >= opts.epochs {
-            bail!(
-                "the checkpoint already holds {} epochs and the run asks for {}: raise --epochs \
-                 to train further",
-                ck.epochs_done,
-                opts.epochs
-            );
-        }
-    }
-    let (labelled_flags, totals) = labelled(&view, part)?;
-    if totals[0] == 0 {
-        bail!("the dataset's train split has no labelled vertices");
-    }
-    let ctx = plan_context(&view, part)?;
-    let dims = model_dims(&config);
-    // The sampler outlives the schedule that borrows it.
-    let sampler = grandis_sampling::dependency_sampler(&popts.sampling, config.layers, opts.seed)?;
-    let decision = decide::decide(
-        &ctx,
-        &config,
-        &popts,
-        &dims,
-        sampler.as_deref(),
-        &|g| in_train_split(&labelled_flags, g),
-        opts.seed,
-    )?;
-    if decision.schedule.iterations() == 0 {
-        bail!("no training vertex to batch: the train split is empty");
-    }
-    let inputs = run::RunInputs {
-        view,
-        part,
-        config: &config,
-        opts,
-        popts: &popts,
-        labelled_flags: &labelled_flags,
-        totals,
-        dims: &dims,
-        decision: &decision,
-        resume: resume.as_ref(),
-    };
-    run::run(inputs, ctx, on_epoch, local)?.report(
-        &decision,
-        &popts,
-        plan,
-        part,
-        config.classes,
-        opts,
-    )
-}

@@ -132,11 +132,11 @@ pub fn server_rates(
         Compute::Cpu => compute_rate(&grandis_engine::CpuBackend::new(Some(threads))?, width)?,
         #[cfg(feature = "cuda")]
         Compute::Cuda { .. } => {
-            compute_rate(&crate::run::cuda_rank_backend(compute, first)?, width)?
+            compute_rate(&crate::compute::cuda_rank_backend(compute, first)?, width)?
         }
         // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
         #[cfg(not(feature = "cuda"))]
-        Compute::Cuda { .. } => match crate::run::cuda_rank_backend(compute, first)? {},
+        Compute::Cuda { .. } => match crate::compute::cuda_rank_backend(compute, first)? {},
     };
     let mean = |links: Vec<LinkRate>| -> Option<LinkRate> {
         let n = links.len() as f64;

@@ -2,90 +2,29 @@
 //! job spec by one pure function ([`ParallelOptions::for_job`]) plus what the machine decides
 //! (where ranks compute, threads, emulated links).
 
+use std::path::PathBuf;
+
 use grandis_fabric::LinkModel;
 use grandis_wire::{JobSpec, Mode, Sampling};
-use serde::Serialize;
 
-/// Where each rank computes.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Compute {
-    /// A CPU backend per rank (its own rayon pool of `threads_per_rank`).
-    #[default]
-    Cpu,
-    /// A CUDA backend per rank: the rank with device index `d` inside its server runs on
-    /// `ordinals[d % ordinals.len()]`, or on ordinal `d % (devices the driver reports)` when no
-    /// list is given. Ranks that share an ordinal each get their own stream on it.
-    Cuda { ordinals: Option<Vec<usize>> },
+use crate::compute::{cores_per_rank, Compute};
+
+/// What the ranks write after training.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferOptions {
+    /// Where every rank writes its files (created if missing).
+    pub dir: PathBuf,
+    pub kind: grandis_trainer::layerwise::Predictions,
+    /// Also write `embeddings.r.npy`.
+    pub embeddings: bool,
+    /// Bytes one block may use on a rank; None = half the rank's memory budget.
+    pub block_budget: Option<u64>,
 }
 
-impl Compute {
-    /// Parses `cpu`, `cuda` (rank d on device d) or `cuda:N` (every rank on device N).
-    pub fn parse(s: &str) -> anyhow::Result<Compute> {
-        match s {
-            "cpu" => Ok(Compute::Cpu),
-            "cuda" => Ok(Compute::Cuda { ordinals: None }),
-            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => Ok(Compute::Cuda {
-                    ordinals: Some(vec![n]),
-                }),
-                _ => anyhow::bail!(
-                    "invalid --device '{s}' (expected cpu, cuda or cuda:N, e.g. cuda:0)"
-                ),
-            },
-        }
-    }
-
-    /// This device refined by an explicit list of CUDA ordinals (device index d on the d-th,
-    /// cycled), which only plain `cuda` takes: `--device` with `--cuda-devices`, or a
-    /// daemon's `device` with `cuda_devices`.
-    pub fn with_ordinals(self, ordinals: Option<&[usize]>) -> anyhow::Result<Compute> {
-        match (self, ordinals) {
-            (compute, None) => Ok(compute),
-            (Compute::Cuda { ordinals: None }, Some(list)) if !list.is_empty() => {
-                Ok(Compute::Cuda {
-                    ordinals: Some(list.to_vec()),
-                })
-            }
-            (compute, Some(_)) => anyhow::bail!(
-                "a list of CUDA devices needs device cuda (not {}) and at least one ordinal",
-                compute.name()
-            ),
-        }
-    }
-
-    /// The device as `--device` names it (`cpu`, `cuda`, `cuda:N`, or `cuda:A,B,...` for a
-    /// list).
-    pub fn name(&self) -> String {
-        match self {
-            Compute::Cpu => "cpu".into(),
-            Compute::Cuda { ordinals: None } => "cuda".into(),
-            Compute::Cuda {
-                ordinals: Some(list),
-            } => format!(
-                "cuda:{}",
-                list.iter()
-                    .map(|o| o.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-        }
-    }
-
-    /// The CUDA ordinal of the rank with device index `device` inside its server, given the
-    /// number of devices the driver reports.
-    pub fn ordinal(&self, device: usize, available: usize) -> Option<usize> {
-        match self {
-            Compute::Cpu => None,
-            Compute::Cuda {
-                ordinals: Some(list),
-            } if !list.is_empty() => Some(list[device % list.len()]),
-            Compute::Cuda { .. } => Some(device % available.max(1)),
-        }
-    }
-
-    pub fn is_cuda(&self) -> bool {
-        matches!(self, Compute::Cuda { .. })
+impl InferOptions {
+    /// The file of `what` ("predictions", "embeddings", "vertices") of global rank `rank`.
+    pub fn file(&self, what: &str, rank: usize) -> PathBuf {
+        self.dir.join(format!("{what}.{rank}.npy"))
     }
 }
 
@@ -128,7 +67,7 @@ pub struct ParallelOptions {
     /// Steps are pure functions of their index, so any count gives the same run.
     pub plan_threads: Option<usize>,
     /// After training, layer-wise inference over every vertex across the ranks.
-    pub infer: Option<crate::infer::InferOptions>,
+    pub infer: Option<InferOptions>,
     /// auto: a sampled plan must be predicted this many times faster than the fastest exact
     /// one to be chosen.
     pub exact_preference: f64,
@@ -172,11 +111,6 @@ impl Default for ParallelOptions {
             intra_transport: None,
         }
     }
-}
-
-/// This machine's cores shared by `ranks` ranks (at least one each).
-pub fn cores_per_rank(ranks: usize) -> usize {
-    (std::thread::available_parallelism().map_or(1, |c| c.get()) / ranks.max(1)).max(1)
 }
 
 impl ParallelOptions {
@@ -225,7 +159,7 @@ impl ParallelOptions {
             exact_preference: spec
                 .exact_preference
                 .unwrap_or(grandis_wire::defaults::EXACT_PREFERENCE),
-            infer: spec.predict.as_ref().map(|p| crate::infer::InferOptions {
+            infer: spec.predict.as_ref().map(|p| InferOptions {
                 dir: p.dir.clone().into(),
                 kind: match p.logits {
                     true => grandis_trainer::layerwise::Predictions::Logits,

@@ -321,7 +321,7 @@ impl Ran {
 
 /// The ranks' inference reports as one summary.
 fn inference_summary<'r>(
-    opts: &crate::infer::InferOptions,
+    opts: &crate::options::InferOptions,
     ranks: impl Iterator<Item = &'r crate::infer::RankInference>,
 ) -> InferenceSummary {
     let mut sum = InferenceSummary {

@@ -13,6 +13,7 @@ use grandis_models::ModelConfig;
 use grandis_store::DatasetView;
 use grandis_trainer::{Checkpoint, EpochStats, TrainOptions};
 
+use crate::compute::{cuda_rank_backend, rank_ordinals, Compute};
 use crate::decide::{Decision, Eval};
 use crate::fetch::Prefetcher;
 use crate::links::copies::CopyHub;
@@ -22,7 +23,7 @@ use crate::prepare::HostInput;
 use crate::setup::in_train_split;
 use crate::steps::{RunStats, Schedule};
 use crate::worker::{self, RankResult};
-use crate::{metered, Compute, ParallelOptions, PartitionedGraph};
+use crate::{metered, ParallelOptions, PartitionedGraph};
 
 /// Steps the plan producers may build ahead of the slowest rank beyond one per producer.
 const PREFETCH_STEPS: usize = 2;
@@ -133,16 +134,16 @@ pub(crate) fn run(
         _ => None,
     };
     let eval = match (&decision.eval, &eval_inputs) {
-        (Eval::TrainingPlans, _) => worker::EvalOn::TrainingPlans,
-        (Eval::Plans(plans), _) => worker::EvalOn::Plans(plans),
-        (Eval::Layerwise, Some(inputs)) => worker::EvalOn::Layerwise(inputs),
+        (Eval::TrainingPlans, _) => crate::shared::EvalOn::TrainingPlans,
+        (Eval::Plans(plans), _) => crate::shared::EvalOn::Plans(plans),
+        (Eval::Layerwise, Some(inputs)) => crate::shared::EvalOn::Layerwise(inputs),
         (Eval::Layerwise, None) => bail!("internal: layer-wise evaluation without its inputs"),
     };
     // Per-step plans: each rank's next step's feature rows are read ahead.
     let prefetcher = Prefetcher::new();
     let infer = crate::infer::InferShared::new(popts, part, view, &scales, local_ranks)?;
     let buffers = feature_buffers(&popts.compute, layout.devices());
-    let shared = worker::Shared {
+    let shared = crate::shared::Shared {
         view,
         new_to_old: &part.new_to_old,
         layout,
@@ -326,7 +327,7 @@ pub(crate) fn run(
 /// gradients on `links` (the job's transports and, for device copies, the process's channels;
 /// `N` is the NCCL the rank's communicators use).
 fn run_rank<B, N>(
-    shared: &worker::Shared<'_>,
+    shared: &crate::shared::Shared<'_>,
     backend: B,
     mut ep: Endpoint,
     (transports, hub): (Transports, Option<&CopyHub>),
@@ -363,40 +364,4 @@ fn feature_buffers(compute: &Compute, devices: usize) -> crate::prepare::BufferP
     }
     let _ = (compute, devices);
     crate::prepare::BufferPool::default()
-}
-
-/// The CUDA ordinal of every device index of a server (empty on CPU): what picks the
-/// transport inside a server.
-fn rank_ordinals(compute: &Compute, devices: usize) -> anyhow::Result<Vec<usize>> {
-    if !compute.is_cuda() {
-        return Ok(Vec::new());
-    }
-    #[cfg(feature = "cuda")]
-    let available = grandis_engine::cuda::device_count()?;
-    #[cfg(not(feature = "cuda"))]
-    let available = 1;
-    Ok((0..devices)
-        .filter_map(|d| compute.ordinal(d, available))
-        .collect())
-}
-
-/// The CUDA backend of the rank behind `ep`: its device index inside the server picks the
-/// ordinal ([`Compute::ordinal`]).
-#[cfg(feature = "cuda")]
-pub(crate) fn cuda_rank_backend(
-    compute: &Compute,
-    ep: &Endpoint,
-) -> anyhow::Result<grandis_engine::cuda::CudaBackend> {
-    let available = grandis_engine::cuda::device_count()?;
-    let ordinal = compute.ordinal(ep.device(), available).unwrap_or(0);
-    grandis_engine::cuda::CudaBackend::new(ordinal)
-        .with_context(|| format!("rank {} on cuda:{ordinal}", ep.rank()))
-}
-
-#[cfg(not(feature = "cuda"))]
-pub(crate) fn cuda_rank_backend(
-    _: &Compute,
-    _: &Endpoint,
-) -> anyhow::Result<std::convert::Infallible> {
-    bail!(crate::NOT_BUILT_WITH_CUDA)
 }

@@ -12,8 +12,8 @@ use grandis_masking::{DevicePlan, LayerRows};
 use grandis_models::StageCtx;
 
 use crate::prepare::{HostBlock, HostInput};
+use crate::shared::Shared;
 use crate::steps::Step;
-use crate::worker::Shared;
 
 /// One uploaded compact layer space (see `grandis_masking::LayerRows`): the graph block a
 /// layer aggregates over and the dropout ids of its input rows. Layers of one plan with equal

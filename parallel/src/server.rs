@@ -64,7 +64,7 @@ pub fn train_server(
             );
         }
     }
-    crate::train_ranks(view, part, config, opts, popts, on_epoch, Some(endpoints))
+    crate::train::train_ranks(view, part, config, opts, popts, on_epoch, Some(endpoints))
 }
 
 #[cfg(test)]
@@ -115,10 +115,10 @@ mod tests {
             seed: 5,
             eval: Default::default(),
         };
-        for mode in [crate::Mode::Fb, crate::Mode::Flx] {
+        for mode in [grandis_wire::Mode::Fb, grandis_wire::Mode::Flx] {
             let popts = ParallelOptions {
                 mode,
-                preload_hops: (mode == crate::Mode::Flx).then_some(1),
+                preload_hops: (mode == grandis_wire::Mode::Flx).then_some(1),
                 threads_per_rank: Some(1),
                 ..Default::default()
             };

@@ -13,20 +13,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use grandis_engine::norm::{Aggregation, GlobalScales};
 use grandis_engine::{AdamStep, Backend};
 use grandis_fabric::{Endpoint, Expected, Tag};
-use grandis_masking::{DevicePlan, Layout, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
-use grandis_models::{Model, ModelConfig, ModelKind, StageCache};
-use grandis_store::DatasetView;
-use grandis_trainer::{Checkpoint, CheckpointOptions, EpochStats, TrainOptions};
+use grandis_masking::{DevicePlan, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
+use grandis_models::{Model, ModelKind, StageCache};
+use grandis_trainer::EpochStats;
 
 use crate::feed::Feed;
-use crate::fetch::{FeatureSource, Prefetcher, SETUP_EPOCH};
+use crate::fetch::SETUP_EPOCH;
 use crate::links::{Arrived, RankLinks};
 use crate::metered::Meter;
-use crate::prepare::{BufferPool, Preparer};
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
+use crate::shared::{EvalOn, Shared};
 use crate::stale::{StaleCounts, StaleHalo};
 use crate::steps::Step;
 
@@ -56,88 +54,6 @@ const STEP_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30
 /// Tags of evaluation traffic carry this bit in their epoch, so evaluation never mixes with
 /// the training bytes and seconds of the same epoch in the fabric counters.
 pub const EVAL_EPOCH_BIT: u32 = 1 << 31;
-
-/// Read-only state shared by all ranks.
-pub(crate) struct Shared<'a> {
-    pub view: DatasetView<'a>,
-    pub new_to_old: &'a [u32],
-    /// Home rank of every new id (replicated rows' features are fetched from it).
-    pub layout: &'a Layout,
-    pub scales: &'a GlobalScales,
-    pub agg: Aggregation,
-    pub config: &'a ModelConfig,
-    pub opts: &'a TrainOptions,
-    /// `SPLIT_*` flags by NEW id, only for vertices with a valid label.
-    pub labelled_flags: &'a [u8],
-    /// Labelled train / val / test vertices in the whole graph.
-    pub totals: [usize; 3],
-    pub collect_logits: bool,
-    /// Training steps, in order (`iterations` per epoch).
-    pub feed: &'a Feed,
-    /// Reads each rank's next step's feature rows ahead (runs with per-step plans).
-    pub prefetch: Option<&'a Prefetcher>,
-    pub iterations: usize,
-    /// What evaluation runs on.
-    pub eval: EvalOn<'a>,
-    /// Host weights (model parameter order) replacing the seeded initialisation.
-    pub weights: Option<&'a [Vec<f32>]>,
-    /// A checkpoint to continue from: weights, Adam moments and the epochs it holds.
-    pub resume: Option<&'a Checkpoint>,
-    /// Where and when global rank 0 writes checkpoints.
-    pub checkpoint: &'a CheckpointOptions,
-    /// Layer-wise inference after training.
-    pub infer: Option<crate::infer::InferShared<'a>>,
-    /// SANCUS's bounded staleness between servers (fb, flx).
-    pub staleness: Option<grandis_wire::Staleness>,
-    /// DGS's fraction of feature columns fetched from other servers (cob, mb).
-    pub remote_features: Option<f64>,
-    /// Feature matrices the ranks hand back after uploading, for the next steps.
-    pub buffers: &'a BufferPool,
-}
-
-impl<'a> Shared<'a> {
-    /// Where the ranks' layer-0 features come from.
-    pub fn features(&self) -> FeatureSource<'a> {
-        FeatureSource {
-            view: self.view,
-            new_to_old: self.new_to_old,
-            layout: self.layout,
-        }
-    }
-
-    /// What preparing a rank's step input reads (the producers' fetch stage too).
-    pub fn preparer(&self) -> Preparer<'a> {
-        Preparer {
-            features: self.features(),
-            scales: self.scales,
-            agg: self.agg,
-            layers: self.config.layers,
-            owned_input_only: self.config.kind == ModelKind::ResSage,
-            labelled_flags: self.labelled_flags,
-            buffers: self.buffers,
-        }
-    }
-
-    /// Epochs the resumed checkpoint holds (0 for a fresh run).
-    pub fn epochs_done(&self) -> usize {
-        self.resume.map_or(0, |ck| ck.epochs_done)
-    }
-
-    /// The global index of the first step trained here.
-    pub fn first_step(&self) -> u64 {
-        (self.epochs_done() * self.iterations) as u64
-    }
-}
-
-/// What the ranks evaluate on ([`crate::decide::Eval`], with the feed of its batches).
-pub(crate) enum EvalOn<'a> {
-    /// The training plans (FB, exact FLX).
-    TrainingPlans,
-    /// Exact plans of every rank's whole partition (`[rank][layer]`).
-    Plans(&'a [Vec<Arc<DevicePlan>>]),
-    /// The whole graph's forward pass, layer by layer across the ranks (cob, mb, cluster).
-    Layerwise(&'a crate::infer::PassInputs<'a>),
-}
 
 /// The per-epoch callback; only rank 0 calls it.
 pub(crate) type EpochCallback<'c> = Mutex<&'c mut (dyn FnMut(&EpochStats) + Send)>;

@@ -39,7 +39,7 @@ use grandis_fabric::{chunk_range, DeviceTransfer, Endpoint, Expected, Tag, Topol
 use grandis_wire::InterTransport;
 use serde::Serialize;
 
-use crate::options::Compute;
+use crate::compute::Compute;
 
 /// What carries the traffic between the ranks of one server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

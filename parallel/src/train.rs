@@ -1,0 +1,186 @@
+//! A run from start to end: the checks of its inputs, the planner's mode (`auto`), the
+//! decision of what it trains on (`decide`), the run of its ranks (`run`) and its report;
+//! or, from a checkpoint that holds every epoch, the prediction alone.
+
+use anyhow::{bail, Context};
+use grandis_engine::Backend;
+use grandis_fabric::Endpoint;
+use grandis_models::{Model, ModelConfig};
+use grandis_store::DatasetView;
+use grandis_trainer::{EpochStats, TrainOptions};
+use grandis_wire::Mode;
+
+use crate::budget::model_dims;
+use crate::infer::{infer_rank, InferShared, RankInference};
+use crate::input::PartitionedGraph;
+use crate::options::ParallelOptions;
+use crate::report::ParallelReport;
+use crate::setup::{check_inputs, in_train_split, labelled, plan_context};
+use crate::{auto, decide, run};
+
+/// Trains `config` on `view` (the dataset in its ORIGINAL ids) partitioned as `part`,
+/// calling `on_epoch` after every epoch with the same numbers `--mode single` reports.
+pub fn train(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: ModelConfig,
+    opts: &TrainOptions,
+    popts: &ParallelOptions,
+    on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
+) -> anyhow::Result<ParallelReport> {
+    train_ranks(view, part, config, opts, popts, on_epoch, None)
+}
+
+/// [`train`], or — with `local` — only the ranks of one server over the given endpoints
+/// ([`server::train_server`]): the setup, the plans and the worker are the same either way.
+/// The three stages: the mode and sampling decision (`decide`), the run (`run`), the report.
+pub(crate) fn train_ranks(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: ModelConfig,
+    opts: &TrainOptions,
+    popts: &ParallelOptions,
+    on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
+    mut local: Option<Vec<grandis_fabric::Endpoint>>,
+) -> anyhow::Result<ParallelReport> {
+    check_inputs(&view, part, &config)?;
+    let (popts, plan) =
+        auto::resolve_mode(&view, part, &config, popts, opts.seed, local.as_deref_mut())?;
+    if popts.staleness.is_some() && !matches!(popts.mode, Mode::Fb | Mode::Flx) {
+        bail!(
+            "staleness bounds the full-batch halo exchange of modes fb and flx; mode {} has none \
+             to skip",
+            popts.mode
+        );
+    }
+    if popts.remote_features.is_some() && !popts.mode.is_mini_batch() {
+        bail!(
+            "remote features samples the features fetched per step in modes cob, mb and \
+             cluster; mode {} fetches them once",
+            popts.mode
+        );
+    }
+    let resume = popts.checkpoint.resume_from(&config, opts)?;
+    if let Some(ck) = &resume {
+        if ck.epochs_done == opts.epochs && popts.infer.is_some() {
+            tracing::info!(
+                "the checkpoint holds all {} epochs: predicting without training",
+                ck.epochs_done
+            );
+            return predict_only(view, part, &config, ck, &popts, local);
+        }
+        if ck.epochs_done >= opts.epochs {
+            bail!(
+                "the checkpoint already holds {} epochs and the run asks for {}: raise --epochs \
+                 to train further",
+                ck.epochs_done,
+                opts.epochs
+            );
+        }
+    }
+    let (labelled_flags, totals) = labelled(&view, part)?;
+    if totals[0] == 0 {
+        bail!("the dataset's train split has no labelled vertices");
+    }
+    let ctx = plan_context(&view, part)?;
+    let dims = model_dims(&config);
+    // The sampler outlives the schedule that borrows it.
+    let sampler = grandis_sampling::dependency_sampler(&popts.sampling, config.layers, opts.seed)?;
+    let decision = decide::decide(
+        &ctx,
+        &config,
+        &popts,
+        &dims,
+        sampler.as_deref(),
+        &|g| in_train_split(&labelled_flags, g),
+        opts.seed,
+    )?;
+    if decision.schedule.iterations() == 0 {
+        bail!("no training vertex to batch: the train split is empty");
+    }
+    let inputs = run::RunInputs {
+        view,
+        part,
+        config: &config,
+        opts,
+        popts: &popts,
+        labelled_flags: &labelled_flags,
+        totals,
+        dims: &dims,
+        decision: &decision,
+        resume: resume.as_ref(),
+    };
+    run::run(inputs, ctx, on_epoch, local)?.report(
+        &decision,
+        &popts,
+        plan,
+        part,
+        config.classes,
+        opts,
+    )
+}
+
+/// Predicts with a checkpoint that holds every epoch the run asks for, without training (a
+/// retry after a failure in the inference, `train --resume` on a finished checkpoint): the
+/// ranks load the model and run [`infer_rank`]. `local`: only one server's ranks, as in
+/// training.
+fn predict_only(
+    view: DatasetView<'_>,
+    part: &crate::PartitionedGraph,
+    config: &grandis_models::ModelConfig,
+    ck: &grandis_trainer::Checkpoint,
+    popts: &crate::ParallelOptions,
+    local: Option<Vec<Endpoint>>,
+) -> anyhow::Result<crate::ParallelReport> {
+    use crate::Compute;
+    let layout = &part.layout;
+    let local_ranks = local.as_ref().map_or(layout.num_ranks(), Vec::len);
+    let threads_per_rank = popts.rank_threads(local_ranks);
+    let scales = grandis_engine::norm::global_scales(
+        part.graph.view(),
+        grandis_models::aggregation(config.kind),
+    );
+    let shared = InferShared::new(popts, part, view, &scales, local_ranks)?
+        .context("predicting without training needs inference options")?;
+    fn on<B: Backend>(
+        b: &B,
+        config: &grandis_models::ModelConfig,
+        ck: &grandis_trainer::Checkpoint,
+        mut ep: Endpoint,
+        shared: &InferShared<'_>,
+    ) -> anyhow::Result<(RankInference, grandis_fabric::Counters)> {
+        let mut model = Model::new(b, config.clone())?;
+        ck.restore(b, &mut model, false)?;
+        let r = infer_rank(b, &model, &mut ep, shared)?;
+        Ok((r, ep.counters()))
+    }
+    let work = |ep: Endpoint| match &popts.compute {
+        Compute::Cpu => {
+            let b = grandis_engine::CpuBackend::new(Some(threads_per_rank))?;
+            on(&b, config, ck, ep, &shared)
+        }
+        #[cfg(feature = "cuda")]
+        Compute::Cuda { .. } => {
+            let b = crate::compute::cuda_rank_backend(&popts.compute, &ep)?;
+            on(&b, config, ck, ep, &shared)
+        }
+        // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
+        #[cfg(not(feature = "cuda"))]
+        Compute::Cuda { .. } => match crate::compute::cuda_rank_backend(&popts.compute, &ep)? {},
+    };
+    let endpoints = match local {
+        Some(endpoints) => endpoints,
+        None => popts.in_process_endpoints(layout)?,
+    };
+    let results = grandis_fabric::run_ranks(endpoints, work)?;
+    let num_parameters =
+        Model::new(&grandis_engine::CpuBackend::new(Some(1))?, config.clone())?.num_parameters();
+    Ok(crate::ParallelReport::predicted_only(
+        popts,
+        part,
+        threads_per_rank,
+        num_parameters,
+        ck.epochs_done,
+        results,
+    ))
+}
