@@ -55,7 +55,7 @@ pub struct UpArgs {
     /// Where every daemon's device workers compute: cpu, cuda (worker d on GPU d, see
     /// --cuda-devices) or cuda:N (all on GPU N, sharing it); the daemons' `device` key.
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: grandis_parallel::Compute,
     /// With --device cuda: the GPU ordinals of each daemon's device workers, e.g. 0,1.
     #[arg(long, value_delimiter = ',')]
     pub cuda_devices: Option<Vec<usize>>,
@@ -125,7 +125,9 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     if spec.mode == Mode::Single {
         bail!("--mode single runs in one process: use `grandis train --mode single`");
     }
-    let compute = grandis_parallel::Compute::parse(&args.device)?
+    let compute = args
+        .device
+        .clone()
         .with_ordinals(args.cuda_devices.as_deref())
         .context("--cuda-devices")?;
     if compute.is_cuda() && !grandis_parallel::CUDA_BUILT {
@@ -250,7 +252,7 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
             token: Some(token.clone()),
             label: label.clone(),
             devices: devices as usize,
-            device: args.device.clone(),
+            device: args.device.name(),
             cuda_devices: args.cuda_devices.clone(),
             threads: Some(threads),
             data_listen: "127.0.0.1:0".into(),

@@ -8,6 +8,7 @@ mod cluster;
 mod coordinator;
 mod daemon;
 mod data;
+mod device;
 mod job_args;
 mod partition;
 mod plan;

@@ -42,7 +42,7 @@ pub struct PlanArgs {
     /// Where the ranks compute: cpu (measured and calibrated here), or cuda with
     /// --coordinator (the servers' measured GPUs).
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: Compute,
     /// CPU threads per rank (default: this machine's cores / devices per server).
     #[arg(long)]
     pub threads_per_rank: Option<usize>,
@@ -74,7 +74,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     };
     let compute = match measured.first() {
         Some(s) => Compute::parse(&s.device)?,
-        None => Compute::parse(&args.device)?,
+        None => args.device.clone(),
     };
     if compute.is_cuda() && measured.is_empty() {
         anyhow::bail!(

@@ -4,7 +4,6 @@
 //! graph in blocks that fit a memory budget, so graphs whose features and embeddings do not
 //! fit in memory work too.
 
-use crate::train::Device;
 use anyhow::Context;
 use grandis_trainer::layerwise::{
     predict_layerwise, LayerwiseOptions, LayerwiseOutputs, LayerwiseReport, Predictions,
@@ -43,9 +42,9 @@ pub struct PredictArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Compute device: cpu or cuda:N (needs a build with `--features cuda`).
+    /// Compute device: cpu or cuda:N (cuda: ordinal 0; needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: grandis_parallel::Compute,
     /// Print what the pass did (per stage: blocks, source rows, seconds) and its peak RSS as
     /// one JSON object on stdout.
     #[arg(long)]
@@ -53,16 +52,15 @@ pub struct PredictArgs {
 }
 
 pub fn run(args: PredictArgs) -> anyhow::Result<()> {
-    let device = Device::parse(&args.device)?;
     // Open the device before reading the dataset so a missing GPU fails fast.
-    let cuda = match device {
-        Device::Cpu => None,
-        Device::Cuda(ordinal) => Some(Device::cuda_backend(ordinal)?),
+    let cuda = match args.device.ordinal(0, 1) {
+        None => None,
+        Some(ordinal) => Some(crate::device::cuda_backend(ordinal)?),
     };
     let block_budget = match args.memory_budget {
         Some(bytes) => bytes,
         None => {
-            let (bytes, why) = grandis_parallel::default_budget(&device.compute(), 1, 1)?;
+            let (bytes, why) = grandis_parallel::default_budget(&args.device, 1, 1)?;
             tracing::info!("block budget: half of {bytes} bytes ({why})");
             bytes / 2
         }

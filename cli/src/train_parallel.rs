@@ -61,10 +61,10 @@ pub(crate) fn link(
 }
 
 impl LocalArgs {
-    /// Where the ranks compute: `device` is `--device` (cpu, cuda or cuda:N), refined by
-    /// `--cuda-devices`.
-    pub fn compute(&self, device: &str) -> anyhow::Result<Compute> {
-        Compute::parse(device)?
+    /// Where the ranks compute: `device` is `--device`, refined by `--cuda-devices`.
+    pub fn compute(&self, device: &Compute) -> anyhow::Result<Compute> {
+        device
+            .clone()
             .with_ordinals(self.cuda_devices.as_deref())
             .context("--cuda-devices")
     }

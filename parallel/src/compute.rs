@@ -2,6 +2,9 @@
 //! index of a server, the rank's CUDA backend (or the error of a build without CUDA), and the
 //! cores each rank's CPU backend gets.
 
+#[cfg(feature = "cuda")]
+use anyhow::Context;
+#[cfg(not(feature = "cuda"))]
 use anyhow::bail;
 use grandis_fabric::Endpoint;
 use serde::Serialize;
@@ -93,6 +96,21 @@ impl Compute {
 
     pub fn is_cuda(&self) -> bool {
         matches!(self, Compute::Cuda { .. })
+    }
+}
+
+/// [`Compute::parse`], so front ends take the device as a typed flag or key.
+impl std::str::FromStr for Compute {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Compute> {
+        Compute::parse(s)
+    }
+}
+
+impl std::fmt::Display for Compute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
     }
 }
 

@@ -50,9 +50,10 @@ pub struct BenchTrainArgs {
     pub threads: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Where grandis (and the baseline) train: cpu or cuda:N (a build with `--features cuda`).
+    /// Where grandis (and the baseline) train: cpu or cuda:N (cuda: ordinal 0; a build with
+    /// `--features cuda`).
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: grandis_parallel::Compute,
     /// Report the training seconds (evaluation excluded) until the validation accuracy first
     /// reaches this fraction; evaluates after every epoch.
     #[arg(long)]
@@ -229,7 +230,7 @@ fn run_pyg(args: &BenchTrainArgs, ds: &InMemoryDataset) -> anyhow::Result<Vec<se
             "--threads",
             &args.threads.to_string(),
             "--device",
-            &args.device,
+            &args.device.name(),
             "--adj",
             adj,
             "--seed",
@@ -402,7 +403,7 @@ fn run_on_cuda(
     ds: &InMemoryDataset,
     cfg: ModelConfig,
 ) -> anyhow::Result<DeviceRun> {
-    let backend = crate::train::Device::cuda_backend(ordinal)?;
+    let backend = crate::device::cuda_backend(ordinal)?;
     let device_name = backend.device_name().to_string();
     let bandwidth = copy_bandwidth(&backend)?;
     let metered = grandis_parallel::metered::Metered::new(backend);
@@ -428,7 +429,7 @@ fn run_on_cuda(
     _: &InMemoryDataset,
     _: ModelConfig,
 ) -> anyhow::Result<DeviceRun> {
-    match crate::train::Device::cuda_backend(ordinal)? {}
+    match crate::device::cuda_backend(ordinal)? {}
 }
 
 pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
@@ -447,7 +448,6 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
             bail!("--target-acc must be a fraction in 0..1, got {t}");
         }
     }
-    let device = crate::train::Device::parse(&args.device)?;
     // Other processes on the machine distort every timing here; the load average is reported
     // with the results so readers can judge them.
     let loadavg = std::fs::read_to_string("/proc/loadavg")
@@ -474,9 +474,9 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
         layer_norm: false,
         seed: args.seed,
     };
-    let run = match device {
-        crate::train::Device::Cpu => run_on_cpu(&args, &ds, cfg)?,
-        crate::train::Device::Cuda(ordinal) => run_on_cuda(ordinal, &args, &ds, cfg)?,
+    let run = match args.device.ordinal(0, 1) {
+        None => run_on_cpu(&args, &ds, cfg)?,
+        Some(ordinal) => run_on_cuda(ordinal, &args, &ds, cfg)?,
     };
     let mut splits = run.measured.splits.clone();
     // The epoch with the median time, so its split adds up.
