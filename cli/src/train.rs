@@ -1,6 +1,6 @@
 //! `grandis train`: the job's flags ([`JobArgs`]) become a typed job spec; `--mode single`
 //! runs it on the exact single-process trainer (`grandis-trainer`), `--mode
-//! fb|flx|cob|mb|auto` partition-parallel in this process ([`crate::train_parallel`]).
+//! fb|flx|cob|mb|cluster|auto` partition-parallel in this process ([`crate::train_parallel`]).
 
 use anyhow::{bail, Context};
 use grandis_models::ModelConfig;

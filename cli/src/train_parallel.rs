@@ -1,4 +1,4 @@
-//! `grandis train --mode fb|flx|cob|mb|auto`: the job on partition-parallel ranks in this
+//! `grandis train --mode fb|flx|cob|mb|cluster|auto`: the job on partition-parallel ranks in this
 //! process (`grandis-parallel`), with the machine's part of the run from the flags in
 //! [`LocalArgs`] (a partition directory, emulated links, CUDA ordinals): per-epoch lines like
 //! `--mode single`, the memory estimates, the sampling counters and the run summary.

@@ -42,7 +42,7 @@ fn random_graph(n: usize, edges: usize, seed: u64) -> CsrGraph {
     let pairs: Vec<(u32, u32)> = (0..edges)
         .map(|_| (r.gen_range(0..n as u32), r.gen_range(0..n as u32)))
         .collect();
-    CsrGraph::from_edges(n as u64, pairs, EdgeOptions::default()).unwrap()
+    grandis_store::graph_from_edges(n as u64, pairs, EdgeOptions::default()).unwrap()
 }
 
 fn down(g: &CudaBackend, buf: &<CudaBackend as Backend>::Buf) -> Vec<f32> {

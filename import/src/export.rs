@@ -95,11 +95,11 @@ pub fn export_npy(view: &DatasetView<'_>, out: &Path, overwrite: bool) -> Result
 mod tests {
     use super::*;
     use crate::{import, Format, ImportOptions};
-    use grandis_store::{CsrGraph, Dataset, EdgeOptions, InMemoryDataset, SelfLoops, Split};
+    use grandis_store::{Dataset, EdgeOptions, InMemoryDataset, SelfLoops, Split};
 
     fn small() -> InMemoryDataset {
         let edges = vec![(0, 1), (1, 0), (2, 1), (3, 3), (1, 4), (4, 2)];
-        let graph = CsrGraph::from_edges(
+        let graph = grandis_store::graph_from_edges(
             5,
             edges,
             EdgeOptions {

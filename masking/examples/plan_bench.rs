@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use grandis_masking::{InputCopy, Layout, ModelDims, PlanContext, SplitMembership};
-use grandis_store::{CsrGraph, EdgeOptions};
+use grandis_store::EdgeOptions;
 use rand::{Rng, SeedableRng};
 
 fn main() {
@@ -31,7 +31,7 @@ fn main() {
         }
     }
     let t = Instant::now();
-    let graph = CsrGraph::from_edges(
+    let graph = grandis_store::graph_from_edges(
         n as u64,
         edges,
         EdgeOptions {

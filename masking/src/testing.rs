@@ -45,7 +45,7 @@ pub fn case(bounds: CaseBounds) -> impl Strategy<Value = Case> {
                 prop::collection::vec(any::<bool>(), n as usize),
             )
                 .prop_map(move |(edges, mut cuts, is_train)| {
-                    let graph = CsrGraph::from_edges(
+                    let graph = grandis_store::graph_from_edges(
                         n as u64,
                         edges,
                         EdgeOptions {

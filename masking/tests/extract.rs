@@ -384,7 +384,7 @@ proptest! {
 
 #[test]
 fn flx_is_the_range_exact_special_case() {
-    let g = CsrGraph::from_edges(
+    let g = grandis_store::graph_from_edges(
         6,
         [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 0)],
         EdgeOptions {
@@ -411,7 +411,7 @@ fn symmetric_context_plans_what_the_transposed_one_does() {
         symmetrize: true,
         ..Default::default()
     };
-    let g = CsrGraph::from_edges(n as u64, edges, opts).unwrap();
+    let g = grandis_store::graph_from_edges(n as u64, edges, opts).unwrap();
     let layout = Layout::even(n, 2, 2).unwrap();
     let none = || SplitMembership::none(n as usize);
     let built = PlanContext::new(g.view(), layout.clone(), none()).unwrap();
@@ -436,7 +436,8 @@ fn symmetric_context_plans_what_the_transposed_one_does() {
 
 #[test]
 fn bad_specs_are_rejected_with_reasons() {
-    let g = CsrGraph::from_edges(4, [(0, 1), (1, 2), (2, 3)], EdgeOptions::default()).unwrap();
+    let g = grandis_store::graph_from_edges(4, [(0, 1), (1, 2), (2, 3)], EdgeOptions::default())
+        .unwrap();
     let layout = Layout::even(4, 2, 1).unwrap();
     let cx = PlanContext::new(g.view(), layout, SplitMembership::none(4)).unwrap();
     let ok = |s: usize, t: Vec<u32>| ExtractionSpec::exact(s, t, 1);

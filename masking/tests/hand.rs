@@ -20,7 +20,7 @@ fn graph() -> CsrGraph {
         (6, 7),
         (4, 7),
     ];
-    CsrGraph::from_edges(
+    grandis_store::graph_from_edges(
         8,
         edges,
         EdgeOptions {

@@ -6,7 +6,7 @@
 use grandis_engine::norm::full_block;
 use grandis_engine::{Backend, CpuBackend};
 use grandis_models::{Model, ModelConfig, ModelKind, StageCtx};
-use grandis_store::{CsrGraph, EdgeOptions, SelfLoops};
+use grandis_store::{EdgeOptions, SelfLoops};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -32,7 +32,7 @@ fn check_heads(
         symmetrize: true,
         self_loops: SelfLoops::Remove,
     };
-    let g = CsrGraph::from_edges(n as u64, pairs, opts).unwrap();
+    let g = grandis_store::graph_from_edges(n as u64, pairs, opts).unwrap();
     let (in_dim, classes) = (5, 3);
     let x: Vec<f32> = (0..n * in_dim).map(|_| r.gen_range(-1.0..1.0)).collect();
     let rows: Vec<u32> = (0..n as u32).step_by(2).collect();

@@ -91,7 +91,8 @@ pub(crate) fn resolve_mode(
         }
         Mode::Single => bail!(
             "mode single is the single-process trainer (`grandis train --mode single`); the \
-             partition-parallel modes are fb, flx, cob, mb and auto"
+             partition-parallel modes are {}",
+            Mode::DISTRIBUTED_NAMES
         ),
     }
 }

@@ -2,10 +2,10 @@
 //! index of a server, the rank's CUDA backend (or the error of a build without CUDA), and the
 //! cores each rank's CPU backend gets.
 
-#[cfg(feature = "cuda")]
-use anyhow::Context;
 #[cfg(not(feature = "cuda"))]
 use anyhow::bail;
+#[cfg(feature = "cuda")]
+use anyhow::Context;
 use grandis_fabric::Endpoint;
 use serde::Serialize;
 

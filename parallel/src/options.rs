@@ -31,7 +31,7 @@ impl InferOptions {
 /// Options of a parallel run beyond the model and optimiser.
 #[derive(Debug, Clone)]
 pub struct ParallelOptions {
-    /// fb, flx, cob, mb, or auto (the planner's choice when the run starts, [`crate::auto`]);
+    /// fb, flx, cob, mb, cluster, or auto (the planner's choice when the run starts, [`crate::auto`]);
     /// single is the trainer's, not a parallel mode.
     pub mode: Mode,
     /// Where the ranks compute (CPU threads by default).

@@ -920,7 +920,7 @@ pub fn calibrate(
             }
         }
     }
-    let graph = grandis_store::CsrGraph::from_edges(
+    let graph = grandis_store::graph_from_edges(
         n as u64,
         edges,
         grandis_store::EdgeOptions {

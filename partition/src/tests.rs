@@ -1,5 +1,5 @@
 use super::*;
-use grandis_store::{CsrGraph, EdgeOptions, InMemoryDataset, Split};
+use grandis_store::{EdgeOptions, InMemoryDataset, Split};
 use grandis_synth::{generate_in_memory, grid_dataset, SynthConfig};
 
 fn cfg(servers: u32, devices: u32, method: PartitionMethod) -> PartitionConfig {
@@ -152,7 +152,7 @@ fn directed_graphs_are_partitioned_on_their_undirected_view() {
         }
     }
     let mut ds = sym.clone();
-    ds.graph = CsrGraph::from_edges(36, edges, EdgeOptions::default()).unwrap();
+    ds.graph = grandis_store::graph_from_edges(36, edges, EdgeOptions::default()).unwrap();
     assert!(!ds.graph.view().is_symmetric());
     ds.split.train = (0..36).collect();
     ds.split.val.clear();

@@ -14,7 +14,7 @@ use grandis_sampling::{
     cob_epoch_stats, largest_cobatch, mb_epoch_stats, sample_stats, CoBatcher, Eas, EpochStats,
     Fanout, MiniBatcher, Sampler,
 };
-use grandis_store::{CsrGraph, EdgeOptions};
+use grandis_store::EdgeOptions;
 use grandis_synth::{generate_in_memory, SynthConfig};
 
 fn main() {
@@ -63,7 +63,8 @@ fn main() {
             .iter()
             .map(move |&u| (o2n[u as usize], o2n[v as usize]))
     });
-    let graph = CsrGraph::from_edges(nodes, edges, EdgeOptions::default()).expect("relabel");
+    let graph =
+        grandis_store::graph_from_edges(nodes, edges, EdgeOptions::default()).expect("relabel");
     let mut train: Vec<u32> = view
         .train
         .iter()

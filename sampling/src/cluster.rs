@@ -169,7 +169,7 @@ mod tests {
         let edges: Vec<(u32, u32)> = (0..n)
             .flat_map(|v| [(v, (v + 1) % n), ((v + 1) % n, v)])
             .collect();
-        let g = CsrGraph::from_edges(n as u64, edges, EdgeOptions::default()).unwrap();
+        let g = grandis_store::graph_from_edges(n as u64, edges, EdgeOptions::default()).unwrap();
         let layout = Layout::even(n, 2, 1).unwrap();
         let cluster_of = (0..n).map(|v| (v % 6) / 2).collect();
         (g, layout, cluster_of)

@@ -11,7 +11,7 @@ const FANOUT: usize = 5;
 const ROUNDS: u64 = 4000;
 
 fn star() -> CsrGraph {
-    CsrGraph::from_edges(
+    grandis_store::graph_from_edges(
         DEGREE as u64 + 1,
         (1..=DEGREE).map(|u| (u, 0)),
         EdgeOptions::default(),
@@ -84,7 +84,7 @@ fn layers_and_rounds_draw_independently() {
 
 #[test]
 fn the_step_is_the_same_whatever_the_threads() {
-    let g = CsrGraph::from_edges(
+    let g = grandis_store::graph_from_edges(
         3000,
         (0..3000u32).flat_map(|v| (1..=12u32).map(move |k| ((v * 7 + k * 131) % 3000, v))),
         EdgeOptions {

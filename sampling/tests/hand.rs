@@ -28,7 +28,7 @@ fn graph() -> CsrGraph {
         (3, 4),
         (3, 6),
     ];
-    CsrGraph::from_edges(
+    grandis_store::graph_from_edges(
         8,
         edges,
         EdgeOptions {

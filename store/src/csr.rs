@@ -1,4 +1,5 @@
-//! Compressed sparse rows (raw edge lists become CSR in [`crate::edges`]).
+//! Compressed sparse rows (raw edge lists become CSR in `crate::edges`, which also builds
+//! small graphs from edge pairs: `CsrGraph::from_edges`).
 //!
 //! Convention used everywhere in grandis: row `v` lists the *sources* of the edges that end
 //! at `v` (its in-neighbours), sorted ascending and without duplicates. A GNN layer computes
@@ -6,8 +7,6 @@
 //! graph in- and out-neighbours coincide.
 
 use rayon::prelude::*;
-
-use crate::edges::{EdgeError, EdgeListBuilder, EdgeOptions};
 
 /// Largest number of vertices a dataset can hold: ids are `u32` and `u32::MAX` is reserved
 /// as a "no vertex" sentinel.
@@ -118,19 +117,6 @@ impl CsrGraph {
             indices: &self.indices,
         }
     }
-    /// Builds a graph from `(src, dst)` pairs with the given options (convenience for tests
-    /// and small graphs; importers stream through [`EdgeListBuilder`] directly).
-    pub fn from_edges(
-        num_vertices: u64,
-        edges: impl IntoIterator<Item = (u32, u32)>,
-        options: EdgeOptions,
-    ) -> Result<CsrGraph, EdgeError> {
-        let mut builder = EdgeListBuilder::new(options);
-        for (src, dst) in edges {
-            builder.push(src, dst)?;
-        }
-        builder.finish(Some(num_vertices))?.into_csr()
-    }
 }
 
 /// Degree distribution summary for `grandis data info`.
@@ -174,11 +160,11 @@ impl DegreeStats {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::EdgeOptions;
 
     #[test]
     fn row_blocks_cover_all_rows_within_the_edge_bound() {
-        let g = CsrGraph::from_edges(
+        let g = crate::graph_from_edges(
             6,
             [(0, 0), (1, 0), (2, 0), (0, 1), (3, 3), (4, 3), (5, 5)],
             EdgeOptions::default(),
@@ -201,7 +187,8 @@ mod tests {
 
     #[test]
     fn transpose_reverses_edges() {
-        let g = CsrGraph::from_edges(3, [(0, 1), (0, 2), (2, 1)], EdgeOptions::default()).unwrap();
+        let g =
+            crate::graph_from_edges(3, [(0, 1), (0, 2), (2, 1)], EdgeOptions::default()).unwrap();
         let t = g.view().transpose();
         assert!(t.view().has_edge(1, 0) && t.view().has_edge(2, 0) && t.view().has_edge(1, 2));
         assert_eq!(t.view().num_edges(), 3);

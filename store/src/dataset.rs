@@ -730,7 +730,7 @@ mod tests {
     use crate::edges::EdgeOptions;
 
     fn tiny() -> InMemoryDataset {
-        let graph = CsrGraph::from_edges(
+        let graph = crate::graph_from_edges(
             4,
             [(0, 1), (1, 2), (2, 3)],
             EdgeOptions {

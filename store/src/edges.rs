@@ -428,13 +428,27 @@ fn merge_runs<E: From<EdgeError>>(
     Ok(())
 }
 
+/// Builds a graph from `(src, dst)` pairs with the given options (convenience for tests
+/// and small graphs; importers stream through [`EdgeListBuilder`] directly).
+pub fn graph_from_edges(
+    num_vertices: u64,
+    edges: impl IntoIterator<Item = (u32, u32)>,
+    options: EdgeOptions,
+) -> Result<CsrGraph, EdgeError> {
+    let mut builder = EdgeListBuilder::new(options);
+    for (src, dst) in edges {
+        builder.push(src, dst)?;
+    }
+    builder.finish(Some(num_vertices))?.into_csr()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn builds_sorted_deduplicated_rows() {
-        let g = CsrGraph::from_edges(
+        let g = crate::graph_from_edges(
             4,
             [(1, 0), (2, 0), (1, 0), (3, 3), (0, 2)],
             EdgeOptions::default(),
@@ -450,21 +464,21 @@ mod tests {
             symmetrize: true,
             self_loops: SelfLoops::Remove,
         };
-        let g = CsrGraph::from_edges(3, [(0, 1), (1, 1), (1, 2)], opts).unwrap();
+        let g = crate::graph_from_edges(3, [(0, 1), (1, 1), (1, 2)], opts).unwrap();
         assert!(g.view().is_symmetric());
         assert_eq!(g.view().num_edges(), 4);
         let opts = EdgeOptions {
             symmetrize: true,
             self_loops: SelfLoops::Add,
         };
-        let g = CsrGraph::from_edges(3, [(0, 1), (1, 1)], opts).unwrap();
+        let g = crate::graph_from_edges(3, [(0, 1), (1, 1)], opts).unwrap();
         assert_eq!(g.view().num_edges(), 2 + 3);
         assert!(g.view().has_edge(2, 2));
     }
 
     #[test]
     fn out_of_range_ids_are_rejected() {
-        let err = CsrGraph::from_edges(2, [(0, 5)], EdgeOptions::default()).unwrap_err();
+        let err = crate::graph_from_edges(2, [(0, 5)], EdgeOptions::default()).unwrap_err();
         assert_eq!(
             err,
             EdgeError::OutOfRange {
@@ -490,7 +504,7 @@ mod tests {
                 symmetrize: true,
                 self_loops,
             };
-            let expected = CsrGraph::from_edges(300, edges.iter().copied(), options).unwrap();
+            let expected = crate::graph_from_edges(300, edges.iter().copied(), options).unwrap();
             let scratch = tempfile::tempdir().unwrap();
             let mut b = EdgeListBuilder::new(options)
                 .spill_to(scratch.path(), 8 * 97)

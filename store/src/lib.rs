@@ -27,7 +27,8 @@ pub use dataset::{
     Dataset, DatasetInfo, DatasetView, DatasetWriter, InMemoryDataset, Manifest, SplitSizes,
 };
 pub use edges::{
-    EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops, SortedEdges, DEFAULT_RUN_BYTES,
+    graph_from_edges, EdgeError, EdgeListBuilder, EdgeOptions, SelfLoops, SortedEdges,
+    DEFAULT_RUN_BYTES,
 };
 pub use error::{Result, StoreError};
 pub use rows::{RowReader, RESIDENCY_SAMPLE};

@@ -600,7 +600,7 @@ pub fn grid_graph(rows: u32, cols: u32) -> CsrGraph {
             }
         }
     }
-    CsrGraph::from_edges(
+    grandis_store::graph_from_edges(
         n,
         edges,
         EdgeOptions {

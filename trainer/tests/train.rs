@@ -3,7 +3,7 @@
 //! Kipf & Welling accuracy on Cora.
 
 use grandis_models::{ModelConfig, ModelKind};
-use grandis_store::{split::per_class_split, CsrGraph, EdgeOptions, InMemoryDataset, SelfLoops};
+use grandis_store::{split::per_class_split, EdgeOptions, InMemoryDataset, SelfLoops};
 use grandis_trainer::{train, CheckpointOptions, EvalSchedule, TrainOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -30,7 +30,7 @@ fn community_dataset(n: usize, classes: usize, dim: usize, seed: u64) -> InMemor
         symmetrize: true,
         self_loops: SelfLoops::Remove,
     };
-    let graph = CsrGraph::from_edges(n as u64, edges, opts).unwrap();
+    let graph = grandis_store::graph_from_edges(n as u64, edges, opts).unwrap();
     let features: Vec<f32> = (0..n * dim)
         .map(|i| {
             let (v, j) = (i / dim, i % dim);

@@ -10,6 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::links::LinkBytes;
 use crate::spec::JobSpec;
 use crate::summary::RunSummary;
 
@@ -67,22 +68,6 @@ impl JobState {
     /// Assigned or running: servers are busy with it.
     pub fn is_active(&self) -> bool {
         matches!(self, JobState::Assigned | JobState::Running)
-    }
-}
-
-/// Bytes moved per link class (as in `grandis-fabric`'s accounting).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LinkBytes {
-    /// Between devices of the same server.
-    pub intra_server: u64,
-    /// Between servers (the QUIC data plane).
-    pub inter_server: u64,
-}
-
-impl LinkBytes {
-    pub fn add(&mut self, other: &LinkBytes) {
-        self.intra_server = self.intra_server.saturating_add(other.intra_server);
-        self.inter_server = self.inter_server.saturating_add(other.inter_server);
     }
 }
 

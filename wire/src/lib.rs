@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod job;
+pub mod links;
 pub mod nan;
 pub mod plan;
 pub mod protocol;
@@ -18,7 +19,8 @@ pub mod spec;
 pub mod summary;
 
 pub use cluster::{ClusterView, DaemonView, ServerView};
-pub use job::{EpochProgress, JobId, JobRetry, JobState, JobStatus, LinkBytes};
+pub use job::{EpochProgress, JobId, JobRetry, JobState, JobStatus};
+pub use links::LinkBytes;
 pub use plan::{CandidateSummary, PlanRates, PlanSummary, Prediction};
 pub use protocol::{
     Assignment, DaemonId, DaemonJob, DaemonState, DeviceInfo, ErrorBody, HeadInfo,

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::LinkBytes;
+use crate::links::LinkBytes;
 use crate::rates::{ComputeRate, LinkRate};
 
 /// The rates a prediction uses: one device's compute, the two link classes, and how many

@@ -271,6 +271,9 @@ impl Default for Mode {
 }
 
 impl Mode {
+    /// The modes that run on servers × devices ranks, as messages list them.
+    pub const DISTRIBUTED_NAMES: &'static str = "fb, flx, cob, mb, cluster and auto";
+
     /// Modes that train on mini-batches (and so use `batch_size`).
     pub fn is_mini_batch(self) -> bool {
         matches!(self, Mode::Cob | Mode::Mb | Mode::Cluster)

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::LinkBytes;
+use crate::links::LinkBytes;
 use crate::spec::{JobSpec, Mode};
 
 /// Everything one run reports.

@@ -1,6 +1,7 @@
 //! `grandis bench ...`: each benchmark runs its baseline in the same invocation and reports
 //! ratios against it, so results are comparable across machines.
 
+mod graph;
 mod modes;
 mod partition;
 mod plan;
@@ -8,13 +9,7 @@ mod steps;
 mod techniques;
 mod train;
 
-use anyhow::Context;
 use clap::Subcommand;
-use grandis_models::{ModelConfig, ModelKind};
-use grandis_parallel::{LinkModel, PartitionedGraph};
-use grandis_partition::PartitionMethod;
-use grandis_store::InMemoryDataset;
-use grandis_synth::{GraphStats, SynthConfig};
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -44,166 +39,5 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Plan(args) => plan::run(args),
         BenchCommand::Techniques(args) => techniques::run(args),
         BenchCommand::Steps(args) => steps::run(args),
-    }
-}
-
-/// Training seconds until the validation accuracy first reached `target`, from a curve of
-/// (training seconds so far, validation accuracy) after each evaluated epoch.
-fn seconds_to(curve: &[(f64, f64)], target: f64) -> Option<f64> {
-    curve
-        .iter()
-        .find(|(_, acc)| *acc >= target)
-        .map(|(s, _)| *s)
-}
-
-/// The dataset in `data`, or the synthetic graph of `synth` when there is none, in memory,
-/// with whether every edge has its reverse: the manifest's word, and synthetic graphs are
-/// symmetric by construction (checking would walk every edge).
-pub(crate) fn dataset_or_synthetic(
-    data: Option<&std::path::Path>,
-    synth: &SynthConfig,
-) -> anyhow::Result<(InMemoryDataset, bool)> {
-    Ok(match data {
-        Some(dir) => {
-            let d = grandis_store::Dataset::open(dir)
-                .with_context(|| format!("opening dataset {}", dir.display()))?;
-            (d.to_in_memory(), d.manifest().symmetric)
-        }
-        None => (
-            grandis_synth::generate_in_memory(synth).context("generating the graph")?,
-            true,
-        ),
-    })
-}
-
-/// The synthetic power-law graph (or a dataset directory), its partition over S x G ranks
-/// (threads of this process) and the SAGE model that `bench modes`, `bench plan` and `bench
-/// techniques` run, with the links they emulate.
-#[derive(clap::Args)]
-pub struct BenchGraphArgs {
-    /// A dataset directory (`grandis data ...`, e.g. data/cora) to run on instead of the
-    /// synthetic graph; --vertices, --avg-degree, --features and --classes are then unused.
-    #[arg(long)]
-    pub data: Option<std::path::PathBuf>,
-    #[arg(long, default_value_t = 200_000)]
-    pub vertices: u64,
-    /// Target average directed degree of the power-law graph.
-    #[arg(long, default_value_t = 20.0)]
-    pub avg_degree: f64,
-    /// Input features (equal to --hidden by default, as the paper's model assumes).
-    #[arg(long, default_value_t = 64)]
-    pub features: usize,
-    #[arg(long, default_value_t = 64)]
-    pub hidden: usize,
-    #[arg(long, default_value_t = 16)]
-    pub classes: usize,
-    #[arg(long, default_value_t = 3)]
-    pub layers: usize,
-    /// Epochs per run (default 3; `bench techniques`: 20). Epoch times are medians, so the
-    /// first epoch's warm-up barely moves them.
-    #[arg(long)]
-    pub epochs: Option<usize>,
-    #[arg(long, default_value_t = 2)]
-    pub servers: usize,
-    #[arg(long, default_value_t = 2)]
-    pub devices: usize,
-    #[arg(long, default_value = "metis")]
-    pub partition: String,
-    /// Emulated intra-server bandwidth per device link, bytes/s.
-    #[arg(long, default_value_t = 400e6)]
-    pub intra_bandwidth: f64,
-    /// Emulated inter-server latency per message, milliseconds.
-    #[arg(long, default_value_t = 0.0)]
-    pub inter_latency_ms: f64,
-    /// Rayon threads per rank.
-    #[arg(long, default_value_t = 1)]
-    pub threads_per_rank: usize,
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-}
-
-impl BenchGraphArgs {
-    /// The emulated links: intra-server at `--intra-bandwidth`, inter-server at `1 /
-    /// inter_ratio` of it with `--inter-latency-ms` per message.
-    pub fn links(&self, inter_ratio: f64) -> (LinkModel, LinkModel) {
-        let intra = LinkModel::new(self.intra_bandwidth, std::time::Duration::ZERO);
-        let inter = LinkModel::new(
-            self.intra_bandwidth / inter_ratio,
-            std::time::Duration::from_secs_f64(self.inter_latency_ms / 1000.0),
-        );
-        (intra, inter)
-    }
-}
-
-/// What [`BenchGraphArgs::build`] makes.
-pub struct BenchGraph {
-    pub dataset: InMemoryDataset,
-    pub stats: GraphStats,
-    pub part: PartitionedGraph,
-    pub config: ModelConfig,
-}
-
-impl BenchGraphArgs {
-    /// Generates the graph (named `name`) or reads `--data`, partitions it and configures the
-    /// model, logging what each took.
-    pub fn build(&self, name: &str) -> anyhow::Result<BenchGraph> {
-        let t = std::time::Instant::now();
-        let (dataset, symmetric) = dataset_or_synthetic(
-            self.data.as_deref(),
-            &SynthConfig {
-                name: name.into(),
-                nodes: self.vertices,
-                avg_degree: self.avg_degree,
-                features: self.features,
-                classes: self.classes,
-                seed: self.seed,
-                ..SynthConfig::default()
-            },
-        )?;
-        let view = dataset.view();
-        let stats = grandis_synth::measure(&view);
-        eprintln!(
-            "graph: {} vertices, {} edges (avg degree {:.2}, max {}) in {:.1}s",
-            stats.num_vertices,
-            stats.num_edges,
-            stats.avg_degree,
-            stats.max_degree,
-            t.elapsed().as_secs_f64()
-        );
-        let method: PartitionMethod = self.partition.parse()?;
-        let t = std::time::Instant::now();
-        let part = PartitionedGraph::partition(
-            &view,
-            symmetric,
-            self.servers,
-            self.devices,
-            method,
-            self.seed,
-        )?;
-        eprintln!(
-            "partition: {} into {} x {} in {:.1}s",
-            method,
-            self.servers,
-            self.devices,
-            t.elapsed().as_secs_f64()
-        );
-        let config = ModelConfig {
-            kind: ModelKind::Sage,
-            layers: self.layers,
-            in_dim: dataset.feature_dim,
-            hidden: self.hidden,
-            heads: grandis_wire::defaults::HEADS as usize,
-            output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
-            classes: dataset.num_classes,
-            dropout: 0.5,
-            layer_norm: false,
-            seed: self.seed,
-        };
-        Ok(BenchGraph {
-            dataset,
-            stats,
-            part,
-            config,
-        })
     }
 }

@@ -16,7 +16,7 @@ use grandis_trainer::TrainOptions;
 #[derive(clap::Args)]
 pub struct BenchModesArgs {
     #[command(flatten)]
-    pub graph: super::BenchGraphArgs,
+    pub graph: super::graph::BenchGraphArgs,
     /// Inter-server bandwidth per server NIC = intra-bandwidth / this.
     #[arg(long, default_value_t = 8.0)]
     pub inter_ratio: f64,
@@ -46,7 +46,7 @@ struct Row {
 }
 
 pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
-    let super::BenchGraph {
+    let super::graph::BenchGraph {
         dataset: ds,
         stats,
         part,

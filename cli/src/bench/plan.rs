@@ -16,7 +16,7 @@ use std::time::Duration;
 #[derive(clap::Args)]
 pub struct BenchPlanArgs {
     #[command(flatten)]
-    pub graph: super::BenchGraphArgs,
+    pub graph: super::graph::BenchGraphArgs,
     /// Inter-server bandwidth per server NIC = intra-bandwidth / each of these.
     #[arg(long, value_delimiter = ',', default_value = "4,8,32")]
     pub inter_ratios: Vec<f64>,
@@ -40,7 +40,7 @@ pub struct BenchPlanArgs {
 }
 
 pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
-    let super::BenchGraph {
+    let super::graph::BenchGraph {
         dataset: ds,
         part,
         config,

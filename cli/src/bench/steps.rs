@@ -128,7 +128,7 @@ pub fn run(args: BenchStepsArgs) -> anyhow::Result<()> {
     }
 
     let t = std::time::Instant::now();
-    let (dataset, symmetric) = super::dataset_or_synthetic(
+    let (dataset, symmetric) = super::graph::dataset_or_synthetic(
         args.data.as_deref(),
         &SynthConfig {
             name: "bench-steps".into(),

@@ -37,7 +37,7 @@ pub enum Technique {
 #[derive(clap::Args)]
 pub struct BenchTechniquesArgs {
     #[command(flatten)]
-    pub graph: super::BenchGraphArgs,
+    pub graph: super::graph::BenchGraphArgs,
     /// Model and training seeds; every figure is the mean over them.
     #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
     pub seeds: Vec<u64>,
@@ -150,7 +150,7 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
 fn summarise(name: &str, runs: &[Run], target: f64) -> Row {
     let reached: Vec<f64> = runs
         .iter()
-        .filter_map(|r| super::seconds_to(&r.curve, target))
+        .filter_map(|r| super::graph::seconds_to(&r.curve, target))
         .collect();
     Row {
         name: name.to_string(),
@@ -206,7 +206,7 @@ pub fn run(args: BenchTechniquesArgs) -> anyhow::Result<()> {
     let fb_epochs = args.fb_epochs.unwrap_or(epochs).max(1);
 
     let (variants, groups) = plan_runs(&args, fanouts);
-    let super::BenchGraph {
+    let super::graph::BenchGraph {
         dataset: ds,
         stats,
         part,

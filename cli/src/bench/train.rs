@@ -8,7 +8,7 @@
 use anyhow::{bail, Context};
 use grandis_engine::OpProfile;
 use grandis_models::{Model, ModelConfig, ModelKind};
-use grandis_store::{CsrGraph, EdgeOptions, InMemoryDataset, SelfLoops, Split};
+use grandis_store::{EdgeOptions, InMemoryDataset, SelfLoops, Split};
 use grandis_trainer::{Prepared, TrainOptions};
 use rayon::prelude::*;
 use std::path::PathBuf;
@@ -115,7 +115,7 @@ fn synthetic(args: &BenchTrainArgs) -> anyhow::Result<InMemoryDataset> {
             }
         })
         .collect();
-    let graph = CsrGraph::from_edges(
+    let graph = grandis_store::graph_from_edges(
         n as u64,
         pairs,
         EdgeOptions {
@@ -529,7 +529,7 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
     );
     let to_target = args
         .target_acc
-        .map(|t| (t, super::seconds_to(&run.measured.curve, t)));
+        .map(|t| (t, super::graph::seconds_to(&run.measured.curve, t)));
     if let Some((t, secs)) = to_target {
         match secs {
             Some(s) => println!("  validation accuracy {t} after {s:.2}s of training"),
@@ -573,7 +573,7 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
                 println!(
                     "  seconds to validation accuracy {target}: grandis {}, PyG ({adj}) {}",
                     fmt(ours),
-                    fmt(super::seconds_to(&theirs, target))
+                    fmt(super::graph::seconds_to(&theirs, target))
                 );
             }
         }

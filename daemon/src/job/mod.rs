@@ -282,7 +282,8 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     if !spec.mode.is_distributed() {
         bail!(
             "mode single: one process on one device; run it with `grandis train --mode single` \
-             (the daemons run fb, flx, cob, mb and auto)"
+             (the daemons run {})",
+            grandis_wire::Mode::DISTRIBUTED_NAMES
         );
     }
     let (s, g) = (a.servers.len(), spec.devices as usize);

@@ -16,7 +16,7 @@ use super::*;
 use crate::backend::AttentionDropout;
 use crate::cpu::CpuBackend;
 use crate::norm::{full_block, global_scales, sub_block, Aggregation};
-use grandis_store::{CsrGraph, EdgeOptions};
+use grandis_store::EdgeOptions;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::ffi::{c_char, c_int, c_void, CString};
@@ -297,7 +297,7 @@ fn check_aggregation(emu: &Emu, cpu: &CpuBackend) {
     let pairs: Vec<(u32, u32)> = (0..400)
         .map(|_| (r.gen_range(0..60u32), r.gen_range(0..60u32)))
         .collect();
-    let graph = CsrGraph::from_edges(60, pairs, EdgeOptions::default()).unwrap();
+    let graph = grandis_store::graph_from_edges(60, pairs, EdgeOptions::default()).unwrap();
     for agg in [Aggregation::Mean, Aggregation::Sum, Aggregation::Gcn] {
         let dst: Vec<u32> = (0..60).filter(|v| v % 3 == 1).collect();
         let mut src = dst.clone();
@@ -862,7 +862,7 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
         .map(|_| (r.gen_range(0..50u32), r.gen_range(0..50u32)))
         .collect();
     pairs.extend((0..50u32).step_by(4).map(|v| (v, v)));
-    let graph = CsrGraph::from_edges(50, pairs, EdgeOptions::default()).unwrap();
+    let graph = grandis_store::graph_from_edges(50, pairs, EdgeOptions::default()).unwrap();
     let dst: Vec<u32> = (0..50).filter(|v| v % 2 == 0).collect();
     let mut src = dst.clone();
     for &v in &dst {

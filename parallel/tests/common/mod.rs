@@ -5,7 +5,7 @@
 use grandis_masking::Layout;
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_parallel::{Mode, ParallelOptions, ParallelReport, PartitionedGraph};
-use grandis_store::{CsrGraph, DatasetView, EdgeOptions, InMemoryDataset, SelfLoops, Split};
+use grandis_store::{DatasetView, EdgeOptions, InMemoryDataset, SelfLoops, Split};
 use grandis_trainer::{CheckpointOptions, TrainOptions};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -18,7 +18,7 @@ pub fn random_dataset(seed: u64, n: usize, edges: usize, f: usize, c: usize) -> 
     let pairs: Vec<(u32, u32)> = (0..edges)
         .map(|_| (rng.gen_range(0..n as u32), rng.gen_range(0..n as u32)))
         .collect();
-    let graph = CsrGraph::from_edges(
+    let graph = grandis_store::graph_from_edges(
         n as u64,
         pairs,
         EdgeOptions {
