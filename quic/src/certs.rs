@@ -17,7 +17,7 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use crate::{QuicError, Result};
+use crate::error::{QuicError, Result};
 
 /// File name of the cluster CA certificate inside a certificate directory.
 pub const CA_CERT_FILE: &str = "ca.pem";

@@ -285,6 +285,68 @@ impl Hello {
     }
 }
 
+/// Validates the hello `remote` of a peer against this node's own and its roster (the
+/// server the peer must be, when this node dialled it): the server index it may act as.
+pub(crate) fn check_hello(
+    own: &Hello,
+    roster: &[String],
+    remote: &Hello,
+    expected_server: Option<usize>,
+) -> Result<usize, String> {
+    if remote.magic != HELLO_MAGIC {
+        return Err("peer is not a grandis node (bad hello magic)".into());
+    }
+    if remote.version != own.version {
+        return Err(format!(
+            "protocol version mismatch: peer speaks version {}, this node version {}",
+            remote.version, own.version
+        ));
+    }
+    if remote.session != own.session {
+        return Err(format!(
+            "peer is in session {} (job), this node in session {}: a leftover of another job",
+            remote.session, own.session
+        ));
+    }
+    if (remote.servers, remote.devices) != (own.servers, own.devices) {
+        return Err(format!(
+            "cluster shape mismatch: peer has {} servers × {} devices, this node {} × {}",
+            remote.servers, remote.devices, own.servers, own.devices
+        ));
+    }
+    let s = remote.server as usize;
+    if s >= roster.len() {
+        return Err(format!(
+            "peer claims server {s}, outside the {} servers",
+            roster.len()
+        ));
+    }
+    if s == own.server as usize {
+        return Err(format!("peer claims this node's own server index {s}"));
+    }
+    if let Some(e) = expected_server {
+        if s != e {
+            return Err(format!("expected server {e}, peer says it is server {s}"));
+        }
+    }
+    if remote.name != roster[s] {
+        return Err(format!(
+            "peer says it is {:?} but the roster names server {s} {:?}",
+            remote.name, roster[s]
+        ));
+    }
+    if remote.first_rank != remote.server * remote.devices || remote.ranks != remote.devices {
+        return Err(format!(
+            "peer's ranks {}..{} do not match server {s} of a {} × {} cluster",
+            remote.first_rank,
+            u64::from(remote.first_rank) + u64::from(remote.ranks),
+            remote.servers,
+            remote.devices
+        ));
+    }
+    Ok(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
 
 use crate::certs::NodeIdentity;
-use crate::{QuicError, Result};
+use crate::error::{QuicError, Result};
 
 /// ALPN protocol id; a peer speaking anything else fails the TLS handshake.
 pub(crate) const ALPN: &[u8] = b"grandis-quic/1";

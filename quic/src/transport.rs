@@ -9,7 +9,7 @@ use grandis_fabric::{ChannelTransport, Envelope, Topology, Transport, TransportE
 use tokio::sync::mpsc as tokio_mpsc;
 
 use crate::frame::encode_frame;
-use crate::node::{Inbound, Shared};
+use crate::node::state::{Inbound, Shared};
 
 /// Transport of one rank of a [`crate::QuicNode`]'s server; obtain all of them with
 /// [`crate::QuicNode::take_transports`] and box each into

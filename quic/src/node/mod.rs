@@ -9,9 +9,10 @@
 //! the ranks learn that the peer is gone (`Disconnected`, or `Failed` with the reason when the
 //! connection ended because of a protocol violation or a network failure).
 
+mod close;
 mod connection;
 mod handshake;
-mod state;
+pub(crate) mod state;
 mod stats;
 mod streams;
 
@@ -21,27 +22,24 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use grandis_fabric::{Envelope, Topology};
+use grandis_fabric::Topology;
 use quinn::VarInt;
-use serde::Serialize;
 use tokio::sync::mpsc as tokio_mpsc;
 
 use crate::certs::{validate_node_name, NodeIdentity};
+use crate::error::{QuicError, Result};
 use crate::frame::{self, Hello, HELLO_MAGIC, PROTOCOL_VERSION};
+use crate::tls;
 use crate::transport::NodeTransport;
-use crate::{tls, QuicError, Result};
 
-use connection::CLOSE_SHUTDOWN;
+use close::CLOSE_SHUTDOWN;
 use handshake::{accept_loop, dial, NO_ANSWER};
 use state::{lock, PeerState, Pending};
 use stats::Stats;
 
-pub(crate) use state::Shared;
+pub use state::Refusal;
+pub(crate) use state::{Inbound, Shared};
 pub use stats::{Framing, WireStats};
-
-/// What arrives for a rank from a remote rank: an envelope, or the description of a malformed
-/// frame on that pair's stream.
-pub(crate) type Inbound = std::result::Result<Envelope, String>;
 
 /// Everything a [`QuicNode`] needs.
 #[derive(Clone, Debug)]
@@ -173,17 +171,6 @@ impl NodeConfig {
         }
         Ok(())
     }
-}
-
-/// A connection attempt that was refused (TLS failure, rejected hello, timeout).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Refusal {
-    /// The other side's address.
-    pub remote: SocketAddr,
-    /// True when we dialled, false when the peer dialled us.
-    pub outgoing: bool,
-    /// Why.
-    pub reason: String,
 }
 
 /// One server's QUIC endpoint. See the crate documentation.

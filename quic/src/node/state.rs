@@ -9,10 +9,23 @@ use grandis_fabric::Topology;
 use tokio::sync::mpsc as tokio_mpsc;
 use tokio::task::JoinHandle;
 
-use super::handshake::check_hello;
 use super::stats::Stats;
-use super::{Inbound, Refusal};
-use crate::frame::Hello;
+use crate::frame::{check_hello, Hello};
+
+/// What arrives for a rank from a remote rank: an envelope, or the description of a malformed
+/// frame on that pair's stream.
+pub(crate) type Inbound = std::result::Result<grandis_fabric::Envelope, String>;
+
+/// A connection attempt that was refused (TLS failure, rejected hello, timeout).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Refusal {
+    /// The other side's address.
+    pub remote: SocketAddr,
+    /// True when we dialled, false when the peer dialled us.
+    pub outgoing: bool,
+    /// Why.
+    pub reason: String,
+}
 
 /// At most this many refusals are kept (a misconfigured peer retrying must not grow memory).
 pub(super) const MAX_REFUSALS: usize = 256;

@@ -7,10 +7,9 @@ use std::sync::{Arc, Mutex};
 use quinn::{ReadError, ReadExactError, VarInt};
 use tokio::sync::mpsc as tokio_mpsc;
 
-use super::connection::{close_reason, connection_ended, short, CLOSE_PROTOCOL_VIOLATION};
-use super::state::{lock, Shared};
+use super::close::{close_reason, connection_ended, short, CLOSE_PROTOCOL_VIOLATION};
+use super::state::{lock, Inbound, Shared};
 use super::stats::add;
-use super::Inbound;
 use crate::frame::{
     self, check_frame_len, decode_frame_body, Preamble, FRAME_OVERHEAD, PREAMBLE_BYTES,
 };
