@@ -143,8 +143,8 @@ pub(crate) fn decide<'s>(
         (Mode::Fb, _) | (Mode::Flx | Mode::Mb, Sampling::Saint { .. }) => bail!(
             "{}",
             popts
-                .mode
-                .sampling_conflict(&popts.sampling)
+                .sampling
+                .conflict_with(popts.mode)
                 .unwrap_or_else(|| "internal: no conflict for this mode and sampling".into())
         ),
         (Mode::Flx, _) => {
@@ -263,8 +263,7 @@ pub(crate) fn decide<'s>(
         }
         (Mode::Cluster, s) => bail!(
             "{}",
-            Mode::Cluster
-                .sampling_conflict(s)
+            s.conflict_with(Mode::Cluster)
                 .unwrap_or_else(|| "internal: no conflict for this mode and sampling".into())
         ),
         (Mode::Single | Mode::Auto, _) => {

@@ -1,7 +1,8 @@
 //! The ranges and combinations a read job must satisfy ([`JobSpec::validate`]), and the extra
 //! ones of a cluster job.
 
-use super::*;
+use super::kinds::{InterTransport, Mode, ModelKind};
+use super::{FieldError, JobSpec, Sampling, SpecError};
 
 impl JobSpec {
     /// Checks ranges and combinations; every message names its field.
@@ -262,7 +263,7 @@ impl JobSpec {
                     .into(),
             );
         }
-        if let Some(why) = self.mode.sampling_conflict(&self.sampling) {
+        if let Some(why) = self.sampling.conflict_with(self.mode) {
             err("sampling", why);
         }
         match &self.sampling {
