@@ -10,6 +10,7 @@ mod daemon;
 mod data;
 mod device;
 mod job_args;
+mod output;
 mod partition;
 mod plan;
 mod predict;

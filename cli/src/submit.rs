@@ -45,7 +45,7 @@ pub fn client(base: &str, token: &str) -> Client {
 
 /// One line per epoch, as `grandis train` prints them.
 pub fn progress_line(p: &EpochProgress) -> String {
-    crate::train::epoch_line(p.epoch as usize, p.loss, p.train_acc, p.val_acc, p.seconds)
+    crate::output::epoch_line(p.epoch as usize, p.loss, p.train_acc, p.val_acc, p.seconds)
 }
 
 /// `Err` naming the reason unless the job succeeded.

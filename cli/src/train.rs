@@ -5,12 +5,13 @@
 use anyhow::{bail, Context};
 use grandis_models::ModelConfig;
 use grandis_trainer::{CheckpointOptions, TrainOptions};
-use grandis_wire::{Mode, RunSummary};
+use grandis_wire::Mode;
 use std::path::PathBuf;
 
 use grandis_parallel::Compute;
 
 use crate::job_args::{validate_as_flags, JobArgs};
+use crate::output::{print_summary, stats_line};
 
 #[derive(clap::Args)]
 pub struct TrainArgs {
@@ -42,33 +43,6 @@ pub struct TrainArgs {
 fn open_dataset(args: &TrainArgs) -> anyhow::Result<grandis_store::Dataset> {
     grandis_store::Dataset::open_verified(&args.dataset)
         .with_context(|| format!("opening dataset {}", args.dataset.display()))
-}
-
-/// The per-epoch line of every mode, local (`train`) or followed from a coordinator
-/// (`submit --follow`, `cluster up`).
-pub(crate) fn epoch_line(epoch: usize, loss: f64, train: f64, val: f64, seconds: f64) -> String {
-    use grandis_wire::summary::accuracy;
-    format!(
-        "epoch {epoch:>4}  loss {loss:.4}  train {}  val {}  {seconds:.3}s",
-        accuracy(train),
-        accuracy(val)
-    )
-}
-
-/// [`epoch_line`] of a local epoch.
-pub(crate) fn stats_line(s: &grandis_trainer::EpochStats) -> String {
-    epoch_line(s.epoch, s.loss, s.train_acc, s.val_acc, s.seconds)
-}
-
-/// Prints the summary: one line, or (`json`) the line on stderr and the JSON on stdout.
-pub(crate) fn print_summary(summary: &RunSummary, json: bool) -> anyhow::Result<()> {
-    if json {
-        eprintln!("{}", summary.line());
-        println!("{}", serde_json::to_string(summary)?);
-    } else {
-        println!("{}", summary.line());
-    }
-    Ok(())
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {

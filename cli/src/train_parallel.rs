@@ -124,7 +124,7 @@ pub fn run(
     ));
     let report = grandis_parallel::train(view, &part, config, &opts, &popts, &mut |s| {
         if let Ok(mut p) = progress.lock() {
-            p.println(crate::train::stats_line(s));
+            p.println(crate::output::stats_line(s));
             p.inc(1);
         }
     })?;
@@ -151,5 +151,5 @@ pub fn run(
             .map(|b| (b * 1000.0).round() / 1000.0)
             .collect::<Vec<_>>()
     );
-    crate::train::print_summary(&report.summary(spec, ranks.device), json)
+    crate::output::print_summary(&report.summary(spec, ranks.device), json)
 }

@@ -15,7 +15,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
 use crate::error::{QuicError, Result};
 
@@ -354,7 +354,7 @@ impl NodeIdentity {
                 })
             }
         }
-        crate::tls::verify_issued_by(&chain[0], &ca, name).map_err(|message| QuicError::File {
+        verify_issued_by(&chain[0], &ca, name).map_err(|message| QuicError::File {
             path: cert_path.to_path_buf(),
             message: format!("{message} (CA: {})", ca_path.display()),
         })?;
@@ -404,6 +404,50 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
             other => format!("not a valid PEM private key: {other}"),
         },
     })
+}
+
+/// Checks that `cert` is valid for node `name`. TLS already proved that it chains to the
+/// cluster CA; this binds the certificate to the identity the peer claims in its hello, so a
+/// node cannot pose as another server.
+pub(crate) fn cert_matches_name(cert: &CertificateDer<'_>, name: &str) -> Result<(), String> {
+    let server_name = ServerName::try_from(name)
+        .map_err(|e| format!("{name:?} is not a valid node name: {e}"))?;
+    let ee = webpki::EndEntityCert::try_from(cert)
+        .map_err(|e| format!("cannot parse the peer's certificate: {e}"))?;
+    ee.verify_is_valid_for_subject_name(&server_name)
+        .map_err(|e| format!("the peer's certificate is not valid for node name {name:?}: {e}"))
+}
+
+/// Checks that `cert` chains to one of `ca` and is valid for `name`, for clear errors at load
+/// time instead of an opaque handshake failure later.
+pub(crate) fn verify_issued_by(
+    cert: &CertificateDer<'_>,
+    ca: &[CertificateDer<'static>],
+    name: &str,
+) -> Result<(), String> {
+    let anchors = ca
+        .iter()
+        .map(|c| {
+            webpki::anchor_from_trusted_cert(c)
+                .map_err(|e| format!("CA certificate is unusable: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let ee = webpki::EndEntityCert::try_from(cert)
+        .map_err(|e| format!("cannot parse the certificate: {e}"))?;
+    let algs = rustls::crypto::ring::default_provider()
+        .signature_verification_algorithms
+        .all;
+    ee.verify_for_usage(
+        algs,
+        &anchors,
+        &[],
+        UnixTime::now(),
+        webpki::KeyUsage::client_auth(),
+        None,
+        None,
+    )
+    .map_err(|e| format!("not issued by the cluster CA (or expired): {e}"))?;
+    cert_matches_name(cert, name)
 }
 
 #[cfg(test)]

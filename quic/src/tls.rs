@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
 
@@ -110,48 +109,4 @@ pub(crate) fn client_config(
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(transport);
     Ok(config)
-}
-
-/// Checks that `cert` is valid for node `name`. TLS already proved that it chains to the
-/// cluster CA; this binds the certificate to the identity the peer claims in its hello, so a
-/// node cannot pose as another server.
-pub(crate) fn cert_matches_name(cert: &CertificateDer<'_>, name: &str) -> Result<(), String> {
-    let server_name = ServerName::try_from(name)
-        .map_err(|e| format!("{name:?} is not a valid node name: {e}"))?;
-    let ee = webpki::EndEntityCert::try_from(cert)
-        .map_err(|e| format!("cannot parse the peer's certificate: {e}"))?;
-    ee.verify_is_valid_for_subject_name(&server_name)
-        .map_err(|e| format!("the peer's certificate is not valid for node name {name:?}: {e}"))
-}
-
-/// Checks that `cert` chains to one of `ca` and is valid for `name`, for clear errors at load
-/// time instead of an opaque handshake failure later.
-pub(crate) fn verify_issued_by(
-    cert: &CertificateDer<'_>,
-    ca: &[CertificateDer<'static>],
-    name: &str,
-) -> Result<(), String> {
-    let anchors = ca
-        .iter()
-        .map(|c| {
-            webpki::anchor_from_trusted_cert(c)
-                .map_err(|e| format!("CA certificate is unusable: {e}"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let ee = webpki::EndEntityCert::try_from(cert)
-        .map_err(|e| format!("cannot parse the certificate: {e}"))?;
-    let algs = rustls::crypto::ring::default_provider()
-        .signature_verification_algorithms
-        .all;
-    ee.verify_for_usage(
-        algs,
-        &anchors,
-        &[],
-        UnixTime::now(),
-        webpki::KeyUsage::client_auth(),
-        None,
-        None,
-    )
-    .map_err(|e| format!("not issued by the cluster CA (or expired): {e}"))?;
-    cert_matches_name(cert, name)
 }

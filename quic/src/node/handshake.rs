@@ -10,7 +10,6 @@ use super::close::{close_reason, short, CLOSE_HANDSHAKE_REJECTED};
 use super::connection::install;
 use super::state::Shared;
 use crate::frame::{Hello, MAX_HELLO_BYTES};
-use crate::tls;
 
 /// Prefix of the reason when a peer does not answer in time (retried by `establish`).
 pub(super) const NO_ANSWER: &str = "no answer within";
@@ -118,7 +117,7 @@ pub(super) async fn answer(
     let leaf = certs
         .first()
         .ok_or_else(|| reject("the peer presented an empty certificate chain".into()))?;
-    tls::cert_matches_name(leaf, &shared.roster[server]).map_err(&reject)?;
+    crate::certs::cert_matches_name(leaf, &shared.roster[server]).map_err(&reject)?;
     // Install before replying, so that a duplicate connection is rejected before the dialer
     // installs it. Streams our writers open now are buffered by QUIC until the dialer, which
     // installs on our hello, accepts them.
