@@ -137,12 +137,7 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
             grandis_parallel::NOT_BUILT_WITH_CUDA
         );
     }
-    if spec.mode == Mode::Auto && spec.device_memory.is_none() {
-        // Every daemon must make the same auto decision, so the job carries the budget; all
-        // servers share this machine, so it is what `grandis train --mode auto` would use.
-        let (servers, devices) = (spec.servers as usize, spec.devices as usize);
-        spec.device_memory = Some(grandis_parallel::default_budget(&compute, servers, devices)?.0);
-    }
+    crate::job_args::fill_auto_budget(&mut spec, &compute)?;
     spec.name = Some(format!("cluster-up-{}", spec.mode));
     validate_as_flags(&JobSpec {
         dataset: "-".into(),

@@ -249,6 +249,21 @@ impl JobArgs {
     }
 }
 
+/// `mode auto` without `--device-memory`: the budget the planner decides with is what this
+/// machine's devices have, shared by every rank of the job (`grandis train` runs them all
+/// here; `cluster up`'s daemons all run here and must make the same decision, so the job
+/// carries it).
+pub fn fill_auto_budget(
+    spec: &mut JobSpec,
+    compute: &grandis_parallel::Compute,
+) -> anyhow::Result<()> {
+    if spec.mode == grandis_wire::Mode::Auto && spec.device_memory.is_none() {
+        let (servers, devices) = (spec.servers as usize, spec.devices as usize);
+        spec.device_memory = Some(grandis_parallel::default_budget(compute, servers, devices)?.0);
+    }
+    Ok(())
+}
+
 /// [`JobSpec::validate`] with every field named as its flag (`--eas-fanout`, `--layers`).
 pub fn validate_as_flags(spec: &JobSpec) -> anyhow::Result<()> {
     let Err(e) = spec.validate() else {

@@ -73,12 +73,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             // Fail fast (and show the devices) before the dataset is read and partitioned.
             crate::device::describe_cuda()?;
         }
-        if spec.mode == Mode::Auto && spec.device_memory.is_none() {
-            // The budget `auto` decides with: what this machine's devices have.
-            let (servers, devices) = (spec.servers as usize, spec.devices as usize);
-            spec.device_memory =
-                Some(grandis_parallel::default_budget(&compute, servers, devices)?.0);
-        }
+        crate::job_args::fill_auto_budget(&mut spec, &compute)?;
         validate_as_flags(&spec)?;
         let dataset = open_dataset(&args)?;
         return crate::train_parallel::run(
