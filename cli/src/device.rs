@@ -3,17 +3,36 @@
 //! machine without CUDA. The device grammar itself is `grandis_parallel::Compute`.
 
 use anyhow::bail;
+use grandis_parallel::Compute;
+
+/// What [`cuda_backend`] opens: the CUDA backend, or nothing in a build without CUDA.
+#[cfg(feature = "cuda")]
+pub type CudaBackend = grandis_engine::cuda::CudaBackend;
+#[cfg(not(feature = "cuda"))]
+pub type CudaBackend = std::convert::Infallible;
+
+/// The CUDA ordinal a single-process command runs on: none for `cpu`, N for `cuda:N`, and
+/// ordinal 0 (the one rank's device index) for plain `cuda`.
+pub fn single_ordinal(device: &Compute) -> Option<usize> {
+    device.ordinal(0, 1)
+}
+
+/// The backend of [`single_ordinal`], opened (None on the CPU): before the dataset is read,
+/// so a missing GPU fails fast.
+pub fn single_backend(device: &Compute) -> anyhow::Result<Option<CudaBackend>> {
+    single_ordinal(device).map(cuda_backend).transpose()
+}
 
 /// Opens the CUDA backend of `cuda:N`; a clean error when this binary has no CUDA
 /// support or the machine has no driver/device.
 #[cfg(feature = "cuda")]
-pub fn cuda_backend(ordinal: usize) -> anyhow::Result<grandis_engine::cuda::CudaBackend> {
+pub fn cuda_backend(ordinal: usize) -> anyhow::Result<CudaBackend> {
     eprintln!("{}", grandis_engine::cuda::describe_device(ordinal)?);
     Ok(grandis_engine::cuda::CudaBackend::new(ordinal)?)
 }
 
 #[cfg(not(feature = "cuda"))]
-pub fn cuda_backend(_ordinal: usize) -> anyhow::Result<std::convert::Infallible> {
+pub fn cuda_backend(_ordinal: usize) -> anyhow::Result<CudaBackend> {
     bail!(grandis_parallel::NOT_BUILT_WITH_CUDA)
 }
 

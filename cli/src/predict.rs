@@ -53,10 +53,7 @@ pub struct PredictArgs {
 
 pub fn run(args: PredictArgs) -> anyhow::Result<()> {
     // Open the device before reading the dataset so a missing GPU fails fast.
-    let cuda = match args.device.ordinal(0, 1) {
-        None => None,
-        Some(ordinal) => Some(crate::device::cuda_backend(ordinal)?),
-    };
+    let cuda = crate::device::single_backend(&args.device)?;
     let block_budget = match args.memory_budget {
         Some(bytes) => bytes,
         None => {

@@ -91,10 +91,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     }
     validate_as_flags(&spec)?;
     // Open the device before reading the dataset so a missing GPU fails fast.
-    let cuda = match args.device.ordinal(0, 1) {
-        None => None,
-        Some(ordinal) => Some(crate::device::cuda_backend(ordinal)?),
-    };
+    let cuda = crate::device::single_backend(&args.device)?;
     let dataset = open_dataset(&args)?;
     let view = dataset.view();
     let config = ModelConfig::for_job(&spec, view.feature_dim, view.num_classes);

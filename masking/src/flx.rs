@@ -410,10 +410,9 @@ impl<'a> PlanContext<'a> {
         // closures and whole-range extractions most of the graph. `IdMap` picks its
         // representation from that size.
         let expected = match &rows {
-            _ if exact => self.num_vertices(),
+            RowSource::Exact(_) => self.num_vertices(),
             // At most the targets and one vertex per kept edge.
             RowSource::Sampled(e) => spec.targets.len().saturating_add(e.num_edges()),
-            RowSource::Exact(_) => spec.targets.len().saturating_mul(8),
         };
         let mut reached = Reached::new(expected, self.num_vertices());
         let mut loads = vec![0usize; g_count];

@@ -450,7 +450,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         let last = self.plan(self.rt.layers.len() - 1).clone();
         let mut host = vec![0f32; last.n_inner * self.sh.config.classes];
         self.b.download(&out, 0, &mut host)?;
-        score.rows(&last.global_ids[..last.n_inner], &host);
+        score.rows(last.global_ids[..last.n_inner].iter().copied(), &host);
         Ok(())
     }
 
@@ -477,8 +477,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 let c = sh.config.classes;
                 let mut rows = |host: &[f32]| -> std::io::Result<()> {
                     let n = (host.len() / c.max(1)) as u32;
-                    let ids: Vec<u32> = (next..next + n).collect();
-                    score.rows(&ids, host);
+                    score.rows(next..next + n, host);
                     next += n;
                     Ok(())
                 };
@@ -772,10 +771,10 @@ impl<'s> Score<'s> {
     }
 
     /// Scores the logits `host` (one row of `classes` per id) of the vertices `ids` (new ids).
-    fn rows(&mut self, ids: &[u32], host: &[f32]) {
+    fn rows(&mut self, ids: impl IntoIterator<Item = u32>, host: &[f32]) {
         let sh = self.sh;
         let c = sh.config.classes;
-        for (&g, row) in ids.iter().zip(host.chunks_exact(c.max(1))) {
+        for (g, row) in ids.into_iter().zip(host.chunks_exact(c.max(1))) {
             let o = sh.new_to_old[g as usize];
             let flags = sh.labelled_flags[g as usize];
             if flags != 0 && grandis_trainer::argmax(row) as i32 == sh.view.labels[o as usize] {

@@ -474,7 +474,7 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
         layer_norm: false,
         seed: args.seed,
     };
-    let run = match args.device.ordinal(0, 1) {
+    let run = match crate::device::single_ordinal(&args.device) {
         None => run_on_cpu(&args, &ds, cfg)?,
         Some(ordinal) => run_on_cuda(ordinal, &args, &ds, cfg)?,
     };
