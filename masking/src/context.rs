@@ -1,7 +1,6 @@
-//! Everything plan building reads: the graph, its layout, split membership and the reverse
-//! graph (out-neighbours, needed for locality-aware placement of replicated vertices).
+//! Everything plan building reads: the graph, its layout and split membership.
 
-use grandis_store::{CsrGraph, CsrView};
+use grandis_store::CsrView;
 
 use crate::error::{MaskingError, Result};
 use crate::layout::Layout;
@@ -66,13 +65,12 @@ impl SplitMembership {
 }
 
 /// The validated inputs of plan building, shared by the FB and FLX builders and the memory
-/// model. Holds the transposed graph (4 bytes per edge + 8 per vertex) because placing a
-/// replicated vertex needs its out-neighbours, unless the graph is symmetric (its own
-/// transpose: [`PlanContext::symmetric`]).
+/// model. Plans read in-neighbours only (placement counts a vertex's readers from their kept
+/// rows), so no transposed graph is held.
 pub struct PlanContext<'a> {
     graph: CsrView<'a>,
-    /// None: the graph is symmetric, out-neighbours are in-neighbours.
-    reverse: Option<CsrGraph>,
+    /// Whether the caller knows the graph to be symmetric (fine clustering uses it).
+    symmetric: bool,
     layout: Layout,
     splits: SplitMembership,
     /// One bit per vertex: does it have a full-graph in-neighbour homed on another server
@@ -86,24 +84,22 @@ impl<'a> PlanContext<'a> {
         layout: Layout,
         splits: SplitMembership,
     ) -> Result<PlanContext<'a>> {
-        let reverse = graph.transpose();
-        Self::with_reverse(graph, Some(reverse), layout, splits)
+        Self::build(graph, false, layout, splits)
     }
 
     /// [`new`](Self::new) for a graph the caller knows to be symmetric (every edge u→v has
-    /// v→u, as a dataset's manifest records): no transpose, which at a billion edges is 4 GB
-    /// and a pass over the whole graph.
+    /// v→u, as a dataset's manifest records).
     pub fn symmetric(
         graph: CsrView<'a>,
         layout: Layout,
         splits: SplitMembership,
     ) -> Result<PlanContext<'a>> {
-        Self::with_reverse(graph, None, layout, splits)
+        Self::build(graph, true, layout, splits)
     }
 
-    fn with_reverse(
+    fn build(
         graph: CsrView<'a>,
-        reverse: Option<CsrGraph>,
+        symmetric: bool,
         layout: Layout,
         splits: SplitMembership,
     ) -> Result<PlanContext<'a>> {
@@ -122,7 +118,7 @@ impl<'a> PlanContext<'a> {
         }
         Ok(PlanContext {
             graph,
-            reverse,
+            symmetric,
             layout,
             splits,
             crosses: std::sync::OnceLock::new(),
@@ -134,7 +130,7 @@ impl<'a> PlanContext<'a> {
     }
     /// Whether the context was built for a symmetric graph (every edge has its reverse).
     pub fn is_symmetric(&self) -> bool {
-        self.reverse.is_none()
+        self.symmetric
     }
     pub fn layout(&self) -> &Layout {
         &self.layout
@@ -148,13 +144,6 @@ impl<'a> PlanContext<'a> {
     /// Sources of the edges into `v` (the CSR row).
     pub fn in_neighbors(&self, v: u32) -> &'a [u32] {
         self.graph.neighbors(v)
-    }
-    /// Destinations of the edges out of `v`.
-    pub fn out_neighbors(&self, v: u32) -> &[u32] {
-        match &self.reverse {
-            Some(r) => r.view().neighbors(v),
-            None => self.graph.neighbors(v),
-        }
     }
     /// In-degree of `v` in the FULL graph (what normalisation must use on a partial graph).
     pub fn in_degree(&self, v: u32) -> u32 {
@@ -182,9 +171,5 @@ impl<'a> PlanContext<'a> {
                 .collect()
         });
         bits[v as usize / 64] >> (v % 64) & 1 == 1
-    }
-    /// Out-degree of `v` in the full graph.
-    pub fn out_degree(&self, v: u32) -> u32 {
-        self.out_neighbors(v).len() as u32
     }
 }

@@ -36,49 +36,59 @@
 use crate::error::{MaskingError, Result};
 use crate::idmap::IdMap;
 
-/// The in-edges kept by a sampler, as a sparse CSR over the vertices that have a kept row.
+/// The in-edges kept by a sampler, in the sample's own vertex ids (as a DGL block numbers its
+/// nodes): `vertices[i]` is the global id of sample vertex `i`; the first `num_rows` of them
+/// have a kept row, and every kept edge names its source by its sample index. A plan is then
+/// built from the sample by array indexing, with no map from global ids on the way
+/// (the layer-wise sampler hands over its vertices in plan order, level by level).
 pub struct SampledEdges {
-    /// Sorted, distinct global ids of the vertices with a kept row.
-    rows: Vec<u32>,
-    /// `rows.len() + 1` offsets into `indices`.
+    /// Distinct global ids: the rows first (in row order), then the other sources.
+    vertices: Vec<u32>,
+    /// Vertices `0..num_rows` have a kept row (possibly empty).
+    num_rows: usize,
+    /// `num_rows + 1` offsets into `sources`.
     offsets: Vec<u64>,
-    /// Kept sources of every row, sorted and distinct within a row.
-    indices: Vec<u32>,
+    /// Kept sources of every row as sample indices, ascending (so distinct) within a row.
+    sources: Vec<u32>,
     /// Optional per-layer edge flags: bit `l` of `layers[e]` says kept edge `e` (index into
-    /// `indices`) is used at layer `l`. None: every kept edge is used at every layer.
+    /// `sources`) is used at layer `l`. None: every kept edge is used at every layer.
     layers: Option<Vec<u64>>,
     /// Number of per-layer flag sets (0 without them).
     num_layers: usize,
-    /// Row position of every vertex in `rows`: a row is found in O(1), so walking a sample
-    /// costs what the sample holds, not a search through it per vertex. Derived from `rows`.
-    position: IdMap,
+    /// Sample index of every global id, built on first use: a plan built from a sample whose
+    /// targets lead its vertices never needs it.
+    position: std::sync::OnceLock<IdMap>,
 }
 
 impl Clone for SampledEdges {
     fn clone(&self) -> SampledEdges {
-        SampledEdges::assemble(
-            self.rows.clone(),
-            self.offsets.clone(),
-            self.indices.clone(),
-            self.layers.clone(),
-            self.num_layers,
-        )
+        SampledEdges {
+            vertices: self.vertices.clone(),
+            num_rows: self.num_rows,
+            offsets: self.offsets.clone(),
+            sources: self.sources.clone(),
+            layers: self.layers.clone(),
+            num_layers: self.num_layers,
+            position: std::sync::OnceLock::new(),
+        }
     }
 }
 
-/// Equal kept edges (the position index follows from them).
+/// Equal vertices and kept edges (the position index follows from them).
 impl PartialEq for SampledEdges {
     fn eq(&self, other: &SampledEdges) -> bool {
         (
-            &self.rows,
+            &self.vertices,
+            self.num_rows,
             &self.offsets,
-            &self.indices,
+            &self.sources,
             &self.layers,
             self.num_layers,
         ) == (
-            &other.rows,
+            &other.vertices,
+            other.num_rows,
             &other.offsets,
-            &other.indices,
+            &other.sources,
             &other.layers,
             other.num_layers,
         )
@@ -89,16 +99,25 @@ impl Eq for SampledEdges {}
 
 impl Default for SampledEdges {
     fn default() -> SampledEdges {
-        SampledEdges::assemble(Vec::new(), vec![0], Vec::new(), None, 0)
+        SampledEdges {
+            vertices: Vec::new(),
+            num_rows: 0,
+            offsets: vec![0],
+            sources: Vec::new(),
+            layers: None,
+            num_layers: 0,
+            position: std::sync::OnceLock::new(),
+        }
     }
 }
 
 impl std::fmt::Debug for SampledEdges {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SampledEdges")
-            .field("rows", &self.rows)
+            .field("vertices", &self.vertices)
+            .field("num_rows", &self.num_rows)
             .field("offsets", &self.offsets)
-            .field("indices", &self.indices)
+            .field("sources", &self.sources)
             .field("layers", &self.layers)
             .field("num_layers", &self.num_layers)
             .finish_non_exhaustive()
@@ -106,8 +125,8 @@ impl std::fmt::Debug for SampledEdges {
 }
 
 impl SampledEdges {
-    /// From `(destination, kept sources)` pairs, in any order; sources are sorted and
-    /// deduplicated. A destination listed twice is an error.
+    /// From `(destination, kept sources)` pairs, in any order; sources are deduplicated. A
+    /// destination listed twice is an error. Rows are numbered by ascending global id.
     pub fn from_rows(rows: impl IntoIterator<Item = (u32, Vec<u32>)>) -> Result<SampledEdges> {
         let mut rows: Vec<(u32, Vec<u32>)> = rows.into_iter().collect();
         rows.sort_unstable_by_key(|r| r.0);
@@ -117,111 +136,138 @@ impl SampledEdges {
                 w[0].0
             )));
         }
-        let mut ids = Vec::with_capacity(rows.len());
-        let mut offsets = Vec::with_capacity(rows.len() + 1);
-        let mut indices = Vec::new();
-        offsets.push(0);
-        for (v, mut srcs) in rows {
-            srcs.sort_unstable();
-            srcs.dedup();
-            ids.push(v);
-            indices.extend(srcs);
-            offsets.push(indices.len() as u64);
-        }
-        Ok(SampledEdges::assemble(ids, offsets, indices, None, 0))
+        let edges = rows
+            .into_iter()
+            .map(|(v, srcs)| (v, srcs.into_iter().map(|u| (u, 0)).collect()))
+            .collect();
+        Ok(SampledEdges::numbered(edges, 0))
     }
 
     /// Per-layer sampled edges: `per_layer[l]` lists `(destination, sources used at layer l)`.
-    /// The kept graph is the union over layers, with one flag per layer and edge.
+    /// The kept graph is the union over layers, with one flag per layer and edge; every
+    /// destination listed at some layer has a row.
     pub fn from_layer_rows(per_layer: Vec<Vec<(u32, Vec<u32>)>>) -> Result<SampledEdges> {
         let n_layers = per_layer.len();
         check_layer_count(n_layers)?;
-        // (dst, src, layer bits), merged.
-        let mut all: Vec<(u32, u32, u64)> = Vec::new();
+        let mut all: std::collections::BTreeMap<u32, Vec<(u32, u64)>> = Default::default();
         for (l, rows) in per_layer.into_iter().enumerate() {
             for (v, srcs) in rows {
-                all.extend(srcs.into_iter().map(|u| (v, u, 1u64 << l)));
+                all.entry(v)
+                    .or_default()
+                    .extend(srcs.into_iter().map(|u| (u, 1u64 << l)));
             }
         }
-        all.sort_unstable_by_key(|&(v, u, _)| (v, u));
-        let mut rows = Vec::new();
-        let mut offsets = vec![0u64];
-        let mut indices: Vec<u32> = Vec::with_capacity(all.len());
-        let mut bits: Vec<u64> = Vec::with_capacity(all.len());
-        for (v, u, b) in all {
-            if rows.last() == Some(&v) && indices.last() == Some(&u) {
-                *bits.last_mut().expect("an edge was pushed") |= b;
-                continue;
-            }
-            if rows.last() != Some(&v) {
-                if !rows.is_empty() {
-                    offsets.push(indices.len() as u64);
-                }
-                rows.push(v);
-            }
-            indices.push(u);
-            bits.push(b);
-        }
-        if !rows.is_empty() {
-            offsets.push(indices.len() as u64);
-        }
-        Ok(SampledEdges::assemble(
-            rows,
-            offsets,
-            indices,
-            Some(bits),
-            n_layers,
-        ))
+        Ok(SampledEdges::numbered(all.into_iter().collect(), n_layers))
     }
 
-    /// Straight from a CSR a sampler built: `rows` ascending and distinct, `offsets` of
-    /// `rows.len() + 1` entries from 0 to `indices.len()`, each row's sources ascending and
-    /// distinct, and with `layers = Some((n, bits))` one bit set of `n` layers per edge (bit l:
-    /// used at layer l). Checked in one pass over the edges.
-    pub fn from_csr(
-        rows: Vec<u32>,
+    /// Numbers rows (ascending global id, given so) and then the other sources (ascending),
+    /// merging an edge listed twice into one with the union of its layer bits.
+    fn numbered(rows: Vec<(u32, Vec<(u32, u64)>)>, n_layers: usize) -> SampledEdges {
+        let mut vertices: Vec<u32> = rows.iter().map(|r| r.0).collect();
+        let num_rows = vertices.len();
+        let mut others: Vec<u32> = rows
+            .iter()
+            .flat_map(|r| r.1.iter().map(|e| e.0))
+            .filter(|u| vertices.binary_search(u).is_err())
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        vertices.extend(others);
+        let span = vertices.iter().max().map_or(0, |&v| v as usize + 1);
+        let mut position = IdMap::for_size(vertices.len(), span);
+        for (i, &v) in vertices.iter().enumerate() {
+            position.insert_new(v, i as u32);
+        }
+        let mut offsets = Vec::with_capacity(num_rows + 1);
+        offsets.push(0u64);
+        let mut sources = Vec::new();
+        let mut bits = Vec::new();
+        let mut row: Vec<(u32, u64)> = Vec::new();
+        for (_, edges) in rows {
+            row.clear();
+            row.extend(
+                edges
+                    .into_iter()
+                    .map(|(u, b)| (position.get(u).expect("numbered above"), b)),
+            );
+            row.sort_unstable_by_key(|e| e.0);
+            for (j, &(u, b)) in row.iter().enumerate() {
+                if j > 0 && row[j - 1].0 == u {
+                    *bits.last_mut().expect("an edge of this row") |= b;
+                } else {
+                    sources.push(u);
+                    bits.push(b);
+                }
+            }
+            offsets.push(sources.len() as u64);
+        }
+        SampledEdges {
+            vertices,
+            num_rows,
+            offsets,
+            sources,
+            layers: (n_layers > 0).then_some(bits),
+            num_layers: n_layers,
+            position: std::sync::OnceLock::from(position),
+        }
+    }
+
+    /// Straight from the blocks a sampler built: `vertices` distinct, rows first;
+    /// `offsets` of `num_rows + 1` entries from 0 to `sources.len()`; each row's sources
+    /// sample indices below `vertices.len()`, ascending; with `layers = Some((n, bits))` one
+    /// bit set of `n` layers per edge (bit l: used at layer l). Checked in one pass over the
+    /// edges; that the vertices are distinct only in debug builds (it needs a map over them,
+    /// which a plan built from the sample never does).
+    pub fn from_blocks(
+        vertices: Vec<u32>,
+        num_rows: usize,
         offsets: Vec<u64>,
-        indices: Vec<u32>,
+        sources: Vec<u32>,
         layers: Option<(usize, Vec<u64>)>,
     ) -> Result<SampledEdges> {
         let bad = |what: String| Err(MaskingError::Spec(format!("sampled edges: {what}")));
-        if offsets.len() != rows.len() + 1
+        if num_rows > vertices.len()
+            || offsets.len() != num_rows + 1
             || offsets.first() != Some(&0)
-            || offsets.last() != Some(&(indices.len() as u64))
+            || offsets.last() != Some(&(sources.len() as u64))
         {
             return bad(format!(
-                "{} offsets for {} rows and {} edges",
+                "{} offsets for {num_rows} rows of {} vertices and {} edges",
                 offsets.len(),
-                rows.len(),
-                indices.len()
+                vertices.len(),
+                sources.len()
             ));
         }
-        if let Some(w) = rows.windows(2).find(|w| w[0] >= w[1]) {
-            return bad(format!("rows {} then {} are not ascending", w[0], w[1]));
-        }
         for (i, w) in offsets.windows(2).enumerate() {
-            let Some(row) = indices.get(w[0] as usize..w[1] as usize) else {
+            let Some(row) = sources.get(w[0] as usize..w[1] as usize) else {
                 return bad(format!(
                     "row of vertex {} has offsets {}..{}",
-                    rows[i], w[0], w[1]
+                    vertices[i], w[0], w[1]
                 ));
             };
             if let Some(p) = row.windows(2).find(|p| p[0] >= p[1]) {
                 return bad(format!(
                     "sources {} then {} of vertex {} are not ascending",
-                    p[0], p[1], rows[i]
+                    p[0], p[1], vertices[i]
+                ));
+            }
+            if let Some(&u) = row.last().filter(|&&u| u as usize >= vertices.len()) {
+                return bad(format!(
+                    "vertex {} reads sample vertex {u} of {}",
+                    vertices[i],
+                    vertices.len()
                 ));
             }
         }
-        let (n_layers, bits) = match layers {
+        let (num_layers, bits) = match layers {
             None => (0, None),
             Some((n, bits)) => {
                 check_layer_count(n)?;
-                if bits.len() != indices.len() {
+                if bits.len() != sources.len() {
                     return bad(format!(
                         "{} layer flags for {} edges",
                         bits.len(),
-                        indices.len()
+                        sources.len()
                     ));
                 }
                 if n < 64 && bits.iter().any(|&b| b >> n != 0) {
@@ -230,51 +276,60 @@ impl SampledEdges {
                 (n, Some(bits))
             }
         };
-        Ok(SampledEdges::assemble(
-            rows, offsets, indices, bits, n_layers,
-        ))
-    }
-
-    fn assemble(
-        rows: Vec<u32>,
-        offsets: Vec<u64>,
-        indices: Vec<u32>,
-        layers: Option<Vec<u64>>,
-        num_layers: usize,
-    ) -> SampledEdges {
-        // Rows are sorted: the last bounds the ids the index covers.
-        let span = rows.last().map_or(0, |&v| v as usize + 1);
-        let mut position = IdMap::for_size(rows.len(), span);
-        for (i, &v) in rows.iter().enumerate() {
-            position.insert_new(v, i as u32);
-        }
-        SampledEdges {
-            rows,
+        let sample = SampledEdges {
+            vertices,
+            num_rows,
             offsets,
-            indices,
-            layers,
+            sources,
+            layers: bits,
             num_layers,
-            position,
+            position: std::sync::OnceLock::new(),
+        };
+        if cfg!(debug_assertions) {
+            let mut sorted = sample.vertices.clone();
+            sorted.sort_unstable();
+            if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+                return bad(format!("vertex {} is listed twice", w[0]));
+            }
         }
+        Ok(sample)
     }
 
-    /// Vertices with a kept row (sorted).
-    pub fn rows(&self) -> &[u32] {
-        &self.rows
+    /// Global id of every sample vertex (rows first).
+    pub fn vertices(&self) -> &[u32] {
+        &self.vertices
     }
-    /// Every kept row in order: (vertex, index of its first edge, its kept sources).
+    /// Global ids of the vertices with a kept row, in row order.
+    pub fn row_vertices(&self) -> &[u32] {
+        &self.vertices[..self.num_rows]
+    }
+    /// Sample index of global vertex `v`, if the sample holds it.
+    pub fn index_of(&self, v: u32) -> Option<u32> {
+        self.position
+            .get_or_init(|| {
+                let span = self.vertices.iter().max().map_or(0, |&v| v as usize + 1);
+                let mut position = IdMap::for_size(self.vertices.len(), span);
+                for (i, &v) in self.vertices.iter().enumerate() {
+                    position.insert_new(v, i as u32);
+                }
+                position
+            })
+            .get(v)
+    }
+    /// Every kept row in order: (global id, index of its first edge, its kept sources as
+    /// sample indices).
     pub fn iter_rows(&self) -> impl Iterator<Item = (u32, usize, &[u32])> + '_ {
-        self.rows
+        self.row_vertices()
             .iter()
             .zip(self.offsets.windows(2))
             .map(|(&v, w)| {
                 let (a, b) = (w[0] as usize, w[1] as usize);
-                (v, a, &self.indices[a..b])
+                (v, a, &self.sources[a..b])
             })
     }
     /// Number of kept edges (the union over layers).
     pub fn num_edges(&self) -> usize {
-        self.indices.len()
+        self.sources.len()
     }
     /// Number of per-layer flag sets (0 when every edge is used at every layer).
     pub fn num_layers(&self) -> usize {
@@ -284,16 +339,30 @@ impl SampledEdges {
     pub fn is_per_layer(&self) -> bool {
         self.layers.is_some()
     }
-    /// Kept sources of `v` and the index of its first edge; empty when `v` has no kept row.
-    pub fn row(&self, v: u32) -> (usize, &[u32]) {
-        match self.position.get(v) {
-            Some(i) => {
-                let i = i as usize;
-                let (a, b) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
-                (a, &self.indices[a..b])
-            }
-            None => (0, &[]),
+    /// Kept edges of sample vertex `i` (its first edge's index and its sources as sample
+    /// indices); empty for a vertex without a row.
+    pub fn row_at(&self, i: u32) -> (usize, &[u32]) {
+        let i = i as usize;
+        if i >= self.num_rows {
+            return (0, &[]);
         }
+        let (a, b) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);
+        (a, &self.sources[a..b])
+    }
+    /// Global ids of the kept sources of global vertex `v`, ascending; empty when `v` has no
+    /// kept row.
+    pub fn kept_sources(&self, v: u32) -> Vec<u32> {
+        let mut out: Vec<u32> = match self.index_of(v) {
+            Some(i) => self
+                .row_at(i)
+                .1
+                .iter()
+                .map(|&u| self.vertices[u as usize])
+                .collect(),
+            None => Vec::new(),
+        };
+        out.sort_unstable();
+        out
     }
     /// Whether kept edge `e` is used at layer `layer` (always true without per-layer flags).
     pub fn used_at(&self, e: usize, layer: usize) -> bool {
@@ -306,7 +375,7 @@ impl SampledEdges {
     pub fn edges_at(&self, layer: usize) -> usize {
         match &self.layers {
             Some(bits) => bits.iter().filter(|&&b| b >> layer & 1 == 1).count(),
-            None => self.indices.len(),
+            None => self.sources.len(),
         }
     }
 }
@@ -373,18 +442,58 @@ impl ExtractionSpec {
     }
 }
 
-/// Read access to the kept rows of a spec, exact or sampled, used by the builder.
+/// Read access to the kept rows of a spec, exact or sampled, used by the builder. Vertices
+/// are named by KEYS: global ids for the exact closure, sample indices for a sample (so a
+/// plan built from a sample indexes arrays sized to the sample, never maps global ids).
 pub(crate) enum RowSource<'s, 'g> {
     Exact(grandis_store::CsrView<'g>),
     Sampled(&'s SampledEdges),
 }
 
 impl<'g> RowSource<'_, 'g> {
-    /// Index of the first kept edge of `v` and its kept sources.
+    /// Index of the first kept edge of key `v` and the keys of its kept sources.
     pub fn row(&self, v: u32) -> (usize, &[u32]) {
         match self {
             RowSource::Exact(g) => (0, g.neighbors(v)),
-            RowSource::Sampled(s) => s.row(v),
+            RowSource::Sampled(s) => s.row_at(v),
+        }
+    }
+    /// Global id of key `v`.
+    pub fn global(&self, v: u32) -> u32 {
+        match self {
+            RowSource::Exact(_) => v,
+            RowSource::Sampled(s) => s.vertices[v as usize],
+        }
+    }
+    /// Keys lie below this.
+    pub fn key_span(&self) -> usize {
+        match self {
+            RowSource::Exact(g) => g.num_vertices(),
+            RowSource::Sampled(s) => s.vertices.len(),
+        }
+    }
+    /// The keys of `targets` (global ids), each of which must have a row: a sampler gives
+    /// every target one (empty when it keeps no in-edge), as every destination of a DGL
+    /// block is a row. A sample that lists the targets first costs no lookup.
+    pub fn target_keys(&self, targets: &[u32]) -> Result<Vec<u32>> {
+        match self {
+            RowSource::Exact(_) => Ok(targets.to_vec()),
+            RowSource::Sampled(s) if s.vertices.get(..targets.len()) == Some(targets) => {
+                Ok((0..targets.len() as u32).collect())
+            }
+            RowSource::Sampled(s) => targets
+                .iter()
+                .map(|&t| {
+                    s.index_of(t)
+                        .filter(|&i| (i as usize) < s.num_rows)
+                        .ok_or_else(|| {
+                            MaskingError::Spec(format!(
+                                "target {t} has no row in the sampled edges (a sampler gives \
+                                 every target one, empty when it keeps no in-edge)"
+                            ))
+                        })
+                })
+                .collect(),
         }
     }
     pub fn per_layer(&self) -> bool {

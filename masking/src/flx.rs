@@ -118,8 +118,8 @@ impl PreloadPlan {
     }
 }
 
-/// The vertices one server's extraction reached, by index in discovery order (a vertex's
-/// level and, once placed, its device within the server).
+/// The vertices one server's extraction reached (by key, see `RowSource`), numbered in
+/// discovery order: a vertex's level and, once placed, its device within the server.
 struct Reached {
     index: IdMap,
     level: Vec<u8>,
@@ -127,7 +127,7 @@ struct Reached {
 }
 
 impl Reached {
-    /// For an extraction of about `expected` vertices of a graph of `n`.
+    /// For an extraction of about `expected` vertices, keys below `n`.
     fn new(expected: usize, n: usize) -> Reached {
         Reached {
             index: IdMap::for_size(expected, n),
@@ -353,30 +353,39 @@ impl<'a> PlanContext<'a> {
                     spec.hops
                 )));
             }
-            // Ids are checked always (a bad one would index out of range); that every kept
-            // edge is an edge of the graph only in debug builds and tests: samplers draw from
-            // the graph's rows by construction, and the check reads every full row again,
-            // which costs a step more than the rest of its extraction.
+            // Ids are checked always (a bad one would index out of range), in one pass over
+            // the sample's vertices; that every kept edge is an edge of the graph only in
+            // debug builds and tests: samplers draw from the graph's rows by construction, and
+            // the check reads every full row again, which costs a step more than the rest of
+            // its extraction.
+            let out_of_range = e.vertices().iter().any(|&v| v >= n);
+            if !out_of_range && !cfg!(debug_assertions) {
+                return Ok(());
+            }
+            let vertices = e.vertices();
             for (v, _, kept) in e.iter_rows() {
                 if v >= n {
                     return Err(MaskingError::Spec(format!(
                         "server {s}: sampled row of vertex {v}, the graph has {n} vertices"
                     )));
                 }
-                if let Some(&u) = kept.iter().find(|&&u| u >= n) {
+                let mut kept = kept.iter().map(|&i| vertices[i as usize]);
+                if let Some(u) = kept.clone().find(|&u| u >= n) {
                     return Err(MaskingError::Spec(format!(
                         "server {s}: sampled edge {u} -> {v}, the graph has {n} vertices"
                     )));
                 }
-                if !cfg!(debug_assertions) {
-                    continue;
-                }
                 let full = self.in_neighbors(v);
-                if let Some(&u) = kept.iter().find(|u| full.binary_search(u).is_err()) {
+                if let Some(u) = kept.find(|u| full.binary_search(u).is_err()) {
                     return Err(MaskingError::Spec(format!(
                         "server {s}: sampled edge {u} -> {v} is not an edge of the graph"
                     )));
                 }
+            }
+            if let Some(&v) = vertices.iter().find(|&&v| v >= n) {
+                return Err(MaskingError::Spec(format!(
+                    "server {s}: sampled vertex {v}, the graph has {n} vertices"
+                )));
             }
         }
         Ok(())
@@ -404,30 +413,32 @@ impl<'a> PlanContext<'a> {
             layout.devices()
         };
         let rank_of = |g: usize| layout.rank(server, single.unwrap_or(g));
-        // Every extracted vertex in order of recording: a step's work is proportional to what
+        // Vertices are named by their keys (global ids, or a sample's own indices: see
+        // `RowSource`), recorded in order of discovery: a step's work is proportional to what
         // it reaches, never to |V| (no vertex-sized array allocated or cleared per step).
         // Sampled batches reach at most their targets and one vertex per kept edge; exact
         // closures and whole-range extractions most of the graph. `IdMap` picks its
-        // representation from that size.
+        // representation from that size (an array over a sample's keys).
         let expected = match &rows {
             RowSource::Exact(_) => self.num_vertices(),
             // At most the targets and one vertex per kept edge.
             RowSource::Sampled(e) => spec.targets.len().saturating_add(e.num_edges()),
         };
-        let mut reached = Reached::new(expected, self.num_vertices());
+        let mut reached = Reached::new(expected, rows.key_span());
         let mut loads = vec![0usize; g_count];
-        for &v in &spec.targets {
+        let targets = rows.target_keys(&spec.targets)?;
+        for (&v, &t) in targets.iter().zip(&spec.targets) {
             let g = if single.is_some() {
                 0
             } else {
-                layout.device_of(v)
+                layout.device_of(t)
             };
             reached.insert_new(v, 0);
             reached.set_device(v, g as u16);
             loads[g] += 1;
         }
-        // levels[d]: vertices at level d, ascending.
-        let mut levels: Vec<Vec<u32>> = vec![spec.targets.clone()];
+        // levels[d]: keys of the vertices at level d, by ascending global id.
+        let mut levels: Vec<Vec<u32>> = vec![targets];
         let mut total = levels[0].len();
         for d in 1..=k {
             let lvl = d as u8;
@@ -435,8 +446,7 @@ impl<'a> PlanContext<'a> {
             let mut next = Vec::new();
             if let RowSource::Sampled(sample) = &rows {
                 // A sample's hop: its sources gathered on the thread pool (at most the
-                // sample's edges), sorted and deduplicated, then recorded in id order, so the
-                // reached map is written in ascending addresses instead of at random. Hop d
+                // sample's edges), sorted and deduplicated, then recorded in key order. Hop d
                 // feeds layer k - d, whose valid rows are, with per-layer flags, all levels
                 // <= d - 1, else level d - 1.
                 let per_layer = sample.is_per_layer();
@@ -450,7 +460,7 @@ impl<'a> PlanContext<'a> {
                     .par_chunks(4096)
                     .flat_map_iter(|chunk| {
                         chunk.iter().flat_map(|&v| {
-                            let (base, srcs) = sample.row(v);
+                            let (base, srcs) = sample.row_at(v);
                             srcs.iter()
                                 .enumerate()
                                 .filter(move |&(j, _)| {
@@ -478,7 +488,9 @@ impl<'a> PlanContext<'a> {
                     }
                 }
             }
-            next.sort_unstable();
+            // By global id (a sample that numbers its vertices level by level in id order,
+            // as the layer-wise sampler does, is in that order already).
+            next.sort_unstable_by_key(|&u| rows.global(u));
             total += next.len();
             if g_count == 1 {
                 for &u in &next {
@@ -569,7 +581,7 @@ impl<'a> PlanContext<'a> {
             replicated: levels
                 .iter()
                 .flatten()
-                .filter(|v| !server_range.contains(v))
+                .filter(|&&v| !server_range.contains(&rows.global(v)))
                 .count(),
             dependencies: level_sizes[1..].iter().sum(),
             level_sizes,

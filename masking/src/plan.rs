@@ -104,13 +104,25 @@ pub struct DevicePlan {
     /// `n_owned` rows in the same local ids as `graph`, row i = the in-edges row i aggregates
     /// at layer l (empty for rows not valid at l). Each is a subset of `graph`.
     pub layer_graphs: Vec<CsrGraph>,
-    /// FULL-graph out-degree of every local row's vertex.
-    pub out_degree: Vec<u32>,
     /// Split flags (`SPLIT_*` bits) of every owned row.
     pub split: Vec<u8>,
-    /// (global id, local row), sorted by global id: the global-to-local map.
-    lookup: Vec<(u32, u32)>,
+    /// The global-to-local map, derived from `global_ids` on first use.
+    lookup: GlobalIndex,
 }
+
+/// (global id, local row) of every local row, sorted by global id: a plan's global-to-local
+/// map, built on first use (a mini-batch plan is trained without ever needing it). Derived
+/// from `global_ids`, so it never makes two plans unequal.
+#[derive(Debug, Clone, Default)]
+struct GlobalIndex(std::sync::OnceLock<Vec<(u32, u32)>>);
+
+impl PartialEq for GlobalIndex {
+    fn eq(&self, _: &GlobalIndex) -> bool {
+        true
+    }
+}
+
+impl Eq for GlobalIndex {}
 
 impl DevicePlan {
     pub fn n_local(&self) -> usize {
@@ -124,10 +136,20 @@ impl DevicePlan {
     }
     /// Local row of a global vertex, if this device holds it.
     pub fn local_of(&self, global: u32) -> Option<u32> {
-        self.lookup
+        let lookup = self.lookup.0.get_or_init(|| {
+            let mut lookup: Vec<(u32, u32)> = self
+                .global_ids
+                .iter()
+                .enumerate()
+                .map(|(i, &g)| (g, i as u32))
+                .collect();
+            lookup.sort_unstable();
+            lookup
+        });
+        lookup
             .binary_search_by_key(&global, |&(g, _)| g)
             .ok()
-            .map(|i| self.lookup[i].1)
+            .map(|i| lookup[i].1)
     }
     /// Local in-neighbour rows of owned row `row`.
     pub fn row(&self, row: u32) -> &[u32] {
@@ -294,9 +316,10 @@ impl RowsPart {
     }
 }
 
-/// Builds a device plan except its send lists (see [`fill_sends`]). `owner_of(u)` is the rank
-/// that owns `u` in this plan (None: not part of the plan); `level_of(u)` its hop level;
-/// `rows` gives every row's kept in-edges (all of them for exact plans).
+/// Builds a device plan except its send lists (see [`fill_sends`]). Vertices are named by
+/// `rows`' keys (global ids, or a sample's indices): `spec.owned` lists keys, `owner_of(u)` is
+/// the rank that owns key `u` in this plan (None: not part of the plan), `level_of(u)` its
+/// hop level; `rows` gives every row's kept in-edges (all of them for exact plans).
 pub(crate) fn build_device(
     ctx: &PlanContext<'_>,
     rows: &RowSource<'_, '_>,
@@ -316,24 +339,19 @@ pub(crate) fn build_device(
         sole,
     } = spec;
     let n_owned = owned.len();
+    let global = |u: u32| rows.global(u);
     if !owned
         .iter()
         .zip(&owned_level)
         .zip(owned.iter().zip(&owned_level).skip(1))
-        .all(|((a, la), (b, lb))| (la, a) < (lb, b))
+        .all(|((&a, la), (&b, lb))| (la, global(a)) < (lb, global(b)))
     {
         return Err(MaskingError::Internal(format!(
             "rank {rank}: owned rows are not sorted by (level, global id)"
         )));
     }
-    let mut owned_lookup: Vec<(u32, u32)> = owned
-        .iter()
-        .enumerate()
-        .map(|(i, &g)| (g, i as u32))
-        .collect();
-    owned_lookup.sort_unstable();
 
-    // Halo candidates: (peer, vertex, need level) for every used in-edge of a complete row
+    // Halo candidates: (peer, key, need level) for every used in-edge of a complete row
     // that comes from another device; duplicates keep the smallest need level. A standalone
     // plan owns every vertex it reads, so it has none (a missing one is caught below).
     let mut cand: Vec<(usize, u32, u8)> = Vec::new();
@@ -356,8 +374,10 @@ pub(crate) fn build_device(
                 Some(r) => cand.push((r, u, need)),
                 None => {
                     return Err(MaskingError::Internal(format!(
-                        "rank {rank}: in-neighbour {u} of complete row {v} (level {lv}) is not \
-                         in the plan"
+                        "rank {rank}: in-neighbour {} of complete row {} (level {lv}) is not \
+                         in the plan",
+                        global(u),
+                        global(v)
                     )))
                 }
             }
@@ -365,14 +385,14 @@ pub(crate) fn build_device(
     }
     cand.sort_unstable();
     cand.dedup_by(|later, first| later.0 == first.0 && later.1 == first.1);
-    cand.sort_unstable_by_key(|&(peer, u, need)| (peer, need, u));
+    cand.sort_unstable_by_key(|&(peer, u, need)| (peer, need, global(u)));
 
-    let mut global_ids = owned;
+    let mut keys = owned;
     let mut level = owned_level;
     let mut halo_need = Vec::with_capacity(cand.len());
     let mut halo: Vec<HaloGroup> = Vec::new();
     for &(peer, u, need) in &cand {
-        let local = global_ids.len() as u32;
+        let local = keys.len() as u32;
         match halo.last_mut() {
             Some(g) if g.peer == peer => g.rows.end = local + 1,
             _ => halo.push(HaloGroup {
@@ -380,34 +400,43 @@ pub(crate) fn build_device(
                 rows: local..local + 1,
             }),
         }
-        global_ids.push(u);
+        keys.push(u);
         level.push(level_of(u));
         halo_need.push(need);
     }
+    let global_ids: Vec<u32> = match rows {
+        RowSource::Exact(_) => keys.clone(),
+        RowSource::Sampled(_) => keys.iter().map(|&u| global(u)).collect(),
+    };
 
-    let mut lookup = owned_lookup;
-    lookup.extend(
-        global_ids[n_owned..]
-            .iter()
-            .enumerate()
-            .map(|(i, &g)| (g, (n_owned + i) as u32)),
-    );
-    lookup.sort_unstable();
-    if lookup.windows(2).any(|w| w[0].0 == w[1].0) {
-        return Err(MaskingError::Internal(format!(
-            "rank {rank}: a vertex is both owned and halo"
-        )));
-    }
     // Every in-neighbour of a complete row is a row of the plan (owned, or added above as
-    // halo); a map rather than a search of `lookup`, since this runs once per kept edge.
-    let mut local = IdMap::for_size(lookup.len(), ctx.num_vertices());
-    for &(g, l) in &lookup {
-        local.insert_new(g, l);
+    // halo). A plan whose keys are its local rows (a standalone plan of a sample numbered in
+    // plan order, as the layer-wise sampler numbers it) needs no map at all; otherwise a map
+    // over the keys, built once and read once per kept edge.
+    let identity = keys.iter().enumerate().all(|(i, &u)| u == i as u32);
+    let mut local = IdMap::for_size(if identity { 0 } else { keys.len() }, rows.key_span());
+    if !identity {
+        for (l, &u) in keys.iter().enumerate() {
+            if !local.insert_new(u, l as u32) {
+                return Err(MaskingError::Internal(format!(
+                    "rank {rank}: vertex {} is two rows of the plan (owned and halo)",
+                    global(u)
+                )));
+            }
+        }
     }
-    let local_of = |g: u32, v: u32| -> Result<u32> {
-        local.get(g).ok_or_else(|| {
+    let n_local = keys.len();
+    let local_of = |u: u32, v: u32| -> Result<u32> {
+        let found = if identity {
+            ((u as usize) < n_local).then_some(u)
+        } else {
+            local.get(u)
+        };
+        found.ok_or_else(|| {
             MaskingError::Internal(format!(
-                "rank {rank}: in-neighbour {g} of complete row {v} is not in the plan"
+                "rank {rank}: in-neighbour {} of complete row {} is not in the plan",
+                global(u),
+                global(v)
             ))
         })
     };
@@ -424,7 +453,7 @@ pub(crate) fn build_device(
             let lv = level[i];
             if lv < complete_below {
                 let start = part.union.1.len();
-                let v = global_ids[i];
+                let v = keys[i];
                 let (base, srcs) = rows.row(v);
                 for (j, &u) in srcs.iter().enumerate() {
                     if rows.edge_need(base + j, lv, masked_layers).is_none() {
@@ -481,7 +510,6 @@ pub(crate) fn build_device(
             }
         })
         .collect();
-    let out_degree = global_ids.par_iter().map(|&g| ctx.out_degree(g)).collect();
     let split = global_ids[..n_owned]
         .par_iter()
         .map(|&g| ctx.splits().flags(g))
@@ -523,9 +551,8 @@ pub(crate) fn build_device(
         in_degree,
         agg_degree,
         layer_graphs,
-        out_degree,
         split,
-        lookup,
+        lookup: GlobalIndex::default(),
     })
 }
 

@@ -399,10 +399,9 @@ fn flx_is_the_range_exact_special_case() {
     assert_eq!(cx.extract_plan(&specs).unwrap(), cx.flx_plan(2).unwrap());
 }
 
-/// A symmetric graph is its own transpose: a context that skips the transpose plans exactly
-/// what one that builds it does.
+/// Knowing the graph symmetric changes no plan (only fine clustering reads it).
 #[test]
-fn symmetric_context_plans_what_the_transposed_one_does() {
+fn symmetric_context_plans_what_the_plain_one_does() {
     let n = 60u32;
     let edges: Vec<(u32, u32)> = (0..n)
         .flat_map(|v| [(v, (v * 7 + 3) % n), (v, (v * v + 1) % n), (v, (v + 1) % n)])
@@ -416,9 +415,7 @@ fn symmetric_context_plans_what_the_transposed_one_does() {
     let none = || SplitMembership::none(n as usize);
     let built = PlanContext::new(g.view(), layout.clone(), none()).unwrap();
     let shared = PlanContext::symmetric(g.view(), layout.clone(), none()).unwrap();
-    for v in 0..n {
-        assert_eq!(built.out_neighbors(v), shared.out_neighbors(v));
-    }
+    assert!(shared.is_symmetric() && !built.is_symmetric());
     for k in 1..=2 {
         assert_eq!(built.flx_plan(k).unwrap(), shared.flx_plan(k).unwrap());
     }

@@ -45,7 +45,6 @@ fn khop(c: &Case, server: usize, k: usize) -> HashMap<u32, u8> {
 /// Local id space, metadata, halo layout and send/halo pairing, common to every plan.
 fn check_common(c: &Case, plans: &[DevicePlan]) -> Result<(), TestCaseError> {
     let g = c.graph.view();
-    let rev = g.transpose();
     let n = g.num_vertices() as u32;
     for d in plans {
         let nl = d.n_local();
@@ -57,7 +56,6 @@ fn check_common(c: &Case, plans: &[DevicePlan]) -> Result<(), TestCaseError> {
         for (r, &gid) in d.global_ids.iter().enumerate() {
             prop_assert_eq!(d.local_of(gid), Some(r as u32));
             prop_assert_eq!(d.in_degree[r] as usize, g.degree(gid));
-            prop_assert_eq!(d.out_degree[r] as usize, rev.view().degree(gid));
         }
         let held: BTreeSet<u32> = d.global_ids.iter().copied().collect();
         prop_assert_eq!(held.len(), nl);

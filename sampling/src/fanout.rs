@@ -10,7 +10,8 @@
 //! on (seed, round, vertex, layer): Floyd's algorithm picks neighbour positions from a
 //! counter-based stream keyed by those four, so no generator is seeded per row, nothing is
 //! allocated per row, and the step is the same whatever the number of threads. The result is
-//! one CSR with a layer bit per edge ([`SampledEdges::from_csr`]), so the plan's one-hop graph
+//! one CSR with a layer bit per edge, in the sample's own vertex numbers, level by level as a
+//! plan orders its rows ([`SampledEdges::from_blocks`]), so the plan's one-hop graph
 //! is the union over layers and `DevicePlan::layer_graphs[l]` holds layer l's edges: a runner
 //! aggregates layer l over `layer_graph(l)` and divides by `agg_degree_at(l, row)` (the
 //! per-layer kept count).
@@ -172,76 +173,89 @@ impl Sampler for Fanout {
             )));
         }
         check_targets(ctx, server, &targets)?;
-        // Reached vertices in discovery order: the destinations of hop d are the prefix of
-        // the vertices reached before it. Sized to the sample, never to the graph.
-        let mut reached: Vec<u32> = targets.clone();
-        let mut seen: rustc_hash::FxHashSet<u32> = rustc_hash::FxHashSet::default();
-        seen.reserve(targets.len() * 16);
-        seen.extend(targets.iter().copied());
-        // Per hop: (destinations, CSR offsets, sources) in reached order.
+        // The sample's vertices, numbered as the plan orders its rows: level by level (the hop
+        // that first reached a vertex; the targets are level 0), by global id within a level.
+        // Hop d draws for every vertex of levels < d, which are then the prefix numbered
+        // before it. Maps are sized to the sample, never to the graph.
+        let mut vertices: Vec<u32> = targets.clone();
+        // Global id -> the number a vertex got when first drawn, and that number -> its
+        // place in `vertices` (a hop's new vertices are numbered in order of discovery, then
+        // renumbered by global id once the hop is drawn).
+        let mut first_number: rustc_hash::FxHashMap<u32, u32> = rustc_hash::FxHashMap::default();
+        first_number.reserve(targets.len() * 16);
+        first_number.extend(targets.iter().enumerate().map(|(i, &t)| (t, i as u32)));
+        let mut place: Vec<u32> = (0..targets.len() as u32).collect();
+        // Per hop: (rows drawn, CSR offsets, sources as sample indices) in sample order.
         let mut draws: Vec<(usize, Vec<u32>, Vec<u32>)> = Vec::with_capacity(hops);
         for d in 1..=hops {
-            let frontier = reached.len();
-            let (offsets, srcs) = self.draw_hop(
+            let frontier = vertices.len();
+            let (offsets, mut srcs) = self.draw_hop(
                 ctx,
-                &reached[..frontier],
+                &vertices[..frontier],
                 hops - d,
                 self.fanouts[d - 1],
                 round,
             );
-            for &u in &srcs {
-                if seen.insert(u) {
-                    reached.push(u);
+            let mut fresh: Vec<u32> = Vec::new();
+            for u in srcs.iter_mut() {
+                let next = (frontier + fresh.len()) as u32;
+                let number = *first_number.entry(*u).or_insert(next);
+                if number == next {
+                    fresh.push(*u);
+                    place.push(u32::MAX);
                 }
+                *u = number;
+            }
+            let mut by_id: Vec<u32> = (0..fresh.len() as u32).collect();
+            by_id.sort_unstable_by_key(|&j| fresh[j as usize]);
+            for (at, &j) in by_id.iter().enumerate() {
+                place[frontier + j as usize] = (frontier + at) as u32;
+            }
+            vertices.extend(by_id.iter().map(|&j| fresh[j as usize]));
+            for u in srcs.iter_mut() {
+                *u = place[*u as usize];
             }
             draws.push((frontier, offsets, srcs));
         }
-        // One CSR over the rows (every destination of the last hop), ascending by vertex; a
+        // One CSR over the rows (every vertex drawn for by the last hop), in sample order; a
         // row's edges are the union of its draws, each with the bits of the layers drawing it.
         let rows_n = draws.last().map_or(0, |h| h.0);
-        let mut order: Vec<(u32, u32)> = reached[..rows_n]
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| (v, i as u32))
-            .collect();
-        order.sort_unstable();
-        let mut rows = Vec::with_capacity(rows_n);
         let mut offsets = Vec::with_capacity(rows_n + 1);
         offsets.push(0u64);
-        let mut indices: Vec<u32> = Vec::new();
-        let mut bits: Vec<u64> = Vec::new();
+        let edges_hint: usize = draws.iter().map(|h| h.2.len()).sum();
+        let mut sources: Vec<u32> = Vec::with_capacity(edges_hint);
+        let mut bits: Vec<u64> = Vec::with_capacity(edges_hint);
         let mut merged: Vec<(u32, u64)> = Vec::new();
-        for (v, i) in order {
+        for i in 0..rows_n {
             merged.clear();
-            for (d, (dests, off, srcs)) in draws.iter().enumerate() {
-                if (i as usize) < *dests {
+            for (d, (drawn, off, srcs)) in draws.iter().enumerate() {
+                if i < *drawn {
                     let layer = hops - 1 - d;
-                    let row = &srcs[off[i as usize] as usize..off[i as usize + 1] as usize];
+                    let row = &srcs[off[i] as usize..off[i + 1] as usize];
                     merged.extend(row.iter().map(|&u| (u, 1u64 << layer)));
                 }
             }
             merged.sort_unstable_by_key(|e| e.0);
-            rows.push(v);
+            let start = sources.len();
             for &(u, b) in &merged {
-                if indices.len() > *offsets.last().expect("starts with 0") as usize
-                    && indices.last() == Some(&u)
-                {
+                if sources.len() > start && sources.last() == Some(&u) {
                     *bits.last_mut().expect("an edge of this row") |= b;
                 } else {
-                    indices.push(u);
+                    sources.push(u);
                     bits.push(b);
                 }
             }
-            offsets.push(indices.len() as u64);
+            offsets.push(sources.len() as u64);
         }
         Ok(ExtractionSpec {
             server,
             targets,
             hops,
-            edges: Edges::Sampled(SampledEdges::from_csr(
-                rows,
+            edges: Edges::Sampled(SampledEdges::from_blocks(
+                vertices,
+                rows_n,
                 offsets,
-                indices,
+                sources,
                 Some((hops, bits)),
             )?),
         })

@@ -46,7 +46,7 @@ fn ctx(g: &CsrGraph) -> PlanContext<'_> {
 
 fn kept_row(spec: &grandis_masking::ExtractionSpec, v: u32) -> Vec<u32> {
     match &spec.edges {
-        Edges::Sampled(e) => e.row(v).1.to_vec(),
+        Edges::Sampled(e) => e.kept_sources(v),
         Edges::Exact => panic!("EAS gives sampled edges"),
     }
 }

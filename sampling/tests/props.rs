@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use grandis_masking::testing::{self, Case, CaseBounds};
-use grandis_masking::{Edges, FlxPlan, PlanContext};
+use grandis_masking::{Edges, ExtractionSpec, FlxPlan, PlanContext, SampledEdges};
 use grandis_sampling::{
     cob_plan, external_distance, sample_stats, CoBatcher, Eas, Exact, Fanout, Priority, Saint,
     SaintKind, Sampler,
@@ -88,8 +88,8 @@ proptest! {
             let spec = eas.spec(&cx, s, range.clone().collect(), k, 3).unwrap();
             prop_assert_eq!(&spec, &eas.spec(&cx, s, range.clone().collect(), k, 3).unwrap());
             let Edges::Sampled(e) = &spec.edges else { panic!("sampled") };
-            for &v in e.rows() {
-                let row = e.row(v).1;
+            for &v in e.row_vertices() {
+                let row = e.kept_sources(v);
                 let inner: Vec<u32> = g.neighbors(v).iter().copied().filter(|u| range.contains(u)).collect();
                 let kept_inner: Vec<u32> = row.iter().copied().filter(|u| range.contains(u)).collect();
                 prop_assert_eq!(kept_inner, inner, "inner in-edges of {} must all be kept", v);
@@ -107,7 +107,7 @@ proptest! {
         for s in 0..c.layout.servers() {
             let spec = eas.spec(&cx, s, c.layout.server_range(s).collect(), k, 3).unwrap();
             let Edges::Sampled(e) = &spec.edges else { panic!("sampled") };
-            let sets = valid_sets(&plan, s, &|v, _| e.row(v).1.to_vec())?;
+            let sets = valid_sets(&plan, s, &|v, _| e.kept_sources(v))?;
             let range: BTreeSet<u32> = c.layout.server_range(s).collect();
             prop_assert_eq!(&sets[k - 1], &range);
             // Only external vertices are ever dropped: the extraction holds every vertex of the
@@ -195,6 +195,52 @@ proptest! {
             let last: BTreeSet<u32> = plan.devices.iter().filter(|d| d.server == s)
                 .flat_map(|d| d.valid_output_rows(layers - 1).into_iter().map(|r| d.global_ids[r as usize])).collect();
             prop_assert_eq!(last, t.iter().copied().collect::<BTreeSet<_>>());
+        }
+    }
+
+    /// The layer-wise sampler numbers its vertices as a plan orders its rows, so plans are
+    /// built from it by array indexing; the same edges numbered by global id (the general
+    /// path, with maps) give the very same plans, co-batch and standalone alike.
+    #[test]
+    fn fanout_plans_equal_plans_of_the_same_edges_by_global_id(c in case(), fanouts in prop::collection::vec(1usize..=3, 1..=3), seed in 0u64..4, round in 0u64..3) {
+        let cx = ctx(&c);
+        let layers = fanouts.len();
+        let sampler = Fanout::new(fanouts, seed).unwrap();
+        let renumbered = |spec: &ExtractionSpec| -> ExtractionSpec {
+            let Edges::Sampled(e) = &spec.edges else { panic!("sampled") };
+            let per_layer = (0..layers)
+                .map(|l| {
+                    e.iter_rows()
+                        .map(|(v, base, srcs)| {
+                            let at_l = srcs.iter().enumerate()
+                                .filter(|&(j, _)| e.used_at(base + j, l))
+                                .map(|(_, &u)| e.vertices()[u as usize])
+                                .collect();
+                            (v, at_l)
+                        })
+                        .collect()
+                })
+                .collect();
+            ExtractionSpec {
+                edges: Edges::Sampled(SampledEdges::from_layer_rows(per_layer).unwrap()),
+                ..spec.clone()
+            }
+        };
+        let specs: Vec<ExtractionSpec> = (0..c.layout.servers())
+            .map(|s| {
+                let targets = c.train.iter().copied().filter(|v| c.layout.server_range(s).contains(v)).collect();
+                sampler.spec(&cx, s, targets, layers, round).unwrap()
+            })
+            .collect();
+        let by_id: Vec<ExtractionSpec> = specs.iter().map(renumbered).collect();
+        prop_assert_eq!(cx.extract_plan(&specs).unwrap(), cx.extract_plan(&by_id).unwrap());
+        for (a, b) in specs.iter().zip(&by_id) {
+            for device in 0..c.layout.devices() {
+                prop_assert_eq!(
+                    cx.extract_device_plan(a, device).unwrap(),
+                    cx.extract_device_plan(b, device).unwrap()
+                );
+            }
         }
     }
 
