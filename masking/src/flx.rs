@@ -3,6 +3,8 @@
 //! server, layers are masked), and the combined [`PreloadPlan`] that switches ("reshapes")
 //! from FLX to FB after layer k - 1.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use rayon::prelude::*;
 
 use crate::context::PlanContext;
@@ -445,10 +447,11 @@ impl<'a> PlanContext<'a> {
             let first_new = reached.len();
             let mut next = Vec::new();
             if let RowSource::Sampled(sample) = &rows {
-                // A sample's hop: its sources gathered on the thread pool (at most the
-                // sample's edges), sorted and deduplicated, then recorded in key order. Hop d
-                // feeds layer k - d, whose valid rows are, with per-layer flags, all levels
-                // <= d - 1, else level d - 1.
+                // A sample's hop: the frontier's rows scanned on the thread pool, every source
+                // not reached yet marked in a bitmap over the sample's keys, then recorded in
+                // key order (no list of the hop's sources to sort). Hop d feeds layer k - d,
+                // whose valid rows are, with per-layer flags, all levels <= d - 1, else level
+                // d - 1.
                 let per_layer = sample.is_per_layer();
                 let layer = k - d;
                 let frontier: Vec<u32> = if per_layer {
@@ -456,24 +459,28 @@ impl<'a> PlanContext<'a> {
                 } else {
                     levels[d - 1].clone()
                 };
-                let mut sources: Vec<u32> = frontier
-                    .par_chunks(4096)
-                    .flat_map_iter(|chunk| {
-                        chunk.iter().flat_map(|&v| {
-                            let (base, srcs) = sample.row_at(v);
-                            srcs.iter()
-                                .enumerate()
-                                .filter(move |&(j, _)| {
-                                    !per_layer || sample.used_at(base + j, layer)
-                                })
-                                .map(|(_, &u)| u)
-                        })
-                    })
+                let marks: Vec<AtomicU64> = (0..rows.key_span().div_ceil(64))
+                    .map(|_| AtomicU64::new(0))
                     .collect();
-                sources.par_sort_unstable();
-                sources.dedup();
-                for u in sources {
-                    if reached.insert_new(u, lvl) {
+                let seen = &reached;
+                frontier.par_chunks(4096).for_each(|chunk| {
+                    for &v in chunk {
+                        let (base, srcs) = sample.row_at(v);
+                        for (j, &u) in srcs.iter().enumerate() {
+                            if (!per_layer || sample.used_at(base + j, layer))
+                                && seen.index(u).is_none()
+                            {
+                                marks[u as usize / 64].fetch_or(1 << (u % 64), Ordering::Relaxed);
+                            }
+                        }
+                    }
+                });
+                for (w, word) in marks.into_iter().enumerate() {
+                    let mut bits = word.into_inner();
+                    while bits != 0 {
+                        let u = (w * 64) as u32 + bits.trailing_zeros();
+                        bits &= bits - 1;
+                        reached.insert_new(u, lvl);
                         next.push(u);
                     }
                 }

@@ -5,11 +5,12 @@
 //! the map's stamp (so no map allocates or clears |V| entries: a step's cost stays its own);
 //! a hash map sized to its entries when it holds a tiny part (a mini-batch of a 100M-vertex
 //! graph, where even a reused array per thread would cost more memory than it saves).
+//! Samplers number the vertices they reach with it too.
 
 use std::cell::RefCell;
 
 /// Global id -> index (see the module doc).
-pub(crate) enum IdMap {
+pub enum IdMap {
     /// `slots[v]`, `u32::MAX` for absent.
     Dense(Vec<u32>),
     Stamped(Stamped),
@@ -18,7 +19,7 @@ pub(crate) enum IdMap {
 
 /// `slots[v] = (stamp, index)`, present when `stamp` is this map's; the array goes back to
 /// its thread's pool when the map is dropped.
-pub(crate) struct Stamped {
+pub struct Stamped {
     slots: Vec<(u32, u32)>,
     stamp: u32,
 }
@@ -79,7 +80,7 @@ impl IdMap {
     /// graph on, where the array costs at most 4x the map's entries and every lookup is one
     /// load; stamped from a sixteenth (a thread keeps at most two arrays, each at most 16x the
     /// entries of a map it serves); hashed below.
-    pub(crate) fn for_size(expected: usize, n: usize) -> IdMap {
+    pub fn for_size(expected: usize, n: usize) -> IdMap {
         if expected.saturating_mul(4) >= n {
             IdMap::Dense(vec![u32::MAX; n])
         } else if expected.saturating_mul(16) >= n {
@@ -92,7 +93,7 @@ impl IdMap {
     }
 
     /// Maps `v` to `index` unless it is mapped already; whether it was new.
-    pub(crate) fn insert_new(&mut self, v: u32, index: u32) -> bool {
+    pub fn insert_new(&mut self, v: u32, index: u32) -> bool {
         match self {
             IdMap::Dense(slots) => {
                 let slot = &mut slots[v as usize];
@@ -120,7 +121,47 @@ impl IdMap {
         }
     }
 
-    pub(crate) fn get(&self, v: u32) -> Option<u32> {
+    /// The index of `v`, mapping it to `index` first if it has none.
+    pub fn get_or_insert(&mut self, v: u32, index: u32) -> u32 {
+        match self {
+            IdMap::Dense(slots) => {
+                let slot = &mut slots[v as usize];
+                if *slot == u32::MAX {
+                    *slot = index;
+                }
+                *slot
+            }
+            IdMap::Stamped(Stamped { slots, stamp }) => {
+                let slot = &mut slots[v as usize];
+                if slot.0 != *stamp {
+                    *slot = (*stamp, index);
+                }
+                slot.1
+            }
+            IdMap::Hash(m) => *m.entry(v).or_insert(index),
+        }
+    }
+
+    /// Prefetches the entry of `v` (a walk over scattered ids asks a few ids ahead, so the
+    /// cache misses overlap); nothing for the hashed map, whose slot is not known up front.
+    #[inline(always)]
+    pub fn prefetch(&self, v: u32) {
+        match self {
+            IdMap::Dense(slots) => {
+                if let Some(s) = slots.get(v as usize) {
+                    grandis_store::prefetch(s);
+                }
+            }
+            IdMap::Stamped(Stamped { slots, .. }) => {
+                if let Some(s) = slots.get(v as usize) {
+                    grandis_store::prefetch(s);
+                }
+            }
+            IdMap::Hash(_) => {}
+        }
+    }
+
+    pub fn get(&self, v: u32) -> Option<u32> {
         match self {
             IdMap::Dense(slots) => slots.get(v as usize).copied().filter(|&i| i != u32::MAX),
             IdMap::Stamped(Stamped { slots, stamp }) => slots

@@ -37,6 +37,7 @@ pub use context::{PlanContext, SplitMembership, SPLIT_TEST, SPLIT_TRAIN, SPLIT_V
 pub use error::{MaskingError, Result};
 pub use extract::{Edges, ExtractionSpec, SampledEdges};
 pub use flx::{FbPlan, FlxPlan, PreloadPlan, ServerExtraction};
+pub use idmap::IdMap;
 pub use layout::Layout;
 pub use memory::{
     choose_k, estimate, estimate_device, estimate_masked, estimate_masked_device,

@@ -230,11 +230,22 @@ fn count(layout: &Layout, plans: &[Vec<Arc<DevicePlan>>], layers: usize) -> Step
 /// Edges of `p`'s graph whose ends are homed on different servers: what a partition built
 /// for sampling locality (ByteGNN's) keeps low.
 fn inter_server_edges(layout: &Layout, p: &DevicePlan) -> u64 {
-    let server = |row: u32| layout.server_of(p.global_ids[row as usize]);
+    if layout.servers() == 1 {
+        return 0;
+    }
+    // Each row's home server once, then one load per edge.
+    let server: Vec<u32> = p
+        .global_ids
+        .iter()
+        .map(|&g| layout.server_of(g) as u32)
+        .collect();
     (0..p.n_owned as u32)
         .map(|i| {
-            let home = server(i);
-            p.row(i).iter().filter(|&&j| server(j) != home).count() as u64
+            let home = server[i as usize];
+            p.row(i)
+                .iter()
+                .filter(|&&j| server[j as usize] != home)
+                .count() as u64
         })
         .sum()
 }

@@ -16,12 +16,16 @@
 //! aggregates layer l over `layer_graph(l)` and divides by `agg_degree_at(l, row)` (the
 //! per-layer kept count).
 
-use grandis_masking::{Edges, ExtractionSpec, PlanContext, SampledEdges};
+use grandis_masking::{Edges, ExtractionSpec, IdMap, PlanContext, SampledEdges};
 use rayon::prelude::*;
 
 use crate::error::{Result, SamplingError};
 use crate::rng::{below, counter, mix};
 use crate::sampler::{check_targets, Sampler};
+
+/// How many rows or edges ahead a walk over scattered ids prefetches: enough to overlap a
+/// dozen cache misses, few enough that the lines are still cached when used.
+const PREFETCH_AHEAD: usize = 8;
 
 /// GraphSAGE layer-wise neighbour sampling.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,7 +141,16 @@ impl Fanout {
             .map(|chunk| {
                 let mut ends = Vec::with_capacity(chunk.len());
                 let mut srcs = Vec::with_capacity(chunk.len() * fanout);
-                for &v in chunk {
+                let graph = ctx.graph();
+                for (i, &v) in chunk.iter().enumerate() {
+                    // Rows at scattered ids: their offsets two windows ahead, the start of
+                    // their sources one window ahead (offsets in cache by then).
+                    if let Some(&w) = chunk.get(i + 2 * PREFETCH_AHEAD) {
+                        graph.prefetch_offsets(w);
+                    }
+                    if let Some(&w) = chunk.get(i + PREFETCH_AHEAD) {
+                        graph.prefetch_row(w);
+                    }
                     self.sample_row_into(ctx, v, layer, fanout, round, &mut srcs);
                     ends.push(srcs.len() as u32);
                 }
@@ -181,9 +194,19 @@ impl Sampler for Fanout {
         // Global id -> the number a vertex got when first drawn, and that number -> its
         // place in `vertices` (a hop's new vertices are numbered in order of discovery, then
         // renumbered by global id once the hop is drawn).
-        let mut first_number: rustc_hash::FxHashMap<u32, u32> = rustc_hash::FxHashMap::default();
-        first_number.reserve(targets.len() * 16);
-        first_number.extend(targets.iter().enumerate().map(|(i, &t)| (t, i as u32)));
+        let bound = self
+            .fanouts
+            .iter()
+            .scan(targets.len(), |frontier, &f| {
+                *frontier = frontier.saturating_mul(f + 1);
+                Some(*frontier)
+            })
+            .last()
+            .unwrap_or(targets.len());
+        let mut first_number = IdMap::for_size(bound.min(ctx.num_vertices()), ctx.num_vertices());
+        for (i, &t) in targets.iter().enumerate() {
+            first_number.insert_new(t, i as u32);
+        }
         let mut place: Vec<u32> = (0..targets.len() as u32).collect();
         // Per hop: (rows drawn, CSR offsets, sources as sample indices) in sample order.
         let mut draws: Vec<(usize, Vec<u32>, Vec<u32>)> = Vec::with_capacity(hops);
@@ -197,21 +220,31 @@ impl Sampler for Fanout {
                 round,
             );
             let mut fresh: Vec<u32> = Vec::new();
-            for u in srcs.iter_mut() {
+            for i in 0..srcs.len() {
+                // Entries at scattered ids: ask for the one a few edges ahead.
+                if let Some(&ahead) = srcs.get(i + PREFETCH_AHEAD) {
+                    first_number.prefetch(ahead);
+                }
+                let u = srcs[i];
                 let next = (frontier + fresh.len()) as u32;
-                let number = *first_number.entry(*u).or_insert(next);
+                let number = first_number.get_or_insert(u, next);
                 if number == next {
-                    fresh.push(*u);
+                    fresh.push(u);
                     place.push(u32::MAX);
                 }
-                *u = number;
+                srcs[i] = number;
             }
-            let mut by_id: Vec<u32> = (0..fresh.len() as u32).collect();
-            by_id.sort_unstable_by_key(|&j| fresh[j as usize]);
-            for (at, &j) in by_id.iter().enumerate() {
-                place[frontier + j as usize] = (frontier + at) as u32;
+            // (global id, number when drawn), packed so the sort compares plain integers.
+            let mut by_id: Vec<u64> = fresh
+                .iter()
+                .enumerate()
+                .map(|(j, &g)| (g as u64) << 32 | j as u64)
+                .collect();
+            by_id.sort_unstable();
+            for (at, &gj) in by_id.iter().enumerate() {
+                place[frontier + (gj as u32) as usize] = (frontier + at) as u32;
             }
-            vertices.extend(by_id.iter().map(|&j| fresh[j as usize]));
+            vertices.extend(by_id.iter().map(|&gj| (gj >> 32) as u32));
             for u in srcs.iter_mut() {
                 *u = place[*u as usize];
             }

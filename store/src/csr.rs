@@ -31,6 +31,24 @@ impl<'a> CsrView<'a> {
         let v = v as usize;
         &self.indices[self.offsets[v] as usize..self.offsets[v + 1] as usize]
     }
+    /// Prefetches the offsets of `v` (the first of the two loads [`CsrView::neighbors`]
+    /// makes), for a walk that reads rows at scattered ids a few rows ahead.
+    #[inline(always)]
+    pub fn prefetch_offsets(&self, v: u32) {
+        if let Some(o) = self.offsets.get(v as usize) {
+            crate::prefetch(o);
+        }
+    }
+    /// Prefetches the start of `v`'s row (reading its offsets, which
+    /// [`CsrView::prefetch_offsets`] should have brought in earlier).
+    #[inline(always)]
+    pub fn prefetch_row(&self, v: u32) {
+        if let Some(&start) = self.offsets.get(v as usize) {
+            if let Some(first) = self.indices.get(start as usize) {
+                crate::prefetch(first);
+            }
+        }
+    }
     pub fn degree(&self, v: u32) -> usize {
         let v = v as usize;
         (self.offsets[v + 1] - self.offsets[v]) as usize

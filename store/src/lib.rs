@@ -15,6 +15,7 @@ pub mod csr;
 pub mod dataset;
 pub mod edges;
 pub mod error;
+pub mod prefetch;
 pub mod rows;
 pub mod split;
 
@@ -31,5 +32,6 @@ pub use edges::{
     DEFAULT_RUN_BYTES,
 };
 pub use error::{Result, StoreError};
+pub use prefetch::prefetch;
 pub use rows::{RowReader, RESIDENCY_SAMPLE};
 pub use split::Split;

@@ -178,16 +178,7 @@ unsafe fn block<const W: usize>(
     }
 }
 
-#[inline(always)]
-pub(super) fn prefetch(p: *const f32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetch is a hint and never faults, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
+pub(super) use grandis_store::prefetch;
 
 /// The body of [`Backend::upload_graph`](crate::backend::Backend::upload_graph) for
 /// `CpuBackend`: validates the block and builds the forward CSR and its transpose.
