@@ -153,6 +153,9 @@ impl<'a> PlanContext<'a> {
     /// (its inputs cross the server boundary): the first call sets a bit per vertex in one
     /// parallel pass, so per-step statistics never walk full in-neighbour lists.
     pub fn reads_across_servers(&self, v: u32) -> bool {
+        if self.layout.servers() == 1 {
+            return false;
+        }
         let bits = self.crosses.get_or_init(|| {
             use rayon::prelude::*;
             let n = self.num_vertices();

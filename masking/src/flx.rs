@@ -569,7 +569,8 @@ impl<'a> PlanContext<'a> {
                         owned_level,
                         complete_below: k as u8,
                         masked_layers: k,
-                        sole: single.is_some(),
+                        // One device: every vertex it reads is its own (no halo).
+                        sole: g_count == 1,
                     },
                     |u| {
                         reached

@@ -304,6 +304,17 @@ impl RowsPart {
         }
     }
 
+    /// Room for the edges of `parts` in every CSR, so appending them copies each edge once
+    /// (growing by doubling would copy and fault in the pages again).
+    fn reserve_for(&mut self, parts: &[RowsPart]) {
+        self.union
+            .1
+            .reserve(parts.iter().map(|p| p.union.1.len()).sum());
+        for (l, (_, indices)) in self.layers.iter_mut().enumerate() {
+            indices.reserve(parts.iter().map(|p| p.layers[l].1.len()).sum());
+        }
+    }
+
     /// Appends `next`'s rows after this part's.
     fn append(&mut self, next: &RowsPart) {
         let pairs = std::iter::once((&mut self.union, &next.union))
@@ -487,6 +498,7 @@ pub(crate) fn build_device(
         .map(build_rows)
         .collect::<Result<Vec<RowsPart>>>()?;
     let mut joined = RowsPart::new(per_layer, n_owned);
+    joined.reserve_for(&parts);
     for part in &parts {
         joined.append(part);
     }

@@ -1,15 +1,19 @@
 //! The host side of batched steps, stage by stage, as a run builds them (`grandis bench
 //! steps`): sampling (`steps::sample_step`), plan building with the step's statistics
 //! (`steps::plan_step`) and the gather of every rank's layer-0 feature rows (what a
-//! rank reads before its upload). Timing is the caller's: it runs [`time_steps`] inside a rayon
-//! pool of the thread count it measures, since every stage parallelises on the current pool.
+//! rank reads before its upload), either one step at a time with every thread on it
+//! ([`time_steps`]) or as a run's producers build them, one thread per step
+//! ([`time_producers`]). Timing is the caller's: it runs them inside a rayon pool of the
+//! thread count it measures, since every stage parallelises on the current pool.
 
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use grandis_masking::{ModelDims, PlanContext};
 use grandis_models::ModelConfig;
 use grandis_store::DatasetView;
 use grandis_wire::{Mode, Sampling};
+use rayon::prelude::*;
 
 use crate::steps::{plan_step, sample_step, CobSampler, Schedule};
 use crate::PartitionedGraph;
@@ -42,58 +46,91 @@ pub struct StepTiming {
     pub input_rows: u64,
 }
 
-/// Builds the first `opts.steps` steps of epoch 0 of `opts.mode` with layer-wise fanout
-/// sampling on the current rayon pool, timing each stage of each step.
-pub fn time_steps(
-    view: &DatasetView<'_>,
-    part: &PartitionedGraph,
-    config: &ModelConfig,
-    opts: &StepBenchOptions,
-) -> anyhow::Result<Vec<StepTiming>> {
-    crate::setup::check_inputs(view, part, config)?;
-    if opts.fanouts.len() != config.layers {
-        bail!(
-            "{} fanouts for a {}-layer model: give one per layer",
-            opts.fanouts.len(),
-            config.layers
-        );
+/// What every step of a bench needs: the planning context, the schedule and the labels.
+struct Bench<'v> {
+    view: &'v DatasetView<'v>,
+    part: &'v PartitionedGraph,
+    ctx: PlanContext<'v>,
+    flags: Vec<u8>,
+    dims: ModelDims,
+    layers: usize,
+}
+
+impl<'v> Bench<'v> {
+    fn new(
+        view: &'v DatasetView<'v>,
+        part: &'v PartitionedGraph,
+        config: &ModelConfig,
+        opts: &StepBenchOptions,
+    ) -> anyhow::Result<Bench<'v>> {
+        crate::setup::check_inputs(view, part, config)?;
+        if opts.fanouts.len() != config.layers {
+            bail!(
+                "{} fanouts for a {}-layer model: give one per layer",
+                opts.fanouts.len(),
+                config.layers
+            );
+        }
+        let ctx = crate::setup::plan_context(view, part)?;
+        let (flags, _) = crate::setup::labelled(view, part)?;
+        Ok(Bench {
+            view,
+            part,
+            ctx,
+            flags,
+            dims: crate::budget::model_dims(config),
+            layers: config.layers,
+        })
     }
-    let ctx = crate::setup::plan_context(view, part)?;
-    let (flags, _) = crate::setup::labelled(view, part)?;
-    let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
-    let sampling = Sampling::Fanout {
-        fanouts: opts.fanouts.clone(),
-    };
-    let sampler = grandis_sampling::dependency_sampler(&sampling, config.layers, opts.seed)?
-        .context("internal: fanout sampling has a dependency sampler")?;
-    let schedule = match opts.mode {
-        Mode::Mb => Schedule::Mb {
-            batcher: grandis_sampling::MiniBatcher::new(&ctx, opts.batch_size, opts.seed)?,
-            sampler: sampler.as_ref(),
-        },
-        Mode::Cob => Schedule::Cob {
-            batcher: grandis_sampling::CoBatcher::new(&ctx, opts.batch_size, opts.seed)?,
-            sampler: CobSampler::Deps(sampler.as_ref()),
-        },
-        other => bail!("bench steps builds mb or cob steps, not {other:?}"),
-    };
-    let iterations = schedule.iterations();
-    if iterations == 0 {
-        bail!("the dataset has no labelled training vertex to batch");
+
+    /// Runs `f` with the schedule of `opts`.
+    fn with_schedule<R>(
+        &self,
+        opts: &StepBenchOptions,
+        f: impl FnOnce(&Schedule<'_>) -> anyhow::Result<R>,
+    ) -> anyhow::Result<R> {
+        let sampling = Sampling::Fanout {
+            fanouts: opts.fanouts.clone(),
+        };
+        let sampler = grandis_sampling::dependency_sampler(&sampling, self.layers, opts.seed)?
+            .context("internal: fanout sampling has a dependency sampler")?;
+        let schedule = match opts.mode {
+            Mode::Mb => Schedule::Mb {
+                batcher: grandis_sampling::MiniBatcher::new(&self.ctx, opts.batch_size, opts.seed)?,
+                sampler: sampler.as_ref(),
+            },
+            Mode::Cob => Schedule::Cob {
+                batcher: grandis_sampling::CoBatcher::new(&self.ctx, opts.batch_size, opts.seed)?,
+                sampler: CobSampler::Deps(sampler.as_ref()),
+            },
+            other => bail!("bench steps builds mb or cob steps, not {other:?}"),
+        };
+        if schedule.iterations() == 0 {
+            bail!("the dataset has no labelled training vertex to batch");
+        }
+        f(&schedule)
     }
-    let dims = crate::budget::model_dims(config);
-    let f = view.feature_dim;
-    let mut rows: Vec<f32> = Vec::new();
-    let mut out = Vec::with_capacity(opts.steps);
-    for it in 0..opts.steps.min(iterations) {
+
+    /// Samples and plans step `it` of epoch 0: the step, its seconds in each stage, and its
+    /// sampled edges.
+    fn build(
+        &self,
+        schedule: &Schedule<'_>,
+        it: usize,
+    ) -> anyhow::Result<(std::sync::Arc<crate::steps::Step>, f64, f64, u64)> {
+        let labelled_train = |g: u32| crate::setup::in_train_split(&self.flags, g);
         let t = Instant::now();
-        let sampled = sample_step(&ctx, &schedule, config.layers, 0, it)?;
+        let sampled = sample_step(&self.ctx, schedule, self.layers, 0, it)?;
         let sampled_edges = sampled.sampled_edges();
         let sample_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let (_, step, _stats) = plan_step(&ctx, sampled, &dims, &labelled_train)?;
-        let plan_s = t.elapsed().as_secs_f64();
-        let t = Instant::now();
+        let (_, step, _stats) = plan_step(&self.ctx, sampled, &self.dims, &labelled_train)?;
+        Ok((step, sample_s, t.elapsed().as_secs_f64(), sampled_edges))
+    }
+
+    /// Gathers every rank's layer-0 feature rows of `step` into `rows`; the rows read.
+    fn gather(&self, step: &crate::steps::Step, rows: &mut Vec<f32>) -> anyhow::Result<u64> {
+        let f = self.view.feature_dim;
         let mut input_rows = 0u64;
         for per_layer in &step.plans {
             let p = per_layer
@@ -101,20 +138,100 @@ pub fn time_steps(
                 .context("internal: a rank without plans")?;
             let ids: Vec<u32> = p.global_ids[..p.n_owned]
                 .iter()
-                .map(|&g| part.new_to_old[g as usize])
+                .map(|&g| self.part.new_to_old[g as usize])
                 .collect();
             rows.resize(ids.len() * f, 0.0);
-            view.gather_features(&ids, &mut rows)
+            self.view
+                .gather_features(&ids, rows)
                 .context("gathering the step's feature rows")?;
             input_rows += ids.len() as u64;
         }
-        out.push(StepTiming {
-            sample_s,
-            plan_s,
-            gather_s: t.elapsed().as_secs_f64(),
-            sampled_edges,
-            input_rows,
-        });
+        Ok(input_rows)
     }
-    Ok(out)
+}
+
+/// Builds the first `opts.steps` steps of epoch 0 of `opts.mode` with layer-wise fanout
+/// sampling on the current rayon pool, one after the other, timing each stage of each step.
+pub fn time_steps(
+    view: &DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    opts: &StepBenchOptions,
+) -> anyhow::Result<Vec<StepTiming>> {
+    let bench = Bench::new(view, part, config, opts)?;
+    bench.with_schedule(opts, |schedule| {
+        let mut rows: Vec<f32> = Vec::new();
+        let mut out = Vec::with_capacity(opts.steps);
+        for it in 0..opts.steps.min(schedule.iterations()) {
+            let (step, sample_s, plan_s, sampled_edges) = bench.build(schedule, it)?;
+            let t = Instant::now();
+            let input_rows = bench.gather(&step, &mut rows)?;
+            out.push(StepTiming {
+                sample_s,
+                plan_s,
+                gather_s: t.elapsed().as_secs_f64(),
+                sampled_edges,
+                input_rows,
+            });
+        }
+        Ok(out)
+    })
+}
+
+/// The same steps built as a run's producers build them: `producers` threads, each taking
+/// every `producers`-th step whole (sampling and plans, then in a second phase its gathers),
+/// all on the current rayon pool. What a run's ranks can be fed per second.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ProducerTiming {
+    pub producers: usize,
+    pub steps: usize,
+    /// Wall seconds until every step was sampled and planned.
+    pub sample_plan_s: f64,
+    /// Wall seconds until every step's rows were gathered.
+    pub gather_s: f64,
+}
+
+/// See [`ProducerTiming`].
+pub fn time_producers(
+    view: &DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    opts: &StepBenchOptions,
+    producers: usize,
+) -> anyhow::Result<ProducerTiming> {
+    let producers = producers.max(1);
+    let bench = Bench::new(view, part, config, opts)?;
+    bench.with_schedule(opts, |schedule| {
+        let n = opts.steps.min(schedule.iterations());
+        let t = Instant::now();
+        let per_producer: Vec<anyhow::Result<Vec<std::sync::Arc<crate::steps::Step>>>> = (0
+            ..producers)
+            .into_par_iter()
+            .map(|p| {
+                (p..n)
+                    .step_by(producers)
+                    .map(|it| bench.build(schedule, it).map(|b| b.0))
+                    .collect()
+            })
+            .collect();
+        let sample_plan_s = t.elapsed().as_secs_f64();
+        let steps = per_producer
+            .into_iter()
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let t = Instant::now();
+        steps
+            .par_iter()
+            .map(|mine| {
+                let mut rows: Vec<f32> = Vec::new();
+                mine.iter()
+                    .try_for_each(|s| bench.gather(s, &mut rows).map(|_| ()))
+            })
+            .collect::<anyhow::Result<()>>()?;
+        Ok(ProducerTiming {
+            producers,
+            steps: n,
+            sample_plan_s,
+            gather_s: t.elapsed().as_secs_f64(),
+        })
+    })
 }

@@ -240,45 +240,61 @@ impl Sampler for Fanout {
                 .enumerate()
                 .map(|(j, &g)| (g as u64) << 32 | j as u64)
                 .collect();
-            by_id.sort_unstable();
+            by_id.par_sort_unstable();
             for (at, &gj) in by_id.iter().enumerate() {
                 place[frontier + (gj as u32) as usize] = (frontier + at) as u32;
             }
             vertices.extend(by_id.iter().map(|&gj| (gj >> 32) as u32));
-            for u in srcs.iter_mut() {
-                *u = place[*u as usize];
-            }
+            srcs.par_iter_mut().for_each(|u| *u = place[*u as usize]);
             draws.push((frontier, offsets, srcs));
         }
         // One CSR over the rows (every vertex drawn for by the last hop), in sample order; a
         // row's edges are the union of its draws, each with the bits of the layers drawing it.
+        // Runs of rows on the thread pool, joined in row order.
         let rows_n = draws.last().map_or(0, |h| h.0);
+        let merge = |rows: std::ops::Range<usize>| {
+            let mut ends = Vec::with_capacity(rows.len());
+            let mut sources: Vec<u32> = Vec::new();
+            let mut bits: Vec<u64> = Vec::new();
+            let mut merged: Vec<(u32, u64)> = Vec::new();
+            for i in rows {
+                merged.clear();
+                for (d, (drawn, off, srcs)) in draws.iter().enumerate() {
+                    if i < *drawn {
+                        let layer = hops - 1 - d;
+                        let row = &srcs[off[i] as usize..off[i + 1] as usize];
+                        merged.extend(row.iter().map(|&u| (u, 1u64 << layer)));
+                    }
+                }
+                merged.sort_unstable_by_key(|e| e.0);
+                let start = sources.len();
+                for &(u, b) in &merged {
+                    if sources.len() > start && sources.last() == Some(&u) {
+                        *bits.last_mut().expect("an edge of this row") |= b;
+                    } else {
+                        sources.push(u);
+                        bits.push(b);
+                    }
+                }
+                ends.push(sources.len() as u64);
+            }
+            (ends, sources, bits)
+        };
+        const ROWS_PER_TASK: usize = 8192;
+        let parts: Vec<(Vec<u64>, Vec<u32>, Vec<u64>)> = (0..rows_n.div_ceil(ROWS_PER_TASK))
+            .into_par_iter()
+            .map(|c| merge(c * ROWS_PER_TASK..((c + 1) * ROWS_PER_TASK).min(rows_n)))
+            .collect();
+        let edges: usize = parts.iter().map(|p| p.1.len()).sum();
         let mut offsets = Vec::with_capacity(rows_n + 1);
         offsets.push(0u64);
-        let edges_hint: usize = draws.iter().map(|h| h.2.len()).sum();
-        let mut sources: Vec<u32> = Vec::with_capacity(edges_hint);
-        let mut bits: Vec<u64> = Vec::with_capacity(edges_hint);
-        let mut merged: Vec<(u32, u64)> = Vec::new();
-        for i in 0..rows_n {
-            merged.clear();
-            for (d, (drawn, off, srcs)) in draws.iter().enumerate() {
-                if i < *drawn {
-                    let layer = hops - 1 - d;
-                    let row = &srcs[off[i] as usize..off[i + 1] as usize];
-                    merged.extend(row.iter().map(|&u| (u, 1u64 << layer)));
-                }
-            }
-            merged.sort_unstable_by_key(|e| e.0);
-            let start = sources.len();
-            for &(u, b) in &merged {
-                if sources.len() > start && sources.last() == Some(&u) {
-                    *bits.last_mut().expect("an edge of this row") |= b;
-                } else {
-                    sources.push(u);
-                    bits.push(b);
-                }
-            }
-            offsets.push(sources.len() as u64);
+        let mut sources: Vec<u32> = Vec::with_capacity(edges);
+        let mut bits: Vec<u64> = Vec::with_capacity(edges);
+        for (ends, part_sources, part_bits) in parts {
+            let base = sources.len() as u64;
+            offsets.extend(ends.into_iter().map(|e| base + e));
+            sources.extend_from_slice(&part_sources);
+            bits.extend_from_slice(&part_bits);
         }
         Ok(ExtractionSpec {
             server,

@@ -1,13 +1,14 @@
 //! `grandis bench steps`: the host side of mini-batch (mb) and co-batch (cob) steps, stage by
-//! stage (sampling, plan building, feature gathering), with one thread and with all of them;
-//! with `--baseline dgl`, DGL's CPU `NeighborSampler.sample_blocks` and `x[input_nodes]` on
+//! stage (sampling, plan building, feature gathering), with one thread and with all of them
+//! on one step, and with several threads as a run's producers use them (each building whole
+//! steps: what the ranks can be fed per second); with `--baseline dgl`, DGL's CPU `NeighborSampler.sample_blocks` and `x[input_nodes]` on
 //! the same graph, batch size and fanouts in the same invocation, and the ratios to it.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use grandis_models::{ModelConfig, ModelKind};
-use grandis_parallel::step_bench::{time_steps, StepBenchOptions, StepTiming};
+use grandis_parallel::step_bench::{time_producers, time_steps, StepBenchOptions, StepTiming};
 use grandis_parallel::{Mode, PartitionedGraph};
 use grandis_partition::PartitionMethod;
 use grandis_synth::SynthConfig;
@@ -73,6 +74,11 @@ struct Row {
     system: String,
     mode: String,
     threads: usize,
+    /// "step": every thread works on one step at a time (medians per step); "producers":
+    /// each thread builds whole steps, as a run's producers do (wall time over the steps
+    /// built, per step: the rate the ranks are fed at; no per-stage split of sampling and
+    /// plans).
+    across: &'static str,
     sample_ms: f64,
     plan_ms: f64,
     /// Sampling and plans (DGL: `sample_blocks`, which does both).
@@ -197,6 +203,31 @@ pub fn run(args: BenchStepsArgs) -> anyhow::Result<()> {
                 steps.len()
             );
             rows.push(row);
+            if n > 1 {
+                let t = pool.install(|| time_producers(&view, &part, &config, &opts, n))?;
+                let per_step = |s: f64| s * 1e3 / t.steps.max(1) as f64;
+                // The same steps as the row above: its counts hold.
+                let (sampled_edges, input_rows) = rows
+                    .last()
+                    .map_or((0.0, 0.0), |r| (r.sampled_edges, r.input_rows));
+                let row = Row {
+                    system: "grandis".into(),
+                    mode: name.into(),
+                    threads: n,
+                    across: "producers",
+                    sample_ms: f64::NAN,
+                    plan_ms: f64::NAN,
+                    sample_plan_ms: per_step(t.sample_plan_s),
+                    gather_ms: per_step(t.gather_s),
+                    sampled_edges,
+                    input_rows,
+                };
+                eprintln!(
+                    "grandis {name} x{n} producers: sample + plans {:.1} ms, gather {:.1} ms per step ({} steps)",
+                    row.sample_plan_ms, row.gather_ms, t.steps
+                );
+                rows.push(row);
+            }
         }
     }
     let mut versions = serde_json::Value::Null;
@@ -238,6 +269,7 @@ fn grandis_row(mode: &str, threads: usize, steps: &[StepTiming]) -> Row {
         system: "grandis".into(),
         mode: mode.into(),
         threads,
+        across: "step",
         sample_ms: ms(|s| s.sample_s),
         plan_ms: ms(|s| s.plan_s),
         sample_plan_ms: ms(|s| s.sample_s + s.plan_s),
@@ -326,6 +358,7 @@ fn run_dgl(
             system: "dgl".into(),
             mode: "sample_blocks".into(),
             threads,
+            across: "step",
             sample_ms: f64::NAN,
             plan_ms: f64::NAN,
             sample_plan_ms: sample,
@@ -344,10 +377,11 @@ fn print_table(rows: &[Row], args: &BenchStepsArgs, vertices: usize, edges: usiz
         args.batch_size, args.fanouts, args.steps
     );
     println!(
-        "{:<8} {:<14} {:>7} {:>9} {:>9} {:>12} {:>9} {:>10} {:>10} {:>12} {:>10}",
+        "{:<8} {:<14} {:>7} {:>10} {:>9} {:>9} {:>12} {:>9} {:>10} {:>10} {:>12} {:>10}",
         "system",
         "mode",
         "threads",
+        "across",
         "sample",
         "plans",
         "sample+plan",
@@ -373,10 +407,11 @@ fn print_table(rows: &[Row], args: &BenchStepsArgs, vertices: usize, edges: usiz
             }
         };
         println!(
-            "{:<8} {:<14} {:>7} {:>9} {:>9} {:>12.1} {:>9.1} {:>10} {:>10} {:>12.0} {:>10.0}",
+            "{:<8} {:<14} {:>7} {:>10} {:>9} {:>9} {:>12.1} {:>9.1} {:>10} {:>10} {:>12.0} {:>10.0}",
             r.system,
             r.mode,
             r.threads,
+            r.across,
             opt(r.sample_ms),
             opt(r.plan_ms),
             r.sample_plan_ms,
