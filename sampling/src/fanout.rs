@@ -170,6 +170,31 @@ impl Fanout {
     }
 }
 
+/// Sorts `keys` by their high 32 bits, each below `bound` (a hop's new vertices by global
+/// id: distinct, so the order is total): a least-significant-digit radix sort, one pass per
+/// byte `bound` needs, linear in the keys whatever their order (a comparison sort of a hop's
+/// ~400k new vertices cost more than drawing them).
+fn sort_by_high_word(keys: &mut Vec<u64>, bound: u64) {
+    let bits = 64 - bound.saturating_sub(1).leading_zeros();
+    let mut scratch = vec![0u64; keys.len()];
+    for pass in 0..bits.div_ceil(8) {
+        let shift = 32 + 8 * pass;
+        let mut start = [0usize; 257];
+        for &k in keys.iter() {
+            start[((k >> shift) & 0xFF) as usize + 1] += 1;
+        }
+        for b in 1..257 {
+            start[b] += start[b - 1];
+        }
+        for &k in keys.iter() {
+            let b = ((k >> shift) & 0xFF) as usize;
+            scratch[start[b]] = k;
+            start[b] += 1;
+        }
+        std::mem::swap(keys, &mut scratch);
+    }
+}
+
 impl Sampler for Fanout {
     fn spec(
         &self,
@@ -240,7 +265,7 @@ impl Sampler for Fanout {
                 .enumerate()
                 .map(|(j, &g)| (g as u64) << 32 | j as u64)
                 .collect();
-            by_id.par_sort_unstable();
+            sort_by_high_word(&mut by_id, ctx.num_vertices() as u64);
             for (at, &gj) in by_id.iter().enumerate() {
                 place[frontier + (gj as u32) as usize] = (frontier + at) as u32;
             }
@@ -313,5 +338,34 @@ impl Sampler for Fanout {
     fn name(&self) -> String {
         let f: Vec<String> = self.fanouts.iter().map(usize::to_string).collect();
         format!("sage({})", f.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sort_by_high_word;
+
+    /// The radix sort orders by the high word as a comparison sort does, for bounds that
+    /// need one to four bytes.
+    #[test]
+    fn radix_sort_orders_by_global_id() {
+        for bound in [1u64, 200, 70_000, 3_000_000, u32::MAX as u64 + 1] {
+            let mut keys: Vec<u64> = (0..5000u64)
+                .map(|j| {
+                    let g = (j * 2_654_435_761) % bound;
+                    g << 32 | j
+                })
+                .collect();
+            let mut want = keys.clone();
+            want.sort_unstable_by_key(|k| (k >> 32, *k as u32));
+            sort_by_high_word(&mut keys, bound);
+            let high = |v: &[u64]| v.iter().map(|k| k >> 32).collect::<Vec<_>>();
+            assert_eq!(high(&keys), high(&want), "bound {bound}");
+            let mut a = keys.clone();
+            a.sort_unstable();
+            let mut b = want.clone();
+            b.sort_unstable();
+            assert_eq!(a, b, "the same keys, bound {bound}");
+        }
     }
 }
