@@ -103,8 +103,9 @@ fn bench_techniques_refuses_bad_flags_with_one_line() {
 }
 
 /// `grandis bench steps` on a small synthetic graph: one row per mode and thread count, each
-/// with positive stage times, and the same step (sampled edges, input rows) whatever the
-/// number of threads; bad flags are one clear error naming the flag.
+/// with positive stage times, plus one of the producers with two threads, and the same steps
+/// (sampled edges, input rows) whatever the number of threads or producers; bad flags are one
+/// clear error naming the flag.
 #[test]
 fn bench_steps_times_the_same_steps_with_any_thread_count() {
     let (ok, out, err) = grandis(&[
@@ -133,24 +134,27 @@ fn bench_steps_times_the_same_steps_with_any_thread_count() {
     assert!(ok, "{err}");
     let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     let rows = report["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 4, "{report}");
+    // Per mode: one thread and two on a step, and two producers building whole steps.
+    assert_eq!(rows.len(), 6, "{report}");
     for mode in ["mb", "cob"] {
         let of: Vec<&serde_json::Value> = rows.iter().filter(|r| r["mode"] == mode).collect();
-        assert_eq!(of.len(), 2, "{report}");
+        assert_eq!(of.len(), 3, "{report}");
+        let across: Vec<&str> = of.iter().map(|r| r["across"].as_str().unwrap()).collect();
+        assert_eq!(across, ["step", "step", "producers"], "{report}");
         for r in &of {
             assert_eq!(r["system"], "grandis");
-            for key in [
-                "sample_ms",
-                "plan_ms",
-                "gather_ms",
-                "sampled_edges",
-                "input_rows",
-            ] {
+            let mut keys = vec!["sample_plan_ms", "gather_ms", "sampled_edges", "input_rows"];
+            if r["across"] == "step" {
+                keys.extend(["sample_ms", "plan_ms"]);
+            }
+            for key in keys {
                 assert!(r[key].as_f64().unwrap() > 0.0, "{key}: {r}");
             }
         }
-        assert_eq!(of[0]["sampled_edges"], of[1]["sampled_edges"], "{report}");
-        assert_eq!(of[0]["input_rows"], of[1]["input_rows"], "{report}");
+        for r in &of[1..] {
+            assert_eq!(of[0]["sampled_edges"], r["sampled_edges"], "{report}");
+            assert_eq!(of[0]["input_rows"], r["input_rows"], "{report}");
+        }
     }
     for (flag, value) in [
         ("--modes", "mb,xx"),

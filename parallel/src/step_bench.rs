@@ -184,6 +184,10 @@ pub fn time_steps(
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ProducerTiming {
     pub producers: usize,
+    /// Kept in-edges of every step, in step order.
+    pub sampled_edges: Vec<u64>,
+    /// Layer-0 feature rows of every step, in step order.
+    pub input_rows: Vec<u64>,
     pub steps: usize,
     /// Wall seconds until every step was sampled and planned.
     pub sample_plan_s: f64,
@@ -204,13 +208,13 @@ pub fn time_producers(
     bench.with_schedule(opts, |schedule| {
         let n = opts.steps.min(schedule.iterations());
         let t = Instant::now();
-        let per_producer: Vec<anyhow::Result<Vec<std::sync::Arc<crate::steps::Step>>>> = (0
-            ..producers)
+        type Mine = Vec<(usize, std::sync::Arc<crate::steps::Step>, u64)>;
+        let per_producer: Vec<anyhow::Result<Mine>> = (0..producers)
             .into_par_iter()
             .map(|p| {
                 (p..n)
                     .step_by(producers)
-                    .map(|it| bench.build(schedule, it).map(|b| b.0))
+                    .map(|it| bench.build(schedule, it).map(|b| (it, b.0, b.3)))
                     .collect()
             })
             .collect();
@@ -219,19 +223,32 @@ pub fn time_producers(
             .into_iter()
             .collect::<anyhow::Result<Vec<_>>>()?;
         let t = Instant::now();
-        steps
+        let rows_read = steps
             .par_iter()
             .map(|mine| {
                 let mut rows: Vec<f32> = Vec::new();
                 mine.iter()
-                    .try_for_each(|s| bench.gather(s, &mut rows).map(|_| ()))
+                    .map(|(it, s, _)| Ok((*it, bench.gather(s, &mut rows)?)))
+                    .collect::<anyhow::Result<Vec<(usize, u64)>>>()
             })
-            .collect::<anyhow::Result<()>>()?;
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let gather_s = t.elapsed().as_secs_f64();
+        let in_order = |mut v: Vec<(usize, u64)>| -> Vec<u64> {
+            v.sort_unstable();
+            v.into_iter().map(|x| x.1).collect()
+        };
+        let edges = steps
+            .iter()
+            .flatten()
+            .map(|(it, _, edges)| (*it, *edges))
+            .collect();
         Ok(ProducerTiming {
             producers,
             steps: n,
+            sampled_edges: in_order(edges),
+            input_rows: in_order(rows_read.into_iter().flatten().collect()),
             sample_plan_s,
-            gather_s: t.elapsed().as_secs_f64(),
+            gather_s,
         })
     })
 }

@@ -206,10 +206,8 @@ pub fn run(args: BenchStepsArgs) -> anyhow::Result<()> {
             if n > 1 {
                 let t = pool.install(|| time_producers(&view, &part, &config, &opts, n))?;
                 let per_step = |s: f64| s * 1e3 / t.steps.max(1) as f64;
-                // The same steps as the row above: its counts hold.
-                let (sampled_edges, input_rows) = rows
-                    .last()
-                    .map_or((0.0, 0.0), |r| (r.sampled_edges, r.input_rows));
+                let med = |v: &[u64]| median(&v.iter().map(|&x| x as f64).collect::<Vec<_>>());
+                let (sampled_edges, input_rows) = (med(&t.sampled_edges), med(&t.input_rows));
                 let row = Row {
                     system: "grandis".into(),
                     mode: name.into(),
