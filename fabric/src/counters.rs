@@ -12,16 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::tag::{Phase, Tag};
 
-/// The two kinds of links of the modelled cluster.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum LinkClass {
-    /// Between two devices of the same server (NVLink/PCIe; later NCCL).
-    #[serde(rename = "intra_server")]
-    IntraServer,
-    /// Between devices of different servers (Ethernet/InfiniBand; later QUIC).
-    #[serde(rename = "inter_server")]
-    InterServer,
-}
+/// The link classes counted by: `grandis_wire`'s, the one definition.
+pub use grandis_wire::LinkClass;
 
 /// Direction of a transfer as seen by the rank that counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -56,8 +56,8 @@ fn main() {
     println!(
         "FB: {:.2?}; halo rows intra {} inter {}; max n_local {}",
         t.elapsed(),
-        s.halo_rows.intra,
-        s.halo_rows.inter,
+        s.halo_rows.intra_server,
+        s.halo_rows.inter_server,
         s.max_n_local
     );
     let dims = ModelDims {
@@ -82,8 +82,8 @@ fn main() {
             "FLX k={k}: {took:.2?}; replicated/server {:?}; halo rows intra {} inter {}; \
              max n_local {}; estimate {} MiB max/device",
             s.replicated_per_server,
-            s.halo_rows.intra,
-            s.halo_rows.inter,
+            s.halo_rows.intra_server,
+            s.halo_rows.inter_server,
             s.max_n_local,
             e.max_bytes >> 20
         );

@@ -44,8 +44,6 @@ pub use memory::{
     estimate_masked_inference, owned_rows_floor, AttentionDims, InputCopy, KChoice, KEstimate,
     LayerMemory, MemoryTerms, ModelDims,
 };
-pub use plan::{DevicePlan, HaloGroup, LayerMask, SendList};
+pub use plan::{DevicePlan, HaloGroup, LayerMask, PlanWork, SendList};
 pub use rows::{layer_spaces, CompactHalo, LayerRows};
-pub use stats::{
-    exchange_bytes, exchange_rows, DeviceStats, LinkClass, PeerHalo, PerLink, PlanStats,
-};
+pub use stats::{exchange_bytes, exchange_rows, DeviceStats, PeerHalo, PlanStats};

@@ -182,6 +182,16 @@ impl DevicePlan {
             .map(|l| self.valid_owned(l).len() as u64)
             .collect()
     }
+    /// What `layer` of this plan computes: its valid output rows and the in-edges they
+    /// aggregate there (kept edges under sampling). The one count of a plan's work that
+    /// step statistics, the planner and sampling statistics all read.
+    pub fn work_at(&self, layer: usize) -> PlanWork {
+        let rows = self.valid_owned(layer);
+        PlanWork {
+            rows: rows.len() as u64,
+            edges: rows.map(|r| self.agg_degree_at(layer, r) as u64).sum(),
+        }
+    }
     /// Whether layer `layer` of this plan is masked (FLX layers `0..k`).
     pub fn is_masked(&self, layer: usize) -> bool {
         layer < self.masks.len()
@@ -253,6 +263,15 @@ impl DevicePlan {
             .filter(|&r| self.split[r as usize] & flag != 0)
             .collect()
     }
+}
+
+/// The work of one layer of one plan ([`DevicePlan::work_at`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PlanWork {
+    /// Output rows computed (valid owned rows).
+    pub rows: u64,
+    /// In-edges those rows aggregate.
+    pub edges: u64,
 }
 
 /// What the generic builder needs to know about one device.

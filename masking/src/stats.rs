@@ -3,33 +3,7 @@
 use crate::flx::{FbPlan, FlxPlan, PreloadPlan};
 use crate::memory::ModelDims;
 use crate::plan::DevicePlan;
-
-/// Whether a link joins two devices of one server or crosses servers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LinkClass {
-    Intra,
-    Inter,
-}
-
-/// A count split by link class (rows or bytes, as the field using it says).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct PerLink {
-    pub intra: u64,
-    pub inter: u64,
-}
-
-impl PerLink {
-    pub fn total(&self) -> u64 {
-        self.intra + self.inter
-    }
-    fn add(&mut self, class: LinkClass, n: u64) {
-        match class {
-            LinkClass::Intra => self.intra += n,
-            LinkClass::Inter => self.inter += n,
-        }
-    }
-}
+use grandis_wire::{LinkClass, PerLink};
 
 /// Halo rows one device receives from one peer.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -68,9 +42,9 @@ pub struct PlanStats {
 
 fn class_of(devices: &[DevicePlan], a: usize, b: usize) -> LinkClass {
     if devices[a].server == devices[b].server {
-        LinkClass::Intra
+        LinkClass::IntraServer
     } else {
-        LinkClass::Inter
+        LinkClass::InterServer
     }
 }
 
@@ -82,7 +56,7 @@ fn device_stats(devices: &[DevicePlan], d: &DevicePlan) -> DeviceStats {
         .map(|g| {
             let class = class_of(devices, d.rank, g.peer);
             let rows = g.rows.len();
-            halo_rows.add(class, rows as u64);
+            halo_rows.add_to(class, rows as u64);
             PeerHalo {
                 peer: g.peer,
                 rows,
@@ -92,7 +66,7 @@ fn device_stats(devices: &[DevicePlan], d: &DevicePlan) -> DeviceStats {
         .collect();
     let mut send_rows = PerLink::default();
     for s in &d.sends {
-        send_rows.add(class_of(devices, d.rank, s.peer), s.rows.len() as u64);
+        send_rows.add_to(class_of(devices, d.rank, s.peer), s.rows.len() as u64);
     }
     DeviceStats {
         rank: d.rank,
@@ -111,8 +85,7 @@ fn plan_stats(devices: &[DevicePlan], replicated_per_server: Vec<usize>) -> Plan
     let per: Vec<DeviceStats> = devices.iter().map(|d| device_stats(devices, d)).collect();
     let mut halo_rows = PerLink::default();
     for s in &per {
-        halo_rows.intra += s.halo_rows.intra;
-        halo_rows.inter += s.halo_rows.inter;
+        halo_rows.add(&s.halo_rows);
     }
     PlanStats {
         max_n_local: per.iter().map(|s| s.n_local).max().unwrap_or(0),
@@ -128,7 +101,7 @@ pub fn exchange_rows(devices: &[DevicePlan], layer: usize) -> PerLink {
     let mut rows = PerLink::default();
     for d in devices {
         for (gi, g) in d.halo.iter().enumerate() {
-            rows.add(
+            rows.add_to(
                 class_of(devices, d.rank, g.peer),
                 d.recv_rows(layer, gi).len() as u64,
             );
@@ -143,8 +116,8 @@ pub fn exchange_bytes(devices: &[DevicePlan], layer: usize, width: usize) -> Per
     let rows = exchange_rows(devices, layer);
     let per_row = width as u64 * 4;
     PerLink {
-        intra: rows.intra * per_row,
-        inter: rows.inter * per_row,
+        intra_server: rows.intra_server * per_row,
+        inter_server: rows.inter_server * per_row,
     }
 }
 

@@ -60,8 +60,8 @@ fn fb_plan_by_hand() {
     assert_eq!(fb.devices[3].inner_rows_with(SPLIT_VAL), vec![1]); // vertex 7
     assert!(d.masks.is_empty());
     let stats = fb.stats();
-    assert_eq!(stats.devices[2].halo_rows.intra, 2);
-    assert_eq!(stats.devices[2].halo_rows.inter, 2);
+    assert_eq!(stats.devices[2].halo_rows.intra_server, 2);
+    assert_eq!(stats.devices[2].halo_rows.inter_server, 2);
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn flx_plan_k2_by_hand() {
         attention: None,
     };
     for l in 0..2 {
-        assert_eq!(plan.forward_exchange_bytes(l, &dims).inter, 0);
+        assert_eq!(plan.forward_exchange_bytes(l, &dims).inter_server, 0);
     }
     // Server 0 by hand: level 1 = {4 -> dev 1, 5 -> dev 0}, level 2 = {6 -> dev 0, 7 -> dev 1};
     // dev 0 receives [2, 3 | 4] (needs 0, 0, 1), dev 1 receives [1, 5] (needs 0, 0).
@@ -130,8 +130,14 @@ fn flx_plan_k2_by_hand() {
     assert_eq!(flx.devices[1].global_ids, vec![2, 3, 4, 7, 1, 5]);
     // Layer 0 moves every halo row (server 0: 3 + 2, server 1: 3 + 3) of F = 3 floats;
     // layer 1 only need-0 rows (server 0: 2 + 2, server 1: 3 + 2) of H = 4 floats.
-    assert_eq!(plan.forward_exchange_bytes(0, &dims).intra, 11 * 3 * 4);
-    assert_eq!(plan.forward_exchange_bytes(1, &dims).intra, 9 * 4 * 4);
+    assert_eq!(
+        plan.forward_exchange_bytes(0, &dims).intra_server,
+        11 * 3 * 4
+    );
+    assert_eq!(
+        plan.forward_exchange_bytes(1, &dims).intra_server,
+        9 * 4 * 4
+    );
     assert!(plan.reshape_is_identity_prefix());
     assert_eq!(plan.reshape_map(2), vec![0, 1]);
     assert_eq!(plan.reshape_layer(), None);

@@ -253,7 +253,7 @@ proptest! {
         prop_assert_eq!(last, (0..g.num_vertices() as u32).collect::<Vec<_>>());
         if k == layers {
             for l in 0..layers {
-                prop_assert_eq!(plan.forward_exchange_bytes(l, &ModelDims { layers, features: 2, hidden: 3, classes: 2, input_copy: InputCopy::None, attention: None }).inter, 0);
+                prop_assert_eq!(plan.forward_exchange_bytes(l, &ModelDims { layers, features: 2, hidden: 3, classes: 2, input_copy: InputCopy::None, attention: None }).inter_server, 0);
             }
         }
         // Nesting: the plan for k is the restriction of the plan for k + 1.

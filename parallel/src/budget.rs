@@ -268,8 +268,8 @@ pub fn predicted_halo_bytes(plan: &PreloadPlan, config: &ModelConfig) -> LinkByt
         } else {
             1
         };
-        out.intra_server += times * b.intra;
-        out.inter_server += times * b.inter;
+        out.intra_server += times * b.intra_server;
+        out.inter_server += times * b.inter_server;
     }
     out
 }

@@ -180,10 +180,10 @@ pub(crate) fn count_step(
     let mut fetch = Traffic::default();
     for (r, plans) in step.plans.iter().enumerate() {
         for (l, p) in plans.iter().enumerate().take(layers) {
-            let valid = p.valid_owned(l);
-            rows[r][l] = valid.len() as u64;
+            let w = p.work_at(l);
+            rows[r][l] = w.rows;
             sources[r][l] = p.n_local() as u64;
-            edges[r][l] = valid.map(|v| p.agg_degree_at(l, v) as u64).sum();
+            edges[r][l] = w.edges;
             let row_bytes = (work[l].exchanged_cols * 4) as u64;
             for (gi, g) in p.halo.iter().enumerate() {
                 let n = p.recv_rows(l, gi).len() as u64;

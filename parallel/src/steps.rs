@@ -213,10 +213,9 @@ fn count(layout: &Layout, plans: &[Vec<Arc<DevicePlan>>], layers: usize) -> Step
     for rank in plans {
         let mut seen: Vec<&Arc<DevicePlan>> = Vec::new();
         for (l, p) in rank.iter().enumerate() {
-            let rows = p.valid_owned(l);
-            s.computed_per_layer[l] += rows.len() as u64;
-            s.aggregated_edges_per_layer[l] +=
-                rows.map(|r| p.agg_degree_at(l, r) as u64).sum::<u64>();
+            let w = p.work_at(l);
+            s.computed_per_layer[l] += w.rows;
+            s.aggregated_edges_per_layer[l] += w.edges;
             if !seen.iter().any(|q| Arc::ptr_eq(q, p)) {
                 seen.push(p);
                 s.sampled_edges += p.num_edges() as u64;

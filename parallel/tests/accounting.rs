@@ -34,11 +34,11 @@ fn predicted(
     let (mut fi, mut fe, mut bi, mut be) = (0, 0, 0, 0);
     for l in 0..dims.layers {
         let b = plan.forward_exchange_bytes(l, dims);
-        fi += b.intra;
-        fe += b.inter;
+        fi += b.intra_server;
+        fe += b.inter_server;
         if l > 0 || backward_at_0 {
-            bi += b.intra;
-            be += b.inter;
+            bi += b.intra_server;
+            be += b.inter_server;
         }
     }
     (fi, fe, bi, be)

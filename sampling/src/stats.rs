@@ -28,16 +28,12 @@ pub struct SampleStats {
 
 /// Per-layer (computed rows, aggregated edges) of one device plan over its masked layers.
 pub fn device_counts(plan: &DevicePlan) -> (Vec<u64>, Vec<u64>) {
-    let layers = plan.masks.len();
-    let computed = plan.computed_rows(layers);
-    let edges = (0..layers)
+    (0..plan.masks.len())
         .map(|l| {
-            plan.valid_owned(l)
-                .map(|r| plan.agg_degree_at(l, r) as u64)
-                .sum()
+            let w = plan.work_at(l);
+            (w.rows, w.edges)
         })
-        .collect();
-    (computed, edges)
+        .unzip()
 }
 
 /// β of `server` in `plan` (see the module doc).

@@ -20,7 +20,7 @@ pub mod summary;
 
 pub use cluster::{ClusterView, DaemonView, ServerView};
 pub use job::{EpochProgress, JobId, JobRetry, JobState, JobStatus};
-pub use links::LinkBytes;
+pub use links::{LinkBytes, LinkClass, PerLink};
 pub use plan::{CandidateSummary, PlanRates, PlanSummary, Prediction};
 pub use protocol::{
     Assignment, DaemonId, DaemonJob, DaemonState, DeviceInfo, ErrorBody, HeadInfo,
