@@ -69,14 +69,7 @@ pub(crate) fn train_ranks(
             );
             return predict_only(view, part, &config, ck, &popts, local);
         }
-        if ck.epochs_done >= opts.epochs {
-            bail!(
-                "the checkpoint already holds {} epochs and the run asks for {}: raise --epochs \
-                 to train further",
-                ck.epochs_done,
-                opts.epochs
-            );
-        }
+        ck.check_epochs_left(opts.epochs)?;
     }
     let (labelled_flags, totals) = labelled(&view, part)?;
     if totals[0] == 0 {

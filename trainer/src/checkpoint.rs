@@ -42,6 +42,21 @@ pub struct Checkpoint {
     has_optimizer: bool,
 }
 
+impl Checkpoint {
+    /// Refuses to resume a run of `epochs` epochs from this checkpoint when it holds that many
+    /// or more already: there would be nothing to train (and no epoch to summarise).
+    pub fn check_epochs_left(&self, epochs: usize) -> anyhow::Result<()> {
+        if self.epochs_done >= epochs {
+            bail!(
+                "the checkpoint already holds {} epochs and the run asks for {epochs}: raise \
+                 --epochs to train further",
+                self.epochs_done
+            );
+        }
+        Ok(())
+    }
+}
+
 fn to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }

@@ -497,6 +497,7 @@ fn train_prepared<B: Backend>(
     let mut model = Model::new(b, config.clone())?;
     let mut first_epoch = 1;
     if let Some(ck) = ckpt.resume_from(&config, opts)? {
+        ck.check_epochs_left(opts.epochs)?;
         ck.restore(b, &mut model, true)?;
         first_epoch = ck.epochs_done + 1;
     }

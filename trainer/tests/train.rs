@@ -185,6 +185,15 @@ fn resume_continues_exactly_like_an_uninterrupted_run() {
     let straight: Vec<f64> = full.epochs.iter().map(|s| s.loss).collect();
     assert_eq!(resumed, straight);
     assert_eq!(second.test_acc, full.test_acc);
+    // A checkpoint that holds as many epochs as the run asks for, or more, is refused: there
+    // is nothing to train (this returned a summary of no epochs, with a NaN loss).
+    for epochs in [12, 8] {
+        let err = train(ds.view(), cfg.clone(), &opts(epochs), &ck, Some(2), |_| {}).unwrap_err();
+        assert!(
+            err.to_string().contains("already holds 12 epochs"),
+            "{err:#}"
+        );
+    }
     // A checkpoint for another model is refused with a clear message.
     let other = config(&ds, ModelKind::Gcn, 2);
     let err = train(ds.view(), other, &opts(14), &ck, Some(1), |_| {}).unwrap_err();
