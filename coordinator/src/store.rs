@@ -70,6 +70,11 @@ impl Store {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating the directory of {}", path.display()))?;
         }
+        // redb makes a new database of an empty file without a word; an empty file where the
+        // database should be was truncated or never written, and the jobs it held are gone.
+        if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+            return Err(Damaged::new(path, "the file is empty (0 bytes)").into());
+        }
         let store = Store {
             path: path.to_path_buf(),
             db: Mutex::new(Some(open_redb(path)?)),
@@ -457,6 +462,25 @@ mod damage_tests {
                 "{text}"
             );
         }
+    }
+
+    /// An empty file is damage too (redb would silently start a new database in it), and the
+    /// reset sets it aside like any other.
+    #[test]
+    fn an_empty_database_file_is_damaged_not_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("empty.redb");
+        std::fs::write(&path, b"").unwrap();
+        let err = open_and_read(&path).expect_err("an empty file opened as a new database");
+        assert!(err.downcast_ref::<Damaged>().is_some(), "{err:#}");
+        let text = err.to_string();
+        assert!(
+            text.contains("empty.redb") && text.contains("empty (0 bytes)"),
+            "{text}"
+        );
+        let aside = Store::set_aside_if_damaged(&path).unwrap().expect("moved");
+        assert_eq!(std::fs::read(&aside).unwrap(), b"");
+        assert_eq!(open_and_read(&path).unwrap(), 0);
     }
 
     #[test]
