@@ -474,7 +474,8 @@ async fn put_checkpoint(
     State(st): State<Shared>,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
-    body: Bytes,
+    headers: HeaderMap,
+    body: axum::body::Body,
 ) -> Result<StatusCode, ApiError> {
     let id = parse_job_id(&id)?;
     let [version, daemon_id, attempt, epoch] = query_numbers(
@@ -488,6 +489,37 @@ async fn put_checkpoint(
         })
     };
     let (attempt, epoch) = (small(attempt, "attempt")?, small(epoch, "epoch")?);
+    // Refused before a byte of the body is read: too large by its declared length, or not
+    // taken at all (a finished attempt, another daemon, ...); a chunked body is read up to
+    // the limit and no further.
+    let limit = st.max_checkpoint_bytes;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "checkpoint_too_large",
+            format!("a checkpoint may hold at most {limit} bytes (max_checkpoint_bytes)"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    if !st.core().checkpoint_wanted(id, daemon_id, attempt, epoch)? {
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let body = http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit))
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                too_large()
+            } else {
+                ApiError::bad_request("invalid_checkpoint", format!("reading the body: {e}"))
+            }
+        })?
+        .to_bytes();
     // The store's write runs on a blocking thread: a large checkpoint must not stall the
     // runtime's workers.
     let st2 = st.clone();

@@ -689,14 +689,17 @@ impl Core {
 
     /// Stores a checkpoint the leader of job `id`'s current run (`attempt`) wrote after
     /// `epoch`. A stale upload (an older epoch, a retried request) is ignored.
-    pub fn put_checkpoint(
-        &mut self,
+    /// Whether an upload of job `id`'s checkpoint for `epoch` by `daemon_id` in `attempt` is
+    /// taken, decided before its body is read: an error when it is refused (unknown job, an
+    /// attempt no longer running, not the leader, an epoch out of range), `false` when a
+    /// checkpoint as new is stored already (a safe retry, ignored).
+    pub fn checkpoint_wanted(
+        &self,
         id: JobId,
         daemon_id: DaemonId,
         attempt: u32,
         epoch: u32,
-        bytes: &[u8],
-    ) -> Result<(), ApiError> {
+    ) -> Result<bool, ApiError> {
         let rec = self
             .jobs
             .get(&id)
@@ -727,16 +730,33 @@ impl Core {
                 ),
             ));
         }
+        Ok(rec.checkpoint_epoch.is_none_or(|e| e < epoch))
+    }
+
+    /// Stores job `id`'s checkpoint for `epoch` if [`Core::checkpoint_wanted`] still says so
+    /// (the job may have moved on while the body was read).
+    pub fn put_checkpoint(
+        &mut self,
+        id: JobId,
+        daemon_id: DaemonId,
+        attempt: u32,
+        epoch: u32,
+        bytes: &[u8],
+    ) -> Result<(), ApiError> {
+        if !self.checkpoint_wanted(id, daemon_id, attempt, epoch)? {
+            return Ok(());
+        }
         if bytes.is_empty() {
             return Err(ApiError::bad_request(
                 "invalid_checkpoint",
                 "the checkpoint is empty".to_string(),
             ));
         }
-        if rec.checkpoint_epoch.is_some_and(|e| e >= epoch) {
-            return Ok(());
-        }
-        let mut rec = rec.clone();
+        let mut rec = self
+            .jobs
+            .get(&id)
+            .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?
+            .clone();
         rec.checkpoint_epoch = Some(epoch);
         self.store.put_checkpoint(&rec, bytes)?;
         tracing::debug!(job = id, epoch, bytes = bytes.len(), "checkpoint stored");

@@ -497,3 +497,48 @@ async fn a_retried_job_resumes_from_its_checkpoint_and_its_stream_repeats_the_re
     kb.abort();
     h.stop().await;
 }
+
+/// A checkpoint upload is answered before its body is read: a declared length above
+/// `max_checkpoint_bytes` gets 413 and an upload to an attempt that is not running gets 409,
+/// while the client has sent the headers alone (both used to wait for the whole body).
+#[tokio::test]
+async fn checkpoint_uploads_are_refused_before_their_body_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(fast_config(&dir.path().join("c.redb"))).await;
+    let a = FakeDaemon::register(&h, "node-a", 1).await;
+    let id = h
+        .submit(json!({"dataset": "/d", "servers": 1, "epochs": 5, "checkpoint_every": 2}))
+        .await;
+    h.wait_state(id, "assigned").await;
+    let ka = keep_alive(&a, Some((id, 0)));
+    h.wait_state(id, "running").await;
+    let addr = h.base.trim_start_matches("http://").to_string();
+    let headers_only = |attempt: u32, length: u64| {
+        let addr = addr.clone();
+        let daemon = a.id;
+        async move {
+            let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let request = format!(
+                "PUT /v1/daemon/jobs/{id}/checkpoint?protocol_version=2&daemon_id={daemon}\
+                 &attempt={attempt}&epoch=2 HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer \
+                 {TOKEN}\r\nContent-Length: {length}\r\n\r\n"
+            );
+            tcp.write_all(request.as_bytes()).await.unwrap();
+            let mut head = vec![0u8; 512];
+            let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut head))
+                .await
+                .expect("no answer while the body was not sent")
+                .unwrap();
+            String::from_utf8_lossy(&head[..n]).to_string()
+        }
+    };
+    let too_large = headers_only(1, 1 << 40).await;
+    assert!(too_large.starts_with("HTTP/1.1 413"), "{too_large}");
+    assert!(too_large.contains("checkpoint_too_large"), "{too_large}");
+    let stale = headers_only(7, 1 << 20).await;
+    assert!(stale.starts_with("HTTP/1.1 409"), "{stale}");
+    assert!(stale.contains("not_running"), "{stale}");
+    ka.abort();
+    h.stop().await;
+}
