@@ -22,6 +22,11 @@ mod validate;
 pub use bytes::parse_bytes;
 pub use kinds::{InterTransport, Mode, ModelKind, PartitionMethod, Priority, UnknownName};
 
+/// The longest job name, given or derived from the dataset path, in bytes.
+pub const NAME_MAX_BYTES: usize = 200;
+/// The longest dataset path a spec may give, in bytes (Linux's PATH_MAX).
+pub const PATH_MAX_BYTES: usize = 4096;
+
 /// Which edges are dropped, if any.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "method", rename_all = "lowercase")]
@@ -437,17 +442,23 @@ impl JobSpec {
         }
     }
 
-    /// The job's display name: its `name`, or the dataset's last path component.
+    /// The job's display name: its `name`, or the dataset's last path component cut to
+    /// [`NAME_MAX_BYTES`] (at a character boundary), the most a given name may hold.
     pub fn display_name(&self) -> String {
         if let Some(n) = &self.name {
             return n.clone();
         }
-        self.dataset
+        let last = self
+            .dataset
             .trim_end_matches('/')
             .rsplit('/')
             .next()
-            .unwrap_or(&self.dataset)
-            .to_string()
+            .unwrap_or(&self.dataset);
+        let mut end = last.len().min(NAME_MAX_BYTES);
+        while !last.is_char_boundary(end) {
+            end -= 1;
+        }
+        last[..end].to_string()
     }
 }
 
@@ -558,6 +569,27 @@ mod tests {
             }
         );
         assert_eq!(s.display_name(), "cora");
+    }
+
+    /// A derived name is capped as a given one is, and a dataset path longer than any a
+    /// server opens is refused (a 100 KB path made a 100 KB job name and log lines).
+    #[test]
+    fn names_and_paths_are_bounded() {
+        let long = "é".repeat(300);
+        let s = JobSpec::from_json_str(&format!(r#"{{"dataset": "/data/{long}"}}"#)).unwrap();
+        let name = s.display_name();
+        assert!(
+            name.len() <= NAME_MAX_BYTES && name.len() >= NAME_MAX_BYTES - 1,
+            "{name}"
+        );
+        assert!(long.starts_with(&name));
+        let huge = "d".repeat(100_000);
+        let e = errors(&format!(r#"{{"dataset": "{huge}"}}"#));
+        assert!(
+            e.iter()
+                .any(|m| m.contains("dataset") && m.contains("at most 4096 bytes")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! ones of a cluster job.
 
 use super::kinds::{InterTransport, Mode, ModelKind};
-use super::{FieldError, JobSpec, Sampling, SpecError};
+use super::{FieldError, JobSpec, Sampling, SpecError, NAME_MAX_BYTES, PATH_MAX_BYTES};
 
 impl JobSpec {
     /// Checks ranges and combinations; every message names its field.
@@ -18,6 +18,18 @@ impl JobSpec {
             err(
                 "dataset",
                 "must not be empty (the dataset directory, as a path on every server)".into(),
+            );
+        }
+        // Paths end up in log lines and job names: none a server can open is longer than
+        // PATH_MAX, and a longer one would only make 100 KB log lines.
+        if self.dataset.len() > PATH_MAX_BYTES {
+            err(
+                "dataset",
+                format!(
+                    "must be at most {PATH_MAX_BYTES} bytes (the longest path a server opens), \
+                     got {}",
+                    self.dataset.len()
+                ),
             );
         }
         // Names and paths end up in log lines and terminals: a newline or an escape code in
@@ -63,10 +75,10 @@ impl JobSpec {
                 );
             } else if name.trim().is_empty() {
                 err("name", "must not be empty when given".into());
-            } else if name.len() > 200 {
+            } else if name.len() > NAME_MAX_BYTES {
                 err(
                     "name",
-                    format!("must be at most 200 bytes, got {}", name.len()),
+                    format!("must be at most {NAME_MAX_BYTES} bytes, got {}", name.len()),
                 );
             }
         }
