@@ -794,6 +794,45 @@ fn corrupt_dataset_fails_the_job_and_the_queue_moves_on() {
     assert_eq!(end["state"], "succeeded", "{end}");
 }
 
+/// A dataset whose structure is sound but whose bytes are not (flipped bits in the
+/// features) fails its job with the file and its checksum named: daemons train only on
+/// verified bytes (it trained to success when only the structure was checked). The same
+/// dataset repaired then trains.
+#[test]
+fn flipped_bytes_in_a_dataset_fail_the_job_by_their_checksum() {
+    let c = Cluster::new(EXE, &["solo"], Timing::default()).unwrap();
+    let ds = c.synth("flipped", 300, 3).unwrap();
+    let features = ds.join("features.f32");
+    let clean = std::fs::read(&features).unwrap();
+    let mut bytes = clean.clone();
+    for i in (64..bytes.len()).step_by(997).take(1000) {
+        bytes[i] ^= 0x01;
+    }
+    std::fs::write(&features, &bytes).unwrap();
+
+    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let (_d, _) = c.daemon(&url, "solo", 1, "certs").unwrap();
+    let api = Rest::new(&url);
+    let id = api
+        .submit(&c.token, &json!({"dataset": ds, "epochs": 1}))
+        .unwrap();
+    let end = api.wait_end(&c.token, id, LONG).unwrap();
+    assert_eq!(end["state"], "failed", "{end}");
+    let reason = end["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("solo")
+            && reason.contains("features.f32")
+            && reason.contains("checksum mismatch"),
+        "{reason}"
+    );
+    std::fs::write(&features, &clean).unwrap();
+    let id = api
+        .submit(&c.token, &json!({"dataset": ds, "epochs": 1}))
+        .unwrap();
+    let end = api.wait_end(&c.token, id, LONG).unwrap();
+    assert_eq!(end["state"], "succeeded", "{end}");
+}
+
 #[test]
 fn daemon_with_a_certificate_from_another_ca_is_refused_and_logged() {
     let c = Cluster::new(EXE, &["node-a", "node-b"], Timing::default()).unwrap();

@@ -540,6 +540,22 @@ impl Dataset {
     }
 
     /// Checksums every file and checks every id and label (parallel; seconds for billions).
+    /// Every array file of the dataset.
+    pub(crate) fn array_paths(&self) -> Vec<PathBuf> {
+        [
+            self.offsets.path(),
+            self.indices.path(),
+            self.features.path(),
+            self.labels.path(),
+            self.train.path(),
+            self.val.path(),
+            self.test.path(),
+        ]
+        .into_iter()
+        .map(Path::to_path_buf)
+        .collect()
+    }
+
     pub fn verify(&self) -> Result<()> {
         let checks: Vec<Box<dyn Fn() -> Result<()> + Sync + '_>> = vec![
             Box::new(|| self.offsets.verify_checksum()),

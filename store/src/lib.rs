@@ -18,6 +18,7 @@ pub mod error;
 pub mod prefetch;
 pub mod rows;
 pub mod split;
+pub mod verified;
 
 pub use array::{
     release_pages, ArraySummary, ArrayWriter, MappedArray, RangeWriter, SCAN_CHUNK_BYTES,
@@ -35,3 +36,4 @@ pub use error::{Result, StoreError};
 pub use prefetch::prefetch;
 pub use rows::{RowReader, RESIDENCY_SAMPLE};
 pub use split::Split;
+pub use verified::Verification;
