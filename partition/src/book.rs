@@ -149,6 +149,39 @@ impl PartitionBook {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// Reads both id maps whole: their checksums, and that they are inverse permutations of
+    /// every vertex (a flipped id would train a vertex on another's features).
+    pub fn verify(&self) -> Result<()> {
+        self.new_to_old.verify_checksum()?;
+        self.old_to_new.verify_checksum()?;
+        let (fwd, back) = (self.new_to_old.as_slice(), self.old_to_new.as_slice());
+        let bad = fwd
+            .iter()
+            .enumerate()
+            .find(|&(v, &old)| back.get(old as usize) != Some(&(v as u32)));
+        if let Some((v, &old)) = bad {
+            return Err(PartitionError::Invalid {
+                path: self.new_to_old.path().to_path_buf(),
+                message: format!(
+                    "new id {v} maps to original id {old}, which {OLD_TO_NEW_FILE} does not \
+                     map back to it"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// [`PartitionBook::verify`] unless every file's current version is in the record at
+    /// `record` (see [`grandis_store::verified`]).
+    pub fn verify_once(&self, record: &Path) -> Result<grandis_store::Verification> {
+        let files = [
+            self.dir.join(BOOK_FILE),
+            self.new_to_old.path().to_path_buf(),
+            self.old_to_new.path().to_path_buf(),
+        ];
+        grandis_store::verified::verify_once(record, &files, || self.verify())
+    }
     /// Everything recorded in `partition.json` (method, seed, quality report, source).
     pub fn meta(&self) -> &BookMeta {
         &self.meta

@@ -491,3 +491,37 @@ fn bytegnn_balances_every_split_and_cuts_less_than_random() {
     let e = assign(&ds.view(), true, &zero).unwrap_err().to_string();
     assert!(e.contains("block hops"), "{e}");
 }
+
+/// A partition directory is verified once per file version, like a dataset: a flipped id in
+/// a map is caught by its checksum (and a map that is not the other's inverse by the
+/// permutation check).
+#[test]
+fn partition_maps_are_verified_once_and_flips_are_caught() {
+    let root = tempfile::tempdir().unwrap();
+    let src_dir = root.path().join("src");
+    power_law(300).write(&src_dir, false).unwrap();
+    let out = root.path().join("part");
+    partition_dataset(&src_dir, &out, &cfg(2, 1, PartitionMethod::Random), false).unwrap();
+    let record = root.path().join("verified.json");
+    let book = PartitionBook::open(&out).unwrap();
+    assert_eq!(
+        book.verify_once(&record).unwrap(),
+        grandis_store::Verification::Verified
+    );
+    assert_eq!(
+        book.verify_once(&record).unwrap(),
+        grandis_store::Verification::Remembered
+    );
+    drop(book);
+    let map = out.join(crate::book::NEW_TO_OLD_FILE);
+    let mut bytes = std::fs::read(&map).unwrap();
+    let n = bytes.len();
+    bytes.swap(n - 4, n - 8);
+    std::fs::write(&map, &bytes).unwrap();
+    let book = PartitionBook::open(&out).unwrap();
+    let err = book.verify_once(&record).unwrap_err().to_string();
+    assert!(
+        err.contains("new_to_old.u32") && err.contains("checksum"),
+        "{err}"
+    );
+}

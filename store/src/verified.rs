@@ -55,43 +55,48 @@ pub enum Verification {
     Remembered,
 }
 
+/// Runs `verify` unless every one of `files` is in the record at `record` (a JSON file the
+/// caller owns, created when missing) at its current version, and records their versions
+/// after a pass. The versions are taken before verifying, so a file changed meanwhile is
+/// verified again next time; a damaged record is verified over (and rewritten), never
+/// trusted; a failed verification records nothing.
+pub fn verify_once<E: From<StoreError>>(
+    record: &Path,
+    files: &[PathBuf],
+    verify: impl FnOnce() -> std::result::Result<(), E>,
+) -> std::result::Result<Verification, E> {
+    let versions = files
+        .iter()
+        .map(|p| FileVersion::of(p))
+        .collect::<Result<Vec<_>>>()?;
+    let mut known: Vec<FileVersion> = std::fs::read(record)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    if versions.iter().all(|v| known.contains(v)) {
+        return Ok(Verification::Remembered);
+    }
+    verify()?;
+    known.retain(|k| !versions.iter().any(|v| v.path == k.path));
+    known.extend(versions);
+    if known.len() > RECORD_LIMIT {
+        known.drain(..known.len() - RECORD_LIMIT);
+    }
+    let bytes = serde_json::to_vec_pretty(&known)
+        .map_err(|e| StoreError::invalid(record, format!("writing the record: {e}")))?;
+    crate::write_file_atomic(record, &bytes)?;
+    Ok(Verification::Verified)
+}
+
 impl Dataset {
-    /// Checks the dataset's structure (cheap), then, unless every file's current version is in
-    /// the record at `record` (a JSON file the caller owns, created when missing), its
-    /// checksums and contents ([`Dataset::verify`]), and records the versions it verified. A
-    /// damaged record is verified over (and rewritten), never trusted.
+    /// Checks the dataset's structure (cheap), then its checksums and contents
+    /// ([`Dataset::verify`]) unless every file's current version is in the record at
+    /// `record` ([`verify_once`]).
     pub fn verify_once(&self, record: &Path) -> Result<Verification> {
         self.check_structure()?;
-        let files = self.component_paths();
-        let versions = files
-            .iter()
-            .map(|p| FileVersion::of(p))
-            .collect::<Result<Vec<_>>>()?;
-        let mut known: Vec<FileVersion> = std::fs::read(record)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
-        if versions.iter().all(|v| known.contains(v)) {
-            return Ok(Verification::Remembered);
-        }
-        self.verify()?;
-        // The versions read before verifying: a file changed meanwhile is verified again.
-        known.retain(|k| !versions.iter().any(|v| v.path == k.path));
-        known.extend(versions);
-        if known.len() > RECORD_LIMIT {
-            known.drain(..known.len() - RECORD_LIMIT);
-        }
-        let bytes = serde_json::to_vec_pretty(&known)
-            .map_err(|e| StoreError::invalid(record, format!("writing the record: {e}")))?;
-        crate::write_file_atomic(record, &bytes)?;
-        Ok(Verification::Verified)
-    }
-
-    /// The manifest and every array file of the dataset.
-    fn component_paths(&self) -> Vec<PathBuf> {
-        let mut paths = vec![self.dir().join(MANIFEST)];
-        paths.extend(self.array_paths());
-        paths
+        let mut files = vec![self.dir().join(MANIFEST)];
+        files.extend(self.array_paths());
+        verify_once(record, &files, || self.verify())
     }
 }
 

@@ -341,6 +341,12 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
         device_memory: Some(device_memory(spec, cfg.device_memory, &compute, g)?),
         ..spec.clone()
     };
+    // A partition directory's id maps are verified like the dataset, once per version.
+    if let Some(dir) = &job.partition_dir {
+        grandis_partition::PartitionBook::open(dir)
+            .and_then(|book| book.verify_once(&record))
+            .with_context(|| format!("opening partition dir {dir}"))?;
+    }
     let part = PartitionedGraph::for_job(&dataset, &job).context("the job's partition")?;
     check_cancel(ctx)?;
     let config = ModelConfig::for_job(&job, view.feature_dim, view.num_classes);
