@@ -364,6 +364,13 @@ impl Core {
         now: Instant,
     ) -> Result<HeartbeatResponse, ApiError> {
         let id = req.daemon_id;
+        if req.state == DaemonState::Down {
+            return Err(ApiError::bad_request(
+                "invalid_heartbeat",
+                "state: a daemon reports idle, running or draining (down is the coordinator's \
+                 word for a daemon it does not hear from)",
+            ));
+        }
         let d = self.daemons.get_mut(&id).ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -931,9 +938,11 @@ impl Core {
                 label: d.label.clone(),
                 up: d.up,
                 is_head: self.labels.get(&d.label).and_then(|l| l.head) == Some(d.id),
-                state: d.state,
-                job: d.job.map(|j| j.job_id),
-                epoch: d.job.map(|j| j.epoch),
+                // A daemon not heard from is down, whatever it last said it was doing: its
+                // job (if any) is the coordinator's to retry, not its to run.
+                state: if d.up { d.state } else { DaemonState::Down },
+                job: d.job.filter(|_| d.up).map(|j| j.job_id),
+                epoch: d.job.filter(|_| d.up).map(|j| j.epoch),
                 devices: d.devices.clone(),
                 memory_bytes: d.memory_bytes,
                 data_addr: d.data_addr.clone(),
@@ -1033,6 +1042,56 @@ mod tests {
         let r = hb(&mut c, a, t1 + Duration::from_millis(50));
         assert!(!r.is_head);
         assert_eq!(r.term, 2);
+    }
+
+    /// A daemon not heard from is shown down in the cluster view, without the job it last
+    /// reported, until it returns (then as it reports) or is forgotten; a heartbeat claiming
+    /// `down` is refused.
+    #[test]
+    fn down_daemons_are_not_listed_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = core(dir.path());
+        let t0 = Instant::now();
+        let a = reg(&mut c, "a", 1, t0);
+        let b = reg(&mut c, "b", 1, t0);
+        let job = c.submit(spec(1, 1), t0).unwrap().id;
+        let running = |state| HeartbeatRequest {
+            protocol_version: PROTOCOL_VERSION,
+            daemon_id: a,
+            state,
+            job: Some(DaemonJob {
+                job_id: job,
+                attempt: 1,
+                epoch: 2,
+            }),
+        };
+        c.heartbeat(running(DaemonState::Running), t0).unwrap();
+        let view_of = |c: &Core, now| {
+            c.cluster(now)
+                .daemons
+                .into_iter()
+                .find(|d| d.id == a)
+                .map(|d| (d.up, d.state, d.job, d.epoch))
+        };
+        assert_eq!(
+            view_of(&c, t0),
+            Some((true, DaemonState::Running, Some(job), Some(2)))
+        );
+        // `a` falls silent past the down timeout while `b` heartbeats.
+        let t1 = t0 + Duration::from_millis(1500);
+        hb(&mut c, b, t1);
+        assert_eq!(
+            view_of(&c, t1),
+            Some((false, DaemonState::Down, None, None))
+        );
+        // Forgotten after `forget_after`: gone from the view.
+        let t2 = t0 + Duration::from_millis(5500);
+        hb(&mut c, b, t2);
+        assert_eq!(view_of(&c, t2), None);
+        let err = c
+            .heartbeat(running(DaemonState::Down), t2)
+            .expect_err("a daemon claiming to be down");
+        assert_eq!(err.code, "invalid_heartbeat");
     }
 
     #[test]

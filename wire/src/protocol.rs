@@ -81,6 +81,10 @@ pub enum DaemonState {
     Running,
     /// Shutting down; takes no new jobs.
     Draining,
+    /// Not heard from within the down timeout: what the cluster view shows for such a daemon
+    /// until it returns or is forgotten (a daemon never reports it; a heartbeat saying it is
+    /// refused).
+    Down,
 }
 
 /// The job a daemon is working on.
