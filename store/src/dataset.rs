@@ -557,6 +557,13 @@ impl Dataset {
     }
 
     pub fn verify(&self) -> Result<()> {
+        self.verify_checksums()?;
+        self.check_structure()?;
+        self.check_finite_features()
+    }
+
+    /// Every array file's payload against the checksum in its header (in parallel).
+    pub(crate) fn verify_checksums(&self) -> Result<()> {
         let checks: Vec<Box<dyn Fn() -> Result<()> + Sync + '_>> = vec![
             Box::new(|| self.offsets.verify_checksum()),
             Box::new(|| self.indices.verify_checksum()),
@@ -566,8 +573,11 @@ impl Dataset {
             Box::new(|| self.val.verify_checksum()),
             Box::new(|| self.test.verify_checksum()),
         ];
-        checks.par_iter().try_for_each(|c| c())?;
-        self.check_structure()?;
+        checks.par_iter().try_for_each(|c| c())
+    }
+
+    /// That every feature is finite, naming the first that is not.
+    pub(crate) fn check_finite_features(&self) -> Result<()> {
         let f = self.manifest.feature_dim.max(1) as usize;
         self.features.scan_chunks(|start, chunk| {
             match chunk.par_iter().position_any(|x| !x.is_finite()) {

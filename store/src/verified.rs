@@ -1,8 +1,8 @@
-//! Verifying a dataset once per file version. A checksum pass reads every byte of a dataset
-//! (tens of GB for a billion edges), so a daemon that trains many jobs on one dataset keeps a
-//! record of the file versions it verified: a file's path, size, modification time and inode
-//! (and the payload checksum its header claims). A file whose version is in the record is not
-//! read again; one that changed in any of those (rewritten, replaced, touched) is. A file
+//! Verifying files once per file version (a dataset, a partition directory). A checksum pass
+//! reads every byte of a dataset (tens of GB for a billion edges), so a daemon that trains
+//! many jobs on one dataset keeps a record of the file versions it verified: a file's path,
+//! size, modification time and inode. A file whose version is in the record is not read
+//! again; one that changed in any of those (rewritten, replaced, touched) is. A file
 //! rewritten in place with its size, time and inode restored would escape: the record is a
 //! cache of verification, not a signature.
 
@@ -89,14 +89,17 @@ pub fn verify_once<E: From<StoreError>>(
 }
 
 impl Dataset {
-    /// Checks the dataset's structure (cheap), then its checksums and contents
-    /// ([`Dataset::verify`]) unless every file's current version is in the record at
-    /// `record` ([`verify_once`]).
+    /// Checks the dataset's structure (every use: it guards every index into the graph),
+    /// then the rest of [`Dataset::verify`] (checksums, finite features) unless every file's
+    /// current version is in the record at `record` ([`verify_once`]).
     pub fn verify_once(&self, record: &Path) -> Result<Verification> {
         self.check_structure()?;
         let mut files = vec![self.dir().join(MANIFEST)];
         files.extend(self.array_paths());
-        verify_once(record, &files, || self.verify())
+        verify_once(record, &files, || {
+            self.verify_checksums()?;
+            self.check_finite_features()
+        })
     }
 }
 

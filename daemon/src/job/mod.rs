@@ -319,21 +319,16 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     // success when only the structure was checked).
     let record = cfg.work_dir.join("verified-datasets.json");
     let started = std::time::Instant::now();
-    let dataset = grandis_store::Dataset::open(&dir)
+    let (dataset, verification) = grandis_store::Dataset::open(&dir)
         .and_then(|d| d.verify_once(&record).map(|v| (d, v)))
-        .with_context(|| format!("opening dataset {}", dir.display()));
-    let dataset = match dataset {
-        Ok((d, grandis_store::Verification::Verified)) => {
-            tracing::info!(
-                dataset = %dir.display(),
-                seconds = started.elapsed().as_secs_f64(),
-                "dataset verified (checksums of every file; remembered for this version)"
-            );
-            d
-        }
-        Ok((d, grandis_store::Verification::Remembered)) => d,
-        Err(e) => return Err(e),
-    };
+        .with_context(|| format!("opening dataset {}", dir.display()))?;
+    if verification == grandis_store::Verification::Verified {
+        tracing::info!(
+            dataset = %dir.display(),
+            seconds = started.elapsed().as_secs_f64(),
+            "dataset verified (checksums of every file; remembered for this version)"
+        );
+    }
     let view = dataset.view();
     let compute = cfg.compute()?;
     // The job as this server runs it: with the budget resolved.
