@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, RawQuery, Request, State};
+use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -79,9 +79,8 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/daemon/jobs/{id}/events", post(daemon_job_event))
         .route(
             "/v1/daemon/jobs/{id}/checkpoint",
-            put(put_checkpoint)
-                .get(get_checkpoint)
-                .layer(DefaultBodyLimit::max(state.max_checkpoint_bytes)),
+            // The upload reads its body itself, up to `max_checkpoint_bytes`.
+            put(put_checkpoint).get(get_checkpoint),
         )
         .route_layer(middleware::from_fn_with_state(state.clone(), daemon_auth));
     Router::new()
