@@ -173,11 +173,7 @@ impl SampledEdges {
         others.sort_unstable();
         others.dedup();
         vertices.extend(others);
-        let span = vertices.iter().max().map_or(0, |&v| v as usize + 1);
-        let mut position = IdMap::for_size(vertices.len(), span);
-        for (i, &v) in vertices.iter().enumerate() {
-            position.insert_new(v, i as u32);
-        }
+        let position = position_of(&vertices);
         let mut offsets = Vec::with_capacity(num_rows + 1);
         offsets.push(0u64);
         let mut sources = Vec::new();
@@ -190,15 +186,7 @@ impl SampledEdges {
                     .into_iter()
                     .map(|(u, b)| (position.get(u).expect("numbered above"), b)),
             );
-            row.sort_unstable_by_key(|e| e.0);
-            for (j, &(u, b)) in row.iter().enumerate() {
-                if j > 0 && row[j - 1].0 == u {
-                    *bits.last_mut().expect("an edge of this row") |= b;
-                } else {
-                    sources.push(u);
-                    bits.push(b);
-                }
-            }
+            SampledEdges::append_row(&mut row, &mut sources, &mut bits);
             offsets.push(sources.len() as u64);
         }
         SampledEdges {
@@ -209,6 +197,22 @@ impl SampledEdges {
             layers: (n_layers > 0).then_some(bits),
             num_layers: n_layers,
             position: std::sync::OnceLock::from(position),
+        }
+    }
+
+    /// Appends one row's kept edges, `(source, layer bits)` in any order, to a CSR being
+    /// built for [`SampledEdges::from_blocks`]: sorted by source, an edge listed twice merged
+    /// into one with the union of its bits.
+    pub fn append_row(row: &mut [(u32, u64)], sources: &mut Vec<u32>, bits: &mut Vec<u64>) {
+        row.sort_unstable_by_key(|e| e.0);
+        let start = sources.len();
+        for &(u, b) in row.iter() {
+            if sources.len() > start && sources.last() == Some(&u) {
+                *bits.last_mut().expect("an edge of this row") |= b;
+            } else {
+                sources.push(u);
+                bits.push(b);
+            }
         }
     }
 
@@ -306,14 +310,7 @@ impl SampledEdges {
     /// Sample index of global vertex `v`, if the sample holds it.
     pub fn index_of(&self, v: u32) -> Option<u32> {
         self.position
-            .get_or_init(|| {
-                let span = self.vertices.iter().max().map_or(0, |&v| v as usize + 1);
-                let mut position = IdMap::for_size(self.vertices.len(), span);
-                for (i, &v) in self.vertices.iter().enumerate() {
-                    position.insert_new(v, i as u32);
-                }
-                position
-            })
+            .get_or_init(|| position_of(&self.vertices))
             .get(v)
     }
     /// Every kept row in order: (global id, index of its first edge, its kept sources as
@@ -378,6 +375,16 @@ impl SampledEdges {
             None => self.sources.len(),
         }
     }
+}
+
+/// The sample index of every vertex of `vertices` (distinct global ids).
+fn position_of(vertices: &[u32]) -> IdMap {
+    let span = vertices.iter().max().map_or(0, |&v| v as usize + 1);
+    let mut position = IdMap::for_size(vertices.len(), span);
+    for (i, &v) in vertices.iter().enumerate() {
+        position.insert_new(v, i as u32);
+    }
+    position
 }
 
 fn check_layer_count(n_layers: usize) -> Result<()> {

@@ -444,8 +444,10 @@ pub(crate) fn build_device(
     // plan order, as the layer-wise sampler numbers it) needs no map at all; otherwise a map
     // over the keys, built once and read once per kept edge.
     let identity = keys.iter().enumerate().all(|(i, &u)| u == i as u32);
-    let mut local = IdMap::for_size(if identity { 0 } else { keys.len() }, rows.key_span());
-    if !identity {
+    let local = if identity {
+        None
+    } else {
+        let mut local = IdMap::for_size(keys.len(), rows.key_span());
         for (l, &u) in keys.iter().enumerate() {
             if !local.insert_new(u, l as u32) {
                 return Err(MaskingError::Internal(format!(
@@ -454,13 +456,13 @@ pub(crate) fn build_device(
                 )));
             }
         }
-    }
+        Some(local)
+    };
     let n_local = keys.len();
     let local_of = |u: u32, v: u32| -> Result<u32> {
-        let found = if identity {
-            ((u as usize) < n_local).then_some(u)
-        } else {
-            local.get(u)
+        let found = match &local {
+            None => ((u as usize) < n_local).then_some(u),
+            Some(local) => local.get(u),
         };
         found.ok_or_else(|| {
             MaskingError::Internal(format!(

@@ -291,16 +291,7 @@ impl Sampler for Fanout {
                         merged.extend(row.iter().map(|&u| (u, 1u64 << layer)));
                     }
                 }
-                merged.sort_unstable_by_key(|e| e.0);
-                let start = sources.len();
-                for &(u, b) in &merged {
-                    if sources.len() > start && sources.last() == Some(&u) {
-                        *bits.last_mut().expect("an edge of this row") |= b;
-                    } else {
-                        sources.push(u);
-                        bits.push(b);
-                    }
-                }
+                SampledEdges::append_row(&mut merged, &mut sources, &mut bits);
                 ends.push(sources.len() as u64);
             }
             (ends, sources, bits)
