@@ -184,11 +184,10 @@ pub fn time_steps(
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ProducerTiming {
     pub producers: usize,
-    /// Kept in-edges of every step, in step order.
+    /// Kept in-edges of every step, in step order (one entry per step built).
     pub sampled_edges: Vec<u64>,
     /// Layer-0 feature rows of every step, in step order.
     pub input_rows: Vec<u64>,
-    pub steps: usize,
     /// Wall seconds until every step was sampled and planned.
     pub sample_plan_s: f64,
     /// Wall seconds until every step's rows were gathered.
@@ -244,7 +243,6 @@ pub fn time_producers(
             .collect();
         Ok(ProducerTiming {
             producers,
-            steps: n,
             sampled_edges: in_order(edges),
             input_rows: in_order(rows_read.into_iter().flatten().collect()),
             sample_plan_s,

@@ -2,7 +2,7 @@
 //! the common flags, partitioned) and the time-to-accuracy reading of a curve.
 
 use anyhow::Context;
-use grandis_models::{ModelConfig, ModelKind};
+use grandis_models::ModelConfig;
 use grandis_parallel::{LinkModel, PartitionedGraph};
 use grandis_partition::PartitionMethod;
 use grandis_store::InMemoryDataset;
@@ -148,18 +148,16 @@ impl BenchGraphArgs {
             self.devices,
             t.elapsed().as_secs_f64()
         );
-        let config = ModelConfig {
-            kind: ModelKind::Sage,
-            layers: self.layers,
-            in_dim: dataset.feature_dim,
-            hidden: self.hidden,
-            heads: grandis_wire::defaults::HEADS as usize,
-            output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
-            classes: dataset.num_classes,
-            dropout: 0.5,
-            layer_norm: false,
-            seed: self.seed,
-        };
+        let config = ModelConfig::for_job(
+            &grandis_wire::JobSpec {
+                layers: u32::try_from(self.layers).context("--layers is out of range")?,
+                hidden: u32::try_from(self.hidden).context("--hidden is out of range")?,
+                seed: self.seed,
+                ..grandis_wire::JobSpec::default()
+            },
+            dataset.feature_dim,
+            dataset.num_classes,
+        );
         Ok(BenchGraph {
             dataset,
             stats,

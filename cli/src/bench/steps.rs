@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use grandis_models::{ModelConfig, ModelKind};
+use grandis_models::ModelConfig;
 use grandis_parallel::step_bench::{time_producers, time_steps, StepBenchOptions, StepTiming};
 use grandis_parallel::{Mode, PartitionedGraph};
 use grandis_partition::PartitionMethod;
@@ -166,18 +166,16 @@ pub fn run(args: BenchStepsArgs) -> anyhow::Result<()> {
         method,
         args.seed,
     )?;
-    let config = ModelConfig {
-        kind: ModelKind::Sage,
-        layers: fanouts.len(),
-        in_dim: view.feature_dim,
-        hidden: 64,
-        heads: grandis_wire::defaults::HEADS as usize,
-        output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
-        classes: view.num_classes,
-        dropout: 0.5,
-        layer_norm: false,
-        seed: args.seed,
-    };
+    let config = ModelConfig::for_job(
+        &grandis_wire::JobSpec {
+            layers: fanouts.len() as u32,
+            hidden: 64,
+            seed: args.seed,
+            ..grandis_wire::JobSpec::default()
+        },
+        view.feature_dim,
+        view.num_classes,
+    );
 
     let mut rows: Vec<Row> = Vec::new();
     for &(mode, name) in &modes {
@@ -205,7 +203,8 @@ pub fn run(args: BenchStepsArgs) -> anyhow::Result<()> {
             rows.push(row);
             if n > 1 {
                 let t = pool.install(|| time_producers(&view, &part, &config, &opts, n))?;
-                let per_step = |s: f64| s * 1e3 / t.steps.max(1) as f64;
+                let built = t.sampled_edges.len();
+                let per_step = |s: f64| s * 1e3 / built.max(1) as f64;
                 let med = |v: &[u64]| median(&v.iter().map(|&x| x as f64).collect::<Vec<_>>());
                 let (sampled_edges, input_rows) = (med(&t.sampled_edges), med(&t.input_rows));
                 let row = Row {
@@ -222,7 +221,7 @@ pub fn run(args: BenchStepsArgs) -> anyhow::Result<()> {
                 };
                 eprintln!(
                     "grandis {name} x{n} producers: sample + plans {:.1} ms, gather {:.1} ms per step ({} steps)",
-                    row.sample_plan_ms, row.gather_ms, t.steps
+                    row.sample_plan_ms, row.gather_ms, built
                 );
                 rows.push(row);
             }
