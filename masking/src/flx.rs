@@ -422,6 +422,8 @@ impl<'a> PlanContext<'a> {
         // closures and whole-range extractions most of the graph. `IdMap` picks its
         // representation from that size (an array over a sample's keys).
         let expected = match &rows {
+            // A server another process builds gets no targets: nothing to size for.
+            _ if spec.targets.is_empty() => 0,
             RowSource::Exact(_) => self.num_vertices(),
             // At most the targets and one vertex per kept edge.
             RowSource::Sampled(e) => spec.targets.len().saturating_add(e.num_edges()),

@@ -6,13 +6,13 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use grandis_masking::{DevicePlan, KChoice, ModelDims, PlanContext, PreloadPlan};
+use grandis_masking::{DevicePlan, KChoice, PreloadPlan};
 use grandis_models::ModelConfig;
 use grandis_sampling::{ClusterBatches, CoBatcher, MiniBatcher, Sampler};
 use grandis_wire::{LinkBytes, Mode, Sampling};
 
 use crate::budget::{choose_preload_hops, choose_sampled_k, predicted_halo_bytes};
-use crate::steps::{self, CobSampler, Schedule};
+use crate::steps::{self, CobSampler, Schedule, StepInputs};
 use crate::ParallelOptions;
 
 /// Clusters in one cluster batch per server (`--mode cluster`): a batch of `batch_size`
@@ -67,17 +67,17 @@ pub(crate) enum Eval {
     Layerwise,
 }
 
-/// Decides what a run of `popts` (mode already resolved from auto) trains on. `sampler` is
-/// the options' dependency sampler (None for exact runs); the schedule borrows it.
+/// Decides what a run of `popts` (mode already resolved from auto) trains on, for the part of
+/// its steps `inputs` names. `sampler` is the options' dependency sampler (None for exact
+/// runs); the schedule borrows it.
 pub(crate) fn decide<'s>(
-    ctx: &PlanContext<'_>,
+    inputs: &StepInputs<'_>,
     config: &ModelConfig,
     popts: &ParallelOptions,
-    dims: &ModelDims,
     sampler: Option<&'s dyn Sampler>,
-    labelled_train: &dyn Fn(u32) -> bool,
     seed: u64,
 ) -> anyhow::Result<Decision<'s>> {
+    let (ctx, dims) = (inputs.ctx, inputs.dims);
     if let (Mode::Cob | Mode::Mb | Mode::Cluster, Some(k)) = (popts.mode, popts.preload_hops) {
         bail!(
             "--preload-hops {k}: --mode {} runs every layer on its per-iteration plans; \
@@ -123,14 +123,7 @@ pub(crate) fn decide<'s>(
                 .as_ref()
                 .map_or(0, |f| f.servers.iter().map(|s| s.replicated).sum());
             let predicted = predicted_halo_bytes(&plan, config);
-            let (step, stats) = steps::static_step(
-                ctx,
-                plan.fb.devices,
-                plan.flx,
-                choice.k,
-                dims,
-                labelled_train,
-            );
+            let (step, stats) = steps::static_step(inputs, plan.fb.devices, plan.flx, choice.k);
             Ok(Decision {
                 schedule: Schedule::Static { step, stats },
                 choice,

@@ -99,6 +99,7 @@ pub fn embeddings(
         staleness: None,
         remote_features: None,
         buffers: &crate::prepare::BufferPool::default(),
+        server_counts: None,
     };
     let threads = threads_per_rank.unwrap_or_else(|| crate::compute::cores_per_rank(ranks));
     let fabric = Fabric::new(FabricConfig {

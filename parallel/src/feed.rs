@@ -8,9 +8,34 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
 
 use anyhow::Context;
-use grandis_masking::{ModelDims, PlanContext};
 
-use crate::steps::{build_step, Built, RunStats, Schedule, Step, StepStats};
+use crate::steps::{build_step, Built, RunStats, Schedule, Step, StepInputs, StepStats};
+
+/// What each step built here computes and the host seconds it took, by step index. A step's
+/// counts are recorded before it is handed to the ranks, so once a rank has taken every step
+/// of the run, all their counts are here.
+#[derive(Default)]
+pub(crate) struct StepCounts(Mutex<BTreeMap<u64, (StepStats, f64)>>);
+
+impl StepCounts {
+    pub fn insert(&self, index: u64, stats: StepStats, seconds: f64) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(index, (stats, seconds));
+        }
+    }
+
+    /// The run's sums, added in step order so that floating-point sums (β) do not depend on
+    /// which producer finished first.
+    pub fn sums(&self) -> RunStats {
+        let mut sums = RunStats::default();
+        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (stats, seconds) in m.values() {
+            sums.add(stats);
+            sums.build_seconds += seconds;
+        }
+        sums
+    }
+}
 
 /// Steps handed from the producers to the ranks: each step is kept until every rank took it,
 /// and only the `depth` steps from the oldest one not yet taken by every rank may wait (so
@@ -164,21 +189,19 @@ pub(crate) struct Fetch<'f> {
     pub ahead: u64,
 }
 
-/// Builds every step of `epochs` epochs that `feed` wants into it, on `threads` producer
-/// threads (step `i` on thread `i % threads`), and adds what they compute to `stats` in step
-/// order. A step whose memory-model estimate exceeds `budget` (an explicit `--device-memory`)
-/// fails the run as out of memory, as the device would when that step's buffers were
-/// allocated. Each new step then goes through `fetch`, when given.
+/// Builds `inputs.step_part` of every step of `epochs` epochs that `feed` wants into it, on
+/// `threads` producer threads (step `i` on thread `i % threads`), and records what each
+/// computes in `counts`. A step whose memory-model estimate exceeds `budget` (an explicit
+/// `--device-memory`) fails the run as out of memory, as the device would when that step's
+/// buffers were allocated. Each new step then goes through `fetch`, when given.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn produce(
-    ctx: &PlanContext<'_>,
+    inputs: &StepInputs<'_>,
     schedule: &Schedule<'_>,
-    dims: &ModelDims,
     epochs: usize,
     budget: Option<u64>,
     feed: &Feed,
-    stats: &Mutex<RunStats>,
-    labelled_train: &(dyn Fn(u32) -> bool + Sync),
+    counts: &StepCounts,
     threads: usize,
     fetch: Option<Fetch<'_>>,
 ) {
@@ -190,31 +213,29 @@ pub(crate) fn produce(
     };
     let build = |index: u64, prev: Option<&Built>| {
         let (epoch, it) = (index / n, (index % n) as usize);
-        build_step(ctx, schedule, dims, epoch, it, prev, labelled_train)
+        build_step(inputs, schedule, epoch, it, prev)
             .and_then(|b| {
                 crate::budget::check_budget(budget, &b.2.model_bytes, "this step's plan")?;
                 Ok(b)
             })
             .with_context(|| format!("epoch {} iteration {it}", epoch + 1))
     };
-    produce_steps(epochs as u64 * n, threads, feed, stats, &build, fetch);
+    produce_steps(epochs as u64 * n, threads, feed, counts, &build, fetch);
 }
 
 /// Runs `build` for steps `feed.first..total` on `threads` threads (step `i` on thread `i %
 /// threads`, each handing its previous step back to `build`), then `fetch` on each step that
-/// is not its predecessor again, and pushes them into `feed`; the first failure is recorded
-/// in the feed for the rank that asks for that step. What the steps compute is added to
-/// `stats` in step order.
+/// is not its predecessor again, records what it computes in `counts` and pushes it into
+/// `feed`; the first failure is recorded in the feed for the rank that asks for that step.
 fn produce_steps(
     total: u64,
     threads: usize,
     feed: &Feed,
-    stats: &Mutex<RunStats>,
+    counts: &StepCounts,
     build: &(dyn Fn(u64, Option<&Built>) -> anyhow::Result<Built> + Sync),
     fetch: Option<Fetch<'_>>,
 ) {
     let threads = threads.max(1) as u64;
-    let built: Mutex<BTreeMap<u64, (StepStats, f64)>> = Mutex::default();
     let producer = |first: u64| {
         let mut prev: Option<Built> = None;
         for index in (first..total).step_by(threads as usize) {
@@ -243,8 +264,8 @@ fn produce_steps(
                     return;
                 }
             };
-            if let Ok(mut m) = built.lock() {
-                m.insert(index, (b.2.clone(), seconds));
+            if feed.wants(index) {
+                counts.insert(index, b.2.clone(), seconds);
             }
             let step = b.1.clone();
             prev = Some(b);
@@ -267,14 +288,6 @@ fn produce_steps(
             }
         }
     });
-    // In step order, so floating-point sums (β) do not depend on which thread finished first.
-    let built = built.into_inner().unwrap_or_else(|e| e.into_inner());
-    if let Ok(mut s) = stats.lock() {
-        for (st, seconds) in built.values() {
-            s.add(st);
-            s.build_seconds += seconds;
-        }
-    }
 }
 
 #[cfg(test)]

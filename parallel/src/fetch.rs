@@ -8,10 +8,15 @@
 //! features cross the inter-server link from the home rank, which is exactly the traffic that
 //! preloading pays once and that cooperative batching with EAS cuts per iteration.
 //!
-//! No request round is needed: every rank holds the whole step (`plans[rank][layer]` of all
-//! ranks), so each rank derives what every other rank needs from it and what it receives, and
-//! one `exchange_sized` under [`Tag::fetch`] moves it. Every rank must therefore build every
-//! step, in the same order (setup, each new training step, each evaluation build).
+//! Where a process holds the whole step (`plans[rank][layer]` of all ranks: one process, or
+//! schedules built whole), no request round is needed: each rank derives what every other
+//! rank needs from it and what it receives, and one `exchange_sized` under [`Tag::fetch`]
+//! moves it. Where a process built only its server's part of a step (a daemon's batched
+//! steps: `crate::steps::Part`), the other servers' plans are empty here, so each rank first
+//! asks every rank of another server for the ids it needs from it (an empty list when none)
+//! in one exchange under the same epoch in [`Phase::Other`], 4 bytes per fetched row against
+//! a row's 4 x F, and the rows follow as before. Either way every rank loads the steps in the
+//! same order (setup, each new training step, each evaluation build).
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -19,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use grandis_engine::HostBuffer;
-use grandis_fabric::{Endpoint, Tag};
+use grandis_fabric::{Endpoint, Phase, Tag};
 use grandis_masking::{DevicePlan, Layout};
 use grandis_store::DatasetView;
 
@@ -68,6 +73,10 @@ impl FeatureSource<'_> {
             }
         }
         let local_ids: Vec<u32> = reads.local.iter().map(|&(_, o)| o).collect();
+        let owed = match reads.sends {
+            Some(sends) => Owed::Rows(self.read_sends(&sends)?),
+            None => Owed::Asked(reads.asks),
+        };
         let in_order = reads.local.iter().enumerate().all(|(j, &(i, _))| i == j);
         if in_order {
             // The usual case (one server, or this server's rows first): straight into place.
@@ -83,8 +92,19 @@ impl FeatureSource<'_> {
                 buf[i * f..(i + 1) * f].copy_from_slice(src);
             }
         }
-        let sent: Vec<u32> = reads
-            .sends
+        Ok(LocalFeatures {
+            host,
+            feature_dim: f,
+            world: self.layout.num_ranks(),
+            owed,
+            incoming: reads.incoming,
+        })
+    }
+
+    /// The whole feature rows of `sends` ((peer rank, original ids) in the peer's row order).
+    fn read_sends(&self, sends: &[(usize, Vec<u32>)]) -> anyhow::Result<Vec<(usize, Vec<f32>)>> {
+        let f = self.view.feature_dim;
+        let sent: Vec<u32> = sends
             .iter()
             .flat_map(|(_, olds)| olds.iter().copied())
             .collect();
@@ -93,19 +113,63 @@ impl FeatureSource<'_> {
             .gather_features(&sent, &mut sent_rows)
             .context("reading the feature rows other servers fetch")?;
         let mut rest = sent_rows.as_slice();
-        let mut sends = Vec::with_capacity(reads.sends.len());
-        for (r, olds) in &reads.sends {
+        let mut rows = Vec::with_capacity(sends.len());
+        for (r, olds) in sends {
             let (data, tail) = rest.split_at(olds.len() * f);
-            sends.push((*r, data.to_vec()));
+            rows.push((*r, data.to_vec()));
             rest = tail;
         }
-        Ok(LocalFeatures {
-            host,
-            feature_dim: f,
-            world: self.layout.num_ranks(),
-            sends,
-            incoming: reads.incoming,
-        })
+        Ok(rows)
+    }
+
+    /// The rows the ranks of other servers ask rank `ep.rank()` for: every rank sends every
+    /// rank of another server the NEW ids it needs from it (`asks`; an empty list to the
+    /// others, as neither side knows the other's plans), under `tag`'s epoch in
+    /// [`Phase::Other`], and each answer is read from this server's features. Ids travel as
+    /// the bit patterns of `f32` values (moved, never computed on). A rank asked for a vertex
+    /// whose home it is not fails the step, naming both.
+    fn answer_asks(
+        &self,
+        ep: &mut Endpoint,
+        asks: &BTreeMap<usize, Vec<u32>>,
+        tag: Tag,
+    ) -> anyhow::Result<Vec<(usize, Vec<f32>)>> {
+        let layout = self.layout;
+        let me = ep.rank();
+        let peers: Vec<usize> = (0..layout.num_ranks())
+            .filter(|&r| !layout.same_server(r, me))
+            .collect();
+        let sends = peers
+            .iter()
+            .map(|&r| {
+                let ids = asks.get(&r).map_or(&[][..], Vec::as_slice);
+                (r, ids.iter().map(|&g| f32::from_bits(g)).collect())
+            })
+            .collect();
+        let ask_tag = Tag::new(tag.epoch, tag.layer, Phase::Other);
+        let asked = ep
+            .exchange(sends, &peers, ask_tag)
+            .with_context(|| format!("asking for replicated feature rows {tag}"))?;
+        let mine = layout.range(me);
+        let mut owed = Vec::new();
+        for (peer, ids) in asked {
+            let olds = ids
+                .iter()
+                .map(|x| {
+                    let g = x.to_bits();
+                    if !mine.contains(&g) {
+                        bail!(
+                            "rank {peer} asked rank {me} for the features of vertex {g}, whose                              home is not rank {me}"
+                        );
+                    }
+                    self.old(g)
+                })
+                .collect::<anyhow::Result<Vec<u32>>>()?;
+            if !olds.is_empty() {
+                owed.push((peer, olds));
+            }
+        }
+        self.read_sends(&owed)
     }
 
     /// Starts reading the feature rows rank `me` will read for `plans` into the page cache
@@ -125,6 +189,10 @@ impl FeatureSource<'_> {
     /// of its server are read from the view — a server's host memory holds its whole
     /// partition, and its devices load from it over the host link, not the fabric; the other
     /// servers' ranks are sent the rows of their layer-0 plans whose home is this rank.
+    ///
+    /// When this process did not build the other servers' plans (they are empty), what they
+    /// need is unknown here: `sends` is None and `asks` holds the NEW ids this rank needs from
+    /// each home rank, for [`LocalFeatures::complete`] to ask for.
     fn reads(&self, plans: &[Vec<Arc<DevicePlan>>], me: usize) -> anyhow::Result<Reads> {
         let layout = self.layout;
         let world = layout.num_ranks();
@@ -149,12 +217,27 @@ impl FeatureSource<'_> {
         let my_server = layout.server_range(layout.server_of_rank(me));
         let mut local = Vec::new();
         let mut incoming: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        let mut asks: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for (i, &g) in owned.iter().enumerate() {
             if my_server.contains(&g) {
                 local.push((i, self.old(g)?));
             } else {
-                incoming.entry(layout.owner(g)).or_default().push(i);
+                let home = layout.owner(g);
+                incoming.entry(home).or_default().push(i);
+                asks.entry(home).or_default().push(g);
             }
+        }
+        let others_built = (0..world)
+            .filter(|&r| !layout.same_server(r, me))
+            .all(|r| !plans[r].is_empty());
+        if !others_built {
+            return Ok(Reads {
+                owned: owned.len(),
+                local,
+                sends: None,
+                asks,
+                incoming,
+            });
         }
         // What the other servers' ranks need from this rank's range, in their row order.
         let mine = layout.range(me);
@@ -173,7 +256,8 @@ impl FeatureSource<'_> {
         Ok(Reads {
             owned: owned.len(),
             local,
-            sends,
+            sends: Some(sends),
+            asks: BTreeMap::new(),
             incoming,
         })
     }
@@ -285,19 +369,36 @@ struct Reads {
     owned: usize,
     /// (plan row, original id) of the rows read from this server's features.
     local: Vec<(usize, u32)>,
-    /// (peer rank, original ids) of the rows this rank sends, in the peer's row order.
-    sends: Vec<(usize, Vec<u32>)>,
+    /// (peer rank, original ids) of the rows this rank sends, in the peer's row order; None
+    /// when the peers' plans were not built here (they ask).
+    sends: Option<Vec<(usize, Vec<u32>)>>,
+    /// Without `sends`: home rank -> NEW ids this rank asks it for, in plan row order.
+    asks: BTreeMap<usize, Vec<u32>>,
     /// Home rank -> plan rows that arrive from it.
     incoming: BTreeMap<usize, Vec<usize>>,
 }
 
 impl Reads {
-    /// The original ids the rank reads: its own server's rows, then each peer's, in order.
+    /// The original ids the rank reads: its own server's rows, then each peer's, in order
+    /// (as far as they are known here).
     fn ids(&self) -> Vec<u32> {
         let local = self.local.iter().map(|&(_, o)| o);
-        let sent = self.sends.iter().flat_map(|(_, olds)| olds.iter().copied());
+        let sent = self
+            .sends
+            .iter()
+            .flatten()
+            .flat_map(|(_, olds)| olds.iter().copied());
         local.chain(sent).collect()
     }
+}
+
+/// The rows a rank owes the ranks of other servers for a step.
+enum Owed {
+    /// Read beside its own rows: (peer rank, whole feature rows in the peer's row order).
+    Rows(Vec<(usize, Vec<f32>)>),
+    /// Unknown until asked (the peers' plans were built elsewhere): home rank -> the NEW ids
+    /// this rank asks it for.
+    Asked(BTreeMap<usize, Vec<u32>>),
 }
 
 /// A rank's layer-0 feature matrix as its own server holds it ([`FeatureSource::read_local`]),
@@ -308,8 +409,8 @@ pub(crate) struct LocalFeatures {
     feature_dim: usize,
     /// Ranks of the layout the rows were read for.
     world: usize,
-    /// (peer rank, whole feature rows in the peer's row order) this rank sends.
-    sends: Vec<(usize, Vec<f32>)>,
+    /// What this rank sends other servers' ranks (or asks them for first).
+    owed: Owed,
     /// Home rank -> rows of `host` that arrive from it.
     incoming: BTreeMap<usize, Vec<usize>>,
 }
@@ -323,8 +424,12 @@ impl LocalFeatures {
     /// With `columns` (ascending feature columns; DGS's feature-level sampling), rows fetched
     /// from other servers carry only those columns and the others are zero: every rank of the
     /// step must pass the same columns.
+    ///
+    /// `source` answers the other servers' asks when this rank's rows were read without their
+    /// plans (see [`FeatureSource::reads`]).
     pub fn complete(
         self,
+        source: &FeatureSource<'_>,
         ep: &mut Endpoint,
         tag: Tag,
         columns: Option<&[u32]>,
@@ -333,7 +438,7 @@ impl LocalFeatures {
             mut host,
             feature_dim: f,
             world,
-            sends,
+            owed,
             incoming,
         } = self;
         if ep.world() != world {
@@ -342,6 +447,10 @@ impl LocalFeatures {
                 ep.world()
             );
         }
+        let sends = match owed {
+            Owed::Rows(rows) => rows,
+            Owed::Asked(asks) => source.answer_asks(ep, &asks, tag)?,
+        };
         if let Some(&c) = columns.and_then(|c| c.iter().find(|&&c| c as usize >= f)) {
             bail!("internal: feature column {c} of {f}");
         }
@@ -465,7 +574,7 @@ mod tests {
                 let p0 = &plans[rank][0];
                 let host = src
                     .read_local(plans, rank, p0.n_local(), HostBuffer::default())?
-                    .complete(&mut ep, Tag::fetch(1), columns)?;
+                    .complete(&src, &mut ep, Tag::fetch(1), columns)?;
                 anyhow::Ok((host.into_vec().unwrap(), ep.counters()))
             })
             .unwrap();

@@ -652,24 +652,16 @@ pub fn plan(
         let counted = (|| -> anyhow::Result<EpochCounts> {
             let sampler =
                 grandis_sampling::dependency_sampler(&popts.sampling, config.layers, seed)?;
-            let decision = crate::decide::decide(
+            let inputs = crate::steps::StepInputs {
                 ctx,
-                config,
-                &popts,
-                &dims,
-                sampler.as_deref(),
-                &labelled_train,
-                seed,
-            )?;
-            count_epoch(
-                ctx,
-                &decision,
-                &dims,
-                &work,
-                view.feature_dim,
-                &labelled_train,
-            )
-            .map(|c| EpochCounts { parameters, ..c })
+                dims: &dims,
+                step_part: crate::steps::StepPart::All,
+                labelled_train: &labelled_train,
+            };
+            let decision =
+                crate::decide::decide(&inputs, config, &popts, sampler.as_deref(), seed)?;
+            count_epoch(&inputs, &decision, &work, view.feature_dim)
+                .map(|c| EpochCounts { parameters, ..c })
         })();
         let count_seconds = started.elapsed().as_secs_f64();
         tracing::info!(candidate = %c.name(), seconds = count_seconds, "counted");
@@ -786,13 +778,12 @@ fn ruled_out(
 /// Counts one epoch of `decision`'s schedule (epoch 0; per-iteration schedules: its first
 /// [`COUNTED_STEPS`] steps, scaled).
 fn count_epoch(
-    ctx: &grandis_masking::PlanContext<'_>,
+    inputs: &crate::steps::StepInputs<'_>,
     decision: &crate::decide::Decision<'_>,
-    dims: &ModelDims,
     work: &[LayerWork],
     features: usize,
-    labelled_train: &dyn Fn(u32) -> bool,
 ) -> anyhow::Result<EpochCounts> {
+    let ctx = inputs.ctx;
     use crate::steps::Schedule;
     let iterations = decision.schedule.iterations();
     let counted = iterations.clamp(1, COUNTED_STEPS);
@@ -804,15 +795,7 @@ fn count_epoch(
     let mut prev = None;
     for it in 0..counted {
         let t = std::time::Instant::now();
-        let built = crate::steps::build_step(
-            ctx,
-            &decision.schedule,
-            dims,
-            0,
-            it,
-            prev.as_ref(),
-            labelled_train,
-        )?;
+        let built = crate::steps::build_step(inputs, &decision.schedule, 0, it, prev.as_ref())?;
         if matches!(
             decision.schedule,
             Schedule::Cob { .. } | Schedule::Mb { .. } | Schedule::Cluster { .. }

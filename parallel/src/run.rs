@@ -15,13 +15,14 @@ use grandis_trainer::{Checkpoint, EpochStats, TrainOptions};
 
 use crate::compute::{cuda_rank_backend, rank_ordinals, Compute};
 use crate::decide::{Decision, Eval};
+use crate::feed::StepCounts;
 use crate::fetch::Prefetcher;
 use crate::links::copies::CopyHub;
 use crate::links::nccl::{HostNccl, Nccl};
 use crate::links::{IntraTransport, Transports};
 use crate::prepare::HostInput;
 use crate::setup::in_train_split;
-use crate::steps::{RunStats, Schedule};
+use crate::steps::{RunStats, Schedule, StepInputs, StepPart};
 use crate::worker::{self, RankResult};
 use crate::{metered, ParallelOptions, PartitionedGraph};
 
@@ -55,6 +56,8 @@ pub(crate) struct RunInputs<'a, 's> {
     pub totals: [usize; 3],
     pub dims: &'a ModelDims,
     pub decision: &'a Decision<'s>,
+    /// The part of every step this process builds.
+    pub step_part: StepPart,
     /// The checkpoint the ranks start from (weights, Adam moments, epochs done).
     pub resume: Option<&'a Checkpoint>,
 }
@@ -63,7 +66,7 @@ pub(crate) struct RunInputs<'a, 's> {
 pub(crate) struct Ran {
     /// One result per rank run here, in rank order.
     pub results: Vec<RankResult>,
-    /// What the steps computed (the producer's counts).
+    /// What the steps computed: the producers' counts, every server's.
     pub stats: RunStats,
     pub threads_per_rank: usize,
     pub transports: Transports,
@@ -88,6 +91,7 @@ pub(crate) fn run(
         totals,
         dims,
         decision,
+        step_part: part_here,
         resume,
     } = inputs;
     // The host side of the memory model, before the ranks allocate anything.
@@ -121,7 +125,7 @@ pub(crate) fn run(
         },
         (epochs_done * iterations) as u64,
     );
-    let run_stats = Mutex::new(RunStats::default());
+    let counts = StepCounts::default();
     let eval_inputs = match decision.eval {
         Eval::Layerwise => Some(crate::infer::PassInputs::new(
             popts,
@@ -165,6 +169,8 @@ pub(crate) fn run(
         staleness: popts.staleness,
         remote_features: popts.remote_features,
         buffers: &buffers,
+        server_counts: (matches!(part_here, StepPart::Server(_)) && layout.servers() > 1)
+            .then_some(&counts),
     };
     let callback: worker::EpochCallback<'_> = Mutex::new(on_epoch);
     let transports = crate::links::select(
@@ -255,10 +261,8 @@ pub(crate) fn run(
             // before training.
             for e in 0..epochs as u64 {
                 if feed.wants(e) {
+                    counts.insert(e, stats.clone(), 0.0);
                     feed.push(e, step.clone());
-                    if let Ok(mut s) = run_stats.lock() {
-                        s.add(stats);
-                    }
                 }
             }
             drop(ctx);
@@ -280,15 +284,19 @@ pub(crate) fn run(
             let producer = std::thread::Builder::new()
                 .name("grandis-plans".into())
                 .spawn_scoped(scope, || {
-                    crate::feed::produce(
-                        &ctx,
-                        schedule,
+                    let inputs = StepInputs {
+                        ctx: &ctx,
                         dims,
+                        step_part: part_here,
+                        labelled_train: &labelled_train,
+                    };
+                    crate::feed::produce(
+                        &inputs,
+                        schedule,
                         epochs,
                         popts.device_memory,
                         &feed,
-                        &run_stats,
-                        &labelled_train,
+                        &counts,
                         plan_threads,
                         fetch,
                     )
@@ -312,9 +320,11 @@ pub(crate) fn run(
             r
         })?,
     };
-    let stats = run_stats
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("run statistics poisoned"))?;
+    // Every server's counts where the ranks added them up, else this process's (the run's).
+    let stats = match results.iter().find_map(|r| r.cluster_counts.clone()) {
+        Some(all) => all,
+        None => counts.sums(),
+    };
     Ok(Ran {
         results,
         stats,

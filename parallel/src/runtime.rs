@@ -119,7 +119,7 @@ impl<B: Backend> Rt<B> {
             loss_labels,
         } = input;
         let started = std::time::Instant::now();
-        let host = features.complete(ep, fetch_tag, columns)?;
+        let host = features.complete(&sh.features(), ep, fetch_tag, columns)?;
         let fetched = started.elapsed();
         let mut blocks = Vec::with_capacity(host_blocks.len());
         for hb in host_blocks {

@@ -76,7 +76,9 @@ mod tests {
 
     /// Two "servers" of one process, each running `train_server` over its half of an
     /// in-process fabric's endpoints, reproduce `train` exactly: same losses and accuracies,
-    /// and the two servers' byte counters add up to the in-process run's.
+    /// and the two servers' byte counters add up to the in-process run's. In the batched
+    /// modes each server builds only its part of every step (the replicated rows asked for by
+    /// id), and the run's counters, added up across the servers, equal the in-process run's.
     #[test]
     fn servers_run_separately_equal_the_in_process_run() {
         let ds = grandis_synth::generate_in_memory(&SynthConfig {
@@ -115,10 +117,23 @@ mod tests {
             seed: 5,
             eval: Default::default(),
         };
-        for mode in [grandis_wire::Mode::Fb, grandis_wire::Mode::Flx] {
+        use grandis_wire::{Mode, Sampling};
+        let fanout = Sampling::Fanout {
+            fanouts: vec![4, 3],
+        };
+        let cases = [
+            (Mode::Fb, Sampling::None, None),
+            (Mode::Flx, Sampling::None, None),
+            (Mode::Cob, fanout.clone(), Some(40)),
+            (Mode::Mb, fanout, Some(20)),
+            (Mode::Cob, Sampling::None, Some(40)),
+        ];
+        for (mode, sampling, batch_size) in cases {
             let popts = ParallelOptions {
                 mode,
-                preload_hops: (mode == grandis_wire::Mode::Flx).then_some(1),
+                preload_hops: (mode == Mode::Flx).then_some(1),
+                sampling,
+                batch_size,
                 threads_per_rank: Some(1),
                 ..Default::default()
             };
@@ -149,24 +164,77 @@ mod tests {
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             });
             for r in &reports {
+                assert_eq!(r.train.epochs.len(), reference.train.epochs.len());
                 for (a, b) in r.train.epochs.iter().zip(&reference.train.epochs) {
                     assert!((a.loss - b.loss).abs() < 1e-9, "{mode:?}: {a:?} vs {b:?}");
                 }
-                assert_eq!(r.train.test_acc, reference.train.test_acc);
+                assert_eq!(r.train.test_acc, reference.train.test_acc, "{mode:?}");
+                // What the steps computed, every server's part added up.
+                assert_eq!(r.sampled_edges, reference.sampled_edges, "{mode:?}");
+                assert_eq!(
+                    r.inter_server_sampled_edges, reference.inter_server_sampled_edges,
+                    "{mode:?}"
+                );
+                assert_eq!(r.targets_per_epoch, reference.targets_per_epoch, "{mode:?}");
+                assert_eq!(
+                    r.computed_vertices_per_layer, reference.computed_vertices_per_layer,
+                    "{mode:?}"
+                );
+                assert_eq!(
+                    r.aggregated_edges_per_layer, reference.aggregated_edges_per_layer,
+                    "{mode:?}"
+                );
+                assert_eq!(
+                    r.replicated_vertices, reference.replicated_vertices,
+                    "{mode:?}"
+                );
+                for (a, b) in r.beta.iter().zip(&reference.beta) {
+                    assert!(
+                        (a - b).abs() < 1e-12,
+                        "{mode:?}: β {:?} vs {:?}",
+                        r.beta,
+                        reference.beta
+                    );
+                }
             }
-            let sum = |f: fn(&ParallelReport) -> u64| reports.iter().map(f).sum::<u64>();
-            assert_eq!(
-                sum(|r| r.halo_bytes_per_epoch.inter_server),
-                reference.halo_bytes_per_epoch.inter_server
+            if batch_size.is_some() {
+                assert!(reference.sampled_edges > 0, "{mode:?}");
+                assert!(
+                    reference.fetch_bytes_per_epoch.inter_server > 0,
+                    "{mode:?}: the batches reach into the other server"
+                );
+            }
+            // Per-epoch figures are whole bytes divided by the epochs, in each server's
+            // report: their sum may fall one byte per server below the whole run's.
+            let sums_to = |f: fn(&ParallelReport) -> u64, whole: u64, what: &str| {
+                let sum = reports.iter().map(f).sum::<u64>();
+                assert!(
+                    sum <= whole && whole - sum < reports.len() as u64,
+                    "{mode:?} {what}: the servers' {sum} against the run's {whole}"
+                );
+            };
+            sums_to(
+                |r| r.fetch_bytes_per_epoch.inter_server,
+                reference.fetch_bytes_per_epoch.inter_server,
+                "fetch",
             );
-            assert_eq!(
-                sum(|r| r.halo_bytes_per_epoch.intra_server),
-                reference.halo_bytes_per_epoch.intra_server
+            sums_to(
+                |r| r.halo_bytes_per_epoch.inter_server,
+                reference.halo_bytes_per_epoch.inter_server,
+                "inter-server halo",
             );
-            assert_eq!(
-                reference.halo_bytes_per_epoch,
-                reference.predicted_halo_bytes_per_epoch
+            sums_to(
+                |r| r.halo_bytes_per_epoch.intra_server,
+                reference.halo_bytes_per_epoch.intra_server,
+                "intra-server halo",
             );
+            if batch_size.is_none() {
+                // Full-batch plans predict their halo bytes (batched ones do not).
+                assert_eq!(
+                    reference.halo_bytes_per_epoch,
+                    reference.predicted_halo_bytes_per_epoch
+                );
+            }
         }
     }
 

@@ -10,7 +10,7 @@ use grandis_models::{ModelConfig, ModelKind};
 use grandis_store::DatasetView;
 use grandis_trainer::{Checkpoint, CheckpointOptions, TrainOptions};
 
-use crate::feed::Feed;
+use crate::feed::{Feed, StepCounts};
 use crate::fetch::{FeatureSource, Prefetcher};
 use crate::prepare::{BufferPool, Preparer};
 
@@ -50,6 +50,11 @@ pub(crate) struct Shared<'a> {
     pub remote_features: Option<f64>,
     /// Feature matrices the ranks hand back after uploading, for the next steps.
     pub buffers: &'a BufferPool,
+    /// What this server's part of the steps computed, when the other servers' parts are
+    /// counted by their own processes (`crate::steps::StepPart::Server`, several servers): the
+    /// ranks add every server's up at the end of the run. None when the counts here are the
+    /// run's.
+    pub server_counts: Option<&'a StepCounts>,
 }
 
 impl<'a> Shared<'a> {

@@ -15,7 +15,7 @@ use grandis_store::DatasetView;
 use grandis_wire::{Mode, Sampling};
 use rayon::prelude::*;
 
-use crate::steps::{plan_step, sample_step, CobSampler, Schedule};
+use crate::steps::{plan_step, sample_step, CobSampler, Schedule, StepInputs, StepPart};
 use crate::PartitionedGraph;
 
 /// Which steps to build.
@@ -119,12 +119,18 @@ impl<'v> Bench<'v> {
         it: usize,
     ) -> anyhow::Result<(std::sync::Arc<crate::steps::Step>, f64, f64, u64)> {
         let labelled_train = |g: u32| crate::setup::in_train_split(&self.flags, g);
+        let inputs = StepInputs {
+            ctx: &self.ctx,
+            dims: &self.dims,
+            step_part: StepPart::All,
+            labelled_train: &labelled_train,
+        };
         let t = Instant::now();
-        let sampled = sample_step(&self.ctx, schedule, self.layers, 0, it)?;
+        let sampled = sample_step(&inputs, schedule, 0, it)?;
         let sampled_edges = sampled.sampled_edges();
         let sample_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let (_, step, _stats) = plan_step(&self.ctx, sampled, &self.dims, &labelled_train)?;
+        let (_, step, _stats) = plan_step(&inputs, sampled)?;
         Ok((step, sample_s, t.elapsed().as_secs_f64(), sampled_edges))
     }
 

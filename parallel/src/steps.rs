@@ -14,6 +14,9 @@
 //! A batched step (cob, mb) is two named stages, [`sample_step`] then [`plan_step`].
 //! The producer also counts what each step computes (sampled edges, vertex-layers, β, the
 //! memory model's bytes) for the run summary.
+//!
+//! A process builds the [`StepPart`] of each step its ranks run: every rank's in one process, its
+//! own server's under a daemon, so that no part of a step is built twice across a cluster.
 
 use std::sync::{Arc, Mutex};
 
@@ -27,6 +30,7 @@ use grandis_sampling::{
     boundary_ratio, round_for_epoch, round_of, ClusterBatches, CoBatcher, MiniBatcher, Saint,
     Sampler,
 };
+use serde::{Deserialize, Serialize};
 
 /// One optimiser step's plans.
 pub(crate) struct Step {
@@ -70,6 +74,47 @@ impl Step {
     }
 }
 
+/// Which part of each step this process builds and counts.
+///
+/// In one process every rank runs here and the whole step is built. Under `cluster up` each
+/// server's daemon runs its own ranks: it samples and plans only its server's part of a
+/// batched step (its co-batch, its devices' mini-batches) and leaves the other ranks' plans
+/// empty (`Step::plans[rank]` has no layers), so no part of a step is built twice across the
+/// cluster; the replicated rows another server's ranks need are then asked for by id when
+/// the step is loaded (`crate::fetch`). Schedules whose steps need every rank's plans (FB
+/// exchanges, FLX-EAS, GraphSAINT and cluster batches) are built whole, and every process
+/// counts only its part, so the servers' counts add up to the run's
+/// ([`RunStats::merge_servers`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepPart {
+    All,
+    Server(usize),
+}
+
+impl StepPart {
+    pub fn has_server(self, server: usize) -> bool {
+        match self {
+            StepPart::All => true,
+            StepPart::Server(s) => s == server,
+        }
+    }
+
+    pub fn has_rank(self, layout: &Layout, rank: usize) -> bool {
+        self.has_server(layout.server_of_rank(rank))
+    }
+}
+
+/// What every step of a run is built from besides its schedule and index.
+#[derive(Clone, Copy)]
+pub(crate) struct StepInputs<'a> {
+    pub ctx: &'a PlanContext<'a>,
+    pub dims: &'a ModelDims,
+    pub step_part: StepPart,
+    /// Whether a vertex (new id) is a labelled training vertex: a loss row where it is a
+    /// target.
+    pub labelled_train: &'a (dyn Fn(u32) -> bool + Sync),
+}
+
 /// What one step computes, for the run summary.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct StepStats {
@@ -87,7 +132,7 @@ pub(crate) struct StepStats {
 }
 
 /// Sums of [`StepStats`] over the run.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RunStats {
     pub steps: u64,
     pub sampled_edges: u64,
@@ -127,6 +172,37 @@ impl RunStats {
     /// Raises every rank's memory-model peak to at least `model_bytes[rank]`.
     pub fn raise_peaks(&mut self, model_bytes: &[u64]) {
         raise_peaks(&mut self.model_peak, model_bytes);
+    }
+
+    /// The run's counts from every server's count of its [`StepPart`] (`servers[s]` from server
+    /// `s`): each counted its own ranks and servers, so the counts add up (and a rank's
+    /// memory peak, zero elsewhere, is its server's), while the steps and their loss rows are
+    /// the whole steps' on every server.
+    pub fn merge_servers(servers: &[RunStats]) -> RunStats {
+        let mut all = RunStats::default();
+        for (s, part) in servers.iter().enumerate() {
+            if s == 0 {
+                all.steps = part.steps;
+                all.targets = part.targets;
+            }
+            all.sampled_edges += part.sampled_edges;
+            all.inter_server_sampled_edges += part.inter_server_sampled_edges;
+            all.replicated += part.replicated;
+            all.build_seconds += part.build_seconds;
+            add_u64(&mut all.computed_per_layer, &part.computed_per_layer);
+            add_u64(
+                &mut all.aggregated_edges_per_layer,
+                &part.aggregated_edges_per_layer,
+            );
+            if all.beta_sum.len() < part.beta_sum.len() {
+                all.beta_sum.resize(part.beta_sum.len(), 0.0);
+            }
+            for (a, b) in all.beta_sum.iter_mut().zip(&part.beta_sum) {
+                *a += b;
+            }
+            all.raise_peaks(&part.model_peak);
+        }
+        all
     }
 }
 
@@ -203,14 +279,24 @@ pub(crate) fn every_layer(d: DevicePlan, layers: usize) -> Vec<Arc<DevicePlan>> 
     (0..layers).map(|_| a.clone()).collect()
 }
 
-/// Counts of a step from every rank's per-layer plans (`beta` and memory filled by the caller).
-fn count(layout: &Layout, plans: &[Vec<Arc<DevicePlan>>], layers: usize) -> StepStats {
+/// Counts of a step from the per-layer plans of `part`'s ranks (`beta` and memory filled by
+/// the caller).
+fn count(
+    layout: &Layout,
+    plans: &[Vec<Arc<DevicePlan>>],
+    layers: usize,
+    part: StepPart,
+) -> StepStats {
     let mut s = StepStats {
         computed_per_layer: vec![0; layers],
         aggregated_edges_per_layer: vec![0; layers],
         ..Default::default()
     };
-    for rank in plans {
+    let counted = plans
+        .iter()
+        .enumerate()
+        .filter(|&(r, _)| part.has_rank(layout, r));
+    for (_, rank) in counted {
         let mut seen: Vec<&Arc<DevicePlan>> = Vec::new();
         for (l, p) in rank.iter().enumerate() {
             let w = p.work_at(l);
@@ -251,7 +337,7 @@ fn inter_server_edges(layout: &Layout, p: &DevicePlan) -> u64 {
 
 /// Loss rows of a step: labelled training vertices among the inner rows of every rank's
 /// last-layer plan.
-fn targets(plans: &[Vec<Arc<DevicePlan>>], labelled_train: &dyn Fn(u32) -> bool) -> usize {
+fn count_targets(plans: &[Vec<Arc<DevicePlan>>], labelled_train: &dyn Fn(u32) -> bool) -> usize {
     plans
         .iter()
         .filter_map(|r| r.last())
@@ -264,65 +350,99 @@ fn targets(plans: &[Vec<Arc<DevicePlan>>], labelled_train: &dyn Fn(u32) -> bool)
         .sum()
 }
 
-/// β of every server of `plan` (its device plans moved in and back out).
-fn betas(ctx: &PlanContext<'_>, plan: &FlxPlan) -> Vec<f64> {
+/// β of every server of `part` in `plan` (its device plans moved in and back out); zero for
+/// the others.
+fn betas(ctx: &PlanContext<'_>, plan: &FlxPlan, part: StepPart) -> Vec<f64> {
     (0..ctx.layout().servers())
-        .map(|s| boundary_ratio(ctx, plan, s))
+        .map(|s| {
+            if part.has_server(s) {
+                boundary_ratio(ctx, plan, s)
+            } else {
+                0.0
+            }
+        })
         .collect()
 }
 
-/// A masked plan for every layer, as a step.
+/// Vertices the servers of `part` extracted from other servers.
+fn replicated(plan: &FlxPlan, part: StepPart) -> u64 {
+    plan.servers
+        .iter()
+        .enumerate()
+        .filter(|&(s, _)| part.has_server(s))
+        .map(|(_, e)| e.replicated as u64)
+        .sum()
+}
+
+/// A masked plan for every layer, as a step with `targets` loss rows (None: counted from the
+/// plans, which must then be whole).
 fn masked_step(
-    ctx: &PlanContext<'_>,
+    inputs: &StepInputs<'_>,
     plan: FlxPlan,
-    dims: &ModelDims,
-    labelled_train: &dyn Fn(u32) -> bool,
+    targets: Option<usize>,
 ) -> (Arc<Step>, StepStats) {
-    let beta = betas(ctx, &plan);
-    let est = estimate_masked(dims, &plan);
-    let replicated = plan.servers.iter().map(|s| s.replicated as u64).sum();
+    let part = inputs.step_part;
+    let beta = betas(inputs.ctx, &plan, part);
+    let est = estimate_masked(inputs.dims, &plan);
+    let replicated = replicated(&plan, part);
     let plans: Vec<Vec<Arc<DevicePlan>>> = plan
         .devices
         .into_iter()
-        .map(|d| every_layer(d, dims.layers))
+        .enumerate()
+        .map(|(r, d)| built_layers(inputs, r, d))
         .collect();
     let (step, mut stats) = finish(
-        ctx.layout(),
+        inputs,
         plans,
-        dims.layers,
         beta,
         est.devices.iter().map(|d| d.total).collect(),
-        labelled_train,
+        targets,
     );
     stats.replicated = replicated;
     (step, stats)
 }
 
+/// Rank `rank`'s per-layer plans of a batched step: `plan` for every layer where this process
+/// built the rank's part, none where another process builds it.
+fn built_layers(inputs: &StepInputs<'_>, rank: usize, plan: DevicePlan) -> Vec<Arc<DevicePlan>> {
+    if inputs.step_part.has_rank(inputs.ctx.layout(), rank) {
+        every_layer(plan, inputs.dims.layers)
+    } else {
+        Vec::new()
+    }
+}
+
+/// The step of `plans` and its counts over `inputs.step_part`. `targets`: the step's loss rows over
+/// every rank; None counts them from `plans`, which must then hold every rank's.
 fn finish(
-    layout: &Layout,
+    inputs: &StepInputs<'_>,
     plans: Vec<Vec<Arc<DevicePlan>>>,
-    layers: usize,
     beta: Vec<f64>,
-    model_bytes: Vec<u64>,
-    labelled_train: &dyn Fn(u32) -> bool,
+    mut model_bytes: Vec<u64>,
+    targets: Option<usize>,
 ) -> (Arc<Step>, StepStats) {
-    let mut stats = count(layout, &plans, layers);
+    let layout = inputs.ctx.layout();
+    let mut stats = count(layout, &plans, inputs.dims.layers, inputs.step_part);
     stats.beta = beta;
+    for (r, bytes) in model_bytes.iter_mut().enumerate() {
+        if !inputs.step_part.has_rank(layout, r) {
+            *bytes = 0;
+        }
+    }
     stats.model_bytes = model_bytes;
-    let t = targets(&plans, labelled_train);
+    let t = targets.unwrap_or_else(|| count_targets(&plans, inputs.labelled_train));
     stats.targets = t as u64;
     (Arc::new(Step::new(plans, t)), stats)
 }
 
 /// The static step of an FB / exact FLX run: `fb[r]`, `flx[r]` per rank, FLX for layers `< k`.
 pub(crate) fn static_step(
-    ctx: &PlanContext<'_>,
+    inputs: &StepInputs<'_>,
     fb: Vec<DevicePlan>,
     flx: Option<FlxPlan>,
     k: usize,
-    dims: &ModelDims,
-    labelled_train: &dyn Fn(u32) -> bool,
 ) -> (Arc<Step>, StepStats) {
+    let (ctx, dims, part) = (inputs.ctx, inputs.dims, inputs.step_part);
     let layers = dims.layers;
     let model_bytes: Vec<u64> = fb
         .iter()
@@ -330,28 +450,21 @@ pub(crate) fn static_step(
         .map(|(r, d)| estimate_device(dims, k, d, flx.as_ref().map(|f| &f.devices[r])).total)
         .collect();
     let (beta, fb, flx_devices) = match flx {
-        Some(f) => (betas(ctx, &f), fb, Some(f.devices)),
+        Some(f) => (betas(ctx, &f, part), fb, Some(f.devices)),
         None => {
             let wrapper = FlxPlan {
                 k: 0,
                 servers: Vec::new(),
                 devices: fb,
             };
-            (betas(ctx, &wrapper), wrapper.devices, None)
+            (betas(ctx, &wrapper, part), wrapper.devices, None)
         }
     };
     let fb: Vec<Arc<DevicePlan>> = fb.into_iter().map(Arc::new).collect();
     let flx: Option<Vec<Arc<DevicePlan>>> =
         flx_devices.map(|v| v.into_iter().map(Arc::new).collect());
     let plans = layered_plans(&fb, flx.as_deref(), k, layers);
-    finish(
-        ctx.layout(),
-        plans,
-        layers,
-        beta,
-        model_bytes,
-        labelled_train,
-    )
+    finish(inputs, plans, beta, model_bytes, None)
 }
 
 /// Every rank's per-layer plans of a full-batch step: its FLX plan for layers `< k` (when
@@ -377,14 +490,13 @@ fn layered_plans(
 /// Builds step `it` of `epoch` (0-based both). `prev` is the previous step, which FLX-EAS
 /// reuses while its sampling round is unchanged.
 pub(crate) fn build_step(
-    ctx: &PlanContext<'_>,
+    inputs: &StepInputs<'_>,
     schedule: &Schedule<'_>,
-    dims: &ModelDims,
     epoch: u64,
     it: usize,
     prev: Option<&(u64, Arc<Step>, StepStats)>,
-    labelled_train: &dyn Fn(u32) -> bool,
 ) -> anyhow::Result<(u64, Arc<Step>, StepStats)> {
+    let (ctx, dims) = (inputs.ctx, inputs.dims);
     let layers = dims.layers;
     match schedule {
         Schedule::Static { step, stats } => Ok((0, step.clone(), stats.clone())),
@@ -399,8 +511,8 @@ pub(crate) fn build_step(
                 return Ok(p.clone());
             }
             let flx = flx_sampled(ctx, *sampler, *k, round)?;
-            let beta = betas(ctx, &flx);
-            let replicated = flx.servers.iter().map(|s| s.replicated as u64).sum();
+            let beta = betas(ctx, &flx, inputs.step_part);
+            let replicated = replicated(&flx, inputs.step_part);
             let model_bytes = fb
                 .iter()
                 .enumerate()
@@ -408,14 +520,7 @@ pub(crate) fn build_step(
                 .collect();
             let flx: Vec<Arc<DevicePlan>> = flx.devices.into_iter().map(Arc::new).collect();
             let plans = layered_plans(fb, Some(&flx), *k, layers);
-            let (step, mut stats) = finish(
-                ctx.layout(),
-                plans,
-                layers,
-                beta,
-                model_bytes,
-                labelled_train,
-            );
+            let (step, mut stats) = finish(inputs, plans, beta, model_bytes, None);
             stats.replicated = replicated;
             Ok((round, step, stats))
         }
@@ -425,18 +530,18 @@ pub(crate) fn build_step(
         } => {
             let round = round_of(epoch, it, batcher.iterations());
             let plan = s.plan(ctx, layers, round)?;
-            let (step, stats) = masked_step(ctx, plan, dims, labelled_train);
+            let (step, stats) = masked_step(inputs, plan, None);
             Ok((round, step, stats))
         }
         Schedule::Cob { .. } | Schedule::Mb { .. } => {
-            let sampled = sample_step(ctx, schedule, layers, epoch, it)?;
-            plan_step(ctx, sampled, dims, labelled_train)
+            let sampled = sample_step(inputs, schedule, epoch, it)?;
+            plan_step(inputs, sampled)
         }
         Schedule::Cluster { batches } => {
             let round = round_of(epoch, it, batches.iterations());
             let batch = batches.batch(epoch, it)?;
             let plan = batches.plan(ctx, &batch, layers)?;
-            let (step, stats) = masked_step(ctx, plan, dims, labelled_train);
+            let (step, stats) = masked_step(inputs, plan, None);
             Ok((round, step, stats))
         }
     }
@@ -447,9 +552,11 @@ pub(crate) fn build_step(
 pub(crate) struct SampledStep {
     round: u64,
     /// `[server]` (co-batches, masked over each server's devices) or `[rank]` (mini-batches,
-    /// one standalone plan each).
+    /// one standalone plan each); empty for the servers or ranks another process builds.
     specs: Vec<ExtractionSpec>,
     per_rank: bool,
+    /// Loss rows of the whole step (every server's or rank's batch).
+    targets: usize,
 }
 
 impl SampledStep {
@@ -468,13 +575,13 @@ impl SampledStep {
 /// Samples step `it` of `epoch` of a co-batch schedule with a dependency sampler or of a
 /// mini-batch schedule (the other schedules build their plans in one go: [`build_step`]).
 pub(crate) fn sample_step(
-    ctx: &PlanContext<'_>,
+    inputs: &StepInputs<'_>,
     schedule: &Schedule<'_>,
-    layers: usize,
     epoch: u64,
     it: usize,
 ) -> anyhow::Result<SampledStep> {
-    let (batch, sampler, per_rank, n) = match schedule {
+    let (ctx, layers, part) = (inputs.ctx, inputs.dims.layers, inputs.step_part);
+    let (mut batch, sampler, per_rank, n) = match schedule {
         Schedule::Cob {
             batcher,
             sampler: CobSampler::Deps(s),
@@ -488,6 +595,24 @@ pub(crate) fn sample_step(
         _ => anyhow::bail!("internal: only co-batch and mini-batch steps are sampled apart"),
     };
     let round = round_of(epoch, it, n);
+    // Every batch is a batcher's cheap draw: the loss rows of the whole step come from them,
+    // and only this process's part is sampled (the others' batches are emptied).
+    let targets = batch
+        .iter()
+        .flatten()
+        .filter(|&&g| (inputs.labelled_train)(g))
+        .count();
+    let layout = ctx.layout();
+    for (i, b) in batch.iter_mut().enumerate() {
+        let server = if per_rank {
+            layout.server_of_rank(i)
+        } else {
+            i
+        };
+        if !part.has_server(server) {
+            b.clear();
+        }
+    }
     let specs = if per_rank {
         grandis_sampling::mb_specs(ctx, &batch, layers, sampler, round)
     } else {
@@ -498,51 +623,45 @@ pub(crate) fn sample_step(
         round,
         specs,
         per_rank,
+        targets,
     })
 }
 
 /// Stage 2 of a batched step: the plans of a sampled step and what they compute.
 pub(crate) fn plan_step(
-    ctx: &PlanContext<'_>,
+    inputs: &StepInputs<'_>,
     sampled: SampledStep,
-    dims: &ModelDims,
-    labelled_train: &dyn Fn(u32) -> bool,
 ) -> anyhow::Result<(u64, Arc<Step>, StepStats)> {
     let SampledStep {
         round,
         specs,
         per_rank,
+        targets,
     } = sampled;
+    let (ctx, dims) = (inputs.ctx, inputs.dims);
     if !per_rank {
         let plan = ctx.extract_plan(&specs)?;
-        let (step, stats) = masked_step(ctx, plan, dims, labelled_train);
+        let (step, stats) = masked_step(inputs, plan, Some(targets));
         return Ok((round, step, stats));
     }
     let devices = grandis_sampling::mb_device_plans(ctx, &specs)?;
-    let layers = dims.layers;
     let model_bytes = devices
         .iter()
         .map(|d| estimate_masked_device(dims, d).total)
         .collect();
     let wrapper = FlxPlan {
-        k: layers,
+        k: dims.layers,
         servers: Vec::new(),
         devices,
     };
-    let beta = betas(ctx, &wrapper);
+    let beta = betas(ctx, &wrapper, inputs.step_part);
     let plans = wrapper
         .devices
         .into_iter()
-        .map(|d| every_layer(d, layers))
+        .enumerate()
+        .map(|(r, d)| built_layers(inputs, r, d))
         .collect();
-    let (step, stats) = finish(
-        ctx.layout(),
-        plans,
-        layers,
-        beta,
-        model_bytes,
-        labelled_train,
-    );
+    let (step, stats) = finish(inputs, plans, beta, model_bytes, Some(targets));
     Ok((round, step, stats))
 }
 
@@ -563,3 +682,108 @@ pub(crate) fn flx_sampled(
 
 /// What a producer built for one step: its sampling round, the step, and its counts.
 pub(crate) type Built = (u64, Arc<Step>, StepStats);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grandis_synth::SynthConfig;
+    use grandis_wire::Sampling;
+
+    use crate::setup::{in_train_split, labelled};
+    use crate::{plan_context, PartitionedGraph};
+
+    /// A server's part of a batched step is the whole step's plans of its ranks (the others'
+    /// left empty) with the whole step's loss rows, and the servers' counts of their parts add
+    /// up to the whole step's: cob and mb, sampled and exact.
+    #[test]
+    fn a_servers_part_of_a_step_is_its_share_of_the_whole() {
+        let ds = grandis_synth::generate_in_memory(&SynthConfig {
+            nodes: 500,
+            seed: 9,
+            ..SynthConfig::default()
+        })
+        .unwrap();
+        let view = ds.view();
+        let part = PartitionedGraph::partition(
+            &view,
+            true,
+            2,
+            2,
+            grandis_partition::PartitionMethod::Random,
+            2,
+        )
+        .unwrap();
+        let layout = &part.layout;
+        let ctx = plan_context(&view, &part).unwrap();
+        let (flags, _) = labelled(&view, &part).unwrap();
+        let labelled_train = |g: u32| in_train_split(&flags, g);
+        let dims = ModelDims {
+            layers: 2,
+            ..crate::budget::model_dims(&grandis_models::ModelConfig {
+                kind: grandis_models::ModelKind::Sage,
+                layers: 2,
+                in_dim: view.feature_dim,
+                hidden: 8,
+                heads: 1,
+                output_heads: 1,
+                classes: view.num_classes,
+                dropout: 0.0,
+                layer_norm: false,
+                seed: 0,
+            })
+        };
+        let inputs = |step_part| StepInputs {
+            ctx: &ctx,
+            dims: &dims,
+            step_part,
+            labelled_train: &labelled_train,
+        };
+        for sampling in [
+            Sampling::Fanout {
+                fanouts: vec![5, 3],
+            },
+            Sampling::None,
+        ] {
+            let sampler = grandis_sampling::dependency_sampler(&sampling, 2, 3)
+                .unwrap()
+                .unwrap_or_else(|| Box::new(grandis_sampling::Exact));
+            let schedules = [
+                Schedule::Cob {
+                    batcher: CoBatcher::new(&ctx, 30, 3).unwrap(),
+                    sampler: CobSampler::Deps(sampler.as_ref()),
+                },
+                Schedule::Mb {
+                    batcher: MiniBatcher::new(&ctx, 15, 3).unwrap(),
+                    sampler: sampler.as_ref(),
+                },
+            ];
+            for schedule in &schedules {
+                for it in 0..schedule.iterations().min(3) {
+                    let (_, whole, whole_stats) =
+                        build_step(&inputs(StepPart::All), schedule, 1, it, None).unwrap();
+                    let mut counts = Vec::new();
+                    for s in 0..layout.servers() {
+                        let (_, step, stats) =
+                            build_step(&inputs(StepPart::Server(s)), schedule, 1, it, None)
+                                .unwrap();
+                        assert_eq!(step.targets, whole.targets);
+                        for (r, plans) in step.plans.iter().enumerate() {
+                            if layout.server_of_rank(r) == s {
+                                assert_eq!(plans, &whole.plans[r], "rank {r} iteration {it}");
+                            } else {
+                                assert!(plans.is_empty(), "server {s} built rank {r}'s part");
+                            }
+                        }
+                        let mut run = RunStats::default();
+                        run.add(&stats);
+                        counts.push(run);
+                    }
+                    let mut all = RunStats::default();
+                    all.add(&whole_stats);
+                    assert_eq!(RunStats::merge_servers(&counts), all, "iteration {it}");
+                    assert!(all.sampled_edges > 0);
+                }
+            }
+        }
+    }
+}

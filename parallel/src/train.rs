@@ -16,6 +16,7 @@ use crate::input::PartitionedGraph;
 use crate::options::ParallelOptions;
 use crate::report::ParallelReport;
 use crate::setup::{check_inputs, in_train_split, labelled, plan_context};
+use crate::steps::{StepInputs, StepPart};
 use crate::{auto, decide, run};
 
 /// Trains `config` on `view` (the dataset in its ORIGINAL ids) partitioned as `part`,
@@ -79,15 +80,20 @@ pub(crate) fn train_ranks(
     let dims = model_dims(&config);
     // The sampler outlives the schedule that borrows it.
     let sampler = grandis_sampling::dependency_sampler(&popts.sampling, config.layers, opts.seed)?;
-    let decision = decide::decide(
-        &ctx,
-        &config,
-        &popts,
-        &dims,
-        sampler.as_deref(),
-        &|g| in_train_split(&labelled_flags, g),
-        opts.seed,
-    )?;
+    // Under a daemon (one server's ranks here) each step's part of the other servers is
+    // built by theirs.
+    let part_here = match local.as_deref() {
+        Some([first, ..]) => StepPart::Server(first.server()),
+        _ => StepPart::All,
+    };
+    let labelled_train = |g: u32| in_train_split(&labelled_flags, g);
+    let step_inputs = StepInputs {
+        ctx: &ctx,
+        dims: &dims,
+        step_part: part_here,
+        labelled_train: &labelled_train,
+    };
+    let decision = decide::decide(&step_inputs, &config, &popts, sampler.as_deref(), opts.seed)?;
     if decision.schedule.iterations() == 0 {
         bail!("no training vertex to batch: the train split is empty");
     }
@@ -101,6 +107,7 @@ pub(crate) fn train_ranks(
         totals,
         dims: &dims,
         decision: &decision,
+        step_part: part_here,
         resume: resume.as_ref(),
     };
     run::run(inputs, ctx, on_epoch, local)?.report(

@@ -26,7 +26,7 @@ use crate::metered::Meter;
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
 use crate::shared::{EvalOn, Shared};
 use crate::stale::{StaleCounts, StaleHalo};
-use crate::steps::Step;
+use crate::steps::{RunStats, Step};
 
 mod exchange;
 
@@ -55,6 +55,10 @@ const STEP_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30
 /// the training bytes and seconds of the same epoch in the fabric counters.
 pub const EVAL_EPOCH_BIT: u32 = 1 << 31;
 
+/// Tag epoch of the servers' step counts added up at the end of a run: an evaluation epoch
+/// no run reaches, so the reports leave its bytes out of the training epochs'.
+const COUNTS_EPOCH: u32 = u32::MAX;
+
 /// The per-epoch callback; only rank 0 calls it.
 pub(crate) type EpochCallback<'c> = Mutex<&'c mut (dyn FnMut(&EpochStats) + Send)>;
 
@@ -78,6 +82,9 @@ pub(crate) struct RankResult {
     pub inference: Option<crate::infer::RankInference>,
     /// What the stale exchange skipped (zeros without `--staleness`).
     pub stale: StaleCounts,
+    /// Every server's step counts added up, where each server counted only its part
+    /// ([`Shared::server_counts`]).
+    pub cluster_counts: Option<RunStats>,
 }
 
 /// One training epoch's wall seconds on one rank, and the parts of it spent getting steps.
@@ -685,6 +692,10 @@ impl<'w, B: Backend> Worker<'w, B> {
         };
         let num_parameters = self.model.num_parameters();
         let stale_counts = self.stale.as_ref().map(|s| s.counts).unwrap_or_default();
+        let cluster_counts = match sh.server_counts {
+            Some(counts) => Some(add_up_servers(&mut self.ep, counts.sums())?),
+            None => None,
+        };
         let (inference, counters) = match &sh.infer {
             Some(infer) => {
                 // The training step's buffers go first: inference sizes its blocks to the
@@ -717,6 +728,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             setup_bytes,
             inference,
             stale: stale_counts,
+            cluster_counts,
         })
     }
 
@@ -795,4 +807,29 @@ struct EvalOut {
     /// Global train / val / test accuracies (after the all-reduce).
     acc: [f64; 3],
     logits: Vec<(u32, Vec<f32>)>,
+}
+
+/// Every server's step counts added up ([`RunStats::merge_servers`]) from `mine`, this
+/// server's: each server's first device broadcasts its server's counts to every rank (one
+/// broadcast per server, all ranks taking part). Called once by every rank after the last
+/// epoch, when every step's counts are in (a step's are recorded before any rank takes it).
+fn add_up_servers(ep: &mut Endpoint, mine: RunStats) -> anyhow::Result<RunStats> {
+    let topology = ep.topology();
+    let mine = serde_json::to_vec(&mine).context("encoding this server's step counts")?;
+    let mut servers = Vec::with_capacity(topology.servers);
+    for s in 0..topology.servers {
+        let root = topology.head_of(s);
+        let data = if ep.rank() == root {
+            mine.clone()
+        } else {
+            Vec::new()
+        };
+        let got = ep
+            .broadcast_bytes(data, root, Tag::other(COUNTS_EPOCH, s as u32))
+            .with_context(|| format!("adding up the servers' step counts (server {s})"))?;
+        let counts: RunStats = serde_json::from_slice(&got)
+            .with_context(|| format!("server {s}'s step counts are not readable"))?;
+        servers.push(counts);
+    }
+    Ok(RunStats::merge_servers(&servers))
 }
