@@ -91,6 +91,7 @@ pub fn embeddings(
         infer: None,
         feed: &feed,
         prefetch: None,
+        answerer: None,
         iterations: 1,
         eval: crate::shared::EvalOn::TrainingPlans,
         weights,

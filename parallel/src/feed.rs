@@ -53,6 +53,9 @@ pub(crate) struct Feed {
 struct FeedState {
     /// step index -> (step, ranks that have not taken it yet)
     ready: BTreeMap<u64, (Arc<Step>, usize)>,
+    /// Steps planned but not offered yet (their inputs being prepared): their plans are
+    /// final, which is all a rank asking ahead for replicated rows needs.
+    planned: BTreeMap<u64, Arc<Step>>,
     /// The step every rank needs next (all before it were taken by every rank).
     oldest: u64,
     /// The earliest step that failed to build, and why.
@@ -117,6 +120,13 @@ impl Feed {
         (!st.closed).then_some(st)
     }
 
+    /// Shows step `index`'s plans before its inputs are prepared ([`Feed::peek_plans`]).
+    pub fn planned(&self, index: u64, step: Arc<Step>) {
+        if self.wants(index) {
+            self.lock().planned.insert(index, step);
+        }
+    }
+
     /// Offers step `index`; waits as [`Feed::may_build`] does. False once closed.
     pub fn push(&self, index: u64, step: Arc<Step>) -> bool {
         if !self.wants(index) {
@@ -125,6 +135,7 @@ impl Feed {
         let Some(mut st) = self.wait_for_room(self.lock(), index) else {
             return false;
         };
+        st.planned.remove(&index);
         st.ready.insert(index, (step, self.ranks));
         self.cv.notify_all();
         true
@@ -151,6 +162,16 @@ impl Feed {
     /// it: what a rank looks at to prefetch its next step's data.
     pub fn peek(&self, index: u64) -> Option<Arc<Step>> {
         self.lock().ready.get(&index).map(|(step, _)| step.clone())
+    }
+
+    /// Step `index` once its plans are built, whether or not its inputs are prepared yet,
+    /// without taking it: what a rank asks ahead from (the plans are all it reads).
+    pub fn peek_plans(&self, index: u64) -> Option<Arc<Step>> {
+        let st = self.lock();
+        st.ready
+            .get(&index)
+            .map(|(step, _)| step.clone())
+            .or_else(|| st.planned.get(&index).cloned())
     }
 
     /// Step `index` for one rank (each rank takes every step exactly once, in order).
@@ -249,6 +270,7 @@ fn produce_steps(
                 seconds += building.elapsed().as_secs_f64();
                 let again = prev.as_ref().is_some_and(|p| Arc::ptr_eq(&p.1, &b.1));
                 if let (Some(fetch), false) = (fetch, again) {
+                    feed.planned(index, b.1.clone());
                     if feed.wants(index) && feed.may_fetch(index, fetch.ahead) {
                         let fetching = std::time::Instant::now();
                         (fetch.prepare)(&b.1).context("reading the step's features")?;

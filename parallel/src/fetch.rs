@@ -102,7 +102,7 @@ impl FeatureSource<'_> {
     }
 
     /// The whole feature rows of `sends` ((peer rank, original ids) in the peer's row order).
-    fn read_sends(&self, sends: &[(usize, Vec<u32>)]) -> anyhow::Result<Vec<(usize, Vec<f32>)>> {
+    fn read_sends(&self, sends: &[(usize, Vec<u32>)]) -> anyhow::Result<PeerRows> {
         let f = self.view.feature_dim;
         let sent: Vec<u32> = sends
             .iter()
@@ -122,54 +122,136 @@ impl FeatureSource<'_> {
         Ok(rows)
     }
 
-    /// The rows the ranks of other servers ask rank `ep.rank()` for: every rank sends every
-    /// rank of another server the NEW ids it needs from it (`asks`; an empty list to the
-    /// others, as neither side knows the other's plans), under `tag`'s epoch in
-    /// [`Phase::Other`], and each answer is read from this server's features. Ids travel as
-    /// the bit patterns of `f32` values (moved, never computed on). A rank asked for a vertex
-    /// whose home it is not fails the step, naming both.
+    /// The rows the ranks of other servers ask rank `ep.rank()` for in a step whose other
+    /// servers' plans were not built here: those asked for ahead ([`AsksAhead`], read off this
+    /// thread since the previous load) and those asked for now. Now, this rank sends every
+    /// rank of another server the NEW ids it needs from it (an empty list to the others, as
+    /// neither side knows the other's plans) unless it sent them ahead, and hears from every
+    /// such rank that did not, under `tag`'s epoch in [`Phase::Other`]. Ids travel as the bit
+    /// patterns of `f32` values (moved, never computed on).
     fn answer_asks(
         &self,
         ep: &mut Endpoint,
         asks: &BTreeMap<usize, Vec<u32>>,
         tag: Tag,
-    ) -> anyhow::Result<Vec<(usize, Vec<f32>)>> {
-        let layout = self.layout;
-        let me = ep.rank();
-        let peers: Vec<usize> = (0..layout.num_ranks())
-            .filter(|&r| !layout.same_server(r, me))
+        ahead: Option<&mut Ahead<'_>>,
+    ) -> anyhow::Result<PeerRows> {
+        let peers = self.other_servers_ranks(ep.rank());
+        // What was asked ahead for this step, by this rank and of it.
+        let early = ahead.and_then(|a| a.state.take_for(a.index));
+        let (sent_early, asked_early) = match &early {
+            Some(e) => (e.sent, e.askers.as_slice()),
+            None => (false, &[][..]),
+        };
+        let sends: PeerRows = if sent_early {
+            Vec::new()
+        } else {
+            peers
+                .iter()
+                .map(|&r| (r, ask_message(asks.get(&r))))
+                .collect()
+        };
+        let expect: Vec<usize> = peers
+            .iter()
+            .copied()
+            .filter(|r| !asked_early.contains(r))
             .collect();
+        let mut owed = Vec::new();
+        if !sends.is_empty() || !expect.is_empty() {
+            let asked = ep
+                .exchange(sends, &expect, Tag::new(tag.epoch, 0, Phase::Other))
+                .with_context(|| format!("asking for replicated feature rows {tag}"))?;
+            for (peer, ids) in asked {
+                let olds = self.asked_rows(ep.rank(), peer, &ids)?;
+                if !olds.is_empty() {
+                    owed.push((peer, olds));
+                }
+            }
+        }
+        let mut rows = self.read_sends(&owed)?;
+        if let Some(early) = early {
+            rows.extend(early.rows.wait()?);
+        }
+        Ok(rows)
+    }
+
+    /// After loading a step whose other servers' plans were not built here: every rank tells
+    /// every rank of another server what it will ask it for in the next step, when that step
+    /// is built already (an empty message when it is not: it asks at that step's load), and
+    /// the rows asked of this rank are read on `ahead.answerer`'s thread while the ranks
+    /// compute. One exchange at every such load, so every rank takes part in the same order.
+    fn ask_ahead(&self, ep: &mut Endpoint, ahead: &mut Ahead<'_>, tag: Tag) -> anyhow::Result<()> {
+        let me = ep.rank();
+        let peers = self.other_servers_ranks(me);
+        let mine = match ahead.next {
+            Some(plans) => Some(self.reads(plans, me)?.asks),
+            None => None,
+        };
         let sends = peers
             .iter()
-            .map(|&r| {
-                let ids = asks.get(&r).map_or(&[][..], Vec::as_slice);
-                (r, ids.iter().map(|&g| f32::from_bits(g)).collect())
+            .map(|&r| match &mine {
+                Some(asks) => {
+                    let mut m = vec![f32::from_bits(ASKED_AHEAD)];
+                    m.extend(ask_message(asks.get(&r)));
+                    (r, m)
+                }
+                None => (r, Vec::new()),
             })
             .collect();
-        let ask_tag = Tag::new(tag.epoch, tag.layer, Phase::Other);
-        let asked = ep
-            .exchange(sends, &peers, ask_tag)
-            .with_context(|| format!("asking for replicated feature rows {tag}"))?;
-        let mine = layout.range(me);
+        let got = ep
+            .exchange(sends, &peers, Tag::new(tag.epoch, 1, Phase::Other))
+            .with_context(|| format!("asking ahead for replicated feature rows {tag}"))?;
+        let mut askers = Vec::new();
         let mut owed = Vec::new();
-        for (peer, ids) in asked {
-            let olds = ids
-                .iter()
-                .map(|x| {
-                    let g = x.to_bits();
-                    if !mine.contains(&g) {
-                        bail!(
-                            "rank {peer} asked rank {me} for the features of vertex {g}, whose                              home is not rank {me}"
-                        );
-                    }
-                    self.old(g)
-                })
-                .collect::<anyhow::Result<Vec<u32>>>()?;
+        for (peer, msg) in got {
+            let Some((head, ids)) = msg.split_first() else {
+                continue;
+            };
+            if head.to_bits() != ASKED_AHEAD {
+                bail!("rank {peer} sent rank {me} a malformed ask {tag}");
+            }
+            askers.push(peer);
+            let olds = self.asked_rows(me, peer, ids)?;
             if !olds.is_empty() {
                 owed.push((peer, olds));
             }
         }
-        self.read_sends(&owed)
+        let rows = match ahead.answerer.and_then(|a| a.submit(owed.clone())) {
+            Some(pending) => Answer::Pending(pending),
+            None => Answer::Read(self.read_sends(&owed)?),
+        };
+        ahead.state.early = Some(Early {
+            index: ahead.index + 1,
+            sent: mine.is_some(),
+            askers,
+            rows,
+        });
+        Ok(())
+    }
+
+    /// The ranks of servers other than `me`'s, ascending.
+    fn other_servers_ranks(&self, me: usize) -> Vec<usize> {
+        (0..self.layout.num_ranks())
+            .filter(|&r| !self.layout.same_server(r, me))
+            .collect()
+    }
+
+    /// The original ids of the rows rank `peer` asked rank `me` for (`ids`: NEW ids as f32
+    /// bit patterns). A vertex whose home is not `me` fails the step, naming both.
+    fn asked_rows(&self, me: usize, peer: usize, ids: &[f32]) -> anyhow::Result<Vec<u32>> {
+        let mine = self.layout.range(me);
+        ids.iter()
+            .map(|x| {
+                let g = x.to_bits();
+                if !mine.contains(&g) {
+                    bail!(
+                        "rank {peer} asked rank {me} for the features of vertex {g}, whose home \
+                         is not rank {me}"
+                    );
+                }
+                self.old(g)
+            })
+            .collect()
     }
 
     /// Starts reading the feature rows rank `me` will read for `plans` into the page cache
@@ -363,6 +445,133 @@ impl Prefetcher {
     }
 }
 
+/// (peer rank, whole feature rows in the peer's row order): what a rank sends one peer.
+type PeerRows = Vec<(usize, Vec<f32>)>;
+
+/// First value of an ask sent ahead (its bit pattern), so an empty message means "not
+/// built yet" and an ask of nothing is still an ask.
+const ASKED_AHEAD: u32 = 1;
+
+/// An ask's message: the NEW ids as `f32` bit patterns.
+fn ask_message(ids: Option<&Vec<u32>>) -> Vec<f32> {
+    ids.map_or_else(Vec::new, |ids| {
+        ids.iter().map(|&g| f32::from_bits(g)).collect()
+    })
+}
+
+/// A rank's asks sent ahead, between the load that sent them and the load of the step they
+/// are for ([`FeatureSource::ask_ahead`]). Starts empty: the first step's rows are asked for
+/// at its load.
+#[derive(Default)]
+pub(crate) struct AsksAhead {
+    early: Option<Early>,
+}
+
+impl AsksAhead {
+    /// What was asked ahead for step `index`, taken (None when nothing was, or for another
+    /// step: then everything is asked for at the load, on every rank alike).
+    fn take_for(&mut self, index: u64) -> Option<Early> {
+        self.early.take().filter(|e| e.index == index)
+    }
+}
+
+/// What was asked ahead for one step.
+struct Early {
+    index: u64,
+    /// Whether this rank sent its asks ahead (its step was built in time).
+    sent: bool,
+    /// The ranks that asked this rank ahead.
+    askers: Vec<usize>,
+    /// Their rows, being read.
+    rows: Answer,
+}
+
+/// Rows read for ranks that asked ahead.
+enum Answer {
+    Read(PeerRows),
+    Pending(Receiver<anyhow::Result<PeerRows>>),
+}
+
+impl Answer {
+    fn wait(self) -> anyhow::Result<PeerRows> {
+        match self {
+            Answer::Read(rows) => Ok(rows),
+            Answer::Pending(rx) => rx
+                .recv()
+                .map_err(|_| anyhow::anyhow!("the feature reader thread stopped"))?,
+        }
+    }
+}
+
+/// What a training load needs to ask ahead: the rank's asks state, the index of the step it
+/// loads, the next step's plans when built (`[rank][layer]`), and the thread that reads rows
+/// asked for ahead.
+pub(crate) struct Ahead<'s> {
+    pub state: &'s mut AsksAhead,
+    pub index: u64,
+    pub next: Option<&'s [Vec<Arc<DevicePlan>>]>,
+    pub answerer: Option<&'s Answerer>,
+}
+
+/// Reads the feature rows other servers' ranks asked for ahead, on a thread of its own, so a
+/// rank's load finds them read ([`FeatureSource::ask_ahead`]): reading them at the load put
+/// 7-9 s of a products-like cob epoch's 35-44 s on the ranks' path under `cluster up`.
+pub(crate) struct Answerer {
+    jobs: Mutex<Option<SyncSender<AnswerJob>>>,
+    /// Taken by [`Answerer::serve`].
+    queue: Mutex<Option<Receiver<AnswerJob>>>,
+    serving: std::sync::atomic::AtomicBool,
+}
+
+/// (peer rank, original ids) to read, and where the rows go.
+type AnswerJob = (Vec<(usize, Vec<u32>)>, SyncSender<anyhow::Result<PeerRows>>);
+
+impl Answerer {
+    /// Jobs that may wait: one per local rank and step asked ahead.
+    const QUEUE: usize = 64;
+
+    pub fn new() -> Answerer {
+        let (tx, rx) = std::sync::mpsc::sync_channel(Self::QUEUE);
+        Answerer {
+            jobs: Mutex::new(Some(tx)),
+            queue: Mutex::new(Some(rx)),
+            serving: Default::default(),
+        }
+    }
+
+    /// Serves the jobs from `source` until [`Answerer::close`] (on a thread of its own; a
+    /// second call returns at once).
+    pub fn serve(&self, source: FeatureSource<'_>) {
+        let Some(queue) = self.queue.lock().ok().and_then(|mut q| q.take()) else {
+            return;
+        };
+        self.serving
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        for (owed, done) in queue {
+            // A rank that gave up no longer waits: nothing to tell it.
+            let _ = done.send(source.read_sends(&owed));
+        }
+    }
+
+    /// Reads `owed` on the serving thread; None when no thread serves (the caller reads).
+    fn submit(&self, owed: Vec<(usize, Vec<u32>)>) -> Option<Receiver<anyhow::Result<PeerRows>>> {
+        if !self.serving.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let jobs = self.jobs.lock().ok()?;
+        jobs.as_ref()?.send((owed, tx)).ok()?;
+        Some(rx)
+    }
+
+    /// Ends [`Answerer::serve`] once the jobs already queued are served.
+    pub fn close(&self) {
+        if let Ok(mut tx) = self.jobs.lock() {
+            tx.take();
+        }
+    }
+}
+
 /// One rank's share of a step's layer-0 features (see [`FeatureSource::reads`]).
 struct Reads {
     /// Rows of the rank's layer-0 plan.
@@ -395,7 +604,7 @@ impl Reads {
 /// The rows a rank owes the ranks of other servers for a step.
 enum Owed {
     /// Read beside its own rows: (peer rank, whole feature rows in the peer's row order).
-    Rows(Vec<(usize, Vec<f32>)>),
+    Rows(PeerRows),
     /// Unknown until asked (the peers' plans were built elsewhere): home rank -> the NEW ids
     /// this rank asks it for.
     Asked(BTreeMap<usize, Vec<u32>>),
@@ -427,12 +636,16 @@ impl LocalFeatures {
     ///
     /// `source` answers the other servers' asks when this rank's rows were read without their
     /// plans (see [`FeatureSource::reads`]).
+    ///
+    /// `ahead` (training loads): rows asked for ahead are used, and this load asks ahead for
+    /// the next step ([`FeatureSource::ask_ahead`]).
     pub fn complete(
         self,
         source: &FeatureSource<'_>,
         ep: &mut Endpoint,
         tag: Tag,
         columns: Option<&[u32]>,
+        mut ahead: Option<Ahead<'_>>,
     ) -> anyhow::Result<HostBuffer> {
         let LocalFeatures {
             mut host,
@@ -447,16 +660,17 @@ impl LocalFeatures {
                 ep.world()
             );
         }
+        let asked = matches!(owed, Owed::Asked(_));
         let sends = match owed {
             Owed::Rows(rows) => rows,
-            Owed::Asked(asks) => source.answer_asks(ep, &asks, tag)?,
+            Owed::Asked(asks) => source.answer_asks(ep, &asks, tag, ahead.as_mut())?,
         };
         if let Some(&c) = columns.and_then(|c| c.iter().find(|&&c| c as usize >= f)) {
             bail!("internal: feature column {c} of {f}");
         }
         // What one fetched row carries.
         let sent_width = columns.map_or(f, <[u32]>::len);
-        let sends: Vec<(usize, Vec<f32>)> = match columns {
+        let sends: PeerRows = match columns {
             None => sends,
             Some(cols) => sends
                 .into_iter()
@@ -496,6 +710,9 @@ impl LocalFeatures {
                     }
                 }
             }
+        }
+        if let (true, Some(ahead)) = (asked, ahead.as_mut()) {
+            source.ask_ahead(ep, ahead, tag)?;
         }
         Ok(host)
     }
@@ -537,12 +754,15 @@ mod tests {
 
     /// Every rank runs `layer0_features` on `plans` over an in-process 2 x 2 fabric, reading
     /// ONLY its own server's features: rows of other servers are NaN in its view, as they are
-    /// absent from a real server's host memory. Returns each rank's matrix and the counters.
+    /// absent from a real server's host memory. With `per_server`, a rank sees only its own
+    /// server's plans, as under a daemon that built only its part of the step (it asks).
+    /// Returns each rank's matrix and the counters.
     fn run(
         view: DatasetView<'_>,
         part: &PartitionedGraph,
         plans: &[Vec<Arc<DevicePlan>>],
         columns: Option<&[u32]>,
+        per_server: bool,
     ) -> (Vec<Vec<f32>>, Counters) {
         let layout = &part.layout;
         let f = view.feature_dim;
@@ -572,9 +792,17 @@ mod tests {
                     layout,
                 };
                 let p0 = &plans[rank][0];
+                let seen: Vec<Vec<Arc<DevicePlan>>> = plans
+                    .iter()
+                    .enumerate()
+                    .map(|(r, p)| match per_server && !layout.same_server(r, rank) {
+                        true => Vec::new(),
+                        false => p.clone(),
+                    })
+                    .collect();
                 let host = src
-                    .read_local(plans, rank, p0.n_local(), HostBuffer::default())?
-                    .complete(&src, &mut ep, Tag::fetch(1), columns)?;
+                    .read_local(&seen, rank, p0.n_local(), HostBuffer::default())?
+                    .complete(&src, &mut ep, Tag::fetch(1), columns, None)?;
                 anyhow::Ok((host.into_vec().unwrap(), ep.counters()))
             })
             .unwrap();
@@ -618,8 +846,8 @@ mod tests {
             "a 2-layer co-batch must reach into the other server"
         );
 
-        {
-            let (hosts, counters) = run(view, &part, &cob, None);
+        for per_server in [false, true] {
+            let (hosts, counters) = run(view, &part, &cob, None, per_server);
             let fetched = |class, dir| -> u64 {
                 counters
                     .epochs
@@ -632,6 +860,17 @@ mod tests {
                 assert_eq!(fetched(LinkClass::IntraServer, dir), 0);
             }
             assert!(counters.epochs.iter().all(|e| e.epoch == 1));
+            // Asking costs 4 bytes per fetched row (an empty ask to the other ranks).
+            let asked: u64 = counters
+                .epochs
+                .iter()
+                .map(|e| {
+                    e.bytes_where(Direction::Sent, |r| {
+                        r.phase == Phase::Other && r.class == LinkClass::InterServer
+                    })
+                })
+                .sum();
+            assert_eq!(asked, if per_server { 4 * remote } else { 0 });
             for (rank, host) in hosts.iter().enumerate() {
                 let p = &cob[rank][0];
                 assert_eq!(host.len(), p.n_local() * f);
@@ -648,7 +887,7 @@ mod tests {
         // DGS: only columns 1 and 3 travel; the others of fetched rows are zero, local rows
         // are whole, and the bytes are exactly 4 x 2 per fetched row.
         let columns = [1u32, 3];
-        let (hosts, counters) = run(view, &part, &cob, Some(&columns));
+        let (hosts, counters) = run(view, &part, &cob, Some(&columns), true);
         let fetched: u64 = counters
             .epochs
             .iter()
@@ -685,7 +924,7 @@ mod tests {
             .map(|d| steps::every_layer(d, LAYERS))
             .collect();
         assert_eq!(remote_rows(&part.layout, &fb), 0);
-        let (hosts, counters) = run(view, &part, &fb, None);
+        let (hosts, counters) = run(view, &part, &fb, None, false);
         assert!(counters.epochs.is_empty(), "{counters:?}");
         assert!(hosts.iter().flatten().all(|v| v.is_finite()));
     }

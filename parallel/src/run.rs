@@ -16,7 +16,7 @@ use grandis_trainer::{Checkpoint, EpochStats, TrainOptions};
 use crate::compute::{cuda_rank_backend, rank_ordinals, Compute};
 use crate::decide::{Decision, Eval};
 use crate::feed::StepCounts;
-use crate::fetch::Prefetcher;
+use crate::fetch::{Answerer, Prefetcher};
 use crate::links::copies::CopyHub;
 use crate::links::nccl::{HostNccl, Nccl};
 use crate::links::{IntraTransport, Transports};
@@ -145,6 +145,7 @@ pub(crate) fn run(
     };
     // Per-step plans: each rank's next step's feature rows are read ahead.
     let prefetcher = Prefetcher::new();
+    let answerer = Answerer::new();
     let infer = crate::infer::InferShared::new(popts, part, view, &scales, local_ranks)?;
     let buffers = feature_buffers(&popts.compute, layout.devices());
     let shared = crate::shared::Shared {
@@ -161,6 +162,7 @@ pub(crate) fn run(
         infer,
         feed: &feed,
         prefetch: (!decision.is_static()).then_some(&prefetcher),
+        answerer: (!decision.is_static()).then_some(&answerer),
         iterations,
         eval,
         weights: None,
@@ -308,9 +310,19 @@ pub(crate) fn run(
                 .spawn_scoped(scope, || prefetcher.serve(shared.features()))
                 .inspect_err(|e| tracing::warn!("no feature prefetch thread: {e}"))
                 .ok();
+            // Without the thread the ranks read the rows asked of them themselves.
+            let answers = std::thread::Builder::new()
+                .name("grandis-answers".into())
+                .spawn_scoped(scope, || answerer.serve(shared.features()))
+                .inspect_err(|e| tracing::warn!("no feature answer thread: {e}"))
+                .ok();
             let r = run_all();
             feed.close();
             prefetcher.close();
+            answerer.close();
+            if answers.is_some_and(|a| a.join().is_err()) {
+                bail!("the feature answer thread panicked");
+            }
             if prefetch.is_some_and(|p| p.join().is_err()) {
                 bail!("the feature prefetch thread panicked");
             }

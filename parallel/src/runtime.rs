@@ -11,6 +11,7 @@ use grandis_fabric::{Endpoint, Tag};
 use grandis_masking::{DevicePlan, LayerRows};
 use grandis_models::StageCtx;
 
+use crate::fetch::Ahead;
 use crate::prepare::{HostBlock, HostInput};
 use crate::shared::Shared;
 use crate::steps::Step;
@@ -80,23 +81,25 @@ impl<B: Backend> Rt<B> {
         fetch: (Tag, Option<&[u32]>),
     ) -> anyhow::Result<Rt<B>> {
         let input = HostInput::prepare(&sh.preparer(), step_plans, ep.rank())?;
-        Rt::upload(sh, b, input, ep, fetch)
+        Rt::upload(sh, b, input, ep, fetch, None)
     }
 
     /// Uploads rank `ep.rank()`'s input of `step`: the one its producer prepared, or one
     /// prepared here when none was.
+    /// `ahead`: what the training loads ask ahead (`crate::fetch::AsksAhead`).
     pub(crate) fn load(
         sh: &Shared<'_>,
         b: &B,
         step: &Step,
         ep: &mut Endpoint,
         fetch: (Tag, Option<&[u32]>),
+        ahead: Ahead<'_>,
     ) -> anyhow::Result<Rt<B>> {
         let input = match step.take_prepared(ep.rank()) {
             Some(input) => input,
             None => HostInput::prepare(&sh.preparer(), &step.plans, ep.rank())?,
         };
-        Rt::upload(sh, b, input, ep, fetch)
+        Rt::upload(sh, b, input, ep, fetch, Some(ahead))
     }
 
     /// Uploads a prepared input: its replicated feature rows fetched under `fetch_tag` (only
@@ -109,6 +112,7 @@ impl<B: Backend> Rt<B> {
         input: HostInput,
         ep: &mut Endpoint,
         (fetch_tag, columns): (Tag, Option<&[u32]>),
+        ahead: Option<Ahead<'_>>,
     ) -> anyhow::Result<Rt<B>> {
         let HostInput {
             plans,
@@ -119,7 +123,7 @@ impl<B: Backend> Rt<B> {
             loss_labels,
         } = input;
         let started = std::time::Instant::now();
-        let host = features.complete(&sh.features(), ep, fetch_tag, columns)?;
+        let host = features.complete(&sh.features(), ep, fetch_tag, columns, ahead)?;
         let fetched = started.elapsed();
         let mut blocks = Vec::with_capacity(host_blocks.len());
         for hb in host_blocks {

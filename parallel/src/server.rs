@@ -3,14 +3,17 @@
 //! transport of `grandis-quic`: same-server peers over channels, other servers over QUIC).
 //!
 //! No plan is shipped between servers: the plans are deterministic functions of (dataset,
-//! partition, mode, k, seed), so every server builds the same global plans from the same inputs
-//! and its ranks pick their own device plans — the head group of GraNNDIS §7. What does travel
-//! when a plan is built are the features of the vertices it replicates from another server,
-//! sent by their home rank (`crate::fetch`).
+//! partition, mode, k, seed), so each server builds what its ranks run from the same inputs —
+//! the head group of GraNNDIS §7: its own part of every batched step (`crate::steps::StepPart`),
+//! and whole plans where its ranks need every rank's (FB exchanges). What does travel when a
+//! plan is built are the features of the vertices it replicates from another server, sent by
+//! their home rank (`crate::fetch`; asked for by id where the asking server's plans were not
+//! built there).
 //! The setup and the per-rank worker are exactly those of [`crate::train`], so the losses
 //! equal the in-process run's. What differs is the report's scope: counters, bytes, time split
 //! and memory cover this server's ranks only (sum them over servers for the cluster), while
-//! the losses and accuracies are cluster-wide (they are all-reduced).
+//! the losses, accuracies and what the steps computed are cluster-wide (all-reduced, and the
+//! servers' step counts added up at the end of the run).
 
 use anyhow::bail;
 use grandis_fabric::Endpoint;

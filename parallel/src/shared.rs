@@ -11,7 +11,7 @@ use grandis_store::DatasetView;
 use grandis_trainer::{Checkpoint, CheckpointOptions, TrainOptions};
 
 use crate::feed::{Feed, StepCounts};
-use crate::fetch::{FeatureSource, Prefetcher};
+use crate::fetch::{Answerer, FeatureSource, Prefetcher};
 use crate::prepare::{BufferPool, Preparer};
 
 /// Read-only state shared by all ranks.
@@ -33,6 +33,8 @@ pub(crate) struct Shared<'a> {
     pub feed: &'a Feed,
     /// Reads each rank's next step's feature rows ahead (runs with per-step plans).
     pub prefetch: Option<&'a Prefetcher>,
+    /// Reads the rows other servers' ranks asked for ahead (runs with per-step plans).
+    pub answerer: Option<&'a Answerer>,
     pub iterations: usize,
     /// What evaluation runs on.
     pub eval: EvalOn<'a>,

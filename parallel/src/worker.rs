@@ -20,7 +20,7 @@ use grandis_models::{Model, ModelKind, StageCache};
 use grandis_trainer::EpochStats;
 
 use crate::feed::Feed;
-use crate::fetch::SETUP_EPOCH;
+use crate::fetch::{Ahead, AsksAhead, SETUP_EPOCH};
 use crate::links::{Arrived, RankLinks};
 use crate::metered::Meter;
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
@@ -131,6 +131,8 @@ pub(crate) struct Worker<'w, B: Backend> {
     /// DGS: the feature columns fetched for other servers' vertices this epoch (ascending),
     /// with `--remote-features`; None = whole rows.
     remote_columns: Option<Vec<u32>>,
+    /// The replicated rows this rank and its peers asked for ahead (steps built per server).
+    asks_ahead: AsksAhead,
 }
 
 impl<'w, B: Backend> Worker<'w, B> {
@@ -176,9 +178,25 @@ impl<'w, B: Backend> Worker<'w, B> {
             ck.restore(b, &mut model, true)
                 .context("restoring the checkpoint")?;
         }
-        let step = sh.feed.take(sh.first_step())?;
+        let first = sh.first_step();
+        let step = sh.feed.take(first)?;
+        let mut asks_ahead = AsksAhead::default();
+        let next = sh.feed.peek_plans(first + 1);
+        let ahead = Ahead {
+            state: &mut asks_ahead,
+            index: first,
+            next: next.as_deref().map(|s| s.plans.as_slice()),
+            answerer: sh.answerer,
+        };
         // The first step's features are whole: no weights to rank the columns by yet.
-        let rt = Rt::load(sh, b, &step, &mut ep, (Tag::fetch(SETUP_EPOCH), None))?;
+        let rt = Rt::load(
+            sh,
+            b,
+            &step,
+            &mut ep,
+            (Tag::fetch(SETUP_EPOCH), None),
+            ahead,
+        )?;
         Ok(Worker {
             sh,
             b,
@@ -192,6 +210,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             capture: None,
             stale: sh.staleness.map(StaleHalo::new),
             remote_columns: None,
+            asks_ahead,
         })
     }
 
@@ -540,13 +559,13 @@ impl<'w, B: Backend> Worker<'w, B> {
         }
     }
 
-    /// Switches to the plans of `step` in training epoch `epoch`.
-    fn switch_to(&mut self, step: Arc<Step>, epoch: usize) -> anyhow::Result<()> {
+    /// Switches to the plans of `step`, step `index` of the run, in training epoch `epoch`.
+    fn switch_to(&mut self, step: Arc<Step>, index: u64, epoch: usize) -> anyhow::Result<()> {
         if Arc::ptr_eq(&step, &self.step) {
             return Ok(());
         }
         let columns = self.remote_columns.take();
-        let loaded = self.load(step, epoch as u32, columns.as_deref());
+        let loaded = self.load(step, index, epoch as u32, columns.as_deref());
         self.remote_columns = columns;
         loaded
     }
@@ -554,7 +573,13 @@ impl<'w, B: Backend> Worker<'w, B> {
     /// Builds the runtime of `step` (its feature fetch tagged with `epoch`, only `columns` of
     /// rows from other servers when given), freeing the current step's buffers first so a
     /// rank never holds two steps at once.
-    fn load(&mut self, step: Arc<Step>, epoch: u32, columns: Option<&[u32]>) -> anyhow::Result<()> {
+    fn load(
+        &mut self,
+        step: Arc<Step>,
+        index: u64,
+        epoch: u32,
+        columns: Option<&[u32]>,
+    ) -> anyhow::Result<()> {
         let b = self.b;
         self.rt.plans.clear();
         self.rt.blocks.clear();
@@ -562,12 +587,20 @@ impl<'w, B: Backend> Worker<'w, B> {
         self.rt.features = b.alloc(0)?;
         self.rt.loss_rows = b.upload_index(&[])?;
         self.rt.loss_labels = b.upload_index(&[])?;
+        let next = self.sh.feed.peek_plans(index + 1);
+        let ahead = Ahead {
+            state: &mut self.asks_ahead,
+            index,
+            next: next.as_deref().map(|s| s.plans.as_slice()),
+            answerer: self.sh.answerer,
+        };
         self.rt = Rt::load(
             self.sh,
             b,
             &step,
             &mut self.ep,
             (Tag::fetch(epoch), columns),
+            ahead,
         )?;
         self.step = step;
         Ok(())
@@ -613,7 +646,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                     let waiting = Instant::now();
                     let step = sh.feed.take(index)?;
                     let loading = Instant::now();
-                    self.switch_to(step, epoch)?;
+                    self.switch_to(step, index, epoch)?;
                     times.plan_wait_s += (loading - waiting).as_secs_f64();
                     times.plan_load_s += loading.elapsed().as_secs_f64();
                 }
