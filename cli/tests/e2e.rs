@@ -158,9 +158,10 @@ fn cluster_up_matches_in_process_training_on_a_synthetic_graph() {
     cluster_up_equals_in_process(&ds, "fb", &["--model", "gat", "--heads", "4"], 3);
 }
 
-/// The sampled and mini-batch modes: the daemons build the same per-step plans as the
-/// in-process run (samplers and co-batches seeded by the job's seed), so the losses and the
-/// sampling counters agree exactly.
+/// The sampled and mini-batch modes: each daemon builds its server's part of the per-step
+/// plans of the in-process run (samplers and co-batches seeded by the job's seed; cob and mb
+/// steps only that part, the other servers' replicated rows asked for by id), so the losses
+/// and the sampling counters, added up across the servers, agree exactly.
 #[test]
 fn cluster_up_cob_and_flx_eas_match_in_process_training() {
     let c = Cluster::new(EXE, &["unused"], Timing::default()).unwrap();
@@ -168,6 +169,17 @@ fn cluster_up_cob_and_flx_eas_match_in_process_training() {
     let ds = ds.display().to_string();
     for (mode, extra) in [
         ("cob", &["--cobatch-size", "150"][..]),
+        (
+            "mb",
+            &[
+                "--batch-size",
+                "60",
+                "--sampling",
+                "fanout",
+                "--fanouts",
+                "4,3",
+            ][..],
+        ),
         (
             "flx",
             &[
@@ -189,7 +201,10 @@ fn cluster_up_cob_and_flx_eas_match_in_process_training() {
         );
         for key in [
             "sampled_edges",
+            "inter_server_sampled_edges",
+            "targets_per_epoch",
             "computed_vertices_per_layer",
+            "aggregated_edges_per_layer",
             "beta",
             "iterations_per_epoch",
             "sampling",
@@ -206,7 +221,7 @@ fn cluster_up_cob_and_flx_eas_match_in_process_training() {
         match mode {
             // A co-batch is masked to its server: no halo crosses servers in training, and
             // there are several iterations per epoch.
-            "cob" => {
+            "cob" | "mb" => {
                 assert_eq!(cluster["halo_bytes_per_epoch"]["inter_server"], 0);
                 assert!(cluster["iterations_per_epoch"].as_u64().unwrap() > 1);
                 // ... except the features of the vertices a co-batch replicates, every step.
