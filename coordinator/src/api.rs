@@ -519,10 +519,18 @@ async fn put_checkpoint(
             }
         })?
         .to_bytes();
-    // The store's write runs on a blocking thread: a large checkpoint must not stall the
-    // runtime's workers.
+    // The check and the store's write run on a blocking thread: a large checkpoint must not
+    // stall the runtime's workers. Checked before it is stored (a container whose checksum
+    // holds, of the job's model, holding the epochs it claims), outside the core's lock.
     let st2 = st.clone();
     tokio::task::spawn_blocking(move || {
+        let spec = st2.core().job_spec(id)?;
+        grandis_wire::checkpoint::check_upload(&body, &spec, u64::from(epoch)).map_err(|e| {
+            ApiError::bad_request(
+                "invalid_checkpoint",
+                format!("the checkpoint of job {id} for epoch {epoch} is refused: {e}"),
+            )
+        })?;
         st2.core()
             .put_checkpoint(id, daemon_id, attempt, epoch, &body)
     })

@@ -740,8 +740,18 @@ impl Core {
         Ok(rec.checkpoint_epoch.is_none_or(|e| e < epoch))
     }
 
+    /// The spec job `id` was submitted with (what its checkpoints are checked against).
+    pub fn job_spec(&self, id: JobId) -> Result<JobSpec, ApiError> {
+        self.jobs
+            .get(&id)
+            .map(|rec| rec.spec.clone())
+            .ok_or_else(|| ApiError::not_found(format!("no job {id}")))
+    }
+
     /// Stores job `id`'s checkpoint for `epoch` if [`Core::checkpoint_wanted`] still says so
-    /// (the job may have moved on while the body was read).
+    /// (the job may have moved on while the body was read). The bytes were checked against
+    /// the job first (`grandis_wire::checkpoint::check_upload`, outside the core's lock: a
+    /// checksum over hundreds of MB takes a while).
     pub fn put_checkpoint(
         &mut self,
         id: JobId,

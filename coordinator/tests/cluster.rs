@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use grandis_wire::checkpoint::testing::container;
 use grandis_wire::{EpochProgress, JobEvent, LinkBytes, RunSummary};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -416,7 +417,7 @@ async fn a_retried_job_resumes_from_its_checkpoint_and_its_stream_repeats_the_re
     for epoch in 1..=3 {
         assert_eq!(a.event(id, progress(epoch)).await.0, StatusCode::NO_CONTENT);
     }
-    let put = |daemon: u64, attempt: u32, epoch: u32, body: &'static [u8]| {
+    let put = |daemon: u64, attempt: u32, epoch: u32, body: Vec<u8>| {
         h.client
             .put(h.url(&format!(
                 "/v1/daemon/jobs/{id}/checkpoint?protocol_version=2&daemon_id={daemon}\
@@ -426,8 +427,47 @@ async fn a_retried_job_resumes_from_its_checkpoint_and_its_stream_repeats_the_re
             .body(body)
             .send()
     };
-    assert_eq!(put(a.id, 1, 2, b"ck2").await.unwrap().status(), 204);
-    assert_eq!(put(b.id, 1, 2, b"ck2").await.unwrap().status(), 409);
+    let spec = grandis_wire::JobSpec::from_json_str(
+        r#"{"dataset": "/d", "servers": 2, "epochs": 5, "checkpoint_every": 2}"#,
+    )
+    .unwrap();
+    let ck2 = container(&spec, 2, true);
+    // Checked before it is stored, each refusal naming why: garbage, flipped bytes, another
+    // run's file (more epochs than claimed), another model.
+    let mut flipped = ck2.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    let other_model = grandis_wire::JobSpec {
+        hidden: spec.hidden * 2,
+        ..spec.clone()
+    };
+    for (body, why) in [
+        (b"ck2".to_vec(), "not a safetensors file"),
+        (flipped, "checksum mismatch"),
+        (
+            container(&spec, 4, true),
+            "holds 4 epochs but was uploaded as epoch 2",
+        ),
+        (container(&other_model, 2, true), "another model"),
+    ] {
+        let resp = put(a.id, 1, 2, body).await.unwrap();
+        assert_eq!(resp.status(), 400);
+        let text = resp.text().await.unwrap();
+        assert!(
+            text.contains("invalid_checkpoint") && text.contains(why),
+            "{text}"
+        );
+    }
+    let none = h
+        .client
+        .get(h.url(&format!("/v1/jobs/{id}/checkpoint")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(none.status(), 404, "a refused checkpoint is not stored");
+    assert_eq!(put(a.id, 1, 2, ck2.clone()).await.unwrap().status(), 204);
+    assert_eq!(put(b.id, 1, 2, ck2.clone()).await.unwrap().status(), 409);
     let missing = h
         .client
         .put(h.url(&format!(
@@ -448,7 +488,7 @@ async fn a_retried_job_resumes_from_its_checkpoint_and_its_stream_repeats_the_re
         .await
         .unwrap();
     assert_eq!(ck.headers()["x-grandis-checkpoint-epoch"], "2");
-    assert_eq!(&ck.bytes().await.unwrap()[..], b"ck2");
+    assert_eq!(&ck.bytes().await.unwrap()[..], &ck2[..]);
 
     // node-b goes silent: back to the queue, history cut to the checkpoint.
     kb.abort();

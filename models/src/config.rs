@@ -104,3 +104,28 @@ impl ModelConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The coordinator checks an uploaded checkpoint's model against the job's without this
+    /// crate (`grandis_wire::checkpoint::check_model`): it must read the configuration that
+    /// `for_job` makes as the job's, and another job's as another model.
+    #[test]
+    fn the_coordinator_reads_a_jobs_model_as_for_job_makes_it() {
+        let spec = grandis_wire::JobSpec::from_json_str(
+            r#"{"dataset": "/d", "model": "gat", "layers": 3, "hidden": 32, "heads": 4,
+                "dropout": 0.3, "layer_norm": true, "seed": 9}"#,
+        )
+        .unwrap();
+        let json = serde_json::to_value(ModelConfig::for_job(&spec, 17, 5)).unwrap();
+        grandis_wire::checkpoint::check_model(&spec, &json).unwrap();
+        let other = grandis_wire::JobSpec {
+            hidden: 64,
+            ..spec.clone()
+        };
+        let e = grandis_wire::checkpoint::check_model(&other, &json).unwrap_err();
+        assert!(e.0.contains("hidden is 32, the job's 64"), "{e}");
+    }
+}

@@ -2,27 +2,21 @@
 //! model configuration, training options and epoch count as JSON in the safetensors metadata,
 //! and optionally the Adam moments (`adam_m.<name>`, `adam_v.<name>`) for `--resume`.
 //!
-//! Nothing in a checkpoint is trusted: the metadata carries an xxh3 checksum over itself and
-//! every tensor (in name order), so flipped bytes anywhere are an error, and the tensors must
-//! be exactly the parameters the stored model configuration has (names and shapes, computed
-//! without building the model), so metadata that claims a huge model is refused before
-//! anything is allocated.
+//! Nothing in a checkpoint is trusted: the container (`grandis_wire::checkpoint`, which the
+//! coordinator also checks uploads with) carries an xxh3 checksum over the metadata and every
+//! tensor, so flipped bytes anywhere are an error, and the tensors must be exactly the
+//! parameters the stored model configuration has (names and shapes, computed without building
+//! the model), so metadata that claims a huge model is refused before anything is allocated.
 
 use crate::TrainOptions;
 use anyhow::{bail, Context};
 use grandis_engine::Backend;
 use grandis_models::{Model, ModelConfig};
-use safetensors::tensor::{Dtype, TensorView};
-use safetensors::SafeTensors;
+use grandis_wire::checkpoint::{self as container, FORMAT};
+use safetensors::tensor::TensorView;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
-
-const META_KEY: &str = "grandis";
-/// Metadata key of the checksum: xxh3-64 (hex) of the `META_KEY` JSON and then every tensor's
-/// name and little-endian bytes, in name order.
-const CHECKSUM_KEY: &str = "grandis_xxh3";
-const FORMAT: &str = "grandis-checkpoint-v1";
 
 #[derive(Serialize, Deserialize)]
 struct Meta {
@@ -59,20 +53,6 @@ impl Checkpoint {
 
 fn to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// The checksum of a checkpoint's metadata JSON and its `(name, bytes)` tensors.
-fn checksum<'a>(meta_json: &str, tensors: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> String {
-    let mut sorted: Vec<(&str, &[u8])> = tensors.into_iter().collect();
-    sorted.sort_by_key(|(name, _)| *name);
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    h.update(meta_json.as_bytes());
-    for (name, bytes) in sorted {
-        h.update(name.as_bytes());
-        h.update(&(bytes.len() as u64).to_le_bytes());
-        h.update(bytes);
-    }
-    format!("{:016x}", h.digest())
 }
 
 /// Writes `model` (and, with `with_optimizer`, its Adam moments) to `path` atomically.
@@ -112,24 +92,7 @@ pub fn save_checkpoint<B: Backend>(
         has_optimizer: with_optimizer,
     };
     let meta_json = serde_json::to_string(&meta)?;
-    let sum = checksum(
-        &meta_json,
-        owned.iter().map(|(n, _, b)| (n.as_str(), b.as_slice())),
-    );
-    let mut info = HashMap::new();
-    info.insert(META_KEY.to_string(), meta_json);
-    info.insert(CHECKSUM_KEY.to_string(), sum);
-    let views = owned
-        .iter()
-        .map(|(name, shape, bytes)| {
-            Ok((
-                name.as_str(),
-                TensorView::new(Dtype::F32, shape.clone(), bytes)?,
-            ))
-        })
-        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
-        .context("building checkpoint tensors")?;
-    let bytes = safetensors::serialize(views, Some(info)).context("serialising checkpoint")?;
+    let bytes = container::serialize(meta_json, &owned)?;
     grandis_store::write_file_atomic(path, &bytes)
         .with_context(|| format!("writing checkpoint {}", path.display()))?;
     tracing::info!(
@@ -144,34 +107,15 @@ pub fn save_checkpoint<B: Backend>(
 pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
     let bytes =
         std::fs::read(path).with_context(|| format!("reading checkpoint {}", path.display()))?;
-    let (_, metadata) = SafeTensors::read_metadata(&bytes)
-        .with_context(|| format!("{}: not a safetensors file", path.display()))?;
-    let entries = metadata.metadata().as_ref();
-    let meta_json = entries
-        .and_then(|m| m.get(META_KEY))
-        .with_context(|| format!("{}: no '{META_KEY}' metadata entry", path.display()))?;
-    let stored_sum = entries
-        .and_then(|m| m.get(CHECKSUM_KEY))
-        .with_context(|| format!("{}: no '{CHECKSUM_KEY}' checksum entry", path.display()))?;
-    let meta: Meta = serde_json::from_str(meta_json)
-        .with_context(|| format!("{}: invalid '{META_KEY}' metadata", path.display()))?;
-    if meta.format != FORMAT {
-        bail!(
-            "{}: unsupported checkpoint format '{}' (expected '{FORMAT}')",
+    let opened = container::open(&bytes).with_context(|| path.display().to_string())?;
+    let meta: Meta = serde_json::from_str(&opened.meta_json).with_context(|| {
+        format!(
+            "{}: invalid '{}' metadata",
             path.display(),
-            meta.format
-        );
-    }
-    let st = SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("{}: corrupt safetensors data", path.display()))?;
-    let views = st.tensors();
-    let sum = checksum(meta_json, views.iter().map(|(n, t)| (n.as_str(), t.data())));
-    if sum != *stored_sum {
-        bail!(
-            "{}: checksum mismatch (stored {stored_sum}, computed {sum}): the file is corrupt",
-            path.display()
-        );
-    }
+            container::META_KEY
+        )
+    })?;
+    let views = opened.tensors.tensors();
     check_tensors(&meta, &views).with_context(|| {
         format!(
             "{}: the tensors do not match the stored model configuration",
@@ -179,14 +123,8 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
         )
     })?;
     let mut tensors = HashMap::new();
+    // Every tensor is f32 (the container checked it).
     for (name, t) in views {
-        if t.dtype() != Dtype::F32 {
-            bail!(
-                "{}: tensor '{name}' has dtype {:?}, expected F32",
-                path.display(),
-                t.dtype()
-            );
-        }
         let data: Vec<f32> = t
             .data()
             .chunks_exact(4)
@@ -309,22 +247,16 @@ mod tests {
     /// checksum, so only the other checks can catch the forgery.
     fn forge(path: &Path, edit: impl Fn(&mut serde_json::Value)) {
         let bytes = std::fs::read(path).unwrap();
-        let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
-        let mut meta: serde_json::Value =
-            serde_json::from_str(&header.metadata().as_ref().unwrap()[META_KEY]).unwrap();
+        let opened = container::open(&bytes).unwrap();
+        let mut meta: serde_json::Value = serde_json::from_str(&opened.meta_json).unwrap();
         edit(&mut meta);
-        let meta_json = meta.to_string();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        let views = st.tensors();
-        let sum = checksum(
-            &meta_json,
-            views.iter().map(|(n, t)| (n.as_str(), t.data())),
-        );
-        let info = HashMap::from([
-            (META_KEY.to_string(), meta_json),
-            (CHECKSUM_KEY.to_string(), sum),
-        ]);
-        let out = safetensors::serialize(views, Some(info)).unwrap();
+        let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = opened
+            .tensors
+            .tensors()
+            .into_iter()
+            .map(|(n, t)| (n, t.shape().to_vec(), t.data().to_vec()))
+            .collect();
+        let out = container::serialize(meta.to_string(), &tensors).unwrap();
         std::fs::write(path, out).unwrap();
     }
 

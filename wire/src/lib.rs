@@ -4,10 +4,12 @@
 //! [`protocol`] is the daemon ↔ coordinator control protocol (register, heartbeat, job events),
 //! versioned by [`PROTOCOL_VERSION`]; [`summary`] is the one run summary every front end prints
 //! and reads; [`rates`] what a server measures of its compute and links; [`plan`] what the
-//! planner predicts and chooses from them. Everything here is plain serde data with no I/O, so
-//! every side of the system agrees on one definition and the coordinator, daemon and CLI can
-//! evolve separately.
+//! planner predicts and chooses from them; [`checkpoint`] the checkpoint container the
+//! trainer writes and the coordinator checks before storing an upload. Everything here is
+//! plain data (serde, bytes) with no I/O, so every side of the system agrees on one definition
+//! and the coordinator, daemon and CLI can evolve separately.
 
+pub mod checkpoint;
 pub mod cluster;
 pub mod job;
 pub mod links;
