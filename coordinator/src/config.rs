@@ -28,6 +28,7 @@ pub const KEYS: &[&str] = &[
     "header_read_timeout_ms",
     "idle_timeout_ms",
     "max_checkpoint_bytes",
+    "keep_finished_checkpoints",
 ];
 
 const LAYERS: Layers = Layers {
@@ -76,6 +77,10 @@ pub struct CoordinatorConfig {
     /// The largest checkpoint a job's leader may upload (bytes). Checkpoints are kept in the
     /// database, one per job (the latest), so that a retry resumes on any servers.
     pub max_checkpoint_bytes: u64,
+    /// Finished jobs whose checkpoints stay in the database (for download): the newest this
+    /// many by finish time; an older finished job's checkpoint is deleted when another job
+    /// finishes (and at start). Queued and running jobs keep theirs.
+    pub keep_finished_checkpoints: usize,
 }
 
 impl Default for CoordinatorConfig {
@@ -94,6 +99,7 @@ impl Default for CoordinatorConfig {
             header_read_timeout_ms: 10_000,
             idle_timeout_ms: 60_000,
             max_checkpoint_bytes: 1 << 30,
+            keep_finished_checkpoints: 20,
         }
     }
 }

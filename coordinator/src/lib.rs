@@ -159,7 +159,12 @@ fn build_state(
     };
     // Capacity only matters for slow SSE clients; they recover from lag by re-reading state.
     let (updates, _) = broadcast::channel(1024);
-    let core = Core::open(store, timing, updates.clone())?;
+    let core = Core::open(
+        store,
+        timing,
+        config.keep_finished_checkpoints,
+        updates.clone(),
+    )?;
     let user_token = config.token.clone().expect("validated");
     Ok(Arc::new(AppState {
         core: Mutex::new(core),

@@ -103,6 +103,8 @@ pub struct Core {
     next_daemon_id: u64,
     /// Heads elected since start (a metrics counter).
     pub(crate) elections: u64,
+    /// Finished jobs whose checkpoints are kept ([`Core::prune_checkpoints`]).
+    keep_finished_checkpoints: usize,
     updates: broadcast::Sender<Update>,
 }
 
@@ -120,9 +122,11 @@ fn age(now: Instant, then: Instant) -> Duration {
 impl Core {
     /// Loads the store; runs that were active end as if their servers were lost (see the
     /// module docs).
+    /// `keep_finished_checkpoints`: see [`Core::prune_checkpoints`].
     pub fn open(
         store: Store,
         timing: Timing,
+        keep_finished_checkpoints: usize,
         updates: broadcast::Sender<Update>,
     ) -> anyhow::Result<Core> {
         let mut jobs = BTreeMap::new();
@@ -165,12 +169,15 @@ impl Core {
             next_job_id,
             next_daemon_id,
             elections: 0,
+            keep_finished_checkpoints,
             updates,
         };
         for &id in &interrupted {
             core.end_run(id, RESTART_REASON.into(), true)
                 .map_err(|e| anyhow::anyhow!("{}", e.message))?;
         }
+        core.prune_checkpoints()
+            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
         tracing::info!(
             jobs = core.jobs.len(),
             queued = core.queue.len(),
@@ -196,8 +203,41 @@ impl Core {
     fn commit(&mut self, rec: JobRecord, durable: bool) -> Result<(), ApiError> {
         self.store.put_job(&rec, None, durable)?;
         let id = rec.id;
+        let ended = rec.state.is_terminal() && rec.checkpoint_epoch.is_some();
         self.jobs.insert(id, rec);
         self.notify(Update::State(id));
+        if ended {
+            self.prune_checkpoints()?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the checkpoints of finished jobs but the newest `keep_finished_checkpoints`
+    /// by finish time (then id): every job's final checkpoint stayed in the database before,
+    /// 35 MB after about 60 small jobs. Queued and running jobs keep theirs (a retry resumes
+    /// from it).
+    fn prune_checkpoints(&mut self) -> Result<(), ApiError> {
+        let mut finished: Vec<(u64, JobId)> = self
+            .jobs
+            .values()
+            .filter(|r| r.state.is_terminal() && r.checkpoint_epoch.is_some())
+            .map(|r| (r.finished_at_ms.unwrap_or(0), r.id))
+            .collect();
+        finished.sort_unstable_by(|a, b| b.cmp(a));
+        for &(_, id) in finished.iter().skip(self.keep_finished_checkpoints) {
+            let Some(rec) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            let mut pruned = rec.clone();
+            pruned.checkpoint_epoch = None;
+            self.store.drop_checkpoint(&pruned)?;
+            *rec = pruned;
+            tracing::info!(
+                job = id,
+                "deleted the checkpoint of a finished job (keep_finished_checkpoints = {})",
+                self.keep_finished_checkpoints
+            );
+        }
         Ok(())
     }
 
@@ -788,10 +828,13 @@ impl Core {
             .get(&id)
             .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
         let missing = || {
-            ApiError::not_found(format!(
-                "job {id} has no checkpoint yet (give it checkpoint_every, or wait for its \
-                 first one)"
-            ))
+            let why = if rec.state.is_terminal() {
+                "none was taken, or it was deleted as older than the newest \
+                 keep_finished_checkpoints finished jobs'"
+            } else {
+                "give it checkpoint_every, or wait for its first one"
+            };
+            ApiError::not_found(format!("job {id} has no checkpoint ({why})"))
         };
         let epoch = rec.checkpoint_epoch.ok_or_else(missing)?;
         let bytes = self.store.checkpoint(id)?.ok_or_else(missing)?;
@@ -977,6 +1020,11 @@ mod tests {
     use super::*;
 
     fn core(dir: &std::path::Path) -> Core {
+        core_keeping(dir, 20)
+    }
+
+    /// A core keeping the checkpoints of the newest `keep` finished jobs.
+    fn core_keeping(dir: &std::path::Path, keep: usize) -> Core {
         let store = Store::open(&dir.join("c.redb")).unwrap();
         let timing = Timing {
             heartbeat_interval: Duration::from_millis(100),
@@ -984,7 +1032,7 @@ mod tests {
             down_timeout: Duration::from_millis(1000),
             forget_after: Duration::from_millis(5000),
         };
-        Core::open(store, timing, broadcast::channel(16).0).unwrap()
+        Core::open(store, timing, keep, broadcast::channel(16).0).unwrap()
     }
 
     fn reg(c: &mut Core, label: &str, devices: usize, now: Instant) -> DaemonId {
@@ -1479,5 +1527,71 @@ mod tests {
         assert_eq!(st.retries[0].resume_epoch, Some(1));
         assert_eq!(st.history.len(), 1);
         assert_eq!(c.checkpoint(job).unwrap(), (1, b"ck1".to_vec()));
+    }
+
+    /// Only the newest `keep_finished_checkpoints` finished jobs keep their checkpoints (a
+    /// running job always keeps its own), when a job finishes and when the coordinator starts.
+    #[test]
+    fn finished_jobs_checkpoints_are_pruned_to_the_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let (jobs, live) = {
+            let mut c = core_keeping(dir.path(), 1);
+            let a = reg(&mut c, "a", 1, t0);
+            let b = reg(&mut c, "b", 1, t0);
+            let mut jobs = Vec::new();
+            for _ in 0..3 {
+                let job = c
+                    .submit(
+                        JobSpec {
+                            checkpoint_every: Some(1),
+                            ..spec(1, 1)
+                        },
+                        t0,
+                    )
+                    .unwrap()
+                    .id;
+                let d = hb(&mut c, a, t0)
+                    .assignment
+                    .map(|_| a)
+                    .unwrap_or_else(|| hb(&mut c, b, t0).assignment.map(|_| b).unwrap());
+                running(&mut c, d, job, 1, t0);
+                progress(&mut c, job, d, 1, t0);
+                c.put_checkpoint(job, d, 1, 1, b"ck1").unwrap();
+                let summary = Box::new(grandis_wire::RunSummary::default());
+                c.job_event(job, d, JobEvent::Finished { summary }, t0)
+                    .unwrap();
+                assert_eq!(c.jobs[&job].state, JobState::Succeeded);
+                jobs.push(job);
+            }
+            // A running job keeps its checkpoint whatever the finished ones do.
+            let live = c
+                .submit(
+                    JobSpec {
+                        checkpoint_every: Some(1),
+                        ..spec(1, 1)
+                    },
+                    t0,
+                )
+                .unwrap()
+                .id;
+            hb(&mut c, a, t0).assignment.unwrap();
+            running(&mut c, a, live, 1, t0);
+            progress(&mut c, live, a, 1, t0);
+            c.put_checkpoint(live, a, 1, 1, b"live").unwrap();
+            for (i, &job) in jobs.iter().enumerate() {
+                let kept = i == jobs.len() - 1;
+                assert_eq!(c.checkpoint(job).is_ok(), kept, "job {job}");
+                assert_eq!(c.jobs[&job].checkpoint_epoch.is_some(), kept, "job {job}");
+            }
+            c.close();
+            (jobs, live)
+        };
+        // At start with none kept: every finished job's goes, the interrupted run's stays.
+        let c = core_keeping(dir.path(), 0);
+        for job in jobs {
+            assert!(c.checkpoint(job).is_err(), "job {job}");
+        }
+        assert_eq!(c.checkpoint(live).unwrap(), (1, b"live".to_vec()));
     }
 }

@@ -230,6 +230,22 @@ impl Store {
         .with_context(|| format!("saving the checkpoint of job {}", rec.id))
     }
 
+    /// Deletes a job's checkpoint and stores its record (which no longer names one) in one
+    /// transaction.
+    pub fn drop_checkpoint(&self, rec: &JobRecord) -> anyhow::Result<()> {
+        let bytes = serde_json::to_vec(rec)?;
+        self.with_db(|db| {
+            let tx = db.begin_write()?;
+            {
+                tx.open_table(JOBS)?.insert(rec.id, bytes.as_slice())?;
+                tx.open_table(CHECKPOINTS)?.remove(rec.id)?;
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .with_context(|| format!("deleting the checkpoint of job {}", rec.id))
+    }
+
     /// The stored checkpoint of a job, if any.
     pub fn checkpoint(&self, id: JobId) -> anyhow::Result<Option<Vec<u8>>> {
         self.with_db(|db| {

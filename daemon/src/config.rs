@@ -35,6 +35,7 @@ pub const KEYS: &[&str] = &[
     "connect_timeout_ms",
     "peer_timeout_ms",
     "recv_timeout_ms",
+    "keep_checkpoints",
 ];
 
 const LAYERS: Layers = Layers {
@@ -102,6 +103,11 @@ pub struct DaemonConfig {
     pub peer_timeout_ms: u64,
     /// How long a device worker waits for one message before failing the job.
     pub recv_timeout_ms: u64,
+    /// Checkpoint copies kept in `work_dir`: those of the newest this many jobs (by id) this
+    /// daemon ran; older ones are deleted when a job ends (reports stay). A retry fetches its
+    /// checkpoint from the coordinator, so these copies are for users only; 0 deletes each
+    /// job's copy when it ends.
+    pub keep_checkpoints: usize,
 }
 
 impl Default for DaemonConfig {
@@ -126,6 +132,7 @@ impl Default for DaemonConfig {
             connect_timeout_ms: 30_000,
             peer_timeout_ms: 10_000,
             recv_timeout_ms: 300_000,
+            keep_checkpoints: 5,
         }
     }
 }

@@ -13,6 +13,7 @@ use grandis_client::{CallError, Client};
 use grandis_wire::{Assignment, JobId};
 
 use super::JobContext;
+use crate::config::DaemonConfig;
 
 /// The most a download reads: the coordinator's `max_checkpoint_bytes` bounds what it holds;
 /// this only keeps a confused reply from filling the disk.
@@ -106,4 +107,74 @@ pub(super) fn upload(client: &Client, daemon_id: u64, job: JobId, attempt: u32, 
         bytes = bytes.len(),
         "checkpoint handed to the coordinator"
     );
+}
+
+/// Deletes this daemon's checkpoint copies (`work_dir/jobs/ID/LABEL.checkpoint.safetensors`)
+/// but those of the newest `keep` jobs by id; the jobs' reports stay. Best effort: what cannot
+/// be listed or deleted is logged, and the next job's end tries again.
+pub(super) fn prune(cfg: &DaemonConfig, keep: usize) {
+    let jobs = cfg.work_dir.join("jobs");
+    let Ok(entries) = std::fs::read_dir(&jobs) else {
+        return;
+    };
+    let name = format!("{}.checkpoint.safetensors", cfg.label);
+    let mut copies: Vec<(u64, std::path::PathBuf)> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let id = e.file_name().to_str()?.parse::<u64>().ok()?;
+            let path = e.path().join(&name);
+            path.is_file().then_some((id, path))
+        })
+        .collect();
+    copies.sort_unstable_by_key(|&(id, _)| std::cmp::Reverse(id));
+    for (id, path) in copies.into_iter().skip(keep) {
+        match std::fs::remove_file(&path) {
+            Ok(()) => tracing::info!(
+                job = id,
+                "deleted the checkpoint copy {} (keep_checkpoints = {keep})",
+                path.display()
+            ),
+            Err(e) => tracing::warn!("cannot delete the checkpoint copy {}: {e}", path.display()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the newest `keep` jobs' checkpoint copies stay; reports and other servers' files
+    /// are left alone.
+    #[test]
+    fn old_checkpoint_copies_are_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = DaemonConfig {
+            label: "node-a".into(),
+            work_dir: dir.path().to_path_buf(),
+            ..DaemonConfig::default()
+        };
+        let file = |id: u64, name: &str| dir.path().join("jobs").join(id.to_string()).join(name);
+        for id in [1u64, 2, 3, 10] {
+            std::fs::create_dir_all(file(id, "")).unwrap();
+            for name in [
+                "node-a.checkpoint.safetensors",
+                "node-a.json",
+                "node-b.checkpoint.safetensors",
+            ] {
+                std::fs::write(file(id, name), b"x").unwrap();
+            }
+        }
+        prune(&cfg, 2);
+        for id in [1u64, 2, 3, 10] {
+            assert_eq!(
+                file(id, "node-a.checkpoint.safetensors").exists(),
+                id >= 3,
+                "job {id}"
+            );
+            assert!(file(id, "node-a.json").exists());
+            assert!(file(id, "node-b.checkpoint.safetensors").exists());
+        }
+        prune(&cfg, 0);
+        assert!(!file(10, "node-a.checkpoint.safetensors").exists());
+    }
 }

@@ -150,6 +150,8 @@ pub fn run_job(ctx: JobContext, a: Assignment) -> Outcome {
     if let Ok(h) = reporter {
         let _ = h.join();
     }
+    // The upload is done (the reporter has ended): older copies can go.
+    checkpoint::prune(&ctx.config, ctx.config.keep_checkpoints);
     ctx.metrics.outcome(outcome.name());
     // Hold the data-plane port again for the next job.
     let mut slot = ctx.reserved.lock().unwrap_or_else(|e| e.into_inner());
