@@ -29,6 +29,7 @@ pub const KEYS: &[&str] = &[
     "idle_timeout_ms",
     "max_checkpoint_bytes",
     "keep_finished_checkpoints",
+    "max_restart_retries",
 ];
 
 const LAYERS: Layers = Layers {
@@ -81,6 +82,10 @@ pub struct CoordinatorConfig {
     /// many by finish time; an older finished job's checkpoint is deleted when another job
     /// finishes (and at start). Queued and running jobs keep theirs.
     pub keep_finished_checkpoints: usize,
+    /// Runs of one job that may end by a restart of this coordinator before the job fails:
+    /// such runs are requeued without counting against the job's `max_retries` (it is not
+    /// the job's fault), up to this many.
+    pub max_restart_retries: u32,
 }
 
 impl Default for CoordinatorConfig {
@@ -100,6 +105,7 @@ impl Default for CoordinatorConfig {
             idle_timeout_ms: 60_000,
             max_checkpoint_bytes: 1 << 30,
             keep_finished_checkpoints: 20,
+            max_restart_retries: 10,
         }
     }
 }

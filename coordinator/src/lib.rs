@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 pub use config::{print_config, CoordinatorConfig};
 
 use crate::api::AppState;
-use crate::state::{Core, Timing};
+use crate::state::{Core, Limits, Timing};
 use crate::store::Store;
 
 /// A running coordinator.
@@ -159,12 +159,11 @@ fn build_state(
     };
     // Capacity only matters for slow SSE clients; they recover from lag by re-reading state.
     let (updates, _) = broadcast::channel(1024);
-    let core = Core::open(
-        store,
-        timing,
-        config.keep_finished_checkpoints,
-        updates.clone(),
-    )?;
+    let limits = Limits {
+        keep_finished_checkpoints: config.keep_finished_checkpoints,
+        max_restart_retries: config.max_restart_retries,
+    };
+    let core = Core::open(store, timing, limits, updates.clone())?;
     let user_token = config.token.clone().expect("validated");
     Ok(Arc::new(AppState {
         core: Mutex::new(core),

@@ -49,6 +49,25 @@ use crate::store::{JobRecord, Store, NEXT_DAEMON_ID, NEXT_JOB_ID};
 /// The reason given to runs that were active when the coordinator stopped.
 pub const RESTART_REASON: &str = "coordinator restarted";
 
+/// What the coordinator keeps and allows beyond a job's own spec.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Finished jobs whose checkpoints are kept ([`Core::prune_checkpoints`]).
+    pub keep_finished_checkpoints: usize,
+    /// Runs of one job that may end by a restart of the coordinator (not charged to the job's
+    /// `max_retries`).
+    pub max_restart_retries: u32,
+}
+
+/// What ended a run, for the retry it may get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    /// The job or its servers: retried while the job's `max_retries` allow, when retryable.
+    Job { retryable: bool },
+    /// A restart of the coordinator: retried while [`Limits::max_restart_retries`] allow.
+    Restart,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
     pub heartbeat_interval: Duration,
@@ -103,8 +122,7 @@ pub struct Core {
     next_daemon_id: u64,
     /// Heads elected since start (a metrics counter).
     pub(crate) elections: u64,
-    /// Finished jobs whose checkpoints are kept ([`Core::prune_checkpoints`]).
-    keep_finished_checkpoints: usize,
+    limits: Limits,
     updates: broadcast::Sender<Update>,
 }
 
@@ -122,11 +140,10 @@ fn age(now: Instant, then: Instant) -> Duration {
 impl Core {
     /// Loads the store; runs that were active end as if their servers were lost (see the
     /// module docs).
-    /// `keep_finished_checkpoints`: see [`Core::prune_checkpoints`].
     pub fn open(
         store: Store,
         timing: Timing,
-        keep_finished_checkpoints: usize,
+        limits: Limits,
         updates: broadcast::Sender<Update>,
     ) -> anyhow::Result<Core> {
         let mut jobs = BTreeMap::new();
@@ -169,11 +186,11 @@ impl Core {
             next_job_id,
             next_daemon_id,
             elections: 0,
-            keep_finished_checkpoints,
+            limits,
             updates,
         };
         for &id in &interrupted {
-            core.end_run(id, RESTART_REASON.into(), true)
+            core.end_run(id, RESTART_REASON.into(), Ending::Restart)
                 .map_err(|e| anyhow::anyhow!("{}", e.message))?;
         }
         core.prune_checkpoints()
@@ -224,7 +241,8 @@ impl Core {
             .map(|r| (r.finished_at_ms.unwrap_or(0), r.id))
             .collect();
         finished.sort_unstable_by(|a, b| b.cmp(a));
-        for &(_, id) in finished.iter().skip(self.keep_finished_checkpoints) {
+        let keep = self.limits.keep_finished_checkpoints;
+        for &(_, id) in finished.iter().skip(keep) {
             let Some(rec) = self.jobs.get_mut(&id) else {
                 continue;
             };
@@ -234,8 +252,7 @@ impl Core {
             *rec = pruned;
             tracing::info!(
                 job = id,
-                "deleted the checkpoint of a finished job (keep_finished_checkpoints = {})",
-                self.keep_finished_checkpoints
+                "deleted the checkpoint of a finished job (keep_finished_checkpoints = {keep})"
             );
         }
         Ok(())
@@ -601,7 +618,11 @@ impl Core {
                 self.labels.entry(label).or_default().rates = Some(rates);
             }
             JobEvent::Failed { reason, retryable } => {
-                self.end_run(job_id, format!("server '{label}': {reason}"), retryable)?;
+                self.end_run(
+                    job_id,
+                    format!("server '{label}': {reason}"),
+                    Ending::Job { retryable },
+                )?;
                 self.schedule(now);
             }
         }
@@ -685,7 +706,7 @@ impl Core {
             }
         }
         for (id, reason) in failures {
-            if let Err(e) = self.end_run(id, reason, true) {
+            if let Err(e) = self.end_run(id, reason, Ending::Job { retryable: true }) {
                 tracing::error!("ending the run of job {id}: {}", e.message);
             }
         }
@@ -693,14 +714,28 @@ impl Core {
 
     /// Ends the current run of an active job: back to the queue when `retryable` and retries
     /// are left (see the module docs), else failed with `reason`. The caller schedules.
-    fn end_run(&mut self, id: JobId, reason: String, retryable: bool) -> Result<(), ApiError> {
+    fn end_run(&mut self, id: JobId, reason: String, ending: Ending) -> Result<(), ApiError> {
         let mut rec = self.jobs[&id].clone();
-        let used = rec.retries.len() as u32;
-        if !(retryable && used < rec.spec.max_retries) {
-            let reason = match (retryable, used) {
-                (true, 0) => format!("{reason}; not retried (max_retries = 0)"),
-                (true, n) => format!("{reason}; gave up after {n} retries"),
-                (false, _) => reason,
+        let charged = JobRetry::charged(&rec.retries);
+        let restarts = rec.retries.len() as u32 - charged;
+        let max_restarts = self.limits.max_restart_retries;
+        let retried = match ending {
+            Ending::Job { retryable } => retryable && charged < rec.spec.max_retries,
+            Ending::Restart => restarts < max_restarts,
+        };
+        if !retried {
+            let reason = match (ending, charged) {
+                (Ending::Restart, _) => format!(
+                    "{reason}; gave up after {restarts} runs ended by coordinator restarts \
+                     (max_restart_retries = {max_restarts})"
+                ),
+                (Ending::Job { retryable: true }, 0) => {
+                    format!("{reason}; not retried (max_retries = 0)")
+                }
+                (Ending::Job { retryable: true }, n) => {
+                    format!("{reason}; gave up after {n} retries")
+                }
+                (Ending::Job { retryable: false }, _) => reason,
             };
             tracing::warn!(job = id, %reason, "job failed");
             rec.state = JobState::Failed { reason };
@@ -711,7 +746,7 @@ impl Core {
         tracing::warn!(
             job = id,
             %reason,
-            attempt = used + 2,
+            attempt = rec.attempt() + 1,
             resume_epoch = ?resume_epoch,
             "job goes back to the queue"
         );
@@ -719,6 +754,7 @@ impl Core {
             at_ms: now_ms(),
             reason,
             resume_epoch,
+            restart: ending == Ending::Restart,
         });
         rec.state = JobState::Queued;
         rec.servers.clear();
@@ -1032,7 +1068,11 @@ mod tests {
             down_timeout: Duration::from_millis(1000),
             forget_after: Duration::from_millis(5000),
         };
-        Core::open(store, timing, keep, broadcast::channel(16).0).unwrap()
+        let limits = Limits {
+            keep_finished_checkpoints: keep,
+            max_restart_retries: 2,
+        };
+        Core::open(store, timing, limits, broadcast::channel(16).0).unwrap()
     }
 
     fn reg(c: &mut Core, label: &str, devices: usize, now: Instant) -> DaemonId {
@@ -1593,5 +1633,56 @@ mod tests {
             assert!(c.checkpoint(job).is_err(), "job {job}");
         }
         assert_eq!(c.checkpoint(live).unwrap(), (1, b"live".to_vec()));
+    }
+
+    /// A run ended by a coordinator restart is requeued without using the job's retries
+    /// (three restarts used up `max_retries` though no server was lost), up to
+    /// `max_restart_retries` such runs (2 here); the next restart fails the job, saying so.
+    #[test]
+    fn coordinator_restarts_are_not_charged_to_the_jobs_retries() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let job = {
+            let mut c = core(dir.path());
+            let a = reg(&mut c, "a", 1, t0);
+            let job = c
+                .submit(
+                    JobSpec {
+                        max_retries: 0,
+                        ..spec(1, 1)
+                    },
+                    t0,
+                )
+                .unwrap()
+                .id;
+            hb(&mut c, a, t0).assignment.unwrap();
+            running(&mut c, a, job, 1, t0);
+            c.close();
+            job
+        };
+        for restart in 1..=3u32 {
+            let mut c = core(dir.path());
+            let st = c.status(job, false).unwrap();
+            if restart == 3 {
+                match st.state {
+                    JobState::Failed { reason } => {
+                        assert!(reason.contains("max_restart_retries = 2"), "{reason}")
+                    }
+                    other => panic!("{other:?}"),
+                }
+                break;
+            }
+            assert_eq!(st.state, JobState::Queued, "restart {restart}");
+            assert_eq!(st.retries.len() as u32, restart);
+            assert!(st
+                .retries
+                .iter()
+                .all(|r| r.restart && r.reason == RESTART_REASON));
+            let a = reg(&mut c, "a", 1, t0);
+            let asg = hb(&mut c, a, t0).assignment.unwrap();
+            assert_eq!(asg.attempt, restart + 1);
+            running(&mut c, a, job, restart + 1, t0);
+            c.close();
+        }
     }
 }

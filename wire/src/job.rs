@@ -99,6 +99,18 @@ pub struct JobRetry {
     pub reason: String,
     /// The checkpoint's epoch the next run resumes after (`None`: from scratch).
     pub resume_epoch: Option<u32>,
+    /// The run ended because the coordinator restarted, not because of the job or its
+    /// servers: not counted against the job's `max_retries` (the coordinator bounds these
+    /// separately, `max_restart_retries`).
+    #[serde(default)]
+    pub restart: bool,
+}
+
+impl JobRetry {
+    /// Retries of `retries` that count against a job's `max_retries`.
+    pub fn charged(retries: &[JobRetry]) -> u32 {
+        retries.iter().filter(|r| !r.restart).count() as u32
+    }
 }
 
 /// A job as `GET /v1/jobs/{id}` reports it.
