@@ -148,6 +148,45 @@ fn a_coordinator_killed_mid_job_restarts_and_the_job_resumes() {
     assert_same_losses(&losses(&end), &want);
 }
 
+/// A job whose servers finish it while the coordinator is down is not run again: each daemon
+/// keeps its run's `finished` report and sends it once registered with the restarted
+/// coordinator, which takes the leader's for that run (the daemons' reports were refused
+/// and the job ran again from its last checkpoint before).
+#[test]
+fn a_job_finished_while_the_coordinator_was_down_is_not_run_again() {
+    let c = Cluster::new(EXE, &["node-a", "node-b"], timing()).unwrap();
+    let ds = c.synth("synth", 3000, 1).unwrap();
+    let (mut coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let (_a, _) = c.daemon(&url, "node-a", 2, "certs").unwrap();
+    let (_b, _) = c.daemon(&url, "node-b", 2, "certs").unwrap();
+    let api = Rest::new(&url);
+    let t = c.token.clone();
+    let id = api.submit(&t, &job(&ds)).unwrap();
+    wait_past_checkpoint(&api, &t, id, 20);
+    coord.kill9();
+    // Both servers finish the run (each writes its report) while no coordinator listens.
+    let reports = ["node-a", "node-b"].map(|l| c.path(&format!("jobs/{id}/{l}.json")));
+    wait_for("the run to finish on both servers", LONG, || {
+        reports.iter().all(|p| p.exists()).then_some(())
+    })
+    .unwrap();
+    let addr = url.trim_start_matches("http://").to_string();
+    let (_coord, url2) = c.coordinator(&addr, "coord.redb").unwrap();
+    assert_eq!(url2, url);
+    let end = api.wait_end(&t, id, LONG).unwrap();
+    assert_eq!(end["state"], "succeeded", "{end}");
+    assert_eq!(end["attempt"], 1, "the run was not repeated: {end}");
+    assert_eq!(end["retries"].as_array().map_or(0, Vec::len), 0, "{end}");
+    // The run's summary covers every epoch; the history holds those reported before the
+    // coordinator went down (progress sent while it was down is not replayed).
+    assert_eq!(
+        end["summary"]["losses"].as_array().map_or(0, Vec::len),
+        300,
+        "{end}"
+    );
+    assert!(losses(&end).len() > 20, "{end}");
+}
+
 #[test]
 fn an_elastic_job_finishes_on_the_server_that_remains() {
     let c = Cluster::new(EXE, &["node-a", "node-b"], timing()).unwrap();

@@ -341,10 +341,18 @@ impl Client {
     }
 
     /// Daemon protocol: an event of a job the daemon runs.
-    pub fn event(&self, daemon_id: u64, job: JobId, event: JobEvent) -> Result<(), CallError> {
+    /// Daemon protocol: reports `event` of run `attempt` of job `job`.
+    pub fn event(
+        &self,
+        daemon_id: u64,
+        job: JobId,
+        attempt: u32,
+        event: JobEvent,
+    ) -> Result<(), CallError> {
         let req = JobEventRequest {
             protocol_version: PROTOCOL_VERSION,
             daemon_id,
+            attempt: Some(attempt),
             event,
         };
         self.post_json::<serde_json::Value>(&format!("/v1/daemon/jobs/{job}/events"), &req)

@@ -547,6 +547,6 @@ async fn daemon_job_event(
     let id = parse_job_id(&id)?;
     let req: JobEventRequest = parse_daemon_message(&body, "job event")?;
     st.core()
-        .job_event(id, req.daemon_id, req.event, Instant::now())?;
+        .job_event(id, req.daemon_id, req.attempt, req.event, Instant::now())?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -460,8 +460,7 @@ impl Core {
             match ours {
                 Some(rec) if rec.state == JobState::Assigned => {
                     let mut rec = rec.clone();
-                    rec.state = JobState::Running;
-                    rec.started_at_ms.get_or_insert_with(now_ms);
+                    rec.start();
                     self.commit(rec, true)?;
                 }
                 Some(_) => {}
@@ -509,10 +508,14 @@ impl Core {
         })
     }
 
+    /// `attempt`: the run the event is about (None: the current one). A `finished` report of
+    /// the run a coordinator restart ended is taken from that run's leader (by label: it
+    /// registered anew) while the job waits to run again ([`Core::finish_restarted_run`]).
     pub fn job_event(
         &mut self,
         job_id: JobId,
         daemon_id: DaemonId,
+        attempt: Option<u32>,
         event: JobEvent,
         now: Instant,
     ) -> Result<(), ApiError> {
@@ -527,6 +530,22 @@ impl Core {
             .jobs
             .get(&job_id)
             .ok_or_else(|| ApiError::not_found(format!("no job {job_id}")))?;
+        if let (Some(a), JobEvent::Finished { summary }) = (attempt, &event) {
+            if self.restarted_run_leader(rec, a, daemon_id) {
+                let summary = summary.clone();
+                return self.finish_restarted_run(job_id, a, summary, now);
+            }
+        }
+        if let Some(a) = attempt.filter(|&a| a != rec.attempt()) {
+            return Err(ApiError::conflict(
+                "stale_attempt",
+                format!(
+                    "job {job_id} is at run {}, not run {a}; this run's events are no longer \
+                     taken",
+                    rec.attempt()
+                ),
+            ));
+        }
         let Some(idx) = rec.servers.iter().position(|s| s.daemon_id == daemon_id) else {
             return Err(ApiError::conflict(
                 "not_assigned",
@@ -546,8 +565,7 @@ impl Core {
         let mut rec = rec.clone();
         let start = |rec: &mut JobRecord| {
             if rec.state == JobState::Assigned {
-                rec.state = JobState::Running;
-                rec.started_at_ms.get_or_insert_with(now_ms);
+                rec.start();
             }
         };
         match event {
@@ -626,6 +644,48 @@ impl Core {
                 self.schedule(now);
             }
         }
+        Ok(())
+    }
+
+    /// Whether `daemon_id` was the leader of run `attempt` of `rec`, the run before the current
+    /// one, ended by a coordinator restart, while the job has not run again (queued, or
+    /// assigned with no server started: registering anew may assign it at once).
+    fn restarted_run_leader(&self, rec: &JobRecord, attempt: u32, daemon_id: DaemonId) -> bool {
+        let label = self.daemons.get(&daemon_id).map(|d| d.label.as_str());
+        matches!(rec.state, JobState::Queued | JobState::Assigned)
+            && attempt + 1 == rec.attempt()
+            && rec
+                .retries
+                .last()
+                .is_some_and(|r| r.restart && r.servers.first().map(String::as_str) == label)
+    }
+
+    /// Takes the `finished` report of the run a coordinator restart ended (its leader finished
+    /// it while the coordinator was down): the job succeeds with that run's summary, the
+    /// retry the restart queued is undone, and the run is not repeated.
+    fn finish_restarted_run(
+        &mut self,
+        id: JobId,
+        attempt: u32,
+        summary: Box<grandis_wire::RunSummary>,
+        now: Instant,
+    ) -> Result<(), ApiError> {
+        let mut rec = self.jobs[&id].clone();
+        rec.retries.pop();
+        // An assignment of the next run, not started yet, is withdrawn: its servers are told
+        // to stop at their next heartbeat, as for any job that ended.
+        rec.servers.clear();
+        rec.state = JobState::Succeeded;
+        rec.summary = Some(*summary);
+        rec.finished_at_ms = Some(now_ms());
+        tracing::info!(
+            job = id,
+            attempt,
+            "job succeeded: its run finished while the coordinator was down"
+        );
+        self.commit(rec, true)?;
+        self.queue.retain(|&q| q != id);
+        self.schedule(now);
         Ok(())
     }
 
@@ -755,14 +815,19 @@ impl Core {
             reason,
             resume_epoch,
             restart: ending == Ending::Restart,
+            servers: rec.servers.iter().map(|s| s.label.clone()).collect(),
         });
         rec.state = JobState::Queued;
         rec.servers.clear();
         rec.finished_servers.clear();
         rec.summary = None;
-        // The next run repeats the epochs after the checkpoint: they are reported again.
-        rec.history
-            .retain(|p| resume_epoch.is_some_and(|e| p.epoch <= e));
+        // The next run repeats the epochs after the checkpoint: they are reported again. A run
+        // a restart ended keeps them until the next run starts: it may have finished while
+        // the coordinator was down, and its report still be taken.
+        if ending != Ending::Restart {
+            rec.history
+                .retain(|p| resume_epoch.is_some_and(|e| p.epoch <= e));
+        }
         self.commit(rec, true)?;
         // Its place in the queue is its id's (it was submitted before the jobs behind it).
         let at = self.queue.partition_point(|&q| q < id);
@@ -1349,7 +1414,7 @@ mod tests {
             seconds: 0.1,
             bytes: LinkBytes::default(),
         };
-        c.job_event(job, leader, JobEvent::Progress { progress: p }, now)
+        c.job_event(job, leader, None, JobEvent::Progress { progress: p }, now)
             .unwrap();
     }
 
@@ -1496,6 +1561,7 @@ mod tests {
         c.job_event(
             job,
             b,
+            None,
             JobEvent::Failed {
                 reason: "peer gone".into(),
                 retryable: true,
@@ -1521,6 +1587,7 @@ mod tests {
         c.job_event(
             job,
             a,
+            None,
             JobEvent::Failed {
                 reason: "dataset /d: not found".into(),
                 retryable: false,
@@ -1560,13 +1627,82 @@ mod tests {
             c.close();
             job
         };
-        let c = core(dir.path());
+        let mut c = core(dir.path());
         let st = c.status(job, true).unwrap();
         assert_eq!(st.state, JobState::Queued);
         assert_eq!(st.retries[0].reason, RESTART_REASON);
         assert_eq!(st.retries[0].resume_epoch, Some(1));
-        assert_eq!(st.history.len(), 1);
+        assert_eq!(st.retries[0].servers, vec!["a".to_string()]);
+        // The run's epochs stay until the next run starts (its report may still come) ...
+        assert_eq!(st.history.len(), 2);
         assert_eq!(c.checkpoint(job).unwrap(), (1, b"ck1".to_vec()));
+        // ... which repeats those after the checkpoint.
+        let a = reg(&mut c, "a", 1, t0);
+        assert_eq!(hb(&mut c, a, t0).assignment.unwrap().resume_epoch, Some(1));
+        assert_eq!(c.status(job, true).unwrap().history.len(), 2);
+        running(&mut c, a, job, 2, t0);
+        c.job_event(job, a, Some(2), JobEvent::Started, t0).unwrap();
+        assert_eq!(c.status(job, true).unwrap().history.len(), 1);
+    }
+
+    /// A run that finished while the coordinator was down (its leader's report refused, the
+    /// daemons registered anew) is taken when the leader sends the report again for that run:
+    /// the job succeeds with its summary and history, the restart's retry undone. Only the
+    /// leader's report of that run counts; other late events are refused as stale.
+    #[test]
+    fn a_run_finished_while_the_coordinator_was_down_is_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = Instant::now();
+        let job = {
+            let mut c = core(dir.path());
+            let a = reg(&mut c, "a", 1, t0);
+            let b = reg(&mut c, "b", 1, t0);
+            let job = c.submit(spec(2, 1), t0).unwrap().id;
+            hb(&mut c, a, t0);
+            running(&mut c, a, job, 1, t0);
+            running(&mut c, b, job, 1, t0);
+            progress(&mut c, job, a, 1, t0);
+            progress(&mut c, job, a, 2, t0);
+            c.close();
+            job
+        };
+        let mut c = core(dir.path());
+        assert_eq!(c.status(job, false).unwrap().state, JobState::Queued);
+        let (a, b) = (reg(&mut c, "a", 1, t0), reg(&mut c, "b", 1, t0));
+        let summary = || {
+            Box::new(grandis_wire::RunSummary {
+                final_loss: 0.5,
+                ..Default::default()
+            })
+        };
+        let stale = c
+            .job_event(
+                job,
+                b,
+                Some(1),
+                JobEvent::Finished { summary: summary() },
+                t0,
+            )
+            .unwrap_err();
+        assert_eq!(stale.code, "stale_attempt", "{}", stale.message);
+        c.job_event(
+            job,
+            a,
+            Some(1),
+            JobEvent::Finished { summary: summary() },
+            t0,
+        )
+        .unwrap();
+        let st = c.status(job, true).unwrap();
+        assert_eq!(st.state, JobState::Succeeded);
+        assert!(st.retries.is_empty());
+        assert_eq!(st.history.len(), 2);
+        assert_eq!(c.jobs[&job].summary.as_ref().unwrap().final_loss, 0.5);
+        assert!(c.queue.is_empty());
+        assert!(
+            hb(&mut c, a, t0).assignment.is_none(),
+            "the run is not repeated"
+        );
     }
 
     /// Only the newest `keep_finished_checkpoints` finished jobs keep their checkpoints (a
@@ -1599,7 +1735,7 @@ mod tests {
                 progress(&mut c, job, d, 1, t0);
                 c.put_checkpoint(job, d, 1, 1, b"ck1").unwrap();
                 let summary = Box::new(grandis_wire::RunSummary::default());
-                c.job_event(job, d, JobEvent::Finished { summary }, t0)
+                c.job_event(job, d, None, JobEvent::Finished { summary }, t0)
                     .unwrap();
                 assert_eq!(c.jobs[&job].state, JobState::Succeeded);
                 jobs.push(job);

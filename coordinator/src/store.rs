@@ -54,6 +54,19 @@ impl JobRecord {
     pub fn resume_epoch(&self) -> Option<u32> {
         self.retries.last().and_then(|r| r.resume_epoch)
     }
+
+    /// The assigned run has started on a server. A retry runs (and reports) the epochs after
+    /// its checkpoint again: they leave the history now (a run a coordinator restart ended
+    /// kept them until here, as its own report may still have come).
+    pub fn start(&mut self) {
+        self.state = JobState::Running;
+        self.started_at_ms.get_or_insert_with(crate::state::now_ms);
+        if !self.retries.is_empty() {
+            let resume_epoch = self.resume_epoch();
+            self.history
+                .retain(|p| resume_epoch.is_some_and(|e| p.epoch <= e));
+        }
+    }
 }
 
 pub struct Store {

@@ -132,6 +132,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             .with_context(|| format!("ready_file: writing {}", path.display()))?;
     }
 
+    let unreported = Arc::new(job::Unreported::default());
     let mut current: Option<Running> = None;
     // Runs this daemon has finished: a retry of a job is a new (job, attempt).
     let mut done: HashSet<(JobId, u32)> = HashSet::new();
@@ -165,6 +166,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         match client.heartbeat(&hb) {
             Ok(resp) => {
                 last_error = None;
+                unreported.send(&client, reg.daemon_id);
                 if let Some(r) = &current {
                     if resp.cancel.contains(&r.job_id) && !r.cancel.swap(true, Ordering::SeqCst) {
                         tracing::warn!(job = r.job_id, "the coordinator cancelled the job");
@@ -185,6 +187,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                             data_addr,
                             cancel: cancel.clone(),
                             epoch: epoch.clone(),
+                            unreported: unreported.clone(),
                         };
                         let (job_id, attempt) = run;
                         let handle = std::thread::Builder::new()
@@ -220,6 +223,9 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                     Some(r) => reg = r,
                     None => break,
                 }
+                // Before the first heartbeat, which may assign the job's next run: a run
+                // that finished while the coordinator was down still counts.
+                unreported.send(&client, reg.daemon_id);
                 continue;
             }
             Err(CallError::Status { status, body, .. }) if status == 401 || status == 400 => {
@@ -250,6 +256,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                 &client,
                 reg.daemon_id,
                 r.job_id,
+                r.attempt,
                 JobEvent::Failed {
                     reason: "its daemon was stopped (SIGTERM or Ctrl-C) while running the job"
                         .into(),

@@ -104,6 +104,9 @@ pub struct JobRetry {
     /// separately, `max_restart_retries`).
     #[serde(default)]
     pub restart: bool,
+    /// The servers (labels, by server index) of the run that ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<String>,
 }
 
 impl JobRetry {

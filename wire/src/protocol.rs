@@ -203,6 +203,11 @@ pub enum JobEvent {
 pub struct JobEventRequest {
     pub protocol_version: u32,
     pub daemon_id: DaemonId,
+    /// The run of the job the event is about (daemons send it; absent = the job's current
+    /// run). A run's `finished` report is taken after the coordinator restarted and the
+    /// daemon registered anew, while the job waits to run again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
     #[serde(flatten)]
     pub event: JobEvent,
 }
@@ -228,6 +233,7 @@ mod tests {
         let ev = JobEventRequest {
             protocol_version: PROTOCOL_VERSION,
             daemon_id: 3,
+            attempt: Some(2),
             event: JobEvent::Failed {
                 reason: "dataset /data/x not found".into(),
                 retryable: false,

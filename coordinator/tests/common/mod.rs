@@ -217,6 +217,7 @@ impl FakeDaemon {
             .json(&JobEventRequest {
                 protocol_version: PROTOCOL_VERSION,
                 daemon_id: self.id,
+                attempt: None,
                 event,
             })
             .send()

@@ -50,6 +50,49 @@ pub struct JobContext {
     pub cancel: Arc<AtomicBool>,
     /// Last epoch completed, for heartbeats.
     pub epoch: Arc<AtomicU32>,
+    /// A run's `finished` report the coordinator did not take (down, or restarted and no
+    /// longer knowing this daemon): the heartbeat loop sends it again once registered.
+    pub unreported: Arc<Unreported>,
+}
+
+/// A `finished` report not delivered yet: (job, attempt, event).
+#[derive(Default)]
+pub struct Unreported(Mutex<Option<(JobId, u32, JobEvent)>>);
+
+impl Unreported {
+    fn keep(&self, job: JobId, attempt: u32, event: JobEvent) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((job, attempt, event));
+    }
+
+    /// Sends the kept report as daemon `daemon_id` (the current registration); it is kept
+    /// only while the coordinator cannot be reached (a refusal is final: logged).
+    pub fn send(&self, client: &Client, daemon_id: u64) {
+        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((job, attempt, event)) = slot.clone() else {
+            return;
+        };
+        match client.event(daemon_id, job, attempt, event) {
+            Ok(()) => {
+                tracing::info!(
+                    job,
+                    attempt,
+                    "the coordinator took the run's finished report"
+                );
+                *slot = None;
+            }
+            Err(CallError::Status { status, body, .. }) => {
+                tracing::warn!(
+                    job,
+                    attempt,
+                    "the run's finished report was refused ({status} {}): {}",
+                    body.code,
+                    body.error
+                );
+                *slot = None;
+            }
+            Err(e) => tracing::debug!(job, "the run's finished report not delivered yet: {e}"),
+        }
+    }
 }
 
 /// How this server's part ended.
@@ -89,12 +132,21 @@ pub fn run_job(ctx: JobContext, a: Assignment) -> Outcome {
         let daemon_id = ctx.daemon_id;
         let latest = latest.clone();
         let attempt = a.attempt;
+        let unreported = ctx.unreported.clone();
         std::thread::Builder::new()
             .name(format!("grandis-report-{job}"))
             .spawn(move || {
                 for out in rx {
                     match out {
-                        Outbound::Event(ev) => post_event(&client, daemon_id, job, ev),
+                        Outbound::Event(ev) => {
+                            let finished = matches!(ev, JobEvent::Finished { .. });
+                            if !post_event(&client, daemon_id, job, attempt, ev.clone()) && finished
+                            {
+                                // The run's result must not be lost with a restarted
+                                // coordinator: sent again once registered anew.
+                                unreported.keep(job, attempt, ev);
+                            }
+                        }
                         Outbound::Checkpoint => {
                             checkpoint::upload(&client, daemon_id, job, attempt, &latest)
                         }
@@ -214,11 +266,17 @@ fn is_retryable(e: &anyhow::Error) -> bool {
     })
 }
 
-/// Posts one event (see [`deliver`]).
-pub(crate) fn post_event(client: &Client, daemon_id: u64, job: JobId, ev: JobEvent) {
+/// Posts one event of run `attempt` (see [`deliver`]); whether the coordinator took it.
+pub(crate) fn post_event(
+    client: &Client,
+    daemon_id: u64,
+    job: JobId,
+    attempt: u32,
+    ev: JobEvent,
+) -> bool {
     deliver(job, "job event", || {
-        client.event(daemon_id, job, ev.clone())
-    });
+        client.event(daemon_id, job, attempt, ev.clone())
+    })
 }
 
 /// Makes one call to the coordinator for job `job`, retrying a few times on transport errors
