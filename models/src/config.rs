@@ -35,12 +35,41 @@ pub struct ModelConfig {
     pub seed: u64,
 }
 
+/// What a partition-parallel runner needs to know of a model's stages, from its
+/// configuration alone, so that it matches on no model kind: where the graph convolutions
+/// sit among the stages, the width of the rows they exchange, and what backward keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageLayout {
+    /// Stages before the first graph convolution: a row-local encoder (ResSAGE+), whose
+    /// input gradient the first convolution must produce, and which reads only a vertex's
+    /// own features.
+    pub first_conv: usize,
+    /// Whether a row-local head stage follows the last convolution.
+    pub has_head: bool,
+    /// Whether the model reads the graph at all (the MLP does not).
+    pub reads_graph: bool,
+    /// Width of the rows the first convolution reads (and exchanges).
+    pub conv_in: usize,
+    /// Width of the rows the last convolution writes.
+    pub conv_out: usize,
+    /// Whether every convolution's input is a transformed copy backward recomputes, with or
+    /// without dropout (ResSAGE+'s norm and activation).
+    pub recomputes_conv_inputs: bool,
+    /// Output heads when the convolutions are attention layers (GAT).
+    pub attention_output_heads: Option<usize>,
+}
+
 /// What configurations written before GAT existed mean by `heads` and `output_heads`.
 fn one() -> usize {
     1
 }
 
 impl ModelConfig {
+    /// How this model's stages are laid out ([`StageLayout`]).
+    pub fn stage_layout(&self) -> StageLayout {
+        crate::arch::stage_layout(self)
+    }
+
     /// The model of a job for a dataset of `in_dim` features and `classes` classes.
     pub fn for_job(spec: &grandis_wire::JobSpec, in_dim: usize, classes: usize) -> ModelConfig {
         ModelConfig {
@@ -127,5 +156,57 @@ mod tests {
         };
         let e = grandis_wire::checkpoint::check_model(&other, &json).unwrap_err();
         assert!(e.0.contains("hidden is 32, the job's 64"), "{e}");
+    }
+
+    /// The layout a configuration describes is the one its model builds, for every kind.
+    #[test]
+    fn the_stage_layout_is_the_built_models() {
+        let b = grandis_engine::CpuBackend::new(Some(1)).unwrap();
+        for kind in [
+            ModelKind::Sage,
+            ModelKind::Gcn,
+            ModelKind::Gat,
+            ModelKind::Mlp,
+            ModelKind::ResSage,
+        ] {
+            let config = ModelConfig {
+                kind,
+                layers: 3,
+                in_dim: 7,
+                hidden: 8,
+                heads: 2,
+                output_heads: 3,
+                classes: 5,
+                dropout: 0.0,
+                layer_norm: false,
+                seed: 1,
+            };
+            let layout = config.stage_layout();
+            let model = crate::Model::new(&b, config.clone()).unwrap();
+            let reads: Vec<usize> = (0..model.num_stages())
+                .filter(|&s| model.stage_reads_neighbors(s))
+                .collect();
+            assert_eq!(layout.reads_graph, !reads.is_empty(), "{kind:?}");
+            let last_conv = layout.first_conv + config.layers - 1;
+            if layout.reads_graph {
+                let convs: Vec<usize> = (layout.first_conv..=last_conv).collect();
+                assert_eq!(reads, convs, "{kind:?}");
+            }
+            assert_eq!(
+                model.num_stages(),
+                last_conv + 1 + usize::from(layout.has_head)
+            );
+            assert_eq!(
+                model.stage_dims(layout.first_conv).0,
+                layout.conv_in,
+                "{kind:?}"
+            );
+            assert_eq!(model.stage_dims(last_conv).1, layout.conv_out, "{kind:?}");
+            assert_eq!(
+                layout.attention_output_heads.is_some(),
+                kind == ModelKind::Gat,
+                "{kind:?}"
+            );
+        }
     }
 }

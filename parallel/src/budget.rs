@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use grandis_masking::{AttentionDims, InputCopy, KChoice, ModelDims, PlanContext, PreloadPlan};
-use grandis_models::{ModelConfig, ModelKind};
+use grandis_models::ModelConfig;
 use grandis_sampling::Sampler;
 
 use grandis_wire::{LinkBytes, Mode};
@@ -55,25 +55,25 @@ pub(crate) fn check_host_memory(relied_on: u64, available: Option<u64>) -> anyho
     Ok(())
 }
 
-/// The shape the memory model prices. ResSAGE+ exchanges hidden-width rows at every layer
-/// (the encoder runs before layer 0), so its layer-0 width is the hidden width.
+/// The shape the memory model prices: the widths of the rows the convolutions read and
+/// write (a model with an encoder exchanges hidden-width rows from layer 0 on).
 pub fn model_dims(config: &ModelConfig) -> ModelDims {
-    let res = config.kind == ModelKind::ResSage;
+    let layout = config.stage_layout();
     ModelDims {
         layers: config.layers,
-        features: if res { config.hidden } else { config.in_dim },
+        features: layout.conv_in,
         hidden: config.hidden,
-        classes: if res { config.hidden } else { config.classes },
-        // ResSAGE+ normalises and activates every conv input, other models may drop it out;
-        // either way backward recomputes the result (grandis-models).
-        input_copy: if res || config.dropout > 0.0 {
+        classes: layout.conv_out,
+        // A transformed conv input, or one dropped out: either way backward recomputes it
+        // (grandis-models).
+        input_copy: if layout.recomputes_conv_inputs || config.dropout > 0.0 {
             InputCopy::Recomputed
         } else {
             InputCopy::None
         },
-        attention: (config.kind == ModelKind::Gat).then_some(AttentionDims {
-            output_heads: config.output_heads,
-        }),
+        attention: layout
+            .attention_output_heads
+            .map(|output_heads| AttentionDims { output_heads }),
     }
 }
 
@@ -263,7 +263,8 @@ pub fn predicted_halo_bytes(plan: &PreloadPlan, config: &ModelConfig) -> LinkByt
     let mut out = LinkBytes::default();
     for l in 0..plan.layers {
         let b = plan.forward_exchange_bytes(l, &dims);
-        let times = if l > 0 || config.kind == ModelKind::ResSage {
+        // Layer 0's input gradient goes back only to a stage before it (an encoder).
+        let times = if l > 0 || config.stage_layout().first_conv > 0 {
             2
         } else {
             1

@@ -7,7 +7,7 @@ use grandis_engine::norm::global_scales;
 use grandis_engine::{Backend, CpuBackend};
 use grandis_fabric::{Fabric, FabricConfig};
 use grandis_masking::{DevicePlan, FlxPlan};
-use grandis_models::{ModelConfig, ModelKind};
+use grandis_models::ModelConfig;
 use grandis_store::DatasetView;
 use grandis_trainer::TrainOptions;
 
@@ -113,7 +113,7 @@ pub fn embeddings(
         worker::Worker::new(&shared, &backend, ep, crate::links::RankLinks::fabric())?.embed()
     })?;
     let model = grandis_models::Model::new(&CpuBackend::new(Some(1))?, config.clone())?;
-    let first_conv = usize::from(config.kind == ModelKind::ResSage);
+    let first_conv = config.stage_layout().first_conv;
     let widths: Vec<usize> = (0..config.layers)
         .map(|l| model.stage_dims(first_conv + l).1)
         .collect();

@@ -26,7 +26,7 @@
 use std::sync::Arc;
 
 use grandis_masking::{DevicePlan, Layout, ModelDims};
-use grandis_models::{Model, ModelConfig, ModelKind};
+use grandis_models::{Model, ModelConfig};
 use grandis_wire::{ComputeRate, LinkBytes, LinkRate, PlanRates, Prediction};
 use serde::Serialize;
 
@@ -141,16 +141,17 @@ pub fn layer_work(config: &ModelConfig, dims: &ModelDims) -> anyhow::Result<Vec<
             .sum()
     };
     let stages = model.num_stages();
-    let res = config.kind == ModelKind::ResSage;
-    let first_conv = usize::from(res);
+    let first_conv = config.stage_layout().first_conv;
     Ok((0..config.layers)
         .map(|l| {
             let s = l + first_conv;
             let mut flops = stage_flops(s);
-            if res && l == 0 {
-                flops += stage_flops(0);
+            // Row-local stages before the first convolution and after the last are priced
+            // with them (an encoder, a head).
+            if l == 0 {
+                flops += (0..first_conv).map(stage_flops).sum::<f64>();
             }
-            if res && l + 1 == config.layers && stages > s + 1 {
+            if l + 1 == config.layers {
                 flops += (s + 1..stages).map(stage_flops).sum::<f64>();
             }
             let (d_in, _) = model.stage_dims(s);
@@ -158,7 +159,8 @@ pub fn layer_work(config: &ModelConfig, dims: &ModelDims) -> anyhow::Result<Vec<
                 flops_per_row: flops,
                 aggregated_cols: model.stage_neighbour_width(s).unwrap_or(d_in),
                 exchanged_cols: dims.in_width(l),
-                input_gradient: l > 0 || res,
+                // Layer 0's input gradient goes only to a stage before it.
+                input_gradient: l > 0 || first_conv > 0,
             }
         })
         .collect())

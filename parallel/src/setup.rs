@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use grandis_masking::{PlanContext, SplitMembership, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
-use grandis_models::{ModelConfig, ModelKind};
+use grandis_models::ModelConfig;
 use grandis_store::DatasetView;
 
 use crate::PartitionedGraph;
@@ -99,7 +99,7 @@ pub(crate) fn check_inputs(
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;
-    if config.kind == ModelKind::Mlp {
+    if !config.stage_layout().reads_graph {
         bail!(
             "--model mlp reads no graph; partition-parallel modes need sage, gcn, gat or ressage"
         );

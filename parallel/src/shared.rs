@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use grandis_engine::norm::{Aggregation, GlobalScales};
 use grandis_masking::{DevicePlan, Layout};
-use grandis_models::{ModelConfig, ModelKind};
+use grandis_models::ModelConfig;
 use grandis_store::DatasetView;
 use grandis_trainer::{Checkpoint, CheckpointOptions, TrainOptions};
 
@@ -76,7 +76,7 @@ impl<'a> Shared<'a> {
             scales: self.scales,
             agg: self.agg,
             layers: self.config.layers,
-            owned_input_only: self.config.kind == ModelKind::ResSage,
+            owned_input_only: self.config.stage_layout().first_conv > 0,
             labelled_flags: self.labelled_flags,
             buffers: self.buffers,
         }

@@ -16,7 +16,7 @@ use anyhow::{bail, Context};
 use grandis_engine::{AdamStep, Backend};
 use grandis_fabric::{Endpoint, Expected, Tag};
 use grandis_masking::{DevicePlan, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
-use grandis_models::{Model, ModelKind, StageCache};
+use grandis_models::{Model, StageCache};
 use grandis_trainer::EpochStats;
 
 use crate::feed::Feed;
@@ -163,8 +163,8 @@ impl<'w, B: Backend> Worker<'w, B> {
                 b.upload_into(&mut p.value, 0, host)?;
             }
         }
-        let first_conv = usize::from(sh.config.kind == ModelKind::ResSage);
-        let has_head = sh.config.kind == ModelKind::ResSage;
+        let layout = sh.config.stage_layout();
+        let (first_conv, has_head) = (layout.first_conv, layout.has_head);
         if (0..model.num_stages()).any(|s| {
             let conv = s >= first_conv && s < first_conv + sh.config.layers;
             conv != model.stage_reads_neighbors(s)

@@ -11,7 +11,7 @@ mod sage;
 
 use crate::param::ParamLayout;
 use crate::stage::{AttentionLayer, Stage, StageKind};
-use crate::{ModelConfig, ModelKind};
+use crate::{ModelConfig, ModelKind, StageLayout};
 
 /// The stages of `c`'s architecture, their parameters created in `pb`.
 pub(crate) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
@@ -21,6 +21,41 @@ pub(crate) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         ModelKind::Mlp => plain_stack(pb, c, mlp::layer_weights),
         ModelKind::Gat => plain_stack(pb, c, gat::layer_weights),
         ModelKind::ResSage => ressage::stages(pb, c),
+    }
+}
+
+/// The layout of `c`'s stages as [`StageLayout`] describes it (checked against the stages
+/// built by [`stages`] in the tests of `crate::config`).
+pub(crate) fn stage_layout(c: &ModelConfig) -> StageLayout {
+    let plain = StageLayout {
+        first_conv: 0,
+        has_head: false,
+        reads_graph: true,
+        conv_in: c.in_dim,
+        conv_out: c.classes,
+        recomputes_conv_inputs: false,
+        attention_output_heads: None,
+    };
+    match c.kind {
+        ModelKind::Sage | ModelKind::Gcn => plain,
+        ModelKind::Mlp => StageLayout {
+            reads_graph: false,
+            ..plain
+        },
+        ModelKind::Gat => StageLayout {
+            attention_output_heads: Some(c.output_heads),
+            ..plain
+        },
+        // Encoder, res+ convolutions over hidden-width rows, head.
+        ModelKind::ResSage => StageLayout {
+            first_conv: 1,
+            has_head: true,
+            reads_graph: true,
+            conv_in: c.hidden,
+            conv_out: c.hidden,
+            recomputes_conv_inputs: true,
+            attention_output_heads: None,
+        },
     }
 }
 
