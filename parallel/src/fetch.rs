@@ -12,7 +12,7 @@
 //! schedules built whole), no request round is needed: each rank derives what every other
 //! rank needs from it and what it receives, and one `exchange_sized` under [`Tag::fetch`]
 //! moves it. Where a process built only its server's part of a step (a daemon's batched
-//! steps: `crate::steps::Part`), the other servers' plans are empty here, so each rank first
+//! steps: `crate::steps::StepPart`), the other servers' plans are empty here, so each rank first
 //! asks every rank of another server for the ids it needs from it (an empty list when none)
 //! in one exchange under the same epoch in [`Phase::Other`], 4 bytes per fetched row against
 //! a row's 4 x F, and the rows follow as before. Either way every rank loads the steps in the
@@ -216,9 +216,13 @@ impl FeatureSource<'_> {
                 owed.push((peer, olds));
             }
         }
-        let rows = match ahead.answerer.and_then(|a| a.submit(owed.clone())) {
-            Some(pending) => Answer::Pending(pending),
-            None => Answer::Read(self.read_sends(&owed)?),
+        let submitted = match ahead.answerer {
+            Some(answerer) => answerer.submit(owed),
+            None => Err(owed),
+        };
+        let rows = match submitted {
+            Ok(pending) => Answer::Pending(pending),
+            Err(owed) => Answer::Read(self.read_sends(&owed)?),
         };
         ahead.state.early = Some(Early {
             index: ahead.index + 1,
@@ -524,7 +528,10 @@ pub(crate) struct Answerer {
 }
 
 /// (peer rank, original ids) to read, and where the rows go.
-type AnswerJob = (Vec<(usize, Vec<u32>)>, SyncSender<anyhow::Result<PeerRows>>);
+type AnswerJob = (Owes, SyncSender<anyhow::Result<PeerRows>>);
+
+/// (peer rank, original ids) of the rows a rank owes its peers.
+type Owes = Vec<(usize, Vec<u32>)>;
 
 impl Answerer {
     /// Jobs that may wait: one per local rank and step asked ahead.
@@ -553,15 +560,21 @@ impl Answerer {
         }
     }
 
-    /// Reads `owed` on the serving thread; None when no thread serves (the caller reads).
-    fn submit(&self, owed: Vec<(usize, Vec<u32>)>) -> Option<Receiver<anyhow::Result<PeerRows>>> {
+    /// Reads `owed` on the serving thread; `owed` back when no thread serves (the caller
+    /// reads).
+    fn submit(&self, owed: Owes) -> Result<Receiver<anyhow::Result<PeerRows>>, Owes> {
         if !self.serving.load(std::sync::atomic::Ordering::SeqCst) {
-            return None;
+            return Err(owed);
         }
+        let Ok(jobs) = self.jobs.lock() else {
+            return Err(owed);
+        };
+        let Some(jobs) = jobs.as_ref() else {
+            return Err(owed);
+        };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let jobs = self.jobs.lock().ok()?;
-        jobs.as_ref()?.send((owed, tx)).ok()?;
-        Some(rx)
+        jobs.send((owed, tx)).map_err(|e| e.0 .0)?;
+        Ok(rx)
     }
 
     /// Ends [`Answerer::serve`] once the jobs already queued are served.
