@@ -59,12 +59,53 @@ pub struct StageLayout {
     pub attention_output_heads: Option<usize>,
 }
 
+/// One stage's work per row ([`ModelConfig::stage_work`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageWork {
+    pub d_in: usize,
+    pub d_out: usize,
+    /// Floating-point operations of its matrices per row.
+    pub flops_per_row: f64,
+    /// The width of the rows it aggregates when it transforms before aggregating (None:
+    /// it aggregates its input rows).
+    pub aggregated_cols: Option<usize>,
+}
+
 /// What configurations written before GAT existed mean by `heads` and `output_heads`.
 fn one() -> usize {
     1
 }
 
 impl ModelConfig {
+    /// The work of every stage of this model per row, from its configuration alone (no
+    /// backend, no weights): what a planner prices.
+    pub fn stage_work(&self) -> std::result::Result<Vec<StageWork>, String> {
+        self.validate()?;
+        let mut layout = crate::param::ParamLayout::new(self.layer_norm);
+        let stages = crate::arch::stages(&mut layout, self);
+        Ok(stages
+            .iter()
+            .enumerate()
+            .map(|(s, st)| {
+                // Every matrix of the stage (its weights, GAT's attention vectors) is one
+                // multiply-add per entry and row; biases and norms are not counted.
+                let prefix = format!("stage{s}.");
+                let flops_per_row = layout
+                    .specs
+                    .iter()
+                    .filter(|p| p.name.starts_with(&prefix) && p.shape.len() == 2)
+                    .map(|p| 2.0 * (p.shape[0] * p.shape[1]) as f64)
+                    .sum();
+                StageWork {
+                    d_in: st.d_in,
+                    d_out: st.d_out,
+                    flops_per_row,
+                    aggregated_cols: st.neighbour_width(),
+                }
+            })
+            .collect())
+    }
+
     /// How this model's stages are laid out ([`StageLayout`]).
     pub fn stage_layout(&self) -> StageLayout {
         crate::arch::stage_layout(self)
@@ -207,6 +248,25 @@ mod tests {
                 kind == ModelKind::Gat,
                 "{kind:?}"
             );
+            // The work of every stage, from the configuration alone, is the built model's.
+            let work = config.stage_work().unwrap();
+            assert_eq!(work.len(), model.num_stages(), "{kind:?}");
+            for (s, w) in work.iter().enumerate() {
+                assert_eq!((w.d_in, w.d_out), model.stage_dims(s), "{kind:?} stage {s}");
+                assert_eq!(
+                    w.aggregated_cols,
+                    model.stage_neighbour_width(s),
+                    "{kind:?} {s}"
+                );
+                let matrices: f64 = model
+                    .params
+                    .iter()
+                    .filter(|p| p.name.starts_with(&format!("stage{s}.")) && p.shape.len() == 2)
+                    .map(|p| 2.0 * (p.shape[0] * p.shape[1]) as f64)
+                    .sum();
+                assert_eq!(w.flops_per_row, matrices, "{kind:?} stage {s}");
+                assert!(w.flops_per_row > 0.0, "{kind:?} stage {s}");
+            }
         }
     }
 }

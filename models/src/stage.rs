@@ -72,6 +72,18 @@ impl Stage {
         self.d_out <= self.d_in
     }
 
+    /// The width of the rows this stage aggregates when it splits into a row-local half and
+    /// an aggregation (see `Model::stage_neighbour_width`).
+    pub(crate) fn neighbour_width(&self) -> Option<usize> {
+        if self.transforms_first() {
+            Some(self.d_out)
+        } else if matches!(self.kind, StageKind::Conv { pre: true, .. }) {
+            Some(self.d_in)
+        } else {
+            None
+        }
+    }
+
     /// The (output, input) rows of a conv stage on `ctx`: a linear layer (no neighbour
     /// weight) reads no halo rows.
     fn conv_rows<B: Backend>(&self, ctx: &StageCtx<'_, B>) -> (usize, usize) {
@@ -448,14 +460,7 @@ impl<B: Backend> Model<B> {
     /// Columns of [`Self::stage_neighbour_rows`] of a splitting stage `s`, or `None` when
     /// they are its input rows themselves (no pre-ops, and it aggregates before transforming).
     pub fn stage_neighbour_width(&self, s: usize) -> Option<usize> {
-        let st = &self.stages[s];
-        if st.transforms_first() {
-            Some(st.d_out)
-        } else if matches!(st.kind, StageKind::Conv { pre: true, .. }) {
-            Some(st.d_in)
-        } else {
-            None
-        }
+        self.stages[s].neighbour_width()
     }
 
     /// The row-local half of a splitting stage `s` in evaluation: the rows its convolution

@@ -26,7 +26,7 @@
 use std::sync::Arc;
 
 use grandis_masking::{DevicePlan, Layout, ModelDims};
-use grandis_models::{Model, ModelConfig};
+use grandis_models::ModelConfig;
 use grandis_wire::{ComputeRate, LinkBytes, LinkRate, PlanRates, Prediction};
 use serde::Serialize;
 
@@ -127,20 +127,11 @@ pub struct LayerWork {
 
 /// The work constants of every conv layer of `config`.
 pub fn layer_work(config: &ModelConfig, dims: &ModelDims) -> anyhow::Result<Vec<LayerWork>> {
-    let b = grandis_engine::CpuBackend::new(Some(1))?;
-    let model = Model::new(&b, config.clone())?;
-    let shapes = config
-        .parameter_shapes()
+    let work = config
+        .stage_work()
         .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;
-    let stage_flops = |s: usize| -> f64 {
-        let prefix = format!("stage{s}.");
-        shapes
-            .iter()
-            .filter(|(n, sh)| n.starts_with(&prefix) && sh.len() == 2)
-            .map(|(_, sh)| 2.0 * (sh[0] * sh[1]) as f64)
-            .sum()
-    };
-    let stages = model.num_stages();
+    let stage_flops = |s: usize| work[s].flops_per_row;
+    let stages = work.len();
     let first_conv = config.stage_layout().first_conv;
     Ok((0..config.layers)
         .map(|l| {
@@ -154,10 +145,9 @@ pub fn layer_work(config: &ModelConfig, dims: &ModelDims) -> anyhow::Result<Vec<
             if l + 1 == config.layers {
                 flops += (s + 1..stages).map(stage_flops).sum::<f64>();
             }
-            let (d_in, _) = model.stage_dims(s);
             LayerWork {
                 flops_per_row: flops,
-                aggregated_cols: model.stage_neighbour_width(s).unwrap_or(d_in),
+                aggregated_cols: work[s].aggregated_cols.unwrap_or(work[s].d_in),
                 exchanged_cols: dims.in_width(l),
                 // Layer 0's input gradient goes only to a stage before it.
                 input_gradient: l > 0 || first_conv > 0,
