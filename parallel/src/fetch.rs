@@ -184,7 +184,7 @@ impl FeatureSource<'_> {
         let me = ep.rank();
         let peers = self.other_servers_ranks(me);
         let mine = match ahead.next {
-            Some(plans) => Some(self.reads(plans, me)?.asks),
+            Some(plans) => Some(self.asks(self.layer0(plans, me)?, me)),
             None => None,
         };
         let sends = peers
@@ -288,29 +288,15 @@ impl FeatureSource<'_> {
                 plans.len()
             );
         }
-        let layer0 = |r: usize| -> anyhow::Result<&[u32]> {
-            let p = plans[r]
-                .first()
-                .with_context(|| format!("internal: rank {r} has no layer-0 plan"))?;
-            let owned = &p.global_ids[..p.n_owned];
-            let n = layout.num_vertices();
-            if let Some(&g) = owned.iter().find(|&&g| g >= n) {
-                bail!("internal: rank {r}'s plan owns vertex {g}, past the layout's {n}");
-            }
-            Ok(owned)
-        };
-        let owned = layer0(me)?;
+        let owned = self.layer0(plans, me)?;
         let my_server = layout.server_range(layout.server_of_rank(me));
         let mut local = Vec::new();
         let mut incoming: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-        let mut asks: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for (i, &g) in owned.iter().enumerate() {
             if my_server.contains(&g) {
                 local.push((i, self.old(g)?));
             } else {
-                let home = layout.owner(g);
-                incoming.entry(home).or_default().push(i);
-                asks.entry(home).or_default().push(g);
+                incoming.entry(layout.owner(g)).or_default().push(i);
             }
         }
         let others_built = (0..world)
@@ -321,7 +307,7 @@ impl FeatureSource<'_> {
                 owned: owned.len(),
                 local,
                 sends: None,
-                asks,
+                asks: self.asks(owned, me),
                 incoming,
             });
         }
@@ -329,7 +315,8 @@ impl FeatureSource<'_> {
         let mine = layout.range(me);
         let mut sends = Vec::new();
         for r in (0..world).filter(|&r| !layout.same_server(r, me)) {
-            let olds = layer0(r)?
+            let olds = self
+                .layer0(plans, r)?
                 .iter()
                 .filter(|g| mine.contains(g))
                 .map(|&g| self.old(g))
@@ -346,6 +333,33 @@ impl FeatureSource<'_> {
             asks: BTreeMap::new(),
             incoming,
         })
+    }
+
+    /// Rank `r`'s layer-0 owned rows (NEW ids) in `plans` (`[rank][layer]`), checked to lie
+    /// in the layout.
+    fn layer0<'p>(&self, plans: &'p [Vec<Arc<DevicePlan>>], r: usize) -> anyhow::Result<&'p [u32]> {
+        let p = plans
+            .get(r)
+            .and_then(|p| p.first())
+            .with_context(|| format!("internal: rank {r} has no layer-0 plan"))?;
+        let owned = &p.global_ids[..p.n_owned];
+        let n = self.layout.num_vertices();
+        if let Some(&g) = owned.iter().find(|&&g| g >= n) {
+            bail!("internal: rank {r}'s plan owns vertex {g}, past the layout's {n}");
+        }
+        Ok(owned)
+    }
+
+    /// Home rank -> the NEW ids of `owned` (rank `me`'s layer-0 owned rows) homed on another
+    /// server, in row order: what rank `me` asks each home rank for when the other servers'
+    /// plans were not built here.
+    fn asks(&self, owned: &[u32], me: usize) -> BTreeMap<usize, Vec<u32>> {
+        let my_server = self.layout.server_range(self.layout.server_of_rank(me));
+        let mut asks: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+        for &g in owned.iter().filter(|g| !my_server.contains(g)) {
+            asks.entry(self.layout.owner(g)).or_default().push(g);
+        }
+        asks
     }
 
     /// The original id of NEW id `g`.
