@@ -155,17 +155,12 @@ impl RunStats {
         self.inter_server_sampled_edges += s.inter_server_sampled_edges;
         self.targets += s.targets;
         self.replicated += s.replicated;
-        add_u64(&mut self.computed_per_layer, &s.computed_per_layer);
-        add_u64(
+        add_into(&mut self.computed_per_layer, &s.computed_per_layer);
+        add_into(
             &mut self.aggregated_edges_per_layer,
             &s.aggregated_edges_per_layer,
         );
-        if self.beta_sum.len() < s.beta.len() {
-            self.beta_sum.resize(s.beta.len(), 0.0);
-        }
-        for (a, b) in self.beta_sum.iter_mut().zip(&s.beta) {
-            *a += b;
-        }
+        add_into(&mut self.beta_sum, &s.beta);
         self.raise_peaks(&s.model_bytes);
     }
 
@@ -189,17 +184,12 @@ impl RunStats {
             all.inter_server_sampled_edges += part.inter_server_sampled_edges;
             all.replicated += part.replicated;
             all.build_seconds += part.build_seconds;
-            add_u64(&mut all.computed_per_layer, &part.computed_per_layer);
-            add_u64(
+            add_into(&mut all.computed_per_layer, &part.computed_per_layer);
+            add_into(
                 &mut all.aggregated_edges_per_layer,
                 &part.aggregated_edges_per_layer,
             );
-            if all.beta_sum.len() < part.beta_sum.len() {
-                all.beta_sum.resize(part.beta_sum.len(), 0.0);
-            }
-            for (a, b) in all.beta_sum.iter_mut().zip(&part.beta_sum) {
-                *a += b;
-            }
+            add_into(&mut all.beta_sum, &part.beta_sum);
             all.raise_peaks(&part.model_peak);
         }
         all
@@ -216,11 +206,12 @@ pub(crate) fn raise_peaks(peaks: &mut Vec<u64>, bytes: &[u64]) {
     }
 }
 
-fn add_u64(acc: &mut Vec<u64>, x: &[u64]) {
+/// Adds `x` to `acc` element by element (growing `acc` with zeros).
+fn add_into<T: Copy + Default + std::ops::AddAssign>(acc: &mut Vec<T>, x: &[T]) {
     if acc.len() < x.len() {
-        acc.resize(x.len(), 0);
+        acc.resize(x.len(), T::default());
     }
-    for (a, b) in acc.iter_mut().zip(x) {
+    for (a, &b) in acc.iter_mut().zip(x) {
         *a += b;
     }
 }
