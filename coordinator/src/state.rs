@@ -325,10 +325,7 @@ impl Core {
     }
 
     pub fn cancel(&mut self, id: JobId, now: Instant) -> Result<JobStatus, ApiError> {
-        let rec = self
-            .jobs
-            .get(&id)
-            .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+        let rec = self.job(id)?;
         if rec.state.is_terminal() {
             return Err(ApiError::conflict(
                 "job_finished",
@@ -526,10 +523,7 @@ impl Core {
                 format!("unknown daemon id {daemon_id}; register again"),
             ));
         }
-        let rec = self
-            .jobs
-            .get(&job_id)
-            .ok_or_else(|| ApiError::not_found(format!("no job {job_id}")))?;
+        let rec = self.job(job_id)?;
         if let (Some(a), JobEvent::Finished { summary }) = (attempt, &event) {
             if self.restarted_run_leader(rec, a, daemon_id) {
                 let summary = summary.clone();
@@ -848,10 +842,7 @@ impl Core {
         attempt: u32,
         epoch: u32,
     ) -> Result<bool, ApiError> {
-        let rec = self
-            .jobs
-            .get(&id)
-            .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+        let rec = self.job(id)?;
         if !rec.state.is_active() || rec.attempt() != attempt {
             return Err(ApiError::conflict(
                 "not_running",
@@ -881,12 +872,16 @@ impl Core {
         Ok(rec.checkpoint_epoch.is_none_or(|e| e < epoch))
     }
 
-    /// The spec job `id` was submitted with (what its checkpoints are checked against).
-    pub fn job_spec(&self, id: JobId) -> Result<JobSpec, ApiError> {
+    /// Job `id`'s record; a 404 naming it when there is none.
+    fn job(&self, id: JobId) -> Result<&JobRecord, ApiError> {
         self.jobs
             .get(&id)
-            .map(|rec| rec.spec.clone())
             .ok_or_else(|| ApiError::not_found(format!("no job {id}")))
+    }
+
+    /// The spec job `id` was submitted with (what its checkpoints are checked against).
+    pub fn job_spec(&self, id: JobId) -> Result<JobSpec, ApiError> {
+        self.job(id).map(|rec| rec.spec.clone())
     }
 
     /// Stores job `id`'s checkpoint for `epoch` if [`Core::checkpoint_wanted`] still says so
@@ -910,11 +905,7 @@ impl Core {
                 "the checkpoint is empty".to_string(),
             ));
         }
-        let mut rec = self
-            .jobs
-            .get(&id)
-            .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?
-            .clone();
+        let mut rec = self.job(id)?.clone();
         rec.checkpoint_epoch = Some(epoch);
         self.store.put_checkpoint(&rec, bytes)?;
         tracing::debug!(job = id, epoch, bytes = bytes.len(), "checkpoint stored");
@@ -924,10 +915,7 @@ impl Core {
 
     /// The job's stored checkpoint and its epoch.
     pub fn checkpoint(&self, id: JobId) -> Result<(u32, Vec<u8>), ApiError> {
-        let rec = self
-            .jobs
-            .get(&id)
-            .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+        let rec = self.job(id)?;
         let missing = || {
             let why = if rec.state.is_terminal() {
                 "none was taken, or it was deleted as older than the newest \
