@@ -708,21 +708,18 @@ mod tests {
         let ctx = plan_context(&view, &part).unwrap();
         let (flags, _) = labelled(&view, &part).unwrap();
         let labelled_train = |g: u32| in_train_split(&flags, g);
-        let dims = ModelDims {
+        let dims = crate::budget::model_dims(&grandis_models::ModelConfig {
+            kind: grandis_models::ModelKind::Sage,
             layers: 2,
-            ..crate::budget::model_dims(&grandis_models::ModelConfig {
-                kind: grandis_models::ModelKind::Sage,
-                layers: 2,
-                in_dim: view.feature_dim,
-                hidden: 8,
-                heads: 1,
-                output_heads: 1,
-                classes: view.num_classes,
-                dropout: 0.0,
-                layer_norm: false,
-                seed: 0,
-            })
-        };
+            in_dim: view.feature_dim,
+            hidden: 8,
+            heads: 1,
+            output_heads: 1,
+            classes: view.num_classes,
+            dropout: 0.0,
+            layer_norm: false,
+            seed: 0,
+        });
         let inputs = |step_part| StepInputs {
             ctx: &ctx,
             dims: &dims,
