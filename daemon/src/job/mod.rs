@@ -67,30 +67,29 @@ impl Unreported {
     /// Sends the kept report as daemon `daemon_id` (the current registration); it is kept
     /// only while the coordinator cannot be reached (a refusal is final: logged).
     pub fn send(&self, client: &Client, daemon_id: u64) {
-        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((job, attempt, event)) = slot.clone() else {
+        let lock = || self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Taken out for the call, so a job's reporter keeping a report never waits on it.
+        let Some((job, attempt, event)) = lock().take() else {
             return;
         };
-        match client.event(daemon_id, job, attempt, event) {
-            Ok(()) => {
-                tracing::info!(
-                    job,
-                    attempt,
-                    "the coordinator took the run's finished report"
-                );
-                *slot = None;
+        match client.event(daemon_id, job, attempt, event.clone()) {
+            Ok(()) => tracing::info!(
+                job,
+                attempt,
+                "the coordinator took the run's finished report"
+            ),
+            Err(CallError::Status { status, body, .. }) => tracing::warn!(
+                job,
+                attempt,
+                "the run's finished report was refused ({status} {}): {}",
+                body.code,
+                body.error
+            ),
+            Err(e) => {
+                tracing::debug!(job, "the run's finished report not delivered yet: {e}");
+                // Kept for the next try, unless a newer run's report came meanwhile.
+                lock().get_or_insert((job, attempt, event));
             }
-            Err(CallError::Status { status, body, .. }) => {
-                tracing::warn!(
-                    job,
-                    attempt,
-                    "the run's finished report was refused ({status} {}): {}",
-                    body.code,
-                    body.error
-                );
-                *slot = None;
-            }
-            Err(e) => tracing::debug!(job, "the run's finished report not delivered yet: {e}"),
         }
     }
 }
