@@ -57,6 +57,20 @@ struct Running {
     handle: JoinHandle<Outcome>,
 }
 
+impl Running {
+    /// Waits for the job's thread to end (its events delivered or given up) and logs how it
+    /// ended; the run, for the runs this daemon has finished.
+    fn end(self) -> (JobId, u32) {
+        let outcome = self.handle.join().unwrap_or(Outcome::Failed);
+        tracing::info!(
+            job = self.job_id,
+            outcome = outcome.name(),
+            "job ended on this server"
+        );
+        (self.job_id, self.attempt)
+    }
+}
+
 /// Host memory from /proc/meminfo (`MemTotal`), 0 when unknown.
 fn host_memory() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
@@ -141,13 +155,7 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         let tick = Instant::now();
         if current.as_ref().is_some_and(|r| r.handle.is_finished()) {
             let r = current.take().expect("checked");
-            let outcome = r.handle.join().unwrap_or(Outcome::Failed);
-            tracing::info!(
-                job = r.job_id,
-                outcome = outcome.name(),
-                "job ended on this server"
-            );
-            done.insert((r.job_id, r.attempt));
+            done.insert(r.end());
         }
         let hb = HeartbeatRequest {
             protocol_version: PROTOCOL_VERSION,
@@ -215,9 +223,13 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                 tracing::warn!(
                     "the coordinator does not know this daemon (restarted?); registering again"
                 );
-                // Its jobs did not survive the restart ("coordinator restarted").
-                if let Some(r) = &current {
+                // Its jobs did not survive the restart ("coordinator restarted"). The job's
+                // thread ends first (a cancelled run stops; a finished one's reporter stops
+                // retrying its report and keeps it as unreported), so that a finished run's
+                // report is kept before the next heartbeat can assign the job's next run.
+                if let Some(r) = current.take() {
                     r.cancel.store(true, Ordering::SeqCst);
+                    done.insert(r.end());
                 }
                 match register_until(&client, &register, &stop)? {
                     Some(r) => reg = r,
