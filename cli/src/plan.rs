@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use grandis_models::ModelConfig;
 use grandis_parallel::auto::{plan_job, plan_rates, Placement};
-use grandis_parallel::{Compute, ParallelOptions, PartitionedGraph};
+use grandis_parallel::{Compute, Machine, ParallelOptions, PartitionedGraph};
 use grandis_wire::{LinkRate, Mode, ServerRates};
 
 use crate::job_args::JobArgs;
@@ -120,9 +120,12 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     };
     let rates = plan_rates(view, &config, &measured, &placement)?;
     let popts = ParallelOptions {
-        compute,
-        threads_per_rank: Some(threads),
-        ..ParallelOptions::for_job(&spec)
+        job: spec.clone(),
+        machine: Machine {
+            compute,
+            threads_per_rank: Some(threads),
+            ..Machine::default()
+        },
     };
     let job = plan_job(view, &part, &config, &popts, spec.seed, rates, !args.all)?;
     let (planned, rates) = (&job.planned, &job.rates);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use grandis_models::ModelConfig;
 use grandis_parallel::LinkModel;
-use grandis_parallel::{Compute, ParallelOptions, PartitionedGraph};
+use grandis_parallel::{Compute, Machine, ParallelOptions, PartitionedGraph};
 use grandis_store::Dataset;
 use grandis_trainer::TrainOptions;
 use grandis_wire::JobSpec;
@@ -97,13 +97,16 @@ pub fn run(
     let opts = TrainOptions::for_job(spec);
     let rank_count = (spec.servers * spec.devices) as usize;
     let popts = ParallelOptions {
-        compute: ranks.compute.clone(),
-        intra: link(local.intra_bandwidth, local.intra_latency_ms, "intra")?,
-        inter: link(local.inter_bandwidth, local.inter_latency_ms, "inter")?,
-        threads_per_rank: ranks.threads.map(|t| (t / rank_count).max(1)),
-        checkpoint: ranks.checkpoint.clone(),
-        plan_threads: local.plan_threads.map(usize::from),
-        ..ParallelOptions::for_job(spec)
+        job: spec.clone(),
+        machine: Machine {
+            compute: ranks.compute.clone(),
+            intra: link(local.intra_bandwidth, local.intra_latency_ms, "intra")?,
+            inter: link(local.inter_bandwidth, local.inter_latency_ms, "inter")?,
+            threads_per_rank: ranks.threads.map(|t| (t / rank_count).max(1)),
+            checkpoint: ranks.checkpoint.clone(),
+            plan_threads: local.plan_threads.map(usize::from),
+            ..Machine::default()
+        },
     };
     tracing::info!(
         "training {} ({} layers, hidden {}) with --mode {} on {} servers x {} devices ({}), \

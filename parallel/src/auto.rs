@@ -44,7 +44,7 @@ pub(crate) fn resolve_mode(
     seed: u64,
     local: Option<&mut [Endpoint]>,
 ) -> anyhow::Result<(ParallelOptions, Option<PlanSummary>)> {
-    match popts.mode {
+    match popts.job.mode {
         Mode::Fb | Mode::Flx | Mode::Cob | Mode::Mb | Mode::Cluster => Ok((popts.clone(), None)),
         Mode::Auto => {
             let (g, world) = (part.layout.devices(), part.layout.num_ranks());
@@ -55,12 +55,12 @@ pub(crate) fn resolve_mode(
             };
             let chosen = match local {
                 None => {
-                    let measured = match &popts.measured {
+                    let measured = match &popts.machine.measured {
                         Some(m) => m.clone(),
                         None => crate::measure::in_process_rates(popts, &part.layout, config)?,
                     };
                     let placement = Placement {
-                        compute: popts.compute.clone(),
+                        compute: popts.machine.compute.clone(),
                         threads_per_rank: popts.rank_threads(world),
                         ranks_per_machine: world,
                         one_machine: true,
@@ -68,12 +68,12 @@ pub(crate) fn resolve_mode(
                     choose_with(&[measured], placement)?
                 }
                 Some(endpoints) => {
-                    let measured = popts.measured.as_ref().context(
+                    let measured = popts.machine.measured.as_ref().context(
                         "mode auto on a server: the server's rates must be measured first",
                     )?;
-                    let shared = popts.servers_share_machine;
+                    let shared = popts.machine.servers_share_machine;
                     let placement = Placement {
-                        compute: popts.compute.clone(),
+                        compute: popts.machine.compute.clone(),
                         threads_per_rank: popts.rank_threads(g),
                         ranks_per_machine: if shared { world } else { g },
                         one_machine: shared,
@@ -261,43 +261,45 @@ pub fn plan_job(
 ) -> anyhow::Result<JobPlan> {
     let started = Instant::now();
     let (budget, _) = crate::budget::budget(popts, &part.layout)?;
-    let base = ParallelOptions {
-        device_memory: Some(budget),
-        ..popts.clone()
-    };
+    let mut base = popts.clone();
+    base.job.device_memory = Some(budget);
     // One plan context (the graph's transpose, the splits) for the co-batch search and the
     // counting.
     let ctx = crate::plan_context(&view, part)?;
-    let (batch, no_cobatch) = match popts.batch_size {
+    let (batch, no_cobatch) = match popts.batch_size() {
         Some(b) => (b, None),
-        None => match largest_cobatch(&ctx, config, &popts.sampling, budget, seed) {
+        None => match largest_cobatch(&ctx, config, &popts.job.sampling, budget, seed) {
             Ok(b) => (b, None),
             Err(e) => (0, Some(format!("{e:#}"))),
         },
     };
-    let cands: Vec<Candidate> =
-        candidates(config.layers, batch, part.layout.devices(), &popts.sampling)
-            .into_iter()
-            .filter(|c| match (c.mode, popts.preload_hops) {
-                (Mode::Fb | Mode::Flx, Some(k)) => c.preload_hops.unwrap_or(0) == k,
-                _ => true,
-            })
-            .collect();
+    let cands: Vec<Candidate> = candidates(
+        config.layers,
+        batch,
+        part.layout.devices(),
+        &popts.job.sampling,
+    )
+    .into_iter()
+    .filter(|c| match (c.mode, popts.preload_hops()) {
+        (Mode::Fb | Mode::Flx, Some(k)) => c.preload_hops.unwrap_or(0) == k,
+        _ => true,
+    })
+    .collect();
     let counting = match prune {
         true => Counting::Pruned {
-            exact_preference: popts.exact_preference,
+            exact_preference: popts.exact_preference(),
         },
         false => Counting::Every,
     };
     let planned = plan(
         view, part, &ctx, config, seed, &base, &cands, &rates, counting,
     )?;
-    let chosen = choose(&planned, popts.exact_preference);
+    let chosen = choose(&planned, popts.exact_preference());
     Ok(JobPlan {
         planned,
         chosen,
         rates,
-        exact_preference: popts.exact_preference,
+        exact_preference: popts.exact_preference(),
         budget,
         no_cobatch,
         seconds: started.elapsed().as_secs_f64(),

@@ -84,10 +84,10 @@ pub fn choose_preload_hops(
     popts: &ParallelOptions,
 ) -> anyhow::Result<KChoice> {
     let dims = model_dims(config);
-    match (popts.mode, popts.preload_hops) {
+    match (popts.job.mode, popts.preload_hops()) {
         (Mode::Cob | Mode::Mb | Mode::Cluster | Mode::Single | Mode::Auto, _) => bail!(
             "--mode {} runs every layer on its per-iteration plans; preloading is for --mode flx",
-            popts.mode.name()
+            popts.job.mode.name()
         ),
         (Mode::Fb, Some(k)) if k > 0 => {
             bail!("--preload-hops {k} needs --mode flx (FB_base never preloads)")
@@ -158,9 +158,9 @@ pub(crate) fn budget(
     popts: &ParallelOptions,
     layout: &grandis_masking::Layout,
 ) -> anyhow::Result<(u64, String)> {
-    Ok(match popts.device_memory {
+    Ok(match popts.job.device_memory {
         Some(b) => (b, "--device-memory".to_string()),
-        None => default_budget(&popts.compute, layout.servers(), layout.devices())?,
+        None => default_budget(&popts.machine.compute, layout.servers(), layout.devices())?,
     })
 }
 

@@ -78,20 +78,22 @@ pub(crate) fn decide<'s>(
     seed: u64,
 ) -> anyhow::Result<Decision<'s>> {
     let (ctx, dims) = (inputs.ctx, inputs.dims);
-    if let (Mode::Cob | Mode::Mb | Mode::Cluster, Some(k)) = (popts.mode, popts.preload_hops) {
+    if let (Mode::Cob | Mode::Mb | Mode::Cluster, Some(k)) = (popts.job.mode, popts.preload_hops())
+    {
         bail!(
             "--preload-hops {k}: --mode {} runs every layer on its per-iteration plans; \
              preloading is for --mode flx",
-            popts.mode.name()
+            popts.job.mode.name()
         );
     }
     let batch_size = || -> anyhow::Result<usize> {
-        match popts.batch_size {
+        match popts.batch_size() {
             Some(b) if b > 0 => Ok(b),
             Some(_) => bail!("the batch size must be at least 1"),
+            // A batched mode's batch size is the job's or its default.
             None => bail!(
-                "--mode {} needs a batch size (--cobatch-size for cob, --batch-size for mb)",
-                popts.mode.name()
+                "internal: mode {} reached its schedule without a batch size",
+                popts.job.mode.name()
             ),
         }
     };
@@ -102,7 +104,7 @@ pub(crate) fn decide<'s>(
         estimates: Vec::new(),
         reason,
     };
-    match (popts.mode, &popts.sampling) {
+    match (popts.job.mode, &popts.job.sampling) {
         (Mode::Fb | Mode::Flx, Sampling::None) => {
             let choice = choose_preload_hops(ctx, config, popts)?;
             for e in &choice.estimates {
@@ -136,14 +138,15 @@ pub(crate) fn decide<'s>(
         (Mode::Fb, _) | (Mode::Flx | Mode::Mb, Sampling::Saint { .. }) => bail!(
             "{}",
             popts
+                .job
                 .sampling
-                .conflict_with(popts.mode)
+                .conflict_with(popts.job.mode)
                 .unwrap_or_else(|| "internal: no conflict for this mode and sampling".into())
         ),
         (Mode::Flx, _) => {
             let sampler = needs_sampler()?;
             let fb = ctx.fb_plan()?;
-            let choice = match popts.preload_hops {
+            let choice = match popts.preload_hops() {
                 Some(k) if k == 0 || k > config.layers => bail!(
                     "--preload-hops {k}: FLX with sampling needs 1 <= k <= {} layers",
                     config.layers
@@ -166,7 +169,7 @@ pub(crate) fn decide<'s>(
                     k: choice.k,
                     fb,
                     sampler,
-                    every: popts.resample_every,
+                    every: popts.job.resample_every,
                 },
                 choice,
                 predicted: LinkBytes::default(),
@@ -180,7 +183,7 @@ pub(crate) fn decide<'s>(
             let batcher = CoBatcher::new(ctx, b, seed)?;
             let (sampler, sampling) = match s {
                 Sampling::Saint { .. } => {
-                    let saint = grandis_sampling::saint_sampler(&popts.sampling, b, seed)
+                    let saint = grandis_sampling::saint_sampler(&popts.job.sampling, b, seed)
                         .context("saint sampler")?;
                     let name = format!("saint({:?})", saint.kind);
                     (CobSampler::Saint(saint), name)
@@ -262,7 +265,7 @@ pub(crate) fn decide<'s>(
         (Mode::Single | Mode::Auto, _) => {
             bail!(
                 "internal: mode {} reached the planner unresolved",
-                popts.mode
+                popts.job.mode
             )
         }
     }

@@ -91,10 +91,10 @@ impl<'a> PassInputs<'a> {
         local_ranks: usize,
         block_budget: Option<u64>,
     ) -> anyhow::Result<Self> {
-        let block_budget = match (block_budget, popts.device_memory) {
+        let block_budget = match (block_budget, popts.job.device_memory) {
             (Some(b), _) => b,
             (None, Some(memory)) => memory / 2,
-            (None, None) => crate::default_budget(&popts.compute, 1, local_ranks)?.0 / 2,
+            (None, None) => crate::default_budget(&popts.machine.compute, 1, local_ranks)?.0 / 2,
         };
         Ok(PassInputs {
             part,
@@ -107,7 +107,7 @@ impl<'a> PassInputs<'a> {
 
 /// The inputs every rank of a process shares for the inference after training.
 pub(crate) struct InferShared<'a> {
-    pub opts: &'a InferOptions,
+    pub opts: InferOptions,
     pub pass: PassInputs<'a>,
 }
 
@@ -121,7 +121,7 @@ impl<'a> InferShared<'a> {
         scales: &'a GlobalScales,
         local_ranks: usize,
     ) -> anyhow::Result<Option<Self>> {
-        let Some(opts) = &popts.infer else {
+        let Some(opts) = popts.infer() else {
             return Ok(None);
         };
         let pass = PassInputs::new(popts, part, view, scales, local_ranks, opts.block_budget)?;
@@ -138,7 +138,7 @@ pub(crate) fn infer_rank<B: Backend>(
     sh: &InferShared<'_>,
 ) -> anyhow::Result<RankInference> {
     let start = Instant::now();
-    let opts = sh.opts;
+    let opts = &sh.opts;
     let rank = ep.rank();
     if opts.embeddings && model.num_stages() < 2 {
         bail!("the model has a single stage: its input is the features, there are no embeddings to write");

@@ -69,11 +69,11 @@ pub use grandis_fabric::LinkModel;
 pub use grandis_masking::FlxPlan as MaskedPlan;
 /// The samplers this runner executes (re-exported so front ends need no extra dependency).
 pub use grandis_sampling as sampling;
-pub use grandis_wire::{LinkBytes, Mode, Priority, RankMemory, Sampling, TimeSplit};
+pub use grandis_wire::{JobSpec, LinkBytes, Mode, Priority, RankMemory, Sampling, TimeSplit};
 pub use input::{PartGraph, PartitionedGraph};
 
 pub use compute::{cores_per_rank, Compute, CUDA_BUILT, NOT_BUILT_WITH_CUDA};
-pub use options::ParallelOptions;
+pub use options::{Machine, ParallelOptions};
 pub use report::ParallelReport;
 pub use setup::plan_context;
 pub use train::train;

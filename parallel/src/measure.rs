@@ -164,7 +164,7 @@ pub fn in_process_rates(
 ) -> anyhow::Result<ServerRates> {
     let mut endpoints = popts.in_process_endpoints(layout)?;
     server_rates(
-        &popts.compute,
+        &popts.machine.compute,
         popts.rank_threads(layout.num_ranks()),
         &mut endpoints,
         config.hidden,

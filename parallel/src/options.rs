@@ -1,11 +1,11 @@
-//! [`ParallelOptions`]: what a run needs beyond the model and the optimiser, made from the
-//! job spec by one pure function ([`ParallelOptions::for_job`]) plus what the machine decides
-//! (where ranks compute, threads, emulated links).
+//! [`ParallelOptions`]: what a run needs beyond the model and the optimiser: the job spec as
+//! it is (the knobs derived from it, such as a mode's batch size, by one method each) and what
+//! the machine decides ([`Machine`]: where ranks compute, threads, emulated links).
 
 use std::path::PathBuf;
 
 use grandis_fabric::LinkModel;
-use grandis_wire::{JobSpec, Mode, Sampling};
+use grandis_wire::{JobSpec, Mode};
 
 use crate::compute::{cores_per_rank, Compute};
 
@@ -28,94 +28,135 @@ impl InferOptions {
     }
 }
 
-/// Options of a parallel run beyond the model and optimiser.
+/// A parallel run's options: the job as it was submitted (the one [`JobSpec`], validated
+/// where it entered: the CLI, the coordinator's REST API) and what this machine decides on
+/// its own. The job's model and optimiser fields are not read here: the model comes as a
+/// [`grandis_models::ModelConfig`] and the optimiser as [`grandis_trainer::TrainOptions`],
+/// made from the same spec by their own crates.
 #[derive(Debug, Clone)]
 pub struct ParallelOptions {
-    /// fb, flx, cob, mb, cluster, or auto (the planner's choice when the run starts, [`crate::auto`]);
-    /// single is the trainer's, not a parallel mode.
-    pub mode: Mode,
+    /// What to train and how to distribute it: `mode` (fb, flx, cob, mb, cluster, or auto,
+    /// the planner's choice when the run starts, [`crate::auto`], which rewrites the mode and
+    /// its knobs here; single is the trainer's, not a parallel mode), `sampling`,
+    /// `preload_hops`, `batch_size`, `resample_every`, `device_memory`, `staleness`,
+    /// `remote_features`, `inter_transport`, `exact_preference` and `predict`.
+    pub job: JobSpec,
+    pub machine: Machine,
+}
+
+/// What a machine decides about a run, beyond the job: where its ranks compute, with how
+/// many threads, over which links, and where rank 0 writes checkpoints.
+#[derive(Debug, Clone)]
+pub struct Machine {
     /// Where the ranks compute (CPU threads by default).
     pub compute: Compute,
-    /// FLX: force k instead of choosing it from the memory budget.
-    pub preload_hops: Option<usize>,
-    /// Per-device memory budget in bytes; None = what the device has
-    /// ([`default_device_memory`](crate::default_device_memory) on CPU, free memory on CUDA).
-    pub device_memory: Option<u64>,
+    /// Links emulated between the ranks of one process (unlimited by default).
     pub intra: LinkModel,
     pub inter: LinkModel,
     /// Rayon threads of each rank's CPU backend; None = cores / ranks, at least 1.
     pub threads_per_rank: Option<usize>,
-    /// Return the final logits of every vertex (tests).
-    pub collect_logits: bool,
-    /// Dependency sampling (FLX: EAS; CoB: any; MB: none, EAS or fanout).
-    pub sampling: Sampling,
-    /// CoB: co-batch size per server; MB: mini-batch size per device; auto: the co-batch size
-    /// if it comes to CoB (None = the largest that fits).
-    pub batch_size: Option<usize>,
-    /// FLX with sampling: draw a new sample every N epochs (None or 0: sample once).
-    pub resample_every: Option<u64>,
-    /// FB / FLX: SANCUS's staleness-bounded halo exchange between servers ([`crate::stale`]).
-    pub staleness: Option<grandis_wire::Staleness>,
-    /// CoB / MB: DGS's fraction of feature columns fetched for other servers' vertices
-    /// ([`crate::fetch`]).
-    pub remote_features: Option<f64>,
-    /// Where rank 0 writes checkpoints (weights are replicated, so one file serves every
-    /// rank), how often, and whether the run resumes from it.
-    pub checkpoint: grandis_trainer::CheckpointOptions,
     /// Threads building per-step plans (mb, cob, SAINT); None: on CPU ranks half the cores (at
     /// most 8), on CUDA ranks every core but one per local rank (at most 32).
     /// Steps are pure functions of their index, so any count gives the same run.
     pub plan_threads: Option<usize>,
-    /// After training, layer-wise inference over every vertex across the ranks.
-    pub infer: Option<InferOptions>,
-    /// auto: a sampled plan must be predicted this many times faster than the fastest exact
-    /// one to be chosen.
-    pub exact_preference: f64,
+    /// Return the final logits of every vertex (tests).
+    pub collect_logits: bool,
+    /// Where rank 0 writes checkpoints (weights are replicated, so one file serves every
+    /// rank), how often, and whether the run resumes from it.
+    pub checkpoint: grandis_trainer::CheckpointOptions,
     /// What this server measured when the job started (a daemon's ranks): auto plans with
     /// it. None: a run of every rank in one process measures when it needs to.
     pub measured: Option<grandis_wire::ServerRates>,
     /// Every server of a daemon's job runs on this machine (`grandis cluster up`): their ranks
     /// share its cores, as auto's plan prices them.
     pub servers_share_machine: bool,
-    /// What carries traffic between servers (the job's `inter_transport`).
-    pub inter_transport: grandis_wire::InterTransport,
     /// Replaces the automatic choice of the transport inside a server
     /// ([`crate::links::select`]); tests and benchmarks use it to run the device transports'
     /// code paths on CPU ranks.
     pub intra_transport: Option<crate::links::IntraTransport>,
 }
 
-impl Default for ParallelOptions {
+impl Default for Machine {
     fn default() -> Self {
-        ParallelOptions {
-            mode: Mode::Fb,
+        Machine {
             compute: Compute::Cpu,
-            preload_hops: None,
-            device_memory: None,
             intra: LinkModel::unlimited(),
             inter: LinkModel::unlimited(),
             threads_per_rank: None,
-            collect_logits: false,
-            sampling: Sampling::None,
-            batch_size: None,
-            resample_every: None,
-            staleness: None,
-            remote_features: None,
-            checkpoint: grandis_trainer::CheckpointOptions::default(),
             plan_threads: None,
-            infer: None,
-            exact_preference: grandis_wire::defaults::EXACT_PREFERENCE,
+            collect_logits: false,
+            checkpoint: grandis_trainer::CheckpointOptions::default(),
             measured: None,
             servers_share_machine: false,
-            inter_transport: grandis_wire::InterTransport::Quic,
             intra_transport: None,
         }
     }
 }
 
+impl Default for ParallelOptions {
+    /// FB (the exact baseline every mode is held to) on CPU ranks; the job's other fields
+    /// their [`JobSpec`] defaults.
+    fn default() -> Self {
+        ParallelOptions {
+            job: JobSpec {
+                mode: Mode::Fb,
+                ..JobSpec::default()
+            },
+            machine: Machine::default(),
+        }
+    }
+}
+
 impl ParallelOptions {
-    /// The endpoints of every rank of `layout` in this process, over links emulated as
-    /// `intra` and `inter`.
+    /// The options of a job: the one mapping from a spec to a run, used by `grandis train` and
+    /// by every daemon alike (so a cluster job equals `grandis train` with the same spec).
+    /// The machine's part keeps its defaults.
+    pub fn for_job(spec: &JobSpec) -> ParallelOptions {
+        ParallelOptions {
+            job: spec.clone(),
+            machine: Machine::default(),
+        }
+    }
+
+    /// FLX: the preloaded hops the job fixes (None: the largest that fits the budget).
+    pub fn preload_hops(&self) -> Option<usize> {
+        self.job.preload_hops.map(|k| k as usize)
+    }
+
+    /// CoB: co-batch size per server; MB: mini-batch size per device (the job's, or its
+    /// documented default); auto: the co-batch size if it comes to CoB (None = the largest
+    /// that fits); other modes none.
+    pub fn batch_size(&self) -> Option<usize> {
+        match self.job.mode {
+            Mode::Cob | Mode::Mb | Mode::Cluster => Some(self.job.batch_size_or_default() as usize),
+            Mode::Auto => self.job.batch_size.map(|b| b as usize),
+            _ => None,
+        }
+    }
+
+    /// auto: how many times faster than the fastest exact plan a sampled one must be
+    /// predicted to be chosen.
+    pub fn exact_preference(&self) -> f64 {
+        self.job
+            .exact_preference
+            .unwrap_or(grandis_wire::defaults::EXACT_PREFERENCE)
+    }
+
+    /// What the ranks write after training (the job's `predict`).
+    pub fn infer(&self) -> Option<InferOptions> {
+        self.job.predict.as_ref().map(|p| InferOptions {
+            dir: p.dir.clone().into(),
+            kind: match p.logits {
+                true => grandis_trainer::layerwise::Predictions::Logits,
+                false => grandis_trainer::layerwise::Predictions::ClassIds,
+            },
+            embeddings: p.embeddings,
+            block_budget: p.block_memory,
+        })
+    }
+
+    /// The endpoints of every rank of `layout` in this process, over links emulated as the
+    /// machine's `intra` and `inter`.
     pub fn in_process_endpoints(
         &self,
         layout: &grandis_masking::Layout,
@@ -123,8 +164,8 @@ impl ParallelOptions {
         Ok(grandis_fabric::Fabric::new(grandis_fabric::FabricConfig {
             servers: layout.servers(),
             devices: layout.devices(),
-            intra: self.intra,
-            inter: self.inter,
+            intra: self.machine.intra,
+            inter: self.machine.inter,
             ..grandis_fabric::FabricConfig::default()
         })?
         .into_endpoints())
@@ -133,50 +174,16 @@ impl ParallelOptions {
     /// Threads of each CPU rank when `local_ranks` ranks run in this process:
     /// `threads_per_rank`, else [`cores_per_rank`].
     pub fn rank_threads(&self, local_ranks: usize) -> usize {
-        self.threads_per_rank
+        self.machine
+            .threads_per_rank
             .unwrap_or_else(|| cores_per_rank(local_ranks))
-    }
-
-    /// The options of a job: the one mapping from a spec to a run, used by `grandis train` and
-    /// by every daemon alike (so a cluster job equals `grandis train` with the same spec).
-    /// Pure: the machine's part (compute, threads, links) keeps its defaults.
-    pub fn for_job(spec: &JobSpec) -> ParallelOptions {
-        ParallelOptions {
-            mode: spec.mode,
-            preload_hops: spec.preload_hops.map(|k| k as usize),
-            device_memory: spec.device_memory,
-            sampling: spec.sampling.clone(),
-            batch_size: match spec.mode {
-                Mode::Cob | Mode::Mb | Mode::Cluster => Some(spec.batch_size_or_default() as usize),
-                // auto: absent = the largest co-batch that fits, if it comes to CoB.
-                Mode::Auto => spec.batch_size.map(|b| b as usize),
-                _ => None,
-            },
-            resample_every: spec.resample_every,
-            staleness: spec.staleness,
-            remote_features: spec.remote_features,
-            inter_transport: spec.inter_transport,
-            exact_preference: spec
-                .exact_preference
-                .unwrap_or(grandis_wire::defaults::EXACT_PREFERENCE),
-            infer: spec.predict.as_ref().map(|p| InferOptions {
-                dir: p.dir.clone().into(),
-                kind: match p.logits {
-                    true => grandis_trainer::layerwise::Predictions::Logits,
-                    false => grandis_trainer::layerwise::Predictions::ClassIds,
-                },
-                embeddings: p.embeddings,
-                block_budget: p.block_memory,
-            }),
-            ..ParallelOptions::default()
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use grandis_wire::Priority;
+    use grandis_wire::{Priority, Sampling};
 
     #[test]
     fn a_job_maps_to_its_options() {
@@ -200,13 +207,13 @@ mod tests {
             preload_hops: Some(2),
             ..base.clone()
         });
-        assert_eq!(o.sampling, eas);
+        assert_eq!(o.job.sampling, eas);
         assert_eq!(
             (
-                o.resample_every,
-                o.device_memory,
-                o.batch_size,
-                o.preload_hops
+                o.job.resample_every,
+                o.job.device_memory,
+                o.batch_size(),
+                o.preload_hops()
             ),
             (Some(3), Some(1 << 20), None, Some(2))
         );
@@ -216,13 +223,13 @@ mod tests {
             batch_size: Some(64),
             ..base.clone()
         });
-        assert_eq!(o.batch_size, Some(64));
+        assert_eq!(o.batch_size(), Some(64));
         let o = ParallelOptions::for_job(&JobSpec {
             mode: Mode::Mb,
             ..base.clone()
         });
         assert_eq!(
-            o.batch_size,
+            o.batch_size(),
             Some(grandis_wire::defaults::BATCH_SIZE as usize)
         );
         // GraphSAINT without a batch size: the default roots' worth.
@@ -231,13 +238,13 @@ mod tests {
             sampling: Sampling::Saint { walk_length: 2 },
             ..base.clone()
         });
-        assert_eq!(o.batch_size, Some(9000));
+        assert_eq!(o.batch_size(), Some(9000));
         // auto: only an explicit co-batch size (absent = the largest that fits).
         let o = ParallelOptions::for_job(&JobSpec {
             mode: Mode::Auto,
             ..base
         });
-        assert_eq!((o.mode, o.batch_size), (Mode::Auto, None));
+        assert_eq!((o.job.mode, o.batch_size()), (Mode::Auto, None));
     }
 
     #[test]

@@ -432,13 +432,12 @@ impl Candidate {
 
     /// `base` with this candidate's mode and knobs.
     pub fn options(&self, base: &crate::ParallelOptions) -> crate::ParallelOptions {
-        crate::ParallelOptions {
-            mode: self.mode,
-            preload_hops: self.preload_hops,
-            sampling: self.sampling.clone(),
-            batch_size: self.batch_size,
-            ..base.clone()
-        }
+        let mut options = base.clone();
+        options.job.mode = self.mode;
+        options.job.preload_hops = self.preload_hops.map(|k| k as u32);
+        options.job.sampling = self.sampling.clone();
+        options.job.batch_size = self.batch_size.map(|b| b as u32);
+        options
     }
 }
 
@@ -636,14 +635,12 @@ pub fn plan(
     let (budget, _) = crate::budget::budget(base, &part.layout)?;
     let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
     let count = |c: &Candidate| -> Planned {
-        let popts = crate::ParallelOptions {
-            device_memory: Some(budget),
-            ..c.options(base)
-        };
+        let mut popts = c.options(base);
+        popts.job.device_memory = Some(budget);
         let started = std::time::Instant::now();
         let counted = (|| -> anyhow::Result<EpochCounts> {
             let sampler =
-                grandis_sampling::dependency_sampler(&popts.sampling, config.layers, seed)?;
+                grandis_sampling::dependency_sampler(&popts.job.sampling, config.layers, seed)?;
             let inputs = crate::steps::StepInputs {
                 ctx,
                 dims: &dims,

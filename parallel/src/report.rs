@@ -137,11 +137,11 @@ impl ParallelReport {
     ) -> ParallelReport {
         let counters = Counters::sum(ranks.iter().map(|(_, c)| c));
         let inference = popts
-            .infer
+            .infer()
             .as_ref()
             .map(|o| inference_summary(o, ranks.iter().map(|(r, _)| r)));
         ParallelReport {
-            mode: popts.mode,
+            mode: popts.job.mode,
             plan: None,
             servers: part.layout.servers(),
             devices: part.layout.devices(),
@@ -217,7 +217,7 @@ impl Ran {
         let bwd = phase_bytes(Phase::Backward);
         let (fetch_bytes_per_epoch, setup_fetch_bytes) =
             fetch_bytes(&counters, epochs, decision.first_plan_recurs(epochs));
-        let logits = popts.collect_logits.then(|| {
+        let logits = popts.machine.collect_logits.then(|| {
             let mut all = vec![f32::NAN; part.new_to_old.len() * classes];
             for r in &results {
                 for (o, row) in &r.logits {
@@ -254,7 +254,7 @@ impl Ran {
         let computed: Vec<u64> = rs.computed_per_layer.iter().map(|&x| per_ep(x)).collect();
         let choice = &decision.choice;
         Ok(ParallelReport {
-            mode: popts.mode,
+            mode: popts.job.mode,
             plan,
             servers: part.layout.servers(),
             devices: part.layout.devices(),
@@ -290,7 +290,9 @@ impl Ran {
             },
             memory,
             sampling: decision.sampling.clone(),
-            batch_size: popts.batch_size.filter(|_| popts.mode.is_mini_batch()),
+            batch_size: popts
+                .batch_size()
+                .filter(|_| popts.job.mode.is_mini_batch()),
             iterations_per_epoch: decision.schedule.iterations(),
             targets_per_epoch: per_ep(rs.targets),
             sampled_edges: per_ep(rs.sampled_edges),
@@ -304,10 +306,10 @@ impl Ran {
                 .collect(),
             beta: rs.beta_sum.iter().map(|b| b / steps_n).collect(),
             inference: popts
-                .infer
+                .infer()
                 .as_ref()
                 .map(|o| inference_summary(o, results.iter().filter_map(|r| r.inference.as_ref()))),
-            staleness: popts.staleness.map(|_| grandis_wire::StaleSummary {
+            staleness: popts.job.staleness.map(|_| grandis_wire::StaleSummary {
                 sends: results.iter().map(|r| r.stale.sent).sum(),
                 skips: results.iter().map(|r| r.stale.skipped).sum(),
                 saved_bytes_per_epoch: per_ep(results.iter().map(|r| r.stale.saved_bytes).sum()),

@@ -114,8 +114,9 @@ pub(crate) fn run(
     // Every step is kept until each rank run HERE took it.
     let iterations = decision.schedule.iterations();
     let plan_threads = popts
+        .machine
         .plan_threads
-        .unwrap_or_else(|| default_plan_threads(&popts.compute, local_ranks));
+        .unwrap_or_else(|| default_plan_threads(&popts.machine.compute, local_ranks));
     let feed = crate::feed::Feed::new(
         local_ranks,
         if decision.is_static() {
@@ -147,7 +148,7 @@ pub(crate) fn run(
     let prefetcher = Prefetcher::new();
     let answerer = Answerer::new();
     let infer = crate::infer::InferShared::new(popts, part, view, &scales, local_ranks)?;
-    let buffers = feature_buffers(&popts.compute, layout.devices());
+    let buffers = feature_buffers(&popts.machine.compute, layout.devices());
     let shared = crate::shared::Shared {
         view,
         new_to_old: &part.new_to_old,
@@ -158,7 +159,7 @@ pub(crate) fn run(
         opts,
         labelled_flags,
         totals,
-        collect_logits: popts.collect_logits,
+        collect_logits: popts.machine.collect_logits,
         infer,
         feed: &feed,
         prefetch: (!decision.is_static()).then_some(&prefetcher),
@@ -167,19 +168,19 @@ pub(crate) fn run(
         eval,
         weights: None,
         resume,
-        checkpoint: &popts.checkpoint,
-        staleness: popts.staleness,
-        remote_features: popts.remote_features,
+        checkpoint: &popts.machine.checkpoint,
+        staleness: popts.job.staleness,
+        remote_features: popts.job.remote_features,
         buffers: &buffers,
         server_counts: (matches!(part_here, StepPart::Server(_)) && layout.servers() > 1)
             .then_some(&counts),
     };
     let callback: worker::EpochCallback<'_> = Mutex::new(on_epoch);
     let transports = crate::links::select(
-        &popts.compute,
-        &rank_ordinals(&popts.compute, layout.devices())?,
-        popts.inter_transport,
-        popts.intra_transport,
+        &popts.machine.compute,
+        &rank_ordinals(&popts.machine.compute, layout.devices())?,
+        popts.job.inter_transport,
+        popts.machine.intra_transport,
     )?;
     let ranks_here: Vec<usize> = match &local {
         Some(endpoints) => endpoints.iter().map(Endpoint::rank).collect(),
@@ -202,14 +203,14 @@ pub(crate) fn run(
             ep.rank() == 0
         };
         let callback = reports.then_some(&callback);
-        match &popts.compute {
+        match &popts.machine.compute {
             Compute::Cpu => {
                 let backend = CpuBackend::new(Some(threads_per_rank))?;
                 run_rank::<_, HostNccl>(&shared, backend, ep, links, callback)
             }
             #[cfg(feature = "cuda")]
             Compute::Cuda { .. } => {
-                let backend = cuda_rank_backend(&popts.compute, &ep)?;
+                let backend = cuda_rank_backend(&popts.machine.compute, &ep)?;
                 match transports.intra {
                     IntraTransport::NcclOnHost => {
                         run_rank::<_, HostNccl>(&shared, backend, ep, links, callback)
@@ -221,7 +222,7 @@ pub(crate) fn run(
             }
             // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
             #[cfg(not(feature = "cuda"))]
-            Compute::Cuda { .. } => match cuda_rank_backend(&popts.compute, &ep)? {},
+            Compute::Cuda { .. } => match cuda_rank_backend(&popts.machine.compute, &ep)? {},
         }
     };
     let run_all = || -> anyhow::Result<Vec<RankResult>> {
@@ -253,12 +254,16 @@ pub(crate) fn run(
             // the epoch) and keep their buffers on the device: a few. Not the whole window:
             // with 17 steps ahead the producers kept page-locking fresh buffers and the
             // products-like epoch went from 10.3 s to 10.7 s (mb) and 10.8 s to 14.2 s (cob).
-            ahead: if popts.compute.is_cuda() { 4 } else { 1 },
+            ahead: if popts.machine.compute.is_cuda() {
+                4
+            } else {
+                1
+            },
         }),
     };
     let results = match &decision.schedule {
         Schedule::Static { step, stats } => {
-            crate::budget::check_budget(popts.device_memory, &stats.model_bytes, "the plan")?;
+            crate::budget::check_budget(popts.job.device_memory, &stats.model_bytes, "the plan")?;
             // One plan for every epoch: hand it out up front and free the planning context
             // before training.
             for e in 0..epochs as u64 {
@@ -296,7 +301,7 @@ pub(crate) fn run(
                         &inputs,
                         schedule,
                         epochs,
-                        popts.device_memory,
+                        popts.job.device_memory,
                         &feed,
                         &counts,
                         plan_threads,

@@ -73,6 +73,7 @@ pub fn train_server(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{JobSpec, Machine};
     use grandis_fabric::{Fabric, FabricConfig};
     use grandis_models::ModelKind;
     use grandis_synth::SynthConfig;
@@ -133,12 +134,17 @@ mod tests {
         ];
         for (mode, sampling, batch_size) in cases {
             let popts = ParallelOptions {
-                mode,
-                preload_hops: (mode == Mode::Flx).then_some(1),
-                sampling,
-                batch_size,
-                threads_per_rank: Some(1),
-                ..Default::default()
+                job: JobSpec {
+                    mode,
+                    preload_hops: (mode == Mode::Flx).then_some(1),
+                    sampling,
+                    batch_size,
+                    ..JobSpec::default()
+                },
+                machine: Machine {
+                    threads_per_rank: Some(1),
+                    ..Machine::default()
+                },
             };
             let reference =
                 crate::train(view, &part, config.clone(), &opts, &popts, &mut |_| {}).unwrap();

@@ -8,7 +8,6 @@ use grandis_fabric::Endpoint;
 use grandis_models::{Model, ModelConfig};
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, TrainOptions};
-use grandis_wire::Mode;
 
 use crate::budget::model_dims;
 use crate::infer::{infer_rank, InferShared, RankInference};
@@ -47,23 +46,12 @@ pub(crate) fn train_ranks(
     check_inputs(&view, part, &config)?;
     let (popts, plan) =
         auto::resolve_mode(&view, part, &config, popts, opts.seed, local.as_deref_mut())?;
-    if popts.staleness.is_some() && !matches!(popts.mode, Mode::Fb | Mode::Flx) {
-        bail!(
-            "staleness bounds the full-batch halo exchange of modes fb and flx; mode {} has none \
-             to skip",
-            popts.mode
-        );
-    }
-    if popts.remote_features.is_some() && !popts.mode.is_mini_batch() {
-        bail!(
-            "remote features samples the features fetched per step in modes cob, mb and \
-             cluster; mode {} fetches them once",
-            popts.mode
-        );
-    }
-    let resume = popts.checkpoint.resume_from(&config, opts)?;
+    // The job's combinations (staleness only for fb / flx, remote features only for the
+    // mini-batch modes, ...) were checked once where it entered (`JobSpec::validate`); auto
+    // resolves to a mode its spec allows.
+    let resume = popts.machine.checkpoint.resume_from(&config, opts)?;
     if let Some(ck) = &resume {
-        if ck.epochs_done == opts.epochs && popts.infer.is_some() {
+        if ck.epochs_done == opts.epochs && popts.infer().is_some() {
             tracing::info!(
                 "the checkpoint holds all {} epochs: predicting without training",
                 ck.epochs_done
@@ -79,7 +67,8 @@ pub(crate) fn train_ranks(
     let ctx = plan_context(&view, part)?;
     let dims = model_dims(&config);
     // The sampler outlives the schedule that borrows it.
-    let sampler = grandis_sampling::dependency_sampler(&popts.sampling, config.layers, opts.seed)?;
+    let sampler =
+        grandis_sampling::dependency_sampler(&popts.job.sampling, config.layers, opts.seed)?;
     // Under a daemon (one server's ranks here) each step's part of the other servers is
     // built by theirs.
     let part_here = match local.as_deref() {
@@ -154,19 +143,21 @@ fn predict_only(
         let r = infer_rank(b, &model, &mut ep, shared)?;
         Ok((r, ep.counters()))
     }
-    let work = |ep: Endpoint| match &popts.compute {
+    let work = |ep: Endpoint| match &popts.machine.compute {
         Compute::Cpu => {
             let b = grandis_engine::CpuBackend::new(Some(threads_per_rank))?;
             on(&b, config, ck, ep, &shared)
         }
         #[cfg(feature = "cuda")]
         Compute::Cuda { .. } => {
-            let b = crate::compute::cuda_rank_backend(&popts.compute, &ep)?;
+            let b = crate::compute::cuda_rank_backend(&popts.machine.compute, &ep)?;
             on(&b, config, ck, ep, &shared)
         }
         // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
         #[cfg(not(feature = "cuda"))]
-        Compute::Cuda { .. } => match crate::compute::cuda_rank_backend(&popts.compute, &ep)? {},
+        Compute::Cuda { .. } => {
+            match crate::compute::cuda_rank_backend(&popts.machine.compute, &ep)? {}
+        }
     };
     let endpoints = match local {
         Some(endpoints) => endpoints,

@@ -10,7 +10,8 @@ use grandis_fabric::{Counters, LinkClass, Phase};
 use grandis_masking::{FlxPlan, Layout, ModelDims, PlanContext, SplitMembership};
 use grandis_models::ModelKind;
 use grandis_parallel::{
-    model_dims, plan_context, Mode, ParallelOptions, Priority, Sampling, EVAL_EPOCH_BIT,
+    model_dims, plan_context, JobSpec, Machine, Mode, ParallelOptions, Priority, Sampling,
+    EVAL_EPOCH_BIT,
 };
 use grandis_sampling::{cob_plan, round_of, CoBatcher, Exact};
 use grandis_trainer::{EvalSchedule, TrainOptions};
@@ -250,10 +251,15 @@ fn batched_runs_evaluate_on_their_schedule() {
     let part = random_partition(&view, 2, 2, 17);
     let config = config(&view, ModelKind::Sage, 2);
     let popts = ParallelOptions {
-        mode: Mode::Cob,
-        batch_size: Some(50),
-        threads_per_rank: Some(1),
-        ..Default::default()
+        job: JobSpec {
+            mode: Mode::Cob,
+            batch_size: Some(50),
+            ..JobSpec::default()
+        },
+        machine: Machine {
+            threads_per_rank: Some(1),
+            ..Machine::default()
+        },
     };
     let run = |eval| {
         let opts = TrainOptions { eval, ..opts(5) };
@@ -317,10 +323,15 @@ fn fetched_bytes_equal_the_remote_rows_of_every_step() {
     let row = 4 * view.feature_dim as u64;
     let batch = 40;
     let popts = ParallelOptions {
-        mode: Mode::Cob,
-        batch_size: Some(batch),
-        threads_per_rank: Some(1),
-        ..Default::default()
+        job: JobSpec {
+            mode: Mode::Cob,
+            batch_size: Some(batch as u32),
+            ..JobSpec::default()
+        },
+        machine: Machine {
+            threads_per_rank: Some(1),
+            ..Machine::default()
+        },
     };
     let r =
         grandis_parallel::train(view, &part, config.clone(), &opts, &popts, &mut |_| {}).unwrap();
@@ -403,16 +414,21 @@ fn fetched_bytes_equal_the_remote_rows_of_every_step() {
     // is paid per epoch.
     for (every, recurs) in [(None, false), (Some(1), true)] {
         let popts = ParallelOptions {
-            mode: Mode::Flx,
-            preload_hops: Some(layers),
-            sampling: Sampling::Eas {
-                hops: 1,
-                fanout: 2,
-                priority: Priority::Degree,
+            job: JobSpec {
+                mode: Mode::Flx,
+                preload_hops: Some(layers as u32),
+                sampling: Sampling::Eas {
+                    hops: 1,
+                    fanout: 2,
+                    priority: Priority::Degree,
+                },
+                resample_every: every,
+                ..JobSpec::default()
             },
-            resample_every: every,
-            threads_per_rank: Some(1),
-            ..Default::default()
+            machine: Machine {
+                threads_per_rank: Some(1),
+                ..Machine::default()
+            },
         };
         let r = grandis_parallel::train(view, &part, config.clone(), &opts, &popts, &mut |_| {})
             .unwrap();
@@ -448,10 +464,15 @@ fn time_split_accounts_for_the_step_pipeline() {
         (Mode::Mb, Some(20)),
     ] {
         let popts = ParallelOptions {
-            mode,
-            batch_size: batch,
-            threads_per_rank: Some(1),
-            ..Default::default()
+            job: JobSpec {
+                mode,
+                batch_size: batch,
+                ..JobSpec::default()
+            },
+            machine: Machine {
+                threads_per_rank: Some(1),
+                ..Machine::default()
+            },
         };
         let r = grandis_parallel::train(view, &part, config.clone(), &opts, &popts, &mut |_| {})
             .unwrap();

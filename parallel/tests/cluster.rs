@@ -7,7 +7,9 @@ mod common;
 
 use common::*;
 use grandis_models::ModelKind;
-use grandis_parallel::{Mode, ParallelOptions, ParallelReport, PartitionedGraph, Sampling};
+use grandis_parallel::{
+    JobSpec, Machine, Mode, ParallelOptions, ParallelReport, PartitionedGraph, Sampling,
+};
 
 fn run(
     view: grandis_store::DatasetView<'_>,
@@ -17,12 +19,17 @@ fn run(
     sampling: Sampling,
 ) -> anyhow::Result<ParallelReport> {
     let popts = ParallelOptions {
-        mode: Mode::Cluster,
-        threads_per_rank: Some(1),
-        collect_logits: true,
-        batch_size: Some(batch),
-        sampling,
-        ..Default::default()
+        job: JobSpec {
+            mode: Mode::Cluster,
+            batch_size: Some(batch as u32),
+            sampling,
+            ..JobSpec::default()
+        },
+        machine: Machine {
+            threads_per_rank: Some(1),
+            collect_logits: true,
+            ..Machine::default()
+        },
     };
     grandis_parallel::train(
         view,

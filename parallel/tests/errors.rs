@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use grandis_masking::Layout;
 use grandis_models::ModelKind;
-use grandis_parallel::{Mode, ParallelOptions, PartitionedGraph};
+use grandis_parallel::{JobSpec, Mode, ParallelOptions, PartitionedGraph};
 use grandis_partition::{PartitionBook, PartitionConfig, PartitionMethod};
 
 fn err_of(r: anyhow::Result<impl Sized>) -> String {
@@ -49,8 +49,11 @@ fn budget_too_small_for_k0() {
     let part = random_partition(&view, 2, 1, 2);
     let config = config(&view, ModelKind::Sage, 2);
     let popts = ParallelOptions {
-        mode: Mode::Flx,
-        device_memory: Some(1000),
+        job: JobSpec {
+            mode: Mode::Flx,
+            device_memory: Some(1000),
+            ..JobSpec::default()
+        },
         ..Default::default()
     };
     let e = err_of(grandis_parallel::train(
@@ -157,9 +160,12 @@ fn explicit_budget_is_enforced_by_the_memory_model_in_every_mode() {
     let config = config(&view, ModelKind::Sage, 2);
     for (mode, batch_size) in [(Mode::Fb, None), (Mode::Cob, Some(16)), (Mode::Mb, Some(8))] {
         let popts = |device_memory| ParallelOptions {
-            mode,
-            batch_size,
-            device_memory,
+            job: JobSpec {
+                mode,
+                batch_size,
+                device_memory,
+                ..JobSpec::default()
+            },
             ..Default::default()
         };
         let run = |p: &ParallelOptions| {

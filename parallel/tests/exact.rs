@@ -118,7 +118,7 @@ fn cora_matches_single() {
 /// same final logits.
 #[test]
 fn resumed_runs_repeat_the_uninterrupted_run() {
-    use grandis_parallel::{train, ParallelOptions};
+    use grandis_parallel::{train, JobSpec, Machine, ParallelOptions};
     use grandis_trainer::CheckpointOptions;
     let ds = random_dataset(7, 80, 320, 5, 3);
     let view = ds.view();
@@ -133,13 +133,18 @@ fn resumed_runs_repeat_the_uninterrupted_run() {
     ] {
         let path = dir.path().join(format!("{mode}.safetensors"));
         let popts = |epochs_ckpt: CheckpointOptions| ParallelOptions {
-            mode,
-            preload_hops: k,
-            batch_size: batch,
-            threads_per_rank: Some(1),
-            collect_logits: true,
-            checkpoint: epochs_ckpt,
-            ..Default::default()
+            job: JobSpec {
+                mode,
+                preload_hops: k,
+                batch_size: batch,
+                ..JobSpec::default()
+            },
+            machine: Machine {
+                threads_per_rank: Some(1),
+                collect_logits: true,
+                checkpoint: epochs_ckpt,
+                ..Machine::default()
+            },
         };
         let run = |epochs: usize, ck: CheckpointOptions| {
             train(

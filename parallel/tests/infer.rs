@@ -8,12 +8,13 @@ mod common;
 use common::{assert_close, config, opts, random_dataset, random_partition};
 use grandis_models::ModelKind;
 use grandis_parallel::infer::InferOptions;
-use grandis_parallel::{Mode, ParallelOptions, ParallelReport, PartitionedGraph};
+use grandis_parallel::{JobSpec, Machine, Mode, ParallelOptions, ParallelReport, PartitionedGraph};
 use grandis_store::Dataset;
 use grandis_trainer::layerwise::{
     predict_layerwise, LayerwiseOptions, LayerwiseOutputs, Predictions,
 };
 use grandis_trainer::CheckpointOptions;
+use grandis_wire::PredictSpec;
 use std::path::{Path, PathBuf};
 
 const VERTICES: usize = 240;
@@ -52,17 +53,28 @@ fn run_resumed(
 ) -> anyhow::Result<ParallelReport> {
     let view = ds.view();
     let popts = ParallelOptions {
-        mode,
-        threads_per_rank: Some(1),
-        collect_logits: true,
-        batch_size: (mode == Mode::Cob).then_some(40),
-        checkpoint: CheckpointOptions {
-            path: Some(ckpt.to_path_buf()),
-            resume,
-            ..Default::default()
+        job: JobSpec {
+            mode,
+            batch_size: (mode == Mode::Cob).then_some(40),
+            // The job's predict section that asks for these outputs.
+            predict: Some(PredictSpec {
+                dir: infer.dir.to_string_lossy().into_owned(),
+                logits: infer.kind == Predictions::Logits,
+                embeddings: infer.embeddings,
+                block_memory: infer.block_budget,
+            }),
+            ..JobSpec::default()
         },
-        infer: Some(infer),
-        ..Default::default()
+        machine: Machine {
+            threads_per_rank: Some(1),
+            collect_logits: true,
+            checkpoint: CheckpointOptions {
+                path: Some(ckpt.to_path_buf()),
+                resume,
+                ..Default::default()
+            },
+            ..Machine::default()
+        },
     };
     grandis_parallel::train(
         view,

@@ -10,7 +10,7 @@ use grandis_models::ModelKind;
 use grandis_parallel::planner::{
     candidates, choose, layer_work, parameters, plan, static_floor, Counting,
 };
-use grandis_parallel::{Mode, ParallelOptions, Sampling};
+use grandis_parallel::{JobSpec, Machine, Mode, ParallelOptions, Sampling};
 use grandis_wire::{ComputeRate, LinkRate, PlanRates, ServerRates};
 
 /// Rates with `compute` for both kernels (a fifth of it beyond the caches) and links of
@@ -49,9 +49,15 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
     let cfg = config(&view, ModelKind::Sage, 2);
     let train = opts(1);
     let base = ParallelOptions {
-        threads_per_rank: Some(1),
-        device_memory: Some(1 << 30),
-        ..Default::default()
+        job: JobSpec {
+            mode: Mode::Fb,
+            device_memory: Some(1 << 30),
+            ..JobSpec::default()
+        },
+        machine: Machine {
+            threads_per_rank: Some(1),
+            ..Machine::default()
+        },
     };
     let rates = rates(1e9, 1e9, 1e8);
     let sampling = Sampling::Fanout {
@@ -135,9 +141,15 @@ fn pruning_rules_out_only_what_cannot_be_chosen() {
     let cfg = config(&view, ModelKind::Sage, 2);
     let seed = opts(1).seed;
     let base = ParallelOptions {
-        threads_per_rank: Some(1),
-        device_memory: Some(1 << 30),
-        ..Default::default()
+        job: JobSpec {
+            mode: Mode::Fb,
+            device_memory: Some(1 << 30),
+            ..JobSpec::default()
+        },
+        machine: Machine {
+            threads_per_rank: Some(1),
+            ..Machine::default()
+        },
     };
     let cands = candidates(
         2,
@@ -217,10 +229,8 @@ fn pruning_rules_out_only_what_cannot_be_chosen() {
     assert!(pruned_any, "no setting pruned a static candidate");
     let rates = rates(1e9, 1e9, 1e8);
     let floor = static_floor(&ctx, &dims, &work, params, &rates);
-    let tight = ParallelOptions {
-        device_memory: Some(floor.bytes - 1),
-        ..base.clone()
-    };
+    let mut tight = base.clone();
+    tight.job.device_memory = Some(floor.bytes - 1);
     let counting = Counting::Pruned {
         exact_preference: 1.2,
     };
@@ -266,15 +276,20 @@ fn auto_runs_the_plan_it_chose() {
     );
     for (budget, batch) in [(1u64 << 30, None), (floor.bytes - 1, Some(16))] {
         let popts = ParallelOptions {
-            mode: Mode::Auto,
-            threads_per_rank: Some(1),
-            device_memory: Some(budget),
-            batch_size: batch,
-            sampling: Sampling::Fanout {
-                fanouts: vec![3, 3],
+            job: JobSpec {
+                mode: Mode::Auto,
+                device_memory: Some(budget),
+                batch_size: batch,
+                sampling: Sampling::Fanout {
+                    fanouts: vec![3, 3],
+                },
+                ..JobSpec::default()
             },
-            measured: Some(measured.clone()),
-            ..Default::default()
+            machine: Machine {
+                threads_per_rank: Some(1),
+                measured: Some(measured.clone()),
+                ..Machine::default()
+            },
         };
         // The planner fits training steps to the budget; evaluation's layer-wise blocks fit
         // it too.

@@ -1,15 +1,15 @@
-//! DGS's feature-level sampling of remote vertices (`ParallelOptions::remote_features`): the
+//! DGS's feature-level sampling of remote vertices (the job's `remote_features`): the
 //! first epoch fetches whole rows (no trained weights to rank columns by yet) and equals the
 //! exact run; from the second on, every row fetched from another server carries exactly
 //! `ceil(fraction · F)` columns, so each epoch's fetched bytes are the exact run's times
-//! `k / F` (the batches are the same: same seed); modes without per-step fetches refuse it.
+//! `k / F` (the batches are the same: same seed).
 
 mod common;
 
 use common::*;
 use grandis_fabric::{Direction, LinkClass, Phase};
 use grandis_models::ModelKind;
-use grandis_parallel::{Mode, ParallelOptions, ParallelReport, Sampling};
+use grandis_parallel::{JobSpec, Machine, Mode, ParallelOptions, ParallelReport, Sampling};
 
 fn run(
     view: grandis_store::DatasetView<'_>,
@@ -19,17 +19,22 @@ fn run(
 ) -> anyhow::Result<ParallelReport> {
     let config = config(&view, ModelKind::Sage, 2);
     let popts = ParallelOptions {
-        mode,
-        threads_per_rank: Some(1),
-        batch_size: mode.is_mini_batch().then_some(10),
-        sampling: match mode {
-            Mode::Mb => Sampling::Fanout {
-                fanouts: vec![4, 3],
+        job: JobSpec {
+            mode,
+            batch_size: mode.is_mini_batch().then_some(10),
+            sampling: match mode {
+                Mode::Mb => Sampling::Fanout {
+                    fanouts: vec![4, 3],
+                },
+                _ => Sampling::None,
             },
-            _ => Sampling::None,
+            remote_features,
+            ..JobSpec::default()
         },
-        remote_features,
-        ..Default::default()
+        machine: Machine {
+            threads_per_rank: Some(1),
+            ..Machine::default()
+        },
     };
     grandis_parallel::train(view, part, config, &opts(4), &popts, &mut |_| {})
 }
@@ -86,18 +91,5 @@ fn remote_rows_carry_the_chosen_fraction_of_columns() {
             r.halo_bytes_per_epoch.intra_server,
             exact.halo_bytes_per_epoch.intra_server
         );
-    }
-}
-
-#[test]
-fn modes_that_fetch_once_refuse_remote_features() {
-    let ds = random_dataset(32, 60, 200, 4, 3);
-    let view = ds.view();
-    let part = random_partition(&view, 2, 1, 32);
-    for mode in [Mode::Fb, Mode::Flx] {
-        let e = run(view, &part, mode, Some(0.5))
-            .err()
-            .unwrap_or_else(|| panic!("{mode:?} accepted remote features"));
-        assert!(format!("{e:#}").contains("remote features"), "{e:#}");
     }
 }

@@ -7,7 +7,9 @@ mod common;
 
 use common::*;
 use grandis_models::{Model, ModelKind};
-use grandis_parallel::{embeddings, plan_context, Mode, ParallelOptions, Priority, Sampling};
+use grandis_parallel::{
+    embeddings, plan_context, JobSpec, Machine, Mode, ParallelOptions, Priority, Sampling,
+};
 use grandis_sampling::{cob_plan, CoBatcher, Eas, Exact, Fanout};
 
 fn run(
@@ -18,8 +20,11 @@ fn run(
     popts: ParallelOptions,
 ) -> anyhow::Result<grandis_parallel::ParallelReport> {
     let popts = ParallelOptions {
-        threads_per_rank: Some(1),
-        collect_logits: true,
+        machine: Machine {
+            threads_per_rank: Some(1),
+            collect_logits: true,
+            ..popts.machine
+        },
         ..popts
     };
     grandis_parallel::train(
@@ -116,8 +121,11 @@ fn one_cobatch_or_minibatch_per_epoch_equals_single_trainer() {
                 &config,
                 3,
                 ParallelOptions {
-                    mode,
-                    batch_size: Some(1000),
+                    job: JobSpec {
+                        mode,
+                        batch_size: Some(1000),
+                        ..JobSpec::default()
+                    },
                     ..Default::default()
                 },
             )
@@ -160,16 +168,21 @@ fn batched_evaluation_is_the_whole_graph_forward_pass() {
                 &config,
                 2,
                 ParallelOptions {
-                    mode,
-                    batch_size: Some(batch),
-                    sampling: grandis_parallel::Sampling::Fanout {
-                        fanouts: vec![2, 2],
+                    job: JobSpec {
+                        mode,
+                        batch_size: Some(batch),
+                        sampling: grandis_parallel::Sampling::Fanout {
+                            fanouts: vec![2, 2],
+                        },
+                        ..JobSpec::default()
                     },
-                    checkpoint: grandis_trainer::CheckpointOptions {
-                        path: Some(path.clone()),
-                        ..Default::default()
+                    machine: Machine {
+                        checkpoint: grandis_trainer::CheckpointOptions {
+                            path: Some(path.clone()),
+                            ..Default::default()
+                        },
+                        ..Machine::default()
                     },
-                    ..Default::default()
                 },
             )
             .unwrap();
@@ -218,8 +231,11 @@ fn eas_keeping_every_dependency_equals_exact_flx() {
         &config,
         3,
         ParallelOptions {
-            mode: Mode::Flx,
-            preload_hops: Some(2),
+            job: JobSpec {
+                mode: Mode::Flx,
+                preload_hops: Some(2),
+                ..JobSpec::default()
+            },
             ..Default::default()
         },
     )
@@ -230,12 +246,15 @@ fn eas_keeping_every_dependency_equals_exact_flx() {
         &config,
         3,
         ParallelOptions {
-            mode: Mode::Flx,
-            preload_hops: Some(2),
-            sampling: Sampling::Eas {
-                hops: 2,
-                fanout: 10_000,
-                priority: Priority::Degree,
+            job: JobSpec {
+                mode: Mode::Flx,
+                preload_hops: Some(2),
+                sampling: Sampling::Eas {
+                    hops: 2,
+                    fanout: 10_000,
+                    priority: Priority::Degree,
+                },
+                ..JobSpec::default()
             },
             ..Default::default()
         },
@@ -255,26 +274,32 @@ fn sampled_modes_are_deterministic_and_report_counters() {
         (
             "flx-eas",
             ParallelOptions {
-                mode: Mode::Flx,
-                preload_hops: Some(2),
-                sampling: Sampling::Eas {
-                    hops: 1,
-                    fanout: 2,
-                    priority: Priority::Degree,
+                job: JobSpec {
+                    mode: Mode::Flx,
+                    preload_hops: Some(2),
+                    sampling: Sampling::Eas {
+                        hops: 1,
+                        fanout: 2,
+                        priority: Priority::Degree,
+                    },
+                    resample_every: Some(1),
+                    ..JobSpec::default()
                 },
-                resample_every: Some(1),
                 ..Default::default()
             },
         ),
         (
             "cob-eas",
             ParallelOptions {
-                mode: Mode::Cob,
-                batch_size: Some(9),
-                sampling: Sampling::Eas {
-                    hops: 1,
-                    fanout: 2,
-                    priority: Priority::Uniform,
+                job: JobSpec {
+                    mode: Mode::Cob,
+                    batch_size: Some(9),
+                    sampling: Sampling::Eas {
+                        hops: 1,
+                        fanout: 2,
+                        priority: Priority::Uniform,
+                    },
+                    ..JobSpec::default()
                 },
                 ..Default::default()
             },
@@ -282,10 +307,13 @@ fn sampled_modes_are_deterministic_and_report_counters() {
         (
             "cob-sage",
             ParallelOptions {
-                mode: Mode::Cob,
-                batch_size: Some(9),
-                sampling: Sampling::Fanout {
-                    fanouts: vec![3, 2],
+                job: JobSpec {
+                    mode: Mode::Cob,
+                    batch_size: Some(9),
+                    sampling: Sampling::Fanout {
+                        fanouts: vec![3, 2],
+                    },
+                    ..JobSpec::default()
                 },
                 ..Default::default()
             },
@@ -293,19 +321,25 @@ fn sampled_modes_are_deterministic_and_report_counters() {
         (
             "cob-saint",
             ParallelOptions {
-                mode: Mode::Cob,
-                batch_size: Some(20),
-                sampling: Sampling::Saint { walk_length: 2 },
+                job: JobSpec {
+                    mode: Mode::Cob,
+                    batch_size: Some(20),
+                    sampling: Sampling::Saint { walk_length: 2 },
+                    ..JobSpec::default()
+                },
                 ..Default::default()
             },
         ),
         (
             "mb-sage",
             ParallelOptions {
-                mode: Mode::Mb,
-                batch_size: Some(5),
-                sampling: Sampling::Fanout {
-                    fanouts: vec![3, 2],
+                job: JobSpec {
+                    mode: Mode::Mb,
+                    batch_size: Some(5),
+                    sampling: Sampling::Fanout {
+                        fanouts: vec![3, 2],
+                    },
+                    ..JobSpec::default()
                 },
                 ..Default::default()
             },
@@ -360,8 +394,11 @@ fn sampled_modes_are_deterministic_and_report_counters() {
                 ..opts(2)
             },
             &ParallelOptions {
-                threads_per_rank: Some(1),
-                ..popts
+                machine: Machine {
+                    threads_per_rank: Some(1),
+                    ..popts.machine.clone()
+                },
+                ..popts.clone()
             },
             &mut |_| {},
         )
@@ -421,40 +458,47 @@ fn bad_sampling_combinations_are_errors() {
     let config = config(&view, ModelKind::Sage, 2);
     let err = |p: ParallelOptions| format!("{:#}", run(view, &part, &config, 1, p).unwrap_err());
     let e = err(ParallelOptions {
-        mode: Mode::Cob,
-        ..Default::default()
-    });
-    assert!(e.contains("--cobatch-size"), "{e}");
-    let e = err(ParallelOptions {
-        mode: Mode::Fb,
-        sampling: Sampling::Eas {
-            hops: 1,
-            fanout: 3,
-            priority: Priority::Degree,
+        job: JobSpec {
+            mode: Mode::Fb,
+            sampling: Sampling::Eas {
+                hops: 1,
+                fanout: 3,
+                priority: Priority::Degree,
+            },
+            ..JobSpec::default()
         },
         ..Default::default()
     });
     assert!(e.contains("mode 'fb' trains on the exact graph"), "{e}");
     let e = err(ParallelOptions {
-        mode: Mode::Mb,
-        batch_size: Some(4),
-        sampling: Sampling::Saint { walk_length: 0 },
+        job: JobSpec {
+            mode: Mode::Mb,
+            batch_size: Some(4),
+            sampling: Sampling::Saint { walk_length: 0 },
+            ..JobSpec::default()
+        },
         ..Default::default()
     });
     assert!(e.contains("saint"), "{e}");
     let e = err(ParallelOptions {
-        mode: Mode::Cob,
-        batch_size: Some(4),
-        sampling: Sampling::Fanout {
-            fanouts: vec![3, 3, 3],
+        job: JobSpec {
+            mode: Mode::Cob,
+            batch_size: Some(4),
+            sampling: Sampling::Fanout {
+                fanouts: vec![3, 3, 3],
+            },
+            ..JobSpec::default()
         },
         ..Default::default()
     });
     assert!(e.contains("fanouts"), "{e}");
     let e = err(ParallelOptions {
-        mode: Mode::Cob,
-        batch_size: Some(4),
-        preload_hops: Some(1),
+        job: JobSpec {
+            mode: Mode::Cob,
+            batch_size: Some(4),
+            preload_hops: Some(1),
+            ..JobSpec::default()
+        },
         ..Default::default()
     });
     assert!(e.contains("preload"), "{e}");
@@ -477,13 +521,18 @@ fn plan_producer_threads_do_not_change_the_run() {
                 &config,
                 2,
                 ParallelOptions {
-                    mode,
-                    batch_size: Some(batch),
-                    sampling: Sampling::Fanout {
-                        fanouts: vec![3, 2],
+                    job: JobSpec {
+                        mode,
+                        batch_size: Some(batch),
+                        sampling: Sampling::Fanout {
+                            fanouts: vec![3, 2],
+                        },
+                        ..JobSpec::default()
                     },
-                    plan_threads: Some(threads),
-                    ..Default::default()
+                    machine: Machine {
+                        plan_threads: Some(threads),
+                        ..Machine::default()
+                    },
                 },
             )
             .unwrap()

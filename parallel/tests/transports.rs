@@ -9,7 +9,9 @@ mod common;
 use common::*;
 use grandis_models::ModelKind;
 use grandis_parallel::links::IntraTransport;
-use grandis_parallel::{Mode, ParallelOptions, ParallelReport, PartitionedGraph, Sampling};
+use grandis_parallel::{
+    JobSpec, Machine, Mode, ParallelOptions, ParallelReport, PartitionedGraph, Sampling,
+};
 use grandis_wire::InterTransport;
 
 fn run(
@@ -23,15 +25,20 @@ fn run(
 ) -> ParallelReport {
     let config = config(&view, kind, 2);
     let popts = ParallelOptions {
-        mode,
-        preload_hops: k,
-        threads_per_rank: Some(1),
-        collect_logits: true,
-        batch_size: mode.is_mini_batch().then_some(12),
-        sampling,
-        intra_transport: transports.map(|t| t.0),
-        inter_transport: transports.map_or(InterTransport::Quic, |t| t.1),
-        ..Default::default()
+        job: JobSpec {
+            mode,
+            preload_hops: k.map(|k| k as u32),
+            batch_size: mode.is_mini_batch().then_some(12),
+            sampling,
+            inter_transport: transports.map_or(InterTransport::Quic, |t| t.1),
+            ..JobSpec::default()
+        },
+        machine: Machine {
+            threads_per_rank: Some(1),
+            collect_logits: true,
+            intra_transport: transports.map(|t| t.0),
+            ..Machine::default()
+        },
     };
     grandis_parallel::train(view, part, config, &opts(3), &popts, &mut |_| {})
         .unwrap_or_else(|e| panic!("{mode:?} k={k:?} over {transports:?}: {e:#}"))
@@ -138,11 +145,16 @@ fn a_transport_that_cannot_serve_the_job_is_refused() {
         ),
     ] {
         let popts = ParallelOptions {
-            mode: Mode::Fb,
-            threads_per_rank: Some(1),
-            intra_transport: intra,
-            inter_transport: inter,
-            ..Default::default()
+            job: JobSpec {
+                mode: Mode::Fb,
+                inter_transport: inter,
+                ..JobSpec::default()
+            },
+            machine: Machine {
+                threads_per_rank: Some(1),
+                intra_transport: intra,
+                ..Machine::default()
+            },
         };
         let err =
             grandis_parallel::train(view, &part, config.clone(), &opts(1), &popts, &mut |_| {})

@@ -669,6 +669,27 @@ mod tests {
             errors(r#"{"dataset": "d", "model": "gat", "hidden": 60, "heads": 8}"#),
             ["heads: must divide hidden (60) for gat: the heads split the hidden width, got 8"]
         );
+        // Staleness bounds the full-batch halo exchange; remote features sample per-step
+        // fetches: the runner relies on these rules holding (it does not check them again).
+        for mode in ["cob", "mb", "cluster", "auto"] {
+            let e = errors(&format!(
+                r#"{{"dataset": "d", "mode": "{mode}", "staleness": {{"bound": 0.1, "max_skips": 2}}}}"#
+            ));
+            assert!(
+                e[0].starts_with("staleness: bounds the full-batch halo exchange"),
+                "{mode}: {e:?}"
+            );
+        }
+        for mode in ["fb", "flx", "auto", "single"] {
+            let e = errors(&format!(
+                r#"{{"dataset": "d", "mode": "{mode}", "remote_features": 0.5}}"#
+            ));
+            assert!(
+                e.iter()
+                    .any(|m| m.starts_with("remote_features: samples the features fetched")),
+                "{mode}: {e:?}"
+            );
+        }
         // Other models ignore heads.
         assert!(JobSpec::from_json_str(r#"{"dataset": "d", "hidden": 60, "heads": 8}"#).is_ok());
         let s = JobSpec::from_json_str(

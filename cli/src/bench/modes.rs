@@ -10,7 +10,9 @@
 //! with GraphSAGE fanouts (CoB-SAGE) against CoB with EAS (CoB-EAS), same co-batch size.
 
 use anyhow::Context;
-use grandis_parallel::{Mode, ParallelOptions, ParallelReport, Priority, Sampling};
+use grandis_parallel::{
+    JobSpec, Machine, Mode, ParallelOptions, ParallelReport, Priority, Sampling,
+};
 use grandis_trainer::TrainOptions;
 
 #[derive(clap::Args)]
@@ -77,8 +79,11 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
             (
                 name,
                 ParallelOptions {
-                    mode,
-                    preload_hops: k,
+                    job: JobSpec {
+                        mode,
+                        preload_hops: k.map(|k| k as u32),
+                        ..JobSpec::default()
+                    },
                     ..Default::default()
                 },
             )
@@ -101,17 +106,23 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
                 .collect(),
         };
         let cob = |sampling| ParallelOptions {
-            mode: Mode::Cob,
-            batch_size: Some(args.cobatch_size),
-            sampling,
+            job: JobSpec {
+                mode: Mode::Cob,
+                batch_size: Some(args.cobatch_size as u32),
+                sampling,
+                ..JobSpec::default()
+            },
             ..Default::default()
         };
         modes.push((
             "FLX-EAS".into(),
             ParallelOptions {
-                mode: Mode::Flx,
-                preload_hops: Some(args.graph.layers),
-                sampling: eas.clone(),
+                job: JobSpec {
+                    mode: Mode::Flx,
+                    preload_hops: Some(args.graph.layers as u32),
+                    sampling: eas.clone(),
+                    ..JobSpec::default()
+                },
                 ..Default::default()
             },
         ));
@@ -120,9 +131,12 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
     }
     for (name, popts) in modes {
         let popts = ParallelOptions {
-            intra,
-            inter,
-            threads_per_rank: Some(args.graph.threads_per_rank),
+            machine: Machine {
+                intra,
+                inter,
+                threads_per_rank: Some(args.graph.threads_per_rank),
+                ..popts.machine
+            },
             ..popts
         };
         eprintln!("running {name} ...");

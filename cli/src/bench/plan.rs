@@ -8,7 +8,7 @@
 use anyhow::Context;
 use grandis_parallel::auto::{plan_rates, Placement};
 use grandis_parallel::planner::{candidates, choose, plan, Counting};
-use grandis_parallel::{Compute, ParallelOptions, Sampling};
+use grandis_parallel::{Compute, Machine, ParallelOptions, Sampling};
 use grandis_trainer::TrainOptions;
 use grandis_wire::{LinkRate, PlanRates, ServerRates};
 use std::time::Duration;
@@ -109,9 +109,12 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
         };
         let (intra, inter) = args.graph.links(ratio);
         let base = ParallelOptions {
-            threads_per_rank: Some(args.graph.threads_per_rank),
-            intra,
-            inter,
+            machine: Machine {
+                threads_per_rank: Some(args.graph.threads_per_rank),
+                intra,
+                inter,
+                ..Machine::default()
+            },
             ..Default::default()
         };
         let planned = plan(

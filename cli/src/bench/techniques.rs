@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context};
-use grandis_parallel::{Mode, ParallelOptions, ParallelReport, Sampling};
+use grandis_parallel::{JobSpec, Machine, Mode, ParallelOptions, ParallelReport, Sampling};
 use grandis_trainer::{EvalSchedule, TrainOptions};
 use grandis_wire::Staleness;
 
@@ -222,7 +222,7 @@ pub fn run(args: BenchTechniquesArgs) -> anyhow::Result<()> {
     for v in &variants {
         for &seed in &args.seeds {
             let opts = TrainOptions {
-                epochs: match v.options.mode {
+                epochs: match v.options.job.mode {
                     Mode::Fb | Mode::Flx => fb_epochs,
                     _ => epochs,
                 },
@@ -234,9 +234,12 @@ pub fn run(args: BenchTechniquesArgs) -> anyhow::Result<()> {
                 eval: EvalSchedule::Every(args.eval_every as usize),
             };
             let popts = ParallelOptions {
-                intra,
-                inter,
-                threads_per_rank: Some(args.graph.threads_per_rank),
+                machine: Machine {
+                    intra,
+                    inter,
+                    threads_per_rank: Some(args.graph.threads_per_rank),
+                    ..v.options.machine.clone()
+                },
                 ..v.options.clone()
             };
             let cfg = grandis_models::ModelConfig {
@@ -382,10 +385,13 @@ fn plan_runs(args: &BenchTechniquesArgs, fanouts: Vec<u32>) -> (Vec<Variant>, Ve
         name
     };
     let batched = |mode: Mode| ParallelOptions {
-        mode,
-        batch_size: Some(args.batch_size),
-        sampling: Sampling::Fanout {
-            fanouts: fanouts.clone(),
+        job: JobSpec {
+            mode,
+            batch_size: Some(args.batch_size as u32),
+            sampling: Sampling::Fanout {
+                fanouts: fanouts.clone(),
+            },
+            ..JobSpec::default()
         },
         ..Default::default()
     };
@@ -399,7 +405,10 @@ fn plan_runs(args: &BenchTechniquesArgs, fanouts: Vec<u32>) -> (Vec<Variant>, Ve
         match t {
             Technique::Sancus => {
                 let fb = ParallelOptions {
-                    mode: Mode::Fb,
+                    job: JobSpec {
+                        mode: Mode::Fb,
+                        ..JobSpec::default()
+                    },
                     ..Default::default()
                 };
                 let s = args.staleness;
@@ -410,7 +419,10 @@ fn plan_runs(args: &BenchTechniquesArgs, fanouts: Vec<u32>) -> (Vec<Variant>, Ve
                         add(
                             format!("fb --staleness {},{}", s.bound, s.max_skips),
                             ParallelOptions {
-                                staleness: Some(s),
+                                job: JobSpec {
+                                    staleness: Some(s),
+                                    ..fb.job.clone()
+                                },
                                 ..fb
                             },
                         ),
@@ -428,9 +440,10 @@ fn plan_runs(args: &BenchTechniquesArgs, fanouts: Vec<u32>) -> (Vec<Variant>, Ve
                                     "{mode} --fanouts {f} --remote-features {}",
                                     args.remote_features
                                 ),
-                                ParallelOptions {
-                                    remote_features: Some(args.remote_features),
-                                    ..batched(mode)
+                                {
+                                    let mut o = batched(mode);
+                                    o.job.remote_features = Some(args.remote_features);
+                                    o
                                 },
                             ),
                         ],
@@ -445,8 +458,11 @@ fn plan_runs(args: &BenchTechniquesArgs, fanouts: Vec<u32>) -> (Vec<Variant>, Ve
                     add(
                         "cluster".into(),
                         ParallelOptions {
-                            mode: Mode::Cluster,
-                            batch_size: Some(args.batch_size),
+                            job: JobSpec {
+                                mode: Mode::Cluster,
+                                batch_size: Some(args.batch_size as u32),
+                                ..JobSpec::default()
+                            },
                             ..Default::default()
                         },
                     ),

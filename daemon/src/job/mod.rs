@@ -1,6 +1,6 @@
 //! One server's part of one job, the daemon's entry being [`run_job`]: check the assignment,
-//! open the dataset, map the job to its options (`ParallelOptions::for_job`, the same pure
-//! mapping `grandis train` uses), partition (deterministically, so every server of the job
+//! open the dataset, hold the job in its options (`ParallelOptions { job, machine }`, as
+//! `grandis train` does), partition (deterministically, so every server of the job
 //! arrives at the same partition and plans), fetch the checkpoint a retry resumes from
 //! ([`checkpoint`]), connect the data plane ([`plane`]), run this server's ranks through
 //! `grandis_parallel::server::train_server`, and report ([`report`]); the leader uploads each
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use grandis_fabric::Topology;
 use grandis_models::ModelConfig;
-use grandis_parallel::{ParallelOptions, PartitionedGraph};
+use grandis_parallel::{Machine, ParallelOptions, PartitionedGraph};
 use grandis_trainer::TrainOptions;
 use grandis_wire::{Assignment, EpochProgress, JobEvent, JobId, JobSpec, LinkBytes, RunSummary};
 
@@ -416,25 +416,28 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
         .join(format!("{}.checkpoint.safetensors", cfg.label));
     checkpoint::prepare(ctx, a, &checkpoint_path)?;
     let mut popts = ParallelOptions {
-        compute,
-        threads_per_rank: cfg.threads.map(|t| (t / g).max(1)),
-        checkpoint: grandis_trainer::CheckpointOptions {
-            // A job that predicts keeps its final model too: a retry after a failure in the
-            // inference resumes from it and predicts without training again.
-            path: (job.checkpoint_every.is_some()
-                || a.resume_epoch.is_some()
-                || job.predict.is_some())
-            .then(|| checkpoint_path.clone()),
-            every: job.checkpoint_every.map(|n| n as usize),
-            resume: a.resume_epoch.is_some(),
+        job: job.clone(),
+        machine: Machine {
+            compute,
+            threads_per_rank: cfg.threads.map(|t| (t / g).max(1)),
+            checkpoint: grandis_trainer::CheckpointOptions {
+                // A job that predicts keeps its final model too: a retry after a failure in the
+                // inference resumes from it and predicts without training again.
+                path: (job.checkpoint_every.is_some()
+                    || a.resume_epoch.is_some()
+                    || job.predict.is_some())
+                .then(|| checkpoint_path.clone()),
+                every: job.checkpoint_every.map(|n| n as usize),
+                resume: a.resume_epoch.is_some(),
+            },
+            ..Machine::default()
         },
-        ..ParallelOptions::for_job(&job)
     };
     tracing::info!(
-        mode = %popts.mode,
-        sampling = ?popts.sampling,
-        batch_size = ?popts.batch_size,
-        device_memory = ?popts.device_memory,
+        mode = %popts.job.mode,
+        sampling = ?popts.job.sampling,
+        batch_size = ?popts.batch_size(),
+        device_memory = ?popts.job.device_memory,
         "job options"
     );
     check_cancel(ctx)?;
@@ -447,7 +450,7 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     // The rates the performance model needs, over this job's own transport and devices; every
     // server of the job measures at the same time (the probe is collective).
     let rates = grandis_parallel::measure::server_rates(
-        &popts.compute,
+        &popts.machine.compute,
         popts.rank_threads(g),
         &mut endpoints,
         job.hidden as usize,
@@ -467,8 +470,8 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     // `auto` plans with them (every server's, gathered at the first server), and with the
     // cores the ranks share: servers whose data planes are all on loopback are processes of
     // this one machine (`grandis cluster up`).
-    popts.measured = Some(rates.clone());
-    popts.servers_share_machine = a.servers.iter().all(|s| {
+    popts.machine.measured = Some(rates.clone());
+    popts.machine.servers_share_machine = a.servers.iter().all(|s| {
         s.data_addr
             .parse::<std::net::SocketAddr>()
             .is_ok_and(|addr| addr.ip().is_loopback())
@@ -491,9 +494,9 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
                 e.loss,
                 [e.train_acc, e.val_acc],
             );
-            if leader && popts.checkpoint.due(e.epoch, opts.epochs) {
+            if leader && popts.machine.checkpoint.due(e.epoch, opts.epochs) {
                 // Global rank 0 (this server's first) wrote it before reporting the epoch.
-                if let Some(path) = &popts.checkpoint.path {
+                if let Some(path) = &popts.machine.checkpoint.path {
                     events.checkpoint(e.epoch as u32, path);
                 }
             }
@@ -516,7 +519,7 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     // The transports are gone with the workers: let the writers drain, then close.
     let wire = node.shutdown(Duration::from_secs(5));
     let report = report?;
-    let device = popts.compute.name();
+    let device = popts.machine.compute.name();
     let summary = report::server_summary(ctx, a, &job, &report, wire, device, rates);
     report::write(cfg, a.job_id, &summary)?;
     let peak_device = report

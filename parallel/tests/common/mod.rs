@@ -4,7 +4,7 @@
 
 use grandis_masking::Layout;
 use grandis_models::{ModelConfig, ModelKind};
-use grandis_parallel::{Mode, ParallelOptions, ParallelReport, PartitionedGraph};
+use grandis_parallel::{JobSpec, Machine, Mode, ParallelOptions, ParallelReport, PartitionedGraph};
 use grandis_store::{DatasetView, EdgeOptions, InMemoryDataset, SelfLoops, Split};
 use grandis_trainer::{CheckpointOptions, TrainOptions};
 use rand::seq::SliceRandom;
@@ -141,11 +141,16 @@ pub fn parallel(
     k: Option<usize>,
 ) -> anyhow::Result<ParallelReport> {
     let popts = ParallelOptions {
-        mode,
-        preload_hops: k,
-        threads_per_rank: Some(1),
-        collect_logits: true,
-        ..Default::default()
+        job: JobSpec {
+            mode,
+            preload_hops: k.map(|k| k as u32),
+            ..JobSpec::default()
+        },
+        machine: Machine {
+            threads_per_rank: Some(1),
+            collect_logits: true,
+            ..Machine::default()
+        },
     };
     grandis_parallel::train(view, part, config.clone(), opts, &popts, &mut |_| {})
 }
