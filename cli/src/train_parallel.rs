@@ -134,21 +134,22 @@ pub fn run(
     if let Ok(p) = progress.into_inner() {
         p.finish();
     }
-    for (k, bytes) in &report.k_estimates {
+    for (k, bytes) in &report.execution.preload_estimates {
         eprintln!("memory estimate k = {k}: {bytes} bytes on the worst device");
     }
     eprintln!(
         "preload hops k = {}: {}",
-        report.preload_hops, report.k_reason
+        report.execution.preload_hops, report.execution.preload_reason
     );
     eprintln!(
         "sampling {}: {} iteration(s)/epoch, {} sampled edges/epoch, computed vertices per \
          layer {:?}, beta per server {:?}",
-        report.sampling,
-        report.iterations_per_epoch,
-        report.sampled_edges,
-        report.computed_vertices_per_layer,
+        report.execution.sampling,
+        report.execution.iterations_per_epoch,
+        report.execution.sampled_edges,
+        report.execution.computed_vertices_per_layer,
         report
+            .execution
             .beta
             .iter()
             .map(|b| (b * 1000.0).round() / 1000.0)

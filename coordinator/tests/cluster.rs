@@ -34,7 +34,10 @@ fn summary(text: &str) -> JobEvent {
         // The sampler's name tags whose summary it is.
         summary: Box::new(RunSummary {
             test_acc: 0.81,
-            sampling: text.into(),
+            execution: grandis_wire::Execution {
+                sampling: text.into(),
+                ..Default::default()
+            },
             ..RunSummary::default()
         }),
     }

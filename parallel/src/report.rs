@@ -3,8 +3,9 @@
 use anyhow::Context;
 use grandis_fabric::{Counters, LinkClass, Phase};
 use grandis_trainer::{TrainOptions, TrainReport};
-use grandis_wire::{InferenceSummary, JobSpec, LinkBytes, Mode, RankMemory, RunSummary, TimeSplit};
-use serde::Serialize;
+use grandis_wire::{
+    Execution, InferenceSummary, JobSpec, LinkBytes, RankMemory, RunSummary, TimeSplit,
+};
 
 use crate::decide::Decision;
 use crate::fetch::SETUP_EPOCH;
@@ -12,112 +13,23 @@ use crate::run::Ran;
 use crate::worker::{self, EVAL_EPOCH_BIT};
 use crate::{ParallelOptions, PartitionedGraph};
 
-/// Everything a parallel run reports.
-#[derive(Debug, Clone, Serialize)]
+/// Everything a parallel run reports: how it ran and what it moved (the summary's
+/// [`Execution`]), rank 0's training figures, and what tests read beside them.
+#[derive(Debug, Clone)]
 pub struct ParallelReport {
-    /// The mode that ran (`auto` resolved to fb, flx or cob).
-    pub mode: Mode,
-    /// The planner's choice, when the run was asked for `auto`.
-    pub plan: Option<grandis_wire::PlanSummary>,
-    pub servers: usize,
-    pub devices: usize,
-    pub partition: String,
-    pub threads_per_rank: usize,
-    /// What carried halo rows and gradients ([`crate::links::Transports::describe`]).
-    pub transport: String,
-    pub preload_hops: usize,
-    /// Why this k (budget and estimates), or "fixed by --preload-hops" / "FB mode".
-    pub k_reason: String,
-    /// `(k, worst-device bytes)` of the estimates computed for the choice.
-    pub k_estimates: Vec<(usize, u64)>,
-    /// Vertices replicated by FLX preloading over all servers (per-step plans: mean per step).
-    pub replicated_vertices: usize,
-    /// Feature and gradient halo traffic per epoch (forward + backward phases).
-    pub halo_bytes_per_epoch: LinkBytes,
-    pub forward_bytes_per_epoch: LinkBytes,
-    pub backward_bytes_per_epoch: LinkBytes,
-    /// The masking plan's prediction of `halo_bytes_per_epoch`.
-    pub predicted_halo_bytes_per_epoch: LinkBytes,
-    /// Weight-gradient all-reduce traffic per epoch.
-    pub all_reduce_bytes_per_epoch: LinkBytes,
-    /// Input features of replicated vertices fetched from their home server, per epoch, for
-    /// plans that change during the run (every co-batch or mini-batch step, FLX-EAS
-    /// resampling; the first of them, built before the first epoch, included). Inter-server
-    /// only: rows whose home is a device of the same server are read from its host memory.
-    pub fetch_bytes_per_epoch: LinkBytes,
-    /// The same, once per run, for a plan built before the first epoch that serves the whole
-    /// run: the features FLX preloads (FLX-EAS sampled once too).
-    pub setup_fetch_bytes: LinkBytes,
-    pub time: TimeSplit,
-    pub memory: Vec<RankMemory>,
-    /// The sampler's name ("exact", "eas(h=1,f=15,degree)", "sage(25,10,5)", "saint(...)").
-    pub sampling: String,
-    /// CoB co-batch size / MB mini-batch size.
-    pub batch_size: Option<usize>,
-    pub iterations_per_epoch: usize,
-    /// Labelled loss rows per epoch (sum over steps).
-    pub targets_per_epoch: u64,
-    /// Edges of the one-hop graphs the ranks hold, summed over the steps of an epoch.
-    pub sampled_edges: u64,
-    /// Of those, edges whose ends are homed on different servers.
-    pub inter_server_sampled_edges: u64,
-    /// Rows computed at each layer, summed over ranks and the steps of an epoch.
-    pub computed_vertices_per_layer: Vec<u64>,
-    pub computed_vertex_layers: u64,
-    /// Edges aggregated at each layer per epoch.
-    pub aggregated_edges_per_layer: Vec<u64>,
-    /// Boundary ratio β of every server (§5.3.2), mean over the steps.
-    pub beta: Vec<f64>,
-    #[serde(skip)]
+    pub execution: Execution,
     pub train: TrainReport,
     /// Final logits (dropout off) in ORIGINAL vertex order, `n x classes`, when requested.
-    #[serde(skip)]
     pub logits: Option<Vec<f32>>,
     /// Fabric counters summed over ranks (training, evaluation and inference epochs).
-    #[serde(skip)]
     pub counters: Counters,
-    /// Layer-wise inference after training, over the ranks run here.
-    pub inference: Option<InferenceSummary>,
-    /// What the staleness bound skipped, over the ranks run here (runs with it).
-    pub staleness: Option<grandis_wire::StaleSummary>,
 }
 
 impl ParallelReport {
     /// The run's [`RunSummary`] (`job`: the spec it ran; `device`: where the ranks computed).
     pub fn summary(&self, job: &JobSpec, device: String) -> RunSummary {
         RunSummary {
-            mode: self.mode,
-            plan: self.plan.clone(),
-            servers: self.servers,
-            devices: self.devices,
-            partition: self.partition.clone(),
-            threads_per_rank: self.threads_per_rank,
-            transport: self.transport.clone(),
-            preload_hops: self.preload_hops,
-            preload_reason: self.k_reason.clone(),
-            preload_estimates: self.k_estimates.clone(),
-            replicated_vertices: self.replicated_vertices,
-            halo_bytes_per_epoch: self.halo_bytes_per_epoch,
-            forward_bytes_per_epoch: self.forward_bytes_per_epoch,
-            backward_bytes_per_epoch: self.backward_bytes_per_epoch,
-            predicted_halo_bytes_per_epoch: self.predicted_halo_bytes_per_epoch,
-            all_reduce_bytes_per_epoch: self.all_reduce_bytes_per_epoch,
-            fetch_bytes_per_epoch: self.fetch_bytes_per_epoch,
-            setup_fetch_bytes: self.setup_fetch_bytes,
-            time_split: self.time,
-            memory: self.memory.clone(),
-            sampling: self.sampling.clone(),
-            batch_size: self.batch_size,
-            iterations_per_epoch: self.iterations_per_epoch,
-            targets_per_epoch: self.targets_per_epoch,
-            sampled_edges: self.sampled_edges,
-            inter_server_sampled_edges: self.inter_server_sampled_edges,
-            computed_vertices_per_layer: self.computed_vertices_per_layer.clone(),
-            computed_vertex_layers: self.computed_vertex_layers,
-            aggregated_edges_per_layer: self.aggregated_edges_per_layer.clone(),
-            beta: self.beta.clone(),
-            inference: self.inference.clone(),
-            staleness: self.staleness,
+            execution: self.execution.clone(),
             // The training figures, as a single-process run reports them.
             ..self.train.summary(job, device)
         }
@@ -141,36 +53,17 @@ impl ParallelReport {
             .as_ref()
             .map(|o| inference_summary(o, ranks.iter().map(|(r, _)| r)));
         ParallelReport {
-            mode: popts.job.mode,
-            plan: None,
-            servers: part.layout.servers(),
-            devices: part.layout.devices(),
-            partition: part.source.clone(),
-            threads_per_rank,
-            transport: "fabric (inference only)".into(),
-            preload_hops: 0,
-            k_reason: "no training: the checkpoint holds every epoch".into(),
-            k_estimates: Vec::new(),
-            replicated_vertices: 0,
-            halo_bytes_per_epoch: LinkBytes::default(),
-            forward_bytes_per_epoch: LinkBytes::default(),
-            backward_bytes_per_epoch: LinkBytes::default(),
-            predicted_halo_bytes_per_epoch: LinkBytes::default(),
-            all_reduce_bytes_per_epoch: LinkBytes::default(),
-            fetch_bytes_per_epoch: LinkBytes::default(),
-            setup_fetch_bytes: LinkBytes::default(),
-            time: TimeSplit::default(),
-            memory: Vec::new(),
-            sampling: String::new(),
-            batch_size: None,
-            iterations_per_epoch: 0,
-            targets_per_epoch: 0,
-            sampled_edges: 0,
-            inter_server_sampled_edges: 0,
-            computed_vertices_per_layer: Vec::new(),
-            computed_vertex_layers: 0,
-            aggregated_edges_per_layer: Vec::new(),
-            beta: Vec::new(),
+            execution: Execution {
+                mode: popts.job.mode,
+                servers: part.layout.servers(),
+                devices: part.layout.devices(),
+                partition: part.source.clone(),
+                threads_per_rank,
+                transport: "fabric (inference only)".into(),
+                preload_reason: "no training: the checkpoint holds every epoch".into(),
+                inference,
+                ..Execution::default()
+            },
             train: TrainReport {
                 epochs: Vec::new(),
                 final_loss: f64::NAN,
@@ -183,8 +76,6 @@ impl ParallelReport {
             },
             logits: None,
             counters,
-            inference,
-            staleness: None,
         }
     }
 }
@@ -254,66 +145,69 @@ impl Ran {
         let computed: Vec<u64> = rs.computed_per_layer.iter().map(|&x| per_ep(x)).collect();
         let choice = &decision.choice;
         Ok(ParallelReport {
-            mode: popts.job.mode,
-            plan,
-            servers: part.layout.servers(),
-            devices: part.layout.devices(),
-            partition: part.source.clone(),
-            threads_per_rank,
-            transport: transports.describe(),
-            preload_hops: choice.k,
-            k_reason: choice.reason.clone(),
-            k_estimates: choice
-                .estimates
-                .iter()
-                .map(|e| (e.k, e.max_bytes))
-                .collect(),
-            // Static plans: the FLX plan's; per-step plans: the mean over steps.
-            replicated_vertices: if decision.is_static() {
-                decision.replicated_vertices
-            } else {
-                (rs.replicated as f64 / steps_n).round() as usize
+            execution: Execution {
+                mode: popts.job.mode,
+                plan,
+                servers: part.layout.servers(),
+                devices: part.layout.devices(),
+                partition: part.source.clone(),
+                threads_per_rank,
+                transport: transports.describe(),
+                preload_hops: choice.k,
+                preload_reason: choice.reason.clone(),
+                preload_estimates: choice
+                    .estimates
+                    .iter()
+                    .map(|e| (e.k, e.max_bytes))
+                    .collect(),
+                // Static plans: the FLX plan's; per-step plans: the mean over steps.
+                replicated_vertices: if decision.is_static() {
+                    decision.replicated_vertices
+                } else {
+                    (rs.replicated as f64 / steps_n).round() as usize
+                },
+                halo_bytes_per_epoch: LinkBytes {
+                    intra_server: fwd.intra_server + bwd.intra_server,
+                    inter_server: fwd.inter_server + bwd.inter_server,
+                },
+                forward_bytes_per_epoch: fwd,
+                backward_bytes_per_epoch: bwd,
+                predicted_halo_bytes_per_epoch: decision.predicted,
+                all_reduce_bytes_per_epoch: phase_bytes(Phase::AllReduce),
+                fetch_bytes_per_epoch,
+                setup_fetch_bytes,
+                time_split: TimeSplit {
+                    plan_build_s: rs.build_seconds / epochs as f64,
+                    ..time_split(&results)
+                },
+                memory,
+                sampling: decision.sampling.clone(),
+                batch_size: popts
+                    .batch_size()
+                    .filter(|_| popts.job.mode.is_mini_batch()),
+                iterations_per_epoch: decision.schedule.iterations(),
+                targets_per_epoch: per_ep(rs.targets),
+                sampled_edges: per_ep(rs.sampled_edges),
+                inter_server_sampled_edges: per_ep(rs.inter_server_sampled_edges),
+                computed_vertex_layers: computed.iter().sum(),
+                computed_vertices_per_layer: computed,
+                aggregated_edges_per_layer: rs
+                    .aggregated_edges_per_layer
+                    .iter()
+                    .map(|&x| per_ep(x))
+                    .collect(),
+                beta: rs.beta_sum.iter().map(|b| b / steps_n).collect(),
+                inference: popts.infer().as_ref().map(|o| {
+                    inference_summary(o, results.iter().filter_map(|r| r.inference.as_ref()))
+                }),
+                staleness: popts.job.staleness.map(|_| grandis_wire::StaleSummary {
+                    sends: results.iter().map(|r| r.stale.sent).sum(),
+                    skips: results.iter().map(|r| r.stale.skipped).sum(),
+                    saved_bytes_per_epoch: per_ep(
+                        results.iter().map(|r| r.stale.saved_bytes).sum(),
+                    ),
+                }),
             },
-            halo_bytes_per_epoch: LinkBytes {
-                intra_server: fwd.intra_server + bwd.intra_server,
-                inter_server: fwd.inter_server + bwd.inter_server,
-            },
-            forward_bytes_per_epoch: fwd,
-            backward_bytes_per_epoch: bwd,
-            predicted_halo_bytes_per_epoch: decision.predicted,
-            all_reduce_bytes_per_epoch: phase_bytes(Phase::AllReduce),
-            fetch_bytes_per_epoch,
-            setup_fetch_bytes,
-            time: TimeSplit {
-                plan_build_s: rs.build_seconds / epochs as f64,
-                ..time_split(&results)
-            },
-            memory,
-            sampling: decision.sampling.clone(),
-            batch_size: popts
-                .batch_size()
-                .filter(|_| popts.job.mode.is_mini_batch()),
-            iterations_per_epoch: decision.schedule.iterations(),
-            targets_per_epoch: per_ep(rs.targets),
-            sampled_edges: per_ep(rs.sampled_edges),
-            inter_server_sampled_edges: per_ep(rs.inter_server_sampled_edges),
-            computed_vertex_layers: computed.iter().sum(),
-            computed_vertices_per_layer: computed,
-            aggregated_edges_per_layer: rs
-                .aggregated_edges_per_layer
-                .iter()
-                .map(|&x| per_ep(x))
-                .collect(),
-            beta: rs.beta_sum.iter().map(|b| b / steps_n).collect(),
-            inference: popts
-                .infer()
-                .as_ref()
-                .map(|o| inference_summary(o, results.iter().filter_map(|r| r.inference.as_ref()))),
-            staleness: popts.job.staleness.map(|_| grandis_wire::StaleSummary {
-                sends: results.iter().map(|r| r.stale.sent).sum(),
-                skips: results.iter().map(|r| r.stale.skipped).sum(),
-                saved_bytes_per_epoch: per_ep(results.iter().map(|r| r.stale.saved_bytes).sum()),
-            }),
             train,
             logits,
             counters,

@@ -179,37 +179,46 @@ mod tests {
                 }
                 assert_eq!(r.train.test_acc, reference.train.test_acc, "{mode:?}");
                 // What the steps computed, every server's part added up.
-                assert_eq!(r.sampled_edges, reference.sampled_edges, "{mode:?}");
                 assert_eq!(
-                    r.inter_server_sampled_edges, reference.inter_server_sampled_edges,
-                    "{mode:?}"
-                );
-                assert_eq!(r.targets_per_epoch, reference.targets_per_epoch, "{mode:?}");
-                assert_eq!(
-                    r.computed_vertices_per_layer, reference.computed_vertices_per_layer,
+                    r.execution.sampled_edges, reference.execution.sampled_edges,
                     "{mode:?}"
                 );
                 assert_eq!(
-                    r.aggregated_edges_per_layer, reference.aggregated_edges_per_layer,
+                    r.execution.inter_server_sampled_edges,
+                    reference.execution.inter_server_sampled_edges,
                     "{mode:?}"
                 );
                 assert_eq!(
-                    r.replicated_vertices, reference.replicated_vertices,
+                    r.execution.targets_per_epoch, reference.execution.targets_per_epoch,
                     "{mode:?}"
                 );
-                for (a, b) in r.beta.iter().zip(&reference.beta) {
+                assert_eq!(
+                    r.execution.computed_vertices_per_layer,
+                    reference.execution.computed_vertices_per_layer,
+                    "{mode:?}"
+                );
+                assert_eq!(
+                    r.execution.aggregated_edges_per_layer,
+                    reference.execution.aggregated_edges_per_layer,
+                    "{mode:?}"
+                );
+                assert_eq!(
+                    r.execution.replicated_vertices, reference.execution.replicated_vertices,
+                    "{mode:?}"
+                );
+                for (a, b) in r.execution.beta.iter().zip(&reference.execution.beta) {
                     assert!(
                         (a - b).abs() < 1e-12,
                         "{mode:?}: β {:?} vs {:?}",
-                        r.beta,
-                        reference.beta
+                        r.execution.beta,
+                        reference.execution.beta
                     );
                 }
             }
             if batch_size.is_some() {
-                assert!(reference.sampled_edges > 0, "{mode:?}");
+                assert!(reference.execution.sampled_edges > 0, "{mode:?}");
                 assert!(
-                    reference.fetch_bytes_per_epoch.inter_server > 0,
+                    reference.execution.fetch_bytes_per_epoch.inter_server > 0,
                     "{mode:?}: the batches reach into the other server"
                 );
             }
@@ -223,25 +232,25 @@ mod tests {
                 );
             };
             sums_to(
-                |r| r.fetch_bytes_per_epoch.inter_server,
-                reference.fetch_bytes_per_epoch.inter_server,
+                |r| r.execution.fetch_bytes_per_epoch.inter_server,
+                reference.execution.fetch_bytes_per_epoch.inter_server,
                 "fetch",
             );
             sums_to(
-                |r| r.halo_bytes_per_epoch.inter_server,
-                reference.halo_bytes_per_epoch.inter_server,
+                |r| r.execution.halo_bytes_per_epoch.inter_server,
+                reference.execution.halo_bytes_per_epoch.inter_server,
                 "inter-server halo",
             );
             sums_to(
-                |r| r.halo_bytes_per_epoch.intra_server,
-                reference.halo_bytes_per_epoch.intra_server,
+                |r| r.execution.halo_bytes_per_epoch.intra_server,
+                reference.execution.halo_bytes_per_epoch.intra_server,
                 "intra-server halo",
             );
             if batch_size.is_none() {
                 // Full-batch plans predict their halo bytes (batched ones do not).
                 assert_eq!(
-                    reference.halo_bytes_per_epoch,
-                    reference.predicted_halo_bytes_per_epoch
+                    reference.execution.halo_bytes_per_epoch,
+                    reference.execution.predicted_halo_bytes_per_epoch
                 );
             }
         }

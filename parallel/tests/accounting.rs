@@ -60,27 +60,30 @@ fn measured_bytes_equal_plan_predictions() {
             let (fi, fe, bi, be) = predicted(&part, &dims, k, kind == ModelKind::ResSage);
             let what = format!("{} k={k}", kind.name());
             assert_eq!(
-                r.forward_bytes_per_epoch.intra_server, fi,
+                r.execution.forward_bytes_per_epoch.intra_server, fi,
                 "{what} forward intra"
             );
             assert_eq!(
-                r.forward_bytes_per_epoch.inter_server, fe,
+                r.execution.forward_bytes_per_epoch.inter_server, fe,
                 "{what} forward inter"
             );
             assert_eq!(
-                r.backward_bytes_per_epoch.intra_server, bi,
+                r.execution.backward_bytes_per_epoch.intra_server, bi,
                 "{what} backward intra"
             );
             assert_eq!(
-                r.backward_bytes_per_epoch.inter_server, be,
+                r.execution.backward_bytes_per_epoch.inter_server, be,
                 "{what} backward inter"
             );
             assert_eq!(
-                r.halo_bytes_per_epoch, r.predicted_halo_bytes_per_epoch,
+                r.execution.halo_bytes_per_epoch, r.execution.predicted_halo_bytes_per_epoch,
                 "{what}"
             );
             if k == layers {
-                assert_eq!(r.halo_bytes_per_epoch.inter_server, 0, "{what}: k = L");
+                assert_eq!(
+                    r.execution.halo_bytes_per_epoch.inter_server, 0,
+                    "{what}: k = L"
+                );
             }
             if k == 0 {
                 assert!(
@@ -92,11 +95,15 @@ fn measured_bytes_equal_plan_predictions() {
             // server, and 2 (S - 1) / S of the buffer per head between servers.
             let p = r.train.num_parameters as u64 * 4;
             assert_eq!(
-                r.all_reduce_bytes_per_epoch.intra_server,
+                r.execution.all_reduce_bytes_per_epoch.intra_server,
                 2 * 2 * p,
                 "{what}"
             );
-            assert_eq!(r.all_reduce_bytes_per_epoch.inter_server, 2 * p, "{what}");
+            assert_eq!(
+                r.execution.all_reduce_bytes_per_epoch.inter_server,
+                2 * p,
+                "{what}"
+            );
         }
     }
 }
@@ -113,6 +120,7 @@ fn flx_reduces_inter_server_bytes_monotonically() {
             let mode = if k == 0 { Mode::Fb } else { Mode::Flx };
             parallel(view, &part, &config, &opts, mode, Some(k).filter(|_| k > 0))
                 .unwrap()
+                .execution
                 .halo_bytes_per_epoch
                 .inter_server
         })
@@ -137,7 +145,7 @@ fn metered_memory_tracks_the_memory_model() {
         for k in 0..=3 {
             let mode = if k == 0 { Mode::Fb } else { Mode::Flx };
             let r = parallel(view, &part, &config, &opts, mode, Some(k).filter(|_| k > 0)).unwrap();
-            for m in &r.memory {
+            for m in &r.execution.memory {
                 let ratio = m.measured_peak_bytes as f64 / m.model_bytes as f64;
                 eprintln!(
                     "{} k={k} rank {}: measured peak {} B, model {} B, ratio {ratio:.2}",
@@ -154,7 +162,8 @@ fn metered_memory_tracks_the_memory_model() {
                 );
             }
             peaks.push(
-                r.memory
+                r.execution
+                    .memory
                     .iter()
                     .map(|m| m.measured_peak_bytes)
                     .max()
@@ -384,12 +393,15 @@ fn fetched_bytes_equal_the_remote_rows_of_every_step() {
         evaluations, epochs,
         "after every epoch, the last one's being the final evaluation"
     );
-    assert_eq!(r.setup_fetch_bytes.inter_server, 0, "co-batch plans recur");
     assert_eq!(
-        r.fetch_bytes_per_epoch.inter_server,
+        r.execution.setup_fetch_bytes.inter_server, 0,
+        "co-batch plans recur"
+    );
+    assert_eq!(
+        r.execution.fetch_bytes_per_epoch.inter_server,
         row * per_step.iter().sum::<u64>() / epochs as u64
     );
-    assert_eq!(r.fetch_bytes_per_epoch.intra_server, 0);
+    assert_eq!(r.execution.fetch_bytes_per_epoch.intra_server, 0);
 
     let fb = parallel(view, &part, &config, &opts, Mode::Fb, None).unwrap();
     assert!(
@@ -399,16 +411,19 @@ fn fetched_bytes_equal_the_remote_rows_of_every_step() {
             .all(|e| e.links.iter().all(|l| l.phase != Phase::Fetch)),
         "FB owns only its own range"
     );
-    assert_eq!(fb.setup_fetch_bytes.inter_server, 0);
-    assert_eq!(fb.fetch_bytes_per_epoch.inter_server, 0);
+    assert_eq!(fb.execution.setup_fetch_bytes.inter_server, 0);
+    assert_eq!(fb.execution.fetch_bytes_per_epoch.inter_server, 0);
 
     let flx = parallel(view, &part, &config, &opts, Mode::Flx, Some(layers)).unwrap();
     let preload = ctx.preload_plan(layers, layers).unwrap();
     let preloaded = remote_rows(&part.layout, preload.flx.as_ref().unwrap());
     assert!(preloaded > 0);
-    assert_eq!(flx.setup_fetch_bytes.inter_server, row * preloaded);
-    assert_eq!(flx.fetch_bytes_per_epoch.inter_server, 0);
-    assert_eq!(flx.halo_bytes_per_epoch.inter_server, 0);
+    assert_eq!(
+        flx.execution.setup_fetch_bytes.inter_server,
+        row * preloaded
+    );
+    assert_eq!(flx.execution.fetch_bytes_per_epoch.inter_server, 0);
+    assert_eq!(flx.execution.halo_bytes_per_epoch.inter_server, 0);
 
     // FLX-EAS: one sample serves the run (setup); resampled every epoch, each sample's fetch
     // is paid per epoch.
@@ -444,8 +459,14 @@ fn fetched_bytes_equal_the_remote_rows_of_every_step() {
         } else {
             (0, total)
         };
-        assert_eq!(r.fetch_bytes_per_epoch.inter_server, per_epoch, "{every:?}");
-        assert_eq!(r.setup_fetch_bytes.inter_server, setup, "{every:?}");
+        assert_eq!(
+            r.execution.fetch_bytes_per_epoch.inter_server, per_epoch,
+            "{every:?}"
+        );
+        assert_eq!(
+            r.execution.setup_fetch_bytes.inter_server, setup,
+            "{every:?}"
+        );
     }
 }
 
@@ -476,7 +497,7 @@ fn time_split_accounts_for_the_step_pipeline() {
         };
         let r = grandis_parallel::train(view, &part, config.clone(), &opts, &popts, &mut |_| {})
             .unwrap();
-        let t = r.time;
+        let t = r.execution.time_split;
         let parts = t.compute_s
             + t.intra_comm_s
             + t.inter_comm_s
@@ -490,7 +511,10 @@ fn time_split_accounts_for_the_step_pipeline() {
             t.epoch_s
         );
         if batch.is_some() {
-            assert!(r.iterations_per_epoch > 1, "{mode}: several steps");
+            assert!(
+                r.execution.iterations_per_epoch > 1,
+                "{mode}: several steps"
+            );
             assert!(
                 t.plan_build_s > 0.0,
                 "{mode}: the producer's time is reported"

@@ -51,7 +51,7 @@ fn one_batch_of_every_cluster_is_the_exact_full_graph_run() {
         let reference = single(view, &config, &opts(3));
         // A batch as large as the graph: each server's clusters all fit in one batch.
         let r = run(view, &part, kind, 1024, Sampling::None).unwrap();
-        assert_eq!(r.iterations_per_epoch, 1, "{kind:?}");
+        assert_eq!(r.execution.iterations_per_epoch, 1, "{kind:?}");
         let losses: Vec<f64> = r.train.epochs.iter().map(|s| s.loss).collect();
         assert_losses(&format!("cluster {kind:?}"), &losses, &reference.0, 1e-4);
         assert_close(
@@ -75,18 +75,22 @@ fn small_batches_compute_only_their_clusters() {
         |r: &ParallelReport| -> Vec<f64> { r.train.epochs.iter().map(|s| s.loss).collect() };
     assert_eq!(losses(&a), losses(&b), "deterministic");
     assert!(losses(&a).iter().all(|l| l.is_finite()));
-    assert!(a.iterations_per_epoch > 1);
-    assert!(a.sampling.starts_with("cluster("), "{}", a.sampling);
+    assert!(a.execution.iterations_per_epoch > 1);
+    assert!(
+        a.execution.sampling.starts_with("cluster("),
+        "{}",
+        a.execution.sampling
+    );
     // Every vertex of every batch is computed at both layers (a full convolution on the
     // batch), so an epoch computes at least every vertex twice and, with restricted
     // neighbourhoods, far fewer edges than the whole graph has per iteration.
     assert!(
-        a.computed_vertex_layers >= 2 * 120,
+        a.execution.computed_vertex_layers >= 2 * 120,
         "{}",
-        a.computed_vertex_layers
+        a.execution.computed_vertex_layers
     );
-    let full_edges = 2 * view.graph.num_edges() as u64 * a.iterations_per_epoch as u64;
-    let aggregated: u64 = a.aggregated_edges_per_layer.iter().sum();
+    let full_edges = 2 * view.graph.num_edges() as u64 * a.execution.iterations_per_epoch as u64;
+    let aggregated: u64 = a.execution.aggregated_edges_per_layer.iter().sum();
     assert!(aggregated < full_edges / 2, "{aggregated} of {full_edges}");
 }
 

@@ -174,6 +174,7 @@ fn explicit_budget_is_enforced_by_the_memory_model_in_every_mode() {
         // The largest per-step estimate of any rank is exactly what the budget must cover.
         let need = run(&popts(None))
             .unwrap()
+            .execution
             .memory
             .iter()
             .map(|m| m.model_bytes)

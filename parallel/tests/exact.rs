@@ -107,7 +107,7 @@ fn cora_matches_single() {
         for k in 1..=layers {
             let r = check_exact(view, &part, &config, &opts, &reference, Mode::Flx, Some(k));
             if k == layers {
-                assert_eq!(r.halo_bytes_per_epoch.inter_server, 0);
+                assert_eq!(r.execution.halo_bytes_per_epoch.inter_server, 0);
             }
         }
     }

@@ -187,7 +187,11 @@ fn ranks_predict_what_one_process_predicts() {
             &emb,
             1e-4,
         );
-        let sum = r.inference.as_ref().expect("an inference summary");
+        let sum = r
+            .execution
+            .inference
+            .as_ref()
+            .expect("an inference summary");
         assert_eq!(sum.vertices, VERTICES as u64, "{what}");
         assert_eq!(sum.ranks, vec![0, 1, 2, 3], "{what}");
         assert!(

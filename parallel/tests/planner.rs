@@ -112,18 +112,19 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
         )
         .unwrap_or_else(|e| panic!("{what}: {e:#}"));
         assert_eq!(
-            pred.halo_bytes, r.halo_bytes_per_epoch,
+            pred.halo_bytes, r.execution.halo_bytes_per_epoch,
             "{what}: halo bytes"
         );
         assert_eq!(
-            pred.fetch_bytes, r.fetch_bytes_per_epoch,
+            pred.fetch_bytes, r.execution.fetch_bytes_per_epoch,
             "{what}: fetched bytes"
         );
         assert_eq!(
-            pred.computed_vertex_layers, r.computed_vertex_layers,
+            pred.computed_vertex_layers, r.execution.computed_vertex_layers,
             "{what}: vertex-layers"
         );
-        let setup = r.setup_fetch_bytes.inter_server + r.setup_fetch_bytes.intra_server;
+        let setup =
+            r.execution.setup_fetch_bytes.inter_server + r.execution.setup_fetch_bytes.intra_server;
         assert_eq!(pred.setup_fetch_bytes, setup, "{what}: setup fetch");
     }
 }
@@ -296,19 +297,27 @@ fn auto_runs_the_plan_it_chose() {
         let r = grandis_parallel::train(view, &part, cfg.clone(), &train, &popts, &mut |_| {})
             .unwrap_or_else(|e| panic!("budget {budget}: {e:#}"));
         assert_eq!(r.train.num_parameters, parameters(&cfg).unwrap());
-        let plan = r.plan.as_ref().expect("auto reports its plan");
+        let plan = r.execution.plan.as_ref().expect("auto reports its plan");
         let x = &plan.prediction;
         assert!(x.epoch_s > 0.0, "{plan:?}");
         assert_eq!(plan.candidates.len(), 11, "{plan:?}");
         assert!(plan.candidates.iter().any(|c| c.name == plan.chosen));
-        assert_eq!(x.halo_bytes, r.halo_bytes_per_epoch, "{}", plan.chosen);
         assert_eq!(
-            x.computed_vertex_layers, r.computed_vertex_layers,
+            x.halo_bytes, r.execution.halo_bytes_per_epoch,
+            "{}",
+            plan.chosen
+        );
+        assert_eq!(
+            x.computed_vertex_layers, r.execution.computed_vertex_layers,
             "{}",
             plan.chosen
         );
         if budget < floor.bytes {
-            assert!(!is_static(r.mode), "{} under {budget} bytes", plan.chosen);
+            assert!(
+                !is_static(r.execution.mode),
+                "{} under {budget} bytes",
+                plan.chosen
+            );
             assert!(plan.chosen.ends_with("sage(3,3)"), "{}", plan.chosen);
         }
     }

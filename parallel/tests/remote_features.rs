@@ -85,11 +85,14 @@ fn remote_rows_carry_the_chosen_fraction_of_columns() {
             );
             assert_eq!(got * f, full * k, "{mode:?} epoch {epoch}: {got} vs {full}");
         }
-        assert!(r.fetch_bytes_per_epoch.inter_server < exact.fetch_bytes_per_epoch.inter_server);
+        assert!(
+            r.execution.fetch_bytes_per_epoch.inter_server
+                < exact.execution.fetch_bytes_per_epoch.inter_server
+        );
         // Evaluation stays exact, and nothing else moves differently inside servers.
         assert_eq!(
-            r.halo_bytes_per_epoch.intra_server,
-            exact.halo_bytes_per_epoch.intra_server
+            r.execution.halo_bytes_per_epoch.intra_server,
+            exact.execution.halo_bytes_per_epoch.intra_server
         );
     }
 }

@@ -131,17 +131,17 @@ fn one_cobatch_or_minibatch_per_epoch_equals_single_trainer() {
             )
             .unwrap();
             let what = format!("{} {}", kind.name(), mode.name());
-            assert_eq!(r.iterations_per_epoch, 1, "{what}");
+            assert_eq!(r.execution.iterations_per_epoch, 1, "{what}");
             assert_losses(&what, &losses(&r), &reference.0, 1e-4);
             // Evaluation is exact full-graph inference.
             assert_close(&what, r.logits.as_ref().unwrap(), &reference.1, 1e-4);
             if mode == Mode::Mb {
                 assert_eq!(
-                    r.halo_bytes_per_epoch.intra_server, 0,
+                    r.execution.halo_bytes_per_epoch.intra_server, 0,
                     "{what}: MB shares nothing"
                 );
             }
-            assert_eq!(r.halo_bytes_per_epoch.inter_server, 0, "{what}");
+            assert_eq!(r.execution.halo_bytes_per_epoch.inter_server, 0, "{what}");
         }
     }
 }
@@ -186,7 +186,10 @@ fn batched_evaluation_is_the_whole_graph_forward_pass() {
                 },
             )
             .unwrap();
-            assert!(r.iterations_per_epoch > 1, "{what}: several batches");
+            assert!(
+                r.execution.iterations_per_epoch > 1,
+                "{what}: several batches"
+            );
             let prepared = grandis_trainer::Prepared::new(view, kind, Some(1)).unwrap();
             let mut model = Model::new(&prepared.backend, config.clone()).unwrap();
             grandis_trainer::load_checkpoint(&path)
@@ -261,7 +264,7 @@ fn eas_keeping_every_dependency_equals_exact_flx() {
     )
     .unwrap();
     assert_losses("eas(f=inf)", &losses(&eas), &losses(&exact), 1e-4);
-    assert_eq!(eas.sampled_edges, exact.sampled_edges);
+    assert_eq!(eas.execution.sampled_edges, exact.execution.sampled_edges);
 }
 
 #[test]
@@ -355,33 +358,36 @@ fn sampled_modes_are_deterministic_and_report_counters() {
         let b = run(view, &part, &config, 2, popts.clone()).unwrap();
         assert_eq!(losses(&a), losses(&b), "{name}: same seed, same losses");
         assert!(losses(&a).iter().all(|l| l.is_finite()), "{name}");
-        assert_eq!(a.beta.len(), 2, "{name}: beta per server");
-        assert!(a.beta.iter().all(|&x| (0.0..=1.0).contains(&x)), "{name}");
-        assert_eq!(a.computed_vertices_per_layer.len(), 2, "{name}");
-        assert!(a.sampled_edges > 0, "{name}");
+        assert_eq!(a.execution.beta.len(), 2, "{name}: beta per server");
         assert!(
-            a.inter_server_sampled_edges <= a.sampled_edges,
+            a.execution.beta.iter().all(|&x| (0.0..=1.0).contains(&x)),
+            "{name}"
+        );
+        assert_eq!(a.execution.computed_vertices_per_layer.len(), 2, "{name}");
+        assert!(a.execution.sampled_edges > 0, "{name}");
+        assert!(
+            a.execution.inter_server_sampled_edges <= a.execution.sampled_edges,
             "{name}: a subset of the sampled edges"
         );
         if name.starts_with("mb") || (name.starts_with("cob-") && name != "cob-saint") {
             // Two servers' targets sample each other's vertices.
-            assert!(a.inter_server_sampled_edges > 0, "{name}");
+            assert!(a.execution.inter_server_sampled_edges > 0, "{name}");
         }
         assert_eq!(
-            a.halo_bytes_per_epoch.inter_server, 0,
+            a.execution.halo_bytes_per_epoch.inter_server, 0,
             "{name}: no inter-server halo"
         );
         if name.starts_with("cob-e") || name.starts_with("cob-sage") || name.starts_with("mb") {
             // An epoch covers every labelled training vertex exactly once.
-            assert_eq!(a.targets_per_epoch, labelled_train, "{name}");
-            assert!(a.iterations_per_epoch > 1, "{name}");
+            assert_eq!(a.execution.targets_per_epoch, labelled_train, "{name}");
+            assert!(a.execution.iterations_per_epoch > 1, "{name}");
         }
         if name.starts_with("mb") {
-            assert_eq!(a.halo_bytes_per_epoch.intra_server, 0, "{name}");
+            assert_eq!(a.execution.halo_bytes_per_epoch.intra_server, 0, "{name}");
         }
         if name == "cob-sage" {
             // Per layer, at most (fanout + 1) x the rows of the layer above are computed.
-            let c = &a.computed_vertices_per_layer;
+            let c = &a.execution.computed_vertices_per_layer;
             assert!(c[1] <= c[0], "{name}: {c:?}");
         }
         let other_seed = grandis_parallel::train(
@@ -539,9 +545,9 @@ fn plan_producer_threads_do_not_change_the_run() {
         };
         let one = with(1);
         assert!(
-            one.iterations_per_epoch > 6,
+            one.execution.iterations_per_epoch > 6,
             "{mode}: many steps per epoch, got {}",
-            one.iterations_per_epoch
+            one.execution.iterations_per_epoch
         );
         for threads in [2, 5] {
             let many = with(threads);
@@ -549,17 +555,21 @@ fn plan_producer_threads_do_not_change_the_run() {
             assert_eq!(losses(&many), losses(&one), "{what}");
             assert_eq!(many.logits, one.logits, "{what}");
             assert_eq!(
-                many.halo_bytes_per_epoch, one.halo_bytes_per_epoch,
+                many.execution.halo_bytes_per_epoch, one.execution.halo_bytes_per_epoch,
                 "{what}"
             );
             assert_eq!(
-                many.fetch_bytes_per_epoch, one.fetch_bytes_per_epoch,
+                many.execution.fetch_bytes_per_epoch, one.execution.fetch_bytes_per_epoch,
                 "{what}"
             );
-            assert_eq!(many.sampled_edges, one.sampled_edges, "{what}");
-            assert_eq!(many.beta, one.beta, "{what}");
             assert_eq!(
-                many.computed_vertices_per_layer, one.computed_vertices_per_layer,
+                many.execution.sampled_edges, one.execution.sampled_edges,
+                "{what}"
+            );
+            assert_eq!(many.execution.beta, one.execution.beta, "{what}");
+            assert_eq!(
+                many.execution.computed_vertices_per_layer,
+                one.execution.computed_vertices_per_layer,
                 "{what}"
             );
         }

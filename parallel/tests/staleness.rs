@@ -64,7 +64,10 @@ fn a_zero_bound_skips_only_unchanged_rows_and_changes_nothing() {
         let r = run(&part, view, kind, mode, k, Some(zero)).unwrap();
         assert_eq!(losses(&r), losses(&exact), "{what}");
         assert_eq!(r.logits, exact.logits, "{what}");
-        let st = r.staleness.expect("a run with staleness reports it");
+        let st = r
+            .execution
+            .staleness
+            .expect("a run with staleness reports it");
         assert!(st.sends > 0, "{what}");
         assert_eq!(st.skips > 0, constant_rows, "{what}: {st:?}");
         assert_eq!(
@@ -73,7 +76,8 @@ fn a_zero_bound_skips_only_unchanged_rows_and_changes_nothing() {
             "{what}: {st:?}"
         );
         assert_eq!(
-            r.halo_bytes_per_epoch.intra_server, exact.halo_bytes_per_epoch.intra_server,
+            r.execution.halo_bytes_per_epoch.intra_server,
+            exact.execution.halo_bytes_per_epoch.intra_server,
             "{what}: traffic inside servers is never stale"
         );
     }
@@ -90,27 +94,30 @@ fn a_loose_bound_skips_sends_between_servers_and_accounts_for_every_byte() {
         max_skips: 2,
     };
     let r = run(&part, view, ModelKind::Sage, Mode::Fb, None, Some(loose)).unwrap();
-    let st = r.staleness.unwrap();
+    let st = r.execution.staleness.unwrap();
     // Nothing moves by 1000%: every pair sends once, skips twice, sends again... over 6
     // epochs: sent in epochs 1 and 4, skipped in 2, 3, 5, 6.
     assert_eq!(st.skips, 2 * st.sends, "{st:?}");
-    assert!(r.halo_bytes_per_epoch.inter_server < exact.halo_bytes_per_epoch.inter_server);
+    assert!(
+        r.execution.halo_bytes_per_epoch.inter_server
+            < exact.execution.halo_bytes_per_epoch.inter_server
+    );
     // Counted + not sent = the plan's prediction (per-epoch figures are rounded down).
-    let predicted = r.predicted_halo_bytes_per_epoch.inter_server;
-    let accounted = r.halo_bytes_per_epoch.inter_server + st.saved_bytes_per_epoch;
+    let predicted = r.execution.predicted_halo_bytes_per_epoch.inter_server;
+    let accounted = r.execution.halo_bytes_per_epoch.inter_server + st.saved_bytes_per_epoch;
     assert!(
         accounted <= predicted && predicted - accounted <= 1,
         "counted {} + saved {} vs predicted {predicted}",
-        r.halo_bytes_per_epoch.inter_server,
+        r.execution.halo_bytes_per_epoch.inter_server,
         st.saved_bytes_per_epoch
     );
     assert_eq!(
-        exact.halo_bytes_per_epoch.inter_server, predicted,
+        exact.execution.halo_bytes_per_epoch.inter_server, predicted,
         "the exact run sends the prediction"
     );
     assert_eq!(
-        r.halo_bytes_per_epoch.intra_server,
-        exact.halo_bytes_per_epoch.intra_server
+        r.execution.halo_bytes_per_epoch.intra_server,
+        exact.execution.halo_bytes_per_epoch.intra_server
     );
     assert!(losses(&r).iter().all(|l| l.is_finite()));
     // The first epoch sends everything, so it is the exact run's.

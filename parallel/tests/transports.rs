@@ -89,21 +89,25 @@ fn device_transports_equal_the_fabric_in_every_mode() {
             assert_eq!(losses(&r), losses(&fabric), "{what}: losses");
             assert_eq!(r.logits, fabric.logits, "{what}: logits");
             for (name, got, want) in [
-                ("halo", r.halo_bytes_per_epoch, fabric.halo_bytes_per_epoch),
+                (
+                    "halo",
+                    r.execution.halo_bytes_per_epoch,
+                    fabric.execution.halo_bytes_per_epoch,
+                ),
                 (
                     "forward",
-                    r.forward_bytes_per_epoch,
-                    fabric.forward_bytes_per_epoch,
+                    r.execution.forward_bytes_per_epoch,
+                    fabric.execution.forward_bytes_per_epoch,
                 ),
                 (
                     "backward",
-                    r.backward_bytes_per_epoch,
-                    fabric.backward_bytes_per_epoch,
+                    r.execution.backward_bytes_per_epoch,
+                    fabric.execution.backward_bytes_per_epoch,
                 ),
                 (
                     "all-reduce",
-                    r.all_reduce_bytes_per_epoch,
-                    fabric.all_reduce_bytes_per_epoch,
+                    r.execution.all_reduce_bytes_per_epoch,
+                    fabric.execution.all_reduce_bytes_per_epoch,
                 ),
             ] {
                 assert_eq!(got, want, "{what}: {name} bytes per epoch");
@@ -111,9 +115,11 @@ fn device_transports_equal_the_fabric_in_every_mode() {
             // The fabric's own checks hold the counters to the plans' prediction where plans
             // predict them (not for FLX-EAS, whose samples change); the device transports'
             // counters must meet the same prediction.
-            if fabric.predicted_halo_bytes_per_epoch == fabric.halo_bytes_per_epoch {
+            if fabric.execution.predicted_halo_bytes_per_epoch
+                == fabric.execution.halo_bytes_per_epoch
+            {
                 assert_eq!(
-                    r.predicted_halo_bytes_per_epoch, r.halo_bytes_per_epoch,
+                    r.execution.predicted_halo_bytes_per_epoch, r.execution.halo_bytes_per_epoch,
                     "{what}: halo bytes against the plans' prediction"
                 );
             }

@@ -229,7 +229,6 @@ impl TrainReport {
     pub fn summary(&self, job: &grandis_wire::JobSpec, device: String) -> grandis_wire::RunSummary {
         grandis_wire::RunSummary {
             job: job.clone(),
-            mode: grandis_wire::Mode::Single,
             device,
             num_parameters: self.num_parameters,
             first_epoch: self.first_epoch,
@@ -241,11 +240,15 @@ impl TrainReport {
             test_acc: self.test_acc,
             median_epoch_s: self.median_epoch_s,
             peak_rss_bytes: grandis_telemetry::peak_rss_bytes(),
-            servers: 1,
-            devices: 1,
-            iterations_per_epoch: 1,
-            sampling: "exact".into(),
-            ..grandis_wire::RunSummary::default()
+            execution: grandis_wire::Execution {
+                mode: grandis_wire::Mode::Single,
+                servers: 1,
+                devices: 1,
+                iterations_per_epoch: 1,
+                sampling: "exact".into(),
+                ..grandis_wire::Execution::default()
+            },
+            server: None,
         }
     }
 }

@@ -35,5 +35,6 @@ pub use spec::{
     Priority, Sampling, SpecError, Staleness, UnknownName,
 };
 pub use summary::{
-    InferenceSummary, RankMemory, RunSummary, ServerTraffic, StaleSummary, TimeSplit, WireStats,
+    Execution, InferenceSummary, RankMemory, RunSummary, ServerTraffic, StaleSummary, TimeSplit,
+    WireStats,
 };

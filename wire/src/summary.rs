@@ -5,7 +5,7 @@
 //! Traffic and memory figures are those of the ranks that the reporting process ran: every
 //! rank for `grandis train`, one server's ranks for a daemon (`cluster up` sums them over the
 //! servers). Losses, accuracies and the sampling counters are cluster-wide everywhere (the
-//! loss is all-reduced and every server builds every rank's plans).
+//! loss is all-reduced and the servers' sampling counts are added up after the last epoch).
 
 use serde::{Deserialize, Serialize};
 
@@ -16,13 +16,8 @@ use crate::spec::{JobSpec, Mode};
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RunSummary {
-    /// The job as it ran (its `mode` as asked: `auto` stays `auto`, see [`Self::mode`]).
+    /// The job as it ran (its `mode` as asked: `auto` stays `auto`, see [`Execution::mode`]).
     pub job: JobSpec,
-    /// The mode that ran: `single`, `fb`, `flx`, `cob` or `mb` (`auto` resolved).
-    pub mode: Mode,
-    /// `auto`'s plan: the candidate chosen, why, and its prediction (absent otherwise).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub plan: Option<crate::plan::PlanSummary>,
     /// Where the ranks computed: `cpu`, `cuda` or `cuda:N`.
     pub device: String,
     pub num_parameters: usize,
@@ -46,6 +41,25 @@ pub struct RunSummary {
     pub median_epoch_s: f64,
     /// Peak resident memory of the reporting process.
     pub peak_rss_bytes: u64,
+    /// How the run was laid out and what it moved; its keys are the summary's own (flattened).
+    #[serde(flatten)]
+    pub execution: Execution,
+    /// One server's part of a cluster job (daemon reports only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerTraffic>,
+}
+
+/// How a run was laid out (mode, servers, devices, partition, preloading, transports) and
+/// what it moved and computed (traffic, memory, sampling statistics): what a distributed run
+/// reports beyond the training figures, the part of [`RunSummary`] the parallel runner fills.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Execution {
+    /// The mode that ran: `single`, `fb`, `flx`, `cob` or `mb` (`auto` resolved).
+    pub mode: Mode,
+    /// `auto`'s plan: the candidate chosen, why, and its prediction (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::plan::PlanSummary>,
     /// Servers × devices of the run (1 × 1 for `single`).
     pub servers: usize,
     pub devices: usize,
@@ -98,9 +112,6 @@ pub struct RunSummary {
     pub aggregated_edges_per_layer: Vec<u64>,
     /// Boundary ratio β of every server (§5.3.2), mean over the steps.
     pub beta: Vec<f64>,
-    /// One server's part of a cluster job (daemon reports only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub server: Option<ServerTraffic>,
     /// Layer-wise inference after training (jobs with `predict`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inference: Option<InferenceSummary>,
@@ -265,32 +276,49 @@ impl RunSummary {
         };
         for r in rest {
             for (sum, add) in [
-                (&mut all.halo_bytes_per_epoch, &r.halo_bytes_per_epoch),
-                (&mut all.forward_bytes_per_epoch, &r.forward_bytes_per_epoch),
                 (
-                    &mut all.backward_bytes_per_epoch,
-                    &r.backward_bytes_per_epoch,
+                    &mut all.execution.halo_bytes_per_epoch,
+                    &r.execution.halo_bytes_per_epoch,
                 ),
                 (
-                    &mut all.all_reduce_bytes_per_epoch,
-                    &r.all_reduce_bytes_per_epoch,
+                    &mut all.execution.forward_bytes_per_epoch,
+                    &r.execution.forward_bytes_per_epoch,
                 ),
-                (&mut all.fetch_bytes_per_epoch, &r.fetch_bytes_per_epoch),
-                (&mut all.setup_fetch_bytes, &r.setup_fetch_bytes),
+                (
+                    &mut all.execution.backward_bytes_per_epoch,
+                    &r.execution.backward_bytes_per_epoch,
+                ),
+                (
+                    &mut all.execution.all_reduce_bytes_per_epoch,
+                    &r.execution.all_reduce_bytes_per_epoch,
+                ),
+                (
+                    &mut all.execution.fetch_bytes_per_epoch,
+                    &r.execution.fetch_bytes_per_epoch,
+                ),
+                (
+                    &mut all.execution.setup_fetch_bytes,
+                    &r.execution.setup_fetch_bytes,
+                ),
             ] {
                 sum.add(add);
             }
-            all.memory.extend(r.memory.iter().cloned());
+            all.execution
+                .memory
+                .extend(r.execution.memory.iter().cloned());
             all.peak_rss_bytes = all.peak_rss_bytes.max(r.peak_rss_bytes);
-            if let Some(add) = &r.staleness {
-                let sum = all.staleness.get_or_insert_with(StaleSummary::default);
+            if let Some(add) = &r.execution.staleness {
+                let sum = all
+                    .execution
+                    .staleness
+                    .get_or_insert_with(StaleSummary::default);
                 sum.sends += add.sends;
                 sum.skips += add.skips;
                 sum.saved_bytes_per_epoch += add.saved_bytes_per_epoch;
             }
-            match (&mut all.inference, &r.inference) {
+            match (&mut all.execution.inference, &r.execution.inference) {
                 (Some(sum), Some(add)) => sum.absorb(add),
-                (None, Some(add)) => all.inference = Some(add.clone()),
+                (None, Some(add)) => all.execution.inference = Some(add.clone()),
                 _ => {}
             }
         }
@@ -307,8 +335,8 @@ impl RunSummary {
             accuracy(self.test_acc),
             self.median_epoch_s
         );
-        if self.mode.is_distributed() {
-            let t = &self.time_split;
+        if self.execution.mode.is_distributed() {
+            let t = &self.execution.time_split;
             if t.plan_wait_s + t.plan_load_s + t.plan_build_s > 0.0 {
                 s.push_str(&format!(
                     "  (steps: waiting for plans {:.3}s, loading {:.3}s; the host built them in \
@@ -325,20 +353,20 @@ impl RunSummary {
                 t.inter_comm_s,
                 t.fetch_s,
                 t.all_reduce_s,
-                self.preload_hops,
-                self.halo_bytes_per_epoch.inter_server,
-                self.halo_bytes_per_epoch.intra_server,
-                self.fetch_bytes_per_epoch.inter_server,
-                self.setup_fetch_bytes.inter_server
+                self.execution.preload_hops,
+                self.execution.halo_bytes_per_epoch.inter_server,
+                self.execution.halo_bytes_per_epoch.intra_server,
+                self.execution.fetch_bytes_per_epoch.inter_server,
+                self.execution.setup_fetch_bytes.inter_server
             ));
         }
-        if let Some(p) = &self.plan {
+        if let Some(p) = &self.execution.plan {
             s.push_str(&format!(
                 "  auto chose {}: predicted {:.3}s per epoch ({})",
                 p.chosen, p.prediction.epoch_s, p.why
             ));
         }
-        if let Some(i) = &self.inference {
+        if let Some(i) = &self.execution.inference {
             s.push_str(&format!(
                 "  predicted {} vertices into {} in {:.3}s (exchange {:.3}s, halo bytes inter {} \
                  intra {})",
@@ -374,12 +402,18 @@ mod tests {
                 dataset: "d".into(),
                 ..JobSpec::default()
             },
-            mode: Mode::Cob,
             losses: vec![1.0, 0.5],
-            batch_size: Some(64),
-            halo_bytes_per_epoch: LinkBytes {
-                intra_server: 3,
-                inter_server: 4,
+            final_loss: f64::NAN,
+            execution: Execution {
+                mode: Mode::Cob,
+                batch_size: Some(64),
+                halo_bytes_per_epoch: LinkBytes {
+                    intra_server: 3,
+                    inter_server: 4,
+                },
+                beta: vec![0.1 + 0.2, 1.0 / 3.0],
+                sampled_edges: u64::MAX,
+                ..Execution::default()
             },
             server: Some(ServerTraffic {
                 label: "a".into(),
@@ -389,14 +423,31 @@ mod tests {
             ..RunSummary::default()
         };
         let v = serde_json::to_value(&s).unwrap();
+        // The execution's keys are the summary's own: no "execution" object.
         assert_eq!(v["halo_bytes_per_epoch"]["inter_server"], 4);
         assert_eq!(v["mode"], "cob");
-        assert_eq!(serde_json::from_value::<RunSummary>(v).unwrap(), s);
+        assert_eq!(v["servers"], 0);
+        assert!(v.get("execution").is_none());
+        assert!(v["final_loss"].is_null(), "NaN is written as null");
+        // Through the flattened part too, every value comes back bit for bit.
+        let back = serde_json::from_str::<RunSummary>(&v.to_string()).unwrap();
+        assert_eq!(back.execution, s.execution);
+        assert!(back.final_loss.is_nan());
+        assert_eq!(
+            RunSummary {
+                final_loss: 0.0,
+                ..back
+            },
+            RunSummary {
+                final_loss: 0.0,
+                ..s.clone()
+            }
+        );
         let partial: RunSummary = serde_json::from_str(r#"{"final_loss": 0.25}"#).unwrap();
         assert_eq!(partial.final_loss, 0.25);
         assert!(s.line().contains("halo bytes/epoch inter 4 intra 3"));
         let cluster = RunSummary::of_cluster(&[s.clone(), s.clone()]).unwrap();
-        assert_eq!(cluster.halo_bytes_per_epoch.inter_server, 8);
+        assert_eq!(cluster.execution.halo_bytes_per_epoch.inter_server, 8);
         assert_eq!(cluster.losses, s.losses);
         assert!(cluster.server.is_none());
         assert!(RunSummary::of_cluster(&[]).is_none());

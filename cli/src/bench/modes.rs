@@ -148,11 +148,11 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         rows.push(Row { name, report });
     }
 
-    let base = rows[0].report.time.epoch_s;
+    let base = rows[0].report.execution.time_split.epoch_s;
     let epoch_of = |name: &str| {
         rows.iter()
             .find(|r| r.name == name)
-            .map(|r| r.report.time.epoch_s)
+            .map(|r| r.report.execution.time_split.epoch_s)
     };
     let flx_full = format!("FLX k={}", args.graph.layers);
     // Sampled rows are also compared with their exact / GraphSAGE counterpart.
@@ -183,7 +183,7 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         "vs counterpart"
     );
     for r in &rows {
-        let t = &r.report.time;
+        let t = &r.report.execution.time_split;
         let vs = versus(&r.name)
             .map(|(n, b)| format!("{:.2}x vs {n}", b / t.epoch_s))
             .unwrap_or_default();
@@ -197,12 +197,12 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
             t.inter_comm_s,
             t.fetch_s,
             t.all_reduce_s,
-            r.report.halo_bytes_per_epoch.inter_server,
-            r.report.halo_bytes_per_epoch.intra_server,
-            r.report.fetch_bytes_per_epoch.inter_server,
-            r.report.setup_fetch_bytes.inter_server,
-            r.report.replicated_vertices,
-            r.report.computed_vertex_layers,
+            r.report.execution.halo_bytes_per_epoch.inter_server,
+            r.report.execution.halo_bytes_per_epoch.intra_server,
+            r.report.execution.fetch_bytes_per_epoch.inter_server,
+            r.report.execution.setup_fetch_bytes.inter_server,
+            r.report.execution.replicated_vertices,
+            r.report.execution.computed_vertex_layers,
             base / t.epoch_s,
             vs
         );
@@ -220,7 +220,7 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
     let fb = &rows[0].report;
     // C: vertex-layers per second of one device, from FB_base's compute time (each device
     // computes V / (Ns Ng) rows per layer, forward and backward).
-    let c = v * l / (ns * ng) / fb.time.compute_s;
+    let c = v * l / (ns * ng) / fb.execution.time_split.compute_s;
     let b_intra = args.graph.intra_bandwidth / row_bytes;
     let b_inter = inter_bw / ng / row_bytes;
     let t_prev = v * l / (ns * ng * c)
@@ -231,7 +231,7 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
         .find(|r| r.name == flx_full)
         .map(|r| &r.report)
         .context("at least one FLX run")?;
-    let growth = (v + full.replicated_vertices as f64) / v;
+    let growth = (v + full.execution.replicated_vertices as f64) / v;
     let t_pre =
         growth * v * l / (ns * ng * c) + growth * e / (ns * ng) * ((ng - 1.0) / ng / b_intra);
     let lhs = c / b_inter;
@@ -261,24 +261,24 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
             "threads_per_rank": args.graph.threads_per_rank,
             "modes": rows.iter().map(|r| serde_json::json!({
                 "name": r.name,
-                "preload_hops": r.report.preload_hops,
-                "time": r.report.time,
-                "halo_bytes_per_epoch": r.report.halo_bytes_per_epoch,
-                "all_reduce_bytes_per_epoch": r.report.all_reduce_bytes_per_epoch,
-                "fetch_bytes_per_epoch": r.report.fetch_bytes_per_epoch,
-                "setup_fetch_bytes": r.report.setup_fetch_bytes,
-                "replicated_vertices": r.report.replicated_vertices,
-                "memory": r.report.memory,
-                "speedup_vs_fb": base / r.report.time.epoch_s,
+                "preload_hops": r.report.execution.preload_hops,
+                "time": r.report.execution.time_split,
+                "halo_bytes_per_epoch": r.report.execution.halo_bytes_per_epoch,
+                "all_reduce_bytes_per_epoch": r.report.execution.all_reduce_bytes_per_epoch,
+                "fetch_bytes_per_epoch": r.report.execution.fetch_bytes_per_epoch,
+                "setup_fetch_bytes": r.report.execution.setup_fetch_bytes,
+                "replicated_vertices": r.report.execution.replicated_vertices,
+                "memory": r.report.execution.memory,
+                "speedup_vs_fb": base / r.report.execution.time_split.epoch_s,
                 "speedup_vs_counterpart": versus(&r.name).map(|(n, b)| serde_json::json!({
                     "counterpart": n,
-                    "speedup": b / r.report.time.epoch_s,
+                    "speedup": b / r.report.execution.time_split.epoch_s,
                 })),
-                "sampling": r.report.sampling,
-                "iterations_per_epoch": r.report.iterations_per_epoch,
-                "sampled_edges": r.report.sampled_edges,
-                "computed_vertices_per_layer": r.report.computed_vertices_per_layer,
-                "beta": r.report.beta,
+                "sampling": r.report.execution.sampling,
+                "iterations_per_epoch": r.report.execution.iterations_per_epoch,
+                "sampled_edges": r.report.execution.sampled_edges,
+                "computed_vertices_per_layer": r.report.execution.computed_vertices_per_layer,
+                "beta": r.report.execution.beta,
                 "losses": r.report.train.epochs.iter().map(|s| s.loss).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
             "model": {

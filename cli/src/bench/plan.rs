@@ -145,7 +145,7 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
                 &mut |_| {},
             )
             .with_context(|| format!("running {}", p.name))?;
-            let t = r.time.epoch_s;
+            let t = r.execution.time_split.epoch_s;
             println!(
                 "inter 1/{ratio:<4} {:<20} predicted {:>8.3}s  measured {:>8.3}s  ratio {:>5.2}  \
                  (compute {:.3}/{:.3}, inter {:.3}/{:.3}, intra {:.3}/{:.3}, fetch {:.3}/{:.3}, \
@@ -155,20 +155,20 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
                 t,
                 pred.epoch_s / t,
                 pred.compute_s,
-                r.time.compute_s,
+                r.execution.time_split.compute_s,
                 pred.inter_s,
-                r.time.inter_comm_s,
+                r.execution.time_split.inter_comm_s,
                 pred.intra_s,
-                r.time.intra_comm_s,
+                r.execution.time_split.intra_comm_s,
                 pred.fetch_s,
-                r.time.fetch_s,
+                r.execution.time_split.fetch_s,
                 pred.all_reduce_s,
-                r.time.all_reduce_s
+                r.execution.time_split.all_reduce_s
             );
             measured.push(Some(t));
             rows.push(serde_json::json!({
                 "inter_ratio": ratio, "candidate": p.name, "predicted_s": pred.epoch_s,
-                "measured_s": t, "prediction": pred, "measured": r.time,
+                "measured_s": t, "prediction": pred, "measured": r.execution.time_split,
             }));
         }
         let best = measured

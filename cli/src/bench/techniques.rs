@@ -116,10 +116,11 @@ impl Run {
             }
         }
         Run {
-            inter_bytes: (report.halo_bytes_per_epoch.inter_server
-                + report.fetch_bytes_per_epoch.inter_server) as f64,
+            inter_bytes: (report.execution.halo_bytes_per_epoch.inter_server
+                + report.execution.fetch_bytes_per_epoch.inter_server)
+                as f64,
             epoch_s: report.train.median_epoch_s,
-            vertex_layers: report.computed_vertex_layers as f64,
+            vertex_layers: report.execution.computed_vertex_layers as f64,
             test_acc: report.train.test_acc,
             curve,
         }

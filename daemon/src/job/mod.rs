@@ -523,6 +523,7 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     let summary = report::server_summary(ctx, a, &job, &report, wire, device, rates);
     report::write(cfg, a.job_id, &summary)?;
     let peak_device = report
+        .execution
         .memory
         .iter()
         .map(|m| m.measured_peak_bytes)
@@ -533,12 +534,12 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
         &Finished {
             counters: &report.counters,
             test_acc: report.train.test_acc,
-            all_reduce_seconds: report.time.all_reduce_s,
+            all_reduce_seconds: report.execution.time_split.all_reduce_s,
             peak_rss: grandis_telemetry::peak_rss_bytes(),
             peak_device,
-            preload_hops: report.preload_hops,
-            sampled_edges: report.sampled_edges,
-            predicted_epoch_seconds: report.plan.as_ref().map(|p| p.prediction.epoch_s),
+            preload_hops: report.execution.preload_hops,
+            sampled_edges: report.execution.sampled_edges,
+            predicted_epoch_seconds: report.execution.plan.as_ref().map(|p| p.prediction.epoch_s),
             wire_sent: wire.bytes_sent,
             wire_received: wire.bytes_received,
         },
