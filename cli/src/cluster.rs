@@ -52,13 +52,10 @@ pub struct UpArgs {
     /// Compute threads per daemon (default: cores / servers).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Where every daemon's device workers compute: cpu, cuda (worker d on GPU d, see
-    /// --cuda-devices) or cuda:N (all on GPU N, sharing it); the daemons' `device` key.
-    #[arg(long, default_value = "cpu")]
-    pub device: grandis_parallel::Compute,
-    /// With --device cuda: the GPU ordinals of each daemon's device workers, e.g. 0,1.
-    #[arg(long, value_delimiter = ',')]
-    pub cuda_devices: Option<Vec<usize>>,
+    /// Where every daemon's device workers compute (the daemons' `device` and
+    /// `cuda_devices` keys).
+    #[command(flatten)]
+    pub device: crate::device::DeviceArgs,
     /// Use (and keep) this work directory instead of a temporary one.
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
@@ -125,15 +122,11 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     if spec.mode == Mode::Single {
         bail!("--mode single runs in one process: use `grandis train --mode single`");
     }
-    let compute = args
-        .device
-        .clone()
-        .with_ordinals(args.cuda_devices.as_deref())
-        .context("--cuda-devices")?;
+    let compute = args.device.compute()?;
     if compute.is_cuda() && !grandis_parallel::CUDA_BUILT {
         bail!(
             "--device {}: {}",
-            args.device,
+            args.device.device,
             grandis_parallel::NOT_BUILT_WITH_CUDA
         );
     }
@@ -247,8 +240,8 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
             token: Some(token.clone()),
             label: label.clone(),
             devices: devices as usize,
-            device: args.device.name(),
-            cuda_devices: args.cuda_devices.clone(),
+            device: args.device.device.name(),
+            cuda_devices: args.device.cuda_devices.clone(),
             threads: Some(threads),
             data_listen: "127.0.0.1:0".into(),
             cert_dir: certs.clone(),

@@ -2,8 +2,32 @@
 //! train`): its backend opened, or the devices listed, or the clean error of a build or a
 //! machine without CUDA. The device grammar itself is `grandis_parallel::Compute`.
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use grandis_parallel::Compute;
+
+/// `--device` and `--cuda-devices`: where the ranks of a run compute (`train`, `cluster up`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DeviceArgs {
+    /// Compute device: cpu, cuda:N (every rank on GPU N, sharing it), or cuda (device index d
+    /// of a server on ordinal d, see --cuda-devices; ordinal 0 for `train --mode single`).
+    /// CUDA needs a build with `--features cuda`.
+    #[arg(long, default_value = "cpu")]
+    pub device: Compute,
+    /// With --device cuda: the CUDA ordinals of a server's ranks, device index d on the d-th
+    /// (cycled), e.g. 0,1,2,3. Default: device index d on ordinal d.
+    #[arg(long, value_delimiter = ',')]
+    pub cuda_devices: Option<Vec<usize>>,
+}
+
+impl DeviceArgs {
+    /// Where the ranks compute: `--device`, refined by `--cuda-devices`.
+    pub fn compute(&self) -> anyhow::Result<Compute> {
+        self.device
+            .clone()
+            .with_ordinals(self.cuda_devices.as_deref())
+            .context("--cuda-devices")
+    }
+}
 
 /// What [`cuda_backend`] opens: the CUDA backend, or nothing in a build without CUDA.
 #[cfg(feature = "cuda")]

@@ -8,8 +8,6 @@ use grandis_trainer::{CheckpointOptions, TrainOptions};
 use grandis_wire::Mode;
 use std::path::PathBuf;
 
-use grandis_parallel::Compute;
-
 use crate::job_args::{validate_as_flags, JobArgs};
 use crate::output::{print_summary, stats_line};
 
@@ -22,10 +20,8 @@ pub struct TrainArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Compute device: cpu, cuda:N, or cuda (device index d of a server on ordinal d, see
-    /// --cuda-devices; ordinal 0 for --mode single). CUDA needs a build with `--features cuda`.
-    #[arg(long, default_value = "cpu")]
-    pub device: Compute,
+    #[command(flatten)]
+    pub device: crate::device::DeviceArgs,
     /// Print the run summary as one JSON object on the last stdout line.
     #[arg(long)]
     pub json: bool,
@@ -68,7 +64,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         every: spec.checkpoint_every.map(|n| n as usize),
     };
     if spec.mode.is_distributed() {
-        let compute = args.local.compute(&args.device)?;
+        let compute = args.device.compute()?;
         if compute.is_cuda() {
             // Fail fast (and show the devices) before the dataset is read and partitioned.
             crate::device::describe_cuda()?;
@@ -83,7 +79,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             crate::train_parallel::Ranks {
                 threads: args.threads,
                 compute,
-                device: args.device.name(),
+                device: args.device.device.name(),
                 checkpoint: ckpt,
             },
             args.json,
@@ -91,7 +87,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     }
     validate_as_flags(&spec)?;
     // Open the device before reading the dataset so a missing GPU fails fast.
-    let cuda = crate::device::single_backend(&args.device)?;
+    let cuda = crate::device::single_backend(&args.device.device)?;
     let dataset = open_dataset(&args)?;
     let view = dataset.view();
     let config = ModelConfig::for_job(&spec, view.feature_dim, view.num_classes);
@@ -120,13 +116,14 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         None => grandis_trainer::train(view, config.clone(), &opts, &ckpt, args.threads, on_epoch)?,
     };
     progress.finish();
-    print_summary(&report.summary(&spec, args.device.name()), args.json)
+    print_summary(&report.summary(&spec, args.device.device.name()), args.json)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
+    use grandis_parallel::Compute;
 
     #[derive(Parser)]
     struct Cli {
@@ -144,15 +141,15 @@ mod tests {
     /// value is a usage error naming the grammar.
     #[test]
     fn device_parses_cpu_cuda_and_ordinals() {
-        assert_eq!(args(&[]).device, Compute::Cpu);
+        assert_eq!(args(&[]).device.device, Compute::Cpu);
         assert_eq!(
-            args(&["--device", "cuda:3"]).device,
+            args(&["--device", "cuda:3"]).device.device,
             Compute::Cuda {
                 ordinals: Some(vec![3])
             }
         );
         assert_eq!(
-            args(&["--device", "cuda"]).device,
+            args(&["--device", "cuda"]).device.device,
             Compute::Cuda { ordinals: None }
         );
         for bad in ["gpu", "cuda:", "cuda:-1", "cuda:x", "CPU", "", "tpu"] {

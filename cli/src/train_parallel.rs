@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use grandis_models::ModelConfig;
 use grandis_parallel::LinkModel;
 use grandis_parallel::{Compute, Machine, ParallelOptions, PartitionedGraph};
@@ -29,10 +29,6 @@ pub struct LocalArgs {
     /// Emulated intra-server latency per message, milliseconds.
     #[arg(long, default_value_t = 0.0)]
     pub intra_latency_ms: f64,
-    /// With --device cuda: the CUDA ordinals of a server's ranks, device index d on the d-th
-    /// (cycled), e.g. 0,1,2,3. Default: device index d on ordinal d.
-    #[arg(long, value_delimiter = ',')]
-    pub cuda_devices: Option<Vec<usize>>,
     /// Threads sampling and building the plans of per-step modes (mb, cob, SAINT) ahead of
     /// the ranks, and reading their features (default: on CPU ranks half the cores, at most 8;
     /// on CUDA ranks every core but one per rank, at most 32). Any count gives the same run.
@@ -58,16 +54,6 @@ pub(crate) fn link(
         bandwidth_bytes_per_s: bandwidth,
         latency: Duration::from_secs_f64(latency_ms / 1000.0),
     })
-}
-
-impl LocalArgs {
-    /// Where the ranks compute: `device` is `--device`, refined by `--cuda-devices`.
-    pub fn compute(&self, device: &Compute) -> anyhow::Result<Compute> {
-        device
-            .clone()
-            .with_ordinals(self.cuda_devices.as_deref())
-            .context("--cuda-devices")
-    }
 }
 
 /// What the ranks of a run compute on.
