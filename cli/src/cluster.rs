@@ -216,6 +216,8 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
         listen: "127.0.0.1:0".into(),
         db_path: work.join("coordinator.redb"),
         token: Some(token.clone()),
+        // The daemons prove their labels with the certificates made above.
+        daemon_ca: Some(certs.join(grandis_quic::certs::CA_CERT_FILE)),
         heartbeat_interval_ms: hb,
         lease_ms: hb * 5,
         down_timeout_ms: hb * 10,

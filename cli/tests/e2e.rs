@@ -848,6 +848,40 @@ fn flipped_bytes_in_a_dataset_fail_the_job_by_their_checksum() {
     assert_eq!(end["state"], "succeeded", "{end}");
 }
 
+/// A coordinator with the cluster CA refuses a daemon whose certificate another CA issued
+/// at registration: the daemon exits naming the refusal, and never joins the cluster.
+#[test]
+fn daemon_with_a_certificate_from_another_ca_cannot_register() {
+    let c = Cluster::new(EXE, &["node-a"], Timing::default()).unwrap();
+    grandis_quic::init_cluster_with(
+        c.path("rogue"),
+        &["node-a"],
+        &grandis_quic::InitOptions {
+            include_localhost: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let Err(err) = c.daemon(&url, "node-a", 1, "rogue") else {
+        panic!("a daemon with another CA's certificate registered");
+    };
+    let log = std::fs::read_to_string(c.path("node-a.log")).unwrap_or_default();
+    assert!(
+        log.contains("invalid_proof") && log.contains("not issued by the cluster CA"),
+        "{err:#}\n{log}"
+    );
+    let cluster = Rest::new(&url).get("/v1/cluster", Some(&c.token)).unwrap();
+    assert_eq!(
+        cluster.body["servers"].as_array().map(Vec::len),
+        Some(0),
+        "{:?}",
+        cluster.body
+    );
+    // The same label with the cluster's own certificate registers.
+    c.daemon(&url, "node-a", 1, "certs").unwrap();
+}
+
 #[test]
 fn daemon_with_a_certificate_from_another_ca_is_refused_and_logged() {
     let c = Cluster::new(EXE, &["node-a", "node-b"], Timing::default()).unwrap();
@@ -862,7 +896,10 @@ fn daemon_with_a_certificate_from_another_ca_is_refused_and_logged() {
     )
     .unwrap();
     let ds = c.synth("synth", 300, 3).unwrap();
-    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    // A coordinator that does not check certificates: the data plane refuses on its own.
+    let (_coord, url) = c
+        .coordinator_verifying("127.0.0.1:0", "coord.redb", false)
+        .unwrap();
     let (a, _) = c.daemon(&url, "node-a", 1, "certs").unwrap();
     let (b, _) = c.daemon(&url, "node-b", 1, "rogue").unwrap();
     let api = Rest::new(&url);

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use grandis_wire::{
     EpochProgress, ErrorBody, HeartbeatRequest, HeartbeatResponse, JobEvent, JobEventRequest,
-    JobId, JobStatus, RegisterRequest, RegisterResponse, CHECKPOINT_EPOCH_HEADER, PROTOCOL_VERSION,
+    JobId, JobStatus, NodeProof, RegisterRequest, RegisterResponse, CHECKPOINT_EPOCH_HEADER,
+    PROTOCOL_VERSION,
 };
 use serde::de::DeserializeOwned;
 
@@ -110,7 +111,12 @@ pub struct Client {
     agent: ureq::Agent,
     base: String,
     auth: Option<String>,
+    /// A registered daemon's session (`<id>:<credential>`), sent on every call.
+    session: Option<String>,
 }
+
+/// Makes a daemon's proof of its label over a coordinator's challenge ([`Client::register`]).
+pub type Prove<'a> = &'a dyn Fn(&str) -> Result<NodeProof, String>;
 
 /// Reconnections of [`Client::follow`] before it gives up, 250 ms apart.
 const FOLLOW_RETRIES: u32 = 20;
@@ -132,6 +138,16 @@ impl Client {
                 .build(),
             base: base.trim_end_matches('/').to_string(),
             auth: Some(format!("Bearer {token}")),
+            session: None,
+        }
+    }
+
+    /// The same client acting as daemon `daemon_id` with the session its registration gave
+    /// (none: a coordinator that does not verify daemon identities).
+    pub fn with_session(&self, daemon_id: u64, session: Option<&str>) -> Client {
+        Client {
+            session: session.map(|s| format!("{daemon_id}:{s}")),
+            ..self.clone()
         }
     }
 
@@ -153,6 +169,9 @@ impl Client {
         let mut req = self.agent.request(method, &url);
         if let Some(a) = &self.auth {
             req = req.set("Authorization", a);
+        }
+        if let Some(s) = &self.session {
+            req = req.set(grandis_wire::DAEMON_SESSION_HEADER, s);
         }
         (url, req)
     }
@@ -328,10 +347,23 @@ impl Client {
         }
     }
 
-    /// Daemon protocol: registers a daemon.
-    pub fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, CallError> {
+    /// Daemon protocol: registers a daemon. With `prove`, the registration carries the proof
+    /// `prove` makes of a fresh challenge (signed with the node's key).
+    pub fn register(
+        &self,
+        req: &RegisterRequest,
+        prove: Option<Prove<'_>>,
+    ) -> Result<RegisterResponse, CallError> {
+        let mut req = req.clone();
+        if let Some(prove) = prove {
+            let path = "/v1/daemon/challenge";
+            let c: grandis_wire::ChallengeResponse = self
+                .post_json(path, &serde_json::json!({}))?
+                .ok_or_else(|| empty_reply(path))?;
+            req.proof = Some(prove(&c.challenge).map_err(CallError::Transport)?);
+        }
         let path = "/v1/daemon/register";
-        self.post_json(path, req)?.ok_or_else(|| empty_reply(path))
+        self.post_json(path, &req)?.ok_or_else(|| empty_reply(path))
     }
 
     /// Daemon protocol: one heartbeat.

@@ -23,6 +23,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::{broadcast, watch};
 
 use crate::error::ApiError;
+use crate::identity::{check_acting, Acting, DaemonAuth};
 use crate::metrics;
 use crate::state::{Core, Update};
 
@@ -38,6 +39,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/jobs/{id}/events"),
     ("GET", "/v1/jobs/{id}/checkpoint"),
     ("GET", "/v1/cluster"),
+    ("POST", "/v1/daemon/challenge"),
     ("POST", "/v1/daemon/register"),
     ("POST", "/v1/daemon/heartbeat"),
     ("POST", "/v1/daemon/jobs/{id}/events"),
@@ -54,12 +56,20 @@ pub struct AppState {
     pub sse_keepalive: Duration,
     /// The largest checkpoint upload accepted.
     pub max_checkpoint_bytes: usize,
+    /// The cluster CA daemons prove their labels with; None: labels are taken on trust.
+    pub daemon_ca: Option<grandis_quic::ClusterCa>,
+    /// Registration challenges and daemon sessions ([`crate::identity`]).
+    pub daemon_auth: Mutex<DaemonAuth>,
 }
 
 impl AppState {
     pub fn core(&self) -> MutexGuard<'_, Core> {
         // A panic while holding the lock must not take the whole API down with it.
         self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn auth(&self) -> MutexGuard<'_, DaemonAuth> {
+        self.daemon_auth.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -74,13 +84,14 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/cluster", get(cluster))
         .route_layer(middleware::from_fn_with_state(state.clone(), user_auth));
     let daemon = Router::new()
+        .route("/v1/daemon/challenge", post(challenge))
         .route("/v1/daemon/register", post(register))
         .route("/v1/daemon/heartbeat", post(heartbeat))
         .route("/v1/daemon/jobs/{id}/events", post(daemon_job_event))
         .route(
             "/v1/daemon/jobs/{id}/checkpoint",
             // The upload reads its body itself, up to `max_checkpoint_bytes`.
-            put(put_checkpoint).get(get_checkpoint),
+            put(put_checkpoint).get(get_daemon_checkpoint),
         )
         .route_layer(middleware::from_fn_with_state(state.clone(), daemon_auth));
     Router::new()
@@ -133,11 +144,29 @@ async fn user_auth(State(st): State<Shared>, req: Request, next: Next) -> Respon
     }
 }
 
-async fn daemon_auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
-    match check_bearer(req.headers(), &st.daemon_token) {
-        Ok(()) => next.run(req).await,
-        Err(e) => e.into_response(),
+/// The daemon token, then (when identities are verified) the session of every call but the
+/// two that open one: the call's [`Acting`] daemon.
+async fn daemon_auth(State(st): State<Shared>, mut req: Request, next: Next) -> Response {
+    if let Err(e) = check_bearer(req.headers(), &st.daemon_token) {
+        return e.into_response();
     }
+    let opens_session = matches!(
+        req.uri().path(),
+        "/v1/daemon/challenge" | "/v1/daemon/register"
+    );
+    if st.daemon_ca.is_some() && !opens_session {
+        let header = req
+            .headers()
+            .get(grandis_wire::DAEMON_SESSION_HEADER)
+            .map(|v| v.as_bytes());
+        match st.auth().session_daemon(header) {
+            Ok(id) => {
+                req.extensions_mut().insert(Acting(id));
+            }
+            Err(e) => return e.into_response(),
+        }
+    }
+    next.run(req).await
 }
 
 // ---- open endpoints -------------------------------------------------------------------------
@@ -245,6 +274,26 @@ async fn cluster(State(st): State<Shared>) -> Json<grandis_wire::ClusterView> {
 
 /// The job's latest checkpoint (a safetensors file), for users (the trained model of a cluster
 /// job) and for the daemons of a retry.
+/// A daemon's download of a job's checkpoint: only of a job it is assigned to, when
+/// identities are verified.
+async fn get_daemon_checkpoint(
+    State(st): State<Shared>,
+    Path(raw): Path<String>,
+    acting: Option<axum::Extension<Acting>>,
+) -> Result<Response, ApiError> {
+    if let Some(axum::Extension(Acting(daemon))) = acting {
+        let id = parse_job_id(&raw)?;
+        if !st.core().assigned(id, daemon)? {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "not_assigned",
+                format!("daemon {daemon} is not assigned to job {id}"),
+            ));
+        }
+    }
+    get_checkpoint(State(st), Path(raw)).await
+}
+
 async fn get_checkpoint(
     State(st): State<Shared>,
     Path(id): Path<String>,
@@ -406,19 +455,44 @@ fn parse_daemon_message<T: DeserializeOwned>(body: &[u8], what: &str) -> Result<
         .map_err(|e| ApiError::bad_request("malformed_body", format!("malformed {what}: {e}")))
 }
 
+async fn challenge(
+    State(st): State<Shared>,
+) -> Result<Json<grandis_wire::ChallengeResponse>, ApiError> {
+    Ok(Json(grandis_wire::ChallengeResponse {
+        protocol_version: PROTOCOL_VERSION,
+        challenge: st.auth().challenge(Instant::now())?,
+        expires_ms: crate::identity::CHALLENGE_TTL.as_millis() as u64,
+    }))
+}
+
 async fn register(
     State(st): State<Shared>,
     body: Bytes,
 ) -> Result<Json<grandis_wire::RegisterResponse>, ApiError> {
     let req: RegisterRequest = parse_daemon_message(&body, "registration")?;
-    Ok(Json(st.core().register(req, Instant::now())?))
+    let now = Instant::now();
+    if let Some(ca) = &st.daemon_ca {
+        // A signature check costs tens of microseconds: outside the core's lock.
+        st.auth().check_proof(ca, &req, now)?;
+    }
+    let mut core = st.core();
+    let mut resp = core.register(req, now)?;
+    if st.daemon_ca.is_some() {
+        resp.session = Some(
+            st.auth()
+                .open_session(resp.daemon_id, |d| core.knows_daemon(d))?,
+        );
+    }
+    Ok(Json(resp))
 }
 
 async fn heartbeat(
     State(st): State<Shared>,
+    acting: Option<axum::Extension<Acting>>,
     body: Bytes,
 ) -> Result<Json<grandis_wire::HeartbeatResponse>, ApiError> {
     let req: HeartbeatRequest = parse_daemon_message(&body, "heartbeat")?;
+    check_acting(acting.map(|a| a.0), req.daemon_id)?;
     Ok(Json(st.core().heartbeat(req, Instant::now())?))
 }
 
@@ -473,6 +547,7 @@ async fn put_checkpoint(
     State(st): State<Shared>,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
+    acting: Option<axum::Extension<Acting>>,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<StatusCode, ApiError> {
@@ -482,6 +557,7 @@ async fn put_checkpoint(
         ["protocol_version", "daemon_id", "attempt", "epoch"],
     )?;
     check_protocol(Some(version))?;
+    check_acting(acting.map(|a| a.0), daemon_id)?;
     let small = |v: u64, what: &str| {
         u32::try_from(v).map_err(|_| {
             ApiError::bad_request("malformed_query", format!("{what}: {v} is out of range"))
@@ -542,10 +618,12 @@ async fn put_checkpoint(
 async fn daemon_job_event(
     State(st): State<Shared>,
     Path(id): Path<String>,
+    acting: Option<axum::Extension<Acting>>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let id = parse_job_id(&id)?;
     let req: JobEventRequest = parse_daemon_message(&body, "job event")?;
+    check_acting(acting.map(|a| a.0), req.daemon_id)?;
     st.core()
         .job_event(id, req.daemon_id, req.attempt, req.event, Instant::now())?;
     Ok(StatusCode::NO_CONTENT)

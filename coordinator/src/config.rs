@@ -19,6 +19,7 @@ pub const KEYS: &[&str] = &[
     "db_path",
     "token",
     "daemon_token",
+    "daemon_ca",
     "heartbeat_interval_ms",
     "lease_ms",
     "down_timeout_ms",
@@ -53,6 +54,12 @@ pub struct CoordinatorConfig {
     /// there and this one is not accepted on the user API.
     #[serde(deserialize_with = "grandis_config::opt_string_lenient")]
     pub daemon_token: Option<String>,
+    /// The cluster CA certificate (`ca.pem` of `grandis certs init`): a daemon registers only
+    /// as the label its node certificate names, proven by signing a one-time challenge, and
+    /// every later daemon call carries the session it was given, so it acts only as itself.
+    /// Absent: labels are taken on trust from any holder of the daemon token (a warning at
+    /// start).
+    pub daemon_ca: Option<PathBuf>,
     /// How often daemons heartbeat.
     pub heartbeat_interval_ms: u64,
     /// A head that has not heartbeated for this long loses its lease: a new term starts and its
@@ -95,6 +102,7 @@ impl Default for CoordinatorConfig {
             db_path: PathBuf::from("grandis-coordinator.redb"),
             token: None,
             daemon_token: None,
+            daemon_ca: None,
             heartbeat_interval_ms: 1000,
             lease_ms: 3000,
             down_timeout_ms: 10_000,

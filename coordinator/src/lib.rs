@@ -14,6 +14,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod http;
+pub mod identity;
 pub mod metrics;
 pub mod state;
 pub mod store;
@@ -165,6 +166,17 @@ fn build_state(
     };
     let core = Core::open(store, timing, limits, updates.clone())?;
     let user_token = config.token.clone().expect("validated");
+    let daemon_ca = match &config.daemon_ca {
+        Some(path) => Some(grandis_quic::ClusterCa::load(path).context("daemon_ca")?),
+        None => {
+            tracing::warn!(
+                "daemon_ca is not set: a daemon's label is taken on trust from any holder of \
+                 the daemon token (set it to the cluster CA, `ca.pem`, to verify daemons by \
+                 their node certificates)"
+            );
+            None
+        }
+    };
     Ok(Arc::new(AppState {
         core: Mutex::new(core),
         updates,
@@ -173,6 +185,8 @@ fn build_state(
         user_token,
         sse_keepalive: Duration::from_millis(config.sse_keepalive_ms),
         max_checkpoint_bytes: config.max_checkpoint_bytes as usize,
+        daemon_ca,
+        daemon_auth: Mutex::new(Default::default()),
     }))
 }
 

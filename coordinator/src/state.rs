@@ -362,6 +362,27 @@ impl Core {
                 ),
             ));
         }
+        // Free text from a daemon ends up in log lines, `GET /v1/cluster` and terminals: no
+        // control characters (a newline could forge a log line), bounded lengths.
+        let printable = |field: &str, value: &str, max: usize| {
+            if value.len() > max || value.chars().any(char::is_control) {
+                Err(ApiError::bad_request(
+                    "invalid_registration",
+                    format!(
+                        "{field}: must be at most {max} bytes without control characters \
+                         (newlines, tabs, escape codes), got {} bytes",
+                        value.len()
+                    ),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        printable("daemon_version", &req.daemon_version, 64)?;
+        printable("data_addr", &req.data_addr, 256)?;
+        for d in &req.devices {
+            printable("devices.name", &d.name, 128)?;
+        }
         let port_ok = req
             .data_addr
             .rsplit_once(':')
@@ -409,7 +430,18 @@ impl Core {
             heartbeat_interval_ms: self.timing.heartbeat_interval.as_millis() as u64,
             lease_ms: self.timing.lease.as_millis() as u64,
             down_timeout_ms: self.timing.down_timeout.as_millis() as u64,
+            session: None,
         })
+    }
+
+    /// Whether daemon `id` is registered (and not forgotten).
+    pub fn knows_daemon(&self, id: DaemonId) -> bool {
+        self.daemons.contains_key(&id)
+    }
+
+    /// Whether daemon `daemon` is one of the servers of job `id`'s current (or last) run.
+    pub fn assigned(&self, id: JobId, daemon: DaemonId) -> Result<bool, ApiError> {
+        Ok(self.job(id)?.servers.iter().any(|s| s.daemon_id == daemon))
     }
 
     pub fn heartbeat(
@@ -1143,6 +1175,7 @@ mod tests {
                 memory_bytes: 1 << 34,
                 data_addr: format!("{label}:4433"),
                 daemon_version: "test".into(),
+                proof: None,
             },
             now,
         )

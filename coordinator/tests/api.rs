@@ -373,7 +373,7 @@ async fn daemon_protocol_rejects_other_versions_and_bad_messages() {
         .as_str()
         .unwrap()
         .starts_with("protocol_version: required"));
-    let resp = post(json!({"protocol_version": 2, "label": "a"}))
+    let resp = post(json!({"protocol_version": grandis_wire::PROTOCOL_VERSION, "label": "a"}))
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
@@ -385,8 +385,10 @@ async fn daemon_protocol_rejects_other_versions_and_bad_messages() {
             .contains("missing field `devices`"),
         "{v}"
     );
-    let resp = post(json!({"protocol_version": 2, "label": "a", "devices": [],
-        "memory_bytes": 1, "data_addr": "nowhere", "daemon_version": "x"}))
+    let resp = post(
+        json!({"protocol_version": grandis_wire::PROTOCOL_VERSION, "label": "a", "devices": [],
+        "memory_bytes": 1, "data_addr": "nowhere", "daemon_version": "x"}),
+    )
     .await
     .unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use grandis_wire::checkpoint::testing::container;
-use grandis_wire::{EpochProgress, JobEvent, LinkBytes, RunSummary};
+use grandis_wire::{EpochProgress, JobEvent, LinkBytes, RunSummary, PROTOCOL_VERSION};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -384,7 +384,7 @@ async fn restart_keeps_queued_and_finished_jobs() {
         .client
         .post(h.url("/v1/daemon/heartbeat"))
         .bearer_auth(TOKEN)
-        .json(&json!({"protocol_version": 2, "daemon_id": a.id, "state": "idle"}))
+        .json(&json!({"protocol_version": PROTOCOL_VERSION, "daemon_id": a.id, "state": "idle"}))
         .send()
         .await
         .unwrap();
@@ -423,7 +423,7 @@ async fn a_retried_job_resumes_from_its_checkpoint_and_its_stream_repeats_the_re
     let put = |daemon: u64, attempt: u32, epoch: u32, body: Vec<u8>| {
         h.client
             .put(h.url(&format!(
-                "/v1/daemon/jobs/{id}/checkpoint?protocol_version=2&daemon_id={daemon}\
+                "/v1/daemon/jobs/{id}/checkpoint?protocol_version={PROTOCOL_VERSION}&daemon_id={daemon}\
                  &attempt={attempt}&epoch={epoch}"
             )))
             .bearer_auth(TOKEN)
@@ -563,7 +563,7 @@ async fn checkpoint_uploads_are_refused_before_their_body_is_read() {
         async move {
             let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
             let request = format!(
-                "PUT /v1/daemon/jobs/{id}/checkpoint?protocol_version=2&daemon_id={daemon}\
+                "PUT /v1/daemon/jobs/{id}/checkpoint?protocol_version={PROTOCOL_VERSION}&daemon_id={daemon}\
                  &attempt={attempt}&epoch=2 HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer \
                  {TOKEN}\r\nContent-Length: {length}\r\n\r\n"
             );

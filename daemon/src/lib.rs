@@ -88,14 +88,16 @@ fn host_memory() -> u64 {
 pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     config.validate()?;
     grandis_quic::install_crypto_provider();
-    // Fail at start-up, not at the first job, when the certificate is unusable.
-    grandis_quic::NodeIdentity::load(&config.cert_dir, &config.label).with_context(|| {
-        format!(
-            "cert_dir: loading this node's certificate {:?} from {}",
-            config.label,
-            config.cert_dir.display()
-        )
-    })?;
+    // Fail at start-up, not at the first job, when the certificate is unusable. It also
+    // proves this daemon's label to the coordinator at every registration.
+    let identity =
+        grandis_quic::NodeIdentity::load(&config.cert_dir, &config.label).with_context(|| {
+            format!(
+                "cert_dir: loading this node's certificate {:?} from {}",
+                config.label,
+                config.cert_dir.display()
+            )
+        })?;
     let listen = config.data_listen_addr()?;
     let socket = UdpSocket::bind(listen)
         .with_context(|| format!("data_listen: cannot bind UDP {listen}"))?;
@@ -114,7 +116,14 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         Some(m) => Some(metrics::serve(config::resolve(m)?, metrics.clone())?),
         None => None,
     };
-    let client = Client::new(&config.coordinator, config.token(), config.http_timeout());
+    // The client before registration; each registration gives the one that carries its
+    // session (when the coordinator verifies identities).
+    let unregistered = Client::new(&config.coordinator, config.token(), config.http_timeout());
+    let prove = |challenge: &str| {
+        identity
+            .prove_registration(challenge)
+            .map_err(|e| format!("proving this daemon's label: {e}"))
+    };
     let config = Arc::new(config);
     let devices = (0..config.devices)
         .map(|i| DeviceInfo {
@@ -129,10 +138,12 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         memory_bytes: config.memory_bytes.unwrap_or_else(host_memory),
         data_addr: advertise.clone(),
         daemon_version: env!("CARGO_PKG_VERSION").to_string(),
+        proof: None,
     };
-    let Some(mut reg) = register_until(&client, &register, &stop)? else {
+    let Some(mut reg) = register_until(&unregistered, &register, &prove, &stop)? else {
         return Ok(());
     };
+    let mut client = unregistered.with_session(reg.daemon_id, reg.session.as_deref());
     if let Some(path) = &config.ready_file {
         let ready = Ready {
             daemon_id: reg.daemon_id,
@@ -231,10 +242,11 @@ pub fn run(config: DaemonConfig, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                     r.cancel.store(true, Ordering::SeqCst);
                     done.insert(r.end());
                 }
-                match register_until(&client, &register, &stop)? {
+                match register_until(&unregistered, &register, &prove, &stop)? {
                     Some(r) => reg = r,
                     None => break,
                 }
+                client = unregistered.with_session(reg.daemon_id, reg.session.as_deref());
                 // Before the first heartbeat, which may assign the job's next run: a run
                 // that finished while the coordinator was down still counts.
                 unreported.send(&client, reg.daemon_id);
@@ -299,12 +311,13 @@ fn sleep_until(deadline: Instant, stop: &AtomicBool) {
 fn register_until(
     client: &Client,
     req: &RegisterRequest,
+    prove: grandis_client::Prove<'_>,
     stop: &AtomicBool,
 ) -> anyhow::Result<Option<RegisterResponse>> {
     let mut delay = Duration::from_millis(50);
     let mut logged = false;
     while !stop.load(Ordering::SeqCst) {
-        match client.register(req) {
+        match client.register(req, Some(prove)) {
             Ok(r) => {
                 tracing::info!(
                     daemon = r.daemon_id,

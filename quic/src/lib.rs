@@ -22,11 +22,13 @@ pub mod certs;
 mod error;
 pub mod frame;
 mod node;
+pub mod proof;
 mod tls;
 mod transport;
 
 pub use certs::{init_cluster, init_cluster_with, run_init, InitOptions, NodeIdentity};
 pub use error::{QuicError, Result};
 pub use node::{Framing, NodeConfig, QuicNode, Refusal, WireStats};
+pub use proof::{ClusterCa, Signed};
 pub use tls::install_crypto_provider;
 pub use transport::NodeTransport;

@@ -112,12 +112,25 @@ impl Cluster {
     }
 
     /// Starts the coordinator on `listen` (e.g. `127.0.0.1:0`) with the database `db` (kept
-    /// across restarts) and returns it with its base URL.
+    /// across restarts), verifying daemons by the cluster's CA, and returns it with its base
+    /// URL.
     pub fn coordinator(&self, listen: &str, db: &str) -> anyhow::Result<(Proc, String)> {
+        self.coordinator_verifying(listen, db, true)
+    }
+
+    /// [`Cluster::coordinator`]; `verify_daemons` false takes daemons' labels on trust (no
+    /// `daemon_ca`), to test what the data plane refuses by itself.
+    pub fn coordinator_verifying(
+        &self,
+        listen: &str,
+        db: &str,
+        verify_daemons: bool,
+    ) -> anyhow::Result<(Proc, String)> {
         let t = self.timing;
         let config = CoordinatorConfig {
             listen: listen.into(),
             db_path: self.path(db),
+            daemon_ca: verify_daemons.then(|| self.path("certs/ca.pem")),
             token: Some(self.token.clone()),
             heartbeat_interval_ms: t.heartbeat_ms,
             lease_ms: t.lease_ms,

@@ -25,9 +25,10 @@ pub use job::{EpochProgress, JobId, JobRetry, JobState, JobStatus};
 pub use links::{LinkBytes, LinkClass, PerLink};
 pub use plan::{CandidateSummary, PlanRates, PlanSummary, Prediction};
 pub use protocol::{
-    Assignment, DaemonId, DaemonJob, DaemonState, DeviceInfo, ErrorBody, HeadInfo,
-    HeartbeatRequest, HeartbeatResponse, JobEvent, JobEventRequest, RegisterRequest,
-    RegisterResponse, ServerSlot, CHECKPOINT_EPOCH_HEADER, PROTOCOL_VERSION,
+    registration_message, Assignment, ChallengeResponse, DaemonId, DaemonJob, DaemonState,
+    DeviceInfo, ErrorBody, HeadInfo, HeartbeatRequest, HeartbeatResponse, JobEvent,
+    JobEventRequest, NodeProof, RegisterRequest, RegisterResponse, ServerSlot,
+    CHECKPOINT_EPOCH_HEADER, DAEMON_SESSION_HEADER, PROTOCOL_VERSION,
 };
 pub use rates::{ComputeRate, LinkRate, ServerRates};
 pub use spec::{

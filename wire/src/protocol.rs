@@ -1,8 +1,12 @@
 //! The daemon ↔ coordinator control protocol: JSON over HTTP on the coordinator's REST server,
 //! authenticated with a bearer token like every other API call.
 //!
-//! 1. `POST /v1/daemon/register` with [`RegisterRequest`] → [`RegisterResponse`]: the daemon
-//!    gets its id, the heartbeat interval and the lease length.
+//! 1. `POST /v1/daemon/challenge` → [`ChallengeResponse`], then `POST /v1/daemon/register`
+//!    with [`RegisterRequest`] → [`RegisterResponse`]: the daemon proves its label with its node
+//!    certificate ([`NodeProof`] over the challenge) and gets its id, a session credential
+//!    that every later call carries ([`DAEMON_SESSION_HEADER`]), the heartbeat interval and the
+//!    lease length. A coordinator without the cluster CA (`daemon_ca`) takes labels on trust
+//!    and issues no session.
 //! 2. `POST /v1/daemon/heartbeat` with [`HeartbeatRequest`] every interval →
 //!    [`HeartbeatResponse`]: the current term of the daemon's label, whether it is the label's
 //!    head (and who is), an [`Assignment`] if a job is waiting for it, and jobs to cancel.
@@ -28,7 +32,7 @@ use crate::spec::JobSpec;
 use crate::summary::RunSummary;
 
 /// Version of the messages in this module. Bump on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Response header of a checkpoint download: the epoch the checkpoint was written after.
 pub const CHECKPOINT_EPOCH_HEADER: &str = "x-grandis-checkpoint-epoch";
@@ -57,7 +61,47 @@ pub struct RegisterRequest {
     pub data_addr: String,
     /// The daemon's software version (informational).
     pub daemon_version: String,
+    /// Proof that the daemon holds the node key of `label`'s certificate; required by a
+    /// coordinator that verifies daemon identities (`daemon_ca`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<NodeProof>,
 }
+
+/// A daemon's proof of its label: a signature of [`registration_message`] (its label and a
+/// challenge of `POST /v1/daemon/challenge`) by the key of its node certificate, which the
+/// cluster CA issued for the label.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeProof {
+    /// The challenge signed (each is accepted once, for a short time).
+    pub challenge: String,
+    /// The node certificate (then any intermediates), PEM.
+    pub certificate: String,
+    /// The TLS signature scheme code of the signature (0x0403: ECDSA P-256 SHA-256).
+    pub scheme: u16,
+    /// The signature, base64 (standard alphabet, padded).
+    pub signature: String,
+}
+
+/// What a daemon signs to register as `label`: the purpose, the label and the challenge, so a
+/// signature serves no other label, challenge or use.
+pub fn registration_message(label: &str, challenge: &str) -> Vec<u8> {
+    format!("grandis daemon registration\n{label}\n{challenge}").into_bytes()
+}
+
+/// `POST /v1/daemon/challenge`: a one-time challenge to sign for a registration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChallengeResponse {
+    pub protocol_version: u32,
+    pub challenge: String,
+    /// The challenge is refused after this many milliseconds.
+    pub expires_ms: u64,
+}
+
+/// Request header of every daemon call after registration at a coordinator that verifies
+/// identities: `<daemon_id>:<session>` of the [`RegisterResponse`], which binds the call to
+/// the registered daemon (its label proven by its certificate).
+pub const DAEMON_SESSION_HEADER: &str = "x-grandis-daemon-session";
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterResponse {
@@ -69,6 +113,10 @@ pub struct RegisterResponse {
     pub lease_ms: u64,
     /// A daemon that has not heartbeated for this long is reported down.
     pub down_timeout_ms: u64,
+    /// The session credential of every later call ([`DAEMON_SESSION_HEADER`]); absent from a
+    /// coordinator that does not verify daemon identities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 /// What a daemon is doing.

@@ -160,6 +160,7 @@ impl FakeDaemon {
                 memory_bytes: 1 << 35,
                 data_addr: data_addr.clone(),
                 daemon_version: "test".into(),
+                proof: None,
             })
             .send()
             .await
