@@ -664,7 +664,10 @@ impl Core {
             JobEvent::Failed { reason, retryable } => {
                 self.end_run(
                     job_id,
-                    format!("server '{label}': {reason}"),
+                    format!(
+                        "server '{label}': {}",
+                        plain_text(&reason, REASON_MAX_BYTES)
+                    ),
                     Ending::Job { retryable },
                 )?;
                 self.schedule(now);
@@ -1132,6 +1135,28 @@ impl Core {
             daemons,
         }
     }
+}
+
+/// The longest failure reason from a daemon kept (the job's `reason`, log lines).
+const REASON_MAX_BYTES: usize = 4096;
+
+/// `text` as one plain line for logs, terminals and job reasons: control characters (a newline
+/// could forge a log line, an escape code repaint a terminal) become spaces, and it is cut to
+/// `max` bytes at a character boundary, marked with an ellipsis.
+fn plain_text(text: &str, max: usize) -> String {
+    let mut out: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if out.len() > max {
+        let mut end = max.saturating_sub('…'.len_utf8());
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+        out.push('…');
+    }
+    out
 }
 
 #[cfg(test)]

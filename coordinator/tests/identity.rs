@@ -290,5 +290,37 @@ async fn free_text_from_daemons_cannot_forge_log_lines() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{field}: {v}");
         assert!(v["error"].as_str().unwrap().starts_with(field), "{v}");
     }
+    // A failure reason is kept as one plain line, bounded.
+    let d = common::FakeDaemon::register(&h, "a", 1).await;
+    let job = h.submit(json!({"dataset": "/d", "epochs": 1})).await;
+    for _ in 0..50 {
+        if d.heartbeat(None).await.assignment.is_some() {
+            break;
+        }
+        tokio::time::sleep(HB).await;
+    }
+    let reason = format!(
+        "boom\n2026-11-26T00:00:00Z INFO job succeeded\u{1b}[2J{}",
+        "x".repeat(10_000)
+    );
+    let (status, v) = d
+        .event(
+            job,
+            JobEvent::Failed {
+                reason,
+                retryable: false,
+            },
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{v}");
+    let end = h.wait_state(job, "failed").await;
+    let got = end["reason"].as_str().unwrap();
+    assert!(got.starts_with("server 'a': boom 2026-11-26"), "{got}");
+    assert!(!got.chars().any(char::is_control), "{got:?}");
+    assert!(
+        got.len() <= 4200 && got.ends_with('…'),
+        "{} bytes",
+        got.len()
+    );
     h.stop().await;
 }
