@@ -13,9 +13,10 @@
 
 use super::kernels;
 use super::*;
-use crate::backend::AttentionDropout;
+use crate::backend::{dropout_threshold, AttentionDropout, Backend, DropoutKey};
 use crate::cpu::CpuBackend;
 use crate::norm::{full_block, global_scales, sub_block, Aggregation};
+use cudarc::driver::LaunchConfig;
 use grandis_store::EdgeOptions;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
