@@ -18,7 +18,7 @@ pub const RED_CHUNK: u64 = 4096;
 /// Elements per partial sum in `sum_squares` (the CPU backend's `ELEM_CHUNK`).
 pub const ELEM_CHUNK: u64 = 1 << 15;
 
-/// Names of the kernels in [`SOURCE`], in the order [`super::Kernels`] loads them.
+/// Names of the kernels in [`SOURCE`], in the order the backend loads them.
 pub const NAMES: &[&str] = &[
     "fill_f32",
     "scale_f32",

@@ -62,7 +62,7 @@ unsafe impl Send for PinnedRows {}
 unsafe impl Sync for PinnedRows {}
 
 /// A device `f32` buffer. Holds at least one element on the device (CUDA has no zero-byte
-/// allocations); [`Backend::len`] reports the logical length.
+/// allocations); [`Backend::len`](crate::Backend::len) reports the logical length.
 pub struct CudaBuf {
     data: CudaSlice<f32>,
     len: usize,

@@ -40,7 +40,7 @@ pub struct PinnedAllocator {
 }
 
 impl PinnedAllocator {
-    /// Fails (with the message [`CudaBackend::new`] would give) where there is no driver or no
+    /// Fails (with the message [`CudaBackend::new`](super::CudaBackend::new) would give) where there is no driver or no
     /// such device.
     pub fn new(ordinal: usize) -> Result<PinnedAllocator> {
         let what = format!("page-locked memory for cuda:{ordinal}");
