@@ -106,4 +106,31 @@ fn the_step_is_the_same_whatever_the_threads() {
     let one = run(1);
     assert_eq!(one, run(3));
     assert_eq!(one, run(8));
+    // The same with each kind of id map a sample numbers its vertices with (an array over
+    // the graph, a stamped array reused by the thread, a hash map), as the targets are many
+    // or few against the graph.
+    let n = 100_000u32;
+    let g = grandis_store::graph_from_edges(
+        n as u64,
+        (0..n).flat_map(|v| (1..=9u32).map(move |k| ((v * 7 + k * 7919) % n, v))),
+        EdgeOptions {
+            symmetrize: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let c = ctx(&g);
+    for count in [20_000u32, 60, 4] {
+        let targets: Vec<u32> = (0..count).map(|t| t * (n / count)).collect();
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| f.spec(&c, 0, targets.clone(), 3, 9).unwrap())
+        };
+        let one = run(1);
+        assert_eq!(one, run(2), "{count} targets");
+        assert_eq!(one, run(5), "{count} targets");
+    }
 }
