@@ -118,10 +118,13 @@ wait_http() { # url seconds pid: until the URL answers, the time is up or the pr
 }
 cport="$(free_port)"
 token="check-$RANDOM$RANDOM"
+# The cluster's certificates first: the coordinator verifies daemons against their CA.
+"$bin" -q certs init --out "$tmp/certs" --nodes check-a,check-b --localhost >/dev/null
 cat >"$tmp/coordinator.toml" <<EOF
 listen = "127.0.0.1:$cport"
 db_path = "$tmp/coordinator.redb"
 token = "$token"
+daemon_ca = "$tmp/certs/ca.pem"
 EOF
 "$bin" coordinator --config "$tmp/coordinator.toml" >"$tmp/coordinator.log" 2>&1 &
 pids+=($!)
@@ -130,7 +133,6 @@ $(tail -20 "$tmp/coordinator.log")"
 
 # Two daemons (two servers) and one small job, so that every per-job family has samples: the
 # exporters render no family without samples.
-"$bin" -q certs init --out "$tmp/certs" --nodes check-a,check-b --localhost >/dev/null
 "$bin" -q data synth --nodes 600 --avg-degree 6 --features 8 --classes 4 --out "$tmp/data" >/dev/null
 mports=()
 for label in check-a check-b; do
