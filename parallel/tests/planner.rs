@@ -41,14 +41,9 @@ fn is_static(mode: Mode) -> bool {
     matches!(mode, Mode::Fb | Mode::Flx)
 }
 
-#[test]
-fn predicted_counts_are_what_every_candidate_moves_and_computes() {
-    let ds = random_dataset(21, 400, 2400, 8, 4);
-    let view = ds.view();
-    let part = random_partition(&view, 2, 2, 3);
-    let cfg = config(&view, ModelKind::Sage, 2);
-    let train = opts(1);
-    let base = ParallelOptions {
+/// What the candidates are made from: fb with a 1 GiB budget, one thread per rank.
+fn base_options() -> ParallelOptions {
+    ParallelOptions {
         job: JobSpec {
             mode: Mode::Fb,
             device_memory: Some(1 << 30),
@@ -58,7 +53,17 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
             threads_per_rank: Some(1),
             ..Machine::default()
         },
-    };
+    }
+}
+
+#[test]
+fn predicted_counts_are_what_every_candidate_moves_and_computes() {
+    let ds = random_dataset(21, 400, 2400, 8, 4);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 3);
+    let cfg = config(&view, ModelKind::Sage, 2);
+    let train = opts(1);
+    let base = base_options();
     let rates = rates(1e9, 1e9, 1e8);
     let sampling = Sampling::Fanout {
         fanouts: vec![3, 3],
@@ -141,17 +146,7 @@ fn pruning_rules_out_only_what_cannot_be_chosen() {
     let part = random_partition(&view, 2, 2, 3);
     let cfg = config(&view, ModelKind::Sage, 2);
     let seed = opts(1).seed;
-    let base = ParallelOptions {
-        job: JobSpec {
-            mode: Mode::Fb,
-            device_memory: Some(1 << 30),
-            ..JobSpec::default()
-        },
-        machine: Machine {
-            threads_per_rank: Some(1),
-            ..Machine::default()
-        },
-    };
+    let base = base_options();
     let cands = candidates(
         2,
         48,

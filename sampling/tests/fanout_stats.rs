@@ -96,16 +96,9 @@ fn the_step_is_the_same_whatever_the_threads() {
     let c = ctx(&g);
     let f = Fanout::new(vec![6, 4, 3], 11).unwrap();
     let targets: Vec<u32> = (0..3000).step_by(7).collect();
-    let run = |threads: usize| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
-            .install(|| f.spec(&c, 0, targets.clone(), 3, 5).unwrap())
-    };
-    let one = run(1);
-    assert_eq!(one, run(3));
-    assert_eq!(one, run(8));
+    let one = spec_on_threads(1, &f, &c, &targets, 5);
+    assert_eq!(one, spec_on_threads(3, &f, &c, &targets, 5));
+    assert_eq!(one, spec_on_threads(8, &f, &c, &targets, 5));
     // The same with each kind of id map a sample numbers its vertices with (an array over
     // the graph, a stamped array reused by the thread, a hash map), as the targets are many
     // or few against the graph.
@@ -122,15 +115,31 @@ fn the_step_is_the_same_whatever_the_threads() {
     let c = ctx(&g);
     for count in [20_000u32, 60, 4] {
         let targets: Vec<u32> = (0..count).map(|t| t * (n / count)).collect();
-        let run = |threads: usize| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap()
-                .install(|| f.spec(&c, 0, targets.clone(), 3, 9).unwrap())
-        };
-        let one = run(1);
-        assert_eq!(one, run(2), "{count} targets");
-        assert_eq!(one, run(5), "{count} targets");
+        let one = spec_on_threads(1, &f, &c, &targets, 9);
+        assert_eq!(
+            one,
+            spec_on_threads(2, &f, &c, &targets, 9),
+            "{count} targets"
+        );
+        assert_eq!(
+            one,
+            spec_on_threads(5, &f, &c, &targets, 9),
+            "{count} targets"
+        );
     }
+}
+
+/// The 3-hop spec of `targets` in `round`, drawn on a pool of `threads` threads.
+fn spec_on_threads(
+    threads: usize,
+    f: &Fanout,
+    c: &PlanContext<'_>,
+    targets: &[u32],
+    round: u64,
+) -> grandis_masking::ExtractionSpec {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(|| f.spec(c, 0, targets.to_vec(), 3, round).unwrap())
 }
