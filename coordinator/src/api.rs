@@ -272,8 +272,6 @@ async fn cluster(State(st): State<Shared>) -> Json<grandis_wire::ClusterView> {
     Json(st.core().cluster(Instant::now()))
 }
 
-/// The job's latest checkpoint (a safetensors file), for users (the trained model of a cluster
-/// job) and for the daemons of a retry.
 /// A daemon's download of a job's checkpoint: only of a job it is assigned to, when
 /// identities are verified.
 async fn get_daemon_checkpoint(
@@ -294,6 +292,8 @@ async fn get_daemon_checkpoint(
     get_checkpoint(State(st), Path(raw)).await
 }
 
+/// The job's latest checkpoint (a safetensors file), for users (the trained model of a cluster
+/// job) and for the daemons of a retry.
 async fn get_checkpoint(
     State(st): State<Shared>,
     Path(id): Path<String>,
@@ -472,8 +472,10 @@ async fn register(
     let req: RegisterRequest = parse_daemon_message(&body, "registration")?;
     let now = Instant::now();
     if let Some(ca) = &st.daemon_ca {
-        // A signature check costs tens of microseconds: outside the core's lock.
-        st.auth().check_proof(ca, &req, now)?;
+        // The challenge is used up under the lock; the signature is checked outside it and
+        // outside the core's (tens of microseconds, while other daemons' calls go on).
+        let proof = st.auth().take_proof(&req, now)?;
+        crate::identity::verify_proof(ca, &req.label, proof)?;
     }
     let mut core = st.core();
     let mut resp = core.register(req, now)?;

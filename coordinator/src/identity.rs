@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use base64::Engine;
-use grandis_wire::{DaemonId, RegisterRequest};
+use grandis_wire::{DaemonId, NodeProof, RegisterRequest};
 use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
@@ -56,20 +56,13 @@ impl DaemonAuth {
         Ok(c)
     }
 
-    /// Checks `req`'s proof of its label against `ca`, using up its challenge.
-    pub fn check_proof(
+    /// `req`'s proof, its challenge used up: refused when there is none or its challenge is
+    /// unknown, used or expired. The signature is [`verify_proof`]'s to check.
+    pub fn take_proof<'r>(
         &mut self,
-        ca: &grandis_quic::ClusterCa,
-        req: &RegisterRequest,
+        req: &'r RegisterRequest,
         now: Instant,
-    ) -> Result<(), ApiError> {
-        let refused = |why: String| {
-            ApiError::new(
-                StatusCode::FORBIDDEN,
-                "invalid_proof",
-                format!("daemon {:?} is not who it says: {why}", req.label),
-            )
-        };
+    ) -> Result<&'r NodeProof, ApiError> {
         let Some(proof) = &req.proof else {
             return Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -85,10 +78,11 @@ impl DaemonAuth {
             .is_some_and(|at| now.saturating_duration_since(at) < CHALLENGE_TTL);
         if !fresh {
             return Err(refused(
+                &req.label,
                 "its challenge is unknown, used already or expired (ask for a new one)".into(),
             ));
         }
-        ca.verify_registration(&req.label, proof).map_err(refused)
+        Ok(proof)
     }
 
     /// Opens daemon `id`'s session (sessions of daemons `known` no longer lists are dropped)
@@ -149,6 +143,26 @@ impl DaemonAuth {
             ))
         }
     }
+}
+
+/// Checks that `proof` proves `label` with a certificate of `ca` (its challenge taken by
+/// [`DaemonAuth::take_proof`]).
+pub fn verify_proof(
+    ca: &grandis_quic::ClusterCa,
+    label: &str,
+    proof: &NodeProof,
+) -> Result<(), ApiError> {
+    ca.verify_registration(label, proof)
+        .map_err(|why| refused(label, why))
+}
+
+/// A registration refused for its proof, saying why.
+fn refused(label: &str, why: String) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "invalid_proof",
+        format!("daemon {label:?} is not who it says: {why}"),
+    )
 }
 
 /// The daemon a verified call comes from (a request extension set by the daemon middleware
