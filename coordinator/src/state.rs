@@ -352,14 +352,19 @@ impl Core {
         req: RegisterRequest,
         now: Instant,
     ) -> Result<RegisterResponse, ApiError> {
-        let label = req.label.trim();
-        if label.is_empty() || label.len() > 128 || label.chars().any(|c| c.is_control()) {
+        // The label is the node name of the daemon's certificate (what the data plane and a
+        // `daemon_ca` check), so it obeys the same rule, within 128 bytes.
+        let label = req.label.as_str();
+        if let Err(e) = grandis_quic::certs::validate_node_name(label) {
             return Err(ApiError::bad_request(
                 "invalid_registration",
-                format!(
-                    "label: must be 1 to 128 printable characters, got {:?}",
-                    req.label
-                ),
+                format!("label: {e} (the label is its certificate's node name)"),
+            ));
+        }
+        if label.len() > 128 {
+            return Err(ApiError::bad_request(
+                "invalid_registration",
+                format!("label: at most 128 bytes, got {}", label.len()),
             ));
         }
         // Free text from a daemon ends up in log lines, `GET /v1/cluster` and terminals: no

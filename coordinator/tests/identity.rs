@@ -254,6 +254,11 @@ async fn free_text_from_daemons_cannot_forge_log_lines() {
     let h = start(config(&dir.path().join("c.redb"))).await;
     for (field, req) in [
         (
+            "label",
+            request("node-a\nINFO head elected label=admin", None),
+        ),
+        ("label", request("a b", None)),
+        (
             "daemon_version",
             RegisterRequest {
                 daemon_version: "1.0\n2026-11-26T00:00:00Z INFO daemon registered label=admin"
