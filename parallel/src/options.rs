@@ -108,16 +108,6 @@ impl Default for ParallelOptions {
 }
 
 impl ParallelOptions {
-    /// The options of a job: the one mapping from a spec to a run, used by `grandis train` and
-    /// by every daemon alike (so a cluster job equals `grandis train` with the same spec).
-    /// The machine's part keeps its defaults.
-    pub fn for_job(spec: &JobSpec) -> ParallelOptions {
-        ParallelOptions {
-            job: spec.clone(),
-            machine: Machine::default(),
-        }
-    }
-
     /// FLX: the preloaded hops the job fixes (None: the largest that fits the budget).
     pub fn preload_hops(&self) -> Option<usize> {
         self.job.preload_hops.map(|k| k as usize)
@@ -187,6 +177,10 @@ mod tests {
 
     #[test]
     fn a_job_maps_to_its_options() {
+        let on_this_machine = |job| ParallelOptions {
+            job,
+            machine: Machine::default(),
+        };
         let base = JobSpec {
             dataset: "d".into(),
             layers: 3,
@@ -199,7 +193,7 @@ mod tests {
             fanout: 4,
             priority: Priority::Degree,
         };
-        let o = ParallelOptions::for_job(&JobSpec {
+        let o = on_this_machine(JobSpec {
             mode: Mode::Flx,
             sampling: eas.clone(),
             resample_every: Some(3),
@@ -218,13 +212,13 @@ mod tests {
             (Some(3), Some(1 << 20), None, Some(2))
         );
         // cob and mb take the spec's batch size, or its documented default.
-        let o = ParallelOptions::for_job(&JobSpec {
+        let o = on_this_machine(JobSpec {
             mode: Mode::Cob,
             batch_size: Some(64),
             ..base.clone()
         });
         assert_eq!(o.batch_size(), Some(64));
-        let o = ParallelOptions::for_job(&JobSpec {
+        let o = on_this_machine(JobSpec {
             mode: Mode::Mb,
             ..base.clone()
         });
@@ -233,14 +227,14 @@ mod tests {
             Some(grandis_wire::defaults::BATCH_SIZE as usize)
         );
         // GraphSAINT without a batch size: the default roots' worth.
-        let o = ParallelOptions::for_job(&JobSpec {
+        let o = on_this_machine(JobSpec {
             mode: Mode::Cob,
             sampling: Sampling::Saint { walk_length: 2 },
             ..base.clone()
         });
         assert_eq!(o.batch_size(), Some(9000));
         // auto: only an explicit co-batch size (absent = the largest that fits).
-        let o = ParallelOptions::for_job(&JobSpec {
+        let o = on_this_machine(JobSpec {
             mode: Mode::Auto,
             ..base
         });
