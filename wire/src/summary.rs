@@ -120,6 +120,48 @@ pub struct Execution {
     pub staleness: Option<StaleSummary>,
 }
 
+impl Execution {
+    /// Adds another server's part of the same run: its traffic and staleness counts summed,
+    /// its ranks' memory and inference added; the cluster-wide figures (sampling counts, β,
+    /// the plan) are every server's alike and stay.
+    pub fn add_server(&mut self, other: &Execution) {
+        for (sum, add) in [
+            (&mut self.halo_bytes_per_epoch, &other.halo_bytes_per_epoch),
+            (
+                &mut self.forward_bytes_per_epoch,
+                &other.forward_bytes_per_epoch,
+            ),
+            (
+                &mut self.backward_bytes_per_epoch,
+                &other.backward_bytes_per_epoch,
+            ),
+            (
+                &mut self.all_reduce_bytes_per_epoch,
+                &other.all_reduce_bytes_per_epoch,
+            ),
+            (
+                &mut self.fetch_bytes_per_epoch,
+                &other.fetch_bytes_per_epoch,
+            ),
+            (&mut self.setup_fetch_bytes, &other.setup_fetch_bytes),
+        ] {
+            sum.add(add);
+        }
+        self.memory.extend(other.memory.iter().cloned());
+        if let Some(add) = &other.staleness {
+            let sum = self.staleness.get_or_insert_with(StaleSummary::default);
+            sum.sends += add.sends;
+            sum.skips += add.skips;
+            sum.saved_bytes_per_epoch += add.saved_bytes_per_epoch;
+        }
+        match (&mut self.inference, &other.inference) {
+            (Some(sum), Some(add)) => sum.absorb(add),
+            (None, Some(add)) => self.inference = Some(add.clone()),
+            _ => {}
+        }
+    }
+}
+
 /// What the staleness-bounded exchange did on the reporting ranks (summed over their epochs;
 /// `cluster up` sums the servers).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -275,52 +317,8 @@ impl RunSummary {
             ..first.clone()
         };
         for r in rest {
-            for (sum, add) in [
-                (
-                    &mut all.execution.halo_bytes_per_epoch,
-                    &r.execution.halo_bytes_per_epoch,
-                ),
-                (
-                    &mut all.execution.forward_bytes_per_epoch,
-                    &r.execution.forward_bytes_per_epoch,
-                ),
-                (
-                    &mut all.execution.backward_bytes_per_epoch,
-                    &r.execution.backward_bytes_per_epoch,
-                ),
-                (
-                    &mut all.execution.all_reduce_bytes_per_epoch,
-                    &r.execution.all_reduce_bytes_per_epoch,
-                ),
-                (
-                    &mut all.execution.fetch_bytes_per_epoch,
-                    &r.execution.fetch_bytes_per_epoch,
-                ),
-                (
-                    &mut all.execution.setup_fetch_bytes,
-                    &r.execution.setup_fetch_bytes,
-                ),
-            ] {
-                sum.add(add);
-            }
-            all.execution
-                .memory
-                .extend(r.execution.memory.iter().cloned());
+            all.execution.add_server(&r.execution);
             all.peak_rss_bytes = all.peak_rss_bytes.max(r.peak_rss_bytes);
-            if let Some(add) = &r.execution.staleness {
-                let sum = all
-                    .execution
-                    .staleness
-                    .get_or_insert_with(StaleSummary::default);
-                sum.sends += add.sends;
-                sum.skips += add.skips;
-                sum.saved_bytes_per_epoch += add.saved_bytes_per_epoch;
-            }
-            match (&mut all.execution.inference, &r.execution.inference) {
-                (Some(sum), Some(add)) => sum.absorb(add),
-                (None, Some(add)) => all.execution.inference = Some(add.clone()),
-                _ => {}
-            }
         }
         Some(all)
     }
