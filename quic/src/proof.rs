@@ -48,7 +48,15 @@ impl NodeIdentity {
         let signature = signer
             .sign(message)
             .map_err(|e| QuicError::Config(format!("node {}: signing failed: {e}", self.name)))?;
-        let chain_pem = self.chain.iter().map(|c| pem("CERTIFICATE", c)).collect();
+        let blocks: Vec<pem::Pem> = self
+            .chain
+            .iter()
+            .map(|c| pem::Pem::new("CERTIFICATE", c.to_vec()))
+            .collect();
+        let chain_pem = pem::encode_many_config(
+            &blocks,
+            pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+        );
         Ok(Signed {
             chain_pem,
             scheme: u16::from(signer.scheme()),
@@ -69,19 +77,6 @@ impl NodeIdentity {
             signature: base64::engine::general_purpose::STANDARD.encode(signed.signature),
         })
     }
-}
-
-/// `der` as one PEM block.
-fn pem(label: &str, der: &[u8]) -> String {
-    use base64::Engine;
-    let body = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in body.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
 }
 
 /// The cluster CA, as a verifier of nodes' signatures.
