@@ -4,10 +4,10 @@
 //! fill these buffers with no device of their own, so the allocator is a value they share
 //! ([`HostAllocator`]), and a buffer's capacity is fixed once allocated (page-locking is
 //! paid once per buffer, not per step). A copy from page-locked memory may still be running
-//! when a plain `upload` returns: hand such buffers to [`crate::Backend::upload_host`], which
+//! when a plain `upload` returns: hand such buffers to [`crate::Kernels::upload_host`], which
 //! gives them back only once they may be written again.
 
-use crate::backend::Result;
+use crate::error::Result;
 
 /// A host buffer of `f32`: its first [`HostBuffer::len`] elements are the data.
 #[derive(Debug, Default)]
@@ -78,7 +78,7 @@ impl HostBuffer {
             #[cfg(feature = "cuda")]
             HostMem::Pinned(p) => {
                 if len > p.len() {
-                    return Err(crate::backend::shape_err(
+                    return Err(crate::error::shape_err(
                         "host buffer",
                         format!("{len} elements in page-locked memory of {}", p.len()),
                     ));

@@ -6,19 +6,32 @@
 //! backend. Every operation has a hand-derived backward that the tests check against finite
 //! differences; the design goal is that any partitioning of a graph over devices reproduces
 //! the single-process numbers exactly (see the `backend` module doc).
+//!
+//! Modules, bottom up: `error` (the error type, shared checks), `block` (graph blocks on the
+//! host), `args` (dropout keys, attention and Adam parameters), `host` (host buffers),
+//! `kernels` (what a backend implements), `backend` (the checked operations every backend
+//! gets), then the backends `cpu` and `cuda`, and `norm` / `profile` beside them.
 
+pub mod args;
 pub mod backend;
+pub mod block;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod error;
 pub mod host;
+pub mod kernels;
 pub mod norm;
 pub mod profile;
 
-pub use backend::{
-    attention_keep, dropout_keep, dropout_threshold, AdamStep, Attention, AttentionDropout,
-    Backend, BlockGraph, DropoutKey, EngineError, PreparedGraph, Result,
+pub use args::{
+    attention_keep, attention_row_stream, dropout_keep, dropout_threshold, mix64, AdamStep,
+    Attention, AttentionDropout, DropoutKey,
 };
+pub use backend::Backend;
+pub use block::{BlockGraph, PreparedGraph, ScaledCsr};
 pub use cpu::CpuBackend;
+pub use error::{shape_err, EngineError, Result};
 pub use host::{HostAllocator, HostBuffer, PlainAllocator};
+pub use kernels::Kernels;
 pub use profile::{OpClass, OpProfile, OpTimes};

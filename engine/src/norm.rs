@@ -1,7 +1,7 @@
 //! Normalisation vectors of a whole graph, for the single-process case (a partitioned run
 //! slices the same vectors by global id, which is what makes it reproduce these numbers).
 
-use crate::backend::BlockGraph;
+use crate::block::BlockGraph;
 use grandis_store::CsrView;
 use rayon::prelude::*;
 

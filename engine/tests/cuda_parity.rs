@@ -13,7 +13,9 @@
 
 use grandis_engine::cuda::{driver_library_present, CudaBackend};
 use grandis_engine::norm::{full_block, global_scales, sub_block, Aggregation};
-use grandis_engine::{dropout_keep, dropout_threshold, AdamStep, Backend, CpuBackend, DropoutKey};
+use grandis_engine::{
+    dropout_keep, dropout_threshold, AdamStep, Backend, CpuBackend, DropoutKey, Kernels,
+};
 use grandis_store::{CsrGraph, EdgeOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -45,7 +47,7 @@ fn random_graph(n: usize, edges: usize, seed: u64) -> CsrGraph {
     grandis_store::graph_from_edges(n as u64, pairs, EdgeOptions::default()).unwrap()
 }
 
-fn down(g: &CudaBackend, buf: &<CudaBackend as Backend>::Buf) -> Vec<f32> {
+fn down(g: &CudaBackend, buf: &<CudaBackend as Kernels>::Buf) -> Vec<f32> {
     let mut out = vec![0.0; g.len(buf)];
     g.download(buf, 0, &mut out).unwrap();
     out

@@ -2,7 +2,7 @@
 //! f32 kernels, small sizes), plus block-vs-full aggregation and mask invariance.
 
 use grandis_engine::norm::{full_block, global_scales, sub_block, Aggregation};
-use grandis_engine::{AdamStep, Backend, CpuBackend, DropoutKey};
+use grandis_engine::{AdamStep, Backend, CpuBackend, DropoutKey, Kernels};
 use grandis_store::{CsrGraph, EdgeOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -926,4 +926,107 @@ fn prepared_graphs_aggregate_as_uploaded_ones() {
     let mut bad = blk;
     bad.indices[0] = bad.n_src as u32;
     assert!(PreparedGraph::new(bad).is_err());
+}
+
+/// Arguments are checked once, above the backends (`Backend`), before any kernel runs: every
+/// operation given a buffer too short, an id out of range, a bad probability or step counter,
+/// or sizes whose product overflows returns a shape error naming the operation (never a
+/// panic), and leaves its outputs as they were.
+#[test]
+fn every_operation_refuses_arguments_that_do_not_fit_before_its_kernel_runs() {
+    let b = cpu();
+    let short = vec![7.0f32; 3];
+    let four = vec![1.0f32; 4];
+    let ids = vec![0u32, 1];
+    let key = DropoutKey {
+        seed: 1,
+        epoch: 0,
+        layer: 0,
+    };
+    let step = AdamStep {
+        lr: 0.1,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        decoupled: false,
+        step: 1,
+        grad_scale: 1.0,
+    };
+    let huge = usize::MAX / 2 + 1;
+    let mut out = short.clone();
+    let mut more = short.clone();
+    let mut third = short.clone();
+    let refused = |op: &str, r: grandis_engine::Result<()>| {
+        let e = r.expect_err(op).to_string();
+        assert!(e.starts_with(op), "{op}: {e}");
+    };
+    refused("upload_into", b.upload_into(&mut out, 2, &[1.0, 2.0]));
+    refused("download", b.download(&short, usize::MAX, &mut [0.0]));
+    refused("fill", b.fill(&mut out, 4, 0.0));
+    refused("copy", b.copy_range(&four, 2, &mut out, 0, 3));
+    refused("gather_rows", b.gather_rows(&four, 2, &vec![2], &mut out));
+    refused("gather_rows", b.gather_rows(&four, 2, &ids, &mut out));
+    refused(
+        "scatter_add_rows",
+        b.scatter_add_rows(&four, 2, &vec![0, 1], &mut out),
+    );
+    refused(
+        "gemm",
+        b.gemm(false, false, 2, 2, 1, 1.0, &four, &four, 0.0, &mut out),
+    );
+    refused(
+        "gemm",
+        b.gemm(false, false, huge, 2, 1, 1.0, &four, &four, 0.0, &mut out),
+    );
+    refused("add_bias", b.add_bias(&mut out, &four, 2, 2));
+    refused("add_bias", b.add_bias(&mut out, &four, huge, 2));
+    refused("col_sum", b.col_sum(&four, 2, 2, 0.0, &mut vec![0.0; 1]));
+    refused("relu", b.relu(&four, &mut out, 4));
+    refused("relu_backward", b.relu_backward(&four, &mut out, 4));
+    refused("dropout", b.dropout(&four, &mut out, 2, 2, &ids, 0.5, key));
+    refused(
+        "dropout",
+        b.dropout(&four, &mut four.clone(), 2, 2, &ids, 1.0, key),
+    );
+    refused(
+        "dropout_backward",
+        b.dropout_backward(&mut out, 2, 2, &ids, 0.5, key),
+    );
+    refused("axpy", b.axpy(1.0, &four, &mut out, 4));
+    refused("scale", b.scale(&mut out, 2.0, 4));
+    refused(
+        "layer_norm",
+        b.layer_norm(
+            &four, &four, &four, 2, 2, 1e-5, &mut out, &mut more, &mut third,
+        ),
+    );
+    let (mut p, mut m, mut v) = (short.clone(), short.clone(), short.clone());
+    refused(
+        "adam_step",
+        b.adam_step(&mut p, &four, &mut m, &mut v, 4, &step),
+    );
+    let zeroth = AdamStep { step: 0, ..step };
+    let mut p4 = four.clone();
+    let (mut m4, mut v4) = (four.clone(), four.clone());
+    refused(
+        "adam_step",
+        b.adam_step(&mut p4, &four, &mut m4, &mut v4, 4, &zeroth),
+    );
+    let xent = b.cross_entropy(&four, 2, 2, &ids, &vec![0, 2], 1.0, &mut four.clone());
+    assert!(xent
+        .expect_err("label 2 of 2 classes")
+        .to_string()
+        .starts_with("cross_entropy"));
+    let xent = b.cross_entropy(&four, 2, 2, &vec![0, 2], &ids, 1.0, &mut four.clone());
+    assert!(xent
+        .expect_err("row 2 of 2")
+        .to_string()
+        .starts_with("cross_entropy"));
+    assert!(b.sum_squares(&short, 4).is_err());
+    // Nothing ran: the outputs hold what they held.
+    for buf in [&out, &more, &third, &p, &m, &v] {
+        assert_eq!(buf, &short);
+    }
+    assert_eq!((p4, m4, v4), (four.clone(), four.clone(), four));
 }

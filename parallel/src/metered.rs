@@ -1,4 +1,4 @@
-//! [`Metered`]: a [`Backend`] wrapper that counts the bytes of every live buffer, index and
+//! [`Metered`]: a backend wrapper that counts the bytes of every live buffer, index and
 //! graph a rank holds, with a high-water mark. The CPU backend has no allocation counter and
 //! peak RSS is per process (all ranks are threads of one process), so this is how a rank's
 //! memory is measured and compared with the masking crate's memory model.
@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use grandis_engine::{
-    AdamStep, Attention, AttentionDropout, Backend, BlockGraph, DropoutKey, Result,
+    AdamStep, Attention, AttentionDropout, BlockGraph, DropoutKey, Kernels, Result, ScaledCsr,
 };
 
 /// Live and peak bytes of one rank.
@@ -82,12 +82,12 @@ impl<T> MeteredValue<T> {
 }
 
 /// The wrapper backend: same numerics as `B`, plus byte accounting.
-pub struct Metered<B: Backend> {
+pub struct Metered<B: Kernels> {
     pub inner: B,
     pub meter: Arc<Meter>,
 }
 
-impl<B: Backend> Metered<B> {
+impl<B: Kernels> Metered<B> {
     pub fn new(inner: B) -> Self {
         Metered {
             inner,
@@ -165,7 +165,8 @@ passed_as_is!(
     &'a AdamStep
 );
 
-/// Backend methods that only pass their arguments (unwrapped) to the inner backend.
+/// Kernels that only pass their arguments (unwrapped) to the inner backend's: the arguments
+/// were checked once, by [`grandis_engine::Backend`] on the wrapper.
 macro_rules! forward {
     ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*) => {
         $(fn $name(&self $(, $arg: $ty)*) -> $ret {
@@ -174,7 +175,7 @@ macro_rules! forward {
     };
 }
 
-impl<B: Backend> Backend for Metered<B> {
+impl<B: Kernels> Kernels for Metered<B> {
     type Buf = MeteredValue<B::Buf>;
     type Index = MeteredValue<B::Index>;
     type Graph = MeteredValue<B::Graph>;
@@ -200,21 +201,13 @@ impl<B: Backend> Backend for Metered<B> {
         let idx = self.inner.upload_index(host)?;
         Ok(MeteredValue::new(idx, &self.meter, host.len() as u64 * 4))
     }
-    fn upload_graph(&self, graph: &BlockGraph) -> Result<Self::Graph> {
-        let g = self.inner.upload_graph(graph)?;
+    fn upload_block(&self, graph: &BlockGraph, transpose: &ScaledCsr) -> Result<Self::Graph> {
+        let g = self.inner.upload_block(graph, transpose)?;
         Ok(MeteredValue::new(g, &self.meter, graph_bytes(graph)))
-    }
-    fn upload_prepared(&self, graph: &grandis_engine::PreparedGraph) -> Result<Self::Graph> {
-        let g = self.inner.upload_prepared(graph)?;
-        Ok(MeteredValue::new(
-            g,
-            &self.meter,
-            graph_bytes(graph.graph()),
-        ))
     }
 
     // The attention parameters hold an index: rewrapped for the inner backend.
-    fn attention_aggregate(
+    fn run_attention_aggregate(
         &self,
         graph: &Self::Graph,
         x: &Self::Buf,
@@ -223,7 +216,7 @@ impl<B: Backend> Backend for Metered<B> {
         out: &mut Self::Buf,
         lse: &mut Self::Buf,
     ) -> Result<()> {
-        self.inner.attention_aggregate(
+        self.inner.run_attention_aggregate(
             &graph.inner,
             &x.inner,
             &scores.inner,
@@ -232,7 +225,7 @@ impl<B: Backend> Backend for Metered<B> {
             &mut lse.inner,
         )
     }
-    fn attention_aggregate_backward(
+    fn run_attention_aggregate_backward(
         &self,
         graph: &Self::Graph,
         x: &Self::Buf,
@@ -244,7 +237,7 @@ impl<B: Backend> Backend for Metered<B> {
         grad_scores: &mut Self::Buf,
         scratch: &mut Self::Buf,
     ) -> Result<()> {
-        self.inner.attention_aggregate_backward(
+        self.inner.run_attention_aggregate_backward(
             &graph.inner,
             &x.inner,
             &scores.inner,
@@ -260,11 +253,12 @@ impl<B: Backend> Backend for Metered<B> {
     // Everything else is the inner backend's.
     forward! {
         fn len(&self, buf: &Self::Buf) -> usize;
-        fn upload_into(&self, buf: &mut Self::Buf, offset: usize, host: &[f32]) -> Result<()>;
-        fn download(&self, buf: &Self::Buf, offset: usize, out: &mut [f32]) -> Result<()>;
+        fn run_upload_into(&self, buf: &mut Self::Buf, offset: usize, host: &[f32]) -> Result<()>;
+        fn run_download(&self, buf: &Self::Buf, offset: usize, out: &mut [f32]) -> Result<()>;
         fn index_len(&self, idx: &Self::Index) -> usize;
-        fn fill(&self, buf: &mut Self::Buf, len: usize, value: f32) -> Result<()>;
-        fn copy_range(
+        fn index_max(&self, idx: &Self::Index) -> Option<u32>;
+        fn run_fill(&self, buf: &mut Self::Buf, len: usize, value: f32) -> Result<()>;
+        fn run_copy_range(
             &self,
             src: &Self::Buf,
             src_at: usize,
@@ -273,21 +267,21 @@ impl<B: Backend> Backend for Metered<B> {
             len: usize,
         ) -> Result<()>;
         fn synchronize(&self) -> Result<()>;
-        fn gather_rows(
+        fn run_gather_rows(
             &self,
             src: &Self::Buf,
             cols: usize,
             idx: &Self::Index,
             out: &mut Self::Buf,
         ) -> Result<()>;
-        fn scatter_add_rows(
+        fn run_scatter_add_rows(
             &self,
             src: &Self::Buf,
             cols: usize,
             idx: &Self::Index,
             out: &mut Self::Buf,
         ) -> Result<()>;
-        fn gemm(
+        fn run_gemm(
             &self,
             trans_a: bool,
             trans_b: bool,
@@ -300,9 +294,9 @@ impl<B: Backend> Backend for Metered<B> {
             beta: f32,
             c: &mut Self::Buf,
         ) -> Result<()>;
-        fn add_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, rows: usize, cols: usize)
+        fn run_add_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, rows: usize, cols: usize)
             -> Result<()>;
-        fn col_sum(
+        fn run_col_sum(
             &self,
             x: &Self::Buf,
             rows: usize,
@@ -311,18 +305,18 @@ impl<B: Backend> Backend for Metered<B> {
             out: &mut Self::Buf,
         ) -> Result<()>;
         fn graph_dims(&self, graph: &Self::Graph) -> (usize, usize, usize);
-        fn aggregate(&self, graph: &Self::Graph, x: &Self::Buf, d: usize, out: &mut Self::Buf)
+        fn run_aggregate(&self, graph: &Self::Graph, x: &Self::Buf, d: usize, out: &mut Self::Buf)
             -> Result<()>;
-        fn aggregate_backward(
+        fn run_aggregate_backward(
             &self,
             graph: &Self::Graph,
             grad_out: &Self::Buf,
             d: usize,
             grad_x: &mut Self::Buf,
         ) -> Result<()>;
-        fn relu(&self, x: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
-        fn relu_backward(&self, y: &Self::Buf, grad: &mut Self::Buf, len: usize) -> Result<()>;
-        fn dropout(
+        fn run_relu(&self, x: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
+        fn run_relu_backward(&self, y: &Self::Buf, grad: &mut Self::Buf, len: usize) -> Result<()>;
+        fn run_dropout(
             &self,
             x: &Self::Buf,
             out: &mut Self::Buf,
@@ -332,7 +326,7 @@ impl<B: Backend> Backend for Metered<B> {
             p: f32,
             key: DropoutKey,
         ) -> Result<()>;
-        fn dropout_backward(
+        fn run_dropout_backward(
             &self,
             grad: &mut Self::Buf,
             rows: usize,
@@ -341,9 +335,9 @@ impl<B: Backend> Backend for Metered<B> {
             p: f32,
             key: DropoutKey,
         ) -> Result<()>;
-        fn axpy(&self, alpha: f32, x: &Self::Buf, y: &mut Self::Buf, len: usize) -> Result<()>;
-        fn scale(&self, x: &mut Self::Buf, alpha: f32, len: usize) -> Result<()>;
-        fn layer_norm(
+        fn run_axpy(&self, alpha: f32, x: &Self::Buf, y: &mut Self::Buf, len: usize) -> Result<()>;
+        fn run_scale(&self, x: &mut Self::Buf, alpha: f32, len: usize) -> Result<()>;
+        fn run_layer_norm(
             &self,
             x: &Self::Buf,
             gamma: &Self::Buf,
@@ -355,7 +349,7 @@ impl<B: Backend> Backend for Metered<B> {
             mean: &mut Self::Buf,
             rstd: &mut Self::Buf,
         ) -> Result<()>;
-        fn layer_norm_backward(
+        fn run_layer_norm_backward(
             &self,
             grad_out: &Self::Buf,
             x: &Self::Buf,
@@ -368,7 +362,7 @@ impl<B: Backend> Backend for Metered<B> {
             grad_gamma: &mut Self::Buf,
             grad_beta: &mut Self::Buf,
         ) -> Result<()>;
-        fn cross_entropy(
+        fn run_cross_entropy(
             &self,
             logits: &Self::Buf,
             n: usize,
@@ -378,8 +372,8 @@ impl<B: Backend> Backend for Metered<B> {
             normalizer: f32,
             grad: &mut Self::Buf,
         ) -> Result<f64>;
-        fn sum_squares(&self, x: &Self::Buf, len: usize) -> Result<f64>;
-        fn adam_step(
+        fn run_sum_squares(&self, x: &Self::Buf, len: usize) -> Result<f64>;
+        fn run_adam_step(
             &self,
             param: &mut Self::Buf,
             grad: &Self::Buf,
@@ -394,7 +388,7 @@ impl<B: Backend> Backend for Metered<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use grandis_engine::CpuBackend;
+    use grandis_engine::{CpuBackend, Kernels};
 
     #[test]
     fn counts_live_and_peak_bytes() {

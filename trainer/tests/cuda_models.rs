@@ -8,7 +8,7 @@
 #![cfg(feature = "cuda")]
 
 use grandis_engine::cuda::CudaBackend;
-use grandis_engine::Backend;
+use grandis_engine::Kernels;
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_store::DatasetView;
 use grandis_synth::SynthConfig;

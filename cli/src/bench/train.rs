@@ -90,7 +90,7 @@ fn synthetic(args: &BenchTrainArgs) -> anyhow::Result<InMemoryDataset> {
         );
     }
     let seed = args.seed;
-    let hash = |i: u64| grandis_engine::backend::mix64(seed.wrapping_mul(0x9E37_79B9) ^ i);
+    let hash = |i: u64| grandis_engine::mix64(seed.wrapping_mul(0x9E37_79B9) ^ i);
     let labels: Vec<i32> = (0..n as u64)
         .map(|v| (hash(v ^ 0xABCD_0000_0000) % args.classes as u64) as i32)
         .collect();

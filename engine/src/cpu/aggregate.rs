@@ -2,9 +2,8 @@
 
 use super::simd::{self, simd_level, Kernel};
 use super::ROW_CHUNK;
-use crate::backend::{BlockGraph, Result, ScaledCsr};
+use crate::block::{BlockGraph, ScaledCsr};
 use rayon::prelude::*;
-use std::time::Instant;
 
 /// An uploaded graph block: forward CSR and its transpose, with their scale vectors.
 pub struct CpuGraph {
@@ -179,22 +178,6 @@ unsafe fn block<const W: usize>(
 }
 
 pub(super) use grandis_store::prefetch;
-
-/// The body of [`Backend::upload_graph`](crate::backend::Backend::upload_graph) for
-/// `CpuBackend`: validates the block and builds the forward CSR and its transpose.
-pub(super) fn upload_graph(g: &BlockGraph) -> Result<CpuGraph> {
-    g.validate()?;
-    let start = Instant::now();
-    let graph = upload_block(g, &crate::backend::transpose(g));
-    tracing::debug!(
-        "uploaded graph block {}x{} with {} edges in {:.3}s",
-        g.n_dst,
-        g.n_src,
-        g.indices.len(),
-        start.elapsed().as_secs_f64()
-    );
-    Ok(graph)
-}
 
 /// A validated block and its transpose as the CPU kernels take them.
 pub(super) fn upload_block(g: &BlockGraph, t: &ScaledCsr) -> CpuGraph {

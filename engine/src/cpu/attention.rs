@@ -13,7 +13,7 @@
 use super::aggregate::{prefetch, CpuGraph};
 use super::simd::{run, simd_level, Kernel};
 use super::ROW_CHUNK;
-use crate::backend::{attention_row_stream, dropout_keep};
+use crate::args::{attention_row_stream, dropout_keep};
 use rayon::prelude::*;
 
 /// `exp(x)` for `x <= 0` (what softmax needs: every exponent is a logit minus its row's

@@ -2,11 +2,11 @@
 
 use super::simd::Simd;
 use super::{ordered_partials, ELEM_CHUNK, RED_CHUNK, ROW_CHUNK};
-use crate::backend::AdamStep;
+use crate::args::AdamStep;
 use rayon::prelude::*;
 
 /// The dropout mask of one call, applied to rows in a vectorisable loop (the hash is the one
-/// of [`crate::backend::dropout_keep`], evaluated with `stream ^ (gid << 32)` hoisted out of the column loop).
+/// of [`crate::args::dropout_keep`], evaluated with `stream ^ (gid << 32)` hoisted out of the column loop).
 struct Mask {
     stream: u64,
     thr: u32,
@@ -53,7 +53,7 @@ impl Mask {
                 Some(src) => {
                     let i = &src[r * c..(r + 1) * c];
                     for j in 0..c {
-                        let h = crate::backend::mix64(base ^ j as u64);
+                        let h = crate::args::mix64(base ^ j as u64);
                         let keep = (h >> 40) as u32 >= self.thr;
                         o[j] = if keep { i[j] * self.scale } else { 0.0 };
                     }
@@ -61,7 +61,7 @@ impl Mask {
                 None => {
                     for v in o.iter_mut().enumerate() {
                         let (j, v) = v;
-                        let h = crate::backend::mix64(base ^ j as u64);
+                        let h = crate::args::mix64(base ^ j as u64);
                         let keep = (h >> 40) as u32 >= self.thr;
                         *v = if keep { *v * self.scale } else { 0.0 };
                     }

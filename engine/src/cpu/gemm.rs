@@ -205,7 +205,7 @@ fn sgemm_rows(
     }
 }
 
-/// The body of [`Backend::gemm`] for `CpuBackend` (arguments already checked).
+/// The body of [`crate::Backend::gemm`] for `CpuBackend` (arguments already checked).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm(
     trans_a: bool,

@@ -5,8 +5,8 @@
 //! with a long inner dimension) are split into chunks of a FIXED size and the partial results
 //! are added in chunk order, so results are bit-identical whatever the thread count.
 //!
-//! Layout: this file holds [`CpuBackend`] (thread pool, timers) and its [`Backend`] impl,
-//! which checks arguments and times each call; the kernels live in `aggregate` (CSR
+//! Layout: this file holds [`CpuBackend`] (thread pool, timers) and its [`Kernels`] impl,
+//! which times each call (arguments arrive checked by [`crate::Backend`]); the kernels live in `aggregate` (CSR
 //! aggregation), `gemm` (dense products), `elementwise` (ReLU, dropout, LayerNorm, loss,
 //! Adam) and `simd` (run-time instruction-set detection).
 
@@ -18,11 +18,11 @@ mod simd;
 
 pub use aggregate::CpuGraph;
 
-use crate::backend::{
-    check_attention, dropout_threshold, need, shape_err, AdamStep, Attention, Backend, BlockGraph,
-    DropoutKey, EngineError, PreparedGraph, Result,
-};
+use crate::args::{dropout_threshold, AdamStep, Attention, DropoutKey};
+use crate::block::{BlockGraph, ScaledCsr};
+use crate::error::{EngineError, Result};
 use crate::host::HostBuffer;
+use crate::kernels::Kernels;
 use crate::profile::{aggregate_bytes, OpClass, OpProfile, OpTimes};
 use rayon::prelude::*;
 use simd::simd_level;
@@ -183,7 +183,7 @@ fn ordered_partials(
     total
 }
 
-impl Backend for CpuBackend {
+impl Kernels for CpuBackend {
     type Buf = Vec<f32>;
     type Index = Vec<u32>;
     type Graph = CpuGraph;
@@ -211,18 +211,6 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn upload_into(&self, buf: &mut Vec<f32>, offset: usize, host: &[f32]) -> Result<()> {
-        need("upload_into", "buffer", buf.len(), offset + host.len())?;
-        buf[offset..offset + host.len()].copy_from_slice(host);
-        Ok(())
-    }
-
-    fn download(&self, buf: &Vec<f32>, offset: usize, out: &mut [f32]) -> Result<()> {
-        need("download", "buffer", buf.len(), offset + out.len())?;
-        out.copy_from_slice(&buf[offset..offset + out.len()]);
-        Ok(())
-    }
-
     fn upload_index(&self, host: &[u32]) -> Result<Vec<u32>> {
         Ok(host.to_vec())
     }
@@ -231,8 +219,33 @@ impl Backend for CpuBackend {
         idx.len()
     }
 
-    fn fill(&self, buf: &mut Vec<f32>, len: usize, value: f32) -> Result<()> {
-        need("fill", "buffer", buf.len(), len)?;
+    fn index_max(&self, idx: &Vec<u32>) -> Option<u32> {
+        idx.iter().copied().max()
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn upload_block(&self, g: &BlockGraph, transpose: &ScaledCsr) -> Result<CpuGraph> {
+        Ok(aggregate::upload_block(g, transpose))
+    }
+
+    fn graph_dims(&self, g: &CpuGraph) -> (usize, usize, usize) {
+        (g.n_dst, g.n_src, g.fwd.indices.len())
+    }
+
+    fn run_upload_into(&self, buf: &mut Vec<f32>, offset: usize, host: &[f32]) -> Result<()> {
+        buf[offset..offset + host.len()].copy_from_slice(host);
+        Ok(())
+    }
+
+    fn run_download(&self, buf: &Vec<f32>, offset: usize, out: &mut [f32]) -> Result<()> {
+        out.copy_from_slice(&buf[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    fn run_fill(&self, buf: &mut Vec<f32>, len: usize, value: f32) -> Result<()> {
         self.timed(OpClass::Other("fill"), || {
             buf[..len]
                 .par_chunks_mut(ELEM_CHUNK)
@@ -241,7 +254,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn copy_range(
+    fn run_copy_range(
         &self,
         src: &Vec<f32>,
         src_at: usize,
@@ -249,8 +262,6 @@ impl Backend for CpuBackend {
         dst_at: usize,
         len: usize,
     ) -> Result<()> {
-        need("copy", "src", src.len(), src_at.saturating_add(len))?;
-        need("copy", "dst", dst.len(), dst_at.saturating_add(len))?;
         self.timed(OpClass::Other("copy"), || {
             dst[dst_at..dst_at + len]
                 .par_chunks_mut(ELEM_CHUNK)
@@ -260,27 +271,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-
-    fn gather_rows(
+    fn run_gather_rows(
         &self,
         src: &Vec<f32>,
         cols: usize,
         idx: &Vec<u32>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        need("gather_rows", "out", out.len(), idx.len() * cols)?;
-        if let Some(&bad) = idx.iter().find(|&&r| (r as usize + 1) * cols > src.len()) {
-            return Err(shape_err(
-                "gather_rows",
-                format!("row {bad} is outside src ({} elements)", src.len()),
-            ));
-        }
-        if cols == 0 {
-            return Ok(());
-        }
         self.timed(OpClass::Other("gather_rows"), || {
             out[..idx.len() * cols]
                 .par_chunks_mut(cols)
@@ -292,20 +289,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn scatter_add_rows(
+    fn run_scatter_add_rows(
         &self,
         src: &Vec<f32>,
         cols: usize,
         idx: &Vec<u32>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        need("scatter_add_rows", "src", src.len(), idx.len() * cols)?;
-        if let Some(&bad) = idx.iter().find(|&&r| (r as usize + 1) * cols > out.len()) {
-            return Err(shape_err(
-                "scatter_add_rows",
-                format!("row {bad} is outside out ({} elements)", out.len()),
-            ));
-        }
         // Sequential on purpose: repeated ids must add up in a fixed order, and this runs on
         // halo rows only.
         self.timed(OpClass::Other("scatter_add_rows"), || {
@@ -319,7 +309,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn gemm(
+    fn run_gemm(
         &self,
         trans_a: bool,
         trans_b: bool,
@@ -332,24 +322,19 @@ impl Backend for CpuBackend {
         beta: f32,
         c: &mut Vec<f32>,
     ) -> Result<()> {
-        need("gemm", "A", a.len(), m * k)?;
-        need("gemm", "B", b.len(), k * n)?;
-        need("gemm", "C", c.len(), m * n)?;
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
         self.timed(OpClass::Gemm, || {
             gemm::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c)
         });
         Ok(())
     }
 
-    fn add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>, rows: usize, cols: usize) -> Result<()> {
-        need("add_bias", "x", x.len(), rows * cols)?;
-        need("add_bias", "bias", bias.len(), cols)?;
-        if cols == 0 {
-            return Ok(());
-        }
+    fn run_add_bias(
+        &self,
+        x: &mut Vec<f32>,
+        bias: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
         self.timed(OpClass::Other("add_bias"), || {
             x[..rows * cols].par_chunks_mut(cols).for_each(|r| {
                 for (a, &b) in r.iter_mut().zip(&bias[..cols]) {
@@ -360,7 +345,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn col_sum(
+    fn run_col_sum(
         &self,
         x: &Vec<f32>,
         rows: usize,
@@ -368,8 +353,6 @@ impl Backend for CpuBackend {
         beta: f32,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        need("col_sum", "x", x.len(), rows * cols)?;
-        need("col_sum", "out", out.len(), cols)?;
         self.timed(OpClass::Other("col_sum"), || {
             let sums = ordered_partials(rows.div_ceil(RED_CHUNK), cols, |ch, p| {
                 let r0 = ch * RED_CHUNK;
@@ -391,54 +374,33 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn upload_graph(&self, g: &BlockGraph) -> Result<CpuGraph> {
-        aggregate::upload_graph(g)
-    }
-
-    fn upload_prepared(&self, g: &PreparedGraph) -> Result<CpuGraph> {
-        Ok(aggregate::upload_block(g.graph(), g.transpose()))
-    }
-
-    fn graph_dims(&self, g: &CpuGraph) -> (usize, usize, usize) {
-        (g.n_dst, g.n_src, g.fwd.indices.len())
-    }
-
-    fn aggregate(&self, g: &CpuGraph, x: &Vec<f32>, d: usize, out: &mut Vec<f32>) -> Result<()> {
-        need("aggregate", "x", x.len(), g.n_src * d)?;
-        need("aggregate", "out", out.len(), g.n_dst * d)?;
-        if d == 0 {
-            return Ok(());
-        }
+    fn run_aggregate(
+        &self,
+        g: &CpuGraph,
+        x: &Vec<f32>,
+        d: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         self.timed(OpClass::Aggregate, || g.fwd.run(x, d, out));
         let bytes = aggregate_bytes(g.fwd.indices.len(), g.n_dst, d);
         self.timers.agg_bytes.fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
 
-    fn aggregate_backward(
+    fn run_aggregate_backward(
         &self,
         g: &CpuGraph,
         grad_out: &Vec<f32>,
         d: usize,
         grad_x: &mut Vec<f32>,
     ) -> Result<()> {
-        need(
-            "aggregate_backward",
-            "grad_out",
-            grad_out.len(),
-            g.n_dst * d,
-        )?;
-        need("aggregate_backward", "grad_x", grad_x.len(), g.n_src * d)?;
-        if d == 0 {
-            return Ok(());
-        }
         self.timed(OpClass::Aggregate, || g.bwd.run(grad_out, d, grad_x));
         let bytes = aggregate_bytes(g.bwd.indices.len(), g.n_src, d);
         self.timers.agg_bytes.fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
 
-    fn attention_aggregate(
+    fn run_attention_aggregate(
         &self,
         g: &CpuGraph,
         x: &Vec<f32>,
@@ -447,8 +409,6 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
         lse: &mut Vec<f32>,
     ) -> Result<()> {
-        let op = "attention_aggregate";
-        check_attention(self, op, g, att, x, scores, lse, out, None)?;
         let call = attn_call(att);
         self.timed(OpClass::Aggregate, || {
             attention::forward(g, &call, x, scores, out, lse)
@@ -456,7 +416,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn attention_aggregate_backward(
+    fn run_attention_aggregate_backward(
         &self,
         g: &CpuGraph,
         x: &Vec<f32>,
@@ -468,9 +428,6 @@ impl Backend for CpuBackend {
         grad_scores: &mut Vec<f32>,
         scratch: &mut Vec<f32>,
     ) -> Result<()> {
-        let op = "attention_aggregate_backward";
-        let grads = Some((&*grad_x, &*grad_scores, &*scratch));
-        check_attention(self, op, g, att, x, scores, lse, grad_out, grads)?;
         let call = attn_call(att);
         self.timed(OpClass::Aggregate, || {
             attention::backward(
@@ -488,23 +445,19 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn relu(&self, x: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
-        need("relu", "x", x.len(), len)?;
-        need("relu", "out", out.len(), len)?;
+    fn run_relu(&self, x: &Vec<f32>, out: &mut Vec<f32>, len: usize) -> Result<()> {
         self.timed(OpClass::Other("relu"), || elementwise::relu(x, out, len));
         Ok(())
     }
 
-    fn relu_backward(&self, y: &Vec<f32>, grad: &mut Vec<f32>, len: usize) -> Result<()> {
-        need("relu_backward", "y", y.len(), len)?;
-        need("relu_backward", "grad", grad.len(), len)?;
+    fn run_relu_backward(&self, y: &Vec<f32>, grad: &mut Vec<f32>, len: usize) -> Result<()> {
         self.timed(OpClass::Other("relu_backward"), || {
             elementwise::relu_backward(y, grad, len)
         });
         Ok(())
     }
 
-    fn dropout(
+    fn run_dropout(
         &self,
         x: &Vec<f32>,
         out: &mut Vec<f32>,
@@ -514,18 +467,6 @@ impl Backend for CpuBackend {
         p: f32,
         key: DropoutKey,
     ) -> Result<()> {
-        need("dropout", "x", x.len(), rows * cols)?;
-        need("dropout", "out", out.len(), rows * cols)?;
-        need("dropout", "global_ids", global_ids.len(), rows)?;
-        if !(0.0..1.0).contains(&p) {
-            return Err(shape_err(
-                "dropout",
-                format!("p must be in [0, 1), got {p}"),
-            ));
-        }
-        if cols == 0 {
-            return Ok(());
-        }
         let stream = key.stream();
         let thr = dropout_threshold(p);
         let scale = 1.0 / (1.0 - p);
@@ -536,7 +477,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn dropout_backward(
+    fn run_dropout_backward(
         &self,
         grad: &mut Vec<f32>,
         rows: usize,
@@ -545,17 +486,6 @@ impl Backend for CpuBackend {
         p: f32,
         key: DropoutKey,
     ) -> Result<()> {
-        need("dropout_backward", "grad", grad.len(), rows * cols)?;
-        need("dropout_backward", "global_ids", global_ids.len(), rows)?;
-        if !(0.0..1.0).contains(&p) {
-            return Err(shape_err(
-                "dropout_backward",
-                format!("p must be in [0, 1), got {p}"),
-            ));
-        }
-        if cols == 0 || p == 0.0 {
-            return Ok(());
-        }
         let stream = key.stream();
         let thr = dropout_threshold(p);
         let scale = 1.0 / (1.0 - p);
@@ -566,9 +496,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn axpy(&self, alpha: f32, x: &Vec<f32>, y: &mut Vec<f32>, len: usize) -> Result<()> {
-        need("axpy", "x", x.len(), len)?;
-        need("axpy", "y", y.len(), len)?;
+    fn run_axpy(&self, alpha: f32, x: &Vec<f32>, y: &mut Vec<f32>, len: usize) -> Result<()> {
         self.timed(OpClass::Other("axpy"), || {
             y[..len]
                 .par_chunks_mut(ELEM_CHUNK)
@@ -582,8 +510,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn scale(&self, x: &mut Vec<f32>, alpha: f32, len: usize) -> Result<()> {
-        need("scale", "x", x.len(), len)?;
+    fn run_scale(&self, x: &mut Vec<f32>, alpha: f32, len: usize) -> Result<()> {
         self.timed(OpClass::Other("scale"), || {
             x[..len]
                 .par_chunks_mut(ELEM_CHUNK)
@@ -592,7 +519,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn layer_norm(
+    fn run_layer_norm(
         &self,
         x: &Vec<f32>,
         gamma: &Vec<f32>,
@@ -604,22 +531,13 @@ impl Backend for CpuBackend {
         mean: &mut Vec<f32>,
         rstd: &mut Vec<f32>,
     ) -> Result<()> {
-        need("layer_norm", "x", x.len(), rows * cols)?;
-        need("layer_norm", "out", out.len(), rows * cols)?;
-        need("layer_norm", "gamma", gamma.len(), cols)?;
-        need("layer_norm", "beta", beta.len(), cols)?;
-        need("layer_norm", "mean", mean.len(), rows)?;
-        need("layer_norm", "rstd", rstd.len(), rows)?;
-        if cols == 0 {
-            return Ok(());
-        }
         self.timed(OpClass::Other("layer_norm"), || {
             elementwise::layer_norm(x, gamma, beta, rows, cols, eps, out, mean, rstd)
         });
         Ok(())
     }
 
-    fn layer_norm_backward(
+    fn run_layer_norm_backward(
         &self,
         grad_out: &Vec<f32>,
         x: &Vec<f32>,
@@ -632,18 +550,6 @@ impl Backend for CpuBackend {
         grad_gamma: &mut Vec<f32>,
         grad_beta: &mut Vec<f32>,
     ) -> Result<()> {
-        let op = "layer_norm_backward";
-        need(op, "grad_out", grad_out.len(), rows * cols)?;
-        need(op, "x", x.len(), rows * cols)?;
-        need(op, "grad_x", grad_x.len(), rows * cols)?;
-        need(op, "gamma", gamma.len(), cols)?;
-        need(op, "grad_gamma", grad_gamma.len(), cols)?;
-        need(op, "grad_beta", grad_beta.len(), cols)?;
-        need(op, "mean", mean.len(), rows)?;
-        need(op, "rstd", rstd.len(), rows)?;
-        if cols == 0 {
-            return Ok(());
-        }
         self.timed(OpClass::Other("layer_norm_backward"), || {
             elementwise::layer_norm_backward(
                 grad_out, x, gamma, mean, rstd, rows, cols, grad_x, grad_gamma, grad_beta,
@@ -652,7 +558,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn cross_entropy(
+    fn run_cross_entropy(
         &self,
         logits: &Vec<f32>,
         n: usize,
@@ -662,38 +568,12 @@ impl Backend for CpuBackend {
         normalizer: f32,
         grad: &mut Vec<f32>,
     ) -> Result<f64> {
-        let op = "cross_entropy";
-        need(op, "logits", logits.len(), n * classes)?;
-        need(op, "grad", grad.len(), n * classes)?;
-        if rows.len() != labels.len() {
-            return Err(shape_err(
-                op,
-                format!("{} rows but {} labels", rows.len(), labels.len()),
-            ));
-        }
-        if let Some(&r) = rows.iter().find(|&&r| r as usize >= n) {
-            return Err(shape_err(op, format!("row {r} out of range (n = {n})")));
-        }
-        if let Some(&l) = labels.iter().find(|&&l| l as usize >= classes) {
-            return Err(shape_err(
-                op,
-                format!("label {l} out of range ({classes} classes)"),
-            ));
-        }
-        if normalizer.is_nan() || normalizer <= 0.0 {
-            return Err(shape_err(
-                op,
-                format!("normalizer must be positive, got {normalizer}"),
-            ));
-        }
-        let loss = self.timed(OpClass::Other("cross_entropy"), || {
+        Ok(self.timed(OpClass::Other("cross_entropy"), || {
             elementwise::cross_entropy(logits, n, classes, rows, labels, normalizer, grad)
-        });
-        Ok(loss)
+        }))
     }
 
-    fn sum_squares(&self, x: &Vec<f32>, len: usize) -> Result<f64> {
-        need("sum_squares", "x", x.len(), len)?;
+    fn run_sum_squares(&self, x: &Vec<f32>, len: usize) -> Result<f64> {
         Ok(self.timed(OpClass::Other("sum_squares"), || {
             ordered_partials(len.div_ceil(ELEM_CHUNK), 1, |ch, p| {
                 let s = ch * ELEM_CHUNK;
@@ -703,7 +583,7 @@ impl Backend for CpuBackend {
         }))
     }
 
-    fn adam_step(
+    fn run_adam_step(
         &self,
         param: &mut Vec<f32>,
         grad: &Vec<f32>,
@@ -712,20 +592,7 @@ impl Backend for CpuBackend {
         len: usize,
         s: &AdamStep,
     ) -> Result<()> {
-        for (what, have) in [
-            ("param", param.len()),
-            ("grad", grad.len()),
-            ("m", m.len()),
-            ("v", v.len()),
-        ] {
-            need("adam_step", what, have, len)?;
-        }
-        if s.step == 0 {
-            return Err(shape_err("adam_step", "step counter must start at 1"));
-        }
-        let bc1 = 1.0 - (s.beta1 as f64).powf(s.step as f64);
-        let bc2 = 1.0 - (s.beta2 as f64).powf(s.step as f64);
-        let (bc1, bc2) = (bc1 as f32, bc2 as f32);
+        let (bc1, bc2) = s.bias_corrections();
         let s = *s;
         self.timed(OpClass::Other("adam_step"), || {
             elementwise::adam_step(param, grad, m, v, len, &s, bc1, bc2)

@@ -9,7 +9,7 @@ use cudarc::driver::CudaContext;
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use super::kernels;
-use crate::backend::{EngineError, Result};
+use crate::error::{EngineError, Result};
 
 /// The backend's name in its errors.
 pub(super) const BACKEND: &str = "cuda";

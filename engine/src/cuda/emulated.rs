@@ -13,7 +13,9 @@
 
 use super::kernels;
 use super::*;
-use crate::backend::{dropout_threshold, AttentionDropout, Backend, DropoutKey};
+use crate::args::{dropout_threshold, AdamStep, AttentionDropout, DropoutKey};
+use crate::backend::Backend;
+use crate::block::{BlockGraph, ScaledCsr};
 use crate::cpu::CpuBackend;
 use crate::norm::{full_block, global_scales, sub_block, Aggregation};
 use cudarc::driver::LaunchConfig;
@@ -326,7 +328,7 @@ fn check_aggregation(emu: &Emu, cpu: &CpuBackend) {
                 let mut want = vec![0.0; blk.n_src * d];
                 cpu.aggregate_backward(&cg, &go, d, &mut want).unwrap();
                 let mut got = vec![f32::NAN; blk.n_src * d];
-                run_csr(emu, &crate::backend::transpose(blk), &go, d, &mut got);
+                run_csr(emu, &crate::block::transpose(blk), &go, d, &mut got);
                 bits(&format!("aggregate_backward {name}"), &want, &got);
             }
         }
@@ -812,7 +814,7 @@ fn check_adam(emu: &Emu, cpu: &CpuBackend) {
                 grad_scale: 0.7,
             };
             cpu.adam_step(&mut w, &grad, &mut m, &mut v, n, &s).unwrap();
-            let (bc1, bc2) = adam_bias_corrections(&s);
+            let (bc1, bc2) = s.bias_corrections();
             launch!(
                 emu,
                 "adam_step",
@@ -876,7 +878,7 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
     let scales = global_scales(graph.view(), Aggregation::Mean);
     let blk = sub_block(graph.view(), &scales, &dst, &src).unwrap();
     let cg = cpu.upload_graph(&blk).unwrap();
-    let (fwd, bwd) = (host_fwd(&blk), crate::backend::transpose(&blk));
+    let (fwd, bwd) = (host_fwd(&blk), crate::block::transpose(&blk));
     let (n_dst, n_src) = (blk.n_dst, blk.n_src);
     for (heads, f, concat, p) in [(3usize, 5usize, true, Some(0.4f32)), (2, 4, false, None)] {
         let name = format!("attention heads {heads} concat {concat} p {p:?}");

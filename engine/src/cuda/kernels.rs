@@ -54,14 +54,14 @@ typedef unsigned int u32;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (u64)blockDim.x * gridDim.x)
 
-/* SplitMix64 finaliser: the same constants as grandis_engine::backend::mix64. */
+/* SplitMix64 finaliser: the same constants as grandis_engine::mix64. */
 __device__ __forceinline__ u64 mix64(u64 z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
 }
 
-/* grandis_engine::backend::dropout_keep */
+/* grandis_engine::dropout_keep */
 __device__ __forceinline__ bool dropout_keep(u64 stream, u32 thr, u32 gid, u32 col) {
     u64 h = mix64(stream ^ (((u64)gid << 32) | (u64)col));
     return (u32)(h >> 40) >= thr;
@@ -332,7 +332,7 @@ extern "C" __global__ void sumsq_partials(const float* x, u64 n, u64 chunk, u64 
     }
 }
 
-/* grandis_engine::backend::AdamStep, operation by operation as in the CPU loop. */
+/* grandis_engine::AdamStep, operation by operation as in the CPU loop. */
 extern "C" __global__ void adam_step(float* w, const float* g, float* m, float* v, u64 n,
                                      float lr, float b1, float b2, float eps, float wd,
                                      int decoupled, float gs, float bc1, float bc2) {
@@ -372,7 +372,7 @@ __device__ __forceinline__ float exp_nonpositive(float x) {
     return x < -87.0f ? 0.0f : y * scale;
 }
 
-/* The mask stream of destination v (grandis_engine::backend::attention_keep's inner one). */
+/* The mask stream of destination v (grandis_engine::attention_keep's inner one). */
 __device__ __forceinline__ u64 att_row_stream(int has_drop, const u32* ids, u64 stream, u64 v) {
     return has_drop ? mix64(stream ^ (u64)ids[v]) : 0;
 }

@@ -2,7 +2,7 @@
 
 use cudarc::driver::LaunchConfig;
 
-use crate::backend::{shape_err, Result};
+use crate::error::{shape_err, Result};
 
 /// Threads per block of the element-wise kernels.
 pub(super) const ELEM_THREADS: u32 = 256;
@@ -12,12 +12,6 @@ pub(super) const MAX_BLOCKS: u64 = 1 << 20;
 
 /// Upper bound on `gridDim.y` (a hardware limit is 65535).
 pub(super) const MAX_GRID_Y: u64 = 65_535;
-
-/// `rows * cols` without overflow (a shape error otherwise).
-pub(super) fn elems(op: &'static str, rows: usize, cols: usize) -> Result<usize> {
-    rows.checked_mul(cols)
-        .ok_or_else(|| shape_err(op, format!("{rows} x {cols} overflows the address space")))
-}
 
 pub(super) fn elem_cfg(n: u64) -> LaunchConfig {
     let blocks = n.div_ceil(ELEM_THREADS as u64).clamp(1, MAX_BLOCKS);

@@ -27,7 +27,7 @@
 //! context and memory, the kernels compiled once), `launch` (grid and block of each kind of
 //! kernel), `pinned` (page-locked host rows), this module (the buffer, index and graph types,
 //! opening a backend, uploading graphs, the launch helpers the operations share) and `ops`
-//! (the operations of [`Backend`](crate::Backend): argument checks, then the launches);
+//! (the [`Kernels`](crate::Kernels): the launches, on arguments `Backend` has checked);
 //! `kernels` holds the CUDA C source, `nccl` the collectives.
 
 mod driver;
@@ -45,7 +45,8 @@ pub use pinned::{PinnedAllocator, PinnedRows};
 use driver::*;
 use launch::*;
 
-use crate::backend::{shape_err, AdamStep, Attention, BlockGraph, EngineError, Result, ScaledCsr};
+use crate::args::Attention;
+use crate::error::{shape_err, EngineError, Result};
 use crate::profile::{aggregate_bytes, OpClass, OpProfile, OpTimes};
 use cudarc::cublas::{sys as cublas_sys, CudaBlas};
 use cudarc::driver::{
@@ -62,7 +63,7 @@ unsafe impl Send for PinnedRows {}
 unsafe impl Sync for PinnedRows {}
 
 /// A device `f32` buffer. Holds at least one element on the device (CUDA has no zero-byte
-/// allocations); [`Backend::len`](crate::Backend::len) reports the logical length.
+/// allocations); [`Kernels::len`](crate::Kernels::len) reports the logical length.
 pub struct CudaBuf {
     data: CudaSlice<f32>,
     len: usize,
@@ -146,13 +147,6 @@ struct OpClock {
     on: AtomicBool,
     spans: Mutex<Vec<(OpClass, CudaEvent, CudaEvent)>>,
     aggregate_bytes: AtomicU64,
-}
-
-/// Adam bias corrections exactly as the CPU backend computes them (f64 `powf`, then f32).
-fn adam_bias_corrections(s: &AdamStep) -> (f32, f32) {
-    let bc1 = (1.0 - (s.beta1 as f64).powf(s.step as f64)) as f32;
-    let bc2 = (1.0 - (s.beta2 as f64).powf(s.step as f64)) as f32;
-    (bc1, bc2)
 }
 
 /// The attention kernels' shared arguments, in their order: `heads, f, concat, slope,
@@ -305,38 +299,6 @@ impl CudaBackend {
             blas,
             funcs,
             clock: OpClock::default(),
-        })
-    }
-
-    /// Uploads a validated block and its transpose.
-    fn upload_block(&self, g: &BlockGraph, t: &ScaledCsr) -> Result<CudaGraph> {
-        let fwd = self.upload_csr(
-            &g.offsets,
-            &g.indices,
-            &g.dst_scale,
-            g.src_scale.as_deref(),
-            g.self_scale.as_deref(),
-        )?;
-        let bwd = self.upload_csr(
-            &t.offsets,
-            &t.indices,
-            &t.dst,
-            t.src.as_deref(),
-            t.self_.as_deref(),
-        )?;
-        tracing::debug!(
-            "cuda:{}: uploaded graph block {}x{} with {} edges",
-            self.ordinal,
-            g.n_dst,
-            g.n_src,
-            g.indices.len()
-        );
-        Ok(CudaGraph {
-            fwd,
-            bwd,
-            n_dst: g.n_dst,
-            n_src: g.n_src,
-            n_edges: g.indices.len(),
         })
     }
 
@@ -652,16 +614,6 @@ impl CudaBackend {
                 (*class, ms as f64 * 1e-3)
             })
             .collect()
-    }
-}
-
-fn check_index_range(op: &'static str, what: &str, idx: &CudaIndex, limit: usize) -> Result<()> {
-    match idx.max {
-        Some(m) if m as usize >= limit => Err(shape_err(
-            op,
-            format!("{what} {m} out of range (must be < {limit})"),
-        )),
-        _ => Ok(()),
     }
 }
 

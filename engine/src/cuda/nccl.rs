@@ -18,7 +18,7 @@ use cudarc::driver::{CudaContext, CudaStream, DevicePtr};
 use cudarc::nccl::{result, sys};
 
 use super::{dev_err, CudaBackend, CudaBuf, BACKEND};
-use crate::backend::{EngineError, Result};
+use crate::error::{EngineError, Result};
 
 type NcclResult = std::result::Result<result::NcclStatus, result::NcclError>;
 const F32: sys::ncclDataType_t = sys::ncclDataType_t::ncclFloat32;

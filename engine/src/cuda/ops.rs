@@ -1,4 +1,6 @@
-//! The operations of [`Backend`] on the device: argument checks, then the launches.
+//! The [`Kernels`] of the CUDA backend: the launches of each operation, on arguments
+//! [`crate::Backend`] has checked. What stays here is what the device alone limits (cuBLAS's
+//! 32-bit dimensions, launch shapes).
 
 use std::sync::Mutex;
 
@@ -7,18 +9,16 @@ use cudarc::driver::PushKernelArg;
 
 use super::driver::dev_err;
 use super::kernels;
-use super::launch::{col_chunks_cfg, elem_cfg, elems, sumsq_cfg, warp_rows_cfg};
-use super::{
-    adam_bias_corrections, check_index_range, AttnArgs, CudaBackend, CudaBuf, CudaGraph, CudaIndex,
-};
-use crate::backend::{
-    check_attention, dropout_threshold, need, shape_err, AdamStep, Attention, Backend, BlockGraph,
-    DropoutKey, PreparedGraph, Result,
-};
+use super::launch::{col_chunks_cfg, elem_cfg, sumsq_cfg, warp_rows_cfg};
+use super::{AttnArgs, CudaBackend, CudaBuf, CudaGraph, CudaIndex};
+use crate::args::{dropout_threshold, AdamStep, Attention, DropoutKey};
+use crate::block::{BlockGraph, ScaledCsr};
+use crate::error::{shape_err, Result};
 use crate::host::HostBuffer;
+use crate::kernels::Kernels;
 use crate::profile::OpClass;
 
-impl Backend for CudaBackend {
+impl Kernels for CudaBackend {
     type Buf = CudaBuf;
     type Index = CudaIndex;
     type Graph = CudaGraph;
@@ -58,19 +58,14 @@ impl Backend for CudaBackend {
         Ok((buf, host))
     }
 
-    fn upload_into(&self, buf: &mut CudaBuf, offset: usize, host: &[f32]) -> Result<()> {
-        need("upload_into", "buffer", buf.len, offset + host.len())?;
-        if host.is_empty() {
-            return Ok(());
-        }
+    fn run_upload_into(&self, buf: &mut CudaBuf, offset: usize, host: &[f32]) -> Result<()> {
         let mut view = buf.data.slice_mut(offset..offset + host.len());
         self.stream
             .memcpy_htod(host, &mut view)
             .map_err(|e| dev_err("upload_into", e))
     }
 
-    fn download(&self, buf: &CudaBuf, offset: usize, out: &mut [f32]) -> Result<()> {
-        need("download", "buffer", buf.len, offset + out.len())?;
+    fn run_download(&self, buf: &CudaBuf, offset: usize, out: &mut [f32]) -> Result<()> {
         if !out.is_empty() {
             let view = buf.data.slice(offset..offset + out.len());
             self.stream
@@ -93,12 +88,12 @@ impl Backend for CudaBackend {
         idx.host.len()
     }
 
-    fn fill(&self, buf: &mut CudaBuf, len: usize, value: f32) -> Result<()> {
+    fn index_max(&self, idx: &CudaIndex) -> Option<u32> {
+        idx.max
+    }
+
+    fn run_fill(&self, buf: &mut CudaBuf, len: usize, value: f32) -> Result<()> {
         self.timed(OpClass::Other("fill"), || {
-            need("fill", "buffer", buf.len, len)?;
-            if len == 0 {
-                return Ok(());
-            }
             let n = len as u64;
             let f = self.func("fill_f32")?;
             let mut b = self.stream.launch_builder(f);
@@ -109,7 +104,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn copy_range(
+    fn run_copy_range(
         &self,
         src: &CudaBuf,
         src_at: usize,
@@ -118,11 +113,6 @@ impl Backend for CudaBackend {
         len: usize,
     ) -> Result<()> {
         self.timed(OpClass::Other("copy"), || {
-            need("copy", "src", src.len, src_at.saturating_add(len))?;
-            need("copy", "dst", dst.len, dst_at.saturating_add(len))?;
-            if len == 0 {
-                return Ok(());
-            }
             // On this stream: a buffer from a rank on another stream is complete here because
             // its sender synchronised before handing it over (the same-device transport); one on
             // another device is copied through unified addressing.
@@ -138,7 +128,7 @@ impl Backend for CudaBackend {
         self.sync("synchronize")
     }
 
-    fn gather_rows(
+    fn run_gather_rows(
         &self,
         src: &CudaBuf,
         cols: usize,
@@ -146,20 +136,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.timed(OpClass::Other("gather_rows"), || {
-            let n = elems("gather_rows", idx.host.len(), cols)?;
-            need("gather_rows", "out", out.len, n)?;
-            if let Some(m) = idx.max {
-                if (m as usize + 1) * cols > src.len {
-                    return Err(shape_err(
-                        "gather_rows",
-                        format!("row {m} is outside src ({} elements)", src.len),
-                    ));
-                }
-            }
-            if n == 0 {
-                return Ok(());
-            }
-            let (n, cols) = (n as u64, cols as u64);
+            let (n, cols) = ((idx.host.len() * cols) as u64, cols as u64);
             let f = self.func("gather_rows")?;
             let mut b = self.stream.launch_builder(f);
             b.arg(&src.data)
@@ -167,13 +144,13 @@ impl Backend for CudaBackend {
                 .arg(&mut out.data)
                 .arg(&n)
                 .arg(&cols);
-            // SAFETY: every idx row is inside src (checked above), out has n elements.
+            // SAFETY: every idx row is inside src (checked by Backend), out has n elements.
             unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("gather_rows", e))?;
             Ok(())
         })
     }
 
-    fn scatter_add_rows(
+    fn run_scatter_add_rows(
         &self,
         src: &CudaBuf,
         cols: usize,
@@ -181,19 +158,6 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.timed(OpClass::Other("scatter_add_rows"), || {
-            let n = elems("scatter_add_rows", idx.host.len(), cols)?;
-            need("scatter_add_rows", "src", src.len, n)?;
-            if let Some(m) = idx.max {
-                if (m as usize + 1) * cols > out.len {
-                    return Err(shape_err(
-                        "scatter_add_rows",
-                        format!("row {m} is outside out ({} elements)", out.len),
-                    ));
-                }
-            }
-            if n == 0 {
-                return Ok(());
-            }
             let plan = self.scatter_plan(idx)?;
             let (n_groups, cols) = (plan.n_groups as u64, cols as u64);
             let f = self.func("scatter_add_grouped")?;
@@ -213,7 +177,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn gemm(
+    fn run_gemm(
         &self,
         trans_a: bool,
         trans_b: bool,
@@ -227,19 +191,12 @@ impl Backend for CudaBackend {
         c: &mut CudaBuf,
     ) -> Result<()> {
         self.timed(OpClass::Gemm, || {
-            need("gemm", "A", a.len, elems("gemm", m, k)?)?;
-            need("gemm", "B", b.len, elems("gemm", k, n)?)?;
-            let mn = elems("gemm", m, n)?;
-            need("gemm", "C", c.len, mn)?;
-            if m == 0 || n == 0 {
-                return Ok(());
-            }
             if k == 0 {
                 // cuBLAS rejects a leading dimension of 0; C = beta * C (beta = 0 clears NaN).
                 return if beta == 0.0 {
-                    self.fill(c, mn, 0.0)
+                    self.run_fill(c, m * n, 0.0)
                 } else {
-                    self.scale(c, beta, mn)
+                    self.run_scale(c, beta, m * n)
                 };
             }
             let dims = [m, n, k];
@@ -275,22 +232,22 @@ impl Backend for CudaBackend {
                 beta,
                 ldc: ni,
             };
-            // SAFETY: A, B and C hold at least m*k, k*n and m*n elements (checked above) and the
+            // SAFETY: A, B and C hold at least m*k, k*n and m*n elements (checked by Backend) and the
             // leading dimensions describe exactly those dense matrices.
             unsafe { self.blas.gemm(cfg, &b.data, &a.data, &mut c.data) }
                 .map_err(|e| dev_err(format!("gemm {m}x{n}x{k} (cuBLAS)"), e))
         })
     }
 
-    fn add_bias(&self, x: &mut CudaBuf, bias: &CudaBuf, rows: usize, cols: usize) -> Result<()> {
+    fn run_add_bias(
+        &self,
+        x: &mut CudaBuf,
+        bias: &CudaBuf,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
         self.timed(OpClass::Other("add_bias"), || {
-            let n = elems("add_bias", rows, cols)?;
-            need("add_bias", "x", x.len, n)?;
-            need("add_bias", "bias", bias.len, cols)?;
-            if n == 0 {
-                return Ok(());
-            }
-            let (n, cols) = (n as u64, cols as u64);
+            let (n, cols) = ((rows * cols) as u64, cols as u64);
             let f = self.func("add_bias")?;
             let mut b = self.stream.launch_builder(f);
             b.arg(&mut x.data).arg(&bias.data).arg(&n).arg(&cols);
@@ -300,7 +257,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn col_sum(
+    fn run_col_sum(
         &self,
         x: &CudaBuf,
         rows: usize,
@@ -309,11 +266,6 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.timed(OpClass::Other("col_sum"), || {
-            need("col_sum", "x", x.len, elems("col_sum", rows, cols)?)?;
-            need("col_sum", "out", out.len, cols)?;
-            if cols == 0 {
-                return Ok(());
-            }
             let (rows64, cols64) = (rows as u64, cols as u64);
             let n_chunks = rows64.div_ceil(kernels::RED_CHUNK);
             let part = self.zeros::<f64>("column partial sums", (n_chunks * cols64) as usize)?;
@@ -336,26 +288,46 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn upload_graph(&self, g: &BlockGraph) -> Result<CudaGraph> {
-        g.validate()?;
-        self.upload_block(g, &crate::backend::transpose(g))
-    }
-
-    fn upload_prepared(&self, g: &PreparedGraph) -> Result<CudaGraph> {
-        self.upload_block(g.graph(), g.transpose())
+    fn upload_block(&self, g: &BlockGraph, t: &ScaledCsr) -> Result<CudaGraph> {
+        let fwd = self.upload_csr(
+            &g.offsets,
+            &g.indices,
+            &g.dst_scale,
+            g.src_scale.as_deref(),
+            g.self_scale.as_deref(),
+        )?;
+        let bwd = self.upload_csr(
+            &t.offsets,
+            &t.indices,
+            &t.dst,
+            t.src.as_deref(),
+            t.self_.as_deref(),
+        )?;
+        tracing::debug!(
+            "cuda:{}: uploaded graph block {}x{} with {} edges",
+            self.ordinal,
+            g.n_dst,
+            g.n_src,
+            g.indices.len()
+        );
+        Ok(CudaGraph {
+            fwd,
+            bwd,
+            n_dst: g.n_dst,
+            n_src: g.n_src,
+            n_edges: g.indices.len(),
+        })
     }
 
     fn graph_dims(&self, g: &CudaGraph) -> (usize, usize, usize) {
         (g.n_dst, g.n_src, g.n_edges)
     }
 
-    fn aggregate(&self, g: &CudaGraph, x: &CudaBuf, d: usize, out: &mut CudaBuf) -> Result<()> {
-        need("aggregate", "x", x.len, elems("aggregate", g.n_src, d)?)?;
-        need("aggregate", "out", out.len, elems("aggregate", g.n_dst, d)?)?;
+    fn run_aggregate(&self, g: &CudaGraph, x: &CudaBuf, d: usize, out: &mut CudaBuf) -> Result<()> {
         self.run_csr("aggregate", &g.fwd, x, d, out)
     }
 
-    fn aggregate_backward(
+    fn run_aggregate_backward(
         &self,
         g: &CudaGraph,
         grad_out: &CudaBuf,
@@ -363,12 +335,10 @@ impl Backend for CudaBackend {
         grad_x: &mut CudaBuf,
     ) -> Result<()> {
         let op = "aggregate_backward";
-        need(op, "grad_out", grad_out.len, elems(op, g.n_dst, d)?)?;
-        need(op, "grad_x", grad_x.len, elems(op, g.n_src, d)?)?;
         self.run_csr(op, &g.bwd, grad_out, d, grad_x)
     }
 
-    fn attention_aggregate(
+    fn run_attention_aggregate(
         &self,
         g: &CudaGraph,
         x: &CudaBuf,
@@ -378,7 +348,6 @@ impl Backend for CudaBackend {
         lse: &mut CudaBuf,
     ) -> Result<()> {
         let op = "attention_aggregate";
-        check_attention(self, op, g, att, x, scores, lse, out, None)?;
         if g.n_dst == 0 {
             return Ok(());
         }
@@ -393,14 +362,14 @@ impl Backend for CudaBackend {
                 .arg(&scores.data);
             a.push(&mut b);
             b.arg(&n_dst).arg(&mut out.data).arg(&mut lse.data);
-            // SAFETY: the graph is validated (ids < n_src), and check_attention checked every
+            // SAFETY: the graph is validated (ids < n_src), and Backend checked every
             // buffer against n_dst, n_src, heads and head_dim.
             unsafe { b.launch(elem_cfg(n_dst)) }.map_err(|e| dev_err(op, e))?;
             Ok(())
         })
     }
 
-    fn attention_aggregate_backward(
+    fn run_attention_aggregate_backward(
         &self,
         g: &CudaGraph,
         x: &CudaBuf,
@@ -413,8 +382,6 @@ impl Backend for CudaBackend {
         scratch: &mut CudaBuf,
     ) -> Result<()> {
         let op = "attention_aggregate_backward";
-        let grads = Some((&*grad_x, &*grad_scores, &*scratch));
-        check_attention(self, op, g, att, x, scores, lse, grad_out, grads)?;
         let a = AttnArgs::new(att, &g.fwd.indices);
         let (n_dst, n_src) = (g.n_dst as u64, g.n_src as u64);
         self.timed(OpClass::Aggregate, || {
@@ -456,13 +423,8 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn relu(&self, x: &CudaBuf, out: &mut CudaBuf, len: usize) -> Result<()> {
+    fn run_relu(&self, x: &CudaBuf, out: &mut CudaBuf, len: usize) -> Result<()> {
         self.timed(OpClass::Other("relu"), || {
-            need("relu", "x", x.len, len)?;
-            need("relu", "out", out.len, len)?;
-            if len == 0 {
-                return Ok(());
-            }
             let n = len as u64;
             let f = self.func("relu_fwd")?;
             let mut b = self.stream.launch_builder(f);
@@ -473,13 +435,8 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn relu_backward(&self, y: &CudaBuf, grad: &mut CudaBuf, len: usize) -> Result<()> {
+    fn run_relu_backward(&self, y: &CudaBuf, grad: &mut CudaBuf, len: usize) -> Result<()> {
         self.timed(OpClass::Other("relu_backward"), || {
-            need("relu_backward", "y", y.len, len)?;
-            need("relu_backward", "grad", grad.len, len)?;
-            if len == 0 {
-                return Ok(());
-            }
             let n = len as u64;
             let f = self.func("relu_bwd")?;
             let mut b = self.stream.launch_builder(f);
@@ -490,7 +447,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn dropout(
+    fn run_dropout(
         &self,
         x: &CudaBuf,
         out: &mut CudaBuf,
@@ -501,19 +458,6 @@ impl Backend for CudaBackend {
         key: DropoutKey,
     ) -> Result<()> {
         self.timed(OpClass::Other("dropout"), || {
-            let n = elems("dropout", rows, cols)?;
-            need("dropout", "x", x.len, n)?;
-            need("dropout", "out", out.len, n)?;
-            need("dropout", "global_ids", global_ids.host.len(), rows)?;
-            if !(0.0..1.0).contains(&p) {
-                return Err(shape_err(
-                    "dropout",
-                    format!("p must be in [0, 1), got {p}"),
-                ));
-            }
-            if n == 0 {
-                return Ok(());
-            }
             let stream = key.stream();
             let thr = dropout_threshold(p);
             let scale = 1.0f32 / (1.0 - p);
@@ -536,7 +480,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn dropout_backward(
+    fn run_dropout_backward(
         &self,
         grad: &mut CudaBuf,
         rows: usize,
@@ -547,15 +491,6 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.timed(OpClass::Other("dropout_backward"), || {
             let op = "dropout_backward";
-            let n = elems(op, rows, cols)?;
-            need(op, "grad", grad.len, n)?;
-            need(op, "global_ids", global_ids.host.len(), rows)?;
-            if !(0.0..1.0).contains(&p) {
-                return Err(shape_err(op, format!("p must be in [0, 1), got {p}")));
-            }
-            if n == 0 || p == 0.0 {
-                return Ok(());
-            }
             let stream = key.stream();
             let thr = dropout_threshold(p);
             let scale = 1.0f32 / (1.0 - p);
@@ -575,13 +510,8 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn axpy(&self, alpha: f32, x: &CudaBuf, y: &mut CudaBuf, len: usize) -> Result<()> {
+    fn run_axpy(&self, alpha: f32, x: &CudaBuf, y: &mut CudaBuf, len: usize) -> Result<()> {
         self.timed(OpClass::Other("axpy"), || {
-            need("axpy", "x", x.len, len)?;
-            need("axpy", "y", y.len, len)?;
-            if len == 0 {
-                return Ok(());
-            }
             let n = len as u64;
             let f = self.func("axpy_f32")?;
             let mut b = self.stream.launch_builder(f);
@@ -592,12 +522,8 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn scale(&self, x: &mut CudaBuf, alpha: f32, len: usize) -> Result<()> {
+    fn run_scale(&self, x: &mut CudaBuf, alpha: f32, len: usize) -> Result<()> {
         self.timed(OpClass::Other("scale"), || {
-            need("scale", "x", x.len, len)?;
-            if len == 0 {
-                return Ok(());
-            }
             let n = len as u64;
             let f = self.func("scale_f32")?;
             let mut b = self.stream.launch_builder(f);
@@ -608,7 +534,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn layer_norm(
+    fn run_layer_norm(
         &self,
         x: &CudaBuf,
         gamma: &CudaBuf,
@@ -622,16 +548,6 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.timed(OpClass::Other("layer_norm"), || {
             let op = "layer_norm";
-            let n = elems(op, rows, cols)?;
-            need(op, "x", x.len, n)?;
-            need(op, "out", out.len, n)?;
-            need(op, "gamma", gamma.len, cols)?;
-            need(op, "beta", beta.len, cols)?;
-            need(op, "mean", mean.len, rows)?;
-            need(op, "rstd", rstd.len, rows)?;
-            if n == 0 {
-                return Ok(());
-            }
             let (rows, cols) = (rows as u64, cols as u64);
             let cfg = warp_rows_cfg(op, rows)?;
             let f = self.func("layer_norm_fwd")?;
@@ -651,7 +567,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn layer_norm_backward(
+    fn run_layer_norm_backward(
         &self,
         grad_out: &CudaBuf,
         x: &CudaBuf,
@@ -666,18 +582,6 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.timed(OpClass::Other("layer_norm_backward"), || {
             let op = "layer_norm_backward";
-            let n = elems(op, rows, cols)?;
-            need(op, "grad_out", grad_out.len, n)?;
-            need(op, "x", x.len, n)?;
-            need(op, "grad_x", grad_x.len, n)?;
-            need(op, "gamma", gamma.len, cols)?;
-            need(op, "grad_gamma", grad_gamma.len, cols)?;
-            need(op, "grad_beta", grad_beta.len, cols)?;
-            need(op, "mean", mean.len, rows)?;
-            need(op, "rstd", rstd.len, rows)?;
-            if cols == 0 {
-                return Ok(());
-            }
             let (rows64, cols64) = (rows as u64, cols as u64);
             let n_chunks = rows64.div_ceil(kernels::RED_CHUNK);
             let mut part =
@@ -719,7 +623,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn cross_entropy(
+    fn run_cross_entropy(
         &self,
         logits: &CudaBuf,
         n: usize,
@@ -731,30 +635,7 @@ impl Backend for CudaBackend {
     ) -> Result<f64> {
         self.timed(OpClass::Other("cross_entropy"), || {
             let op = "cross_entropy";
-            let total = elems(op, n, classes)?;
-            need(op, "logits", logits.len, total)?;
-            need(op, "grad", grad.len, total)?;
-            if rows.host.len() != labels.host.len() {
-                return Err(shape_err(
-                    op,
-                    format!("{} rows but {} labels", rows.host.len(), labels.host.len()),
-                ));
-            }
-            check_index_range(op, "row", rows, n)?;
-            if let Some(l) = labels.max {
-                if l as usize >= classes {
-                    return Err(shape_err(
-                        op,
-                        format!("label {l} out of range ({classes} classes)"),
-                    ));
-                }
-            }
-            if normalizer.is_nan() || normalizer <= 0.0 {
-                return Err(shape_err(
-                    op,
-                    format!("normalizer must be positive, got {normalizer}"),
-                ));
-            }
+            let total = n * classes;
             if total > 0 {
                 let mut view = grad.data.slice_mut(0..total);
                 self.stream
@@ -780,16 +661,15 @@ impl Backend for CudaBackend {
                 .arg(&inv)
                 .arg(&mut grad.data)
                 .arg(&mut terms);
-            // SAFETY: rows < n and labels < classes (checked above); terms has n_sel entries.
+            // SAFETY: rows < n and labels < classes (checked by Backend); terms has n_sel entries.
             unsafe { b.launch(cfg) }.map_err(|e| dev_err(op, e))?;
             // Loss terms are added on the host in row order, as the CPU backend does.
             self.ordered_host_sum(op, &terms, n_sel)
         })
     }
 
-    fn sum_squares(&self, x: &CudaBuf, len: usize) -> Result<f64> {
+    fn run_sum_squares(&self, x: &CudaBuf, len: usize) -> Result<f64> {
         self.timed(OpClass::Other("sum_squares"), || {
-            need("sum_squares", "x", x.len, len)?;
             let n = len as u64;
             let n_chunks = n.div_ceil(kernels::ELEM_CHUNK);
             if n_chunks == 0 {
@@ -812,7 +692,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn adam_step(
+    fn run_adam_step(
         &self,
         param: &mut CudaBuf,
         grad: &CudaBuf,
@@ -822,21 +702,7 @@ impl Backend for CudaBackend {
         s: &AdamStep,
     ) -> Result<()> {
         self.timed(OpClass::Other("adam_step"), || {
-            for (what, have) in [
-                ("param", param.len),
-                ("grad", grad.len),
-                ("m", m.len),
-                ("v", v.len),
-            ] {
-                need("adam_step", what, have, len)?;
-            }
-            if s.step == 0 {
-                return Err(shape_err("adam_step", "step counter must start at 1"));
-            }
-            if len == 0 {
-                return Ok(());
-            }
-            let (bc1, bc2) = adam_bias_corrections(s);
+            let (bc1, bc2) = s.bias_corrections();
             let decoupled = s.decoupled as i32;
             let n = len as u64;
             let f = self.func("adam_step")?;

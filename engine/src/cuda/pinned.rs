@@ -7,7 +7,7 @@ use cudarc::driver::CudaContext;
 use super::driver::{
     check_ordinal, context, dev_err, driver_library_present, guarded, no_driver_error,
 };
-use crate::backend::Result;
+use crate::error::Result;
 
 /// Page-locked host memory of `f32` (see [`crate::host`]): portable, so every context of the
 /// process copies from it at full speed.

@@ -35,7 +35,7 @@ impl Nccl<B> for CudaNccl {
     fn send(
         &mut self,
         _: &B,
-        buf: &<B as grandis_engine::Backend>::Buf,
+        buf: &<B as grandis_engine::Kernels>::Buf,
         range: Range<usize>,
         peer: usize,
     ) -> anyhow::Result<()> {
@@ -45,7 +45,7 @@ impl Nccl<B> for CudaNccl {
     fn recv(
         &mut self,
         _: &B,
-        buf: &mut <B as grandis_engine::Backend>::Buf,
+        buf: &mut <B as grandis_engine::Kernels>::Buf,
         len: usize,
         peer: usize,
     ) -> anyhow::Result<()> {
@@ -55,7 +55,7 @@ impl Nccl<B> for CudaNccl {
     fn reduce(
         &mut self,
         _: &B,
-        buf: &mut <B as grandis_engine::Backend>::Buf,
+        buf: &mut <B as grandis_engine::Kernels>::Buf,
         len: usize,
         root: usize,
     ) -> anyhow::Result<()> {
@@ -65,7 +65,7 @@ impl Nccl<B> for CudaNccl {
     fn broadcast(
         &mut self,
         _: &B,
-        buf: &mut <B as grandis_engine::Backend>::Buf,
+        buf: &mut <B as grandis_engine::Kernels>::Buf,
         len: usize,
         root: usize,
     ) -> anyhow::Result<()> {
@@ -75,7 +75,7 @@ impl Nccl<B> for CudaNccl {
     fn all_reduce(
         &mut self,
         _: &B,
-        buf: &mut <B as grandis_engine::Backend>::Buf,
+        buf: &mut <B as grandis_engine::Kernels>::Buf,
         len: usize,
     ) -> anyhow::Result<()> {
         Ok(self.0.all_reduce(&mut buf.inner, len)?)
