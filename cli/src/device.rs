@@ -29,11 +29,9 @@ impl DeviceArgs {
     }
 }
 
-/// What [`cuda_backend`] opens: the CUDA backend, or nothing in a build without CUDA.
-#[cfg(feature = "cuda")]
+/// What [`cuda_backend`] opens (in a build without CUDA, a type with no values: opening one is
+/// the error saying so).
 pub type CudaBackend = grandis_engine::cuda::CudaBackend;
-#[cfg(not(feature = "cuda"))]
-pub type CudaBackend = std::convert::Infallible;
 
 /// The CUDA ordinal a single-process command runs on: none for `cpu`, N for `cuda:N`, and
 /// ordinal 0 (the one rank's device index) for plain `cuda`.
@@ -49,20 +47,13 @@ pub fn single_backend(device: &Compute) -> anyhow::Result<Option<CudaBackend>> {
 
 /// Opens the CUDA backend of `cuda:N`; a clean error when this binary has no CUDA
 /// support or the machine has no driver/device.
-#[cfg(feature = "cuda")]
 pub fn cuda_backend(ordinal: usize) -> anyhow::Result<CudaBackend> {
     eprintln!("{}", grandis_engine::cuda::describe_device(ordinal)?);
     Ok(grandis_engine::cuda::CudaBackend::new(ordinal)?)
 }
 
-#[cfg(not(feature = "cuda"))]
-pub fn cuda_backend(_ordinal: usize) -> anyhow::Result<CudaBackend> {
-    bail!(grandis_parallel::NOT_BUILT_WITH_CUDA)
-}
-
 /// Prints one line per CUDA device the driver reports (`--device cuda` of the parallel
 /// modes), or fails with the clean error of a build or machine without CUDA.
-#[cfg(feature = "cuda")]
 pub fn describe_cuda() -> anyhow::Result<()> {
     let n = grandis_engine::cuda::device_count()?;
     if n == 0 {
@@ -72,9 +63,4 @@ pub fn describe_cuda() -> anyhow::Result<()> {
         eprintln!("{}", grandis_engine::cuda::describe_device(ordinal)?);
     }
     Ok(())
-}
-
-#[cfg(not(feature = "cuda"))]
-pub fn describe_cuda() -> anyhow::Result<()> {
-    bail!(grandis_parallel::NOT_BUILT_WITH_CUDA)
 }

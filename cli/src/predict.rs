@@ -98,10 +98,6 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
         scratch_dir,
     };
     let report: LayerwiseReport = match cuda {
-        // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
-        #[cfg(not(feature = "cuda"))]
-        Some(backend) => match backend {},
-        #[cfg(feature = "cuda")]
         Some(backend) => predict_layerwise(&backend, &dataset, &args.checkpoint, &outputs, &opts)?,
         None => {
             let backend = grandis_engine::CpuBackend::new(args.threads)?;

@@ -47,3 +47,7 @@ pub(crate) fn elems(op: &'static str, rows: usize, cols: usize) -> Result<usize>
     rows.checked_mul(cols)
         .ok_or_else(|| shape_err(op, format!("{rows} x {cols} overflows the address space")))
 }
+
+/// What every entry point of a build without the `cuda` feature says when asked for CUDA.
+pub const NOT_BUILT_WITH_CUDA: &str =
+    "this grandis was built without CUDA support; rebuild with `--features cuda`";

@@ -3,9 +3,10 @@
 //! counter-based masks, cross-entropy over a row subset, Adam/AdamW), its reference CPU
 //! implementation ([`cpu::CpuBackend`], rayon + `matrixmultiply`), helpers that build the
 //! normalisation vectors of a whole graph ([`norm`]), and, behind the `cuda` feature, the CUDA
-//! backend. Every operation has a hand-derived backward that the tests check against finite
-//! differences; the design goal is that any partitioning of a graph over devices reproduces
-//! the single-process numbers exactly (see the `backend` module doc).
+//! backend (without it, [`cuda`] holds the same names, each an error saying so, so callers
+//! need no `cfg`). Every operation has a hand-derived backward that the tests check against
+//! finite differences; the design goal is that any partitioning of a graph over devices
+//! reproduces the single-process numbers exactly (see the `backend` module doc).
 //!
 //! Modules, bottom up: `error` (the error type, shared checks), `block` (graph blocks on the
 //! host), `args` (dropout keys, attention and Adam parameters), `host` (host buffers),
@@ -17,6 +18,10 @@ pub mod backend;
 pub mod block;
 pub mod cpu;
 #[cfg(feature = "cuda")]
+pub mod cuda;
+/// Without the `cuda` feature: the same names, each constructor an error saying so.
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_absent.rs"]
 pub mod cuda;
 pub mod error;
 pub mod host;
@@ -31,7 +36,7 @@ pub use args::{
 pub use backend::Backend;
 pub use block::{BlockGraph, PreparedGraph, ScaledCsr};
 pub use cpu::CpuBackend;
-pub use error::{shape_err, EngineError, Result};
+pub use error::{shape_err, EngineError, Result, NOT_BUILT_WITH_CUDA};
 pub use host::{HostAllocator, HostBuffer, PlainAllocator};
 pub use kernels::Kernels;
 pub use profile::{OpClass, OpProfile, OpTimes};

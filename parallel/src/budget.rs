@@ -184,7 +184,6 @@ pub fn default_budget(
     }
 }
 
-#[cfg(feature = "cuda")]
 fn cuda_budget(
     compute: &crate::Compute,
     servers: usize,
@@ -209,11 +208,6 @@ fn cuda_budget(
         }
     }
     best.context("no CUDA device to size the budget on")
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_budget(_: &crate::Compute, _: usize, _: usize) -> anyhow::Result<(u64, String)> {
-    bail!(crate::compute::NOT_BUILT_WITH_CUDA)
 }
 
 /// FLX with a sampler: the largest k whose sampled FLX plan (over the FB plan) fits the

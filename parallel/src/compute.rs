@@ -2,9 +2,6 @@
 //! index of a server, the rank's CUDA backend (or the error of a build without CUDA), and the
 //! cores each rank's CPU backend gets.
 
-#[cfg(not(feature = "cuda"))]
-use anyhow::bail;
-#[cfg(feature = "cuda")]
 use anyhow::Context;
 use grandis_fabric::Endpoint;
 use serde::Serialize;
@@ -14,8 +11,7 @@ use serde::Serialize;
 pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
 
 /// What every front end says when asked for CUDA in a build without it.
-pub const NOT_BUILT_WITH_CUDA: &str =
-    "this grandis was built without CUDA support; rebuild with `--features cuda`";
+pub use grandis_engine::NOT_BUILT_WITH_CUDA;
 /// Where each rank computes.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -125,18 +121,14 @@ pub(crate) fn rank_ordinals(compute: &Compute, devices: usize) -> anyhow::Result
     if !compute.is_cuda() {
         return Ok(Vec::new());
     }
-    #[cfg(feature = "cuda")]
     let available = grandis_engine::cuda::device_count()?;
-    #[cfg(not(feature = "cuda"))]
-    let available = 1;
     Ok((0..devices)
         .filter_map(|d| compute.ordinal(d, available))
         .collect())
 }
 
 /// The CUDA backend of the rank behind `ep`: its device index inside the server picks the
-/// ordinal ([`Compute::ordinal`]).
-#[cfg(feature = "cuda")]
+/// ordinal ([`Compute::ordinal`]). In a build without CUDA, the error saying so.
 pub(crate) fn cuda_rank_backend(
     compute: &Compute,
     ep: &Endpoint,
@@ -145,12 +137,4 @@ pub(crate) fn cuda_rank_backend(
     let ordinal = compute.ordinal(ep.device(), available).unwrap_or(0);
     grandis_engine::cuda::CudaBackend::new(ordinal)
         .with_context(|| format!("rank {} on cuda:{ordinal}", ep.rank()))
-}
-
-#[cfg(not(feature = "cuda"))]
-pub(crate) fn cuda_rank_backend(
-    _: &Compute,
-    _: &Endpoint,
-) -> anyhow::Result<std::convert::Infallible> {
-    bail!(NOT_BUILT_WITH_CUDA)
 }

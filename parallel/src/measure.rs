@@ -130,13 +130,9 @@ pub fn server_rates(
     let first = endpoints.first().context("a server without ranks")?;
     let rate = match compute {
         Compute::Cpu => compute_rate(&grandis_engine::CpuBackend::new(Some(threads))?, width)?,
-        #[cfg(feature = "cuda")]
         Compute::Cuda { .. } => {
             compute_rate(&crate::compute::cuda_rank_backend(compute, first)?, width)?
         }
-        // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
-        #[cfg(not(feature = "cuda"))]
-        Compute::Cuda { .. } => match crate::compute::cuda_rank_backend(compute, first)? {},
     };
     let mean = |links: Vec<LinkRate>| -> Option<LinkRate> {
         let n = links.len() as f64;

@@ -208,7 +208,6 @@ pub(crate) fn run(
                 let backend = CpuBackend::new(Some(threads_per_rank))?;
                 run_rank::<_, HostNccl>(&shared, backend, ep, links, callback)
             }
-            #[cfg(feature = "cuda")]
             Compute::Cuda { .. } => {
                 let backend = cuda_rank_backend(&popts.machine.compute, &ep)?;
                 match transports.intra {
@@ -220,9 +219,6 @@ pub(crate) fn run(
                     }
                 }
             }
-            // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
-            #[cfg(not(feature = "cuda"))]
-            Compute::Cuda { .. } => match cuda_rank_backend(&popts.machine.compute, &ep)? {},
         }
     };
     let run_all = || -> anyhow::Result<Vec<RankResult>> {
@@ -382,13 +378,11 @@ where
 /// uploads run at full link speed from it), plain memory otherwise or where page-locked
 /// memory cannot be had (the rank's backend then says why CUDA fails, if it does).
 fn feature_buffers(compute: &Compute, devices: usize) -> crate::prepare::BufferPool {
-    #[cfg(feature = "cuda")]
     if let Ok(Some(&ordinal)) = rank_ordinals(compute, devices).as_ref().map(|o| o.first()) {
         match grandis_engine::cuda::PinnedAllocator::new(ordinal) {
             Ok(pinned) => return crate::prepare::BufferPool::new(Box::new(pinned)),
             Err(e) => tracing::debug!("step features in pageable memory: {e}"),
         }
     }
-    let _ = (compute, devices);
     crate::prepare::BufferPool::default()
 }

@@ -148,15 +148,9 @@ fn predict_only(
             let b = grandis_engine::CpuBackend::new(Some(threads_per_rank))?;
             on(&b, config, ck, ep, &shared)
         }
-        #[cfg(feature = "cuda")]
         Compute::Cuda { .. } => {
             let b = crate::compute::cuda_rank_backend(&popts.machine.compute, &ep)?;
             on(&b, config, ck, ep, &shared)
-        }
-        // Without the `cuda` feature the backend type is uninhabited: this arm cannot run.
-        #[cfg(not(feature = "cuda"))]
-        Compute::Cuda { .. } => {
-            match crate::compute::cuda_rank_backend(&popts.machine.compute, &ep)? {}
         }
     };
     let endpoints = match local {

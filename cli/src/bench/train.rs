@@ -346,7 +346,6 @@ fn timed_epochs<B: grandis_engine::Backend>(
 
 /// Device-to-device copy rate of `b` (bytes read plus written per second), best of 5 copies
 /// of a 1 GiB buffer: the bandwidth bound an aggregation is held against on a GPU.
-#[cfg(feature = "cuda")]
 fn copy_bandwidth<B: grandis_engine::Backend>(b: &B) -> anyhow::Result<f64> {
     let n = 256 << 20;
     let src = b.alloc(n)?;
@@ -396,7 +395,6 @@ fn run_on_cpu(
     })
 }
 
-#[cfg(feature = "cuda")]
 fn run_on_cuda(
     ordinal: usize,
     args: &BenchTrainArgs,
@@ -420,16 +418,6 @@ fn run_on_cuda(
         resident_before,
         device_name,
     })
-}
-
-#[cfg(not(feature = "cuda"))]
-fn run_on_cuda(
-    ordinal: usize,
-    _: &BenchTrainArgs,
-    _: &InMemoryDataset,
-    _: ModelConfig,
-) -> anyhow::Result<DeviceRun> {
-    match crate::device::cuda_backend(ordinal)? {}
 }
 
 pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {

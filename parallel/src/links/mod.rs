@@ -22,11 +22,9 @@
 //! against the plans' predictions mean the same on every transport.
 
 pub(crate) mod copies;
-#[cfg(feature = "cuda")]
 mod cuda_nccl;
 pub(crate) mod nccl;
 
-#[cfg(feature = "cuda")]
 pub(crate) use cuda_nccl::CudaNccl;
 
 use std::ops::Range;
