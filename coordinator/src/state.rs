@@ -462,6 +462,12 @@ impl Core {
                  word for a daemon it does not hear from)",
             ));
         }
+        if req.job.is_some_and(|job| job.attempt == 0) {
+            return Err(ApiError::bad_request(
+                "invalid_heartbeat",
+                "job.attempt: attempts are numbered from 1",
+            ));
+        }
         let d = self.daemons.get_mut(&id).ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -1306,6 +1312,13 @@ mod tests {
             .heartbeat(running(DaemonState::Down), t2)
             .expect_err("a daemon claiming to be down");
         assert_eq!(err.code, "invalid_heartbeat");
+        // Attempts are numbered from 1: a heartbeat running attempt 0 is malformed, not a
+        // stale run to cancel.
+        let mut zeroth = running(DaemonState::Running);
+        zeroth.job.as_mut().unwrap().attempt = 0;
+        let err = c.heartbeat(zeroth, t2).expect_err("attempt 0");
+        assert_eq!(err.code, "invalid_heartbeat");
+        assert!(err.message.contains("job.attempt"), "{}", err.message);
     }
 
     #[test]
