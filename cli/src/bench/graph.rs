@@ -28,6 +28,11 @@ pub(crate) fn dataset_or_synthetic(
         Some(dir) => {
             let d = grandis_store::Dataset::open(dir)
                 .with_context(|| format!("opening dataset {}", dir.display()))?;
+            let v = d.view();
+            let copy = 8 * (v.num_vertices() as u64 + 1)
+                + 4 * v.graph.num_edges() as u64
+                + 4 * v.num_vertices() as u64 * (v.feature_dim as u64 + 1);
+            fits_in_memory(dir, copy, grandis_telemetry::mem_available_bytes())?;
             (d.to_in_memory(), d.manifest().symmetric)
         }
         None => (
@@ -35,6 +40,23 @@ pub(crate) fn dataset_or_synthetic(
             true,
         ),
     })
+}
+
+/// Refuses a dataset whose in-memory copy (`copy` bytes: graph, features, labels) the
+/// benchmarks cannot hold twice (they copy it, then partition the copy) in `available` bytes
+/// (`MemAvailable`; nothing is checked when unknown): a clear error instead of an aborted
+/// allocation.
+fn fits_in_memory(dir: &std::path::Path, copy: u64, available: Option<u64>) -> anyhow::Result<()> {
+    match available {
+        Some(available) if copy.saturating_mul(2) > available => anyhow::bail!(
+            "{}: the benchmarks copy the dataset into memory and partition the copy (about {} \
+             bytes) and {available} bytes are available; use a smaller dataset (`grandis \
+             train` and `grandis predict` read large ones from disk)",
+            dir.display(),
+            copy.saturating_mul(2)
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// The synthetic power-law graph (or a dataset directory), its partition over S x G ranks
@@ -164,5 +186,27 @@ impl BenchGraphArgs {
             part,
             config,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dataset the benchmarks could not hold is refused by name with both sizes, before
+    /// anything is copied; unknown available memory checks nothing.
+    #[test]
+    fn a_dataset_too_big_for_memory_is_refused_before_the_copy() {
+        let dir = std::path::Path::new("/data/g100m");
+        let err = fits_in_memory(dir, 26_000_000_000, Some(24_000_000_000))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("/data/g100m: "), "{err}");
+        assert!(
+            err.contains("52000000000 bytes") && err.contains("24000000000"),
+            "{err}"
+        );
+        fits_in_memory(dir, 1_000, Some(24_000_000_000)).unwrap();
+        fits_in_memory(dir, u64::MAX, None).unwrap();
     }
 }
