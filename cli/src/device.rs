@@ -3,6 +3,7 @@
 //! machine without CUDA. The device grammar itself is `grandis_parallel::Compute`.
 
 use anyhow::{bail, Context};
+use grandis_engine::cuda::CudaBackend;
 use grandis_parallel::Compute;
 
 /// `--device` and `--cuda-devices`: where the ranks of a run compute (`train`, `cluster up`).
@@ -29,10 +30,6 @@ impl DeviceArgs {
     }
 }
 
-/// What [`cuda_backend`] opens (in a build without CUDA, a type with no values: opening one is
-/// the error saying so).
-pub type CudaBackend = grandis_engine::cuda::CudaBackend;
-
 /// The CUDA ordinal a single-process command runs on: none for `cpu`, N for `cuda:N`, and
 /// ordinal 0 (the one rank's device index) for plain `cuda`.
 pub fn single_ordinal(device: &Compute) -> Option<usize> {
@@ -49,7 +46,7 @@ pub fn single_backend(device: &Compute) -> anyhow::Result<Option<CudaBackend>> {
 /// support or the machine has no driver/device.
 pub fn cuda_backend(ordinal: usize) -> anyhow::Result<CudaBackend> {
     eprintln!("{}", grandis_engine::cuda::describe_device(ordinal)?);
-    Ok(grandis_engine::cuda::CudaBackend::new(ordinal)?)
+    Ok(CudaBackend::new(ordinal)?)
 }
 
 /// Prints one line per CUDA device the driver reports (`--device cuda` of the parallel

@@ -33,6 +33,12 @@ impl DropoutKey {
                 ),
         )
     }
+
+    /// What the kernels need of one dropout call at drop probability `p`: the call's stream,
+    /// the keep threshold and the factor of kept elements, `1 / (1 - p)`.
+    pub fn mask_constants(&self, p: f32) -> (u64, u32, f32) {
+        (self.stream(), dropout_threshold(p), 1.0 / (1.0 - p))
+    }
 }
 
 /// Integer threshold for drop probability `p`: an element is kept iff its 24-bit hash is
@@ -92,14 +98,9 @@ pub struct AttentionDropout<'a, I> {
 }
 
 impl<I> AttentionDropout<'_, I> {
-    /// What the kernels need of it: the call's stream, the keep threshold and the factor of
-    /// kept coefficients, `1 / (1 - p)`.
+    /// What the kernels need of it ([`DropoutKey::mask_constants`] at its `p`).
     pub fn mask_constants(&self) -> (u64, u32, f32) {
-        (
-            self.key.stream(),
-            dropout_threshold(self.p),
-            1.0 / (1.0 - self.p),
-        )
+        self.key.mask_constants(self.p)
     }
 }
 

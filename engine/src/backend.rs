@@ -610,25 +610,29 @@ fn check_attention<B: Kernels + ?Sized>(
         return Err(shape_err(op, "negative_slope must be finite"));
     }
     let (n_dst, n_src, _) = b.graph_dims(graph);
-    let elems = |rows: usize, cols: usize| {
-        rows.checked_mul(cols)
-            .ok_or_else(|| shape_err(op, format!("{rows} x {cols} overflows the address space")))
-    };
     let h = att.heads;
-    need(op, "x", b.len(x), elems(n_src, att.in_cols())?)?;
-    need(op, "scores", b.len(scores), elems(n_src, 2 * h)?)?;
-    need(op, "lse", b.len(lse), elems(n_dst, h)?)?;
+    need(op, "x", b.len(x), elems(op, n_src, att.in_cols())?)?;
+    need(op, "scores", b.len(scores), elems(op, n_src, 2 * h)?)?;
+    need(op, "lse", b.len(lse), elems(op, n_dst, h)?)?;
     let out_name = if grads.is_some() { "grad_out" } else { "out" };
-    need(op, out_name, b.len(out), elems(n_dst, att.out_cols())?)?;
+    need(op, out_name, b.len(out), elems(op, n_dst, att.out_cols())?)?;
     if let Some((grad_x, grad_scores, scratch)) = grads {
-        need(op, "grad_x", b.len(grad_x), elems(n_src, att.in_cols())?)?;
-        need(op, "grad_scores", b.len(grad_scores), elems(n_src, 2 * h)?)?;
-        need(op, "scratch", b.len(scratch), elems(n_dst, h)?)?;
+        need(
+            op,
+            "grad_x",
+            b.len(grad_x),
+            elems(op, n_src, att.in_cols())?,
+        )?;
+        need(
+            op,
+            "grad_scores",
+            b.len(grad_scores),
+            elems(op, n_src, 2 * h)?,
+        )?;
+        need(op, "scratch", b.len(scratch), elems(op, n_dst, h)?)?;
     }
     if let Some(d) = &att.dropout {
-        if !(0.0..1.0).contains(&d.p) {
-            return Err(shape_err(op, format!("p must be in [0, 1), got {}", d.p)));
-        }
+        drop_probability(op, d.p)?;
         need(op, "global_ids", b.index_len(d.global_ids), n_src)?;
     }
     Ok(())

@@ -18,7 +18,7 @@ mod simd;
 
 pub use aggregate::CpuGraph;
 
-use crate::args::{dropout_threshold, AdamStep, Attention, DropoutKey};
+use crate::args::{AdamStep, Attention, DropoutKey};
 use crate::block::{BlockGraph, ScaledCsr};
 use crate::error::{EngineError, Result};
 use crate::host::HostBuffer;
@@ -467,9 +467,7 @@ impl Kernels for CpuBackend {
         p: f32,
         key: DropoutKey,
     ) -> Result<()> {
-        let stream = key.stream();
-        let thr = dropout_threshold(p);
-        let scale = 1.0 / (1.0 - p);
+        let (stream, thr, scale) = key.mask_constants(p);
         let level = simd_level();
         self.timed(OpClass::Other("dropout"), || {
             elementwise::dropout(x, out, rows, cols, global_ids, stream, thr, scale, level)
@@ -486,9 +484,7 @@ impl Kernels for CpuBackend {
         p: f32,
         key: DropoutKey,
     ) -> Result<()> {
-        let stream = key.stream();
-        let thr = dropout_threshold(p);
-        let scale = 1.0 / (1.0 - p);
+        let (stream, thr, scale) = key.mask_constants(p);
         let level = simd_level();
         self.timed(OpClass::Other("dropout_backward"), || {
             elementwise::dropout_backward(grad, rows, cols, global_ids, stream, thr, scale, level)

@@ -11,7 +11,7 @@ use super::driver::dev_err;
 use super::kernels;
 use super::launch::{col_chunks_cfg, elem_cfg, sumsq_cfg, warp_rows_cfg};
 use super::{AttnArgs, CudaBackend, CudaBuf, CudaGraph, CudaIndex};
-use crate::args::{dropout_threshold, AdamStep, Attention, DropoutKey};
+use crate::args::{AdamStep, Attention, DropoutKey};
 use crate::block::{BlockGraph, ScaledCsr};
 use crate::error::{shape_err, Result};
 use crate::host::HostBuffer;
@@ -458,9 +458,7 @@ impl Kernels for CudaBackend {
         key: DropoutKey,
     ) -> Result<()> {
         self.timed(OpClass::Other("dropout"), || {
-            let stream = key.stream();
-            let thr = dropout_threshold(p);
-            let scale = 1.0f32 / (1.0 - p);
+            let (stream, thr, scale) = key.mask_constants(p);
             let p_zero = (p == 0.0) as i32;
             let (rows, cols) = (rows as u64, cols as u64);
             let f = self.func("dropout_fwd")?;
@@ -491,9 +489,7 @@ impl Kernels for CudaBackend {
     ) -> Result<()> {
         self.timed(OpClass::Other("dropout_backward"), || {
             let op = "dropout_backward";
-            let stream = key.stream();
-            let thr = dropout_threshold(p);
-            let scale = 1.0f32 / (1.0 - p);
+            let (stream, thr, scale) = key.mask_constants(p);
             let (rows, cols) = (rows as u64, cols as u64);
             let f = self.func("dropout_bwd")?;
             let mut b = self.stream.launch_builder(f);
