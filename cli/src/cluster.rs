@@ -25,7 +25,7 @@ use crate::submit::{client, progress_line, require_success};
 #[derive(Subcommand)]
 pub enum ClusterCommand {
     /// Start a coordinator and S daemons on this machine, run one job, print its summary and
-    /// shut everything down.
+    /// shut everything down (or, with --serve, keep them up for jobs submitted over REST).
     ///
     /// Each server is a separate `grandis daemon` process with its own certificate (from a
     /// fresh cluster CA), talking QUIC over loopback; the coordinator is a `grandis
@@ -67,8 +67,19 @@ pub struct UpArgs {
     pub timeout_s: u64,
     /// Print one JSON object (the cluster-wide run summary, QUIC totals and every server's
     /// report) as the last stdout line.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "serve")]
     pub json: bool,
+    /// Run no job: keep the cluster up and serve jobs over REST (`grandis submit`, the Python
+    /// `Client`, curl) until Ctrl-C or SIGTERM. The job flags then only shape the cluster
+    /// (--servers, --devices); the default synthetic dataset is at <work dir>/dataset.
+    #[arg(long)]
+    pub serve: bool,
+    /// Port of the coordinator's REST API on 127.0.0.1 (default: a free one).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// The coordinator's API token (default: a fresh one, printed). The daemons use it too.
+    #[arg(long, env = "GRANDIS_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 /// What `cluster up --json` prints: the cluster-wide [`RunSummary`] and what only a whole
@@ -90,8 +101,9 @@ struct ClusterReport {
     reports: Vec<RunSummary>,
 }
 
-/// The child processes, stopped together (SIGTERM, then SIGKILL after a grace period) on drop.
-struct Children(Vec<Proc>);
+/// The child processes, stopped together (SIGTERM, then SIGKILL after a grace period) on drop,
+/// and the temporary work directory they use, removed after them (None when kept).
+struct Children(Vec<Proc>, Option<tempfile::TempDir>);
 
 impl Children {
     fn check_alive(&mut self) -> anyhow::Result<()> {
@@ -116,6 +128,18 @@ pub fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
     }
 }
 
+/// A started local cluster: its processes (stopped on drop, before the temporary work
+/// directory is removed) and what a client needs to reach it.
+struct Launched {
+    children: Children,
+    work: PathBuf,
+    logs: PathBuf,
+    url: String,
+    token: String,
+    dataset: PathBuf,
+    labels: Vec<String>,
+}
+
 fn up(args: UpArgs) -> anyhow::Result<()> {
     // The job is checked before anything starts (the dataset path is filled in later).
     let mut spec = args.job.spec(String::new(), Mode::Flx)?;
@@ -136,9 +160,11 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
         dataset: "-".into(),
         ..spec.clone()
     })?;
-    let (servers, devices) = (spec.servers, spec.devices);
     if args.heartbeat_ms < 10 {
         bail!("--heartbeat-ms must be at least 10");
+    }
+    if args.token.as_deref().is_some_and(str::is_empty) {
+        bail!("--token must not be empty");
     }
     let started = Instant::now();
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -147,7 +173,17 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
         ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
             .map_err(|e| anyhow::anyhow!("cannot install the Ctrl-C handler: {e}"))?;
     }
-    let (_temp, work): (Option<tempfile::TempDir>, PathBuf) = match &args.work_dir {
+    let cluster = launch(&args, spec.servers, spec.devices, started)?;
+    if args.serve {
+        serve(cluster, &interrupted)
+    } else {
+        run_job(&args, cluster, spec, &interrupted, started)
+    }
+}
+
+/// Work directory, certificates, dataset, the coordinator and the daemons, up and registered.
+fn launch(args: &UpArgs, servers: u32, devices: u32, started: Instant) -> anyhow::Result<Launched> {
+    let (temp, work): (Option<tempfile::TempDir>, PathBuf) = match &args.work_dir {
         Some(d) => {
             std::fs::create_dir_all(d)
                 .with_context(|| format!("--work-dir: cannot create {}", d.display()))?;
@@ -205,15 +241,17 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
     };
 
     let exe = std::env::current_exe().context("locating the grandis executable")?;
-    let mut children = Children(Vec::new());
-    let token = format!(
-        "cluster-up-{}-{}",
-        std::process::id(),
-        started.elapsed().as_nanos()
-    );
+    let mut children = Children(Vec::new(), temp);
+    let token = args.token.clone().unwrap_or_else(|| {
+        format!(
+            "cluster-up-{}-{}",
+            std::process::id(),
+            started.elapsed().as_nanos()
+        )
+    });
     let hb = args.heartbeat_ms;
     let coordinator = CoordinatorConfig {
-        listen: "127.0.0.1:0".into(),
+        listen: format!("127.0.0.1:{}", args.port),
         db_path: work.join("coordinator.redb"),
         token: Some(token.clone()),
         // The daemons prove their labels with the certificates made above.
@@ -272,6 +310,58 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
         );
     }
 
+    Ok(Launched {
+        children,
+        work,
+        logs,
+        url,
+        token,
+        dataset,
+        labels,
+    })
+}
+
+/// `--serve`: the cluster stays up for jobs over REST until Ctrl-C or SIGTERM, or until one
+/// of its processes dies (an error naming it).
+fn serve(mut cluster: Launched, interrupted: &AtomicBool) -> anyhow::Result<()> {
+    eprintln!(
+        "serving: coordinator {url}, token {token}\n  dataset {dataset}\n  \
+         e.g. grandis submit --coordinator {url} --token {token} --dataset {dataset} --follow\n  \
+         Ctrl-C stops the cluster",
+        url = cluster.url,
+        token = cluster.token,
+        dataset = cluster.dataset.display()
+    );
+    while !interrupted.load(Ordering::SeqCst) {
+        if let Err(e) = cluster.children.check_alive() {
+            return Err(e.context(format!("see the logs in {}", cluster.logs.display())));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("stopping the cluster");
+    cluster.children.shutdown();
+    Ok(())
+}
+
+/// One job on the cluster, followed to its end; its summary printed.
+fn run_job(
+    args: &UpArgs,
+    cluster: Launched,
+    mut spec: JobSpec,
+    interrupted: &AtomicBool,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let Launched {
+        mut children,
+        work,
+        logs,
+        url,
+        token,
+        dataset,
+        labels,
+    } = cluster;
+    let (servers, devices) = (spec.servers, spec.devices);
+    let hb = args.heartbeat_ms;
     spec.dataset = dataset.display().to_string();
     if let Some(dir) = &spec.partition_dir {
         // The daemons run elsewhere (their own working directories): give them the full path.
@@ -359,7 +449,7 @@ fn up(args: UpArgs) -> anyhow::Result<()> {
         quic_bytes_sent: traffic(|t| t.wire.bytes_sent),
         fabric_inter_server_bytes_sent: traffic(|t| t.inter_server_payload_sent),
         wall_seconds: started.elapsed().as_secs_f64(),
-        work_dir: _temp.is_none().then(|| work.display().to_string()),
+        work_dir: children.1.is_none().then(|| work.display().to_string()),
         summary,
         reports,
     };

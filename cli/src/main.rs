@@ -65,6 +65,8 @@ enum Command {
     Daemon(daemon::DaemonArgs),
     /// Submit a job to a coordinator and optionally follow its progress.
     Submit(Box<submit::SubmitArgs>),
+    /// Cancel a job that has not ended (its servers stop their share within a heartbeat).
+    Cancel(submit::CancelArgs),
     /// Certificates of the data plane's mutual TLS.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -94,6 +96,7 @@ fn main() {
         Command::Coordinator(args) => coordinator::run(args),
         Command::Daemon(args) => daemon::run(args),
         Command::Submit(args) => submit::run(*args),
+        Command::Cancel(args) => submit::cancel(args),
         Command::Certs(cmd) => certs::run(cmd),
     };
     if let Err(err) = result {

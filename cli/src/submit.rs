@@ -32,6 +32,27 @@ pub struct SubmitArgs {
     /// Stream per-epoch progress until the job ends; exit non-zero unless it succeeded.
     #[arg(long)]
     pub follow: bool,
+    /// Write the job's id to this file once the coordinator has accepted it (replacing the
+    /// file whole), for scripts that may have to cancel the job later (`grandis cancel`).
+    #[arg(long, value_name = "PATH")]
+    pub id_file: Option<PathBuf>,
+}
+
+/// `grandis cancel`: cancel a job that has not ended.
+#[derive(clap::Args)]
+pub struct CancelArgs {
+    /// Coordinator URL, e.g. http://127.0.0.1:7700.
+    #[arg(long, env = "GRANDIS_COORDINATOR_URL")]
+    pub coordinator: String,
+    /// API bearer token (the coordinator's `token`).
+    #[arg(long, env = "GRANDIS_TOKEN", hide_env_values = true)]
+    pub token: String,
+    /// The job's id (as `grandis submit` printed it).
+    pub id: grandis_wire::JobId,
+    /// Succeed also when the job has already ended (a script's clean-up that may race the
+    /// job's own end); without it, cancelling an ended job is an error.
+    #[arg(long)]
+    pub if_running: bool,
 }
 
 /// How long one connect, read or write to the coordinator may take (above the coordinator's
@@ -79,6 +100,10 @@ pub fn run(args: SubmitArgs) -> anyhow::Result<()> {
     let api = client(&args.coordinator, &args.token);
     let st = api.submit(&text, format)?;
     eprintln!("submitted job {} ({})", st.id, st.state.name());
+    if let Some(path) = &args.id_file {
+        grandis_store::write_file_atomic(path, format!("{}\n", st.id).as_bytes())
+            .with_context(|| format!("writing the job id to {}", path.display()))?;
+    }
     if !args.follow {
         println!("{}", serde_json::to_string(&st)?);
         return Ok(());
@@ -90,6 +115,21 @@ pub fn run(args: SubmitArgs) -> anyhow::Result<()> {
         eprintln!("{}", serde_json::to_string(sum)?);
     }
     require_success(&end)
+}
+
+pub fn cancel(args: CancelArgs) -> anyhow::Result<()> {
+    let api = client(&args.coordinator, &args.token);
+    match api.cancel(args.id) {
+        Ok(st) => {
+            eprintln!("job {}: {}", st.id, st.state.name());
+            Ok(())
+        }
+        Err(e) if args.if_running && e.is_code("job_finished") => {
+            eprintln!("job {}: already ended", args.id);
+            Ok(())
+        }
+        Err(e) => Err(e).with_context(|| format!("cancelling job {}", args.id)),
+    }
 }
 
 /// A state event of a followed job as one line: the state, its servers, and for a job that

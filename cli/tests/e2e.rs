@@ -751,6 +751,50 @@ fn bad_requests_are_4xx_with_a_message_and_no_token_is_401() {
     assert!(!ok && err.contains("401"), "{err}");
 }
 
+/// `grandis submit --id-file` writes the id of the job it submitted; `grandis cancel` cancels
+/// it (the job stays, `cancelled`), refuses a second cancel naming why unless `--if-running`,
+/// and names an unknown job.
+#[test]
+fn cancel_cancels_a_submitted_job_by_the_id_submit_wrote() {
+    let c = Cluster::new(EXE, &["solo"], Timing::default()).unwrap();
+    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let id_file = c.dir.path().join("job.id");
+    let grandis = |command: &str, rest: &[&str]| {
+        let mut args = vec![command, "--coordinator", &url, "--token", &c.token];
+        args.extend(rest);
+        run_grandis(EXE, &args, LONG).unwrap()
+    };
+    // No daemon: the job stays queued until cancelled.
+    let (ok, _, err) = grandis(
+        "submit",
+        &[
+            "--id-file",
+            id_file.to_str().unwrap(),
+            "--json",
+            r#"{"dataset": "/d", "epochs": 1}"#,
+        ],
+    );
+    assert!(ok, "{err}");
+    let id = std::fs::read_to_string(&id_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(err.contains(&format!("submitted job {id} ")), "{err}");
+
+    let (ok, _, err) = grandis("cancel", &[&id]);
+    assert!(ok && err.contains("cancelled"), "{err}");
+    let api = Rest::new(&url);
+    let st = api.get(&format!("/v1/jobs/{id}"), Some(&c.token)).unwrap();
+    assert_eq!(st.body["state"], "cancelled", "{:?}", st.body);
+
+    let (ok, _, err) = grandis("cancel", &[&id]);
+    assert!(!ok && err.contains("409"), "{err}");
+    let (ok, _, err) = grandis("cancel", &["--if-running", &id]);
+    assert!(ok && err.contains("already ended"), "{err}");
+    let (ok, _, err) = grandis("cancel", &["999"]);
+    assert!(!ok && err.contains("404") && err.contains("999"), "{err}");
+}
+
 #[test]
 fn missing_dataset_fails_the_job_naming_the_server() {
     let c = Cluster::new(EXE, &["solo"], Timing::default()).unwrap();

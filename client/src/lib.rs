@@ -38,6 +38,11 @@ impl CallError {
     pub fn is_unknown_daemon(&self) -> bool {
         matches!(self, CallError::Status { status: 404, body, .. } if body.code == "unknown_daemon")
     }
+
+    /// Whether the coordinator answered an error with this `code` (docs/openapi.yaml, `Error`).
+    pub fn is_code(&self, code: &str) -> bool {
+        matches!(self, CallError::Status { body, .. } if body.code == code)
+    }
 }
 
 impl std::fmt::Display for CallError {
@@ -251,6 +256,12 @@ impl Client {
             JobFormat::Toml => "application/toml",
         };
         self.call_for("POST", "/v1/jobs", Some((content_type, document)))
+    }
+
+    /// Cancels a job that has not ended; returns it, cancelled (409 `job_finished` when it
+    /// already ended).
+    pub fn cancel(&self, id: JobId) -> Result<JobStatus, CallError> {
+        self.call_for("DELETE", &format!("/v1/jobs/{id}"), None)
     }
 
     /// The cluster: servers (with what they measured), heads and daemons.
