@@ -168,6 +168,18 @@ pub struct JobArgs {
     /// unit (default: half of --device-memory).
     #[arg(long, requires = "predict_dir", value_parser = grandis_wire::spec::parse_bytes)]
     pub predict_block_memory: Option<u64>,
+    /// What the model is trained for: node (classification) or link (prediction: the dot
+    /// product of the ends' embeddings, on the dataset's link split from `grandis data
+    /// split-edges`; mode single so far).
+    #[arg(long, default_value_t = grandis_wire::Task::Node)]
+    pub task: grandis_wire::Task,
+    /// --task link: negatives per supervision edge each epoch (the destination corrupted)
+    /// [default: 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub negatives: Option<u32>,
+    /// --task link: columns of the embedding the last layer outputs [default: --hidden].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub out_dim: Option<u32>,
 }
 
 impl JobArgs {
@@ -244,6 +256,14 @@ impl JobArgs {
             }),
             staleness: self.staleness,
             remote_features: self.remote_features,
+            task: self.task,
+            link: match (self.negatives, self.out_dim) {
+                (None, None) => None,
+                (negatives, out_dim) => Some(grandis_wire::LinkSpec {
+                    negatives: negatives.unwrap_or(grandis_wire::LinkSpec::default().negatives),
+                    out_dim,
+                }),
+            },
         };
         Ok(spec)
     }
@@ -278,6 +298,7 @@ pub fn validate_as_flags(spec: &JobSpec) -> anyhow::Result<()> {
                 "predict" | "predict.dir" => "predict-dir".to_string(),
                 p if p.starts_with("predict.") => p.replace(['.', '_'], "-"),
                 p if p.starts_with("staleness") => "staleness".to_string(),
+                "link" => "negatives / --out-dim".to_string(),
                 _ => match name {
                     "fanout" => "eas-fanout".to_string(),
                     "hops" => "eas-hops".to_string(),

@@ -14,9 +14,17 @@ pub(crate) fn epoch_line(epoch: usize, loss: f64, train: f64, val: f64, seconds:
     )
 }
 
-/// [`epoch_line`] of a local epoch.
+/// [`epoch_line`] of a local epoch (link prediction's evaluated epochs: the validation AUC
+/// instead of the accuracies).
 pub(crate) fn stats_line(s: &grandis_trainer::EpochStats) -> String {
-    epoch_line(s.epoch, s.loss, s.train_acc, s.val_acc, s.seconds)
+    if s.val_auc.is_nan() {
+        epoch_line(s.epoch, s.loss, s.train_acc, s.val_acc, s.seconds)
+    } else {
+        format!(
+            "epoch {:>4}  loss {:.4}  val auc {:.4}  {:.3}s",
+            s.epoch, s.loss, s.val_auc, s.seconds
+        )
+    }
 }
 
 /// Prints the summary: one line, or (`json`) the line on stderr and the JSON on stdout.

@@ -1,6 +1,7 @@
 //! `grandis data reorder` through the binary: the reordered dataset verifies, has the same
 //! vertices and edges, its id map is a permutation, it trains, and an existing output is
-//! refused.
+//! refused. `grandis data split-edges` then `train --task link`: the split verifies and
+//! trains to scores, and the modes that cannot train links yet refuse clearly.
 
 use std::path::Path;
 
@@ -85,4 +86,93 @@ fn reorder_keeps_the_graph_and_maps_ids_back() {
     ]);
     assert!(!ok);
     assert!(err.contains("already exists"), "{err}");
+}
+
+#[test]
+fn split_edges_makes_a_dataset_that_trains_link_prediction() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("synth");
+    let out = dir.path().join("links");
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let (ok, _, err) = grandis(&[
+        "data",
+        "synth",
+        "--nodes",
+        "800",
+        "--avg-degree",
+        "8",
+        "--features",
+        "8",
+        "--classes",
+        "4",
+        "--seed",
+        "2",
+        "--out",
+        &path(&src),
+        "-q",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, said, err) = grandis(&[
+        "data",
+        "split-edges",
+        &path(&src),
+        &path(&out),
+        "--val",
+        "0.1",
+        "--test",
+        "0.1",
+        "--negatives",
+        "3",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        said.contains("validation") && said.contains("negatives"),
+        "{said}"
+    );
+    let (ok, _, err) = grandis(&["data", "verify", &path(&out)]);
+    assert!(ok, "{err}");
+    let line = info_line(&out, "link split");
+    assert!(line.contains("negatives"), "{line}");
+    // Fewer edges than the source: the held-out ones left the graph.
+    let edges = |ds: &Path| -> u64 {
+        info_line(ds, "edges")
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(edges(&out) < edges(&src));
+
+    let (ok, json, err) = grandis(&[
+        "train",
+        &path(&out),
+        "--task",
+        "link",
+        "--epochs",
+        "5",
+        "--hidden",
+        "16",
+        "--out-dim",
+        "8",
+        "--json",
+        "-q",
+    ]);
+    assert!(ok, "{err}");
+    let summary: serde_json::Value = serde_json::from_str(json.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["job"]["task"], "link", "{summary}");
+    for part in ["val", "test"] {
+        let auc = summary["link"][part]["auc"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&auc), "{summary}");
+    }
+    // Not yet in the distributed modes, and not on a dataset without a split: clear errors.
+    let (ok, _, err) = grandis(&["train", &path(&out), "--task", "link", "--mode", "flx"]);
+    assert!(
+        !ok && err.contains("--task") && err.contains("mode single"),
+        "{err}"
+    );
+    let (ok, _, err) = grandis(&["train", &path(&src), "--task", "link", "--epochs", "1"]);
+    assert!(!ok && err.contains("split-edges"), "{err}");
+    let (ok, _, err) = grandis(&["data", "split-edges", &path(&src), &path(&out)]);
+    assert!(!ok && err.contains("exists"), "{err}");
 }

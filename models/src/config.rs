@@ -111,8 +111,16 @@ impl ModelConfig {
         crate::arch::stage_layout(self)
     }
 
-    /// The model of a job for a dataset of `in_dim` features and `classes` classes.
+    /// The model of a job for a dataset of `in_dim` features and `classes` classes. For link
+    /// prediction the last layer outputs the embedding instead: `link.out_dim` columns
+    /// (default `hidden`), whatever the dataset's classes.
     pub fn for_job(spec: &grandis_wire::JobSpec, in_dim: usize, classes: usize) -> ModelConfig {
+        let classes = match spec.task {
+            grandis_wire::Task::Node => classes,
+            grandis_wire::Task::Link => {
+                spec.link.and_then(|l| l.out_dim).unwrap_or(spec.hidden) as usize
+            }
+        };
         ModelConfig {
             kind: spec.model,
             layers: spec.layers as usize,

@@ -73,6 +73,7 @@ impl ParallelReport {
                 median_epoch_s: f64::NAN,
                 first_epoch: epochs_done + 1,
                 num_parameters,
+                link: None,
             },
             logits: None,
             counters,
@@ -141,6 +142,8 @@ impl Ran {
             first_epoch: stats.first().map_or(opts.epochs + 1, |s| s.epoch),
             num_parameters: r0.num_parameters,
             epochs: stats,
+            // The distributed modes train node classification only (the spec refuses link).
+            link: None,
         };
         let computed: Vec<u64> = rs.computed_per_layer.iter().map(|&x| per_ep(x)).collect();
         let choice = &decision.choice;

@@ -686,6 +686,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 loss,
                 train_acc,
                 val_acc,
+                val_auc: f64::NAN,
                 seconds,
             };
             if rank == 0 && sh.checkpoint.due(epoch, sh.opts.epochs) {

@@ -7,6 +7,7 @@
 //! | `features.f32`  | f32   | V × F        | vertex features, row-major                |
 //! | `labels.i32`    | i32   | V × 1        | class in `0..C`, or -1 for "no label"     |
 //! | `train.idx`, `val.idx`, `test.idx` | u32 | n × 1 | sorted vertex ids of each split     |
+//! | `link_*.pairs`  | u32   | n × 2        | optional link split ([`crate::link`])      |
 //!
 //! Limits: up to 2^32 − 1 vertices (u32 ids), up to 2^64 edges (u64 offsets).
 
@@ -20,6 +21,7 @@ use crate::atomic::AtomicDir;
 use crate::csr::{CsrView, MAX_VERTICES};
 use crate::edges::SortedEdges;
 use crate::error::{Result, StoreError};
+use crate::link::{LinkPart, LinkSizes, LinkSplit, LinkSplitView};
 use crate::split::Split;
 
 pub const MANIFEST: &str = "dataset.json";
@@ -60,6 +62,10 @@ pub struct Manifest {
     #[serde(default)]
     pub provenance: Vec<String>,
     pub files: BTreeMap<String, ArraySummary>,
+    /// Pair counts of the link split, when the dataset has one (`grandis data split-edges`);
+    /// its graph is then the message-passing graph (no held-out edge in it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkSizes>,
 }
 
 /// Describes a dataset being written; counts are derived from what was written.
@@ -84,6 +90,8 @@ pub struct DatasetView<'a> {
     /// Positioned reads of the file behind `features`, when there is one (see
     /// [`DatasetView::gather_features`]).
     pub feature_reader: Option<&'a crate::RowReader>,
+    /// The link-prediction split, when the dataset has one.
+    pub links: Option<LinkSplitView<'a>>,
 }
 
 impl<'a> DatasetView<'a> {
@@ -168,6 +176,7 @@ impl InMemoryDataset {
             val: &self.split.val,
             test: &self.split.test,
             feature_reader: None,
+            links: None,
         }
     }
 
@@ -191,6 +200,7 @@ pub struct DatasetWriter {
     dir: AtomicDir,
     files: BTreeMap<String, ArraySummary>,
     symmetric: Option<bool>,
+    link: Option<LinkSizes>,
 }
 
 impl DatasetWriter {
@@ -199,6 +209,7 @@ impl DatasetWriter {
             dir: AtomicDir::create(dir, overwrite)?,
             files: BTreeMap::new(),
             symmetric: None,
+            link: None,
         })
     }
 
@@ -318,6 +329,17 @@ impl DatasetWriter {
         Ok(())
     }
 
+    /// Writes a link split (its graph must be the message-passing one: see [`crate::link`]).
+    pub fn write_link_split(&mut self, split: &LinkSplit) -> Result<()> {
+        let view = split.view();
+        for part in LinkPart::ALL {
+            let summary = crate::array::write_array(self.file(part.file()), view.part(part), 2)?;
+            self.record(part.file(), summary);
+        }
+        self.link = Some(view.sizes());
+        Ok(())
+    }
+
     /// Writes the manifest, fully verifies the staged dataset, and moves it into place.
     pub fn finish(mut self, info: DatasetInfo) -> Result<Dataset> {
         for name in ALL_FILES {
@@ -353,14 +375,16 @@ impl DatasetWriter {
             },
             provenance: info.provenance,
             files: std::mem::take(&mut self.files),
+            link: self.link.take(),
         };
         let staged = Dataset::open_manifest(self.dir.path(), manifest.clone())?;
-        staged.verify()?;
         manifest.symmetric = match self.symmetric {
             Some(s) => s,
             None => staged.graph().is_symmetric(),
         };
         drop(staged);
+        // Verified with the symmetry known: a link split's checks depend on it.
+        Dataset::open_manifest(self.dir.path(), manifest.clone())?.verify()?;
         let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
         crate::atomic::write_file_atomic(self.dir.path().join(MANIFEST), &json)?;
         let target = self.dir.commit()?;
@@ -382,6 +406,8 @@ pub struct Dataset {
     test: MappedArray<u32>,
     /// Scattered positioned reads of the features, for [`DatasetView::gather_features`].
     feature_reader: Option<crate::RowReader>,
+    /// The link split's arrays in [`LinkPart::ALL`] order, when the manifest has one.
+    link: Option<Vec<MappedArray<u32>>>,
 }
 
 impl Dataset {
@@ -449,6 +475,15 @@ impl Dataset {
             train: load(dir, &manifest, TRAIN)?,
             val: load(dir, &manifest, VAL)?,
             test: load(dir, &manifest, TEST)?,
+            link: match manifest.link {
+                Some(_) => Some(
+                    LinkPart::ALL
+                        .iter()
+                        .map(|p| load(dir, &manifest, p.file()))
+                        .collect::<Result<_>>()?,
+                ),
+                None => None,
+            },
             manifest,
             feature_reader: None,
         };
@@ -520,6 +555,22 @@ impl Dataset {
                 ));
             }
         }
+        if let (Some(sizes), Some(arrays)) = (&m.link, &self.link) {
+            for (part, array) in LinkPart::ALL.iter().zip(arrays) {
+                let summary = array.summary();
+                if summary.rows != sizes.of(*part) || (summary.rows > 0 && summary.cols != 2) {
+                    return Err(StoreError::invalid(
+                        array.path(),
+                        format!(
+                            "has {} x {} values, expected {} pairs (x 2) as {MANIFEST} says",
+                            summary.rows,
+                            summary.cols,
+                            sizes.of(*part)
+                        ),
+                    ));
+                }
+            }
+        }
         if self.labels.summary().rows != v {
             return Err(StoreError::invalid(
                 self.labels.path(),
@@ -552,6 +603,7 @@ impl Dataset {
             self.test.path(),
         ]
         .into_iter()
+        .chain(self.link.iter().flatten().map(MappedArray::path))
         .map(Path::to_path_buf)
         .collect()
     }
@@ -573,7 +625,11 @@ impl Dataset {
             Box::new(|| self.val.verify_checksum()),
             Box::new(|| self.test.verify_checksum()),
         ];
-        checks.par_iter().try_for_each(|c| c())
+        checks.par_iter().try_for_each(|c| c())?;
+        self.link
+            .iter()
+            .flatten()
+            .try_for_each(MappedArray::verify_checksum)
     }
 
     /// That every feature is finite, naming the first that is not.
@@ -667,7 +723,24 @@ impl Dataset {
                 }
             }
         }
+        if let Some(links) = self.link_split() {
+            links
+                .check(v, self.manifest.symmetric)
+                .map_err(|(part, msg)| StoreError::invalid(self.dir.join(part.file()), msg))?;
+        }
         Ok(())
+    }
+
+    /// The link split, when the dataset has one.
+    pub fn link_split(&self) -> Option<LinkSplitView<'_>> {
+        let a = self.link.as_ref()?;
+        Some(LinkSplitView {
+            train: a[0].as_slice(),
+            valid_pos: a[1].as_slice(),
+            valid_neg: a[2].as_slice(),
+            test_pos: a[3].as_slice(),
+            test_neg: a[4].as_slice(),
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -728,6 +801,7 @@ impl Dataset {
             val: self.val.as_slice(),
             test: self.test.as_slice(),
             feature_reader: self.feature_reader.as_ref(),
+            links: self.link_split(),
         }
     }
     /// Copies everything into memory (for small datasets and tests).

@@ -2,7 +2,7 @@
 //!
 //! A dataset is a directory: a JSON manifest (`dataset.json`, versioned, with counts and a
 //! checksum per file) and one typed, headered binary array per component (CSR offsets and
-//! sources, features, labels, splits), opened by mmap so that a graph of hundreds of millions
+//! sources, features, labels, splits, and a link-prediction split when there is one), opened by mmap so that a graph of hundreds of millions
 //! of edges opens in milliseconds. `Dataset::open` checks headers and counts; `verify` checks
 //! checksums and every id. Writers build in a staging directory and rename at the end, so a
 //! failed import never leaves a half-written dataset. This crate also owns the single
@@ -15,6 +15,7 @@ pub mod csr;
 pub mod dataset;
 pub mod edges;
 pub mod error;
+pub mod link;
 pub mod prefetch;
 pub mod rows;
 pub mod split;
@@ -33,6 +34,7 @@ pub use edges::{
     DEFAULT_RUN_BYTES,
 };
 pub use error::{Result, StoreError};
+pub use link::{split_edges, EdgeSplitOptions, LinkPart, LinkSizes, LinkSplit, LinkSplitView};
 pub use prefetch::prefetch;
 pub use rows::{RowReader, RESIDENCY_SAMPLE};
 pub use split::Split;

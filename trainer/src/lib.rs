@@ -11,12 +11,13 @@
 
 pub mod checkpoint;
 pub mod layerwise;
+pub mod link;
 
 use anyhow::{bail, Context};
 use grandis_engine::norm::full_block;
 use grandis_engine::{AdamStep, Backend, CpuBackend};
 use grandis_models::{Model, ModelConfig, ModelKind, StageCtx};
-use grandis_store::DatasetView;
+use grandis_store::{DatasetView, LinkSplitView};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -199,8 +200,15 @@ pub struct EpochStats {
     pub train_acc: f64,
     #[serde(with = "grandis_wire::nan")]
     pub val_acc: f64,
+    /// Link prediction: the validation AUC after this epoch (NaN, absent, otherwise).
+    #[serde(default = "nan", with = "grandis_wire::nan")]
+    pub val_auc: f64,
     /// Wall time of the training step (forward, backward, optimiser), without evaluation.
     pub seconds: f64,
+}
+
+fn nan() -> f64 {
+    f64::NAN
 }
 
 /// What a training run reports at the end.
@@ -221,6 +229,10 @@ pub struct TrainReport {
     /// First epoch of this invocation (1 unless resumed).
     pub first_epoch: usize,
     pub num_parameters: usize,
+    /// Link prediction: the final model's validation and test scores (None for node
+    /// classification, or when the run did not evaluate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<grandis_wire::LinkSummary>,
 }
 
 impl TrainReport {
@@ -249,6 +261,7 @@ impl TrainReport {
                 ..grandis_wire::Execution::default()
             },
             server: None,
+            link: self.link.clone(),
         }
     }
 }
@@ -365,10 +378,11 @@ impl<'a, B: Backend> Prepared<'a, B> {
         }
     }
 
-    /// Logits of every vertex with dropout off (`n x classes`).
+    /// The model's outputs for every vertex with dropout off (`n x classes`: the logits, or
+    /// for link prediction the embeddings).
     pub fn logits(&self, model: &Model<B>) -> anyhow::Result<Vec<f32>> {
         let (logits, _) = model.forward(&self.backend, &self.ctx(None), &self.features, false)?;
-        let mut host = vec![0.0f32; self.view.num_vertices() * self.view.num_classes];
+        let mut host = vec![0.0f32; self.view.num_vertices() * model.config.classes];
         self.backend.download(&logits, 0, &mut host)?;
         Ok(host)
     }
@@ -395,26 +409,67 @@ impl<'a, B: Backend> Prepared<'a, B> {
         opts: &TrainOptions,
         epoch: usize,
     ) -> anyhow::Result<f64> {
-        let b = &self.backend;
-        let n = self.view.num_vertices();
-        let c = self.view.num_classes;
         if self.num_train == 0 {
             bail!("the dataset's train split has no labelled vertices");
         }
+        let (n, c) = (self.view.num_vertices(), self.view.num_classes);
+        self.step(model, opts, epoch, |b, logits, grad| {
+            let normalizer = self.num_train as f32;
+            let loss_sum = b.cross_entropy(
+                logits,
+                n,
+                c,
+                &self.train_rows,
+                &self.train_labels,
+                normalizer,
+                grad,
+            )?;
+            Ok(loss_sum / normalizer as f64)
+        })
+    }
+
+    /// One link-prediction step: binary cross-entropy of the dot-product decoder over the
+    /// split's supervision positives and `negatives` corrupted destinations per positive
+    /// (see [`link`]); returns the loss (mean over those pairs).
+    pub fn link_step(
+        &self,
+        model: &mut Model<B>,
+        opts: &TrainOptions,
+        epoch: usize,
+        split: &LinkSplitView<'_>,
+        negatives: u32,
+    ) -> anyhow::Result<f64> {
+        let n = self.view.num_vertices();
+        let d = model.config.classes;
+        let neg =
+            link::corrupt_destinations(split.train, negatives, n as u32, opts.seed, epoch as u64);
+        self.step(model, opts, epoch, |b, z, grad| {
+            let mut host = vec![0.0f32; n * d];
+            b.download(z, 0, &mut host)?;
+            let mut dz = vec![0.0f32; n * d];
+            let loss = link::dot_bce(&host, d, split.train, &neg, &mut dz);
+            *grad = b.upload(&dz)?;
+            Ok(loss)
+        })
+    }
+
+    /// A training step whose loss `loss` computes from the model's outputs, writing their
+    /// gradient into its third argument (allocated `n x outputs`): forward with dropout,
+    /// backward, clipping, Adam. Returns the loss.
+    fn step(
+        &self,
+        model: &mut Model<B>,
+        opts: &TrainOptions,
+        epoch: usize,
+        loss: impl FnOnce(&B, &B::Buf, &mut B::Buf) -> anyhow::Result<f64>,
+    ) -> anyhow::Result<f64> {
+        let b = &self.backend;
+        let n = self.view.num_vertices();
         let ctx = self.ctx(Some((opts.seed, epoch as u64)));
         model.zero_grads(b)?;
         let (logits, tape) = model.forward(b, &ctx, &self.features, true)?;
-        let mut grad = b.alloc(n * c)?;
-        let normalizer = self.num_train as f32;
-        let loss_sum = b.cross_entropy(
-            &logits,
-            n,
-            c,
-            &self.train_rows,
-            &self.train_labels,
-            normalizer,
-            &mut grad,
-        )?;
+        let mut grad = b.alloc(n * model.config.classes)?;
+        let loss = loss(b, &logits, &mut grad)?;
         model.backward(b, &ctx, &self.features, &logits, tape, grad)?;
         let grad_scale = model.clip_factor(b, opts.grad_clip)?;
         model.adam_step(
@@ -430,7 +485,7 @@ impl<'a, B: Backend> Prepared<'a, B> {
                 grad_scale,
             },
         )?;
-        Ok(loss_sum / normalizer as f64)
+        Ok(loss)
     }
 }
 
@@ -444,6 +499,31 @@ pub fn argmax(row: &[f32]) -> usize {
     best
 }
 
+/// What a run trains its model for, and with what.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    /// Node classification on the dataset's labels and vertex splits.
+    Node,
+    /// Link prediction on the dataset's link split (`ModelConfig::classes` is the embedding
+    /// width): [`link`].
+    Link {
+        /// Corrupted-destination negatives per supervision edge each epoch.
+        negatives: u32,
+    },
+}
+
+impl Objective {
+    /// A job's objective.
+    pub fn for_job(spec: &grandis_wire::JobSpec) -> Objective {
+        match spec.task {
+            grandis_wire::Task::Node => Objective::Node,
+            grandis_wire::Task::Link => Objective::Link {
+                negatives: spec.link.unwrap_or_default().negatives,
+            },
+        }
+    }
+}
+
 /// Trains `config` on `view` for `opts.epochs` epochs (or the remaining ones when resuming)
 /// on a CPU backend with `threads` workers, calling `on_epoch` after each. Saves a
 /// checkpoint at the end when a path is given. See [`train_on`] for other backends.
@@ -455,9 +535,22 @@ pub fn train(
     threads: Option<usize>,
     on_epoch: impl FnMut(&EpochStats),
 ) -> anyhow::Result<TrainReport> {
-    check_config(&view, &config)?;
+    train_for(view, config, Objective::Node, opts, ckpt, threads, on_epoch)
+}
+
+/// [`train`] for `objective`.
+pub fn train_for(
+    view: DatasetView<'_>,
+    config: ModelConfig,
+    objective: Objective,
+    opts: &TrainOptions,
+    ckpt: &CheckpointOptions,
+    threads: Option<usize>,
+    on_epoch: impl FnMut(&EpochStats),
+) -> anyhow::Result<TrainReport> {
+    let links = check_config(&view, &config, objective)?;
     let prepared = Prepared::new(view, config.kind, threads)?;
-    train_prepared(&prepared, config, opts, ckpt, on_epoch)
+    train_prepared(&prepared, config, objective, links, opts, ckpt, on_epoch)
 }
 
 /// [`train`] on any engine backend (e.g. `grandis_engine::cuda::CudaBackend`). The
@@ -470,27 +563,72 @@ pub fn train_on<B: Backend>(
     ckpt: &CheckpointOptions,
     on_epoch: impl FnMut(&EpochStats),
 ) -> anyhow::Result<TrainReport> {
-    check_config(&view, &config)?;
-    let prepared = Prepared::with_backend(backend, view, config.kind)?;
-    train_prepared(&prepared, config, opts, ckpt, on_epoch)
+    train_on_for(backend, view, config, Objective::Node, opts, ckpt, on_epoch)
 }
 
-fn check_config(view: &DatasetView<'_>, config: &ModelConfig) -> anyhow::Result<()> {
-    if config.in_dim != view.feature_dim || config.classes != view.num_classes {
-        bail!(
-            "model expects {} features and {} classes, dataset has {} and {}",
-            config.in_dim,
-            config.classes,
-            view.feature_dim,
-            view.num_classes
-        );
+/// [`train_on`] for `objective`.
+pub fn train_on_for<B: Backend>(
+    backend: B,
+    view: DatasetView<'_>,
+    config: ModelConfig,
+    objective: Objective,
+    opts: &TrainOptions,
+    ckpt: &CheckpointOptions,
+    on_epoch: impl FnMut(&EpochStats),
+) -> anyhow::Result<TrainReport> {
+    let links = check_config(&view, &config, objective)?;
+    let prepared = Prepared::with_backend(backend, view, config.kind)?;
+    train_prepared(&prepared, config, objective, links, opts, ckpt, on_epoch)
+}
+
+/// That `config` fits `view` for `objective`; for link prediction, the dataset's link split
+/// (checked: ids in range, the parts disjoint, no negative a positive).
+fn check_config<'v>(
+    view: &DatasetView<'v>,
+    config: &ModelConfig,
+    objective: Objective,
+) -> anyhow::Result<Option<LinkSplitView<'v>>> {
+    match objective {
+        Objective::Node => {
+            if config.in_dim != view.feature_dim || config.classes != view.num_classes {
+                bail!(
+                    "model expects {} features and {} classes, dataset has {} and {}",
+                    config.in_dim,
+                    config.classes,
+                    view.feature_dim,
+                    view.num_classes
+                );
+            }
+            Ok(None)
+        }
+        Objective::Link { negatives } => {
+            if config.in_dim != view.feature_dim {
+                bail!(
+                    "model expects {} features, dataset has {}",
+                    config.in_dim,
+                    view.feature_dim
+                );
+            }
+            if negatives == 0 {
+                bail!("link prediction needs at least one negative per supervision edge");
+            }
+            let links = view.links.context(
+                "link prediction needs a dataset with a link split: make one with \
+                 `grandis data split-edges`",
+            )?;
+            links
+                .check(view.num_vertices() as u64, view.graph.is_symmetric())
+                .map_err(|(part, msg)| anyhow::anyhow!("link split {}: {msg}", part.file()))?;
+            Ok(Some(links))
+        }
     }
-    Ok(())
 }
 
 fn train_prepared<B: Backend>(
     prepared: &Prepared<'_, B>,
     config: ModelConfig,
+    objective: Objective,
+    links: Option<LinkSplitView<'_>>,
     opts: &TrainOptions,
     ckpt: &CheckpointOptions,
     mut on_epoch: impl FnMut(&EpochStats),
@@ -504,32 +642,43 @@ fn train_prepared<B: Backend>(
         ck.restore(b, &mut model, true)?;
         first_epoch = ck.epochs_done + 1;
     }
+    let dim = config.classes;
     let mut stats = Vec::new();
     let mut last_logits = None;
     for epoch in first_epoch..=opts.epochs {
         let start = Instant::now();
-        let loss = prepared.train_step(&mut model, opts, epoch)?;
+        let loss = match (objective, &links) {
+            (Objective::Link { negatives }, Some(split)) => {
+                prepared.link_step(&mut model, opts, epoch, split, negatives)?
+            }
+            _ => prepared.train_step(&mut model, opts, epoch)?,
+        };
         let seconds = start.elapsed().as_secs_f64();
         if !loss.is_finite() {
             bail!("loss became {loss} at epoch {epoch}; try a lower --lr or --grad-clip");
         }
-        let (train_acc, val_acc) = if opts.eval.after(epoch, opts.epochs) {
+        let (mut train_acc, mut val_acc, mut val_auc) = (f64::NAN, f64::NAN, f64::NAN);
+        if opts.eval.after(epoch, opts.epochs) {
             let logits = prepared.logits(&model)?;
-            let accs = (
-                prepared.accuracy(&logits, view.train),
-                prepared.accuracy(&logits, view.val),
-            );
+            match &links {
+                Some(split) => {
+                    val_auc =
+                        link::scores_of(&logits, dim, split, grandis_store::LinkPart::ValPos).auc
+                }
+                None => {
+                    train_acc = prepared.accuracy(&logits, view.train);
+                    val_acc = prepared.accuracy(&logits, view.val);
+                }
+            }
             // The last epoch's evaluation is the final one.
             last_logits = (epoch == opts.epochs).then_some(logits);
-            accs
-        } else {
-            (f64::NAN, f64::NAN)
-        };
+        }
         let s = EpochStats {
             epoch,
             loss,
             train_acc,
             val_acc,
+            val_auc,
             seconds,
         };
         on_epoch(&s);
@@ -544,10 +693,13 @@ fn train_prepared<B: Backend>(
         None if opts.eval.at_end() => Some(prepared.logits(&model)?),
         evaluated => evaluated,
     };
-    let accuracy = |split| {
-        logits
-            .as_ref()
-            .map_or(f64::NAN, |l| prepared.accuracy(l, split))
+    let accuracy = |split| match (&logits, &links) {
+        (Some(l), None) => prepared.accuracy(l, split),
+        _ => f64::NAN,
+    };
+    let link = match (&logits, &links) {
+        (Some(z), Some(split)) => Some(link::summary_of(z, dim, split)),
+        _ => None,
     };
     if first_epoch > opts.epochs {
         if let Some(path) = &ckpt.path {
@@ -570,6 +722,7 @@ fn train_prepared<B: Backend>(
         first_epoch,
         num_parameters: model.num_parameters(),
         epochs: stats,
+        link,
     })
 }
 

@@ -32,10 +32,10 @@ pub use protocol::{
 };
 pub use rates::{ComputeRate, LinkRate, ServerRates};
 pub use spec::{
-    defaults, FieldError, InterTransport, JobSpec, Mode, ModelKind, PartitionMethod, PredictSpec,
-    Priority, Sampling, SpecError, Staleness, UnknownName,
+    defaults, FieldError, InterTransport, JobSpec, LinkSpec, Mode, ModelKind, PartitionMethod,
+    PredictSpec, Priority, Sampling, SpecError, Staleness, Task, UnknownName,
 };
 pub use summary::{
-    Execution, InferenceSummary, RankMemory, RunSummary, ServerTraffic, StaleSummary, TimeSplit,
-    WireStats,
+    Execution, InferenceSummary, LinkScores, LinkSummary, RankMemory, RunSummary, ServerTraffic,
+    StaleSummary, TimeSplit, WireStats,
 };

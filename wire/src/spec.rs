@@ -20,7 +20,7 @@ mod read;
 mod validate;
 
 pub use bytes::parse_bytes;
-pub use kinds::{InterTransport, Mode, ModelKind, PartitionMethod, Priority, UnknownName};
+pub use kinds::{InterTransport, Mode, ModelKind, PartitionMethod, Priority, Task, UnknownName};
 
 /// The longest job name, given or derived from the dataset path, in bytes.
 pub const NAME_MAX_BYTES: usize = 200;
@@ -227,6 +227,36 @@ pub struct JobSpec {
     /// fraction of feature columns sent (the most important ones); absent = every column.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_features: Option<f64>,
+    /// What the model is trained for (default node classification).
+    #[serde(default, skip_serializing_if = "Task::is_node")]
+    pub task: Task,
+    /// Link prediction's options (task link only); absent = their defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkSpec>,
+}
+
+/// Link prediction (`task = "link"`): the encoder is the job's model, whose last layer
+/// outputs `out_dim` columns per vertex (its embedding); a pair's score is the dot product of
+/// its ends' embeddings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LinkSpec {
+    /// Negatives per supervision edge each epoch: `(u, w)` for a positive `(u, v)`, `w`
+    /// uniform over the vertices (the destination corrupted), seeded by (seed, epoch, edge)
+    /// (default 1).
+    pub negatives: u32,
+    /// Columns of the embedding the last layer outputs; absent = `hidden`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_dim: Option<u32>,
+}
+
+impl Default for LinkSpec {
+    fn default() -> Self {
+        LinkSpec {
+            negatives: 1,
+            out_dim: None,
+        }
+    }
 }
 
 /// SANCUS's bounded embedding staleness (the "variation gap" bound, with an epoch bound on
@@ -340,6 +370,8 @@ impl Default for JobSpec {
             predict: None,
             staleness: None,
             remote_features: None,
+            task: Task::Node,
+            link: None,
         }
     }
 }
@@ -427,6 +459,8 @@ const FIELDS: &[&str] = &[
     "predict",
     "staleness",
     "remote_features",
+    "task",
+    "link",
 ];
 
 impl JobSpec {

@@ -47,6 +47,37 @@ pub struct RunSummary {
     /// One server's part of a cluster job (daemon reports only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<ServerTraffic>,
+    /// Link prediction's scores of the final model (task link; absent when it did not
+    /// evaluate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkSummary>,
+}
+
+/// The final link-prediction scores on the validation and test edges.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkSummary {
+    pub val: LinkScores,
+    pub test: LinkScores,
+}
+
+/// Ranking scores of held-out positives against their negatives, as OGB's evaluators compute
+/// them: `auc`, the probability that a positive outscores a negative (ties count half);
+/// `mrr`, the mean reciprocal rank of each positive among its own negatives (ties ranked
+/// half-way); `hits`, for K = 10, 50 and 100, the fraction of positives scored above the K-th
+/// highest negative (1 when there are fewer than K negatives). NaN (absent) for an empty
+/// part.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkScores {
+    #[serde(with = "crate::nan")]
+    pub auc: f64,
+    #[serde(with = "crate::nan")]
+    pub mrr: f64,
+    #[serde(with = "crate::nan")]
+    pub hits_at_10: f64,
+    #[serde(with = "crate::nan")]
+    pub hits_at_50: f64,
+    #[serde(with = "crate::nan")]
+    pub hits_at_100: f64,
 }
 
 /// How a run was laid out (mode, servers, devices, partition, preloading, transports) and
@@ -325,14 +356,21 @@ impl RunSummary {
 
     /// The one-line human summary every front end prints.
     pub fn line(&self) -> String {
-        let mut s = format!(
-            "final loss {:.4}  train {}  val {}  test {}  median epoch {:.3}s",
-            self.final_loss,
-            accuracy(self.train_acc),
-            accuracy(self.val_acc),
-            accuracy(self.test_acc),
-            self.median_epoch_s
-        );
+        let mut s = match &self.link {
+            // Link prediction has no accuracies: its scores follow.
+            Some(_) => format!(
+                "final loss {:.4}  median epoch {:.3}s",
+                self.final_loss, self.median_epoch_s
+            ),
+            None => format!(
+                "final loss {:.4}  train {}  val {}  test {}  median epoch {:.3}s",
+                self.final_loss,
+                accuracy(self.train_acc),
+                accuracy(self.val_acc),
+                accuracy(self.test_acc),
+                self.median_epoch_s
+            ),
+        };
         if self.execution.mode.is_distributed() {
             let t = &self.execution.time_split;
             if t.plan_wait_s + t.plan_load_s + t.plan_build_s > 0.0 {
@@ -357,6 +395,14 @@ impl RunSummary {
                 self.execution.fetch_bytes_per_epoch.inter_server,
                 self.execution.setup_fetch_bytes.inter_server
             ));
+        }
+        if let Some(l) = &self.link {
+            for (name, sc) in [("val", &l.val), ("test", &l.test)] {
+                s.push_str(&format!(
+                    "  {name} auc {:.4} mrr {:.4} hits@10/50/100 {:.4}/{:.4}/{:.4}",
+                    sc.auc, sc.mrr, sc.hits_at_10, sc.hits_at_50, sc.hits_at_100
+                ));
+            }
         }
         if let Some(p) = &self.execution.plan {
             s.push_str(&format!(

@@ -47,6 +47,7 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
             "num_classes": m.num_classes,
             "symmetric": m.symmetric,
             "split": m.split,
+            "link": m.link,
             "provenance": m.provenance,
             "in_degree": degrees,
         });
@@ -70,6 +71,12 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
         "  split           train {}  val {}  test {}",
         m.split.train, m.split.val, m.split.test
     );
+    if let Some(l) = &m.link {
+        println!(
+            "  link split      train {}  valid {} (+{} negatives)  test {} (+{} negatives)",
+            l.train, l.valid_pos, l.valid_neg, l.test_pos, l.test_neg
+        );
+    }
     println!(
         "  in-degree       min {}  max {}  mean {:.2}  median {}  p99 {}  isolated {}",
         degrees.min, degrees.max, degrees.mean, degrees.median, degrees.p99, degrees.isolated

@@ -1,9 +1,11 @@
-//! `grandis data ...`: dataset import, export, generation, reordering and inspection.
+//! `grandis data ...`: dataset import, export, generation, reordering, link splits and
+//! inspection.
 
 mod export;
 mod import;
 mod info;
 mod reorder;
+mod split_edges;
 mod synth;
 
 use clap::Subcommand;
@@ -22,6 +24,9 @@ pub enum DataCommand {
     Synth(synth::SynthArgs),
     /// Renumber vertices so that neighbours get nearby ids (faster epochs on big graphs).
     Reorder(reorder::ReorderArgs),
+    /// Split a dataset's edges for link prediction (train / validation / test edges, with
+    /// negatives; the held-out edges leave the graph).
+    SplitEdges(split_edges::SplitEdgesArgs),
 }
 
 pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
@@ -32,5 +37,6 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<()> {
         DataCommand::Verify(args) => info::verify(args),
         DataCommand::Synth(args) => synth::run(args),
         DataCommand::Reorder(args) => reorder::run(args),
+        DataCommand::SplitEdges(args) => split_edges::run(args),
     }
 }

@@ -26,6 +26,25 @@ pub enum ModelKind {
     Gat,
 }
 
+/// What a job trains its model for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    /// Node classification: a class per labelled vertex (cross-entropy; accuracy).
+    #[default]
+    Node,
+    /// Link prediction: a score per vertex pair, the dot product of the two ends' embeddings
+    /// (binary cross-entropy over the dataset's link split and sampled negatives; AUC, MRR,
+    /// Hits@K). The dataset needs a link split (`grandis data split-edges`).
+    Link,
+}
+
+impl Task {
+    pub fn is_node(&self) -> bool {
+        *self == Task::Node
+    }
+}
+
 /// How the training is distributed (GraNNDIS §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -135,6 +154,7 @@ named_enum!(PartitionMethod, "metis, spring, random or bytegnn", [
     Metis => "metis", Spring => "spring", Random => "random", Bytegnn => "bytegnn"
 ]);
 named_enum!(Priority, "degree or uniform", [Degree => "degree", Uniform => "uniform"]);
+named_enum!(Task, "node or link", [Node => "node", Link => "link"]);
 named_enum!(InterTransport, "quic or nccl", [Quic => "quic", Nccl => "nccl"]);
 
 impl Mode {

@@ -3,8 +3,9 @@
 //! names its field.
 
 use super::bytes::parse_bytes;
+use super::kinds::Task;
 use super::kinds::{InterTransport, Mode, ModelKind, PartitionMethod, Priority};
-use super::{FieldError, JobSpec, PredictSpec, Sampling, SpecError, Staleness, FIELDS};
+use super::{FieldError, JobSpec, LinkSpec, PredictSpec, Sampling, SpecError, Staleness, FIELDS};
 use serde_json::{Map, Value};
 
 impl JobSpec {
@@ -113,6 +114,10 @@ impl JobSpec {
             predict: r.predict(),
             staleness: r.staleness(),
             remote_features: r.float("remote_features"),
+            task: r
+                .choice("task", "task", Task::parse, Task::EXPECTED)
+                .unwrap_or_default(),
+            link: r.link(),
         };
         // The default is what a serialized spec of a run without evaluation carries.
         if !spec.evaluate && obj.contains_key("eval_every") && spec.eval_every != d.eval_every {
@@ -343,6 +348,32 @@ impl Reader<'_> {
             logits: sub.bool("logits").unwrap_or(false),
             embeddings: sub.bool("embeddings").unwrap_or(false),
             block_memory: sub.bytes("block_memory"),
+        };
+        self.errors.append(&mut sub.errors);
+        Some(spec)
+    }
+
+    /// The `link` table (`negatives`, `out_dim`).
+    fn link(&mut self) -> Option<LinkSpec> {
+        let v = self.get("link")?.clone();
+        let Value::Object(obj) = &v else {
+            let msg = format!(
+                "expected a table with 'negatives' and/or 'out_dim', got {}",
+                describe(&v)
+            );
+            self.error("link", msg);
+            return None;
+        };
+        let mut sub = Reader {
+            obj,
+            prefix: "link.",
+            errors: Vec::new(),
+        };
+        sub.unknown_fields(&["negatives", "out_dim"]);
+        let d = LinkSpec::default();
+        let spec = LinkSpec {
+            negatives: sub.uint("negatives", 1, 1000).unwrap_or(d.negatives),
+            out_dim: sub.uint("out_dim", 1, 1 << 16),
         };
         self.errors.append(&mut sub.errors);
         Some(spec)

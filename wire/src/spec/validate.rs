@@ -1,7 +1,7 @@
 //! The ranges and combinations a read job must satisfy ([`JobSpec::validate`]), and the extra
 //! ones of a cluster job.
 
-use super::kinds::{InterTransport, Mode, ModelKind};
+use super::kinds::{InterTransport, Mode, ModelKind, Task};
 use super::{FieldError, JobSpec, Sampling, SpecError, NAME_MAX_BYTES, PATH_MAX_BYTES};
 
 impl JobSpec {
@@ -256,6 +256,37 @@ impl JobSpec {
                     format!("must be a fraction in (0, 1], got {f}"),
                 );
             }
+        }
+        match (self.task, &self.link) {
+            (Task::Node, Some(_)) => err(
+                "link",
+                "are link prediction's options: give them with task = \"link\"".into(),
+            ),
+            (Task::Link, link) => {
+                // Link prediction trains in one process so far (issue 38 extends it to the
+                // distributed modes): better a clear refusal than a node-classification run.
+                if self.mode != Mode::Single {
+                    err(
+                        "task",
+                        format!(
+                            "link prediction runs in mode single (`grandis train --task link`) \
+                             so far; mode '{}' trains node classification only",
+                            self.mode
+                        ),
+                    );
+                }
+                let link = link.unwrap_or_default();
+                if !(1..=1000).contains(&link.negatives) {
+                    err(
+                        "link.negatives",
+                        format!("must be 1..=1000, got {}", link.negatives),
+                    );
+                }
+                if link.out_dim == Some(0) {
+                    err("link.out_dim", "must be ≥ 1".into());
+                }
+            }
+            (Task::Node, None) => {}
         }
         if self.device_memory == Some(0) {
             err("device_memory", "must be > 0 bytes".into());

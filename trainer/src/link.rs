@@ -1,0 +1,244 @@
+//! Link prediction's objective and scores: a pair's score is the dot product of its ends'
+//! embeddings (the model's last-layer outputs), trained with binary cross-entropy over the
+//! supervision positives and `k` corrupted-destination negatives per positive, and scored as
+//! OGB's evaluators score (AUC, MRR, Hits@K; [`grandis_wire::LinkScores`]).
+//!
+//! The decoder runs on the host over downloaded embeddings: exact and deterministic (one
+//! pass over the pairs in order), at the price of one download and one upload of the
+//! embedding matrix per step.
+
+use grandis_store::{LinkPart, LinkSplitView};
+use grandis_wire::{LinkScores, LinkSummary};
+
+/// Dot-product scores of `pairs` (flat `(u, v)` pairs) over `z` (`n x d`, row-major).
+pub fn dot_scores(z: &[f32], d: usize, pairs: &[u32]) -> Vec<f32> {
+    pairs
+        .chunks_exact(2)
+        .map(|p| dot(row(z, d, p[0]), row(z, d, p[1])))
+        .collect()
+}
+
+fn row(z: &[f32], d: usize, v: u32) -> &[f32] {
+    &z[v as usize * d..(v as usize + 1) * d]
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Binary cross-entropy with logits, mean over the pairs of `pos` (label 1) and `neg`
+/// (label 0); adds `dL/dz` into `grad` (`n x d`, zeroed by the caller). Returns the loss.
+pub fn dot_bce(z: &[f32], d: usize, pos: &[u32], neg: &[u32], grad: &mut [f32]) -> f64 {
+    let count = (pos.len() + neg.len()) / 2;
+    if count == 0 {
+        return f64::NAN;
+    }
+    let scale = 1.0 / count as f32;
+    let mut loss = 0.0f64;
+    for (pairs, label) in [(pos, 1.0f32), (neg, 0.0f32)] {
+        for p in pairs.chunks_exact(2) {
+            let (u, v) = (p[0] as usize, p[1] as usize);
+            let s = dot(row(z, d, p[0]), row(z, d, p[1]));
+            // max(s, 0) - s y + ln(1 + e^-|s|): no overflow for any s.
+            loss += (s.max(0.0) - s * label + (-s.abs()).exp().ln_1p()) as f64;
+            let g = (sigmoid(s) - label) * scale;
+            for c in 0..d {
+                let (zu, zv) = (z[u * d + c], z[v * d + c]);
+                grad[u * d + c] += g * zv;
+                grad[v * d + c] += g * zu;
+            }
+        }
+    }
+    loss / count as f64
+}
+
+fn sigmoid(s: f32) -> f32 {
+    if s >= 0.0 {
+        1.0 / (1.0 + (-s).exp())
+    } else {
+        let e = s.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// An epoch's training negatives: for supervision positive `i` = `(u, v)`, the pairs
+/// `(u, w_ij)`, `j < k`, each `w` uniform over `0..n` from a counter-based hash of
+/// `(seed, epoch, i, j)`: the same negatives whatever runs them, and another set each epoch.
+pub fn corrupt_destinations(pos: &[u32], k: u32, n: u32, seed: u64, epoch: u64) -> Vec<u32> {
+    let base = grandis_engine::mix64(seed ^ grandis_engine::mix64(epoch ^ 0x6c69_6e6b));
+    let mut out = Vec::with_capacity(pos.len() * k as usize);
+    for (i, p) in pos.chunks_exact(2).enumerate() {
+        for j in 0..k as u64 {
+            let h = grandis_engine::mix64(base ^ (i as u64 * k as u64 + j));
+            // Multiply-shift: uniform over 0..n without a division.
+            let w = ((h as u128 * n as u128) >> 64) as u32;
+            out.extend([p[0], w]);
+        }
+    }
+    out
+}
+
+/// AUC of `pos` against `neg` (the Mann-Whitney statistic: ties count half); NaN when either
+/// is empty.
+pub fn auc(pos: &[f32], neg: &[f32]) -> f64 {
+    if pos.is_empty() || neg.is_empty() {
+        return f64::NAN;
+    }
+    let mut neg = neg.to_vec();
+    neg.sort_unstable_by(f32::total_cmp);
+    let mut wins = 0.0f64;
+    for &p in pos {
+        let below = neg.partition_point(|&x| x < p);
+        let tied = neg[below..].partition_point(|&x| x <= p);
+        wins += below as f64 + 0.5 * tied as f64;
+    }
+    wins / (pos.len() as f64 * neg.len() as f64)
+}
+
+/// OGB's Hits@K (`ogbl-collab`, `ogbl-ddi`): the fraction of positives scored strictly above
+/// the K-th highest negative; 1 when there are fewer than K negatives.
+pub fn hits_at(pos: &[f32], neg: &[f32], k: usize) -> f64 {
+    if pos.is_empty() {
+        return f64::NAN;
+    }
+    if neg.len() < k {
+        return 1.0;
+    }
+    let mut neg = neg.to_vec();
+    neg.sort_unstable_by(|a, b| b.total_cmp(a));
+    let kth = neg[k - 1];
+    pos.iter().filter(|&&p| p > kth).count() as f64 / pos.len() as f64
+}
+
+/// OGB's MRR (`ogbl-citation2`): positive `i` ranked among its own negatives
+/// `neg[i k .. (i + 1) k]` (`k = neg.len() / pos.len()`), ties ranked half-way between the
+/// optimistic and the pessimistic rank; the mean of the reciprocal ranks. NaN without
+/// negatives, or when they do not group evenly.
+pub fn mrr(pos: &[f32], neg: &[f32]) -> f64 {
+    if pos.is_empty() || neg.is_empty() || !neg.len().is_multiple_of(pos.len()) {
+        return f64::NAN;
+    }
+    let k = neg.len() / pos.len();
+    let sum: f64 = pos
+        .iter()
+        .zip(neg.chunks_exact(k))
+        .map(|(&p, negs)| {
+            let optimistic = negs.iter().filter(|&&x| x >= p).count() as f64;
+            let pessimistic = negs.iter().filter(|&&x| x > p).count() as f64;
+            1.0 / (0.5 * (optimistic + pessimistic) + 1.0)
+        })
+        .sum();
+    sum / pos.len() as f64
+}
+
+/// Every score of `pos` against `neg`.
+pub fn link_scores(pos: &[f32], neg: &[f32]) -> LinkScores {
+    LinkScores {
+        auc: auc(pos, neg),
+        mrr: mrr(pos, neg),
+        hits_at_10: hits_at(pos, neg, 10),
+        hits_at_50: hits_at(pos, neg, 50),
+        hits_at_100: hits_at(pos, neg, 100),
+    }
+}
+
+/// The scores of the validation (`which = ValPos`) or test (`TestPos`) edges of `split`
+/// under embeddings `z` (`n x d`).
+pub fn scores_of(z: &[f32], d: usize, split: &LinkSplitView<'_>, which: LinkPart) -> LinkScores {
+    let neg = match which {
+        LinkPart::TestPos => LinkPart::TestNeg,
+        _ => LinkPart::ValNeg,
+    };
+    link_scores(
+        &dot_scores(z, d, split.part(which)),
+        &dot_scores(z, d, split.part(neg)),
+    )
+}
+
+/// Validation and test scores.
+pub fn summary_of(z: &[f32], d: usize, split: &LinkSplitView<'_>) -> LinkSummary {
+    LinkSummary {
+        val: scores_of(z, d, split, LinkPart::ValPos),
+        test: scores_of(z, d, split, LinkPart::TestPos),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auc_counts_wins_and_half_ties() {
+        assert_eq!(auc(&[3.0, 1.0], &[2.0, 0.0]), 0.75);
+        assert_eq!(auc(&[1.0], &[1.0]), 0.5);
+        assert_eq!(auc(&[5.0, 6.0], &[1.0, 2.0, 3.0]), 1.0);
+        assert!(auc(&[], &[1.0]).is_nan());
+    }
+
+    #[test]
+    fn hits_at_k_is_ogbs_threshold_on_the_kth_negative() {
+        // The 2nd highest negative is 4: positives above it are 5 and 9.
+        let neg = [1.0, 4.0, 7.0, 2.0];
+        assert_eq!(hits_at(&[5.0, 9.0, 4.0, 0.0], &neg, 2), 0.5);
+        assert_eq!(hits_at(&[0.0], &neg, 5), 1.0, "fewer than K negatives");
+    }
+
+    #[test]
+    fn mrr_ranks_each_positive_among_its_own_negatives() {
+        // Positive 0 (score 5) against [1, 6]: rank 2; positive 1 (score 3) against [3, 0]:
+        // one tie, so rank 1.5.
+        let got = mrr(&[5.0, 3.0], &[1.0, 6.0, 3.0, 0.0]);
+        assert!((got - (0.5 + 1.0 / 1.5) / 2.0).abs() < 1e-12, "{got}");
+        assert!(mrr(&[1.0, 2.0], &[0.0, 0.0, 0.0]).is_nan(), "uneven groups");
+    }
+
+    /// The analytic gradient of the loss matches central differences.
+    #[test]
+    fn the_decoders_gradient_is_the_losss() {
+        let d = 3;
+        let z: Vec<f32> = (0..5 * d)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0)
+            .collect();
+        let pos = [0u32, 1, 2, 3];
+        let neg = [0u32, 4, 2, 0, 1, 1];
+        let mut grad = vec![0.0; z.len()];
+        dot_bce(&z, d, &pos, &neg, &mut grad);
+        let eps = 1e-3f32;
+        for i in 0..z.len() {
+            let (mut up, mut down) = (z.clone(), z.clone());
+            up[i] += eps;
+            down[i] -= eps;
+            let mut scratch = vec![0.0; z.len()];
+            let numeric = (dot_bce(&up, d, &pos, &neg, &mut scratch)
+                - dot_bce(&down, d, &pos, &neg, &mut scratch))
+                / (2.0 * eps as f64);
+            assert!(
+                (numeric - grad[i] as f64).abs() < 1e-3,
+                "{i}: {numeric} vs {}",
+                grad[i]
+            );
+        }
+    }
+
+    #[test]
+    fn negatives_corrupt_the_destination_uniformly_and_repeatably() {
+        let pos: Vec<u32> = (0..2000u32).flat_map(|i| [i % 7, i % 5]).collect();
+        let a = corrupt_destinations(&pos, 3, 10, 1, 2);
+        assert_eq!(a, corrupt_destinations(&pos, 3, 10, 1, 2));
+        assert_ne!(
+            a,
+            corrupt_destinations(&pos, 3, 10, 1, 3),
+            "another epoch, others"
+        );
+        let mut counts = [0usize; 10];
+        for (i, p) in a.chunks_exact(2).enumerate() {
+            assert_eq!(p[0], pos[(i / 3) * 2], "the source is kept");
+            counts[p[1] as usize] += 1;
+        }
+        // 6000 draws over 10 vertices: each near 600.
+        assert!(
+            counts.iter().all(|&c| (480..720).contains(&c)),
+            "{counts:?}"
+        );
+    }
+}
