@@ -8,6 +8,7 @@
 //! | `x.npy` | float32 | (N, F) | features |
 //! | `y.npy` | int64 | (N,) | class, -1 = unlabelled |
 //! | `train_idx.npy`, `val_idx.npy`, `test_idx.npy` | int64 | (n,) | vertex ids |
+//! | `link_train.npy`, `link_valid_pos.npy`, `link_valid_neg.npy`, `link_test_pos.npy`, `link_test_neg.npy` | int64 | (2, n) | a link split's pairs (row 0 sources, row 1 destinations, as PyG's `edge_label_index`), when the dataset has one |
 //!
 //! Edges are streamed from the CSR in chunks (never 16 bytes per edge in memory), and the
 //! directory appears only once every file is complete ([`AtomicDir`]).
@@ -72,23 +73,43 @@ pub fn export_npy(view: &DatasetView<'_>, out: &Path, overwrite: bool) -> Result
         let ids: Vec<i64> = ids.iter().map(|&v| v as i64).collect();
         grandis_npy::write_npy(p(name), &[ids.len() as u64], &ids)?;
     }
+    let mut files: Vec<String> = [
+        "edge_index.npy",
+        "x.npy",
+        "y.npy",
+        "train_idx.npy",
+        "val_idx.npy",
+        "test_idx.npy",
+    ]
+    .map(String::from)
+    .to_vec();
+    if let Some(links) = &view.links {
+        for part in grandis_store::LinkPart::ALL {
+            let name = link_npy_name(part);
+            let pairs = links.part(part);
+            let (sources, destinations): (Vec<i64>, Vec<i64>) = pairs
+                .chunks_exact(2)
+                .map(|p| (p[0] as i64, p[1] as i64))
+                .unzip();
+            let both: Vec<i64> = sources.into_iter().chain(destinations).collect();
+            grandis_npy::write_npy(p(&name), &[2, (pairs.len() / 2) as u64], &both)?;
+            files.push(name);
+        }
+    }
     let out = dir.commit().map_err(ImportError::from)?;
     Ok(ExportSummary {
         out,
         vertices: n as u64,
         edges: e,
         features: view.feature_dim as u64,
-        files: [
-            "edge_index.npy",
-            "x.npy",
-            "y.npy",
-            "train_idx.npy",
-            "val_idx.npy",
-            "test_idx.npy",
-        ]
-        .map(String::from)
-        .to_vec(),
+        files,
     })
+}
+
+/// The `.npy` file of a link split's part: its dataset file's name with `.npy`
+/// (`link_valid_pos.pairs` → `link_valid_pos.npy`).
+pub fn link_npy_name(part: grandis_store::LinkPart) -> String {
+    part.file().replace(".pairs", ".npy")
 }
 
 #[cfg(test)]

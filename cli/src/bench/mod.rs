@@ -2,6 +2,7 @@
 //! ratios against it, so results are comparable across machines.
 
 mod graph;
+mod link;
 mod modes;
 mod partition;
 mod plan;
@@ -15,7 +16,8 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// Partition one synthetic graph with every method; ratios against random.
     Partition(partition::BenchPartitionArgs),
-    /// Full-batch training epoch time and memory on a synthetic graph.
+    /// Full-batch training epoch time and memory on a synthetic graph; with `--task link`,
+    /// link prediction on `--data` over seeds against PyG's protocol.
     Train(train::BenchTrainArgs),
     /// FB_base vs FLX (k = 1..L) epoch time split and traffic; speedups against FB_base.
     Modes(modes::BenchModesArgs),

@@ -74,6 +74,26 @@ pub struct BenchTrainArgs {
     /// Print one JSON object as the last stdout line.
     #[arg(long)]
     pub json: bool,
+    /// node (the synthetic graph above) or link: link prediction on --data, each of --seeds
+    /// seeds splitting its edges anew (5% validation, 10% test, as PyG's link_pred.py),
+    /// against scripts/bench_pyg_link.py with --baseline pyg.
+    #[arg(long, default_value_t = grandis_wire::Task::Node)]
+    pub task: grandis_wire::Task,
+    /// --task link: the dataset (without a link split).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// --task link: seeds, from --seed on (each a split, weights and negatives).
+    #[arg(long, default_value_t = 5)]
+    pub seeds: usize,
+    /// --task link: embedding width (the last layer's outputs).
+    #[arg(long, default_value_t = 64)]
+    pub out_dim: usize,
+    /// --task link: negatives per training edge each epoch.
+    #[arg(long, default_value_t = 1)]
+    pub negatives: u32,
+    /// Adam's learning rate (--task link).
+    #[arg(long, default_value_t = 0.01)]
+    pub lr: f32,
 }
 
 /// Random directed graph with features that carry a weak class signal: uniform, or with
@@ -421,6 +441,9 @@ fn run_on_cuda(
 }
 
 pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
+    if args.task == grandis_wire::Task::Link {
+        return super::link::run(&args);
+    }
     if let Some(b) = &args.baseline {
         if b != "pyg" {
             bail!("unknown --baseline '{b}' (expected pyg)");

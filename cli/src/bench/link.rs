@@ -1,0 +1,274 @@
+//! `grandis bench train --task link`: link prediction on a real dataset (`--data`) against
+//! PyG's own protocol (scripts/bench_pyg_link.py, its examples/link_pred.py) in the same
+//! invocation, over seeds: each seed splits the edges anew (PyG's `RandomLinkSplit` fractions
+//! of that example: 5 % validation, 10 % test, one negative per held-out edge), both systems
+//! train the same encoder on the same split and are scored on the same held-out pairs.
+//! Reported: test and validation AUC (and their mean difference in points), the median epoch
+//! and the peak RSS of each, as ratios.
+
+use anyhow::{bail, Context};
+use grandis_models::ModelConfig;
+use grandis_store::{Dataset, EdgeSplitOptions, InMemoryDataset, Split};
+use grandis_trainer::{CheckpointOptions, EvalSchedule, Objective, TrainOptions};
+
+use super::train::BenchTrainArgs;
+
+/// The held-out fractions of PyG's link_pred.py.
+const VAL: f64 = 0.05;
+const TEST: f64 = 0.1;
+
+/// One system's run on one seed.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Run {
+    seed: u64,
+    val_auc: f64,
+    test_auc: f64,
+    median_epoch_s: f64,
+    peak_rss_bytes: u64,
+}
+
+pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
+    let data = args
+        .data
+        .as_ref()
+        .context("--task link needs --data DIR (a dataset whose edges each seed splits)")?;
+    if args.seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
+    if args.device.is_cuda() {
+        bail!("--task link benches on the CPU so far (its baseline script runs there)");
+    }
+    if let Some(b) = args.baseline.as_deref().filter(|b| *b != "pyg") {
+        bail!("unknown --baseline '{b}' (expected pyg)");
+    }
+    let dataset = Dataset::open_verified(data)
+        .with_context(|| format!("opening dataset {}", data.display()))?;
+    if dataset.manifest().link.is_some() {
+        bail!(
+            "{} already has a link split; the bench splits each seed itself: give the dataset \
+             it came from",
+            data.display()
+        );
+    }
+    let view = dataset.view();
+    let undirected = dataset.manifest().symmetric;
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for seed in args.seed..args.seed + args.seeds as u64 {
+        let split_opts = EdgeSplitOptions {
+            val: VAL,
+            test: TEST,
+            negatives: 1,
+            seed,
+        };
+        let (graph, split) = grandis_store::split_edges(view.graph, undirected, &split_opts)
+            .map_err(|e| anyhow::anyhow!("splitting the edges of {}: {e}", data.display()))?;
+        let ds = InMemoryDataset {
+            name: dataset.manifest().name.clone(),
+            graph,
+            features: view.features.to_vec(),
+            feature_dim: view.feature_dim,
+            labels: view.labels.to_vec(),
+            num_classes: view.num_classes,
+            split: Split::default(),
+        };
+        let mut split_view = ds.view();
+        split_view.links = Some(split.view());
+
+        let config = ModelConfig {
+            kind: args.model,
+            layers: args.layers,
+            in_dim: ds.feature_dim,
+            hidden: args.hidden,
+            heads: args.heads,
+            output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
+            classes: args.out_dim,
+            dropout: args.dropout,
+            layer_norm: false,
+            seed,
+        };
+        let opts = TrainOptions {
+            // One warm-up epoch, then the timed ones, as the baseline counts them.
+            epochs: args.epochs + 1,
+            lr: args.lr,
+            weight_decay: 0.0,
+            adamw: false,
+            grad_clip: None,
+            seed,
+            eval: EvalSchedule::End,
+        };
+        grandis_telemetry::reset_peak_rss();
+        let report = grandis_trainer::train_for(
+            split_view,
+            config,
+            Objective::Link {
+                negatives: args.negatives,
+            },
+            &opts,
+            &CheckpointOptions::default(),
+            Some(args.threads),
+            |_| {},
+        )?;
+        let link = report.link.context("the run reported no link scores")?;
+        let times: Vec<f64> = report.epochs.iter().skip(1).map(|e| e.seconds).collect();
+        let run = Run {
+            seed,
+            val_auc: link.val.auc,
+            test_auc: link.test.auc,
+            median_epoch_s: grandis_telemetry::median(&times),
+            peak_rss_bytes: grandis_telemetry::peak_rss_bytes(),
+        };
+        eprintln!(
+            "seed {seed}: grandis test AUC {:.4} (val {:.4}), median epoch {:.4}s",
+            run.test_auc, run.val_auc, run.median_epoch_s
+        );
+        ours.push(run);
+        if args.baseline.is_some() {
+            let run = run_pyg(args, &split_view, seed)?;
+            eprintln!(
+                "seed {seed}: PyG     test AUC {:.4} (val {:.4}), median epoch {:.4}s",
+                run.test_auc, run.val_auc, run.median_epoch_s
+            );
+            theirs.push(run);
+        }
+    }
+    report(args, data, &ours, &theirs)
+}
+
+/// PyG on the same split: exported in the PyG layout, scripts/bench_pyg_link.py run on it.
+fn run_pyg(
+    args: &BenchTrainArgs,
+    view: &grandis_store::DatasetView<'_>,
+    seed: u64,
+) -> anyhow::Result<Run> {
+    let tmp = tempfile::tempdir().context("creating a temporary directory")?;
+    let dir = tmp.path().join("pyg");
+    grandis_import::export_npy(view, &dir, false).context("exporting the split for PyG")?;
+    let script = args.pyg_script.with_file_name("bench_pyg_link.py");
+    let out = std::process::Command::new(&args.python)
+        .arg(&script)
+        .arg("--dir")
+        .arg(&dir)
+        .args([
+            "--model",
+            &args.model.to_string(),
+            "--layers",
+            &args.layers.to_string(),
+            "--hidden",
+            &args.hidden.to_string(),
+            "--out-dim",
+            &args.out_dim.to_string(),
+            "--dropout",
+            &args.dropout.to_string(),
+            "--lr",
+            &args.lr.to_string(),
+            "--epochs",
+            &args.epochs.to_string(),
+            "--threads",
+            &args.threads.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {} {}", args.python, script.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text
+        .lines()
+        .last()
+        .context("the PyG baseline printed nothing")?;
+    let v: serde_json::Value = serde_json::from_str(last)
+        .with_context(|| format!("the PyG baseline's last line is not JSON: {last}"))?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        bail!("the PyG baseline failed: {e}");
+    }
+    let num = |k: &str| {
+        v.get(k)
+            .and_then(|x| x.as_f64())
+            .with_context(|| format!("the PyG baseline's JSON has no {k}: {v}"))
+    };
+    Ok(Run {
+        seed,
+        val_auc: num("val_auc")?,
+        test_auc: num("test_auc")?,
+        median_epoch_s: num("median_epoch_s")?,
+        peak_rss_bytes: num("peak_rss_bytes")? as u64,
+    })
+}
+
+fn mean(runs: &[Run], f: impl Fn(&Run) -> f64) -> f64 {
+    runs.iter().map(f).sum::<f64>() / runs.len().max(1) as f64
+}
+
+fn report(
+    args: &BenchTrainArgs,
+    data: &std::path::Path,
+    ours: &[Run],
+    theirs: &[Run],
+) -> anyhow::Result<()> {
+    println!(
+        "link prediction on {} ({}-layer {} {} -> {}, dot product, {} epochs, {} seeds, {} threads):",
+        data.display(),
+        args.layers,
+        args.model,
+        args.hidden,
+        args.out_dim,
+        args.epochs,
+        ours.len(),
+        args.threads
+    );
+    println!("system   seed  test AUC   val AUC  median epoch  peak RSS");
+    for (name, runs) in [("grandis", ours), ("PyG", theirs)] {
+        for r in runs {
+            println!(
+                "{name:<8} {:>4}  {:>8.4}  {:>8.4}  {:>10.4}s  {:>6.1} MiB",
+                r.seed,
+                r.test_auc,
+                r.val_auc,
+                r.median_epoch_s,
+                r.peak_rss_bytes as f64 / (1 << 20) as f64
+            );
+        }
+    }
+    let summary = |runs: &[Run]| {
+        serde_json::json!({
+            "mean_test_auc": mean(runs, |r| r.test_auc),
+            "mean_val_auc": mean(runs, |r| r.val_auc),
+            "mean_median_epoch_s": mean(runs, |r| r.median_epoch_s),
+            "mean_peak_rss_bytes": mean(runs, |r| r.peak_rss_bytes as f64),
+            "runs": runs,
+        })
+    };
+    let mut json = serde_json::json!({
+        "dataset": data,
+        "model": args.model.to_string(),
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "out_dim": args.out_dim,
+        "epochs": args.epochs,
+        "threads": args.threads,
+        "val_fraction": VAL,
+        "test_fraction": TEST,
+        "grandis": summary(ours),
+    });
+    if !theirs.is_empty() {
+        let points = 100.0 * (mean(ours, |r| r.test_auc) - mean(theirs, |r| r.test_auc));
+        let speed = mean(theirs, |r| r.median_epoch_s) / mean(ours, |r| r.median_epoch_s);
+        let memory =
+            mean(ours, |r| r.peak_rss_bytes as f64) / mean(theirs, |r| r.peak_rss_bytes as f64);
+        println!(
+            "mean test AUC grandis {:.4}, PyG {:.4} ({points:+.2} points); grandis is {speed:.2}x \
+             PyG's speed per epoch at {memory:.2}x its peak RSS (whole processes)",
+            mean(ours, |r| r.test_auc),
+            mean(theirs, |r| r.test_auc)
+        );
+        json["pyg"] = summary(theirs);
+        json["test_auc_points_vs_pyg"] = points.into();
+        json["epoch_speedup_vs_pyg"] = speed.into();
+        json["peak_rss_ratio_vs_pyg"] = memory.into();
+    }
+    if args.json {
+        println!("{json}");
+    }
+    Ok(())
+}
