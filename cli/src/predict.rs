@@ -1,5 +1,6 @@
 //! `grandis predict`: class ids (int64, one per vertex) or logits (f32, vertices x classes)
-//! of a trained checkpoint, and optionally the vertex embeddings, written as `.npy` by
+//! of a trained checkpoint, and optionally the vertex embeddings (a link-prediction
+//! checkpoint: its output embeddings, and the scores of an edge list), written as `.npy` by
 //! layer-wise inference ([`grandis_trainer::layerwise`]): one stage at a time over the whole
 //! graph in blocks that fit a memory budget, so graphs whose features and embeddings do not
 //! fit in memory work too.
@@ -20,9 +21,18 @@ pub struct PredictArgs {
     /// Output `.npy` file.
     #[arg(long)]
     pub out: PathBuf,
-    /// Write the logits (f32, N x C) instead of class ids (int64, N).
+    /// Write the logits (f32, N x C) instead of class ids (int64, N). A link-prediction
+    /// checkpoint always writes its output embeddings (f32, N x out_dim).
     #[arg(long)]
     pub logits: bool,
+    /// A link-prediction checkpoint: also score these pairs (`.npy`, integers, shape (2, E):
+    /// row 0 sources, row 1 destinations) into --scores.
+    #[arg(long, requires = "scores")]
+    pub score_edges: Option<PathBuf>,
+    /// Where --score-edges writes the scores (`.npy`, f32, E: the dot products of the ends'
+    /// embeddings, the logits of each edge's probability).
+    #[arg(long, requires = "score_edges")]
+    pub scores: Option<PathBuf>,
     /// Also write the vertex embeddings (the input of the model's last stage, f32, N x
     /// hidden) to this `.npy` file.
     #[arg(long)]
@@ -74,6 +84,17 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
             }
         }
     }
+    let link = matches!(
+        grandis_trainer::load_checkpoint(&args.checkpoint)?.objective(),
+        grandis_trainer::Objective::Link { .. }
+    );
+    if args.score_edges.is_some() && !link {
+        anyhow::bail!(
+            "--score-edges scores pairs with a link-prediction checkpoint (`train --task \
+             link`); {} was trained for node classification",
+            args.checkpoint.display()
+        );
+    }
     let dataset = grandis_store::Dataset::open_verified(&args.dataset)
         .with_context(|| format!("opening dataset {}", args.dataset.display()))?;
     let scratch_dir = match &args.scratch_dir {
@@ -85,7 +106,7 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
     };
     let outputs = LayerwiseOutputs {
         predictions: args.out.clone(),
-        kind: if args.logits {
+        kind: if args.logits || link {
             Predictions::Logits
         } else {
             Predictions::ClassIds
@@ -107,6 +128,14 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
             })?
         }
     };
+    if let (Some(pairs), Some(scores)) = (&args.score_edges, &args.scores) {
+        let e = grandis_trainer::link::score_pairs_npy(&args.out, pairs, scores)?;
+        tracing::info!(
+            "scored {e} pairs of {} into {}",
+            pairs.display(),
+            scores.display()
+        );
+    }
     let peak_rss = grandis_telemetry::peak_rss_bytes();
     tracing::info!(
         "wrote predictions of {} vertices to {} in {:.1} s (peak RSS {:.0} MiB)",

@@ -105,26 +105,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         progress.println(stats_line(s));
         progress.inc(1);
     };
-    let objective = grandis_trainer::Objective::for_job(&spec);
     let report = match cuda {
-        Some(backend) => grandis_trainer::train_on_for(
-            backend,
-            view,
-            config.clone(),
-            objective,
-            &opts,
-            &ckpt,
-            on_epoch,
-        )?,
-        None => grandis_trainer::train_for(
-            view,
-            config.clone(),
-            objective,
-            &opts,
-            &ckpt,
-            args.threads,
-            on_epoch,
-        )?,
+        Some(backend) => {
+            grandis_trainer::train_on(backend, view, config.clone(), &opts, &ckpt, on_epoch)?
+        }
+        None => grandis_trainer::train(view, config.clone(), &opts, &ckpt, args.threads, on_epoch)?,
     };
     progress.finish();
     print_summary(&report.summary(&spec, args.device.device.name()), args.json)

@@ -113,6 +113,7 @@ mod tests {
             seed: 5,
         };
         let opts = TrainOptions {
+            objective: Default::default(),
             epochs: 3,
             lr: 0.01,
             weight_decay: 5e-4,
@@ -286,6 +287,7 @@ mod tests {
             seed: 0,
         };
         let opts = TrainOptions {
+            objective: Default::default(),
             epochs: 1,
             lr: 0.01,
             weight_decay: 0.0,

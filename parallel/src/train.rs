@@ -43,6 +43,14 @@ pub(crate) fn train_ranks(
     on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
     mut local: Option<Vec<grandis_fabric::Endpoint>>,
 ) -> anyhow::Result<ParallelReport> {
+    if opts.objective != grandis_trainer::Objective::Node {
+        // A job spec with task link never gets here (`JobSpec::validate`); a library caller
+        // must not get node classification in its place.
+        anyhow::bail!(
+            "the distributed modes train node classification only so far; link prediction \
+             runs in mode single"
+        );
+    }
     check_inputs(&view, part, &config)?;
     let (popts, plan) =
         auto::resolve_mode(&view, part, &config, popts, opts.seed, local.as_deref_mut())?;

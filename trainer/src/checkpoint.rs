@@ -37,6 +37,14 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// What the model was trained for (node classification for checkpoints without training
+    /// options, or from before link prediction).
+    pub fn objective(&self) -> crate::Objective {
+        self.train
+            .as_ref()
+            .map_or_else(Default::default, |t| t.objective)
+    }
+
     /// Refuses to resume a run of `epochs` epochs from this checkpoint when it holds that many
     /// or more already: there would be nothing to train (and no epoch to summarise).
     pub fn check_epochs_left(&self, epochs: usize) -> anyhow::Result<()> {

@@ -116,6 +116,15 @@ pub fn predict_layerwise<B: Backend>(
     let start = Instant::now();
     let view = dataset.view();
     let ck = load_checked(&view, checkpoint)?;
+    if matches!(ck.objective(), crate::Objective::Link { .. })
+        && outputs.kind == Predictions::ClassIds
+    {
+        bail!(
+            "{} was trained for link prediction: its outputs are vertex embeddings, not \
+             classes (write them as logits)",
+            checkpoint.display()
+        );
+    }
     let mut model = Model::new(b, ck.model.clone())?;
     ck.restore(b, &mut model, false)?;
     let stages = model.num_stages();

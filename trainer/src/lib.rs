@@ -24,9 +24,13 @@ use std::time::Instant;
 
 pub use checkpoint::{load_checkpoint, save_checkpoint, Checkpoint};
 
-/// Optimiser and schedule options (the model's shape lives in [`ModelConfig`]).
+/// Objective, optimiser and schedule options (the model's shape lives in [`ModelConfig`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainOptions {
+    /// What the model is trained for. Part of a checkpoint: a run resumes only the objective
+    /// it was written with (absent in checkpoints older than link prediction: node).
+    #[serde(default)]
+    pub objective: Objective,
     pub epochs: usize,
     pub lr: f32,
     pub weight_decay: f32,
@@ -105,6 +109,7 @@ impl TrainOptions {
     /// The optimiser options of a job.
     pub fn for_job(spec: &grandis_wire::JobSpec) -> TrainOptions {
         TrainOptions {
+            objective: Objective::for_job(spec),
             epochs: spec.epochs as usize,
             lr: spec.lr as f32,
             weight_decay: spec.weight_decay as f32,
@@ -500,9 +505,11 @@ pub fn argmax(row: &[f32]) -> usize {
 }
 
 /// What a run trains its model for, and with what.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "task")]
 pub enum Objective {
     /// Node classification on the dataset's labels and vertex splits.
+    #[default]
     Node,
     /// Link prediction on the dataset's link split (`ModelConfig::classes` is the embedding
     /// width): [`link`].
@@ -535,22 +542,9 @@ pub fn train(
     threads: Option<usize>,
     on_epoch: impl FnMut(&EpochStats),
 ) -> anyhow::Result<TrainReport> {
-    train_for(view, config, Objective::Node, opts, ckpt, threads, on_epoch)
-}
-
-/// [`train`] for `objective`.
-pub fn train_for(
-    view: DatasetView<'_>,
-    config: ModelConfig,
-    objective: Objective,
-    opts: &TrainOptions,
-    ckpt: &CheckpointOptions,
-    threads: Option<usize>,
-    on_epoch: impl FnMut(&EpochStats),
-) -> anyhow::Result<TrainReport> {
-    let links = check_config(&view, &config, objective)?;
+    let links = check_config(&view, &config, opts.objective)?;
     let prepared = Prepared::new(view, config.kind, threads)?;
-    train_prepared(&prepared, config, objective, links, opts, ckpt, on_epoch)
+    train_prepared(&prepared, config, links, opts, ckpt, on_epoch)
 }
 
 /// [`train`] on any engine backend (e.g. `grandis_engine::cuda::CudaBackend`). The
@@ -563,22 +557,9 @@ pub fn train_on<B: Backend>(
     ckpt: &CheckpointOptions,
     on_epoch: impl FnMut(&EpochStats),
 ) -> anyhow::Result<TrainReport> {
-    train_on_for(backend, view, config, Objective::Node, opts, ckpt, on_epoch)
-}
-
-/// [`train_on`] for `objective`.
-pub fn train_on_for<B: Backend>(
-    backend: B,
-    view: DatasetView<'_>,
-    config: ModelConfig,
-    objective: Objective,
-    opts: &TrainOptions,
-    ckpt: &CheckpointOptions,
-    on_epoch: impl FnMut(&EpochStats),
-) -> anyhow::Result<TrainReport> {
-    let links = check_config(&view, &config, objective)?;
+    let links = check_config(&view, &config, opts.objective)?;
     let prepared = Prepared::with_backend(backend, view, config.kind)?;
-    train_prepared(&prepared, config, objective, links, opts, ckpt, on_epoch)
+    train_prepared(&prepared, config, links, opts, ckpt, on_epoch)
 }
 
 /// That `config` fits `view` for `objective`; for link prediction, the dataset's link split
@@ -627,7 +608,6 @@ fn check_config<'v>(
 fn train_prepared<B: Backend>(
     prepared: &Prepared<'_, B>,
     config: ModelConfig,
-    objective: Objective,
     links: Option<LinkSplitView<'_>>,
     opts: &TrainOptions,
     ckpt: &CheckpointOptions,
@@ -647,7 +627,7 @@ fn train_prepared<B: Backend>(
     let mut last_logits = None;
     for epoch in first_epoch..=opts.epochs {
         let start = Instant::now();
-        let loss = match (objective, &links) {
+        let loss = match (opts.objective, &links) {
             (Objective::Link { negatives }, Some(split)) => {
                 prepared.link_step(&mut model, opts, epoch, split, negatives)?
             }
@@ -754,7 +734,12 @@ fn load_checked(
     checkpoint: &std::path::Path,
 ) -> anyhow::Result<Checkpoint> {
     let ck = load_checkpoint(checkpoint)?;
-    if ck.model.in_dim != view.feature_dim || ck.model.classes != view.num_classes {
+    // A link-prediction model outputs embeddings of its own width, not the dataset's classes.
+    let classes_match = match ck.objective() {
+        Objective::Node => ck.model.classes == view.num_classes,
+        Objective::Link { .. } => true,
+    };
+    if ck.model.in_dim != view.feature_dim || !classes_match {
         bail!(
             "checkpoint {} expects {} features and {} classes, dataset has {} and {}",
             checkpoint.display(),

@@ -22,6 +22,7 @@ fn gpu() -> Option<CudaBackend> {
 
 fn opts() -> TrainOptions {
     TrainOptions {
+        objective: Default::default(),
         epochs: 10,
         lr: 0.01,
         weight_decay: 5e-4,

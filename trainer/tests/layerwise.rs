@@ -44,6 +44,7 @@ fn checkpoint(ds: &Dataset, dir: &Path, kind: ModelKind, layers: usize) -> std::
     };
     let path = dir.join(format!("{kind:?}-{layers}.safetensors"));
     let opts = TrainOptions {
+        objective: Default::default(),
         epochs: 3,
         lr: 0.01,
         weight_decay: 5e-4,

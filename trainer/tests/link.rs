@@ -5,7 +5,7 @@
 
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_store::{EdgeOptions, EdgeSplitOptions, InMemoryDataset, LinkSplit, SelfLoops, Split};
-use grandis_trainer::{train_for, CheckpointOptions, Objective, TrainOptions, TrainReport};
+use grandis_trainer::{train, CheckpointOptions, Objective, TrainOptions, TrainReport};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -69,6 +69,7 @@ fn config(ds: &InMemoryDataset) -> ModelConfig {
 
 fn opts(epochs: usize) -> TrainOptions {
     TrainOptions {
+        objective: LINK,
         epochs,
         lr: 0.01,
         weight_decay: 0.0,
@@ -89,7 +90,7 @@ fn run(
 ) -> TrainReport {
     let mut view = ds.view();
     view.links = Some(split.view());
-    train_for(view, config(ds), LINK, &opts(epochs), ck, Some(2), |_| {}).unwrap()
+    train(view, config(ds), &opts(epochs), ck, Some(2), |_| {}).unwrap()
 }
 
 #[test]
@@ -134,15 +135,23 @@ fn link_prediction_is_exact_and_resumes_exactly() {
     let resumed: Vec<f64> = losses(&first).into_iter().chain(losses(&second)).collect();
     assert_eq!(resumed, losses(&a));
     assert_eq!(second.link, a.link);
+    // The checkpoint knows its objective: resuming it with another is refused.
+    let mut view = ds.view();
+    view.links = Some(split.view());
+    let other = TrainOptions {
+        objective: Objective::Link { negatives: 3 },
+        ..opts(10)
+    };
+    let err = train(view, config(&ds), &other, &ck, Some(2), |_| {}).unwrap_err();
+    assert!(err.to_string().contains("training options"), "{err:#}");
 }
 
 #[test]
 fn a_dataset_without_a_usable_link_split_is_a_clear_error() {
     let (ds, split) = communities(120, 3, 3);
-    let err = train_for(
+    let err = train(
         ds.view(),
         config(&ds),
-        LINK,
         &opts(1),
         &Default::default(),
         Some(1),
@@ -157,10 +166,9 @@ fn a_dataset_without_a_usable_link_split_is_a_clear_error() {
     bad.test_pos[..2].copy_from_slice(&split.train[..2]);
     let mut view = ds.view();
     view.links = Some(bad.view());
-    let err = train_for(
+    let err = train(
         view,
         config(&ds),
-        LINK,
         &opts(1),
         &Default::default(),
         Some(1),

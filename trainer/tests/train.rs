@@ -67,6 +67,7 @@ fn config(ds: &InMemoryDataset, kind: ModelKind, layers: usize) -> ModelConfig {
 
 fn opts(epochs: usize) -> TrainOptions {
     TrainOptions {
+        objective: Default::default(),
         epochs,
         lr: 0.01,
         weight_decay: 5e-4,
@@ -291,6 +292,7 @@ fn cora_gcn_reaches_kipf_welling_accuracy() {
             seed,
         };
         let o = TrainOptions {
+            objective: Default::default(),
             epochs: 200,
             lr: 0.01,
             weight_decay: 5e-4,

@@ -88,6 +88,9 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
             seed,
         };
         let opts = TrainOptions {
+            objective: Objective::Link {
+                negatives: args.negatives,
+            },
             // One warm-up epoch, then the timed ones, as the baseline counts them.
             epochs: args.epochs + 1,
             lr: args.lr,
@@ -98,12 +101,9 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
             eval: EvalSchedule::End,
         };
         grandis_telemetry::reset_peak_rss();
-        let report = grandis_trainer::train_for(
+        let report = grandis_trainer::train(
             split_view,
             config,
-            Objective::Link {
-                negatives: args.negatives,
-            },
             &opts,
             &CheckpointOptions::default(),
             Some(args.threads),

@@ -223,6 +223,7 @@ pub fn run(args: BenchTechniquesArgs) -> anyhow::Result<()> {
     for v in &variants {
         for &seed in &args.seeds {
             let opts = TrainOptions {
+                objective: Default::default(),
                 epochs: match v.options.job.mode {
                     Mode::Fb | Mode::Flx => fb_epochs,
                     _ => epochs,

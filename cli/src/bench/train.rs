@@ -309,6 +309,7 @@ fn timed_epochs<B: grandis_engine::Backend>(
     let b = &prepared.backend;
     let mut model = Model::new(b, cfg)?;
     let opts = TrainOptions {
+        objective: Default::default(),
         epochs: args.epochs + 1,
         lr: 0.01,
         weight_decay: 0.0,
