@@ -44,16 +44,9 @@ command -v systemd-analyze >/dev/null || need+=(systemd)
 { command -v promtool && command -v prometheus; } >/dev/null || need+=(prometheus)
 command -v curl >/dev/null || need+=(curl)
 command -v python3 >/dev/null || need+=(python3)
-if [ ${#need[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        say "installing ${need[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq >/dev/null
-        apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-    else
-        fail "missing tools: ${need[*]} (install these Debian packages)"
-    fi
-fi
+# shellcheck source=deploy/lib.sh
+. "$here/lib.sh"
+install_missing deploy/check "${need[@]}"
 
 tmp="$(mktemp -d /tmp/grandis-deploy-check.XXXXXX)"
 pids=()

@@ -37,16 +37,9 @@ command -v slurmd >/dev/null || need+=(slurmd)
 command -v sbatch >/dev/null || need+=(slurm-client)
 command -v munged >/dev/null || need+=(munge)
 command -v curl >/dev/null || need+=(curl)
-if [ ${#need[@]} -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        say "installing ${need[*]}"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq >/dev/null
-        apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-    else
-        fail "missing: ${need[*]} (install these Debian packages, as root)"
-    fi
-fi
+# shellcheck source=deploy/lib.sh
+. "$here/../lib.sh"
+install_missing slurm/check "${need[@]}"
 
 tmp="$(mktemp -d /tmp/grandis-slurm-check.XXXXXX)"
 started_munge=0

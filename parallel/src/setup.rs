@@ -87,15 +87,7 @@ pub(crate) fn check_inputs(
     config: &ModelConfig,
 ) -> anyhow::Result<()> {
     let n = view.num_vertices();
-    if config.in_dim != view.feature_dim || config.classes != view.num_classes {
-        bail!(
-            "model expects {} features and {} classes, dataset has {} and {}",
-            config.in_dim,
-            config.classes,
-            view.feature_dim,
-            view.num_classes
-        );
-    }
+    grandis_trainer::check_classifier(view, config)?;
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;

@@ -562,6 +562,20 @@ pub fn train_on<B: Backend>(
     train_prepared(&prepared, config, links, opts, ckpt, on_epoch)
 }
 
+/// That a node classifier `config` reads `view`'s features and predicts its classes.
+pub fn check_classifier(view: &DatasetView<'_>, config: &ModelConfig) -> anyhow::Result<()> {
+    if config.in_dim != view.feature_dim || config.classes != view.num_classes {
+        bail!(
+            "model expects {} features and {} classes, dataset has {} and {}",
+            config.in_dim,
+            config.classes,
+            view.feature_dim,
+            view.num_classes
+        );
+    }
+    Ok(())
+}
+
 /// That `config` fits `view` for `objective`; for link prediction, the dataset's link split
 /// (checked: ids in range, the parts disjoint, no negative a positive).
 fn check_config<'v>(
@@ -571,15 +585,7 @@ fn check_config<'v>(
 ) -> anyhow::Result<Option<LinkSplitView<'v>>> {
     match objective {
         Objective::Node => {
-            if config.in_dim != view.feature_dim || config.classes != view.num_classes {
-                bail!(
-                    "model expects {} features and {} classes, dataset has {} and {}",
-                    config.in_dim,
-                    config.classes,
-                    view.feature_dim,
-                    view.num_classes
-                );
-            }
+            check_classifier(view, config)?;
             Ok(None)
         }
         Objective::Link { negatives } => {
