@@ -124,6 +124,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, input: &Path) -> Result<Parts> {
         labels,
         labels_path,
         split: None,
+        link: None,
     })
 }
 

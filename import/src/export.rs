@@ -173,4 +173,63 @@ mod tests {
         assert!(err.to_string().contains("already exists"), "{err}");
         assert!(pyg.join("x.npy").exists());
     }
+
+    /// A link split survives export -> import (the five `link_*.npy` arrays), and a missing
+    /// one is named.
+    #[test]
+    fn a_link_split_round_trips_through_npy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ring = grandis_store::graph_from_edges(
+            40,
+            (0..40u32).map(|v| (v, (v + 1) % 40)),
+            EdgeOptions {
+                symmetrize: true,
+                self_loops: SelfLoops::Keep,
+            },
+        )
+        .unwrap();
+        let opts = grandis_store::EdgeSplitOptions {
+            val: 0.1,
+            test: 0.1,
+            negatives: 2,
+            seed: 4,
+        };
+        let (graph, split) = grandis_store::split_edges(ring.view(), true, &opts).unwrap();
+        let ds = InMemoryDataset {
+            name: "ring".into(),
+            graph,
+            features: vec![1.0; 40],
+            feature_dim: 1,
+            labels: vec![0; 40],
+            num_classes: 1,
+            split: Split::default(),
+        };
+        let mut view = ds.view();
+        view.links = Some(split.view());
+        let pyg = tmp.path().join("pyg");
+        export_npy(&view, &pyg, false).unwrap();
+        let again = tmp.path().join("again");
+        import(Format::Npy, &pyg, &again, &ImportOptions::default()).unwrap();
+        let again = Dataset::open_verified(&again).unwrap();
+        let links = again.view().links.expect("the link split came back");
+        for part in grandis_store::LinkPart::ALL {
+            assert_eq!(links.part(part), split.view().part(part), "{part:?}");
+        }
+        assert_eq!(again.view().graph.indices, ds.graph.indices);
+
+        std::fs::remove_file(pyg.join("link_test_neg.npy")).unwrap();
+        let err = match import(
+            Format::Npy,
+            &pyg,
+            &tmp.path().join("bad"),
+            &ImportOptions::default(),
+        ) {
+            Ok(_) => panic!("an incomplete link split was imported"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("link_test_neg.npy") && err.contains("all five"),
+            "{err}"
+        );
+    }
 }

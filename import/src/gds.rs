@@ -343,5 +343,6 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         labels,
         labels_path: Some(nodes_path),
         split: None,
+        link: None,
     })
 }

@@ -300,6 +300,9 @@ pub(crate) struct Parts {
     pub labels_path: Option<PathBuf>,
     /// The split the input came with, if any: `(file, ids)` for train, val, test.
     pub split: Option<[(PathBuf, Vec<u32>); 3]>,
+    /// The link-prediction split the input came with, if any (its graph is then the
+    /// message-passing one); checked when the dataset is written.
+    pub link: Option<grandis_store::LinkSplit>,
 }
 
 impl Ctx<'_> {
@@ -381,6 +384,15 @@ impl Ctx<'_> {
         }
         self.writer.write_labels(&parts.labels)?;
         self.writer.write_split(&split)?;
+        if let Some(link) = &parts.link {
+            let s = link.view().sizes();
+            self.provenance.push(format!(
+                "link split: taken from the input ({} train, {} + {} validation, {} + {} test \
+                 pairs)",
+                s.train, s.valid_pos, s.valid_neg, s.test_pos, s.test_neg
+            ));
+            self.writer.write_link_split(link)?;
+        }
         let dataset = self.writer.finish(DatasetInfo {
             name,
             num_classes,

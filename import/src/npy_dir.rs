@@ -7,8 +7,10 @@
 //! | `y.npy` | int64 / int32 | (N,) or (N, 1) | class, negative = unlabelled |
 //! | `train_idx.npy`, `val_idx.npy`, `test_idx.npy` | int64 / int32, or bool (N,) masks | (n,) | optional split |
 //!
-//! All three split files or none must be present. Arrays are memory-mapped, so a
-//! multi-gigabyte `edge_index.npy` costs page cache, not heap.
+//! | `link_train.npy`, `link_valid_pos.npy`, `link_valid_neg.npy`, `link_test_pos.npy`, `link_test_neg.npy` | int64 / int32 | (2, n) | optional link split (row 0 sources, row 1 destinations; `edge_index` is then the message-passing graph) |
+//!
+//! All three split files or none must be present, and all five link files or none. Arrays
+//! are memory-mapped, so a multi-gigabyte `edge_index.npy` costs page cache, not heap.
 
 use std::path::{Path, PathBuf};
 
@@ -146,6 +148,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         .finish(Some(n))
         .map_err(|err| crate::edge_error(&edge_path, err))?;
 
+    let link = read_link_split(dir, n)?;
     let split = if present[0] {
         let mut parts = Vec::with_capacity(3);
         for name in split_names {
@@ -165,7 +168,64 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         labels,
         labels_path: Some(labels_path),
         split,
+        link,
     })
+}
+
+/// The link split's five pair arrays (what `grandis data export` writes), all or none.
+fn read_link_split(dir: &Path, n: u64) -> Result<Option<grandis_store::LinkSplit>> {
+    use grandis_store::LinkPart;
+    let names: Vec<String> = LinkPart::ALL
+        .iter()
+        .map(|&p| crate::export::link_npy_name(p))
+        .collect();
+    let present: Vec<bool> = names.iter().map(|f| dir.join(f).exists()).collect();
+    if !present.iter().any(|&p| p) {
+        return Ok(None);
+    }
+    if let Some(missing) = present.iter().position(|&p| !p) {
+        return Err(ImportError::Missing {
+            path: dir.join(&names[missing]),
+            what: "the other link split files exist; give all five or none".into(),
+        });
+    }
+    let mut parts: Vec<Vec<u32>> = Vec::with_capacity(5);
+    for name in &names {
+        let file = open(dir, name, "link split pairs, shape (2, n)")?;
+        let shape = file.expect_ndim(2)?.to_vec();
+        if shape[0] != 2 {
+            return Err(ImportError::invalid(
+                file.path(),
+                format!("shape is {shape:?}, expected (2, n): row 0 sources, row 1 destinations"),
+            ));
+        }
+        let count = shape[1] as usize;
+        let values = ints(&file)?;
+        let (src, dst): (Vec<i64>, Vec<i64>) = if file.fortran_order() {
+            values.chunks_exact(2).map(|p| (p[0], p[1])).unzip()
+        } else {
+            (values[..count].to_vec(), values[count..].to_vec())
+        };
+        let mut pairs = Vec::with_capacity(2 * count);
+        for (i, (s, d)) in src.into_iter().zip(dst).enumerate() {
+            for v in [s, d] {
+                let id = vertex_id(v, Some(n), &format!("x.npy has {n} rows")).map_err(|m| {
+                    ImportError::invalid(file.path(), format!("pair {i} ({s}, {d}): {m}"))
+                })?;
+                pairs.push(id);
+            }
+        }
+        parts.push(pairs);
+    }
+    let mut parts = parts.into_iter();
+    let mut next = || parts.next().expect("five parts");
+    Ok(Some(grandis_store::LinkSplit {
+        train: next(),
+        valid_pos: next(),
+        valid_neg: next(),
+        test_pos: next(),
+        test_neg: next(),
+    }))
 }
 
 /// Streams `x.npy` into the dataset's features, narrowing float64 and rejecting NaN/inf.

@@ -149,6 +149,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, input: &Path) -> Result<Parts> {
         labels,
         labels_path,
         split,
+        link: None,
     })
 }
 
