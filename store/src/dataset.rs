@@ -378,13 +378,22 @@ impl DatasetWriter {
             link: self.link.take(),
         };
         let staged = Dataset::open_manifest(self.dir.path(), manifest.clone())?;
+        // Verified first: the symmetry test below indexes by the stored ids.
+        staged.verify()?;
         manifest.symmetric = match self.symmetric {
             Some(s) => s,
             None => staged.graph().is_symmetric(),
         };
+        if manifest.symmetric {
+            // `verify` checked a link split's pairs as directed (the manifest did not know the
+            // symmetry yet); an undirected graph's split is checked with each pair unordered.
+            if let Some(links) = staged.link_split() {
+                links.check(num_vertices, true).map_err(|(part, msg)| {
+                    StoreError::invalid(self.dir.path().join(part.file()), msg)
+                })?;
+            }
+        }
         drop(staged);
-        // Verified with the symmetry known: a link split's checks depend on it.
-        Dataset::open_manifest(self.dir.path(), manifest.clone())?.verify()?;
         let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
         crate::atomic::write_file_atomic(self.dir.path().join(MANIFEST), &json)?;
         let target = self.dir.commit()?;
