@@ -192,22 +192,9 @@ fn read_link_split(dir: &Path, n: u64) -> Result<Option<grandis_store::LinkSplit
     let mut parts: Vec<Vec<u32>> = Vec::with_capacity(5);
     for name in &names {
         let file = open(dir, name, "link split pairs, shape (2, n)")?;
-        let shape = file.expect_ndim(2)?.to_vec();
-        if shape[0] != 2 {
-            return Err(ImportError::invalid(
-                file.path(),
-                format!("shape is {shape:?}, expected (2, n): row 0 sources, row 1 destinations"),
-            ));
-        }
-        let count = shape[1] as usize;
-        let values = ints(&file)?;
-        let (src, dst): (Vec<i64>, Vec<i64>) = if file.fortran_order() {
-            values.chunks_exact(2).map(|p| (p[0], p[1])).unzip()
-        } else {
-            (values[..count].to_vec(), values[count..].to_vec())
-        };
-        let mut pairs = Vec::with_capacity(2 * count);
-        for (i, (s, d)) in src.into_iter().zip(dst).enumerate() {
+        let given = file.pairs()?;
+        let mut pairs = Vec::with_capacity(2 * given.len());
+        for (i, (s, d)) in given.into_iter().enumerate() {
             for v in [s, d] {
                 let id = vertex_id(v, Some(n), &format!("x.npy has {n} rows")).map_err(|m| {
                     ImportError::invalid(file.path(), format!("pair {i} ({s}, {d}): {m}"))

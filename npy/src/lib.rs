@@ -346,6 +346,30 @@ impl NpyFile {
         Ok(self.bytes().iter().map(|&b| b != 0).collect())
     }
 
+    /// An integer array of shape (2, E) (int64, int32 or uint32) as E pairs: row 0 the
+    /// sources, row 1 the destinations (PyG's `edge_index` / `edge_label_index`), in either
+    /// memory order.
+    pub fn pairs(&self) -> Result<Vec<(i64, i64)>> {
+        fn read<T: Element + Into<i64>>(file: &NpyFile) -> Result<Vec<(i64, i64)>> {
+            let m = file.matrix::<T>()?;
+            Ok((0..m.cols)
+                .map(|i| (m.at(0, i).into(), m.at(1, i).into()))
+                .collect())
+        }
+        if self.header.shape.len() != 2 || self.header.shape[0] != 2 {
+            return Err(NpyError::WrongShape {
+                path: self.path.clone(),
+                expected: "(2, E): row 0 sources, row 1 destinations".into(),
+                found: self.header.shape.clone(),
+            });
+        }
+        match self.expect_dtype(&[DType::I64, DType::I32, DType::U32])? {
+            DType::I64 => read::<i64>(self),
+            DType::I32 => read::<i32>(self),
+            _ => read::<u32>(self),
+        }
+    }
+
     /// A 2-D view for reading rows regardless of C or Fortran order.
     /// A 1-D array is seen as one column.
     pub fn matrix<T: Element>(&self) -> Result<Matrix<'_, T>> {

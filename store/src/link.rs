@@ -13,7 +13,6 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::collections::HashSet;
 
 use crate::csr::{CsrGraph, CsrView};
 
@@ -321,23 +320,6 @@ pub fn split_edges(
     )
     .map_err(|e| e.to_string())?;
     Ok((message_passing, split))
-}
-
-/// The set of unordered (or, when `!undirected`, ordered) pairs of `parts` of `split`, for
-/// lookups such as "is this a known positive".
-pub fn pair_set(
-    split: &LinkSplitView<'_>,
-    parts: &[LinkPart],
-    undirected: bool,
-) -> HashSet<(u32, u32)> {
-    let mut set = HashSet::new();
-    for &part in parts {
-        for p in split.part(part).chunks_exact(2) {
-            let (s, d) = (p[0], p[1]);
-            set.insert(if undirected && d < s { (d, s) } else { (s, d) });
-        }
-    }
-    set
 }
 
 #[cfg(test)]

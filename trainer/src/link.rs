@@ -166,36 +166,17 @@ pub fn score_pairs_npy(
     scores: &std::path::Path,
 ) -> anyhow::Result<u64> {
     use anyhow::{bail, Context};
-    use grandis_npy::{DType, NpyFile};
+    use grandis_npy::NpyFile;
     let z = NpyFile::open(embeddings)?;
     let z = z.matrix::<f32>()?;
     if !z.is_c_order() {
         bail!("{}: embeddings must be in C order", embeddings.display());
     }
     let (n, d) = (z.rows, z.cols);
-    let file = NpyFile::open(pairs)?;
-    let shape = file.expect_ndim(2)?.to_vec();
-    if shape[0] != 2 {
-        bail!(
-            "{}: expected shape (2, E) (row 0 sources, row 1 destinations), found {shape:?}",
-            pairs.display()
-        );
-    }
-    let e = shape[1] as usize;
-    let ids: Vec<i64> = match file.expect_dtype(&[DType::I64, DType::I32, DType::U32])? {
-        DType::I64 => file.values::<i64>()?.into_owned(),
-        DType::I32 => file.values::<i32>()?.iter().map(|&v| v as i64).collect(),
-        _ => file.values::<u32>()?.iter().map(|&v| v as i64).collect(),
-    };
-    let (src, dst) = if file.fortran_order() {
-        // Fortran order: the (source, destination) of each pair are adjacent.
-        let (s, d): (Vec<i64>, Vec<i64>) = ids.chunks_exact(2).map(|p| (p[0], p[1])).unzip();
-        (s, d)
-    } else {
-        (ids[..e].to_vec(), ids[e..].to_vec())
-    };
+    let given = NpyFile::open(pairs)?.pairs()?;
+    let e = given.len();
     let mut flat = Vec::with_capacity(2 * e);
-    for (i, (&s, &t)) in src.iter().zip(&dst).enumerate() {
+    for (i, &(s, t)) in given.iter().enumerate() {
         for v in [s, t] {
             if v < 0 || v as usize >= n {
                 bail!(
