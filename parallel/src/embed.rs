@@ -85,6 +85,7 @@ pub fn embeddings(
         agg: grandis_models::aggregation(config.kind),
         config,
         opts: &opts,
+        link: None,
         labelled_flags: &labelled_flags,
         totals,
         collect_logits: false,

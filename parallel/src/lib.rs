@@ -43,6 +43,7 @@ mod feed;
 mod fetch;
 pub mod infer;
 pub mod input;
+mod link_task;
 pub mod links;
 pub mod measure;
 pub mod metered;

@@ -142,8 +142,7 @@ impl Ran {
             first_epoch: stats.first().map_or(opts.epochs + 1, |s| s.epoch),
             num_parameters: r0.num_parameters,
             epochs: stats,
-            // The distributed modes train node classification only (the spec refuses link).
-            link: None,
+            link: r0.link.clone(),
         };
         let computed: Vec<u64> = rs.computed_per_layer.iter().map(|&x| per_ep(x)).collect();
         let choice = &decision.choice;

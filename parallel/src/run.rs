@@ -60,6 +60,8 @@ pub(crate) struct RunInputs<'a, 's> {
     pub step_part: StepPart,
     /// The checkpoint the ranks start from (weights, Adam moments, epochs done).
     pub resume: Option<&'a Checkpoint>,
+    /// Link prediction's task, when the run trains for it.
+    pub link: Option<crate::link_task::LinkTask<'a>>,
 }
 
 /// What the ranks run here handed back.
@@ -93,6 +95,7 @@ pub(crate) fn run(
         decision,
         step_part: part_here,
         resume,
+        link,
     } = inputs;
     // The host side of the memory model, before the ranks allocate anything.
     let relied_on = crate::budget::page_cache_relied_on(part);
@@ -157,6 +160,7 @@ pub(crate) fn run(
         agg: grandis_models::aggregation(config.kind),
         config,
         opts,
+        link,
         labelled_flags,
         totals,
         collect_logits: popts.machine.collect_logits,

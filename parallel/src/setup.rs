@@ -3,7 +3,8 @@
 use anyhow::{bail, Context};
 use grandis_masking::{PlanContext, SplitMembership, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
 use grandis_models::ModelConfig;
-use grandis_store::DatasetView;
+use grandis_store::{DatasetView, LinkSplitView};
+use grandis_trainer::Objective;
 
 use crate::PartitionedGraph;
 
@@ -86,8 +87,19 @@ pub(crate) fn check_inputs(
     part: &PartitionedGraph,
     config: &ModelConfig,
 ) -> anyhow::Result<()> {
+    check_job_inputs(view, part, config, Objective::Node).map(drop)
+}
+
+/// [`check_inputs`] for a run trained for `objective`: for link prediction, the dataset's
+/// checked link split ([`grandis_trainer::check_config`]).
+pub(crate) fn check_job_inputs<'v>(
+    view: &DatasetView<'v>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    objective: Objective,
+) -> anyhow::Result<Option<LinkSplitView<'v>>> {
     let n = view.num_vertices();
-    grandis_trainer::check_classifier(view, config)?;
+    let links = grandis_trainer::check_config(view, config, objective)?;
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;
@@ -126,5 +138,5 @@ pub(crate) fn check_inputs(
             layout.device_of_rank(r)
         );
     }
-    Ok(())
+    Ok(links)
 }

@@ -24,6 +24,8 @@ pub(crate) struct Shared<'a> {
     pub agg: Aggregation,
     pub config: &'a ModelConfig,
     pub opts: &'a TrainOptions,
+    /// Link prediction's split and negatives, when the run trains for it (fb, flx).
+    pub link: Option<crate::link_task::LinkTask<'a>>,
     /// `SPLIT_*` flags by NEW id, only for vertices with a valid label.
     pub labelled_flags: &'a [u8],
     /// Labelled train / val / test vertices in the whole graph.

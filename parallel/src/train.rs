@@ -7,14 +7,15 @@ use grandis_engine::Backend;
 use grandis_fabric::Endpoint;
 use grandis_models::{Model, ModelConfig};
 use grandis_store::DatasetView;
-use grandis_trainer::{EpochStats, TrainOptions};
+use grandis_trainer::{EpochStats, Objective, TrainOptions};
 
 use crate::budget::model_dims;
 use crate::infer::{infer_rank, InferShared, RankInference};
 use crate::input::PartitionedGraph;
+use crate::link_task::LinkTask;
 use crate::options::ParallelOptions;
 use crate::report::ParallelReport;
-use crate::setup::{check_inputs, in_train_split, labelled, plan_context};
+use crate::setup::{check_job_inputs, in_train_split, labelled, plan_context};
 use crate::steps::{StepInputs, StepPart};
 use crate::{auto, decide, run};
 
@@ -43,20 +44,25 @@ pub(crate) fn train_ranks(
     on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
     mut local: Option<Vec<grandis_fabric::Endpoint>>,
 ) -> anyhow::Result<ParallelReport> {
-    if opts.objective != grandis_trainer::Objective::Node {
-        // A job spec with task link never gets here (`JobSpec::validate`); a library caller
-        // must not get node classification in its place.
-        anyhow::bail!(
-            "the distributed modes train node classification only so far; link prediction \
-             runs in mode single"
-        );
-    }
-    check_inputs(&view, part, &config)?;
+    let links = check_job_inputs(&view, part, &config, opts.objective)?;
     let (popts, plan) =
         auto::resolve_mode(&view, part, &config, popts, opts.seed, local.as_deref_mut())?;
     // The job's combinations (staleness only for fb / flx, remote features only for the
     // mini-batch modes, ...) were checked once where it entered (`JobSpec::validate`); auto
     // resolves to a mode its spec allows.
+    let link = match (opts.objective, links) {
+        (Objective::Link { negatives }, Some(split)) => {
+            // A job spec never gets here otherwise (`JobSpec::validate`); a library caller
+            // must not get another task in its place.
+            if let Some(why) =
+                grandis_wire::Task::Link.conflict_with(popts.job.mode, &popts.job.sampling)
+            {
+                bail!(why);
+            }
+            Some(LinkTask { split, negatives })
+        }
+        _ => None,
+    };
     let resume = popts.machine.checkpoint.resume_from(&config, opts)?;
     if let Some(ck) = &resume {
         if ck.epochs_done == opts.epochs && popts.infer().is_some() {
@@ -69,7 +75,7 @@ pub(crate) fn train_ranks(
         ck.check_epochs_left(opts.epochs)?;
     }
     let (labelled_flags, totals) = labelled(&view, part)?;
-    if totals[0] == 0 {
+    if totals[0] == 0 && link.is_none() {
         bail!("the dataset's train split has no labelled vertices");
     }
     let ctx = plan_context(&view, part)?;
@@ -106,6 +112,7 @@ pub(crate) fn train_ranks(
         decision: &decision,
         step_part: part_here,
         resume: resume.as_ref(),
+        link,
     };
     run::run(inputs, ctx, on_epoch, local)?.report(
         &decision,

@@ -18,9 +18,11 @@ use grandis_fabric::{Endpoint, Expected, Tag};
 use grandis_masking::{DevicePlan, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
 use grandis_models::{Model, StageCache};
 use grandis_trainer::EpochStats;
+use grandis_wire::LinkSummary;
 
 use crate::feed::Feed;
 use crate::fetch::{Ahead, AsksAhead, SETUP_EPOCH};
+use crate::link_task::LinkTask;
 use crate::links::{Arrived, RankLinks};
 use crate::metered::Meter;
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
@@ -68,6 +70,8 @@ pub(crate) struct RankResult {
     pub epochs: Vec<EpochStats>,
     /// Train / val / test accuracy after the last epoch.
     pub final_acc: [f64; 3],
+    /// Link prediction's validation and test scores after the last epoch.
+    pub link: Option<LinkSummary>,
     pub num_parameters: usize,
     /// (original id, logits row) of every inner vertex, when asked for.
     pub logits: Vec<(u32, Vec<f32>)>,
@@ -409,7 +413,12 @@ impl<'w, B: Backend> Worker<'w, B> {
     /// Adam's bias correction, and equals the epoch in full-batch modes); the loss is
     /// normalised by `targets`, the step's global loss-row count. Returns this rank's loss sum
     /// (not normalised).
-    fn train_step(&mut self, epoch: usize, step: u64, targets: usize) -> anyhow::Result<f64> {
+    fn train_step(
+        &mut self,
+        epoch: usize,
+        step: u64,
+        targets: usize,
+    ) -> anyhow::Result<(f64, usize)> {
         let b = self.b;
         let sh = self.sh;
         let e = epoch as u32;
@@ -424,17 +433,38 @@ impl<'w, B: Backend> Worker<'w, B> {
         // Logits exist for the last layer's valid rows only (the inner rows come first).
         let n = self.blk(self.rt.layers.len() - 1).rows.n_dst;
         let mut grad = b.alloc(n * classes)?;
-        // A step whose co-batches hold no labelled vertex has no loss; avoid 0 / 0.
-        let normalizer = targets.max(1) as f32;
-        let loss_sum = b.cross_entropy(
-            &logits,
-            n,
-            classes,
-            &self.rt.loss_rows,
-            &self.rt.loss_labels,
-            normalizer,
-            &mut grad,
-        )?;
+        let (loss_sum, targets) = match &sh.link {
+            None => {
+                // A step whose co-batches hold no labelled vertex has no loss; avoid 0 / 0.
+                let normalizer = targets.max(1) as f32;
+                let loss_sum = b.cross_entropy(
+                    &logits,
+                    n,
+                    classes,
+                    &self.rt.loss_rows,
+                    &self.rt.loss_labels,
+                    normalizer,
+                    &mut grad,
+                )?;
+                (loss_sum, targets)
+            }
+            Some(task) => {
+                // The rows past the inner ones (other ranks' vertices) carry no loss here:
+                // their owners back-propagate them.
+                let last = self.plan(self.rt.layers.len() - 1).clone();
+                let mut mine = vec![0f32; last.n_inner * classes];
+                b.download(&logits, 0, &mut mine)?;
+                let link = task.loss(
+                    &mut self.ep,
+                    sh.new_to_old,
+                    (&last.global_ids[..last.n_inner], &mine),
+                    classes,
+                    (sh.opts.seed, epoch),
+                )?;
+                b.upload_into(&mut grad, 0, &link.grad)?;
+                (link.loss_sum, link.pairs)
+            }
+        };
         self.backward(e, train, &logits, tape, grad)?;
         drop(logits);
         // Weight gradients: one fused buffer, hierarchical bit-identical all-reduce.
@@ -467,7 +497,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 grad_scale,
             },
         )?;
-        Ok(loss_sum)
+        Ok((loss_sum, targets))
     }
 
     /// Evaluation forward (dropout off) on the current plans: scores the inner rows.
@@ -485,6 +515,9 @@ impl<'w, B: Backend> Worker<'w, B> {
     /// [`Shared::eval`] says.
     fn evaluate(&mut self, epoch: usize, with_logits: bool) -> anyhow::Result<EvalOut> {
         let sh = self.sh;
+        if let Some(task) = &sh.link {
+            return self.evaluate_link(epoch, with_logits, task);
+        }
         let mut score = Score::new(sh, with_logits);
         match sh.eval {
             EvalOn::TrainingPlans => self.evaluate_plans(epoch, &mut score)?,
@@ -544,6 +577,43 @@ impl<'w, B: Backend> Worker<'w, B> {
         Ok(EvalOut {
             acc: [acc(0), acc(1), acc(2)],
             logits,
+            link: None,
+        })
+    }
+
+    /// [`Self::evaluate`] for link prediction: the validation and test scores of the
+    /// embeddings of the training plans (the exact modes' whole graph) and, when asked, this
+    /// rank's embeddings; no accuracies.
+    fn evaluate_link(
+        &mut self,
+        epoch: usize,
+        with_logits: bool,
+        task: &LinkTask<'_>,
+    ) -> anyhow::Result<EvalOut> {
+        let sh = self.sh;
+        if !matches!(sh.eval, EvalOn::TrainingPlans) {
+            bail!("internal: link prediction evaluates on the training plans of fb or flx");
+        }
+        let tag_epoch = epoch as u32 | EVAL_EPOCH_BIT;
+        let (out, _) = self.forward(tag_epoch, None, false)?;
+        let last = self.plan(self.rt.layers.len() - 1).clone();
+        let d = sh.config.classes;
+        let mut host = vec![0f32; last.n_inner * d];
+        self.b.download(&out, 0, &mut host)?;
+        let ids = &last.global_ids[..last.n_inner];
+        let summary = task.scores(&mut self.ep, sh.new_to_old, (ids, &host), d, tag_epoch)?;
+        let logits = if with_logits {
+            ids.iter()
+                .zip(host.chunks_exact(d.max(1)))
+                .map(|(&g, row)| (sh.new_to_old[g as usize], row.to_vec()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(EvalOut {
+            acc: [f64::NAN; 3],
+            logits,
+            link: Some(summary),
         })
     }
 
@@ -652,8 +722,8 @@ impl<'w, B: Backend> Worker<'w, B> {
                 }
                 index += 1;
                 self.prefetch(sh.feed, index);
-                let t = self.step.targets;
-                local += self.train_step(epoch, index, t)?;
+                let (loss_sum, t) = self.train_step(epoch, index, self.step.targets)?;
+                local += loss_sum;
                 targets += t;
             }
             let seconds = start.elapsed().as_secs_f64();
@@ -670,15 +740,16 @@ impl<'w, B: Backend> Worker<'w, B> {
                 bail!("loss became {loss} at epoch {epoch}; try a lower --lr or --grad-clip");
             }
             train_peak = train_peak.max(meter.peak());
-            let (train_acc, val_acc) = if sh.opts.eval.after(epoch, sh.opts.epochs) {
+            let (train_acc, val_acc, val_auc) = if sh.opts.eval.after(epoch, sh.opts.epochs) {
                 // The last epoch's evaluation is the final one (logits included).
                 let last = epoch == sh.opts.epochs;
                 let ev = self.evaluate(epoch, last && sh.collect_logits)?;
-                let accs = (ev.acc[0], ev.acc[1]);
+                let val_auc = ev.link.as_ref().map_or(f64::NAN, |l| l.val.auc);
+                let scores = (ev.acc[0], ev.acc[1], val_auc);
                 last_eval = last.then_some(ev);
-                accs
+                scores
             } else {
-                (f64::NAN, f64::NAN)
+                (f64::NAN, f64::NAN, f64::NAN)
             };
             meter.reset_peak();
             let stats = EpochStats {
@@ -686,7 +757,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 loss,
                 train_acc,
                 val_acc,
-                val_auc: f64::NAN,
+                val_auc,
                 seconds,
             };
             if rank == 0 && sh.checkpoint.due(epoch, sh.opts.epochs) {
@@ -722,6 +793,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             None => EvalOut {
                 acc: [f64::NAN; 3],
                 logits: Vec::new(),
+                link: None,
             },
         };
         let num_parameters = self.model.num_parameters();
@@ -754,6 +826,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             rank,
             epochs,
             final_acc: ev.acc,
+            link: ev.link,
             num_parameters,
             logits: ev.logits,
             counters,
@@ -841,6 +914,8 @@ struct EvalOut {
     /// Global train / val / test accuracies (after the all-reduce).
     acc: [f64; 3],
     logits: Vec<(u32, Vec<f32>)>,
+    /// Link prediction's validation and test scores (the same on every rank).
+    link: Option<LinkSummary>,
 }
 
 /// Every server's step counts added up ([`RunStats::merge_servers`]) from `mine`, this

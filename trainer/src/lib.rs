@@ -578,7 +578,7 @@ pub fn check_classifier(view: &DatasetView<'_>, config: &ModelConfig) -> anyhow:
 
 /// That `config` fits `view` for `objective`; for link prediction, the dataset's link split
 /// (checked: ids in range, the parts disjoint, no negative a positive).
-fn check_config<'v>(
+pub fn check_config<'v>(
     view: &DatasetView<'v>,
     config: &ModelConfig,
     objective: Objective,

@@ -52,6 +52,29 @@ pub enum Sampling {
     Saint { walk_length: u32 },
 }
 
+impl Task {
+    /// Why a job of this task cannot train in mode `mode` with `sampling`, if it cannot: the
+    /// one rule spec validation and the runner share. Link prediction trains in the exact
+    /// modes (single, fb, flx without sampling) so far: the sampled modes need batches seeded
+    /// by edges.
+    pub fn conflict_with(self, mode: Mode, sampling: &Sampling) -> Option<String> {
+        match self {
+            Task::Node => None,
+            Task::Link
+                if matches!(mode, Mode::Single | Mode::Fb | Mode::Flx)
+                    && *sampling == Sampling::None =>
+            {
+                None
+            }
+            Task::Link => Some(format!(
+                "link prediction trains in modes single, fb and flx without sampling so far, \
+                 not mode '{mode}' with sampling '{}'",
+                sampling.method()
+            )),
+        }
+    }
+}
+
 impl Sampling {
     /// Why mode `mode` cannot train with this sampling, if it cannot: the one rule every
     /// front end (spec validation) and the planner share.
@@ -551,6 +574,31 @@ mod tests {
         let e = single.check_cluster_job().unwrap_err();
         assert_eq!(e.fields().len(), 1, "{e}");
         assert!(e.to_string().contains("single-process trainer"), "{e}");
+    }
+
+    #[test]
+    fn link_prediction_trains_in_the_exact_modes_only() {
+        for ok in [
+            r#"{"dataset": "d", "task": "link", "mode": "fb"}"#,
+            r#"{"dataset": "d", "task": "link", "mode": "flx", "preload_hops": 1}"#,
+        ] {
+            JobSpec::from_json_str(ok)
+                .unwrap()
+                .check_cluster_job()
+                .unwrap();
+        }
+        for doc in [
+            r#"{"dataset": "d", "task": "link", "mode": "cob", "batch_size": 8}"#,
+            r#"{"dataset": "d", "task": "link", "mode": "flx", "sampling": "eas"}"#,
+            r#"{"dataset": "d", "task": "link", "mode": "auto", "device_memory": "1GiB"}"#,
+        ] {
+            let e = errors(doc);
+            assert!(
+                e.iter()
+                    .any(|m| m.starts_with("task: ") && m.contains("single, fb and flx")),
+                "{doc}: {e:?}"
+            );
+        }
     }
 
     #[test]

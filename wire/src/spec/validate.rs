@@ -263,17 +263,8 @@ impl JobSpec {
                 "are link prediction's options: give them with task = \"link\"".into(),
             ),
             (Task::Link, link) => {
-                // Link prediction trains in one process so far (issue 38 extends it to the
-                // distributed modes): better a clear refusal than a node-classification run.
-                if self.mode != Mode::Single {
-                    err(
-                        "task",
-                        format!(
-                            "link prediction runs in mode single (`grandis train --task link`) \
-                             so far; mode '{}' trains node classification only",
-                            self.mode
-                        ),
-                    );
+                if let Some(why) = Task::Link.conflict_with(self.mode, &self.sampling) {
+                    err("task", why);
                 }
                 let link = link.unwrap_or_default();
                 if !(1..=1000).contains(&link.negatives) {

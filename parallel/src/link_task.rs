@@ -1,0 +1,130 @@
+//! Link prediction across the ranks, in the exact modes (fb, flx): each rank's last layer
+//! computes the embeddings of its inner rows; one all-reduce of those rows, every other row
+//! zero, gives every rank the whole embedding matrix (x + 0 = x, so each row is bit for bit
+//! what its owner computed, whatever order the all-reduce adds in); every rank then runs mode
+//! single's own host decoder ([`grandis_trainer::link`]) over the same pairs in the same order
+//! — the same loss and gradient everywhere — and back-propagates the gradient of its own rows.
+//!
+//! The price is O(V x d) host memory and all-reduce bytes per rank and step (counted under
+//! [`grandis_fabric::Phase::Other`]), and every rank scores every pair: right for the graphs
+//! the full-batch modes train, where the embeddings are a small fraction of the features; the
+//! sampled modes would score a batch's edges instead.
+
+use anyhow::{bail, Context};
+use grandis_fabric::{Endpoint, Tag};
+use grandis_store::LinkSplitView;
+use grandis_trainer::link;
+use grandis_wire::LinkSummary;
+
+/// A run's link-prediction task: the dataset's checked split and the negatives per positive.
+#[derive(Clone, Copy)]
+pub(crate) struct LinkTask<'a> {
+    pub split: LinkSplitView<'a>,
+    pub negatives: u32,
+}
+
+/// The layer number of the embedding gather's tag ([`Tag::other`]); the loss and accuracy
+/// all-reduces use 0.
+const GATHER_LAYER: u32 = 1;
+
+/// A training step's loss over the whole embedding matrix.
+pub(crate) struct LinkLoss {
+    /// This rank's share of the loss sum: the whole sum on global rank 0, zero elsewhere
+    /// (every rank computes the same, and the run all-reduces the shares).
+    pub loss_sum: f64,
+    /// Positive and negative pairs scored (the loss is the sum over them, divided by this).
+    pub pairs: usize,
+    /// `d(loss)/d(z)` of this rank's inner rows (`inner x d`, in their row order).
+    pub grad: Vec<f32>,
+}
+
+/// Every vertex's embedding (`vertices x d`, ORIGINAL ids) from every rank's `rows`
+/// (`ids.len() x d`, the rows of NEW ids `ids`).
+fn gather_embeddings(
+    ep: &mut Endpoint,
+    new_to_old: &[u32],
+    ids: &[u32],
+    rows: &[f32],
+    d: usize,
+    tag: Tag,
+) -> anyhow::Result<Vec<f32>> {
+    if rows.len() != ids.len() * d {
+        bail!(
+            "internal: {} embedding values for {} rows of {d}",
+            rows.len(),
+            ids.len()
+        );
+    }
+    let mut z = vec![0f32; new_to_old.len() * d];
+    for (&g, row) in ids.iter().zip(rows.chunks_exact(d.max(1))) {
+        let o = new_to_old[g as usize] as usize;
+        z[o * d..(o + 1) * d].copy_from_slice(row);
+    }
+    ep.all_reduce_sum(&mut z, tag)
+        .context("gathering the embeddings for the link decoder")?;
+    Ok(z)
+}
+
+impl LinkTask<'_> {
+    /// The step's binary cross-entropy of epoch `epoch` (its negatives are
+    /// [`link::corrupt_destinations`]'s for it, as in mode single), given this rank's inner
+    /// rows `rows` of NEW ids `ids`.
+    pub fn loss(
+        &self,
+        ep: &mut Endpoint,
+        new_to_old: &[u32],
+        (ids, rows): (&[u32], &[f32]),
+        d: usize,
+        (seed, epoch): (u64, usize),
+    ) -> anyhow::Result<LinkLoss> {
+        let z = gather_embeddings(
+            ep,
+            new_to_old,
+            ids,
+            rows,
+            d,
+            Tag::other(epoch as u32, GATHER_LAYER),
+        )?;
+        let n = new_to_old.len();
+        let pos = self.split.train;
+        let neg = link::corrupt_destinations(pos, self.negatives, n as u32, seed, epoch as u64);
+        let mut dz = vec![0f32; n * d];
+        let loss = link::dot_bce(&z, d, pos, &neg, &mut dz);
+        let mut grad = vec![0f32; rows.len()];
+        for (&g, out) in ids.iter().zip(grad.chunks_exact_mut(d.max(1))) {
+            let o = new_to_old[g as usize] as usize;
+            out.copy_from_slice(&dz[o * d..(o + 1) * d]);
+        }
+        let pairs = (pos.len() + neg.len()) / 2;
+        Ok(LinkLoss {
+            loss_sum: if ep.rank() == 0 {
+                loss * pairs as f64
+            } else {
+                0.0
+            },
+            pairs,
+            grad,
+        })
+    }
+
+    /// The validation and test scores of the embeddings whose inner rows this rank holds
+    /// (`tag_epoch`: the evaluation's epoch number in tags); the same on every rank.
+    pub fn scores(
+        &self,
+        ep: &mut Endpoint,
+        new_to_old: &[u32],
+        (ids, rows): (&[u32], &[f32]),
+        d: usize,
+        tag_epoch: u32,
+    ) -> anyhow::Result<LinkSummary> {
+        let z = gather_embeddings(
+            ep,
+            new_to_old,
+            ids,
+            rows,
+            d,
+            Tag::other(tag_epoch, GATHER_LAYER),
+        )?;
+        Ok(link::summary_of(&z, d, &self.split))
+    }
+}

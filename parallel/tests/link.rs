@@ -1,0 +1,191 @@
+//! Link prediction in the exact distributed modes: FB and FLX (every k) reproduce `--mode
+//! single`'s link prediction — per-epoch losses and final embeddings within 1e-4 relative,
+//! dropout on — on random graphs with random layouts, every model; the run reports its link
+//! scores; a sampled mode is refused with the rule's message.
+
+mod common;
+
+use common::*;
+use grandis_models::{ModelConfig, ModelKind};
+use grandis_parallel::{JobSpec, Machine, Mode, ParallelOptions, PartitionedGraph};
+use grandis_store::{DatasetView, EdgeSplitOptions, InMemoryDataset, LinkSplit};
+use grandis_trainer::{Objective, TrainOptions};
+use proptest::prelude::*;
+
+/// `random_dataset`'s graph made symmetric or not, its edges split for link prediction
+/// (validation and test edges out of the message-passing graph), no labels.
+fn link_dataset(seed: u64, n: usize, degree: usize, f: usize) -> (InMemoryDataset, LinkSplit) {
+    let ds = random_dataset(seed, n, n * degree, f, 2);
+    let symmetric = ds.graph.view().is_symmetric();
+    let opts = EdgeSplitOptions {
+        val: 0.1,
+        test: 0.1,
+        negatives: 3,
+        seed,
+    };
+    let (graph, split) = grandis_store::split_edges(ds.graph.view(), symmetric, &opts).unwrap();
+    (
+        InMemoryDataset {
+            graph,
+            labels: vec![-1; n],
+            num_classes: 0,
+            split: Default::default(),
+            ..ds
+        },
+        split,
+    )
+}
+
+fn link_config(view: &DatasetView<'_>, kind: ModelKind, layers: usize) -> ModelConfig {
+    ModelConfig {
+        classes: 6,
+        ..config(view, kind, layers)
+    }
+}
+
+fn link_opts(epochs: usize) -> TrainOptions {
+    TrainOptions {
+        objective: Objective::Link { negatives: 2 },
+        ..opts(epochs)
+    }
+}
+
+fn popts(mode: Mode, k: Option<usize>) -> ParallelOptions {
+    ParallelOptions {
+        job: JobSpec {
+            mode,
+            preload_hops: k.map(|k| k as u32),
+            ..JobSpec::default()
+        },
+        machine: Machine {
+            threads_per_rank: Some(1),
+            collect_logits: true,
+            ..Machine::default()
+        },
+    }
+}
+
+/// Every exact mode against single on one dataset, layout and model.
+fn check_link_exact(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    opts: &TrainOptions,
+) {
+    let reference = single(view, config, opts);
+    let single_scores = grandis_trainer::link::summary_of(
+        &reference.1,
+        config.classes,
+        view.links.as_ref().unwrap(),
+    );
+    let mut runs = vec![(Mode::Fb, None)];
+    runs.extend((0..=config.layers).map(|k| (Mode::Flx, Some(k))));
+    for (mode, k) in runs {
+        let what = format!(
+            "link {} {mode} k={k:?} {}x{}",
+            config.kind.name(),
+            part.layout.servers(),
+            part.layout.devices()
+        );
+        let r = grandis_parallel::train(
+            view,
+            part,
+            config.clone(),
+            opts,
+            &popts(mode, k),
+            &mut |_| {},
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        let losses: Vec<f64> = r.train.epochs.iter().map(|s| s.loss).collect();
+        assert_losses(&what, &losses, &reference.0, 1e-4);
+        assert_close(&what, r.logits.as_ref().unwrap(), &reference.1, 1e-4);
+        let scores = r.train.link.as_ref().expect("link scores in the report");
+        // Ranks of near-equal scores may swap: the AUCs agree closely, not to the bit.
+        assert!(
+            (scores.test.auc - single_scores.test.auc).abs() < 0.02,
+            "{what}: test AUC {} against single's {}",
+            scores.test.auc,
+            single_scores.test.auc
+        );
+        assert!(r.train.test_acc.is_nan(), "{what}: no accuracy");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fb_and_flx_link_prediction_match_single(
+        seed in 0u64..1_000_000,
+        n in 16usize..40,
+        degree in 2usize..5,
+        servers in 1usize..=3,
+        devices in 1usize..=2,
+        kind in 0usize..4,
+        layers in 1usize..=2,
+    ) {
+        let (ds, split) = link_dataset(seed, n, degree, 5);
+        let mut view = ds.view();
+        view.links = Some(split.view());
+        let part = random_partition(&view, servers, devices, seed);
+        let kind = [ModelKind::Sage, ModelKind::Gcn, ModelKind::ResSage, ModelKind::Gat][kind];
+        let config = link_config(&view, kind, layers);
+        check_link_exact(view, &part, &config, &link_opts(3));
+    }
+}
+
+/// A fixed case with more epochs, evaluation after each and the per-epoch validation AUC.
+#[test]
+fn every_model_fixed_case_with_per_epoch_scores() {
+    let (ds, split) = link_dataset(11, 60, 4, 6);
+    let mut view = ds.view();
+    view.links = Some(split.view());
+    let part = random_partition(&view, 2, 2, 11);
+    for (kind, layers) in [
+        (ModelKind::Sage, 2),
+        (ModelKind::Gcn, 2),
+        (ModelKind::ResSage, 2),
+        (ModelKind::Gat, 2),
+    ] {
+        let config = link_config(&view, kind, layers);
+        let mut opts = link_opts(5);
+        opts.eval = grandis_trainer::EvalSchedule::Every(1);
+        check_link_exact(view, &part, &config, &opts);
+        let r = grandis_parallel::train(
+            view,
+            &part,
+            config.clone(),
+            &opts,
+            &popts(Mode::Fb, None),
+            &mut |_| {},
+        )
+        .unwrap();
+        assert!(
+            r.train
+                .epochs
+                .iter()
+                .all(|e| e.val_auc.is_finite() && e.val_acc.is_nan()),
+            "{:?}",
+            r.train.epochs
+        );
+    }
+}
+
+/// The sampled modes do not train link prediction yet: a clear refusal, not node
+/// classification in its place.
+#[test]
+fn sampled_modes_refuse_link_prediction() {
+    let (ds, split) = link_dataset(3, 40, 3, 4);
+    let mut view = ds.view();
+    view.links = Some(split.view());
+    let part = random_partition(&view, 2, 1, 3);
+    let config = link_config(&view, ModelKind::Sage, 2);
+    let mut p = popts(Mode::Cob, None);
+    p.job.batch_size = Some(8);
+    let err =
+        grandis_parallel::train(view, &part, config, &link_opts(1), &p, &mut |_| {}).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("link prediction trains in modes single, fb and flx"),
+        "{err:#}"
+    );
+}
