@@ -170,7 +170,7 @@ pub struct JobArgs {
     pub predict_block_memory: Option<u64>,
     /// What the model is trained for: node (classification) or link (prediction: the dot
     /// product of the ends' embeddings, on the dataset's link split from `grandis data
-    /// split-edges`; mode single so far).
+    /// split-edges`; modes single, fb and flx so far).
     #[arg(long, default_value_t = grandis_wire::Task::Node)]
     pub task: grandis_wire::Task,
     /// --task link: negatives per supervision edge each epoch (the destination corrupted)
@@ -180,6 +180,11 @@ pub struct JobArgs {
     /// --task link: columns of the embedding the last layer outputs [default: --hidden].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub out_dim: Option<u32>,
+    /// Learnable node embeddings: this many columns per vertex, the model's input after the
+    /// dataset's features (all of it on a featureless graph), trained with a sparse Adam and
+    /// kept in checkpoints; mode single so far [default: 0, none].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=4096))]
+    pub embedding_dim: Option<u32>,
 }
 
 impl JobArgs {
@@ -264,6 +269,7 @@ impl JobArgs {
                     out_dim,
                 }),
             },
+            embedding_dim: self.embedding_dim.unwrap_or(0),
         };
         Ok(spec)
     }

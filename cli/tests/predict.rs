@@ -157,3 +157,86 @@ fn predict_streams_a_graph_larger_than_its_budget() {
         .collect();
     assert!(left.is_empty(), "scratch files left: {left:?}");
 }
+
+/// A model with learnable node embeddings: `--embedding-dim` trains them, the checkpoint keeps
+/// them, and `grandis predict` (layer-wise, in blocks) reads them back to the run's own
+/// test accuracy; a distributed mode refuses them by flag.
+#[test]
+fn predict_reads_learnt_node_embeddings_from_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (ok, _, err) = grandis(&[
+        "data",
+        "synth",
+        "--nodes",
+        "3000",
+        "--avg-degree",
+        "8",
+        "--features",
+        "4",
+        "--classes",
+        "4",
+        "--seed",
+        "2",
+        "--out",
+        &p("ds"),
+        "-q",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, json, err) = grandis(&[
+        "train",
+        &p("ds"),
+        "--epochs",
+        "20",
+        "--model",
+        "gcn",
+        "--hidden",
+        "16",
+        "--embedding-dim",
+        "8",
+        "--checkpoint",
+        &p("m.safetensors"),
+        "--json",
+        "-q",
+    ]);
+    assert!(ok, "{err}");
+    let summary: serde_json::Value = serde_json::from_str(json.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["job"]["embedding_dim"], 8, "{summary}");
+    let test_acc = summary["test_acc"].as_f64().unwrap();
+    let (ok, _, err) = grandis(&[
+        "predict",
+        &p("ds"),
+        "--checkpoint",
+        &p("m.safetensors"),
+        "--out",
+        &p("ids.npy"),
+        "--memory-budget",
+        "1MiB",
+    ]);
+    assert!(ok, "{err}");
+    let ids: Vec<i64> = values(Path::new(&p("ids.npy")));
+    let ds = grandis_store::Dataset::open(p("ds")).unwrap();
+    let view = ds.view();
+    let correct = view
+        .test
+        .iter()
+        .filter(|&&v| ids[v as usize] == i64::from(view.labels[v as usize]))
+        .count();
+    let acc = correct as f64 / view.test.len() as f64;
+    assert!(
+        (acc - test_acc).abs() < 1e-9,
+        "predict {acc}, the run {test_acc}"
+    );
+
+    let (ok, _, err) = grandis(&[
+        "train",
+        &p("ds"),
+        "--embedding-dim",
+        "8",
+        "--mode",
+        "fb",
+        "--servers",
+        "2",
+    ]);
+    assert!(!ok && err.contains("--embedding-dim"), "{err}");
+}

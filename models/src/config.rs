@@ -111,10 +111,11 @@ impl ModelConfig {
         crate::arch::stage_layout(self)
     }
 
-    /// The model of a job for a dataset of `in_dim` features and `classes` classes. For link
-    /// prediction the last layer outputs the embedding instead: `link.out_dim` columns
+    /// The model of a job for a dataset of `features` feature columns and `classes` classes.
+    /// Its input is the features and then the job's `embedding_dim` learnable columns. For
+    /// link prediction the last layer outputs the embedding instead: `link.out_dim` columns
     /// (default `hidden`), whatever the dataset's classes.
-    pub fn for_job(spec: &grandis_wire::JobSpec, in_dim: usize, classes: usize) -> ModelConfig {
+    pub fn for_job(spec: &grandis_wire::JobSpec, features: usize, classes: usize) -> ModelConfig {
         let classes = match spec.task {
             grandis_wire::Task::Node => classes,
             grandis_wire::Task::Link => {
@@ -124,7 +125,7 @@ impl ModelConfig {
         ModelConfig {
             kind: spec.model,
             layers: spec.layers as usize,
-            in_dim,
+            in_dim: features + spec.embedding_dim as usize,
             hidden: spec.hidden as usize,
             heads: spec.heads as usize,
             output_heads: spec.output_heads as usize,

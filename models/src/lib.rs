@@ -155,7 +155,10 @@ impl<B: Backend> Model<B> {
     }
 
     /// Backward through every stage given the gradient of the logits; parameter gradients
-    /// are accumulated into [`Param::grad`] (call [`Self::zero_grads`] first).
+    /// are accumulated into [`Param::grad`] (call [`Self::zero_grads`] first). With
+    /// `input_grad`, returns the gradient of the input (`n x in_dim`: learnable input
+    /// columns need it); otherwise the first stage skips computing it and returns None.
+    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &mut self,
         b: &B,
@@ -164,7 +167,8 @@ impl<B: Backend> Model<B> {
         logits: &B::Buf,
         tape: Tape<B>,
         grad_logits: B::Buf,
-    ) -> Result<()> {
+        input_grad: bool,
+    ) -> Result<Option<B::Buf>> {
         let Tape {
             mut outputs,
             mut caches,
@@ -176,14 +180,15 @@ impl<B: Backend> Model<B> {
             let input_owned = if s > 0 { outputs.pop() } else { None };
             let input = input_owned.as_ref().unwrap_or(features);
             let output = output_owned.as_ref().unwrap_or(logits);
-            let g = self.backward_stage(b, s, ctx, input, output, cache, grad, s > 0)?;
+            let g =
+                self.backward_stage(b, s, ctx, input, output, cache, grad, s > 0 || input_grad)?;
             output_owned = input_owned;
             match g {
                 Some(g) => grad = g,
-                None => break,
+                None => return Ok(None),
             }
         }
-        Ok(())
+        Ok(Some(grad))
     }
 }
 

@@ -1,6 +1,6 @@
-//! Whole-model gradient checks on a tiny graph: for every parameter tensor, the directional
-//! derivative of the loss along a random direction (central differences) must match the
-//! backward pass. Dropout stays on (its masks are a pure function of the key), so the masked
+//! Whole-model gradient checks on a tiny graph: for every parameter tensor and for the input,
+//! the directional derivative of the loss along a random direction (central differences) must
+//! match the backward pass. Dropout stays on (its masks are a pure function of the key), so the masked
 //! paths are checked too.
 
 use grandis_engine::norm::full_block;
@@ -73,7 +73,36 @@ fn check_heads(
     let mut gl = vec![0.0; n * classes];
     b.cross_entropy(&logits, n, classes, &rows, &labels, 7.0, &mut gl)
         .unwrap();
-    model.backward(&b, &ctx, &x, &logits, tape, gl).unwrap();
+    let gx = model
+        .backward(&b, &ctx, &x, &logits, tape, gl, true)
+        .unwrap()
+        .expect("the input gradient, asked for");
+
+    // The input's gradient (what learnable input columns train with), along a direction.
+    let dir: Vec<f32> = (0..x.len()).map(|_| r.gen_range(-1.0f32..1.0)).collect();
+    let analytic: f64 = dir
+        .iter()
+        .zip(&gx)
+        .map(|(&d, &g)| d as f64 * g as f64)
+        .sum();
+    let loss_at = |sign: f32| {
+        let moved: Vec<f32> = x
+            .iter()
+            .zip(&dir)
+            .map(|(&v, &d)| v + sign * 1e-3 * d)
+            .collect();
+        let (logits, _) = model.forward(&b, &ctx, &moved, false).unwrap();
+        let mut gl = vec![0.0; n * classes];
+        b.cross_entropy(&logits, n, classes, &rows, &labels, 7.0, &mut gl)
+            .unwrap()
+            / 7.0
+    };
+    let numeric = (loss_at(1.0) - loss_at(-1.0)) / 2e-3;
+    let err = (numeric - analytic).abs() / (2e-2 + numeric.abs().max(analytic.abs()));
+    assert!(
+        err < 5e-2,
+        "{kind:?} input: numeric {numeric:.6} analytic {analytic:.6}"
+    );
 
     for pi in 0..model.params.len() {
         let len = model.params[pi].len();

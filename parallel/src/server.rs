@@ -121,6 +121,7 @@ mod tests {
             grad_clip: None,
             seed: 5,
             eval: Default::default(),
+            embedding_dim: 0,
         };
         use grandis_wire::{Mode, Sampling};
         let fanout = Sampling::Fanout {
@@ -295,6 +296,7 @@ mod tests {
             grad_clip: None,
             seed: 0,
             eval: Default::default(),
+            embedding_dim: 0,
         };
         let mut eps = Fabric::new(FabricConfig::new(2, 2))
             .unwrap()

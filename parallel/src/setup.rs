@@ -87,19 +87,25 @@ pub(crate) fn check_inputs(
     part: &PartitionedGraph,
     config: &ModelConfig,
 ) -> anyhow::Result<()> {
-    check_job_inputs(view, part, config, Objective::Node).map(drop)
+    check_job_inputs(view, part, config, Objective::Node, 0).map(drop)
 }
 
-/// [`check_inputs`] for a run trained for `objective`: for link prediction, the dataset's
-/// checked link split ([`grandis_trainer::check_config`]).
+/// [`check_inputs`] for a run trained for `objective` with `embedding_dim` learnable input
+/// columns: for link prediction, the dataset's checked link split
+/// ([`grandis_trainer::check_config`]).
 pub(crate) fn check_job_inputs<'v>(
     view: &DatasetView<'v>,
     part: &PartitionedGraph,
     config: &ModelConfig,
     objective: Objective,
+    embedding_dim: usize,
 ) -> anyhow::Result<Option<LinkSplitView<'v>>> {
     let n = view.num_vertices();
-    let links = grandis_trainer::check_config(view, config, objective)?;
+    if embedding_dim > 0 {
+        // A job spec never gets here with them (`JobSpec::validate`).
+        bail!("learnable node embeddings train in mode single so far");
+    }
+    let links = grandis_trainer::check_config(view, config, objective, 0)?;
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;

@@ -44,7 +44,7 @@ pub(crate) fn train_ranks(
     on_epoch: &mut (dyn FnMut(&EpochStats) + Send),
     mut local: Option<Vec<grandis_fabric::Endpoint>>,
 ) -> anyhow::Result<ParallelReport> {
-    let links = check_job_inputs(&view, part, &config, opts.objective)?;
+    let links = check_job_inputs(&view, part, &config, opts.objective, opts.embedding_dim)?;
     let (popts, plan) =
         auto::resolve_mode(&view, part, &config, popts, opts.seed, local.as_deref_mut())?;
     // The job's combinations (staleness only for fb / flx, remote features only for the

@@ -48,7 +48,7 @@ fn full_logits(
 ) -> Vec<f32> {
     let prepared = grandis_trainer::Prepared::new(view, config.kind, Some(1)).unwrap();
     let model = Model::new(&prepared.backend, config.clone()).unwrap();
-    prepared.logits(&model).unwrap()
+    prepared.logits(&model, None).unwrap()
 }
 
 #[test]
@@ -196,7 +196,7 @@ fn batched_evaluation_is_the_whole_graph_forward_pass() {
                 .unwrap()
                 .restore(&prepared.backend, &mut model, false)
                 .unwrap();
-            let want = prepared.logits(&model).unwrap();
+            let want = prepared.logits(&model, None).unwrap();
             let got = r.logits.as_ref().unwrap();
             assert_close(&what, got, &want, 1e-4);
             let c = config.classes;

@@ -24,8 +24,9 @@ PathLike = Union[str, os.PathLike]
 
 def read_checkpoint(path: PathLike) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
     """A checkpoint's metadata (`model`, `train`, `epochs_done`, ...) and its tensors (the
-    parameters by name, `stage{s}.{name}`, and with an optimizer state `adam_m.*` /
-    `adam_v.*`), as NumPy arrays."""
+    parameters by name, `stage{s}.{name}`, with an optimizer state `adam_m.*` /
+    `adam_v.*`, and for a model with learnable node embeddings their table `node_embedding`,
+    vertices x dim: the model's input is `np.hstack([x, node_embedding])`), as NumPy arrays."""
     from safetensors import safe_open
 
     with safe_open(os.fspath(path), framework="np") as f:

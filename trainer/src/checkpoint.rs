@@ -1,6 +1,8 @@
 //! Checkpoints: parameters as safetensors tensors (named like the model's parameters), the
 //! model configuration, training options and epoch count as JSON in the safetensors metadata,
-//! and optionally the Adam moments (`adam_m.<name>`, `adam_v.<name>`) for `--resume`.
+//! and optionally the Adam moments (`adam_m.<name>`, `adam_v.<name>`) for `--resume`; a model
+//! with learnable node embeddings also holds their table (`node_embedding`, vertices x dim)
+//! and, for `--resume`, its sparse Adam state ([`crate::NodeEmbeddings::tensors`]).
 //!
 //! Nothing in a checkpoint is trusted: the container (`grandis_wire::checkpoint`, which the
 //! coordinator also checks uploads with) carries an xxh3 checksum over the metadata and every
@@ -8,7 +10,7 @@
 //! parameters the stored model configuration has (names and shapes, computed without building
 //! the model), so metadata that claims a huge model is refused before anything is allocated.
 
-use crate::TrainOptions;
+use crate::{NodeEmbeddings, TrainOptions};
 use anyhow::{bail, Context};
 use grandis_engine::Backend;
 use grandis_models::{Model, ModelConfig};
@@ -25,6 +27,9 @@ struct Meta {
     train: Option<TrainOptions>,
     epochs_done: usize,
     has_optimizer: bool,
+    /// `[vertices, dim]` of the learnable node embeddings' table, when the model has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    embeddings: Option<[usize; 2]>,
 }
 
 /// A loaded checkpoint (host copies of every tensor).
@@ -34,9 +39,33 @@ pub struct Checkpoint {
     pub epochs_done: usize,
     tensors: HashMap<String, (Vec<usize>, Vec<f32>)>,
     has_optimizer: bool,
+    embeddings: Option<[usize; 2]>,
 }
 
 impl Checkpoint {
+    /// The learnable node embeddings the model was trained with (with `optimizer`, their
+    /// sparse Adam state for resuming), checked against the dataset's `vertices`; None when
+    /// the model has none.
+    pub fn node_embeddings(
+        &self,
+        vertices: usize,
+        optimizer: bool,
+    ) -> anyhow::Result<Option<NodeEmbeddings>> {
+        let Some([rows, _]) = self.embeddings else {
+            return Ok(None);
+        };
+        if rows != vertices {
+            bail!(
+                "the checkpoint's node embeddings have {rows} rows, the dataset {vertices} \
+                 vertices: it was trained on another graph"
+            );
+        }
+        if optimizer && !self.has_optimizer {
+            bail!("checkpoint has no optimizer state, so training cannot resume from it");
+        }
+        NodeEmbeddings::from_tensors(|name| self.tensors.get(name), optimizer).map(Some)
+    }
+
     /// What the model was trained for (node classification for checkpoints without training
     /// options, or from before link prediction).
     pub fn objective(&self) -> crate::Objective {
@@ -72,7 +101,26 @@ pub fn save_checkpoint<B: Backend>(
     epochs_done: usize,
     with_optimizer: bool,
 ) -> anyhow::Result<()> {
+    save_with_embeddings(path, b, model, None, train, epochs_done, with_optimizer)
+}
+
+/// [`save_checkpoint`] of a model with learnable node embeddings `embeddings`.
+pub fn save_with_embeddings<B: Backend>(
+    path: &Path,
+    b: &B,
+    model: &Model<B>,
+    embeddings: Option<&NodeEmbeddings>,
+    train: Option<&TrainOptions>,
+    epochs_done: usize,
+    with_optimizer: bool,
+) -> anyhow::Result<()> {
     let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, shape, values) in embeddings
+        .map(|e| e.tensors(with_optimizer))
+        .unwrap_or_default()
+    {
+        owned.push((name, shape, to_bytes(values)));
+    }
     for p in &model.params {
         let mut host = vec![0.0f32; p.len()];
         b.download(&p.value, 0, &mut host)?;
@@ -98,6 +146,7 @@ pub fn save_checkpoint<B: Backend>(
         train: train.cloned(),
         epochs_done,
         has_optimizer: with_optimizer,
+        embeddings: embeddings.map(|e| [e.vertices(), e.dim()]),
     };
     let meta_json = serde_json::to_string(&meta)?;
     let bytes = container::serialize(meta_json, &owned)?;
@@ -146,6 +195,7 @@ pub fn load_checkpoint(path: &Path) -> anyhow::Result<Checkpoint> {
         epochs_done: meta.epochs_done,
         tensors,
         has_optimizer: meta.has_optimizer,
+        embeddings: meta.embeddings,
     })
 }
 
@@ -172,6 +222,13 @@ fn check_tensors(meta: &Meta, views: &[(String, TensorView<'_>)]) -> anyhow::Res
             expected.insert(format!("adam_v.{name}"), shape.clone());
         }
         expected.insert(name, shape);
+    }
+    if let Some([vertices, dim]) = meta.embeddings {
+        expected.extend(NodeEmbeddings::tensor_shapes(
+            vertices,
+            dim,
+            meta.has_optimizer,
+        ));
     }
     for (name, view) in views {
         match expected.remove(name) {

@@ -152,6 +152,16 @@ pub fn predict_layerwise<B: Backend>(
     // Held for its Drop: the scratch file the current input lives in, removed once the next
     // stage is written (or when the pass returns).
     let mut _input_scratch: Option<Scratch> = None;
+    if let Some(emb) = ck.node_embeddings(n, false)? {
+        // The model reads the features and then its learnt columns: one input file for the
+        // first stage, written once.
+        let p = opts.scratch_dir.join(scratch_name("input", 0, None));
+        let scratch = Scratch(p.clone());
+        let cols = view.feature_dim + emb.dim();
+        stream(&p, n, cols, None, |emit| write_input(&input, &emb, n, emit))?;
+        input = layer_rows(&p, n, cols)?;
+        _input_scratch = Some(scratch);
+    }
     for s in 0..stages {
         let (d_in, d_out) = model.stage_dims(s);
         if input.rows() != n as u64 || input.cols() != d_in {
@@ -241,6 +251,33 @@ pub fn scratch_name(what: &str, stage: usize, owner: Option<usize>) -> String {
 
 /// Sink of a stage's output rows, in vertex order.
 pub type Emit<'e> = dyn FnMut(&[f32]) -> std::io::Result<()> + 'e;
+
+/// Hands `emit` every vertex's model input in blocks: its row of `features`, then its row of
+/// the learnt table `emb`.
+fn write_input(
+    features: &RowReader,
+    emb: &crate::NodeEmbeddings,
+    n: usize,
+    emit: &mut Emit<'_>,
+) -> anyhow::Result<()> {
+    const ROWS: usize = 1 << 16;
+    let (f, d) = (features.cols(), emb.dim());
+    let mut rows = Vec::new();
+    let mut block = Vec::new();
+    for start in (0..n).step_by(ROWS) {
+        let end = (start + ROWS).min(n);
+        let ids: Vec<u32> = (start as u32..end as u32).collect();
+        rows.resize(ids.len() * f, 0.0);
+        features.gather(&ids, &mut rows)?;
+        block.clear();
+        for (i, v) in (start..end).enumerate() {
+            block.extend_from_slice(&rows[i * f..(i + 1) * f]);
+            block.extend_from_slice(&emb.table()[v * d..(v + 1) * d]);
+        }
+        emit(&block)?;
+    }
+    Ok(())
+}
 
 /// Writes the `n x cols` rows `produce` hands over to the `.npy` file `path` (atomically),
 /// or with `class_ids = Some(cols)` the argmax of each row as int64. Returns what `produce`

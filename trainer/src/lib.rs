@@ -10,6 +10,7 @@
 //! memory, one stage at a time.
 
 pub mod checkpoint;
+pub mod embedding;
 pub mod layerwise;
 pub mod link;
 
@@ -22,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
 
-pub use checkpoint::{load_checkpoint, save_checkpoint, Checkpoint};
+pub use checkpoint::{load_checkpoint, save_checkpoint, save_with_embeddings, Checkpoint};
+pub use embedding::NodeEmbeddings;
 
 /// Objective, optimiser and schedule options (the model's shape lives in [`ModelConfig`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,6 +46,10 @@ pub struct TrainOptions {
     /// a resumed run may change it.
     #[serde(default)]
     pub eval: EvalSchedule,
+    /// Columns of learnable node embeddings after the features in the model's input
+    /// ([`NodeEmbeddings`]); 0 = none (absent in older checkpoints).
+    #[serde(default)]
+    pub embedding_dim: usize,
 }
 
 /// When a run evaluates its model (dropout off): the per-epoch train / val accuracies and the
@@ -117,6 +123,7 @@ impl TrainOptions {
             grad_clip: spec.grad_clip.map(|c| c as f32),
             seed: spec.seed,
             eval: EvalSchedule::for_job(spec.eval_every, spec.evaluate),
+            embedding_dim: spec.embedding_dim as usize,
         }
     }
 }
@@ -385,8 +392,14 @@ impl<'a, B: Backend> Prepared<'a, B> {
 
     /// The model's outputs for every vertex with dropout off (`n x classes`: the logits, or
     /// for link prediction the embeddings).
-    pub fn logits(&self, model: &Model<B>) -> anyhow::Result<Vec<f32>> {
-        let (logits, _) = model.forward(&self.backend, &self.ctx(None), &self.features, false)?;
+    pub fn logits(
+        &self,
+        model: &Model<B>,
+        emb: Option<&NodeEmbeddings>,
+    ) -> anyhow::Result<Vec<f32>> {
+        let input = self.input(emb)?;
+        let input = input.as_ref().unwrap_or(&self.features);
+        let (logits, _) = model.forward(&self.backend, &self.ctx(None), input, false)?;
         let mut host = vec![0.0f32; self.view.num_vertices() * model.config.classes];
         self.backend.download(&logits, 0, &mut host)?;
         Ok(host)
@@ -411,6 +424,7 @@ impl<'a, B: Backend> Prepared<'a, B> {
     pub fn train_step(
         &self,
         model: &mut Model<B>,
+        emb: Option<&mut NodeEmbeddings>,
         opts: &TrainOptions,
         epoch: usize,
     ) -> anyhow::Result<f64> {
@@ -418,7 +432,7 @@ impl<'a, B: Backend> Prepared<'a, B> {
             bail!("the dataset's train split has no labelled vertices");
         }
         let (n, c) = (self.view.num_vertices(), self.view.num_classes);
-        self.step(model, opts, epoch, |b, logits, grad| {
+        self.step(model, emb, opts, epoch, |b, logits, grad| {
             let normalizer = self.num_train as f32;
             let loss_sum = b.cross_entropy(
                 logits,
@@ -439,6 +453,7 @@ impl<'a, B: Backend> Prepared<'a, B> {
     pub fn link_step(
         &self,
         model: &mut Model<B>,
+        emb: Option<&mut NodeEmbeddings>,
         opts: &TrainOptions,
         epoch: usize,
         split: &LinkSplitView<'_>,
@@ -448,7 +463,7 @@ impl<'a, B: Backend> Prepared<'a, B> {
         let d = model.config.classes;
         let neg =
             link::corrupt_destinations(split.train, negatives, n as u32, opts.seed, epoch as u64);
-        self.step(model, opts, epoch, |b, z, grad| {
+        self.step(model, emb, opts, epoch, |b, z, grad| {
             let mut host = vec![0.0f32; n * d];
             b.download(z, 0, &mut host)?;
             let mut dz = vec![0.0f32; n * d];
@@ -458,12 +473,24 @@ impl<'a, B: Backend> Prepared<'a, B> {
         })
     }
 
+    /// The model's input when it has learnable embeddings (the features, then each
+    /// vertex's embedding row), uploaded; None: the features alone.
+    fn input(&self, emb: Option<&NodeEmbeddings>) -> anyhow::Result<Option<B::Buf>> {
+        emb.map(|e| {
+            let host = e.input(self.view.features, self.view.feature_dim);
+            Ok(self.backend.upload(&host)?)
+        })
+        .transpose()
+    }
+
     /// A training step whose loss `loss` computes from the model's outputs, writing their
     /// gradient into its third argument (allocated `n x outputs`): forward with dropout,
-    /// backward, clipping, Adam. Returns the loss.
+    /// backward, clipping, Adam; with learnable embeddings, their sparse Adam step over every
+    /// row (a full-batch step reads them all). Returns the loss.
     fn step(
         &self,
         model: &mut Model<B>,
+        emb: Option<&mut NodeEmbeddings>,
         opts: &TrainOptions,
         epoch: usize,
         loss: impl FnOnce(&B, &B::Buf, &mut B::Buf) -> anyhow::Result<f64>,
@@ -471,11 +498,20 @@ impl<'a, B: Backend> Prepared<'a, B> {
         let b = &self.backend;
         let n = self.view.num_vertices();
         let ctx = self.ctx(Some((opts.seed, epoch as u64)));
+        let input = self.input(emb.as_deref())?;
+        let x = input.as_ref().unwrap_or(&self.features);
         model.zero_grads(b)?;
-        let (logits, tape) = model.forward(b, &ctx, &self.features, true)?;
+        let (logits, tape) = model.forward(b, &ctx, x, true)?;
         let mut grad = b.alloc(n * model.config.classes)?;
         let loss = loss(b, &logits, &mut grad)?;
-        model.backward(b, &ctx, &self.features, &logits, tape, grad)?;
+        let grad_input = model.backward(b, &ctx, x, &logits, tape, grad, emb.is_some())?;
+        if let Some(emb) = emb {
+            let gx = grad_input.context("internal: the model computed no input gradient")?;
+            let mut host = vec![0f32; n * model.config.in_dim];
+            b.download(&gx, 0, &mut host)?;
+            let rows: Vec<u32> = (0..n as u32).collect();
+            emb.adam_step(&rows, &host, self.view.feature_dim, opts.lr);
+        }
         let grad_scale = model.clip_factor(b, opts.grad_clip)?;
         model.adam_step(
             b,
@@ -542,7 +578,7 @@ pub fn train(
     threads: Option<usize>,
     on_epoch: impl FnMut(&EpochStats),
 ) -> anyhow::Result<TrainReport> {
-    let links = check_config(&view, &config, opts.objective)?;
+    let links = check_config(&view, &config, opts.objective, opts.embedding_dim)?;
     let prepared = Prepared::new(view, config.kind, threads)?;
     train_prepared(&prepared, config, links, opts, ckpt, on_epoch)
 }
@@ -557,45 +593,49 @@ pub fn train_on<B: Backend>(
     ckpt: &CheckpointOptions,
     on_epoch: impl FnMut(&EpochStats),
 ) -> anyhow::Result<TrainReport> {
-    let links = check_config(&view, &config, opts.objective)?;
+    let links = check_config(&view, &config, opts.objective, opts.embedding_dim)?;
     let prepared = Prepared::with_backend(backend, view, config.kind)?;
     train_prepared(&prepared, config, links, opts, ckpt, on_epoch)
 }
 
-/// That a node classifier `config` reads `view`'s features and predicts its classes.
-pub fn check_classifier(view: &DatasetView<'_>, config: &ModelConfig) -> anyhow::Result<()> {
-    if config.in_dim != view.feature_dim || config.classes != view.num_classes {
-        bail!(
-            "model expects {} features and {} classes, dataset has {} and {}",
-            config.in_dim,
-            config.classes,
-            view.feature_dim,
-            view.num_classes
-        );
-    }
-    Ok(())
-}
-
-/// That `config` fits `view` for `objective`; for link prediction, the dataset's link split
-/// (checked: ids in range, the parts disjoint, no negative a positive).
+/// That `config` fits `view` for `objective`: the model reads the dataset's features and
+/// `embedding_dim` learnable columns ([`TrainOptions::embedding_dim`]), and predicts the dataset's
+/// classes (node classification) or embeddings of any width (link prediction, whose split
+/// is returned, checked: ids in range, the parts disjoint, no negative a positive).
 pub fn check_config<'v>(
     view: &DatasetView<'v>,
     config: &ModelConfig,
     objective: Objective,
+    embedding_dim: usize,
 ) -> anyhow::Result<Option<LinkSplitView<'v>>> {
+    let learnt = embedding_dim;
+    if config.in_dim != view.feature_dim + learnt {
+        bail!(
+            "model expects {} input columns, the dataset has {} features{}",
+            config.in_dim,
+            view.feature_dim,
+            if learnt > 0 {
+                format!(" and the run {learnt} embedding columns")
+            } else {
+                String::new()
+            }
+        );
+    }
+    if config.in_dim == 0 {
+        bail!("the dataset has no features: give the model learnable ones (--embedding-dim)");
+    }
     match objective {
         Objective::Node => {
-            check_classifier(view, config)?;
+            if config.classes != view.num_classes {
+                bail!(
+                    "model expects {} classes, dataset has {}",
+                    config.classes,
+                    view.num_classes
+                );
+            }
             Ok(None)
         }
         Objective::Link { negatives } => {
-            if config.in_dim != view.feature_dim {
-                bail!(
-                    "model expects {} features, dataset has {}",
-                    config.in_dim,
-                    view.feature_dim
-                );
-            }
             if negatives == 0 {
                 bail!("link prediction needs at least one negative per supervision edge");
             }
@@ -622,10 +662,15 @@ fn train_prepared<B: Backend>(
     let view = prepared.view;
     let b = &prepared.backend;
     let mut model = Model::new(b, config.clone())?;
+    let n = view.num_vertices();
+    let mut emb =
+        (opts.embedding_dim > 0).then(|| NodeEmbeddings::new(n, opts.embedding_dim, config.seed));
     let mut first_epoch = 1;
     if let Some(ck) = ckpt.resume_from(&config, opts)? {
         ck.check_epochs_left(opts.epochs)?;
         ck.restore(b, &mut model, true)?;
+        // The same options, so the same embedding width (none or both).
+        emb = ck.node_embeddings(n, true)?;
         first_epoch = ck.epochs_done + 1;
     }
     let dim = config.classes;
@@ -635,9 +680,9 @@ fn train_prepared<B: Backend>(
         let start = Instant::now();
         let loss = match (opts.objective, &links) {
             (Objective::Link { negatives }, Some(split)) => {
-                prepared.link_step(&mut model, opts, epoch, split, negatives)?
+                prepared.link_step(&mut model, emb.as_mut(), opts, epoch, split, negatives)?
             }
-            _ => prepared.train_step(&mut model, opts, epoch)?,
+            _ => prepared.train_step(&mut model, emb.as_mut(), opts, epoch)?,
         };
         let seconds = start.elapsed().as_secs_f64();
         if !loss.is_finite() {
@@ -645,7 +690,7 @@ fn train_prepared<B: Backend>(
         }
         let (mut train_acc, mut val_acc, mut val_auc) = (f64::NAN, f64::NAN, f64::NAN);
         if opts.eval.after(epoch, opts.epochs) {
-            let logits = prepared.logits(&model)?;
+            let logits = prepared.logits(&model, emb.as_ref())?;
             match &links {
                 Some(split) => {
                     val_auc =
@@ -671,12 +716,12 @@ fn train_prepared<B: Backend>(
         stats.push(s);
         if ckpt.due(epoch, opts.epochs) {
             if let Some(path) = &ckpt.path {
-                save_checkpoint(path, b, &model, Some(opts), epoch, true)?;
+                save_with_embeddings(path, b, &model, emb.as_ref(), Some(opts), epoch, true)?;
             }
         }
     }
     let logits = match last_logits {
-        None if opts.eval.at_end() => Some(prepared.logits(&model)?),
+        None if opts.eval.at_end() => Some(prepared.logits(&model, emb.as_ref())?),
         evaluated => evaluated,
     };
     let accuracy = |split| match (&logits, &links) {
@@ -745,11 +790,12 @@ fn load_checked(
         Objective::Node => ck.model.classes == view.num_classes,
         Objective::Link { .. } => true,
     };
-    if ck.model.in_dim != view.feature_dim || !classes_match {
+    let learnt = ck.train.as_ref().map_or(0, |t| t.embedding_dim);
+    if ck.model.in_dim != view.feature_dim + learnt || !classes_match {
         bail!(
             "checkpoint {} expects {} features and {} classes, dataset has {} and {}",
             checkpoint.display(),
-            ck.model.in_dim,
+            ck.model.in_dim - learnt,
             ck.model.classes,
             view.feature_dim,
             view.num_classes
@@ -761,7 +807,8 @@ fn load_checked(
 fn logits_of<B: Backend>(prepared: &Prepared<'_, B>, ck: &Checkpoint) -> anyhow::Result<Vec<f32>> {
     let mut model = Model::new(&prepared.backend, ck.model.clone())?;
     ck.restore(&prepared.backend, &mut model, false)?;
-    prepared.logits(&model)
+    let emb = ck.node_embeddings(prepared.view.num_vertices(), false)?;
+    prepared.logits(&model, emb.as_ref())
 }
 
 #[cfg(test)]

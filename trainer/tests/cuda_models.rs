@@ -30,6 +30,7 @@ fn opts() -> TrainOptions {
         grad_clip: Some(5.0),
         seed: 3,
         eval: Default::default(),
+        embedding_dim: 0,
     }
 }
 

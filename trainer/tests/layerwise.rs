@@ -52,6 +52,7 @@ fn checkpoint(ds: &Dataset, dir: &Path, kind: ModelKind, layers: usize) -> std::
         grad_clip: None,
         seed: 1,
         eval: Default::default(),
+        embedding_dim: 0,
     };
     let ck = CheckpointOptions {
         path: Some(path.clone()),

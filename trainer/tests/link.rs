@@ -77,6 +77,7 @@ fn opts(epochs: usize) -> TrainOptions {
         grad_clip: None,
         seed: 5,
         eval: Default::default(),
+        embedding_dim: 0,
     }
 }
 

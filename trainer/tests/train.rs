@@ -75,6 +75,7 @@ fn opts(epochs: usize) -> TrainOptions {
         grad_clip: Some(5.0),
         seed: 7,
         eval: Default::default(),
+        embedding_dim: 0,
     }
 }
 
@@ -300,6 +301,7 @@ fn cora_gcn_reaches_kipf_welling_accuracy() {
             grad_clip: None,
             seed,
             eval: Default::default(),
+            embedding_dim: 0,
         };
         let r = train(view, cfg, &o, &CheckpointOptions::default(), None, |_| {}).unwrap();
         eprintln!("seed {seed}: test accuracy {:.4}", r.test_acc);

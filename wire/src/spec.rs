@@ -256,6 +256,15 @@ pub struct JobSpec {
     /// Link prediction's options (task link only); absent = their defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<LinkSpec>,
+    /// Columns of a learnable embedding per vertex, the model's input beside the dataset's
+    /// features (all of it on a featureless graph), trained with a sparse Adam (DGL's
+    /// `SparseAdam`) and kept in checkpoints; 0 (default) = none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub embedding_dim: u32,
+}
+
+fn is_zero(x: &u32) -> bool {
+    *x == 0
 }
 
 /// Link prediction (`task = "link"`): the encoder is the job's model, whose last layer
@@ -395,6 +404,7 @@ impl Default for JobSpec {
             remote_features: None,
             task: Task::Node,
             link: None,
+            embedding_dim: 0,
         }
     }
 }
@@ -484,6 +494,7 @@ const FIELDS: &[&str] = &[
     "remote_features",
     "task",
     "link",
+    "embedding_dim",
 ];
 
 impl JobSpec {

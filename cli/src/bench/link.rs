@@ -99,6 +99,7 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
             grad_clip: None,
             seed,
             eval: EvalSchedule::End,
+            embedding_dim: 0,
         };
         grandis_telemetry::reset_peak_rss();
         let report = grandis_trainer::train(

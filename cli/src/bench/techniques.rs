@@ -234,6 +234,7 @@ pub fn run(args: BenchTechniquesArgs) -> anyhow::Result<()> {
                 grad_clip: None,
                 seed,
                 eval: EvalSchedule::Every(args.eval_every as usize),
+                embedding_dim: 0,
             };
             let popts = ParallelOptions {
                 machine: Machine {

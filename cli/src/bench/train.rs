@@ -318,6 +318,7 @@ fn timed_epochs<B: grandis_engine::Backend>(
         seed: args.seed,
         // The loop below evaluates when it needs to (time to accuracy).
         eval: grandis_trainer::EvalSchedule::Never,
+        embedding_dim: 0,
     };
     let mut m = Measured {
         splits: Vec::new(),
@@ -330,7 +331,7 @@ fn timed_epochs<B: grandis_engine::Backend>(
     for epoch in 1..=opts.epochs {
         profile.reset_op_times();
         let t = Instant::now();
-        let loss = prepared.train_step(&mut model, &opts, epoch)?;
+        let loss = prepared.train_step(&mut model, None, &opts, epoch)?;
         b.synchronize()?;
         let epoch_s = t.elapsed().as_secs_f64();
         trained_s += epoch_s;
@@ -342,7 +343,7 @@ fn timed_epochs<B: grandis_engine::Backend>(
             ops.aggregate_s, ops.gemm_s
         );
         if args.target_acc.is_some() {
-            let logits = prepared.logits(&model)?;
+            let logits = prepared.logits(&model, None)?;
             let val = prepared.accuracy(&logits, prepared.view.val);
             m.curve.push((trained_s, val));
             line.push_str(&format!(", val {val:.4} after {trained_s:.2}s of training"));

@@ -279,6 +279,15 @@ impl JobSpec {
             }
             (Task::Node, None) => {}
         }
+        if self.embedding_dim > 0 && self.mode != Mode::Single {
+            err(
+                "embedding_dim",
+                format!(
+                    "learnable node embeddings train in mode single so far, not mode '{}'",
+                    self.mode
+                ),
+            );
+        }
         if self.device_memory == Some(0) {
             err("device_memory", "must be > 0 bytes".into());
         }

@@ -1,0 +1,219 @@
+//! Learnable node embeddings: a table of `vertices x dim` values that the model reads as its
+//! input columns after the dataset's features (its whole input on a featureless graph),
+//! trained with a sparse Adam as DGL's `SparseAdam`: a step updates only the rows it read, and
+//! each row keeps its own step count for Adam's bias correction, so a row no step reads keeps
+//! its value and moments. The table lives on the host beside the model: a step uploads the
+//! input it builds and downloads the input's gradient (the model's first stage computes it
+//! only when asked).
+//!
+//! The table starts N(0, 1), as `torch.nn.Embedding` does, from a counter-based hash of
+//! (seed, row, column): the same table on any machine and thread count.
+
+use anyhow::{bail, Context};
+
+/// Adam's constants, as the model's optimiser uses them.
+const BETA1: f32 = 0.9;
+const BETA2: f32 = 0.999;
+const EPS: f32 = 1e-8;
+
+/// The checkpoint tensor of the table; its moments and step counts carry prefixes.
+pub const TABLE: &str = "node_embedding";
+
+/// A table of learnable node embeddings and its sparse Adam state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeEmbeddings {
+    dim: usize,
+    table: Vec<f32>,
+    m: Vec<f32>,
+    v: Vec<f32>,
+    /// Per row, the Adam steps that updated it (f32: a checkpoint tensor; exact to 2^24).
+    steps: Vec<f32>,
+}
+
+impl NodeEmbeddings {
+    /// A fresh table of `vertices` rows of `dim` columns, N(0, 1) from `seed`.
+    pub fn new(vertices: usize, dim: usize, seed: u64) -> NodeEmbeddings {
+        let base = grandis_engine::mix64(seed ^ 0x656d_6265_6464_696e);
+        let table = (0..vertices * dim)
+            .map(|i| {
+                // Box-Muller over two uniforms in (0, 1] from one 64-bit hash.
+                let h = grandis_engine::mix64(base ^ i as u64);
+                let u1 = ((h >> 40) as f64 + 1.0) / (1u64 << 24) as f64;
+                let u2 = ((h & 0xff_ffff) as f64) / (1u64 << 24) as f64;
+                ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+            })
+            .collect();
+        NodeEmbeddings {
+            dim,
+            table,
+            m: vec![0.0; vertices * dim],
+            v: vec![0.0; vertices * dim],
+            steps: vec![0.0; vertices],
+        }
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub fn vertices(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// The table, `vertices x dim`, row-major.
+    pub fn table(&self) -> &[f32] {
+        &self.table
+    }
+
+    /// The model's input for every vertex: its `f` features (`features`, `vertices x f`),
+    /// then its embedding row.
+    pub fn input(&self, features: &[f32], f: usize) -> Vec<f32> {
+        let (n, d) = (self.vertices(), self.dim);
+        debug_assert_eq!(features.len(), n * f);
+        let mut out = Vec::with_capacity(n * (f + d));
+        for v in 0..n {
+            out.extend_from_slice(&features[v * f..(v + 1) * f]);
+            out.extend_from_slice(&self.table[v * d..(v + 1) * d]);
+        }
+        out
+    }
+
+    /// One sparse Adam step over `rows` (distinct vertices), each with its gradient taken from
+    /// `grad_input` (the model's input gradient, one row of `f + dim` per entry of `rows`: the
+    /// embedding's columns are the last `dim`). No weight decay and no clipping, as DGL's
+    /// `SparseAdam`.
+    pub fn adam_step(&mut self, rows: &[u32], grad_input: &[f32], f: usize, lr: f32) {
+        let d = self.dim;
+        debug_assert_eq!(grad_input.len(), rows.len() * (f + d));
+        for (&r, g) in rows.iter().zip(grad_input.chunks_exact(f + d)) {
+            let r = r as usize;
+            self.steps[r] += 1.0;
+            let t = self.steps[r];
+            let c1 = 1.0 - BETA1.powf(t);
+            let c2 = 1.0 - BETA2.powf(t);
+            for (j, &g) in g[f..].iter().enumerate() {
+                let i = r * d + j;
+                self.m[i] = BETA1 * self.m[i] + (1.0 - BETA1) * g;
+                self.v[i] = BETA2 * self.v[i] + (1.0 - BETA2) * g * g;
+                let m_hat = self.m[i] / c1;
+                let v_hat = self.v[i] / c2;
+                self.table[i] -= lr * m_hat / (v_hat.sqrt() + EPS);
+            }
+        }
+    }
+
+    /// The checkpoint tensors: the table and, with `optimizer`, its moments and step counts
+    /// (name, shape, values).
+    pub fn tensors(&self, optimizer: bool) -> Vec<(String, Vec<usize>, &[f32])> {
+        let shape = vec![self.vertices(), self.dim];
+        let mut out = vec![(TABLE.to_string(), shape.clone(), self.table.as_slice())];
+        if optimizer {
+            out.push((format!("adam_m.{TABLE}"), shape.clone(), &self.m));
+            out.push((format!("adam_v.{TABLE}"), shape, &self.v));
+            out.push((
+                format!("adam_steps.{TABLE}"),
+                vec![self.vertices()],
+                &self.steps,
+            ));
+        }
+        out
+    }
+
+    /// The names and shapes [`Self::tensors`] writes for a table of `vertices x dim`.
+    pub fn tensor_shapes(
+        vertices: usize,
+        dim: usize,
+        optimizer: bool,
+    ) -> Vec<(String, Vec<usize>)> {
+        let mut out = vec![(TABLE.to_string(), vec![vertices, dim])];
+        if optimizer {
+            out.push((format!("adam_m.{TABLE}"), vec![vertices, dim]));
+            out.push((format!("adam_v.{TABLE}"), vec![vertices, dim]));
+            out.push((format!("adam_steps.{TABLE}"), vec![vertices]));
+        }
+        out
+    }
+
+    /// A table from checkpoint tensors (`get` by name); with `optimizer` its Adam state too,
+    /// otherwise fresh moments.
+    pub fn from_tensors<'t>(
+        get: impl Fn(&str) -> Option<&'t (Vec<usize>, Vec<f32>)>,
+        optimizer: bool,
+    ) -> anyhow::Result<NodeEmbeddings> {
+        let (shape, table) = get(TABLE).with_context(|| format!("no tensor '{TABLE}'"))?;
+        let [vertices, dim] = shape[..] else {
+            bail!("tensor '{TABLE}' has shape {shape:?}, not (vertices, dim)");
+        };
+        let mut out = NodeEmbeddings {
+            dim,
+            table: table.clone(),
+            m: vec![0.0; vertices * dim],
+            v: vec![0.0; vertices * dim],
+            steps: vec![0.0; vertices],
+        };
+        if optimizer {
+            for (name, into) in [
+                (format!("adam_m.{TABLE}"), &mut out.m),
+                (format!("adam_v.{TABLE}"), &mut out.v),
+                (format!("adam_steps.{TABLE}"), &mut out.steps),
+            ] {
+                let (_, data) = get(&name).with_context(|| format!("no tensor '{name}'"))?;
+                if data.len() != into.len() {
+                    bail!(
+                        "tensor '{name}' holds {} values, not {}",
+                        data.len(),
+                        into.len()
+                    );
+                }
+                into.copy_from_slice(data);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_starts_standard_normal_and_repeatably() {
+        let a = NodeEmbeddings::new(1000, 8, 3);
+        assert_eq!(a, NodeEmbeddings::new(1000, 8, 3));
+        assert_ne!(a.table, NodeEmbeddings::new(1000, 8, 4).table);
+        let n = a.table.len() as f64;
+        let mean = a.table.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let var = a
+            .table
+            .iter()
+            .map(|&x| (x as f64 - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        assert!(mean.abs() < 0.05 && (var - 1.0).abs() < 0.1, "{mean} {var}");
+    }
+
+    /// Rows a step did not read keep their value, moments and step count; a read row moves
+    /// by lr against its gradient's sign on its first step (Adam's first step is lr sign(g)).
+    #[test]
+    fn sparse_adam_updates_only_the_rows_read() {
+        let mut e = NodeEmbeddings::new(4, 2, 1);
+        let before = e.clone();
+        let f = 1;
+        // Rows 1 and 3; each gradient row is (feature column, embedding columns).
+        let grad = [9.0, 0.5, -2.0, 9.0, -0.1, 3.0];
+        e.adam_step(&[1, 3], &grad, f, 0.01);
+        for r in [0usize, 2] {
+            assert_eq!(e.table[r * 2..r * 2 + 2], before.table[r * 2..r * 2 + 2]);
+            assert_eq!(e.steps[r], 0.0);
+        }
+        let moved = |r: usize, j: usize| e.table[r * 2 + j] - before.table[r * 2 + j];
+        for (r, j, sign) in [(1, 0, -1.0), (1, 1, 1.0), (3, 0, 1.0), (3, 1, -1.0)] {
+            assert!(
+                (moved(r, j) - sign * 0.01).abs() < 1e-6,
+                "{r} {j}: {}",
+                moved(r, j)
+            );
+        }
+        assert_eq!(e.steps, [0.0, 1.0, 0.0, 1.0]);
+    }
+}
