@@ -7,7 +7,9 @@ as many negatives per epoch from torch_geometric.utils.negative_sampling. The ad
 PyG's fastest CPU input, a CSR `adj_t`. After the last epoch it scores the exported
 validation and test positives against their negatives (AUC, ties counting half) and prints
 one JSON line: val_auc, test_auc, median_epoch_s, epoch_seconds (the first epoch is warm-up,
-as in grandis), peak_rss_bytes, losses and the versions."""
+as in grandis), peak_rss_bytes, losses and the versions. With --embedding-dim D every vertex
+also has D learnable input columns after its features (a torch.nn.Embedding, N(0, 1) as
+torch initialises it, trained with SparseAdam at --lr, as grandis trains its table)."""
 
 import argparse
 import json
@@ -41,6 +43,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=100)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--embedding-dim", type=int, default=0)
     args = ap.parse_args()
 
     import numpy as np
@@ -59,14 +62,20 @@ def main():
     n = x.shape[0]
     adj = to_torch_csr_tensor(edge_index.flip(0), size=(n, n))
 
-    dims = [x.shape[1]] + [args.hidden] * (args.layers - 1) + [args.out_dim]
+    emb = None
+    if args.embedding_dim > 0:
+        emb = torch.nn.Embedding(n, args.embedding_dim, sparse=True)
+        emb_opt = torch.optim.SparseAdam(emb.parameters(), lr=args.lr)
+    dims = [x.shape[1] + args.embedding_dim] + [args.hidden] * (args.layers - 1) + [args.out_dim]
     conv = (lambda i: GCNConv(dims[i], dims[i + 1])) if args.model == "gcn" else (
         lambda i: SAGEConv(dims[i], dims[i + 1], aggr="mean"))
     convs = torch.nn.ModuleList(conv(i) for i in range(args.layers))
     opt = torch.optim.Adam(convs.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
+    every = torch.arange(n)
+
     def encode(training):
-        h = x
+        h = x if emb is None else torch.cat([x, emb(every)], dim=1)
         for i, c in enumerate(convs):
             h = F.dropout(h, p=args.dropout, training=training)
             h = c(h, adj)
@@ -79,6 +88,8 @@ def main():
         start = time.perf_counter()
         convs.train()
         opt.zero_grad()
+        if emb is not None:
+            emb_opt.zero_grad()
         z = encode(True)
         neg = negative_sampling(edge_index=edge_index, num_nodes=n,
                                 num_neg_samples=train_pos.size(1), method="sparse")
@@ -88,6 +99,8 @@ def main():
         loss = F.binary_cross_entropy_with_logits(out, labels)
         loss.backward()
         opt.step()
+        if emb is not None:
+            emb_opt.step()
         elapsed = time.perf_counter() - start
         losses.append(loss.item())
         if epoch > 0:

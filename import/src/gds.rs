@@ -29,7 +29,7 @@ fn pq_err(path: &Path, e: impl std::fmt::Display) -> ImportError {
 }
 
 /// The single file in `dir` whose name contains one of `keys` and `.parquet`.
-fn find_table(dir: &Path, keys: &[&str], what: &str) -> Result<PathBuf> {
+pub(crate) fn find_table(dir: &Path, keys: &[&str], what: &str) -> Result<PathBuf> {
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| ImportError::io(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -63,7 +63,7 @@ fn find_table(dir: &Path, keys: &[&str], what: &str) -> Result<PathBuf> {
 }
 
 /// An opened table and the projection of the wanted columns (those that exist).
-struct Table {
+pub(crate) struct Table {
     path: PathBuf,
     reader: SerializedFileReader<File>,
     projection: Type,
@@ -71,7 +71,7 @@ struct Table {
 }
 
 impl Table {
-    fn open(path: &Path) -> Result<Table> {
+    pub(crate) fn open(path: &Path) -> Result<Table> {
         let file = File::open(path).map_err(|e| ImportError::io(path, e))?;
         let reader = SerializedFileReader::new(file).map_err(|e| pq_err(path, e))?;
         let root = reader.metadata().file_metadata().schema();
@@ -92,7 +92,7 @@ impl Table {
         self.columns.iter().any(|c| c == column)
     }
 
-    fn require(&self, column: &str) -> Result<()> {
+    pub(crate) fn require(&self, column: &str) -> Result<()> {
         if self.has(column) {
             return Ok(());
         }
@@ -106,7 +106,7 @@ impl Table {
     }
 
     /// Restricts decoding to `wanted` columns.
-    fn project(&mut self, wanted: &[&str]) -> Result<()> {
+    pub(crate) fn project(&mut self, wanted: &[&str]) -> Result<()> {
         let root = self.reader.metadata().file_metadata().schema();
         let fields: Vec<Arc<Type>> = root
             .get_fields()
@@ -121,12 +121,12 @@ impl Table {
         Ok(())
     }
 
-    fn num_rows(&self) -> u64 {
+    pub(crate) fn num_rows(&self) -> u64 {
         self.reader.metadata().file_metadata().num_rows().max(0) as u64
     }
 
     /// Calls `f` with every row (0-based index), one row group at a time.
-    fn for_each_row(&self, mut f: impl FnMut(u64, &Row) -> Result<()>) -> Result<()> {
+    pub(crate) fn for_each_row(&self, mut f: impl FnMut(u64, &Row) -> Result<()>) -> Result<()> {
         let mut index = 0u64;
         for g in 0..self.reader.num_row_groups() {
             let group = self
@@ -144,19 +144,19 @@ impl Table {
         Ok(())
     }
 
-    fn row_error(&self, row: u64, message: impl std::fmt::Display) -> ImportError {
+    pub(crate) fn row_error(&self, row: u64, message: impl std::fmt::Display) -> ImportError {
         ImportError::invalid(&self.path, format!("row {row}: {message}"))
     }
 }
 
-fn column<'r>(row: &'r Row, name: &str) -> Option<&'r Field> {
+pub(crate) fn column<'r>(row: &'r Row, name: &str) -> Option<&'r Field> {
     row.get_column_iter()
         .find(|(n, _)| n.as_str() == name)
         .map(|(_, f)| f)
 }
 
 /// An integer cell; `Ok(None)` for null.
-fn int_of(field: Option<&Field>) -> Result<Option<i64>, String> {
+pub(crate) fn int_of(field: Option<&Field>) -> Result<Option<i64>, String> {
     Ok(Some(match field {
         None | Some(Field::Null) => return Ok(None),
         Some(Field::Byte(v)) => *v as i64,

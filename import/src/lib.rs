@@ -17,6 +17,7 @@
 mod edgelist;
 mod export;
 mod gds;
+mod lastfm;
 mod npy_dir;
 mod ogb;
 mod text;
@@ -43,6 +44,10 @@ pub enum Format {
     EdgeList,
     /// Neo4j GDS export: a directory holding `*nodes*.parquet*` and `*rels*.parquet*`.
     Parquet,
+    /// The Last.fm recommendation graph of the `graphdatascience` package
+    /// (`resources/lastfm`): users and artists, friendships and listens, a link split of
+    /// the listens.
+    LastFm,
 }
 
 impl Format {
@@ -52,6 +57,7 @@ impl Format {
             Format::Ogb => "ogb",
             Format::EdgeList => "edgelist",
             Format::Parquet => "parquet",
+            Format::LastFm => "lastfm",
         }
     }
 }
@@ -64,8 +70,9 @@ impl FromStr for Format {
             "ogb" => Ok(Format::Ogb),
             "edgelist" => Ok(Format::EdgeList),
             "parquet" => Ok(Format::Parquet),
+            "lastfm" => Ok(Format::LastFm),
             _ => Err(format!(
-                "unknown format {s:?} (expected npy, ogb, edgelist or parquet)"
+                "unknown format {s:?} (expected npy, ogb, edgelist, parquet or lastfm)"
             )),
         }
     }
@@ -247,6 +254,17 @@ pub fn import(
             what: format!("the input of --format {}", format.name()),
         });
     }
+    // Last.fm's friendships and listens are undirected: its split holds out both directions.
+    let undirected;
+    let options = if format == Format::LastFm {
+        undirected = ImportOptions {
+            symmetrize: true,
+            ..options.clone()
+        };
+        &undirected
+    } else {
+        options
+    };
     // Created first so that an existing output fails before any parsing work.
     let writer = DatasetWriter::create(out, options.force)?;
     let name = options.name.clone().unwrap_or_else(|| {
@@ -277,6 +295,7 @@ pub fn import(
         Format::Ogb => ogb::import(&mut ctx, input)?,
         Format::EdgeList => edgelist::import(&mut ctx, input)?,
         Format::Parquet => gds::import(&mut ctx, input)?,
+        Format::LastFm => lastfm::import(&mut ctx, input)?,
     };
     ctx.finish(parts, name)
 }

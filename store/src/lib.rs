@@ -34,7 +34,9 @@ pub use edges::{
     DEFAULT_RUN_BYTES,
 };
 pub use error::{Result, StoreError};
-pub use link::{split_edges, EdgeSplitOptions, LinkPart, LinkSizes, LinkSplit, LinkSplitView};
+pub use link::{
+    split_edges, split_relation, EdgeSplitOptions, LinkPart, LinkSizes, LinkSplit, LinkSplitView,
+};
 pub use prefetch::prefetch;
 pub use rows::{RowReader, RESIDENCY_SAMPLE};
 pub use split::Split;

@@ -106,6 +106,18 @@ pub struct LinkSplitView<'a> {
     pub test_neg: &'a [u32],
 }
 
+impl From<LinkSplitView<'_>> for LinkSplit {
+    fn from(v: LinkSplitView<'_>) -> LinkSplit {
+        LinkSplit {
+            train: v.train.to_vec(),
+            valid_pos: v.valid_pos.to_vec(),
+            valid_neg: v.valid_neg.to_vec(),
+            test_pos: v.test_pos.to_vec(),
+            test_neg: v.test_neg.to_vec(),
+        }
+    }
+}
+
 impl<'a> LinkSplitView<'a> {
     /// The flat pairs of `part`.
     pub fn part(&self, part: LinkPart) -> &'a [u32] {
@@ -238,6 +250,35 @@ pub fn split_edges(
     undirected: bool,
     opts: &EdgeSplitOptions,
 ) -> Result<(CsrGraph, LinkSplit), String> {
+    let n = graph.num_vertices() as u32;
+    // Edges as (source, destination); rows are destinations.
+    let mut edges: Vec<(u32, u32)> = Vec::new();
+    let mut self_loops: Vec<(u32, u32)> = Vec::new();
+    for dst in 0..n {
+        for &src in graph.neighbors(dst) {
+            if src == dst {
+                self_loops.push((src, src));
+            } else if !undirected || src < dst {
+                edges.push((src, dst));
+            }
+        }
+    }
+    split_relation(graph, edges, &self_loops, 0..n, undirected, opts)
+}
+
+/// [`split_edges`] over the edges `candidates` of `graph` alone (one relation's, such as
+/// user-to-item edges; with `undirected`, each listed once): they are split, while the edges
+/// `kept` stay in the message-passing graph whatever happens (other relations, self-loops).
+/// Each held-out positive `(u, v)`'s negatives `(u, w)` draw `w` from `destinations` (the
+/// relation's destination vertices), never `u` nor an edge of `graph` with `u`.
+pub fn split_relation(
+    graph: CsrView<'_>,
+    mut candidates: Vec<(u32, u32)>,
+    kept: &[(u32, u32)],
+    destinations: std::ops::Range<u32>,
+    undirected: bool,
+    opts: &EdgeSplitOptions,
+) -> Result<(CsrGraph, LinkSplit), String> {
     if !(0.0..1.0).contains(&opts.val)
         || !(0.0..1.0).contains(&opts.test)
         || opts.val + opts.test >= 1.0
@@ -248,19 +289,12 @@ pub fn split_edges(
         ));
     }
     let n = graph.num_vertices() as u32;
-    // Edges as (source, destination); rows are destinations.
-    let mut edges: Vec<(u32, u32)> = Vec::new();
-    let mut self_loops: Vec<u32> = Vec::new();
-    for dst in 0..n {
-        for &src in graph.neighbors(dst) {
-            if src == dst {
-                self_loops.push(src);
-            } else if !undirected || src < dst {
-                edges.push((src, dst));
-            }
-        }
+    if destinations.is_empty() || destinations.end > n {
+        return Err(format!(
+            "negatives' destinations {destinations:?} must be a non-empty range of the {n} vertices"
+        ));
     }
-    let m = edges.len();
+    let m = candidates.len();
     let n_val = (opts.val * m as f64).floor() as usize;
     let n_test = (opts.test * m as f64).floor() as usize;
     if m == 0 || n_val + n_test >= m {
@@ -272,9 +306,9 @@ pub fn split_edges(
     // Fisher-Yates, so the order is this crate's own and stable across rand versions.
     for i in (1..m).rev() {
         let j = rng.gen_range(0..=i);
-        edges.swap(i, j);
+        candidates.swap(i, j);
     }
-    let (val, rest) = edges.split_at(n_val);
+    let (val, rest) = candidates.split_at(n_val);
     let (test, train) = rest.split_at(n_test);
 
     let mut negatives = |pos: &[(u32, u32)]| -> Result<Vec<u32>, String> {
@@ -284,7 +318,7 @@ pub fn split_edges(
                 // Not u, and not an edge with u in either direction. A vertex adjacent to
                 // nearly all others would loop for long: give up, naming it.
                 let w = (0..NEGATIVE_TRIES)
-                    .map(|_| rng.gen_range(0..n))
+                    .map(|_| rng.gen_range(destinations.clone()))
                     .find(|&w| w != u && !graph.has_edge(u, w) && !graph.has_edge(w, u))
                     .ok_or_else(|| {
                         format!(
@@ -309,10 +343,7 @@ pub fn split_edges(
     };
     let message_passing = crate::graph_from_edges(
         n as u64,
-        train
-            .iter()
-            .copied()
-            .chain(self_loops.iter().map(|&v| (v, v))),
+        train.iter().chain(kept).copied(),
         crate::EdgeOptions {
             symmetrize: undirected,
             self_loops: crate::SelfLoops::Keep,

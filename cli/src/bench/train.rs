@@ -94,6 +94,10 @@ pub struct BenchTrainArgs {
     /// Adam's learning rate (--task link).
     #[arg(long, default_value_t = 0.01)]
     pub lr: f32,
+    /// --task link: learnable node embedding columns after the features (PyG: a
+    /// `torch.nn.Embedding` trained with `SparseAdam`); 0 = none.
+    #[arg(long, default_value_t = 0)]
+    pub embedding_dim: usize,
 }
 
 /// Random directed graph with features that carry a weak class signal: uniform, or with

@@ -22,6 +22,10 @@ enum FormatArg {
     /// Neo4j GDS export directory holding *nodes*.parquet* (nodeId, subject, features) and
     /// *rels*.parquet* (sourceNodeId, targetNodeId), e.g. the Cora tables.
     Parquet,
+    /// The Last.fm graph of the `graphdatascience` wheel (its resources/lastfm directory):
+    /// users then artists, friendships and listens, no features (train with
+    /// --embedding-dim), and a link split of the listens (user -> artist, --seed).
+    Lastfm,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -45,12 +49,13 @@ Examples:
   grandis data import --format parquet --input cora-raw --out data/cora --symmetrize
   grandis data import --format npy --input pyg/ --out data/mygraph
   grandis data import --format ogb --input ogbn_arxiv --out data/arxiv --symmetrize
-  grandis data import --format edgelist --input g.tsv --features f.csv --labels y.txt --out data/g")]
+  grandis data import --format edgelist --input g.tsv --features f.csv --labels y.txt --out data/g
+  grandis data import --format lastfm --input graphdatascience/resources/lastfm --out data/lastfm")]
 pub struct ImportArgs {
     /// Input layout.
     #[arg(long, value_enum)]
     format: FormatArg,
-    /// Input file (edgelist) or directory (npy, ogb, parquet).
+    /// Input file (edgelist) or directory (npy, ogb, parquet, lastfm).
     #[arg(long)]
     input: PathBuf,
     /// Output dataset directory; must not exist unless --force.
@@ -131,6 +136,7 @@ pub fn run(args: ImportArgs) -> anyhow::Result<()> {
         FormatArg::Ogb => Format::Ogb,
         FormatArg::Edgelist => Format::EdgeList,
         FormatArg::Parquet => Format::Parquet,
+        FormatArg::Lastfm => Format::LastFm,
     };
     let FormatSpecific {
         split_name,
