@@ -50,21 +50,6 @@ fn link_opts(epochs: usize) -> TrainOptions {
     }
 }
 
-fn popts(mode: Mode, k: Option<usize>) -> ParallelOptions {
-    ParallelOptions {
-        job: JobSpec {
-            mode,
-            preload_hops: k.map(|k| k as u32),
-            ..JobSpec::default()
-        },
-        machine: Machine {
-            threads_per_rank: Some(1),
-            collect_logits: true,
-            ..Machine::default()
-        },
-    }
-}
-
 /// Every exact mode against single on one dataset, layout and model.
 fn check_link_exact(
     view: DatasetView<'_>,
@@ -87,15 +72,8 @@ fn check_link_exact(
             part.layout.servers(),
             part.layout.devices()
         );
-        let r = grandis_parallel::train(
-            view,
-            part,
-            config.clone(),
-            opts,
-            &popts(mode, k),
-            &mut |_| {},
-        )
-        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        let r =
+            parallel(view, part, config, opts, mode, k).unwrap_or_else(|e| panic!("{what}: {e:#}"));
         let losses: Vec<f64> = r.train.epochs.iter().map(|s| s.loss).collect();
         assert_losses(&what, &losses, &reference.0, 1e-4);
         assert_close(&what, r.logits.as_ref().unwrap(), &reference.1, 1e-4);
@@ -151,15 +129,7 @@ fn every_model_fixed_case_with_per_epoch_scores() {
         let mut opts = link_opts(5);
         opts.eval = grandis_trainer::EvalSchedule::Every(1);
         check_link_exact(view, &part, &config, &opts);
-        let r = grandis_parallel::train(
-            view,
-            &part,
-            config.clone(),
-            &opts,
-            &popts(Mode::Fb, None),
-            &mut |_| {},
-        )
-        .unwrap();
+        let r = parallel(view, &part, &config, &opts, Mode::Fb, None).unwrap();
         assert!(
             r.train
                 .epochs
@@ -180,8 +150,14 @@ fn sampled_modes_refuse_link_prediction() {
     view.links = Some(split.view());
     let part = random_partition(&view, 2, 1, 3);
     let config = link_config(&view, ModelKind::Sage, 2);
-    let mut p = popts(Mode::Cob, None);
-    p.job.batch_size = Some(8);
+    let p = ParallelOptions {
+        job: JobSpec {
+            mode: Mode::Cob,
+            batch_size: Some(8),
+            ..JobSpec::default()
+        },
+        machine: Machine::default(),
+    };
     let err =
         grandis_parallel::train(view, &part, config, &link_opts(1), &p, &mut |_| {}).unwrap_err();
     assert!(

@@ -5,8 +5,10 @@
 //! checkpoint), `predict_logits` reads the table back; a featureless dataset without them is
 //! a clear error.
 
+mod common;
+
 use grandis_models::{ModelConfig, ModelKind};
-use grandis_store::{EdgeOptions, EdgeSplitOptions, InMemoryDataset, LinkSplit, SelfLoops, Split};
+use grandis_store::{EdgeSplitOptions, InMemoryDataset, LinkSplit, Split};
 use grandis_trainer::{train, CheckpointOptions, Objective, TrainOptions, TrainReport};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -15,22 +17,7 @@ use rand_chacha::ChaCha8Rng;
 /// community as the label, a 50 / 25 / 25 vertex split.
 fn communities(n: usize, classes: usize, seed: u64) -> InMemoryDataset {
     let mut r = ChaCha8Rng::seed_from_u64(seed);
-    let mut edges = Vec::new();
-    for v in 0..n {
-        for _ in 0..6 {
-            let u = if r.gen_bool(0.9) {
-                r.gen_range(0..n / classes) * classes + v % classes
-            } else {
-                r.gen_range(0..n)
-            };
-            edges.push((v as u32, u as u32));
-        }
-    }
-    let options = EdgeOptions {
-        symmetrize: true,
-        self_loops: SelfLoops::Remove,
-    };
-    let graph = grandis_store::graph_from_edges(n as u64, edges, options).unwrap();
+    let graph = common::community_graph(&mut r, n, classes, 6);
     let ids: Vec<u32> = (0..n as u32).collect();
     // Every class in every part: the part from the vertex's index inside its community.
     let part = |v: &u32| (*v as usize / classes) % 4;

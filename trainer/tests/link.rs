@@ -3,8 +3,10 @@
 //! (bit-identical losses for a seed, a resumed run equal to an uninterrupted one), and a
 //! dataset without a usable link split is a clear error.
 
+mod common;
+
 use grandis_models::{ModelConfig, ModelKind};
-use grandis_store::{EdgeOptions, EdgeSplitOptions, InMemoryDataset, LinkSplit, SelfLoops, Split};
+use grandis_store::{EdgeSplitOptions, InMemoryDataset, LinkSplit, Split};
 use grandis_trainer::{train, CheckpointOptions, Objective, TrainOptions, TrainReport};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -13,22 +15,7 @@ use rand_chacha::ChaCha8Rng;
 /// one-hot signal in noise, and its link split.
 fn communities(n: usize, classes: usize, seed: u64) -> (InMemoryDataset, LinkSplit) {
     let mut r = ChaCha8Rng::seed_from_u64(seed);
-    let mut edges = Vec::new();
-    for v in 0..n {
-        for _ in 0..5 {
-            let u = if r.gen_bool(0.9) {
-                r.gen_range(0..n / classes) * classes + v % classes
-            } else {
-                r.gen_range(0..n)
-            };
-            edges.push((v as u32, u as u32));
-        }
-    }
-    let options = EdgeOptions {
-        symmetrize: true,
-        self_loops: SelfLoops::Remove,
-    };
-    let full = grandis_store::graph_from_edges(n as u64, edges, options).unwrap();
+    let full = common::community_graph(&mut r, n, classes, 5);
     let opts = EdgeSplitOptions {
         val: 0.1,
         test: 0.1,

@@ -1,0 +1,33 @@
+//! Graphs the trainer's tests share.
+#![allow(dead_code)]
+
+use grandis_store::{CsrGraph, EdgeOptions, SelfLoops};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// An undirected graph of `n` vertices in `classes` communities (vertex `v` in community
+/// `v % classes`): each vertex draws `per_vertex` edges, 90 % of them inside its community;
+/// no self-loops.
+pub fn community_graph(
+    r: &mut ChaCha8Rng,
+    n: usize,
+    classes: usize,
+    per_vertex: usize,
+) -> CsrGraph {
+    let mut edges = Vec::new();
+    for v in 0..n {
+        for _ in 0..per_vertex {
+            let u = if r.gen_bool(0.9) {
+                r.gen_range(0..n / classes) * classes + v % classes
+            } else {
+                r.gen_range(0..n)
+            };
+            edges.push((v as u32, u as u32));
+        }
+    }
+    let options = EdgeOptions {
+        symmetrize: true,
+        self_loops: SelfLoops::Remove,
+    };
+    grandis_store::graph_from_edges(n as u64, edges, options).unwrap()
+}
