@@ -9,7 +9,9 @@ validation and test positives against their negatives (AUC, ties counting half) 
 one JSON line: val_auc, test_auc, median_epoch_s, epoch_seconds (the first epoch is warm-up,
 as in grandis), peak_rss_bytes, losses and the versions. With --embedding-dim D every vertex
 also has D learnable input columns after its features (a torch.nn.Embedding, N(0, 1) as
-torch initialises it, trained with SparseAdam at --lr, as grandis trains its table)."""
+torch initialises it, trained with SparseAdam at --lr, as grandis trains its table). With
+--decoder mlp a pair's score is PyG's link examples' MLP on z_u * z_v (Linear(d, d), ReLU,
+Linear(d, 1)), trained with the encoder."""
 
 import argparse
 import json
@@ -44,6 +46,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--embedding-dim", type=int, default=0)
+    ap.add_argument("--decoder", choices=["dot", "mlp"], default="dot")
     args = ap.parse_args()
 
     import numpy as np
@@ -70,7 +73,18 @@ def main():
     conv = (lambda i: GCNConv(dims[i], dims[i + 1])) if args.model == "gcn" else (
         lambda i: SAGEConv(dims[i], dims[i + 1], aggr="mean"))
     convs = torch.nn.ModuleList(conv(i) for i in range(args.layers))
-    opt = torch.optim.Adam(convs.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    # The MLP decoder of PyG's link examples: Linear(d, d), ReLU, Linear(d, 1) on z_u * z_v.
+    mlp = None
+    params = list(convs.parameters())
+    if args.decoder == "mlp":
+        d = args.out_dim
+        mlp = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, 1))
+        params += list(mlp.parameters())
+    opt = torch.optim.Adam(params, lr=args.lr, weight_decay=args.weight_decay)
+
+    def decode(z, pairs):
+        h = z[pairs[0]] * z[pairs[1]]
+        return h.sum(dim=-1) if mlp is None else mlp(h).squeeze(-1)
 
     every = torch.arange(n)
 
@@ -95,7 +109,7 @@ def main():
                                 num_neg_samples=train_pos.size(1), method="sparse")
         pairs = torch.cat([train_pos, neg], dim=1)
         labels = torch.cat([torch.ones(train_pos.size(1)), torch.zeros(neg.size(1))])
-        out = (z[pairs[0]] * z[pairs[1]]).sum(dim=-1)
+        out = decode(z, pairs)
         loss = F.binary_cross_entropy_with_logits(out, labels)
         loss.backward()
         opt.step()
@@ -108,7 +122,7 @@ def main():
     convs.eval()
     with torch.no_grad():
         z = encode(False)
-        score = lambda name: (lambda p: (z[p[0]] * z[p[1]]).sum(dim=-1).numpy())(load(name))
+        score = lambda name: decode(z, load(name)).numpy()
         val_auc = auc(score("link_valid_pos.npy"), score("link_valid_neg.npy"))
         test_auc = auc(score("link_test_pos.npy"), score("link_test_neg.npy"))
     print(json.dumps({

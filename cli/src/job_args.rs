@@ -180,6 +180,11 @@ pub struct JobArgs {
     /// --task link: columns of the embedding the last layer outputs [default: --hidden].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub out_dim: Option<u32>,
+    /// --task link: how a pair is scored from its ends' embeddings: dot (their dot product)
+    /// or mlp (an MLP on their Hadamard product: Linear(d, d), ReLU, Linear(d, 1), trained
+    /// with the model) [default: dot].
+    #[arg(long)]
+    pub decoder: Option<grandis_wire::LinkDecoder>,
     /// Learnable node embeddings: this many columns per vertex, the model's input after the
     /// dataset's features (all of it on a featureless graph), trained with a sparse Adam and
     /// kept in checkpoints; mode single so far [default: 0, none].
@@ -262,11 +267,12 @@ impl JobArgs {
             staleness: self.staleness,
             remote_features: self.remote_features,
             task: self.task,
-            link: match (self.negatives, self.out_dim) {
-                (None, None) => None,
-                (negatives, out_dim) => Some(grandis_wire::LinkSpec {
+            link: match (self.negatives, self.out_dim, self.decoder) {
+                (None, None, None) => None,
+                (negatives, out_dim, decoder) => Some(grandis_wire::LinkSpec {
                     negatives: negatives.unwrap_or(grandis_wire::LinkSpec::default().negatives),
                     out_dim,
+                    decoder: decoder.unwrap_or_default(),
                 }),
             },
             embedding_dim: self.embedding_dim.unwrap_or(0),
@@ -304,7 +310,7 @@ pub fn validate_as_flags(spec: &JobSpec) -> anyhow::Result<()> {
                 "predict" | "predict.dir" => "predict-dir".to_string(),
                 p if p.starts_with("predict.") => p.replace(['.', '_'], "-"),
                 p if p.starts_with("staleness") => "staleness".to_string(),
-                "link" => "negatives / --out-dim".to_string(),
+                "link" => "negatives / --out-dim / --decoder".to_string(),
                 _ => match name {
                     "fanout" => "eas-fanout".to_string(),
                     "hops" => "eas-hops".to_string(),

@@ -84,10 +84,8 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let link = matches!(
-        grandis_trainer::load_checkpoint(&args.checkpoint)?.objective(),
-        grandis_trainer::Objective::Link { .. }
-    );
+    let decoder = grandis_trainer::load_checkpoint(&args.checkpoint)?.link_decoder(false)?;
+    let link = decoder.is_some();
     if args.score_edges.is_some() && !link {
         anyhow::bail!(
             "--score-edges scores pairs with a link-prediction checkpoint (`train --task \
@@ -128,8 +126,9 @@ pub fn run(args: PredictArgs) -> anyhow::Result<()> {
             })?
         }
     };
-    if let (Some(pairs), Some(scores)) = (&args.score_edges, &args.scores) {
-        let e = grandis_trainer::link::score_pairs_npy(&args.out, pairs, scores)?;
+    if let (Some(pairs), Some(scores), Some(decoder)) = (&args.score_edges, &args.scores, &decoder)
+    {
+        let e = grandis_trainer::link::score_pairs_npy(&args.out, pairs, scores, decoder)?;
         tracing::info!(
             "scored {e} pairs of {} into {}",
             pairs.display(),

@@ -166,52 +166,61 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
         let auc = summary["link"][part]["auc"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&auc), "{summary}");
     }
-    // A checkpoint's embeddings score an edge list as the run scored its test edges.
-    let ck = dir.path().join("link.safetensors");
-    let (ok, json, err) = grandis(&[
-        "train",
-        &path(&out),
-        "--task",
-        "link",
-        "--epochs",
-        "5",
-        "--hidden",
-        "16",
-        "--out-dim",
-        "8",
-        "--json",
-        "-q",
-        "--checkpoint",
-        &path(&ck),
-    ]);
-    assert!(ok, "{err}");
-    let summary: serde_json::Value = serde_json::from_str(json.lines().last().unwrap()).unwrap();
+    // A checkpoint's embeddings and decoder score an edge list as the run scored its test
+    // edges, for both decoders.
     let npy = dir.path().join("npy");
     let (ok, _, err) = grandis(&["data", "export", &path(&out), &path(&npy), "-q"]);
     assert!(ok, "{err}");
-    let mut scores = Vec::new();
-    for part in ["pos", "neg"] {
-        let s = dir.path().join(format!("scores_{part}.npy"));
-        let (ok, _, err) = grandis(&[
-            "predict",
+    for decoder in ["dot", "mlp"] {
+        let ck = dir.path().join(format!("link-{decoder}.safetensors"));
+        let (ok, json, err) = grandis(&[
+            "train",
             &path(&out),
+            "--task",
+            "link",
+            "--decoder",
+            decoder,
+            "--epochs",
+            "5",
+            "--hidden",
+            "16",
+            "--out-dim",
+            "8",
+            "--json",
+            "-q",
             "--checkpoint",
             &path(&ck),
-            "--out",
-            &path(&dir.path().join("emb.npy")),
-            "--score-edges",
-            &path(&npy.join(format!("link_test_{part}.npy"))),
-            "--scores",
-            &path(&s),
-            "-q",
         ]);
         assert!(ok, "{err}");
-        let file = grandis_npy::NpyFile::open(&s).unwrap();
-        scores.push(file.values::<f32>().unwrap().into_owned());
+        let summary: serde_json::Value =
+            serde_json::from_str(json.lines().last().unwrap()).unwrap();
+        let mut scores = Vec::new();
+        for part in ["pos", "neg"] {
+            let s = dir.path().join(format!("scores_{part}.npy"));
+            let (ok, _, err) = grandis(&[
+                "predict",
+                &path(&out),
+                "--checkpoint",
+                &path(&ck),
+                "--out",
+                &path(&dir.path().join("emb.npy")),
+                "--score-edges",
+                &path(&npy.join(format!("link_test_{part}.npy"))),
+                "--scores",
+                &path(&s),
+                "-q",
+            ]);
+            assert!(ok, "{err}");
+            let file = grandis_npy::NpyFile::open(&s).unwrap();
+            scores.push(file.values::<f32>().unwrap().into_owned());
+        }
+        let auc = grandis_trainer::link::auc(&scores[0], &scores[1]);
+        let reported = summary["link"]["test"]["auc"].as_f64().unwrap();
+        assert!(
+            (auc - reported).abs() < 1e-9,
+            "{decoder}: {auc} vs {reported}"
+        );
     }
-    let auc = grandis_trainer::link::auc(&scores[0], &scores[1]);
-    let reported = summary["link"]["test"]["auc"].as_f64().unwrap();
-    assert!((auc - reported).abs() < 1e-9, "{auc} vs {reported}");
     // Scoring needs a link-prediction checkpoint.
     let node_ck = dir.path().join("node.safetensors");
     let (ok, _, err) = grandis(&[

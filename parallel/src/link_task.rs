@@ -4,6 +4,8 @@
 //! what its owner computed, whatever order the all-reduce adds in); every rank then runs mode
 //! single's own host decoder ([`grandis_trainer::link`]) over the same pairs in the same order
 //! — the same loss and gradient everywhere — and back-propagates the gradient of its own rows.
+//! The decoder's own parameters (the MLP's) get the same gradient on every rank, so every
+//! rank's copy takes the same Adam step and the copies stay equal.
 //!
 //! The price is O(V x d) host memory and all-reduce bytes per rank and step (counted under
 //! [`grandis_fabric::Phase::Other`]), and every rank scores every pair: right for the graphs
@@ -13,7 +15,7 @@
 use anyhow::{bail, Context};
 use grandis_fabric::{Endpoint, Tag};
 use grandis_store::LinkSplitView;
-use grandis_trainer::link;
+use grandis_trainer::{link, Decoder};
 use grandis_wire::LinkSummary;
 
 /// A run's link-prediction task: the dataset's checked split and the negatives per positive.
@@ -36,6 +38,8 @@ pub(crate) struct LinkLoss {
     pub pairs: usize,
     /// `d(loss)/d(z)` of this rank's inner rows (`inner x d`, in their row order).
     pub grad: Vec<f32>,
+    /// `d(loss)/d(decoder parameters)`, the same on every rank.
+    pub decoder_grad: Vec<f32>,
 }
 
 /// Every vertex's embedding (`vertices x d`, ORIGINAL ids) from every rank's `rows`
@@ -74,9 +78,10 @@ impl LinkTask<'_> {
         ep: &mut Endpoint,
         new_to_old: &[u32],
         (ids, rows): (&[u32], &[f32]),
-        d: usize,
+        decoder: &Decoder,
         (seed, epoch): (u64, usize),
     ) -> anyhow::Result<LinkLoss> {
+        let d = decoder.dim();
         let z = gather_embeddings(
             ep,
             new_to_old,
@@ -89,7 +94,8 @@ impl LinkTask<'_> {
         let pos = self.split.train;
         let neg = link::corrupt_destinations(pos, self.negatives, n as u32, seed, epoch as u64);
         let mut dz = vec![0f32; n * d];
-        let loss = link::dot_bce(&z, d, pos, &neg, &mut dz);
+        let mut decoder_grad = vec![0f32; decoder.num_params()];
+        let loss = decoder.bce(&z, pos, &neg, &mut dz, &mut decoder_grad);
         let mut grad = vec![0f32; rows.len()];
         for (&g, out) in ids.iter().zip(grad.chunks_exact_mut(d.max(1))) {
             let o = new_to_old[g as usize] as usize;
@@ -104,6 +110,7 @@ impl LinkTask<'_> {
             },
             pairs,
             grad,
+            decoder_grad,
         })
     }
 
@@ -114,9 +121,10 @@ impl LinkTask<'_> {
         ep: &mut Endpoint,
         new_to_old: &[u32],
         (ids, rows): (&[u32], &[f32]),
-        d: usize,
+        decoder: &Decoder,
         tag_epoch: u32,
     ) -> anyhow::Result<LinkSummary> {
+        let d = decoder.dim();
         let z = gather_embeddings(
             ep,
             new_to_old,
@@ -125,6 +133,6 @@ impl LinkTask<'_> {
             d,
             Tag::other(tag_epoch, GATHER_LAYER),
         )?;
-        Ok(link::summary_of(&z, d, &self.split))
+        Ok(link::summary_of(decoder, &z, &self.split))
     }
 }

@@ -51,7 +51,7 @@ pub(crate) fn train_ranks(
     // mini-batch modes, ...) were checked once where it entered (`JobSpec::validate`); auto
     // resolves to a mode its spec allows.
     let link = match (opts.objective, links) {
-        (Objective::Link { negatives }, Some(split)) => {
+        (Objective::Link { negatives, .. }, Some(split)) => {
             // A job spec never gets here otherwise (`JobSpec::validate`); a library caller
             // must not get another task in its place.
             if let Some(why) =

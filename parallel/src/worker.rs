@@ -17,7 +17,7 @@ use grandis_engine::{AdamStep, Backend};
 use grandis_fabric::{Endpoint, Expected, Tag};
 use grandis_masking::{DevicePlan, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
 use grandis_models::{Model, StageCache};
-use grandis_trainer::EpochStats;
+use grandis_trainer::{Decoder, EpochStats};
 use grandis_wire::LinkSummary;
 
 use crate::feed::Feed;
@@ -137,6 +137,8 @@ pub(crate) struct Worker<'w, B: Backend> {
     remote_columns: Option<Vec<u32>>,
     /// The replicated rows this rank and its peers asked for ahead (steps built per server).
     asks_ahead: AsksAhead,
+    /// Link prediction's decoder (every rank's copy the same).
+    decoder: Option<Decoder>,
 }
 
 impl<'w, B: Backend> Worker<'w, B> {
@@ -178,9 +180,11 @@ impl<'w, B: Backend> Worker<'w, B> {
                 sh.config.kind.name()
             );
         }
+        let mut decoder = sh.opts.objective.decoder(sh.config.classes, sh.config.seed);
         if let Some(ck) = sh.resume {
             ck.restore(b, &mut model, true)
                 .context("restoring the checkpoint")?;
+            decoder = ck.link_decoder(true)?;
         }
         let first = sh.first_step();
         let step = sh.feed.take(first)?;
@@ -215,6 +219,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             stale: sh.staleness.map(StaleHalo::new),
             remote_columns: None,
             asks_ahead,
+            decoder,
         })
     }
 
@@ -454,13 +459,24 @@ impl<'w, B: Backend> Worker<'w, B> {
                 let last = self.plan(self.rt.layers.len() - 1).clone();
                 let mut mine = vec![0f32; last.n_inner * classes];
                 b.download(&logits, 0, &mut mine)?;
+                let decoder = self
+                    .decoder
+                    .as_mut()
+                    .context("internal: link prediction without a decoder")?;
                 let link = task.loss(
                     &mut self.ep,
                     sh.new_to_old,
                     (&last.global_ids[..last.n_inner], &mine),
-                    classes,
+                    decoder,
                     (sh.opts.seed, epoch),
                 )?;
+                decoder.adam_step(
+                    &link.decoder_grad,
+                    step,
+                    sh.opts.lr,
+                    sh.opts.weight_decay,
+                    sh.opts.adamw,
+                );
                 b.upload_into(&mut grad, 0, &link.grad)?;
                 (link.loss_sum, link.pairs)
             }
@@ -601,7 +617,17 @@ impl<'w, B: Backend> Worker<'w, B> {
         let mut host = vec![0f32; last.n_inner * d];
         self.b.download(&out, 0, &mut host)?;
         let ids = &last.global_ids[..last.n_inner];
-        let summary = task.scores(&mut self.ep, sh.new_to_old, (ids, &host), d, tag_epoch)?;
+        let decoder = self
+            .decoder
+            .as_ref()
+            .context("internal: link prediction without a decoder")?;
+        let summary = task.scores(
+            &mut self.ep,
+            sh.new_to_old,
+            (ids, &host),
+            decoder,
+            tag_epoch,
+        )?;
         let logits = if with_logits {
             ids.iter()
                 .zip(host.chunks_exact(d.max(1)))
@@ -764,10 +790,15 @@ impl<'w, B: Backend> Worker<'w, B> {
                 if let Some(path) = &sh.checkpoint.path {
                     // Weights and moments are identical on every rank after the all-reduce,
                     // so one rank's copy is the whole model (written atomically).
-                    grandis_trainer::save_checkpoint(
+                    let learnt = grandis_trainer::Learnt {
+                        embeddings: None,
+                        decoder: self.decoder.as_ref(),
+                    };
+                    grandis_trainer::save_checkpoint_with(
                         path,
                         self.b,
                         &self.model,
+                        learnt,
                         Some(sh.opts),
                         epoch,
                         true,

@@ -9,7 +9,7 @@ use common::*;
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_parallel::{JobSpec, Machine, Mode, ParallelOptions, PartitionedGraph};
 use grandis_store::{DatasetView, EdgeSplitOptions, InMemoryDataset, LinkSplit};
-use grandis_trainer::{Objective, TrainOptions};
+use grandis_trainer::{LinkDecoder, Objective, TrainOptions};
 use proptest::prelude::*;
 
 /// `random_dataset`'s graph made symmetric or not, its edges split for link prediction
@@ -43,9 +43,12 @@ fn link_config(view: &DatasetView<'_>, kind: ModelKind, layers: usize) -> ModelC
     }
 }
 
-fn link_opts(epochs: usize) -> TrainOptions {
+fn link_opts(epochs: usize, decoder: LinkDecoder) -> TrainOptions {
     TrainOptions {
-        objective: Objective::Link { negatives: 2 },
+        objective: Objective::Link {
+            negatives: 2,
+            decoder,
+        },
         ..opts(epochs)
     }
 }
@@ -58,11 +61,17 @@ fn check_link_exact(
     opts: &TrainOptions,
 ) {
     let reference = single(view, config, opts);
-    let single_scores = grandis_trainer::link::summary_of(
-        &reference.1,
-        config.classes,
-        view.links.as_ref().unwrap(),
-    );
+    let single_scores = grandis_trainer::train(
+        view,
+        config.clone(),
+        opts,
+        &Default::default(),
+        Some(1),
+        |_| {},
+    )
+    .unwrap()
+    .link
+    .expect("single's link scores");
     let mut runs = vec![(Mode::Fb, None)];
     runs.extend((0..=config.layers).map(|k| (Mode::Flx, Some(k))));
     for (mode, k) in runs {
@@ -101,6 +110,7 @@ proptest! {
         devices in 1usize..=2,
         kind in 0usize..4,
         layers in 1usize..=2,
+        mlp in proptest::bool::ANY,
     ) {
         let (ds, split) = link_dataset(seed, n, degree, 5);
         let mut view = ds.view();
@@ -108,7 +118,8 @@ proptest! {
         let part = random_partition(&view, servers, devices, seed);
         let kind = [ModelKind::Sage, ModelKind::Gcn, ModelKind::ResSage, ModelKind::Gat][kind];
         let config = link_config(&view, kind, layers);
-        check_link_exact(view, &part, &config, &link_opts(3));
+        let decoder = if mlp { LinkDecoder::Mlp } else { LinkDecoder::Dot };
+        check_link_exact(view, &part, &config, &link_opts(3, decoder));
     }
 }
 
@@ -126,7 +137,13 @@ fn every_model_fixed_case_with_per_epoch_scores() {
         (ModelKind::Gat, 2),
     ] {
         let config = link_config(&view, kind, layers);
-        let mut opts = link_opts(5);
+        // The MLP decoder for two of the models: its weights train on every rank alike.
+        let decoder = if layers % 2 == 0 && kind != ModelKind::Gat {
+            LinkDecoder::Mlp
+        } else {
+            LinkDecoder::Dot
+        };
+        let mut opts = link_opts(5, decoder);
         opts.eval = grandis_trainer::EvalSchedule::Every(1);
         check_link_exact(view, &part, &config, &opts);
         let r = parallel(view, &part, &config, &opts, Mode::Fb, None).unwrap();
@@ -158,8 +175,15 @@ fn sampled_modes_refuse_link_prediction() {
         },
         machine: Machine::default(),
     };
-    let err =
-        grandis_parallel::train(view, &part, config, &link_opts(1), &p, &mut |_| {}).unwrap_err();
+    let err = grandis_parallel::train(
+        view,
+        &part,
+        config,
+        &link_opts(1, LinkDecoder::Dot),
+        &p,
+        &mut |_| {},
+    )
+    .unwrap_err();
     assert!(
         format!("{err:#}").contains("link prediction trains in modes single, fb and flx"),
         "{err:#}"

@@ -2,7 +2,8 @@
 //! model configuration, training options and epoch count as JSON in the safetensors metadata,
 //! and optionally the Adam moments (`adam_m.<name>`, `adam_v.<name>`) for `--resume`; a model
 //! with learnable node embeddings also holds their table (`node_embedding`, vertices x dim)
-//! and, for `--resume`, its sparse Adam state ([`crate::NodeEmbeddings::tensors`]).
+//! and, for `--resume`, its sparse Adam state ([`crate::NodeEmbeddings::tensors`]); a link
+//! decoder with parameters (the MLP) holds them as `decoder.*` ([`crate::Decoder::tensors`]).
 //!
 //! Nothing in a checkpoint is trusted: the container (`grandis_wire::checkpoint`, which the
 //! coordinator also checks uploads with) carries an xxh3 checksum over the metadata and every
@@ -10,7 +11,7 @@
 //! parameters the stored model configuration has (names and shapes, computed without building
 //! the model), so metadata that claims a huge model is refused before anything is allocated.
 
-use crate::{NodeEmbeddings, TrainOptions};
+use crate::{Decoder, NodeEmbeddings, Objective, TrainOptions};
 use anyhow::{bail, Context};
 use grandis_engine::Backend;
 use grandis_models::{Model, ModelConfig};
@@ -66,6 +67,24 @@ impl Checkpoint {
         NodeEmbeddings::from_tensors(|name| self.tensors.get(name), optimizer).map(Some)
     }
 
+    /// The link decoder the model was trained with (with `optimizer`, its Adam state for
+    /// resuming); None for node classification.
+    pub fn link_decoder(&self, optimizer: bool) -> anyhow::Result<Option<Decoder>> {
+        let Objective::Link { decoder, .. } = self.objective() else {
+            return Ok(None);
+        };
+        if optimizer && !self.has_optimizer {
+            bail!("checkpoint has no optimizer state, so training cannot resume from it");
+        }
+        Decoder::from_tensors(
+            decoder,
+            self.model.classes,
+            |name| self.tensors.get(name),
+            optimizer,
+        )
+        .map(Some)
+    }
+
     /// What the model was trained for (node classification for checkpoints without training
     /// options, or from before link prediction).
     pub fn objective(&self) -> crate::Objective {
@@ -101,24 +120,44 @@ pub fn save_checkpoint<B: Backend>(
     epochs_done: usize,
     with_optimizer: bool,
 ) -> anyhow::Result<()> {
-    save_with_embeddings(path, b, model, None, train, epochs_done, with_optimizer)
+    save_checkpoint_with(
+        path,
+        b,
+        model,
+        Learnt::default(),
+        train,
+        epochs_done,
+        with_optimizer,
+    )
 }
 
-/// [`save_checkpoint`] of a model with learnable node embeddings `embeddings`.
-pub fn save_with_embeddings<B: Backend>(
+/// What a model trains beside its parameters, saved with them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Learnt<'a> {
+    /// Learnable node embeddings ([`TrainOptions::embedding_dim`]).
+    pub embeddings: Option<&'a NodeEmbeddings>,
+    /// Link prediction's decoder (its parameters, if it has any).
+    pub decoder: Option<&'a Decoder>,
+}
+
+/// [`save_checkpoint`] of a model with what it `learnt` beside its parameters.
+pub fn save_checkpoint_with<B: Backend>(
     path: &Path,
     b: &B,
     model: &Model<B>,
-    embeddings: Option<&NodeEmbeddings>,
+    learnt: Learnt<'_>,
     train: Option<&TrainOptions>,
     epochs_done: usize,
     with_optimizer: bool,
 ) -> anyhow::Result<()> {
+    let embeddings = learnt.embeddings;
     let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for (name, shape, values) in embeddings
+    let extra = embeddings
         .map(|e| e.tensors(with_optimizer))
-        .unwrap_or_default()
-    {
+        .into_iter()
+        .chain(learnt.decoder.map(|d| d.tensors(with_optimizer)))
+        .flatten();
+    for (name, shape, values) in extra {
         owned.push((name, shape, to_bytes(values)));
     }
     for p in &model.params {
@@ -227,6 +266,13 @@ fn check_tensors(meta: &Meta, views: &[(String, TensorView<'_>)]) -> anyhow::Res
         expected.extend(NodeEmbeddings::tensor_shapes(
             vertices,
             dim,
+            meta.has_optimizer,
+        ));
+    }
+    if let Some(Objective::Link { decoder, .. }) = meta.train.as_ref().map(|t| t.objective) {
+        expected.extend(Decoder::tensor_shapes(
+            decoder,
+            meta.model.classes,
             meta.has_optimizer,
         ));
     }

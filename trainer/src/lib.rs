@@ -10,6 +10,7 @@
 //! memory, one stage at a time.
 
 pub mod checkpoint;
+pub mod decoder;
 pub mod embedding;
 pub mod layerwise;
 pub mod link;
@@ -23,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
 
-pub use checkpoint::{load_checkpoint, save_checkpoint, save_with_embeddings, Checkpoint};
+pub use checkpoint::{load_checkpoint, save_checkpoint, save_checkpoint_with, Checkpoint, Learnt};
+pub use decoder::{Decoder, LinkDecoder};
 pub use embedding::NodeEmbeddings;
 
 /// Objective, optimiser and schedule options (the model's shape lives in [`ModelConfig`]).
@@ -447,13 +449,16 @@ impl<'a, B: Backend> Prepared<'a, B> {
         })
     }
 
-    /// One link-prediction step: binary cross-entropy of the dot-product decoder over the
-    /// split's supervision positives and `negatives` corrupted destinations per positive
-    /// (see [`link`]); returns the loss (mean over those pairs).
+    /// One link-prediction step: binary cross-entropy of `decoder` over the split's
+    /// supervision positives and `negatives` corrupted destinations per positive (see
+    /// [`link`]), then Adam on the decoder's own parameters; returns the loss (mean over
+    /// those pairs).
+    #[allow(clippy::too_many_arguments)]
     pub fn link_step(
         &self,
         model: &mut Model<B>,
         emb: Option<&mut NodeEmbeddings>,
+        decoder: &mut Decoder,
         opts: &TrainOptions,
         epoch: usize,
         split: &LinkSplitView<'_>,
@@ -463,14 +468,24 @@ impl<'a, B: Backend> Prepared<'a, B> {
         let d = model.config.classes;
         let neg =
             link::corrupt_destinations(split.train, negatives, n as u32, opts.seed, epoch as u64);
-        self.step(model, emb, opts, epoch, |b, z, grad| {
+        let mut dparams = vec![0f32; decoder.num_params()];
+        let dec = &*decoder;
+        let loss = self.step(model, emb, opts, epoch, |b, z, grad| {
             let mut host = vec![0.0f32; n * d];
             b.download(z, 0, &mut host)?;
             let mut dz = vec![0.0f32; n * d];
-            let loss = link::dot_bce(&host, d, split.train, &neg, &mut dz);
+            let loss = dec.bce(&host, split.train, &neg, &mut dz, &mut dparams);
             *grad = b.upload(&dz)?;
             Ok(loss)
-        })
+        })?;
+        decoder.adam_step(
+            &dparams,
+            epoch as u64,
+            opts.lr,
+            opts.weight_decay,
+            opts.adamw,
+        );
+        Ok(loss)
     }
 
     /// The model's input when it has learnable embeddings (the features, then each
@@ -552,6 +567,9 @@ pub enum Objective {
     Link {
         /// Corrupted-destination negatives per supervision edge each epoch.
         negatives: u32,
+        /// How a pair is scored (absent in checkpoints from before the MLP decoder: dot).
+        #[serde(default)]
+        decoder: grandis_wire::LinkDecoder,
     },
 }
 
@@ -560,9 +578,21 @@ impl Objective {
     pub fn for_job(spec: &grandis_wire::JobSpec) -> Objective {
         match spec.task {
             grandis_wire::Task::Node => Objective::Node,
-            grandis_wire::Task::Link => Objective::Link {
-                negatives: spec.link.unwrap_or_default().negatives,
-            },
+            grandis_wire::Task::Link => {
+                let link = spec.link.unwrap_or_default();
+                Objective::Link {
+                    negatives: link.negatives,
+                    decoder: link.decoder,
+                }
+            }
+        }
+    }
+
+    /// A fresh link decoder for embeddings of `d` columns (None for node classification).
+    pub fn decoder(&self, d: usize, seed: u64) -> Option<Decoder> {
+        match *self {
+            Objective::Node => None,
+            Objective::Link { decoder, .. } => Some(Decoder::new(decoder, d, seed)),
         }
     }
 }
@@ -635,7 +665,7 @@ pub fn check_config<'v>(
             }
             Ok(None)
         }
-        Objective::Link { negatives } => {
+        Objective::Link { negatives, .. } => {
             if negatives == 0 {
                 bail!("link prediction needs at least one negative per supervision edge");
             }
@@ -665,22 +695,23 @@ fn train_prepared<B: Backend>(
     let n = view.num_vertices();
     let mut emb =
         (opts.embedding_dim > 0).then(|| NodeEmbeddings::new(n, opts.embedding_dim, config.seed));
+    let mut decoder = opts.objective.decoder(config.classes, config.seed);
     let mut first_epoch = 1;
     if let Some(ck) = ckpt.resume_from(&config, opts)? {
         ck.check_epochs_left(opts.epochs)?;
         ck.restore(b, &mut model, true)?;
-        // The same options, so the same embedding width (none or both).
+        // The same options, so the same embedding width and decoder (none or both).
         emb = ck.node_embeddings(n, true)?;
+        decoder = ck.link_decoder(true)?;
         first_epoch = ck.epochs_done + 1;
     }
-    let dim = config.classes;
     let mut stats = Vec::new();
     let mut last_logits = None;
     for epoch in first_epoch..=opts.epochs {
         let start = Instant::now();
-        let loss = match (opts.objective, &links) {
-            (Objective::Link { negatives }, Some(split)) => {
-                prepared.link_step(&mut model, emb.as_mut(), opts, epoch, split, negatives)?
+        let loss = match (opts.objective, &links, decoder.as_mut()) {
+            (Objective::Link { negatives, .. }, Some(split), Some(dec)) => {
+                prepared.link_step(&mut model, emb.as_mut(), dec, opts, epoch, split, negatives)?
             }
             _ => prepared.train_step(&mut model, emb.as_mut(), opts, epoch)?,
         };
@@ -691,12 +722,12 @@ fn train_prepared<B: Backend>(
         let (mut train_acc, mut val_acc, mut val_auc) = (f64::NAN, f64::NAN, f64::NAN);
         if opts.eval.after(epoch, opts.epochs) {
             let logits = prepared.logits(&model, emb.as_ref())?;
-            match &links {
-                Some(split) => {
+            match (&links, &decoder) {
+                (Some(split), Some(dec)) => {
                     val_auc =
-                        link::scores_of(&logits, dim, split, grandis_store::LinkPart::ValPos).auc
+                        link::scores_of(dec, &logits, split, grandis_store::LinkPart::ValPos).auc
                 }
-                None => {
+                _ => {
                     train_acc = prepared.accuracy(&logits, view.train);
                     val_acc = prepared.accuracy(&logits, view.val);
                 }
@@ -716,7 +747,11 @@ fn train_prepared<B: Backend>(
         stats.push(s);
         if ckpt.due(epoch, opts.epochs) {
             if let Some(path) = &ckpt.path {
-                save_with_embeddings(path, b, &model, emb.as_ref(), Some(opts), epoch, true)?;
+                let learnt = Learnt {
+                    embeddings: emb.as_ref(),
+                    decoder: decoder.as_ref(),
+                };
+                save_checkpoint_with(path, b, &model, learnt, Some(opts), epoch, true)?;
             }
         }
     }
@@ -728,8 +763,8 @@ fn train_prepared<B: Backend>(
         (Some(l), None) => prepared.accuracy(l, split),
         _ => f64::NAN,
     };
-    let link = match (&logits, &links) {
-        (Some(z), Some(split)) => Some(link::summary_of(z, dim, split)),
+    let link = match (&logits, &links, &decoder) {
+        (Some(z), Some(split), Some(dec)) => Some(link::summary_of(dec, z, split)),
         _ => None,
     };
     if first_epoch > opts.epochs {

@@ -1,5 +1,6 @@
-//! Link prediction's objective and scores: a pair's score is the dot product of its ends'
-//! embeddings (the model's last-layer outputs), trained with binary cross-entropy over the
+//! Link prediction's objective and scores: a pair's score is its decoder's ([`Decoder`]: the
+//! dot product of its ends' embeddings, the model's last-layer outputs, or an MLP on their
+//! Hadamard product), trained with binary cross-entropy over the
 //! supervision positives and `k` corrupted-destination negatives per positive, and scored as
 //! OGB's evaluators score (AUC, MRR, Hits@K; [`grandis_wire::LinkScores`]).
 //!
@@ -7,16 +8,9 @@
 //! pass over the pairs in order), at the price of one download and one upload of the
 //! embedding matrix per step.
 
+use crate::Decoder;
 use grandis_store::{LinkPart, LinkSplitView};
 use grandis_wire::{LinkScores, LinkSummary};
-
-/// Dot-product scores of `pairs` (flat `(u, v)` pairs) over `z` (`n x d`, row-major).
-pub fn dot_scores(z: &[f32], d: usize, pairs: &[u32]) -> Vec<f32> {
-    pairs
-        .chunks_exact(2)
-        .map(|p| dot(row(z, d, p[0]), row(z, d, p[1])))
-        .collect()
-}
 
 fn row(z: &[f32], d: usize, v: u32) -> &[f32] {
     &z[v as usize * d..(v as usize + 1) * d]
@@ -39,8 +33,7 @@ pub fn dot_bce(z: &[f32], d: usize, pos: &[u32], neg: &[u32], grad: &mut [f32]) 
         for p in pairs.chunks_exact(2) {
             let (u, v) = (p[0] as usize, p[1] as usize);
             let s = dot(row(z, d, p[0]), row(z, d, p[1]));
-            // max(s, 0) - s y + ln(1 + e^-|s|): no overflow for any s.
-            loss += (s.max(0.0) - s * label + (-s.abs()).exp().ln_1p()) as f64;
+            loss += bce_term(s, label) as f64;
             let g = (sigmoid(s) - label) * scale;
             for c in 0..d {
                 let (zu, zv) = (z[u * d + c], z[v * d + c]);
@@ -52,7 +45,13 @@ pub fn dot_bce(z: &[f32], d: usize, pos: &[u32], neg: &[u32], grad: &mut [f32]) 
     loss / count as f64
 }
 
-fn sigmoid(s: f32) -> f32 {
+/// Binary cross-entropy of logit `s` against `label`: max(s, 0) - s y + ln(1 + e^-|s|), which
+/// overflows for no `s`.
+pub(crate) fn bce_term(s: f32, label: f32) -> f32 {
+    s.max(0.0) - s * label + (-s.abs()).exp().ln_1p()
+}
+
+pub(crate) fn sigmoid(s: f32) -> f32 {
     if s >= 0.0 {
         1.0 / (1.0 + (-s).exp())
     } else {
@@ -143,27 +142,33 @@ pub fn link_scores(pos: &[f32], neg: &[f32]) -> LinkScores {
 }
 
 /// The scores of the validation (`which = ValPos`) or test (`TestPos`) edges of `split`
-/// under embeddings `z` (`n x d`).
-pub fn scores_of(z: &[f32], d: usize, split: &LinkSplitView<'_>, which: LinkPart) -> LinkScores {
+/// under embeddings `z` and `decoder`.
+pub fn scores_of(
+    decoder: &Decoder,
+    z: &[f32],
+    split: &LinkSplitView<'_>,
+    which: LinkPart,
+) -> LinkScores {
     let neg = match which {
         LinkPart::TestPos => LinkPart::TestNeg,
         _ => LinkPart::ValNeg,
     };
     link_scores(
-        &dot_scores(z, d, split.part(which)),
-        &dot_scores(z, d, split.part(neg)),
+        &decoder.scores(z, split.part(which)),
+        &decoder.scores(z, split.part(neg)),
     )
 }
 
 /// Scores the pairs of the `.npy` file `pairs` (an integer array of shape (2, E): row 0 the
 /// sources, row 1 the destinations, as PyG's `edge_label_index`) under the embeddings of the
 /// `.npy` file `embeddings` (f32, vertices x d, as `grandis predict` writes a link-prediction
-/// checkpoint's), writing `scores` (f32, E; the dot products, logits of the edge's
-/// probability) atomically. Returns E.
+/// checkpoint's) and the checkpoint's `decoder`, writing `scores` (f32, E; logits of the
+/// edge's probability) atomically. Returns E.
 pub fn score_pairs_npy(
     embeddings: &std::path::Path,
     pairs: &std::path::Path,
     scores: &std::path::Path,
+    decoder: &Decoder,
 ) -> anyhow::Result<u64> {
     use anyhow::{bail, Context};
     use grandis_npy::NpyFile;
@@ -187,17 +192,24 @@ pub fn score_pairs_npy(
         }
         flat.extend([s as u32, t as u32]);
     }
-    let out = dot_scores(z.raw(), d, &flat);
+    if d != decoder.dim() {
+        bail!(
+            "{}: embeddings of {d} columns for a decoder of {}",
+            embeddings.display(),
+            decoder.dim()
+        );
+    }
+    let out = decoder.scores(z.raw(), &flat);
     grandis_npy::write_npy(scores, &[e as u64], &out)
         .with_context(|| format!("writing {}", scores.display()))?;
     Ok(e as u64)
 }
 
 /// Validation and test scores.
-pub fn summary_of(z: &[f32], d: usize, split: &LinkSplitView<'_>) -> LinkSummary {
+pub fn summary_of(decoder: &Decoder, z: &[f32], split: &LinkSplitView<'_>) -> LinkSummary {
     LinkSummary {
-        val: scores_of(z, d, split, LinkPart::ValPos),
-        test: scores_of(z, d, split, LinkPart::TestPos),
+        val: scores_of(decoder, z, split, LinkPart::ValPos),
+        test: scores_of(decoder, z, split, LinkPart::TestPos),
     }
 }
 

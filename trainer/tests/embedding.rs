@@ -120,7 +120,11 @@ fn embeddings_learn_links_on_a_featureless_graph() {
 fn run_links(ds: &InMemoryDataset, split: &LinkSplit, epochs: usize) -> TrainReport {
     let mut view = ds.view();
     view.links = Some(split.view());
-    let o = opts(epochs, Objective::Link { negatives: 2 }, 16);
+    let link = Objective::Link {
+        negatives: 2,
+        decoder: Default::default(),
+    };
+    let o = opts(epochs, link, 16);
     train(
         view,
         config(ds, 16, 8),

@@ -7,7 +7,9 @@ mod common;
 
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_store::{EdgeSplitOptions, InMemoryDataset, LinkSplit, Split};
-use grandis_trainer::{train, CheckpointOptions, Objective, TrainOptions, TrainReport};
+use grandis_trainer::{
+    train, CheckpointOptions, LinkDecoder, Objective, TrainOptions, TrainReport,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -68,7 +70,10 @@ fn opts(epochs: usize) -> TrainOptions {
     }
 }
 
-const LINK: Objective = Objective::Link { negatives: 2 };
+const LINK: Objective = Objective::Link {
+    negatives: 2,
+    decoder: LinkDecoder::Dot,
+};
 
 fn run(
     ds: &InMemoryDataset,
@@ -127,7 +132,10 @@ fn link_prediction_is_exact_and_resumes_exactly() {
     let mut view = ds.view();
     view.links = Some(split.view());
     let other = TrainOptions {
-        objective: Objective::Link { negatives: 3 },
+        objective: Objective::Link {
+            negatives: 3,
+            decoder: LinkDecoder::Dot,
+        },
         ..opts(10)
     };
     let err = train(view, config(&ds), &other, &ck, Some(2), |_| {}).unwrap_err();
@@ -167,5 +175,56 @@ fn a_dataset_without_a_usable_link_split_is_a_clear_error() {
     assert!(
         err.contains("link_test_pos.pairs") && err.contains("also a positive"),
         "{err}"
+    );
+}
+
+/// The MLP decoder: it learns (loss down, held-out AUC far above chance), a resumed run
+/// equals an uninterrupted one (its weights and Adam state are in the checkpoint), and the
+/// checkpoint's decoder scores an edge list as the run scored its test edges.
+#[test]
+fn the_mlp_decoder_learns_resumes_exactly_and_scores_from_the_checkpoint() {
+    let (ds, split) = communities(400, 4, 6);
+    let mlp = |epochs| TrainOptions {
+        objective: Objective::Link {
+            negatives: 2,
+            decoder: LinkDecoder::Mlp,
+        },
+        ..opts(epochs)
+    };
+    let go = |o: &TrainOptions, ck: &CheckpointOptions| {
+        let mut view = ds.view();
+        view.links = Some(split.view());
+        train(view, config(&ds), o, ck, Some(2), |_| {}).unwrap()
+    };
+    let whole = go(&mlp(30), &CheckpointOptions::default());
+    let losses = |r: &TrainReport| r.epochs.iter().map(|e| e.loss).collect::<Vec<_>>();
+    let l = losses(&whole);
+    assert!(l[29] < 0.9 * l[0], "{l:?}");
+    let link = whole.link.clone().expect("link scores");
+    // Slower to learn than the dot product (0.76 after 30 epochs here); chance is 0.5.
+    assert!(link.test.auc > 0.7, "{link:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mlp.safetensors");
+    let ck = CheckpointOptions {
+        path: Some(path.clone()),
+        resume: true,
+        ..Default::default()
+    };
+    let first = go(&mlp(12), &ck);
+    let second = go(&mlp(30), &ck);
+    let resumed: Vec<f64> = losses(&first).into_iter().chain(losses(&second)).collect();
+    assert_eq!(resumed, l, "the decoder and its Adam state resume exactly");
+
+    let saved = grandis_trainer::load_checkpoint(&path).unwrap();
+    let decoder = saved.link_decoder(false).unwrap().expect("a decoder");
+    assert_eq!(decoder.kind(), LinkDecoder::Mlp);
+    let mut view = ds.view();
+    view.links = Some(split.view());
+    let z = grandis_trainer::predict_logits(view, &path, Some(1)).unwrap();
+    let summary = grandis_trainer::link::summary_of(&decoder, &z, &split.view());
+    assert_eq!(
+        summary, link,
+        "the checkpoint's decoder scores as the run did"
     );
 }

@@ -20,7 +20,9 @@ mod read;
 mod validate;
 
 pub use bytes::parse_bytes;
-pub use kinds::{InterTransport, Mode, ModelKind, PartitionMethod, Priority, Task, UnknownName};
+pub use kinds::{
+    InterTransport, LinkDecoder, Mode, ModelKind, PartitionMethod, Priority, Task, UnknownName,
+};
 
 /// The longest job name, given or derived from the dataset path, in bytes.
 pub const NAME_MAX_BYTES: usize = 200;
@@ -280,6 +282,9 @@ pub struct LinkSpec {
     /// Columns of the embedding the last layer outputs; absent = `hidden`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub out_dim: Option<u32>,
+    /// How a pair is scored from its ends' embeddings (default `dot`).
+    #[serde(skip_serializing_if = "LinkDecoder::is_dot")]
+    pub decoder: LinkDecoder,
 }
 
 impl Default for LinkSpec {
@@ -287,6 +292,7 @@ impl Default for LinkSpec {
         LinkSpec {
             negatives: 1,
             out_dim: None,
+            decoder: LinkDecoder::Dot,
         }
     }
 }
@@ -610,6 +616,17 @@ mod tests {
                 "{doc}: {e:?}"
             );
         }
+        let mlp = JobSpec::from_json_str(
+            r#"{"dataset": "d", "task": "link", "mode": "fb", "link": {"decoder": "mlp"}}"#,
+        )
+        .unwrap();
+        assert_eq!(mlp.link.unwrap().decoder, LinkDecoder::Mlp);
+        let e = errors(r#"{"dataset": "d", "task": "link", "link": {"decoder": "bilinear"}}"#);
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("link.decoder: ") && m.contains("dot or mlp")),
+            "{e:?}"
+        );
     }
 
     #[test]

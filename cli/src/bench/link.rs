@@ -92,6 +92,7 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
         let opts = TrainOptions {
             objective: Objective::Link {
                 negatives: args.negatives,
+                decoder: args.decoder,
             },
             // One warm-up epoch, then the timed ones, as the baseline counts them.
             epochs: args.epochs + 1,
@@ -173,6 +174,8 @@ fn run_pyg(
             &seed.to_string(),
             "--embedding-dim",
             &args.embedding_dim.to_string(),
+            "--decoder",
+            args.decoder.name(),
         ])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -212,12 +215,13 @@ fn report(
     theirs: &[Run],
 ) -> anyhow::Result<()> {
     println!(
-        "link prediction on {} ({}-layer {} {} -> {}, dot product, {} epochs, {} seeds, {} threads):",
+        "link prediction on {} ({}-layer {} {} -> {}, {} decoder, {} epochs, {} seeds, {} threads):",
         data.display(),
         args.layers,
         args.model,
         args.hidden,
         args.out_dim,
+        args.decoder,
         args.epochs,
         ours.len(),
         args.threads
@@ -251,6 +255,7 @@ fn report(
         "hidden": args.hidden,
         "out_dim": args.out_dim,
         "embedding_dim": args.embedding_dim,
+        "decoder": args.decoder.name(),
         "epochs": args.epochs,
         "threads": args.threads,
         "val_fraction": VAL,

@@ -98,6 +98,9 @@ pub struct BenchTrainArgs {
     /// `torch.nn.Embedding` trained with `SparseAdam`); 0 = none.
     #[arg(long, default_value_t = 0)]
     pub embedding_dim: usize,
+    /// --task link: the decoder, dot or mlp (PyG: the same MLP on the Hadamard product).
+    #[arg(long, default_value_t = grandis_wire::LinkDecoder::Dot)]
+    pub decoder: grandis_wire::LinkDecoder,
 }
 
 /// Random directed graph with features that carry a weak class signal: uniform, or with

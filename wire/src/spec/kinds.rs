@@ -45,6 +45,24 @@ impl Task {
     }
 }
 
+/// How link prediction scores a pair from its ends' embeddings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkDecoder {
+    /// The dot product of the two embeddings.
+    #[default]
+    Dot,
+    /// An MLP on their Hadamard product: Linear(d, d), ReLU, Linear(d, 1) (PyG's
+    /// `LinkPredictor`), trained with the encoder.
+    Mlp,
+}
+
+impl LinkDecoder {
+    pub fn is_dot(&self) -> bool {
+        *self == LinkDecoder::Dot
+    }
+}
+
 /// How the training is distributed (GraNNDIS §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -155,6 +173,7 @@ named_enum!(PartitionMethod, "metis, spring, random or bytegnn", [
 ]);
 named_enum!(Priority, "degree or uniform", [Degree => "degree", Uniform => "uniform"]);
 named_enum!(Task, "node or link", [Node => "node", Link => "link"]);
+named_enum!(LinkDecoder, "dot or mlp", [Dot => "dot", Mlp => "mlp"]);
 named_enum!(InterTransport, "quic or nccl", [Quic => "quic", Nccl => "nccl"]);
 
 impl Mode {

@@ -3,8 +3,8 @@
 //! names its field.
 
 use super::bytes::parse_bytes;
-use super::kinds::Task;
 use super::kinds::{InterTransport, Mode, ModelKind, PartitionMethod, Priority};
+use super::kinds::{LinkDecoder, Task};
 use super::{FieldError, JobSpec, LinkSpec, PredictSpec, Sampling, SpecError, Staleness, FIELDS};
 use serde_json::{Map, Value};
 
@@ -354,12 +354,12 @@ impl Reader<'_> {
         Some(spec)
     }
 
-    /// The `link` table (`negatives`, `out_dim`).
+    /// The `link` table (`negatives`, `out_dim`, `decoder`).
     fn link(&mut self) -> Option<LinkSpec> {
         let v = self.get("link")?.clone();
         let Value::Object(obj) = &v else {
             let msg = format!(
-                "expected a table with 'negatives' and/or 'out_dim', got {}",
+                "expected a table with 'negatives', 'out_dim' and/or 'decoder', got {}",
                 describe(&v)
             );
             self.error("link", msg);
@@ -370,11 +370,19 @@ impl Reader<'_> {
             prefix: "link.",
             errors: Vec::new(),
         };
-        sub.unknown_fields(&["negatives", "out_dim"]);
+        sub.unknown_fields(&["negatives", "out_dim", "decoder"]);
         let d = LinkSpec::default();
         let spec = LinkSpec {
             negatives: sub.uint("negatives", 1, 1000).unwrap_or(d.negatives),
             out_dim: sub.uint("out_dim", 1, 1 << 16),
+            decoder: sub
+                .choice(
+                    "decoder",
+                    "link decoder",
+                    LinkDecoder::parse,
+                    LinkDecoder::EXPECTED,
+                )
+                .unwrap_or(d.decoder),
         };
         self.errors.append(&mut sub.errors);
         Some(spec)
