@@ -9,6 +9,11 @@
 
 use anyhow::{bail, Context};
 pub use grandis_wire::LinkDecoder;
+use rayon::prelude::*;
+
+/// Pairs one task of the MLP decoder scores: a fixed size, so that its partial sums, added up
+/// in order, are the same whatever the number of threads.
+const PAIRS_PER_TASK: usize = 512;
 
 /// A decoder and its Adam state.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,10 +122,15 @@ impl Decoder {
     pub fn scores(&self, z: &[f32], pairs: &[u32]) -> Vec<f32> {
         let d = self.d;
         let row = |v: u32| &z[v as usize * d..(v as usize + 1) * d];
-        let mut s = Scratch::default();
         pairs
-            .chunks_exact(2)
-            .map(|p| self.score_with(row(p[0]), row(p[1]), &mut s))
+            .par_chunks(2 * PAIRS_PER_TASK)
+            .flat_map_iter(|chunk| {
+                let mut s = Scratch::default();
+                chunk
+                    .chunks_exact(2)
+                    .map(move |p| self.score_with(row(p[0]), row(p[1]), &mut s))
+                    .collect::<Vec<_>>()
+            })
             .collect()
     }
 
@@ -147,37 +157,65 @@ impl Decoder {
         let (w1, rest) = self.params.split_at(d * d);
         let (_, rest) = rest.split_at(d);
         let (w2, _) = rest.split_at(d);
-        let mut s = Scratch::default();
-        let mut da = vec![0f32; d];
-        let mut dx = vec![0f32; d];
-        let mut loss = 0.0f64;
-        for (pairs, label) in [(pos, 1.0f32), (neg, 0.0f32)] {
-            for p in pairs.chunks_exact(2) {
-                let (u, v) = (p[0] as usize, p[1] as usize);
-                let score = self.score_with(&z[u * d..(u + 1) * d], &z[v * d..(v + 1) * d], &mut s);
-                loss += crate::link::bce_term(score, label) as f64;
-                let g = (crate::link::sigmoid(score) - label) * scale;
-                let (gw1, rest) = dparams.split_at_mut(d * d);
-                let (gb1, rest) = rest.split_at_mut(d);
-                let (gw2, gb2) = rest.split_at_mut(d);
-                gb2[0] += g;
-                for j in 0..d {
-                    let relu = s.a[j].max(0.0);
-                    gw2[j] += g * relu;
-                    da[j] = if s.a[j] > 0.0 { g * w2[j] } else { 0.0 };
-                    gb1[j] += da[j];
-                }
-                for i in 0..d {
-                    let xi = s.x[i];
-                    let row = &w1[i * d..(i + 1) * d];
-                    let grow = &mut gw1[i * d..(i + 1) * d];
-                    let mut acc = 0.0f32;
+        // W1 transposed, so that the input's gradient W1 da is a sum of rows too.
+        let mut w1t = vec![0f32; d * d];
+        for i in 0..d {
+            for j in 0..d {
+                w1t[j * d + i] = w1[i * d + j];
+            }
+        }
+        let labelled: Vec<(u32, u32, f32)> = [(pos, 1.0f32), (neg, 0.0f32)]
+            .into_iter()
+            .flat_map(|(pairs, label)| pairs.chunks_exact(2).map(move |p| (p[0], p[1], label)))
+            .collect();
+        // Chunks of a fixed size, added up in order: the same sums on any number of threads.
+        let chunks: Vec<(f64, Vec<f32>, Vec<f32>)> = labelled
+            .par_chunks(PAIRS_PER_TASK)
+            .map(|chunk| {
+                let mut s = Scratch::default();
+                let mut dp = vec![0f32; self.params.len()];
+                let mut dxs = vec![0f32; chunk.len() * d];
+                let mut da = vec![0f32; d];
+                let mut loss = 0.0f64;
+                for (&(u, v, label), dx) in chunk.iter().zip(dxs.chunks_exact_mut(d.max(1))) {
+                    let (u, v) = (u as usize, v as usize);
+                    let zu = &z[u * d..(u + 1) * d];
+                    let zv = &z[v * d..(v + 1) * d];
+                    let score = self.score_with(zu, zv, &mut s);
+                    loss += crate::link::bce_term(score, label) as f64;
+                    let g = (crate::link::sigmoid(score) - label) * scale;
+                    let (gw1, rest) = dp.split_at_mut(d * d);
+                    let (gb1, rest) = rest.split_at_mut(d);
+                    let (gw2, gb2) = rest.split_at_mut(d);
+                    gb2[0] += g;
                     for j in 0..d {
-                        grow[j] += xi * da[j];
-                        acc += row[j] * da[j];
+                        gw2[j] += g * s.a[j].max(0.0);
+                        da[j] = if s.a[j] > 0.0 { g * w2[j] } else { 0.0 };
+                        gb1[j] += da[j];
                     }
-                    dx[i] = acc;
+                    for (i, grow) in gw1.chunks_exact_mut(d).enumerate() {
+                        let xi = s.x[i];
+                        for (gw, &a) in grow.iter_mut().zip(&da) {
+                            *gw += xi * a;
+                        }
+                    }
+                    for (&a, col) in da.iter().zip(w1t.chunks_exact(d)) {
+                        for (x, &w) in dx.iter_mut().zip(col) {
+                            *x += a * w;
+                        }
+                    }
                 }
+                (loss, dp, dxs)
+            })
+            .collect();
+        let mut loss = 0.0f64;
+        for ((chunk_loss, dp, dxs), pairs) in chunks.iter().zip(labelled.chunks(PAIRS_PER_TASK)) {
+            loss += chunk_loss;
+            for (acc, g) in dparams.iter_mut().zip(dp) {
+                *acc += g;
+            }
+            for (&(u, v, _), dx) in pairs.iter().zip(dxs.chunks_exact(d.max(1))) {
+                let (u, v) = (u as usize, v as usize);
                 for c in 0..d {
                     let (zu, zv) = (z[u * d + c], z[v * d + c]);
                     dz[u * d + c] += dx[c] * zv;
@@ -321,6 +359,39 @@ mod tests {
                 "param {i}: {numeric} vs {analytic}"
             );
         }
+    }
+
+    /// The MLP's loss and gradients are the same bits on one thread and on four (its tasks
+    /// are fixed chunks of pairs, added up in order).
+    #[test]
+    fn the_mlp_decoder_is_the_same_on_any_number_of_threads() {
+        let (d, n) = (8, 300);
+        let dec = Decoder::new(LinkDecoder::Mlp, d, 2);
+        let z: Vec<f32> = (0..n * d)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
+            .collect();
+        let pairs: Vec<u32> = (0..3 * PAIRS_PER_TASK as u32 + 17)
+            .flat_map(|i| [i % n as u32, (i * 7 + 3) % n as u32])
+            .collect();
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let mut dz = vec![0.0; z.len()];
+                let mut dp = vec![0.0; dec.num_params()];
+                let loss = dec.bce(
+                    &z,
+                    &pairs[..pairs.len() / 2 * 2],
+                    &pairs[2..400],
+                    &mut dz,
+                    &mut dp,
+                );
+                (loss, dz, dp, dec.scores(&z, &pairs))
+            })
+        };
+        assert_eq!(run(1), run(4));
     }
 
     /// The dot decoder is the plain dot product, with no parameters.
