@@ -54,9 +54,11 @@ pub(crate) fn train_ranks(
         (Objective::Link { negatives, .. }, Some(split)) => {
             // A job spec never gets here otherwise (`JobSpec::validate`); a library caller
             // must not get another task in its place.
-            if let Some(why) =
-                grandis_wire::Task::Link.conflict_with(popts.job.mode, &popts.job.sampling)
-            {
+            if let Some(why) = grandis_wire::task_conflict(
+                grandis_wire::Task::Link,
+                popts.job.mode,
+                &popts.job.sampling,
+            ) {
                 bail!(why);
             }
             Some(LinkTask { split, negatives })

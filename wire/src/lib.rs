@@ -32,8 +32,9 @@ pub use protocol::{
 };
 pub use rates::{ComputeRate, LinkRate, ServerRates};
 pub use spec::{
-    defaults, FieldError, InterTransport, JobSpec, LinkDecoder, LinkSpec, Mode, ModelKind,
-    PartitionMethod, PredictSpec, Priority, Sampling, SpecError, Staleness, Task, UnknownName,
+    defaults, task_conflict, FieldError, InterTransport, JobSpec, LinkDecoder, LinkSpec, Mode,
+    ModelKind, PartitionMethod, PredictSpec, Priority, Sampling, SpecError, Staleness, Task,
+    UnknownName,
 };
 pub use summary::{
     Execution, InferenceSummary, LinkScores, LinkSummary, RankMemory, RunSummary, ServerTraffic,

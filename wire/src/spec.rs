@@ -54,26 +54,23 @@ pub enum Sampling {
     Saint { walk_length: u32 },
 }
 
-impl Task {
-    /// Why a job of this task cannot train in mode `mode` with `sampling`, if it cannot: the
-    /// one rule spec validation and the runner share. Link prediction trains in the exact
-    /// modes (single, fb, flx without sampling) so far: the sampled modes need batches seeded
-    /// by edges.
-    pub fn conflict_with(self, mode: Mode, sampling: &Sampling) -> Option<String> {
-        match self {
-            Task::Node => None,
-            Task::Link
-                if matches!(mode, Mode::Single | Mode::Fb | Mode::Flx)
-                    && *sampling == Sampling::None =>
-            {
-                None
-            }
-            Task::Link => Some(format!(
-                "link prediction trains in modes single, fb and flx without sampling so far, \
-                 not mode '{mode}' with sampling '{}'",
-                sampling.method()
-            )),
+/// Why a job of `task` cannot train in mode `mode` with `sampling`, if it cannot: the one
+/// rule spec validation and the runner share. Link prediction trains in the exact modes
+/// (single, fb, flx without sampling) so far: the sampled modes need batches seeded by edges.
+pub fn task_conflict(task: Task, mode: Mode, sampling: &Sampling) -> Option<String> {
+    match task {
+        Task::Node => None,
+        Task::Link
+            if matches!(mode, Mode::Single | Mode::Fb | Mode::Flx)
+                && *sampling == Sampling::None =>
+        {
+            None
         }
+        Task::Link => Some(format!(
+            "link prediction trains in modes single, fb and flx without sampling so far, \
+             not mode '{mode}' with sampling '{}'",
+            sampling.method()
+        )),
     }
 }
 

@@ -21,7 +21,7 @@ use anyhow::Context;
 use grandis_engine::Backend;
 use grandis_fabric::Topology;
 
-use super::{receive, DeviceLink, Labelled};
+use super::device_link::{receive, DeviceLink, Labelled};
 
 /// One handed-over buffer: its payload is the `Arc<B::Buf>` itself.
 type Parcel = Labelled<Box<dyn Any + Send>>;

@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use grandis_engine::Backend;
 
-use super::{receive, DeviceLink, Labelled};
+use super::device_link::{receive, DeviceLink, Labelled};
 
 /// The NCCL calls the transports make, on device buffers of backend `B`. Ranks and roots are
 /// ranks of the communicator; buffers are `B`'s, used on the backend's stream.

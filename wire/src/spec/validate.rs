@@ -2,7 +2,9 @@
 //! ones of a cluster job.
 
 use super::kinds::{InterTransport, Mode, ModelKind, Task};
-use super::{FieldError, JobSpec, Sampling, SpecError, NAME_MAX_BYTES, PATH_MAX_BYTES};
+use super::{
+    task_conflict, FieldError, JobSpec, Sampling, SpecError, NAME_MAX_BYTES, PATH_MAX_BYTES,
+};
 
 impl JobSpec {
     /// Checks ranges and combinations; every message names its field.
@@ -263,7 +265,7 @@ impl JobSpec {
                 "are link prediction's options: give them with task = \"link\"".into(),
             ),
             (Task::Link, link) => {
-                if let Some(why) = Task::Link.conflict_with(self.mode, &self.sampling) {
+                if let Some(why) = task_conflict(Task::Link, self.mode, &self.sampling) {
                     err("task", why);
                 }
                 let link = link.unwrap_or_default();
