@@ -154,4 +154,38 @@ impl AdamStep {
         let bc2 = 1.0 - (self.beta2 as f64).powf(self.step as f64);
         (bc1 as f32, bc2 as f32)
     }
+
+    /// This update applied to the parameters `w` (gradient `g`, moments `m` and `v`, all of
+    /// one length) on the calling thread, for what a trainer keeps on the host beside the
+    /// model (learnable node embeddings, a link decoder): the formula the CPU backend runs.
+    pub fn apply(&self, w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+        let (bc1, bc2) = self.bias_corrections();
+        self.apply_corrected(w, g, m, v, bc1, bc2);
+    }
+
+    /// [`Self::apply`] with the bias corrections computed once by the caller.
+    pub(crate) fn apply_corrected(
+        &self,
+        w: &mut [f32],
+        g: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        bc1: f32,
+        bc2: f32,
+    ) {
+        for i in 0..w.len() {
+            let mut gi = g[i] * self.grad_scale;
+            if !self.decoupled {
+                gi += self.weight_decay * w[i];
+            }
+            m[i] = self.beta1 * m[i] + (1.0 - self.beta1) * gi;
+            v[i] = self.beta2 * v[i] + (1.0 - self.beta2) * gi * gi;
+            let m_hat = m[i] / bc1;
+            let v_hat = v[i] / bc2;
+            if self.decoupled {
+                w[i] -= self.lr * self.weight_decay * w[i];
+            }
+            w[i] -= self.lr * m_hat / (v_hat.sqrt() + self.eps);
+        }
+    }
 }

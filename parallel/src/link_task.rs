@@ -43,14 +43,13 @@ pub(crate) struct LinkLoss {
 }
 
 /// Every vertex's embedding (`vertices x d`, ORIGINAL ids) from every rank's `rows`
-/// (`ids.len() x d`, the rows of NEW ids `ids`).
+/// (`ids.len() x d`, the rows of NEW ids `ids`), exchanged under epoch `tag_epoch`.
 fn gather_embeddings(
     ep: &mut Endpoint,
     new_to_old: &[u32],
-    ids: &[u32],
-    rows: &[f32],
+    (ids, rows): (&[u32], &[f32]),
     d: usize,
-    tag: Tag,
+    tag_epoch: u32,
 ) -> anyhow::Result<Vec<f32>> {
     if rows.len() != ids.len() * d {
         bail!(
@@ -64,7 +63,7 @@ fn gather_embeddings(
         let o = new_to_old[g as usize] as usize;
         z[o * d..(o + 1) * d].copy_from_slice(row);
     }
-    ep.all_reduce_sum(&mut z, tag)
+    ep.all_reduce_sum(&mut z, Tag::other(tag_epoch, GATHER_LAYER))
         .context("gathering the embeddings for the link decoder")?;
     Ok(z)
 }
@@ -82,14 +81,7 @@ impl LinkTask<'_> {
         (seed, epoch): (u64, usize),
     ) -> anyhow::Result<LinkLoss> {
         let d = decoder.dim();
-        let z = gather_embeddings(
-            ep,
-            new_to_old,
-            ids,
-            rows,
-            d,
-            Tag::other(epoch as u32, GATHER_LAYER),
-        )?;
+        let z = gather_embeddings(ep, new_to_old, (ids, rows), d, epoch as u32)?;
         let n = new_to_old.len();
         let pos = self.split.train;
         let neg = link::corrupt_destinations(pos, self.negatives, n as u32, seed, epoch as u64);
@@ -125,14 +117,7 @@ impl LinkTask<'_> {
         tag_epoch: u32,
     ) -> anyhow::Result<LinkSummary> {
         let d = decoder.dim();
-        let z = gather_embeddings(
-            ep,
-            new_to_old,
-            ids,
-            rows,
-            d,
-            Tag::other(tag_epoch, GATHER_LAYER),
-        )?;
+        let z = gather_embeddings(ep, new_to_old, (ids, rows), d, tag_epoch)?;
         Ok(link::summary_of(decoder, &z, &self.split))
     }
 }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use grandis_engine::{AdamStep, Backend};
+use grandis_engine::Backend;
 use grandis_fabric::{Endpoint, Expected, Tag};
 use grandis_masking::{DevicePlan, SPLIT_TEST, SPLIT_TRAIN, SPLIT_VAL};
 use grandis_models::{Model, StageCache};
@@ -470,13 +470,8 @@ impl<'w, B: Backend> Worker<'w, B> {
                     decoder,
                     (sh.opts.seed, epoch),
                 )?;
-                decoder.adam_step(
-                    &link.decoder_grad,
-                    step,
-                    sh.opts.lr,
-                    sh.opts.weight_decay,
-                    sh.opts.adamw,
-                );
+                // Not clipped, as in mode single.
+                decoder.adam_step(&link.decoder_grad, &sh.opts.adam(step, 1.0));
                 b.upload_into(&mut grad, 0, &link.grad)?;
                 (link.loss_sum, link.pairs)
             }
@@ -500,19 +495,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         // Every rank now holds the global gradient, so clipping and Adam need no more traffic
         // and the weights stay identical on all ranks.
         let grad_scale = self.model.clip_factor(b, sh.opts.grad_clip)?;
-        self.model.adam_step(
-            b,
-            &AdamStep {
-                lr: sh.opts.lr,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: sh.opts.weight_decay,
-                decoupled: sh.opts.adamw,
-                step,
-                grad_scale,
-            },
-        )?;
+        self.model.adam_step(b, &sh.opts.adam(step, grad_scale))?;
         Ok((loss_sum, targets))
     }
 

@@ -44,6 +44,14 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// Refuses a checkpoint without optimizer state when `optimizer` (resuming) needs it.
+    fn need_optimizer(&self, optimizer: bool) -> anyhow::Result<()> {
+        if optimizer && !self.has_optimizer {
+            bail!("checkpoint has no optimizer state, so training cannot resume from it");
+        }
+        Ok(())
+    }
+
     /// The learnable node embeddings the model was trained with (with `optimizer`, their
     /// sparse Adam state for resuming), checked against the dataset's `vertices`; None when
     /// the model has none.
@@ -61,9 +69,7 @@ impl Checkpoint {
                  vertices: it was trained on another graph"
             );
         }
-        if optimizer && !self.has_optimizer {
-            bail!("checkpoint has no optimizer state, so training cannot resume from it");
-        }
+        self.need_optimizer(optimizer)?;
         NodeEmbeddings::from_tensors(|name| self.tensors.get(name), optimizer).map(Some)
     }
 
@@ -73,9 +79,7 @@ impl Checkpoint {
         let Objective::Link { decoder, .. } = self.objective() else {
             return Ok(None);
         };
-        if optimizer && !self.has_optimizer {
-            bail!("checkpoint has no optimizer state, so training cannot resume from it");
-        }
+        self.need_optimizer(optimizer)?;
         Decoder::from_tensors(
             decoder,
             self.model.classes,
@@ -301,9 +305,7 @@ impl Checkpoint {
         model: &mut Model<B>,
         optimizer: bool,
     ) -> anyhow::Result<()> {
-        if optimizer && !self.has_optimizer {
-            bail!("checkpoint has no optimizer state, so training cannot resume from it");
-        }
+        self.need_optimizer(optimizer)?;
         for p in &mut model.params {
             let get = |name: &str| -> anyhow::Result<&Vec<f32>> {
                 let (shape, data) = self

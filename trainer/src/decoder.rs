@@ -8,6 +8,7 @@
 //! the same update and the copies stay equal without an all-reduce.
 
 use anyhow::{bail, Context};
+use grandis_engine::AdamStep;
 pub use grandis_wire::LinkDecoder;
 use rayon::prelude::*;
 
@@ -226,29 +227,9 @@ impl Decoder {
         loss / count as f64
     }
 
-    /// One Adam step of the decoder's parameters with their gradient `grads` (`step` counts
-    /// from 1; `weight_decay` as the model's: L2, or decoupled with `decoupled`).
-    pub fn adam_step(
-        &mut self,
-        grads: &[f32],
-        step: u64,
-        lr: f32,
-        weight_decay: f32,
-        decoupled: bool,
-    ) {
-        let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
-        let c1 = 1.0 - b1.powf(step as f32);
-        let c2 = 1.0 - b2.powf(step as f32);
-        for (i, &g) in grads.iter().enumerate() {
-            let p = &mut self.params[i];
-            let g = if decoupled { g } else { g + weight_decay * *p };
-            self.m[i] = b1 * self.m[i] + (1.0 - b1) * g;
-            self.v[i] = b2 * self.v[i] + (1.0 - b2) * g * g;
-            if decoupled {
-                *p -= lr * weight_decay * *p;
-            }
-            *p -= lr * (self.m[i] / c1) / ((self.v[i] / c2).sqrt() + eps);
-        }
+    /// One Adam step `adam` of the decoder's parameters with their gradient `grads`.
+    pub fn adam_step(&mut self, grads: &[f32], adam: &AdamStep) {
+        adam.apply(&mut self.params, grads, &mut self.m, &mut self.v);
     }
 
     /// The checkpoint tensors (name, shape, values); with `optimizer`, the Adam moments too.
@@ -409,7 +390,19 @@ mod tests {
     fn checkpoint_tensors_round_trip() {
         let mut dec = Decoder::new(LinkDecoder::Mlp, 4, 1);
         let g: Vec<f32> = (0..dec.num_params()).map(|i| i as f32 * 0.01).collect();
-        dec.adam_step(&g, 1, 0.01, 0.0, false);
+        dec.adam_step(
+            &g,
+            &AdamStep {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+                decoupled: false,
+                step: 1,
+                grad_scale: 1.0,
+            },
+        );
         let owned: std::collections::HashMap<String, (Vec<usize>, Vec<f32>)> = dec
             .tensors(true)
             .into_iter()

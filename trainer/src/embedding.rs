@@ -10,11 +10,7 @@
 //! (seed, row, column): the same table on any machine and thread count.
 
 use anyhow::{bail, Context};
-
-/// Adam's constants, as the model's optimiser uses them.
-const BETA1: f32 = 0.9;
-const BETA2: f32 = 0.999;
-const EPS: f32 = 1e-8;
+use grandis_engine::AdamStep;
 
 /// The checkpoint tensor of the table; its moments and step counts carry prefixes.
 pub const TABLE: &str = "node_embedding";
@@ -80,25 +76,29 @@ impl NodeEmbeddings {
 
     /// One sparse Adam step over `rows` (distinct vertices), each with its gradient taken from
     /// `grad_input` (the model's input gradient, one row of `f + dim` per entry of `rows`: the
-    /// embedding's columns are the last `dim`). No weight decay and no clipping, as DGL's
-    /// `SparseAdam`.
-    pub fn adam_step(&mut self, rows: &[u32], grad_input: &[f32], f: usize, lr: f32) {
+    /// embedding's columns are the last `dim`). `adam` gives the learning rate and moments'
+    /// constants; each row counts its own steps, and there is no weight decay or clipping, as
+    /// in DGL's `SparseAdam`.
+    pub fn adam_step(&mut self, rows: &[u32], grad_input: &[f32], f: usize, adam: &AdamStep) {
         let d = self.dim;
         debug_assert_eq!(grad_input.len(), rows.len() * (f + d));
         for (&r, g) in rows.iter().zip(grad_input.chunks_exact(f + d)) {
             let r = r as usize;
             self.steps[r] += 1.0;
-            let t = self.steps[r];
-            let c1 = 1.0 - BETA1.powf(t);
-            let c2 = 1.0 - BETA2.powf(t);
-            for (j, &g) in g[f..].iter().enumerate() {
-                let i = r * d + j;
-                self.m[i] = BETA1 * self.m[i] + (1.0 - BETA1) * g;
-                self.v[i] = BETA2 * self.v[i] + (1.0 - BETA2) * g * g;
-                let m_hat = self.m[i] / c1;
-                let v_hat = self.v[i] / c2;
-                self.table[i] -= lr * m_hat / (v_hat.sqrt() + EPS);
-            }
+            let row = AdamStep {
+                weight_decay: 0.0,
+                decoupled: false,
+                step: self.steps[r] as u64,
+                grad_scale: 1.0,
+                ..*adam
+            };
+            let at = r * d..(r + 1) * d;
+            row.apply(
+                &mut self.table[at.clone()],
+                &g[f..],
+                &mut self.m[at.clone()],
+                &mut self.v[at],
+            );
         }
     }
 
@@ -201,7 +201,17 @@ mod tests {
         let f = 1;
         // Rows 1 and 3; each gradient row is (feature column, embedding columns).
         let grad = [9.0, 0.5, -2.0, 9.0, -0.1, 3.0];
-        e.adam_step(&[1, 3], &grad, f, 0.01);
+        let adam = AdamStep {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled: false,
+            step: 1,
+            grad_scale: 1.0,
+        };
+        e.adam_step(&[1, 3], &grad, f, &adam);
         for r in [0usize, 2] {
             assert_eq!(e.table[r * 2..r * 2 + 2], before.table[r * 2..r * 2 + 2]);
             assert_eq!(e.steps[r], 0.0);

@@ -114,6 +114,21 @@ impl EvalSchedule {
 }
 
 impl TrainOptions {
+    /// The Adam update of optimiser step `step` (from 1) with these options, the gradient
+    /// scaled by `grad_scale` (global-norm clipping's factor; 1 for what is not clipped).
+    pub fn adam(&self, step: u64, grad_scale: f32) -> AdamStep {
+        AdamStep {
+            lr: self.lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: self.weight_decay,
+            decoupled: self.adamw,
+            step,
+            grad_scale,
+        }
+    }
+
     /// The optimiser options of a job.
     pub fn for_job(spec: &grandis_wire::JobSpec) -> TrainOptions {
         TrainOptions {
@@ -478,13 +493,8 @@ impl<'a, B: Backend> Prepared<'a, B> {
             *grad = b.upload(&dz)?;
             Ok(loss)
         })?;
-        decoder.adam_step(
-            &dparams,
-            epoch as u64,
-            opts.lr,
-            opts.weight_decay,
-            opts.adamw,
-        );
+        // Not clipped: the clipping factor is the model's parameters' alone.
+        decoder.adam_step(&dparams, &opts.adam(epoch as u64, 1.0));
         Ok(loss)
     }
 
@@ -525,22 +535,10 @@ impl<'a, B: Backend> Prepared<'a, B> {
             let mut host = vec![0f32; n * model.config.in_dim];
             b.download(&gx, 0, &mut host)?;
             let rows: Vec<u32> = (0..n as u32).collect();
-            emb.adam_step(&rows, &host, self.view.feature_dim, opts.lr);
+            emb.adam_step(&rows, &host, self.view.feature_dim, &opts.adam(1, 1.0));
         }
         let grad_scale = model.clip_factor(b, opts.grad_clip)?;
-        model.adam_step(
-            b,
-            &AdamStep {
-                lr: opts.lr,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: opts.weight_decay,
-                decoupled: opts.adamw,
-                step: epoch as u64,
-                grad_scale,
-            },
-        )?;
+        model.adam_step(b, &opts.adam(epoch as u64, grad_scale))?;
         Ok(loss)
     }
 }
@@ -638,14 +636,13 @@ pub fn check_config<'v>(
     objective: Objective,
     embedding_dim: usize,
 ) -> anyhow::Result<Option<LinkSplitView<'v>>> {
-    let learnt = embedding_dim;
-    if config.in_dim != view.feature_dim + learnt {
+    if config.in_dim != view.feature_dim + embedding_dim {
         bail!(
             "model expects {} input columns, the dataset has {} features{}",
             config.in_dim,
             view.feature_dim,
-            if learnt > 0 {
-                format!(" and the run {learnt} embedding columns")
+            if embedding_dim > 0 {
+                format!(" and the run {embedding_dim} embedding columns")
             } else {
                 String::new()
             }

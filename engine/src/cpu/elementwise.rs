@@ -295,20 +295,5 @@ pub(super) fn adam_step(
         .zip(grad[..len].par_chunks(ELEM_CHUNK))
         .zip(m[..len].par_chunks_mut(ELEM_CHUNK))
         .zip(v[..len].par_chunks_mut(ELEM_CHUNK))
-        .for_each(|(((w, g), m), v)| {
-            for i in 0..w.len() {
-                let mut gi = g[i] * s.grad_scale;
-                if !s.decoupled {
-                    gi += s.weight_decay * w[i];
-                }
-                m[i] = s.beta1 * m[i] + (1.0 - s.beta1) * gi;
-                v[i] = s.beta2 * v[i] + (1.0 - s.beta2) * gi * gi;
-                let m_hat = m[i] / bc1;
-                let v_hat = v[i] / bc2;
-                if s.decoupled {
-                    w[i] -= s.lr * s.weight_decay * w[i];
-                }
-                w[i] -= s.lr * m_hat / (v_hat.sqrt() + s.eps);
-            }
-        })
+        .for_each(|(((w, g), m), v)| s.apply_corrected(w, g, m, v, bc1, bc2))
 }
