@@ -142,6 +142,17 @@ impl IdMap {
         }
     }
 
+    /// Maps `v` to `index`, replacing what it was mapped to.
+    pub fn set(&mut self, v: u32, index: u32) {
+        match self {
+            IdMap::Dense(slots) => slots[v as usize] = index,
+            IdMap::Stamped(Stamped { slots, stamp }) => slots[v as usize] = (*stamp, index),
+            IdMap::Hash(m) => {
+                m.insert(v, index);
+            }
+        }
+    }
+
     /// Prefetches the entry of `v` (a walk over scattered ids asks a few ids ahead, so the
     /// cache misses overlap); nothing for the hashed map, whose slot is not known up front.
     #[inline(always)]
@@ -190,6 +201,9 @@ mod tests {
             assert_eq!(m.get(7), Some(0));
             assert_eq!(m.get(3), Some(1));
             assert_eq!(m.get(4), None);
+            m.set(7, 9);
+            m.set(4, 2);
+            assert_eq!((m.get(7), m.get(4), m.get(3)), (Some(9), Some(2), Some(1)));
         }
         assert!(matches!(IdMap::for_size(10, 20), IdMap::Dense(_)));
         assert!(matches!(IdMap::for_size(100, 1000), IdMap::Stamped(_)));

@@ -16,10 +16,11 @@
 //! aggregates layer l over `layer_graph(l)` and divides by `agg_degree_at(l, row)` (the
 //! per-layer kept count).
 
-use grandis_masking::{Edges, ExtractionSpec, IdMap, PlanContext, SampledEdges};
+use grandis_masking::{Edges, ExtractionSpec, PlanContext, SampledEdges};
 use rayon::prelude::*;
 
 use crate::error::{Result, SamplingError};
+use crate::numbering::Numbering;
 use crate::rng::{below, counter, mix};
 use crate::sampler::{check_targets, Sampler};
 
@@ -170,31 +171,6 @@ impl Fanout {
     }
 }
 
-/// Sorts `keys` by their high 32 bits, each below `bound` (a hop's new vertices by global
-/// id: distinct, so the order is total): a least-significant-digit radix sort, one pass per
-/// byte `bound` needs, linear in the keys whatever their order (a comparison sort of a hop's
-/// ~400k new vertices cost more than drawing them).
-fn sort_by_high_word(keys: &mut Vec<u64>, bound: u64) {
-    let bits = 64 - bound.saturating_sub(1).leading_zeros();
-    let mut scratch = vec![0u64; keys.len()];
-    for pass in 0..bits.div_ceil(8) {
-        let shift = 32 + 8 * pass;
-        let mut start = [0usize; 257];
-        for &k in keys.iter() {
-            start[((k >> shift) & 0xFF) as usize + 1] += 1;
-        }
-        for b in 1..257 {
-            start[b] += start[b - 1];
-        }
-        for &k in keys.iter() {
-            let b = ((k >> shift) & 0xFF) as usize;
-            scratch[start[b]] = k;
-            start[b] += 1;
-        }
-        std::mem::swap(keys, &mut scratch);
-    }
-}
-
 impl Sampler for Fanout {
     fn spec(
         &self,
@@ -216,9 +192,6 @@ impl Sampler for Fanout {
         // Hop d draws for every vertex of levels < d, which are then the prefix numbered
         // before it. Maps are sized to the sample, never to the graph.
         let mut vertices: Vec<u32> = targets.clone();
-        // Global id -> the number a vertex got when first drawn, and that number -> its
-        // place in `vertices` (a hop's new vertices are numbered in order of discovery, then
-        // renumbered by global id once the hop is drawn).
         let bound = self
             .fanouts
             .iter()
@@ -228,12 +201,9 @@ impl Sampler for Fanout {
             })
             .last()
             .unwrap_or(targets.len());
-        let mut first_number = IdMap::for_size(bound.min(ctx.num_vertices()), ctx.num_vertices());
-        for (i, &t) in targets.iter().enumerate() {
-            first_number.insert_new(t, i as u32);
-        }
-        let mut place: Vec<u32> = (0..targets.len() as u32).collect();
-        // Per hop: (rows drawn, CSR offsets, sources as sample indices) in sample order.
+        let mut numbering = Numbering::new(bound.min(ctx.num_vertices()), ctx.num_vertices());
+        numbering.number_targets(&targets);
+        // Per hop: (rows drawn, CSR offsets, sources as sample numbers) in sample order.
         let mut draws: Vec<(usize, Vec<u32>, Vec<u32>)> = Vec::with_capacity(hops);
         for d in 1..=hops {
             let frontier = vertices.len();
@@ -244,33 +214,8 @@ impl Sampler for Fanout {
                 self.fanouts[d - 1],
                 round,
             );
-            let mut fresh: Vec<u32> = Vec::new();
-            for i in 0..srcs.len() {
-                // Entries at scattered ids: ask for the one a few edges ahead.
-                if let Some(&ahead) = srcs.get(i + PREFETCH_AHEAD) {
-                    first_number.prefetch(ahead);
-                }
-                let u = srcs[i];
-                let next = (frontier + fresh.len()) as u32;
-                let number = first_number.get_or_insert(u, next);
-                if number == next {
-                    fresh.push(u);
-                    place.push(u32::MAX);
-                }
-                srcs[i] = number;
-            }
-            // (global id, number when drawn), packed so the sort compares plain integers.
-            let mut by_id: Vec<u64> = fresh
-                .iter()
-                .enumerate()
-                .map(|(j, &g)| (g as u64) << 32 | j as u64)
-                .collect();
-            sort_by_high_word(&mut by_id, ctx.num_vertices() as u64);
-            for (at, &gj) in by_id.iter().enumerate() {
-                place[frontier + (gj as u32) as usize] = (frontier + at) as u32;
-            }
-            vertices.extend(by_id.iter().map(|&gj| (gj >> 32) as u32));
-            srcs.par_iter_mut().for_each(|u| *u = place[*u as usize]);
+            let level = numbering.number_hop(&mut srcs, frontier as u32);
+            vertices.extend_from_slice(&level);
             draws.push((frontier, offsets, srcs));
         }
         // One CSR over the rows (every vertex drawn for by the last hop), in sample order; a
@@ -329,34 +274,5 @@ impl Sampler for Fanout {
     fn name(&self) -> String {
         let f: Vec<String> = self.fanouts.iter().map(usize::to_string).collect();
         format!("sage({})", f.join(","))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::sort_by_high_word;
-
-    /// The radix sort orders by the high word as a comparison sort does, for bounds that
-    /// need one to four bytes.
-    #[test]
-    fn radix_sort_orders_by_global_id() {
-        for bound in [1u64, 200, 70_000, 3_000_000, u32::MAX as u64 + 1] {
-            let mut keys: Vec<u64> = (0..5000u64)
-                .map(|j| {
-                    let g = (j * 2_654_435_761) % bound;
-                    g << 32 | j
-                })
-                .collect();
-            let mut want = keys.clone();
-            want.sort_unstable_by_key(|k| (k >> 32, *k as u32));
-            sort_by_high_word(&mut keys, bound);
-            let high = |v: &[u64]| v.iter().map(|k| k >> 32).collect::<Vec<_>>();
-            assert_eq!(high(&keys), high(&want), "bound {bound}");
-            let mut a = keys.clone();
-            a.sort_unstable();
-            let mut b = want.clone();
-            b.sort_unstable();
-            assert_eq!(a, b, "the same keys, bound {bound}");
-        }
     }
 }

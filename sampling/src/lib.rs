@@ -18,6 +18,7 @@ mod eas;
 mod error;
 mod fanout;
 mod fit;
+mod numbering;
 mod rng;
 mod saint;
 mod sampler;
