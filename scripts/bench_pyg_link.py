@@ -5,8 +5,9 @@ split's link_*.npy pairs): a GCNConv or SAGEConv encoder (ReLU between layers, d
 --dropout), a dot-product decoder, Adam, binary cross-entropy over the training positives and
 as many negatives per epoch from torch_geometric.utils.negative_sampling. The adjacency is
 PyG's fastest CPU input, a CSR `adj_t`. After the last epoch it scores the exported
-validation and test positives against their negatives (AUC, ties counting half) and prints
-one JSON line: val_auc, test_auc, median_epoch_s, epoch_seconds (the first epoch is warm-up,
+validation and test positives against their negatives (AUC, ties counting half; the test
+edges' MRR and Hits@10/50 with OGB's evaluator semantics, as grandis scores them) and prints
+one JSON line: val_auc, test_auc, test_mrr, test_hits_at_10, test_hits_at_50, median_epoch_s, epoch_seconds (the first epoch is warm-up,
 as in grandis), peak_rss_bytes, losses and the versions. With --embedding-dim D every vertex
 also has D learnable input columns after its features (a torch.nn.Embedding, N(0, 1) as
 torch initialises it, trained with SparseAdam at --lr, as grandis trains its table). With
@@ -32,6 +33,30 @@ def auc(pos, neg):
     return float((below + 0.5 * (upto - below)).sum() / (len(pos) * len(neg)))
 
 
+def hits_at(pos, neg, k):
+    """OGB's Hits@K: the fraction of positives scored strictly above the K-th highest
+    negative (1 with fewer than K negatives)."""
+    import numpy as np
+
+    if len(neg) < k:
+        return 1.0
+    kth = np.sort(neg)[::-1][k - 1]
+    return float((pos > kth).mean())
+
+
+def mrr(pos, neg):
+    """OGB's MRR: positive i ranked among its own negatives neg[i k:(i + 1) k], ties ranked
+    half-way between the optimistic and the pessimistic rank."""
+    import numpy as np
+
+    if len(pos) == 0 or len(neg) == 0 or len(neg) % len(pos):
+        return float("nan")
+    negs = neg.reshape(len(pos), -1)
+    optimistic = (negs >= pos[:, None]).sum(axis=1)
+    pessimistic = (negs > pos[:, None]).sum(axis=1)
+    return float((1.0 / (0.5 * (optimistic + pessimistic) + 1.0)).mean())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", required=True)
@@ -47,6 +72,10 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--embedding-dim", type=int, default=0)
     ap.add_argument("--decoder", choices=["dot", "mlp"], default="dot")
+    ap.add_argument("--train-negatives", choices=["pyg", "corrupt"], default="pyg",
+                    help="pyg: negative_sampling (random pairs avoiding edges, the example's); "
+                         "corrupt: each training edge's source with a uniform destination, as "
+                         "grandis draws them")
     args = ap.parse_args()
 
     import numpy as np
@@ -105,8 +134,11 @@ def main():
         if emb is not None:
             emb_opt.zero_grad()
         z = encode(True)
-        neg = negative_sampling(edge_index=edge_index, num_nodes=n,
-                                num_neg_samples=train_pos.size(1), method="sparse")
+        if args.train_negatives == "pyg":
+            neg = negative_sampling(edge_index=edge_index, num_nodes=n,
+                                    num_neg_samples=train_pos.size(1), method="sparse")
+        else:
+            neg = torch.stack([train_pos[0], torch.randint(0, n, (train_pos.size(1),))])
         pairs = torch.cat([train_pos, neg], dim=1)
         labels = torch.cat([torch.ones(train_pos.size(1)), torch.zeros(neg.size(1))])
         out = decode(z, pairs)
@@ -124,10 +156,14 @@ def main():
         z = encode(False)
         score = lambda name: decode(z, load(name)).numpy()
         val_auc = auc(score("link_valid_pos.npy"), score("link_valid_neg.npy"))
-        test_auc = auc(score("link_test_pos.npy"), score("link_test_neg.npy"))
+        test_pos, test_neg = score("link_test_pos.npy"), score("link_test_neg.npy")
+        test_auc = auc(test_pos, test_neg)
     print(json.dumps({
         "val_auc": val_auc,
         "test_auc": test_auc,
+        "test_mrr": mrr(test_pos, test_neg),
+        "test_hits_at_10": hits_at(test_pos, test_neg, 10),
+        "test_hits_at_50": hits_at(test_pos, test_neg, 50),
         "median_epoch_s": statistics.median(times) if times else None,
         "epoch_seconds": times,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

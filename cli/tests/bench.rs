@@ -168,3 +168,61 @@ fn bench_steps_times_the_same_steps_with_any_thread_count() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// `bench train --task link` without a baseline: each seed's run reports AUC, MRR and
+/// Hits@10/50 of the test edges (each a fraction), and their means.
+#[test]
+fn bench_link_reports_ogb_scores_per_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("synth");
+    let data = data.to_str().unwrap();
+    let (ok, _, err) = grandis(&[
+        "data",
+        "synth",
+        "--nodes",
+        "600",
+        "--avg-degree",
+        "8",
+        "--features",
+        "8",
+        "--classes",
+        "4",
+        "--out",
+        data,
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = grandis(&[
+        "bench",
+        "train",
+        "--task",
+        "link",
+        "--data",
+        data,
+        "--layers",
+        "2",
+        "--hidden",
+        "16",
+        "--out-dim",
+        "8",
+        "--epochs",
+        "3",
+        "--seeds",
+        "2",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let ours = &report["grandis"];
+    let runs = ours["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{report}");
+    for key in ["test_auc", "test_mrr", "test_hits_at_10", "test_hits_at_50"] {
+        for r in runs {
+            let v = r[key].as_f64().unwrap_or_else(|| panic!("no {key} in {r}"));
+            assert!((0.0..=1.0).contains(&v), "{key} {v}");
+        }
+        let mean = ours[format!("mean_{key}")].as_f64().unwrap();
+        let want = (runs[0][key].as_f64().unwrap() + runs[1][key].as_f64().unwrap()) / 2.0;
+        assert!((mean - want).abs() < 1e-12, "mean_{key} {mean} vs {want}");
+    }
+    assert!(out.contains("test MRR  Hits@10  Hits@50"), "{out}");
+}

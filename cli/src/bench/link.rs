@@ -5,8 +5,9 @@
 //! dataset that carries its own link split (Last.fm's listens), keeps it and seeds the
 //! models alone; both systems train the same encoder (with `--embedding-dim`, beside learnable
 //! node embeddings) on the same split and are scored on the same held-out pairs.
-//! Reported: test and validation AUC (and their mean difference in points), the median epoch
-//! and the peak RSS of each, as ratios.
+//! Reported: test and validation AUC, the test edges' MRR and Hits@10/50 (OGB's evaluator
+//! semantics on both sides; their mean differences in points), the median epoch and the peak
+//! RSS of each, as ratios.
 
 use anyhow::{bail, Context};
 use grandis_models::ModelConfig;
@@ -25,6 +26,9 @@ struct Run {
     seed: u64,
     val_auc: f64,
     test_auc: f64,
+    test_mrr: f64,
+    test_hits_at_10: f64,
+    test_hits_at_50: f64,
     median_epoch_s: f64,
     peak_rss_bytes: u64,
 }
@@ -119,6 +123,9 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
             seed,
             val_auc: link.val.auc,
             test_auc: link.test.auc,
+            test_mrr: link.test.mrr,
+            test_hits_at_10: link.test.hits_at_10,
+            test_hits_at_50: link.test.hits_at_50,
             median_epoch_s: grandis_telemetry::median(&times),
             peak_rss_bytes: grandis_telemetry::peak_rss_bytes(),
         };
@@ -199,6 +206,9 @@ fn run_pyg(
         seed,
         val_auc: num("val_auc")?,
         test_auc: num("test_auc")?,
+        test_mrr: num("test_mrr")?,
+        test_hits_at_10: num("test_hits_at_10")?,
+        test_hits_at_50: num("test_hits_at_50")?,
         median_epoch_s: num("median_epoch_s")?,
         peak_rss_bytes: num("peak_rss_bytes")? as u64,
     })
@@ -226,14 +236,19 @@ fn report(
         ours.len(),
         args.threads
     );
-    println!("system   seed  test AUC   val AUC  median epoch  peak RSS");
+    println!(
+        "system   seed  test AUC   val AUC  test MRR  Hits@10  Hits@50  median epoch  peak RSS"
+    );
     for (name, runs) in [("grandis", ours), ("PyG", theirs)] {
         for r in runs {
             println!(
-                "{name:<8} {:>4}  {:>8.4}  {:>8.4}  {:>10.4}s  {:>6.1} MiB",
+                "{name:<8} {:>4}  {:>8.4}  {:>8.4}  {:>8.4}  {:>7.4}  {:>7.4}  {:>10.4}s  {:>6.1} MiB",
                 r.seed,
                 r.test_auc,
                 r.val_auc,
+                r.test_mrr,
+                r.test_hits_at_10,
+                r.test_hits_at_50,
                 r.median_epoch_s,
                 r.peak_rss_bytes as f64 / (1 << 20) as f64
             );
@@ -243,6 +258,9 @@ fn report(
         serde_json::json!({
             "mean_test_auc": mean(runs, |r| r.test_auc),
             "mean_val_auc": mean(runs, |r| r.val_auc),
+            "mean_test_mrr": mean(runs, |r| r.test_mrr),
+            "mean_test_hits_at_10": mean(runs, |r| r.test_hits_at_10),
+            "mean_test_hits_at_50": mean(runs, |r| r.test_hits_at_50),
             "mean_median_epoch_s": mean(runs, |r| r.median_epoch_s),
             "mean_peak_rss_bytes": mean(runs, |r| r.peak_rss_bytes as f64),
             "runs": runs,
@@ -263,18 +281,26 @@ fn report(
         "grandis": summary(ours),
     });
     if !theirs.is_empty() {
-        let points = 100.0 * (mean(ours, |r| r.test_auc) - mean(theirs, |r| r.test_auc));
+        let points = |f: fn(&Run) -> f64| 100.0 * (mean(ours, f) - mean(theirs, f));
         let speed = mean(theirs, |r| r.median_epoch_s) / mean(ours, |r| r.median_epoch_s);
         let memory =
             mean(ours, |r| r.peak_rss_bytes as f64) / mean(theirs, |r| r.peak_rss_bytes as f64);
         println!(
-            "mean test AUC grandis {:.4}, PyG {:.4} ({points:+.2} points); grandis is {speed:.2}x \
-             PyG's speed per epoch at {memory:.2}x its peak RSS (whole processes)",
+            "mean test AUC grandis {:.4}, PyG {:.4} ({:+.2} points); MRR {:+.2}, Hits@10 \
+             {:+.2}, Hits@50 {:+.2} points; grandis is {speed:.2}x PyG's speed per epoch at \
+             {memory:.2}x its peak RSS (whole processes)",
             mean(ours, |r| r.test_auc),
-            mean(theirs, |r| r.test_auc)
+            mean(theirs, |r| r.test_auc),
+            points(|r| r.test_auc),
+            points(|r| r.test_mrr),
+            points(|r| r.test_hits_at_10),
+            points(|r| r.test_hits_at_50),
         );
         json["pyg"] = summary(theirs);
-        json["test_auc_points_vs_pyg"] = points.into();
+        json["test_auc_points_vs_pyg"] = points(|r| r.test_auc).into();
+        json["test_mrr_points_vs_pyg"] = points(|r| r.test_mrr).into();
+        json["test_hits_at_10_points_vs_pyg"] = points(|r| r.test_hits_at_10).into();
+        json["test_hits_at_50_points_vs_pyg"] = points(|r| r.test_hits_at_50).into();
         json["epoch_speedup_vs_pyg"] = speed.into();
         json["peak_rss_ratio_vs_pyg"] = memory.into();
     }
