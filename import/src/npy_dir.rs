@@ -212,6 +212,8 @@ fn read_link_split(dir: &Path, n: u64) -> Result<Option<grandis_store::LinkSplit
         valid_neg: next(),
         test_pos: next(),
         test_neg: next(),
+        // The PyG layout names no relation: negatives draw from every vertex.
+        destinations: None,
     }))
 }
 

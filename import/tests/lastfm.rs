@@ -60,6 +60,9 @@ fn lastfm_splits_the_listens_and_keeps_the_friendships() {
     let s = split.sizes();
     assert_eq!((s.valid_pos, s.test_pos, s.train), (5, 10, 85));
     assert_eq!((s.valid_neg, s.test_neg), (5, 10));
+    // Training negatives draw among the artists, as the held-out negatives are.
+    assert_eq!(split.destinations, Some((users, n)));
+    assert_eq!(m.link_destinations, Some([users, n]));
     // The ring's 10 friendships (the reversed repeat and the self-loop dropped) and the
     // training listens, both directions.
     assert_eq!(m.num_edges, 2 * (10 + 85));

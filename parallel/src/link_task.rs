@@ -84,7 +84,13 @@ impl LinkTask<'_> {
         let z = gather_embeddings(ep, new_to_old, (ids, rows), d, epoch as u32)?;
         let n = new_to_old.len();
         let pos = self.split.train;
-        let neg = link::corrupt_destinations(pos, self.negatives, n as u32, seed, epoch as u64);
+        let neg = link::corrupt_destinations(
+            pos,
+            self.negatives,
+            self.split.negative_destinations(n as u32),
+            seed,
+            epoch as u64,
+        );
         let mut dz = vec![0f32; n * d];
         let mut decoder_grad = vec![0f32; decoder.num_params()];
         let loss = decoder.bce(&z, pos, &neg, &mut dz, &mut decoder_grad);

@@ -23,7 +23,11 @@ fn link_dataset(seed: u64, n: usize, degree: usize, f: usize) -> (InMemoryDatase
         negatives: 3,
         seed,
     };
-    let (graph, split) = grandis_store::split_edges(ds.graph.view(), symmetric, &opts).unwrap();
+    let (graph, mut split) = grandis_store::split_edges(ds.graph.view(), symmetric, &opts).unwrap();
+    // Negatives drawn among the training edges' destinations' range, as a typed relation's
+    // are (every mode must draw the same ones).
+    let first = split.train.chunks_exact(2).map(|p| p[1]).min().unwrap();
+    split.destinations = Some((first, n as u32));
     (
         InMemoryDataset {
             graph,

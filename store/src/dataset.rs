@@ -66,6 +66,11 @@ pub struct Manifest {
     /// its graph is then the message-passing graph (no held-out edge in it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<LinkSizes>,
+    /// `[first, end)`: the vertex ids the link split's relation points at (Last.fm's
+    /// artists), where training negatives draw their corrupted destination; absent: every
+    /// vertex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_destinations: Option<[u32; 2]>,
 }
 
 /// Describes a dataset being written; counts are derived from what was written.
@@ -201,6 +206,7 @@ pub struct DatasetWriter {
     files: BTreeMap<String, ArraySummary>,
     symmetric: Option<bool>,
     link: Option<LinkSizes>,
+    link_destinations: Option<[u32; 2]>,
 }
 
 impl DatasetWriter {
@@ -210,6 +216,7 @@ impl DatasetWriter {
             files: BTreeMap::new(),
             symmetric: None,
             link: None,
+            link_destinations: None,
         })
     }
 
@@ -337,6 +344,7 @@ impl DatasetWriter {
             self.record(part.file(), summary);
         }
         self.link = Some(view.sizes());
+        self.link_destinations = split.destinations.map(|d| [d.0, d.1]);
         Ok(())
     }
 
@@ -376,6 +384,7 @@ impl DatasetWriter {
             provenance: info.provenance,
             files: std::mem::take(&mut self.files),
             link: self.link.take(),
+            link_destinations: self.link_destinations.take(),
         };
         let staged = Dataset::open_manifest(self.dir.path(), manifest.clone())?;
         // Verified first: the symmetry test below indexes by the stored ids.
@@ -749,6 +758,7 @@ impl Dataset {
             valid_neg: a[2].as_slice(),
             test_pos: a[3].as_slice(),
             test_neg: a[4].as_slice(),
+            destinations: self.manifest.link_destinations.map(|[a, b]| (a, b)),
         })
     }
 

@@ -82,6 +82,9 @@ pub struct LinkSplit {
     pub valid_neg: Vec<u32>,
     pub test_pos: Vec<u32>,
     pub test_neg: Vec<u32>,
+    /// `(first, end)`: the ids the split's relation points at, where training negatives
+    /// draw their destination (a typed relation's destination type); `None`: every vertex.
+    pub destinations: Option<(u32, u32)>,
 }
 
 impl LinkSplit {
@@ -92,6 +95,7 @@ impl LinkSplit {
             valid_neg: &self.valid_neg,
             test_pos: &self.test_pos,
             test_neg: &self.test_neg,
+            destinations: self.destinations,
         }
     }
 }
@@ -104,6 +108,8 @@ pub struct LinkSplitView<'a> {
     pub valid_neg: &'a [u32],
     pub test_pos: &'a [u32],
     pub test_neg: &'a [u32],
+    /// As [`LinkSplit::destinations`].
+    pub destinations: Option<(u32, u32)>,
 }
 
 impl From<LinkSplitView<'_>> for LinkSplit {
@@ -114,6 +120,7 @@ impl From<LinkSplitView<'_>> for LinkSplit {
             valid_neg: v.valid_neg.to_vec(),
             test_pos: v.test_pos.to_vec(),
             test_neg: v.test_neg.to_vec(),
+            destinations: v.destinations,
         }
     }
 }
@@ -128,6 +135,12 @@ impl<'a> LinkSplitView<'a> {
             LinkPart::TestPos => self.test_pos,
             LinkPart::TestNeg => self.test_neg,
         }
+    }
+
+    /// Where training negatives draw their destination among `num_vertices` vertices.
+    pub fn negative_destinations(&self, num_vertices: u32) -> std::ops::Range<u32> {
+        self.destinations
+            .map_or(0..num_vertices, |(first, end)| first..end)
     }
 
     pub fn sizes(&self) -> LinkSizes {
@@ -162,6 +175,30 @@ impl<'a> LinkSplitView<'a> {
         }
         if self.train.is_empty() {
             return Err((LinkPart::Train, "has no edge to train on".into()));
+        }
+        if let Some((first, end)) = self.destinations {
+            if first >= end || end as u64 > num_vertices {
+                return Err((
+                    LinkPart::Train,
+                    format!(
+                        "its negatives' destinations [{first}, {end}) are not a non-empty range \
+                         of the {num_vertices} vertices"
+                    ),
+                ));
+            }
+            if let Some(p) = self
+                .train
+                .chunks_exact(2)
+                .find(|p| !(first..end).contains(&p[1]))
+            {
+                return Err((
+                    LinkPart::Train,
+                    format!(
+                        "edge ({}, {}) points outside its relation's destinations [{first}, {end})",
+                        p[0], p[1]
+                    ),
+                ));
+            }
         }
         let key = |s: u32, d: u32| {
             if undirected && d < s {
@@ -340,6 +377,8 @@ pub fn split_relation(
         valid_neg,
         test_pos: flat(test),
         test_neg,
+        // A relation's own destinations; a whole graph's edges (every vertex) need no range.
+        destinations: (destinations != (0..n)).then_some((destinations.start, destinations.end)),
     };
     let message_passing = crate::graph_from_edges(
         n as u64,
@@ -423,6 +462,7 @@ mod tests {
             valid_neg: vec![0, 3],
             test_pos: vec![3, 4],
             test_neg: vec![0, 4],
+            destinations: None,
         };
         good.view().check(5, true).unwrap();
         let err = |s: LinkSplit, undirected| s.view().check(5, undirected).unwrap_err();
@@ -479,6 +519,33 @@ mod tests {
             true,
         );
         assert_eq!(part, LinkPart::Train);
+
+        // A relation's destinations: a range of the graph holding every training destination.
+        LinkSplit {
+            destinations: Some((1, 3)),
+            ..good.clone()
+        }
+        .view()
+        .check(5, true)
+        .unwrap();
+        for (range, want) in [
+            (
+                (1, 2),
+                "edge (1, 2) points outside its relation's destinations [1, 2)",
+            ),
+            ((2, 2), "[2, 2) are not a non-empty range of the 5 vertices"),
+            ((0, 6), "[0, 6) are not a non-empty range of the 5 vertices"),
+        ] {
+            let (part, msg) = err(
+                LinkSplit {
+                    destinations: Some(range),
+                    ..good.clone()
+                },
+                true,
+            );
+            assert_eq!(part, LinkPart::Train);
+            assert!(msg.contains(want), "{msg}");
+        }
     }
 
     #[test]

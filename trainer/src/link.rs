@@ -61,16 +61,25 @@ pub(crate) fn sigmoid(s: f32) -> f32 {
 }
 
 /// An epoch's training negatives: for supervision positive `i` = `(u, v)`, the pairs
-/// `(u, w_ij)`, `j < k`, each `w` uniform over `0..n` from a counter-based hash of
-/// `(seed, epoch, i, j)`: the same negatives whatever runs them, and another set each epoch.
-pub fn corrupt_destinations(pos: &[u32], k: u32, n: u32, seed: u64, epoch: u64) -> Vec<u32> {
+/// `(u, w_ij)`, `j < k`, each `w` uniform over `destinations` (every vertex, or the ids a
+/// typed relation points at: [`LinkSplitView::negative_destinations`]) from a counter-based
+/// hash of `(seed, epoch, i, j)`: the same negatives whatever runs them, and another set each
+/// epoch.
+pub fn corrupt_destinations(
+    pos: &[u32],
+    k: u32,
+    destinations: std::ops::Range<u32>,
+    seed: u64,
+    epoch: u64,
+) -> Vec<u32> {
     let base = grandis_engine::mix64(seed ^ grandis_engine::mix64(epoch ^ 0x6c69_6e6b));
+    let span = destinations.len() as u128;
     let mut out = Vec::with_capacity(pos.len() * k as usize);
     for (i, p) in pos.chunks_exact(2).enumerate() {
         for j in 0..k as u64 {
             let h = grandis_engine::mix64(base ^ (i as u64 * k as u64 + j));
-            // Multiply-shift: uniform over 0..n without a division.
-            let w = ((h as u128 * n as u128) >> 64) as u32;
+            // Multiply-shift: uniform over the range without a division.
+            let w = destinations.start + ((h as u128 * span) >> 64) as u32;
             out.extend([p[0], w]);
         }
     }
@@ -273,11 +282,11 @@ mod tests {
     #[test]
     fn negatives_corrupt_the_destination_uniformly_and_repeatably() {
         let pos: Vec<u32> = (0..2000u32).flat_map(|i| [i % 7, i % 5]).collect();
-        let a = corrupt_destinations(&pos, 3, 10, 1, 2);
-        assert_eq!(a, corrupt_destinations(&pos, 3, 10, 1, 2));
+        let a = corrupt_destinations(&pos, 3, 0..10, 1, 2);
+        assert_eq!(a, corrupt_destinations(&pos, 3, 0..10, 1, 2));
         assert_ne!(
             a,
-            corrupt_destinations(&pos, 3, 10, 1, 3),
+            corrupt_destinations(&pos, 3, 0..10, 1, 3),
             "another epoch, others"
         );
         let mut counts = [0usize; 10];
@@ -288,6 +297,17 @@ mod tests {
         // 6000 draws over 10 vertices: each near 600.
         assert!(
             counts.iter().all(|&c| (480..720).contains(&c)),
+            "{counts:?}"
+        );
+        // A relation's destinations 4..10: every draw inside, each near 1000 of 6000.
+        let typed = corrupt_destinations(&pos, 3, 4..10, 1, 2);
+        let mut counts = [0usize; 10];
+        for p in typed.chunks_exact(2) {
+            counts[p[1] as usize] += 1;
+        }
+        assert_eq!(counts[..4], [0; 4], "{counts:?}");
+        assert!(
+            counts[4..].iter().all(|&c| (850..1150).contains(&c)),
             "{counts:?}"
         );
     }

@@ -107,6 +107,26 @@ fn link_prediction_learns_the_communities() {
     assert!(report.test_acc.is_nan());
 }
 
+/// A split naming its relation's destinations draws its training negatives there: another
+/// run than the same split without it, and still a learning one.
+#[test]
+fn training_negatives_draw_among_the_relations_destinations() {
+    let (ds, split) = communities(300, 3, 2);
+    let first = split.train.chunks_exact(2).map(|p| p[1]).min().unwrap();
+    assert!(first > 0, "a range that leaves vertices out");
+    let typed = LinkSplit {
+        destinations: Some((first, 300)),
+        ..split.clone()
+    };
+    let losses = |s: &LinkSplit| -> Vec<f64> {
+        let report = run(&ds, s, 5, &CheckpointOptions::default());
+        report.epochs.iter().map(|e| e.loss).collect()
+    };
+    let (all, within) = (losses(&split), losses(&typed));
+    assert_ne!(all[0].to_bits(), within[0].to_bits(), "{all:?} {within:?}");
+    assert!(within[4] < within[0], "{within:?}");
+}
+
 #[test]
 fn link_prediction_is_exact_and_resumes_exactly() {
     let (ds, split) = communities(300, 3, 2);

@@ -48,6 +48,7 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
             "symmetric": m.symmetric,
             "split": m.split,
             "link": m.link,
+            "link_destinations": m.link_destinations,
             "provenance": m.provenance,
             "in_degree": degrees,
         });
@@ -76,6 +77,9 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
             "  link split      train {}  valid {} (+{} negatives)  test {} (+{} negatives)",
             l.train, l.valid_pos, l.valid_neg, l.test_pos, l.test_neg
         );
+        if let Some([first, end]) = m.link_destinations {
+            println!("  link negatives  destinations {first}..{end} (the relation's targets)");
+        }
     }
     println!(
         "  in-degree       min {}  max {}  mean {:.2}  median {}  p99 {}  isolated {}",
