@@ -10,6 +10,9 @@ use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_grandis");
 const LONG: Duration = Duration::from_secs(180);
+/// Epochs of every job: long enough that a kill after the second checkpoint (epoch 20) lands
+/// mid-run with most of the run left, short enough for CI's time limit.
+const EPOCHS: u64 = 150;
 
 /// Failure detection for these tests: looser than `Timing::default()`, so that the reference
 /// runs are not retried spuriously while two clusters train at once on a 2-core CI machine
@@ -28,7 +31,7 @@ fn timing() -> Timing {
 /// The job of every run here: exact (full batch, no sampling), so a resumed run must repeat
 /// the uninterrupted one's losses; dropout on, so the resumed RNG streams matter too.
 fn job(ds: &std::path::Path) -> Value {
-    json!({"dataset": ds, "mode": "fb", "epochs": 300, "layers": 2, "hidden": 64,
+    json!({"dataset": ds, "mode": "fb", "epochs": EPOCHS, "layers": 2, "hidden": 64,
            "servers": 2, "devices": 2, "seed": 7, "checkpoint_every": 10})
 }
 
@@ -111,7 +114,7 @@ fn a_daemon_killed_mid_job_comes_back_and_the_job_succeeds_with_the_uninterrupte
     let end = api.wait_end(&t, id, LONG).unwrap();
     assert_eq!(end["state"], "succeeded", "{end}");
     assert_eq!(end["attempt"], 2);
-    assert_eq!(end["checkpoint_epoch"], 300);
+    assert_eq!(end["checkpoint_epoch"], EPOCHS);
     assert_same_losses(&losses(&end), &want);
     // Users can fetch the trained model.
     let ck = api
@@ -180,8 +183,8 @@ fn a_job_finished_while_the_coordinator_was_down_is_not_run_again() {
     // The run's summary covers every epoch; the history holds those reported before the
     // coordinator went down (progress sent while it was down is not replayed).
     assert_eq!(
-        end["summary"]["losses"].as_array().map_or(0, Vec::len),
-        300,
+        end["summary"]["losses"].as_array().map_or(0, Vec::len) as u64,
+        EPOCHS,
         "{end}"
     );
     assert!(losses(&end).len() > 20, "{end}");
@@ -198,7 +201,7 @@ fn an_elastic_job_finishes_on_the_server_that_remains() {
     let t = c.token.clone();
     // Without dropout, full batch is exact on any partition: the run that resumes on one
     // server must still follow the two-server losses, to float rounding (another partition
-    // sums in another order; over 280 Adam steps to a loss near 0.015 that reaches ~1e-4
+    // sums in another order; over 130 Adam steps that reaches ~1e-4
     // relative, while a run that lost its weights or moments would be off by far more).
     let mut spec = job(&ds);
     spec["dropout"] = json!(0.0);
