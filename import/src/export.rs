@@ -95,6 +95,10 @@ pub fn export_npy(view: &DatasetView<'_>, out: &Path, overwrite: bool) -> Result
             grandis_npy::write_npy(p(&name), &[2, (pairs.len() / 2) as u64], &both)?;
             files.push(name);
         }
+        if let Some((first, end)) = links.destinations {
+            grandis_npy::write_npy(p(LINK_DESTINATIONS_NPY), &[2], &[first as i64, end as i64])?;
+            files.push(LINK_DESTINATIONS_NPY.into());
+        }
     }
     let out = dir.commit().map_err(ImportError::from)?;
     Ok(ExportSummary {
@@ -105,6 +109,10 @@ pub fn export_npy(view: &DatasetView<'_>, out: &Path, overwrite: bool) -> Result
         files,
     })
 }
+
+/// `[first, end)` of the vertices a link split's relation points at (its training negatives'
+/// destinations), when the split names them: int64, shape (2,).
+pub(crate) const LINK_DESTINATIONS_NPY: &str = "link_destinations.npy";
 
 /// The `.npy` file of a link split's part: its dataset file's name with `.npy`
 /// (`link_valid_pos.pairs` → `link_valid_pos.npy`).
@@ -194,7 +202,9 @@ mod tests {
             negatives: 2,
             seed: 4,
         };
-        let (graph, split) = grandis_store::split_edges(ring.view(), true, &opts).unwrap();
+        let (graph, mut split) = grandis_store::split_edges(ring.view(), true, &opts).unwrap();
+        // The relation's destinations travel too (every training destination is above 0).
+        split.destinations = Some((1, 40));
         let ds = InMemoryDataset {
             name: "ring".into(),
             graph,
@@ -215,7 +225,24 @@ mod tests {
         for part in grandis_store::LinkPart::ALL {
             assert_eq!(links.part(part), split.view().part(part), "{part:?}");
         }
+        assert_eq!(links.destinations, Some((1, 40)));
         assert_eq!(again.view().graph.indices, ds.graph.indices);
+
+        // A range outside the graph is refused, naming the file.
+        grandis_npy::write_npy(pyg.join(LINK_DESTINATIONS_NPY), &[2], &[0i64, 41]).unwrap();
+        let err = match import(
+            Format::Npy,
+            &pyg,
+            &tmp.path().join("bad-range"),
+            &ImportOptions::default(),
+        ) {
+            Ok(_) => panic!("a range outside the graph was imported"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("link_destinations.npy") && err.contains("[0, 41)"),
+            "{err}"
+        );
 
         std::fs::remove_file(pyg.join("link_test_neg.npy")).unwrap();
         let err = match import(

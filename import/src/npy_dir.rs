@@ -8,6 +8,7 @@
 //! | `train_idx.npy`, `val_idx.npy`, `test_idx.npy` | int64 / int32, or bool (N,) masks | (n,) | optional split |
 //!
 //! | `link_train.npy`, `link_valid_pos.npy`, `link_valid_neg.npy`, `link_test_pos.npy`, `link_test_neg.npy` | int64 / int32 | (2, n) | optional link split (row 0 sources, row 1 destinations; `edge_index` is then the message-passing graph) |
+//! | `link_destinations.npy` | int64 / int32 | (2,) | optional: `[first, end)` of the ids the split's relation points at, where training negatives draw their destination |
 //!
 //! All three split files or none must be present, and all five link files or none. Arrays
 //! are memory-mapped, so a multi-gigabyte `edge_index.npy` costs page cache, not heap.
@@ -212,9 +213,43 @@ fn read_link_split(dir: &Path, n: u64) -> Result<Option<grandis_store::LinkSplit
         valid_neg: next(),
         test_pos: next(),
         test_neg: next(),
-        // The PyG layout names no relation: negatives draw from every vertex.
-        destinations: None,
+        destinations: read_link_destinations(dir, n)?,
     }))
+}
+
+/// `link_destinations.npy`, when present: `[first, end)` of the vertices the split's
+/// relation points at (absent: every vertex).
+fn read_link_destinations(dir: &Path, n: u64) -> Result<Option<(u32, u32)>> {
+    let name = crate::export::LINK_DESTINATIONS_NPY;
+    if !dir.join(name).exists() {
+        return Ok(None);
+    }
+    let file = open(
+        dir,
+        name,
+        "the link relation's destination ids [first, end), shape (2,)",
+    )?;
+    let values: Vec<i64> = match (file.shape(), file.dtype()) {
+        ([2], DType::I64) => file.values::<i64>()?.to_vec(),
+        ([2], DType::I32) => file.values::<i32>()?.iter().map(|&v| v as i64).collect(),
+        (shape, dtype) => {
+            return Err(ImportError::invalid(
+                file.path(),
+                format!(
+                    "{} of shape {shape:?}, expected two int64 [first, end)",
+                    dtype.name()
+                ),
+            ))
+        }
+    };
+    let (first, end) = (values[0], values[1]);
+    if !(0 <= first && first < end && end as u64 <= n) {
+        return Err(ImportError::invalid(
+            file.path(),
+            format!("[{first}, {end}) is not a non-empty range of the {n} vertices of x.npy"),
+        ));
+    }
+    Ok(Some((first as u32, end as u32)))
 }
 
 /// Streams `x.npy` into the dataset's features, narrowing float64 and rejecting NaN/inf.
