@@ -25,9 +25,11 @@ pub(crate) struct LinkTask<'a> {
     pub negatives: u32,
 }
 
-/// The layer number of the embedding gather's tag ([`Tag::other`]); the loss and accuracy
-/// all-reduces use 0.
-const GATHER_LAYER: u32 = 1;
+/// The layer number of the embedding gather's tag ([`Tag::other`]): "LINK" in ASCII, apart
+/// from every layer number other transfers of a training epoch use under that phase (the loss
+/// all-reduce 0, the feature fetch's exchanges 0 and 1), so the run summary can count its
+/// bytes (`link_embedding_bytes_per_epoch`).
+pub(crate) const GATHER_LAYER: u32 = 0x4C49_4E4B;
 
 /// A training step's loss over the whole embedding matrix.
 pub(crate) struct LinkLoss {

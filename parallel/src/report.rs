@@ -9,6 +9,7 @@ use grandis_wire::{
 
 use crate::decide::Decision;
 use crate::fetch::SETUP_EPOCH;
+use crate::link_task::GATHER_LAYER;
 use crate::run::Ran;
 use crate::worker::{self, EVAL_EPOCH_BIT};
 use crate::{ParallelOptions, PartitionedGraph};
@@ -176,6 +177,14 @@ impl Ran {
                 backward_bytes_per_epoch: bwd,
                 predicted_halo_bytes_per_epoch: decision.predicted,
                 all_reduce_bytes_per_epoch: phase_bytes(Phase::AllReduce),
+                link_embedding_bytes_per_epoch: per_epoch(
+                    tag_bytes(
+                        &counters,
+                        |phase, layer| phase == Phase::Other && layer == GATHER_LAYER,
+                        is_training_epoch,
+                    ),
+                    epochs,
+                ),
                 fetch_bytes_per_epoch,
                 setup_fetch_bytes,
                 time_split: TimeSplit {
@@ -289,13 +298,23 @@ fn fetch_bytes(
 
 /// Payload bytes sent under `phase` in the tag epochs that `keep` selects, by link class.
 fn class_bytes(counters: &Counters, phase: Phase, keep: impl Fn(u32) -> bool) -> LinkBytes {
+    tag_bytes(counters, |p, _| p == phase, keep)
+}
+
+/// Payload bytes sent under the (phase, layer) of a tag that `tag` selects, in the tag epochs
+/// that `keep` selects, by link class.
+fn tag_bytes(
+    counters: &Counters,
+    tag: impl Fn(Phase, u32) -> bool,
+    keep: impl Fn(u32) -> bool,
+) -> LinkBytes {
     let total = |class: LinkClass| -> u64 {
         counters
             .epochs
             .iter()
             .filter(|e| keep(e.epoch))
             .flat_map(|e| e.links.iter())
-            .filter(|r| r.phase == phase && r.class == class)
+            .filter(|r| tag(r.phase, r.layer) && r.class == class)
             .map(|r| r.bytes_sent)
             .sum()
     };

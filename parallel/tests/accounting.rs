@@ -104,6 +104,12 @@ fn measured_bytes_equal_plan_predictions() {
                 2 * p,
                 "{what}"
             );
+            // Only link prediction gathers embeddings.
+            assert_eq!(
+                r.execution.link_embedding_bytes_per_epoch,
+                Default::default(),
+                "{what}"
+            );
         }
     }
 }

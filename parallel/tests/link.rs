@@ -159,6 +159,16 @@ fn every_model_fixed_case_with_per_epoch_scores() {
             "{:?}",
             r.train.epochs
         );
+        // The embedding gather is counted apart: each step all-reduces the 60 x 6 matrix,
+        // hierarchically as the weight gradients are (2 x 2 x its bytes within the servers,
+        // 2 x between them: see tests/accounting.rs), one step per epoch.
+        let b = 60 * 6 * 4;
+        let gather = r.execution.link_embedding_bytes_per_epoch;
+        assert_eq!(
+            (gather.intra_server, gather.inter_server),
+            (2 * 2 * b, 2 * b),
+            "{kind:?}"
+        );
     }
 }
 

@@ -121,6 +121,10 @@ pub struct Execution {
     pub fetch_bytes_per_epoch: LinkBytes,
     /// The same, once, for a plan that serves the whole run (what FLX preloads).
     pub setup_fetch_bytes: LinkBytes,
+    /// Link prediction in the distributed full-batch modes: the output embeddings every rank
+    /// all-reduces each step so that each scores every pair (zero for other tasks and modes).
+    #[serde(default)]
+    pub link_embedding_bytes_per_epoch: LinkBytes,
     pub time_split: TimeSplit,
     pub memory: Vec<RankMemory>,
     /// The sampler that ran ("exact", "eas(h=1,f=15,degree)", "sage(25,10,5)", "saint(...)").
@@ -175,6 +179,10 @@ impl Execution {
                 &other.fetch_bytes_per_epoch,
             ),
             (&mut self.setup_fetch_bytes, &other.setup_fetch_bytes),
+            (
+                &mut self.link_embedding_bytes_per_epoch,
+                &other.link_embedding_bytes_per_epoch,
+            ),
         ] {
             sum.add(add);
         }
