@@ -110,6 +110,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             intra: Some(link(args.intra_bandwidth, args.intra_latency_ms, "intra")?),
             inter: Some(link(args.inter_bandwidth, args.inter_latency_ms, "inter")?),
             seconds: 0.0,
+            memory_copy_bytes_per_s: 0.0,
         }],
     };
     let placement = Placement {

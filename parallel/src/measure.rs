@@ -16,6 +16,12 @@ use crate::Compute;
 /// The largest message of the probe's bandwidth measurement.
 pub const PROBE_BYTES: usize = 8 << 20;
 
+/// Bytes of the memory-copy measurement: far beyond any cache.
+const COPY_BYTES: usize = 64 << 20;
+
+/// Copies of the memory-copy measurement after a warm-up one; the fastest counts.
+const COPY_ROUNDS: usize = 3;
+
 /// How long each half of the compute calibration runs (at least one call).
 const CALIBRATION: Duration = Duration::from_millis(100);
 
@@ -69,6 +75,22 @@ pub fn compute_rate<B: Backend>(b: &B, width: usize) -> anyhow::Result<ComputeRa
         aggregation_uncached_edge_cols_per_s: aggregation(UNCACHED_SOURCE_ROWS)?,
         width,
     })
+}
+
+/// This host's memory-copy rate: bytes per second of the fastest of a few copies of
+/// [`COPY_BYTES`] (the source written first, so its pages are real).
+pub fn memory_copy_rate() -> f64 {
+    let src: Vec<u8> = (0..COPY_BYTES).map(|i| i as u8).collect();
+    let mut dst = vec![0u8; COPY_BYTES];
+    dst.copy_from_slice(&src);
+    let mut best = f64::INFINITY;
+    for _ in 0..COPY_ROUNDS {
+        let start = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    COPY_BYTES as f64 / best.max(1e-9)
 }
 
 /// Calls `f` until [`CALIBRATION`] has passed (after one warm-up call): (calls, seconds).
@@ -134,10 +156,13 @@ pub fn server_rates(
             compute_rate(&crate::compute::cuda_rank_backend(compute, first)?, width)?
         }
     };
+    let copy = memory_copy_rate();
+    // Capped at the copy rate: see `ServerRates::memory_copy_bytes_per_s`.
     let mean = |links: Vec<LinkRate>| -> Option<LinkRate> {
         let n = links.len() as f64;
         (!links.is_empty()).then(|| LinkRate {
-            bandwidth_bytes_per_s: links.iter().map(|l| l.bandwidth_bytes_per_s).sum::<f64>() / n,
+            bandwidth_bytes_per_s: (links.iter().map(|l| l.bandwidth_bytes_per_s).sum::<f64>() / n)
+                .min(copy),
             latency_s: links.iter().map(|l| l.latency_s).sum::<f64>() / n,
         })
     };
@@ -147,6 +172,7 @@ pub fn server_rates(
         intra: mean(probes.iter().filter_map(|p| p.intra).collect()),
         inter: mean(probes.iter().filter_map(|p| p.inter).collect()),
         seconds: start.elapsed().as_secs_f64(),
+        memory_copy_bytes_per_s: copy,
     })
 }
 
@@ -204,6 +230,14 @@ mod tests {
         });
         for r in [a.unwrap(), b.unwrap()] {
             assert!(r.intra.is_some() && r.inter.is_some(), "{r:?}");
+            // In-process links hand buffers over without copying: no faster than a copy.
+            assert!(r.memory_copy_bytes_per_s > 1e8, "{r:?}");
+            for link in [r.intra.unwrap(), r.inter.unwrap()] {
+                assert!(
+                    link.bandwidth_bytes_per_s <= r.memory_copy_bytes_per_s,
+                    "{r:?}"
+                );
+            }
             assert_eq!(r.device, "cpu");
             assert!(r.compute.gemm_flops_per_s > 0.0);
         }

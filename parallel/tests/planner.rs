@@ -259,6 +259,7 @@ fn auto_runs_the_plan_it_chose() {
         intra: Some(rates(1e9, 1e9, 1e8).intra),
         inter: Some(rates(1e9, 1e9, 1e8).inter),
         seconds: 0.0,
+        memory_copy_bytes_per_s: 0.0,
     };
     let ctx = grandis_parallel::plan_context(&view, &part).unwrap();
     let dims = grandis_parallel::model_dims(&cfg);

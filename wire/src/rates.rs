@@ -42,6 +42,11 @@ pub struct ServerRates {
     pub intra: Option<LinkRate>,
     /// Between this server and the others (absent with one server), measured by its head.
     pub inter: Option<LinkRate>,
+    /// This host's memory-copy rate (bytes per second of one copy far beyond the caches;
+    /// 0: not measured). A message is copied at least once on its way, so `intra` and
+    /// `inter` are capped at it: an in-process link hands its buffer over without a copy and
+    /// would otherwise measure as nearly free.
+    pub memory_copy_bytes_per_s: f64,
     /// Seconds the measurement took.
     pub seconds: f64,
 }

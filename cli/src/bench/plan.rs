@@ -61,6 +61,7 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
         intra: None,
         inter: None,
         seconds: 0.0,
+        memory_copy_bytes_per_s: 0.0,
     };
     // Every rank and the plan builders share this machine's cores.
     let placement = Placement {
