@@ -107,9 +107,6 @@ impl SynthConfig {
                 self.nodes - 1
             ));
         }
-        if self.features == 0 {
-            return bad("features must be at least 1".into());
-        }
         if self.classes == 0 || self.classes as u64 > self.nodes {
             return bad(format!(
                 "classes must be between 1 and the number of nodes ({}), got {}",
@@ -172,10 +169,13 @@ impl SynthConfig {
                 "synthetic: {} planted classes (uniform), homophily {} (fraction of sampled edges within a class)",
                 self.classes, self.homophily
             ),
-            format!(
-                "synthetic: {} features = {} / sqrt({}) * class centroid + N(0, 1) noise",
-                self.features, self.signal, self.features
-            ),
+            match self.features {
+                0 => "synthetic: no features (train with --embedding-dim)".to_string(),
+                f => format!(
+                    "synthetic: {f} features = {} / sqrt({f}) * class centroid + N(0, 1) noise",
+                    self.signal
+                ),
+            },
             format!(
                 "split: seeded fraction split {}/{}/{} of all vertices, seed {}",
                 self.train_fraction,
@@ -406,6 +406,10 @@ impl Model {
         mut sink: impl FnMut(&[f32]) -> Result<(), E>,
     ) -> Result<(), E> {
         let f = cfg.features;
+        if f == 0 {
+            // A featureless graph (its models learn node embeddings): nothing to write.
+            return Ok(());
+        }
         let mut rng = rng_for(cfg.seed, Purpose::Centroids, 0);
         let centroids: Vec<f32> = (0..cfg.classes * f)
             .map(|_| gaussian(&mut rng) as f32)
@@ -687,6 +691,26 @@ mod tests {
         assert!((stats.homophily - 0.1).abs() < 0.05, "{stats:?}");
     }
 
+    /// A featureless graph (for learnable node embeddings): the same graph and labels as
+    /// with features, an empty feature matrix on disk and in memory.
+    #[test]
+    fn features_zero_makes_a_featureless_dataset() {
+        let cfg = SynthConfig {
+            features: 0,
+            ..small(3)
+        };
+        let root = tempfile::tempdir().unwrap();
+        let on_disk = generate(&cfg, root.path().join("f0"), false).unwrap();
+        assert_eq!(on_disk.manifest().feature_dim, 0);
+        let v = on_disk.view();
+        assert!(v.features.is_empty() && v.feature_dim == 0);
+        let in_memory = generate_in_memory(&cfg).unwrap();
+        assert!(in_memory.features.is_empty());
+        let with = generate_in_memory(&small(3)).unwrap();
+        assert_eq!(in_memory.graph.view().indices, with.graph.view().indices);
+        assert_eq!(in_memory.labels, with.labels);
+    }
+
     #[test]
     fn deterministic_per_seed_and_on_disk_matches_memory() {
         let root = tempfile::tempdir().unwrap();
@@ -824,13 +848,6 @@ mod tests {
                     ..small(0)
                 },
                 "avg-degree",
-            ),
-            (
-                SynthConfig {
-                    features: 0,
-                    ..small(0)
-                },
-                "features",
             ),
             (
                 SynthConfig {

@@ -14,7 +14,7 @@ pub struct SynthArgs {
     /// Target average directed degree after symmetrization (the actual one is reported).
     #[arg(long, default_value_t = 10.0)]
     avg_degree: f64,
-    /// Feature dimension.
+    /// Feature dimension; 0 makes a featureless graph (train it with --embedding-dim).
     #[arg(long, default_value_t = 32)]
     features: usize,
     /// Number of planted classes.
