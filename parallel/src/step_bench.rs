@@ -64,6 +64,9 @@ impl<'v> Bench<'v> {
         opts: &StepBenchOptions,
     ) -> anyhow::Result<Bench<'v>> {
         crate::setup::check_inputs(view, part, config)?;
+        // The allocator as a run has it (its CPU backend sets this): freed step buffers kept
+        // for the next step, not returned to the kernel and faulted in again.
+        grandis_engine::cpu::retain_freed_memory();
         if opts.fanouts.len() != config.layers {
             bail!(
                 "{} fanouts for a {}-layer model: give one per layer",
