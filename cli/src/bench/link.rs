@@ -11,7 +11,7 @@
 
 use anyhow::{bail, Context};
 use grandis_models::ModelConfig;
-use grandis_store::{Dataset, EdgeSplitOptions, InMemoryDataset, Split};
+use grandis_store::{Dataset, DatasetView, EdgeSplitOptions, InMemoryDataset, Split};
 use grandis_trainer::{CheckpointOptions, EvalSchedule, Objective, TrainOptions};
 
 use super::train::BenchTrainArgs;
@@ -54,9 +54,16 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     for seed in args.seed..args.seed + args.seeds as u64 {
-        let (graph, split) = match view.links {
-            // The dataset's own split (its graph is the message-passing one already).
-            Some(links) => (view.graph.to_owned(), grandis_store::LinkSplit::from(links)),
+        // Each seed's split of the edges, in memory beside a copy of the features; a dataset
+        // with its own split (its graph the message-passing one already) is used as it is.
+        let split_ds: (InMemoryDataset, grandis_store::LinkSplit);
+        let split_view = match view.links {
+            Some(_) => DatasetView {
+                train: &[],
+                val: &[],
+                test: &[],
+                ..view
+            },
             None => {
                 let split_opts = EdgeSplitOptions {
                     val: VAL,
@@ -64,27 +71,30 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
                     negatives: 1,
                     seed,
                 };
-                grandis_store::split_edges(view.graph, undirected, &split_opts).map_err(|e| {
-                    anyhow::anyhow!("splitting the edges of {}: {e}", data.display())
-                })?
+                let (graph, split) =
+                    grandis_store::split_edges(view.graph, undirected, &split_opts).map_err(
+                        |e| anyhow::anyhow!("splitting the edges of {}: {e}", data.display()),
+                    )?;
+                let ds = InMemoryDataset {
+                    name: dataset.manifest().name.clone(),
+                    graph,
+                    features: view.features.to_vec(),
+                    feature_dim: view.feature_dim,
+                    labels: view.labels.to_vec(),
+                    num_classes: view.num_classes,
+                    split: Split::default(),
+                };
+                split_ds = (ds, split);
+                let mut v = split_ds.0.view();
+                v.links = Some(split_ds.1.view());
+                v
             }
         };
-        let ds = InMemoryDataset {
-            name: dataset.manifest().name.clone(),
-            graph,
-            features: view.features.to_vec(),
-            feature_dim: view.feature_dim,
-            labels: view.labels.to_vec(),
-            num_classes: view.num_classes,
-            split: Split::default(),
-        };
-        let mut split_view = ds.view();
-        split_view.links = Some(split.view());
 
         let config = ModelConfig {
             kind: args.model,
             layers: args.layers,
-            in_dim: ds.feature_dim + args.embedding_dim,
+            in_dim: split_view.feature_dim + args.embedding_dim,
             hidden: args.hidden,
             heads: args.heads,
             output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
