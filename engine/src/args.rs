@@ -147,6 +147,22 @@ pub struct AdamStep {
 }
 
 impl AdamStep {
+    /// Step `step` of Adam at learning rate `lr` with PyTorch's defaults (betas 0.9 and
+    /// 0.999, eps 1e-8), no weight decay and the gradient unscaled; set the other fields with
+    /// struct update syntax.
+    pub fn new(lr: f32, step: u64) -> AdamStep {
+        AdamStep {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            decoupled: false,
+            step,
+            grad_scale: 1.0,
+        }
+    }
+
     /// `(1 - beta1^t, 1 - beta2^t)`, computed in f64 and rounded once, as every backend uses
     /// them.
     pub(crate) fn bias_corrections(&self) -> (f32, f32) {

@@ -610,14 +610,10 @@ fn sum_squares_and_adam_match_cpu() {
         for step in 1..=5u64 {
             let grad = rnd(n, 100 + step);
             let s = AdamStep {
-                lr: 0.01,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
                 weight_decay: 0.05,
                 decoupled,
-                step,
                 grad_scale: 0.7,
+                ..AdamStep::new(0.01, step)
             };
             c.adam_step(&mut w, &grad, &mut m, &mut v, n, &s).unwrap();
             g.adam_step(&mut gw, &g.upload(&grad).unwrap(), &mut gm, &mut gv, n, &s)
@@ -628,16 +624,7 @@ fn sum_squares_and_adam_match_cpu() {
         assert_bits(&format!("{name} m"), &m, &down(&g, &gm));
         assert_bits(&format!("{name} v"), &v, &down(&g, &gv));
     }
-    let s = AdamStep {
-        lr: 0.01,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.0,
-        decoupled: false,
-        step: 0,
-        grad_scale: 1.0,
-    };
+    let s = AdamStep::new(0.01, 0);
     let mut a = g.alloc(4).unwrap();
     let (mut b, mut d) = (g.alloc(4).unwrap(), g.alloc(4).unwrap());
     let grad = g.alloc(4).unwrap();

@@ -437,14 +437,9 @@ fn adam_and_adamw_follow_the_documented_formula() {
         let g = vec![0.5f32, 0.25];
         let (mut m, mut v) = (vec![0.0; 2], vec![0.0; 2]);
         let step = AdamStep {
-            lr: 0.1,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
             weight_decay: 0.01,
             decoupled,
-            step: 1,
-            grad_scale: 1.0,
+            ..AdamStep::new(0.1, 1)
         };
         b.adam_step(&mut w, &g, &mut m, &mut v, 2, &step).unwrap();
         for (i, w0) in [1.0f64, -2.0].into_iter().enumerate() {
@@ -943,16 +938,7 @@ fn every_operation_refuses_arguments_that_do_not_fit_before_its_kernel_runs() {
         epoch: 0,
         layer: 0,
     };
-    let step = AdamStep {
-        lr: 0.1,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.0,
-        decoupled: false,
-        step: 1,
-        grad_scale: 1.0,
-    };
+    let step = AdamStep::new(0.1, 1);
     let huge = usize::MAX / 2 + 1;
     let mut out = short.clone();
     let mut more = short.clone();

@@ -390,19 +390,7 @@ mod tests {
     fn checkpoint_tensors_round_trip() {
         let mut dec = Decoder::new(LinkDecoder::Mlp, 4, 1);
         let g: Vec<f32> = (0..dec.num_params()).map(|i| i as f32 * 0.01).collect();
-        dec.adam_step(
-            &g,
-            &AdamStep {
-                lr: 0.01,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.0,
-                decoupled: false,
-                step: 1,
-                grad_scale: 1.0,
-            },
-        );
+        dec.adam_step(&g, &AdamStep::new(0.01, 1));
         let owned: std::collections::HashMap<String, (Vec<usize>, Vec<f32>)> = dec
             .tensors(true)
             .into_iter()

@@ -201,16 +201,7 @@ mod tests {
         let f = 1;
         // Rows 1 and 3; each gradient row is (feature column, embedding columns).
         let grad = [9.0, 0.5, -2.0, 9.0, -0.1, 3.0];
-        let adam = AdamStep {
-            lr: 0.01,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            decoupled: false,
-            step: 1,
-            grad_scale: 1.0,
-        };
+        let adam = AdamStep::new(0.01, 1);
         e.adam_step(&[1, 3], &grad, f, &adam);
         for r in [0usize, 2] {
             assert_eq!(e.table[r * 2..r * 2 + 2], before.table[r * 2..r * 2 + 2]);

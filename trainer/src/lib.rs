@@ -118,14 +118,10 @@ impl TrainOptions {
     /// scaled by `grad_scale` (global-norm clipping's factor; 1 for what is not clipped).
     pub fn adam(&self, step: u64, grad_scale: f32) -> AdamStep {
         AdamStep {
-            lr: self.lr,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
             weight_decay: self.weight_decay,
             decoupled: self.adamw,
-            step,
             grad_scale,
+            ..AdamStep::new(self.lr, step)
         }
     }
 

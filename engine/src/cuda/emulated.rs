@@ -804,14 +804,10 @@ fn check_adam(emu: &Emu, cpu: &CpuBackend) {
         for step in 1..=5u64 {
             let grad = rnd(n, 100 + step);
             let s = AdamStep {
-                lr: 0.01,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
                 weight_decay: 0.05,
                 decoupled,
-                step,
                 grad_scale: 0.7,
+                ..AdamStep::new(0.01, step)
             };
             cpu.adam_step(&mut w, &grad, &mut m, &mut v, n, &s).unwrap();
             let (bc1, bc2) = s.bias_corrections();
