@@ -58,6 +58,10 @@ pub struct SampledEdges {
     /// Sample index of every global id, built on first use: a plan built from a sample whose
     /// targets lead its vertices never needs it.
     position: std::sync::OnceLock<IdMap>,
+    /// Where each level starts, when the sampler numbered its vertices level by level as an
+    /// extraction levels them, by global id within a level (see
+    /// [`SampledEdges::with_levels`]); None: levels are found by scanning the kept rows.
+    level_starts: Option<Vec<usize>>,
 }
 
 impl Clone for SampledEdges {
@@ -70,11 +74,12 @@ impl Clone for SampledEdges {
             layers: self.layers.clone(),
             num_layers: self.num_layers,
             position: std::sync::OnceLock::new(),
+            level_starts: self.level_starts.clone(),
         }
     }
 }
 
-/// Equal vertices and kept edges (the position index follows from them).
+/// Equal vertices and kept edges (the position index and the levels follow from them).
 impl PartialEq for SampledEdges {
     fn eq(&self, other: &SampledEdges) -> bool {
         (
@@ -107,6 +112,7 @@ impl Default for SampledEdges {
             layers: None,
             num_layers: 0,
             position: std::sync::OnceLock::new(),
+            level_starts: None,
         }
     }
 }
@@ -120,6 +126,7 @@ impl std::fmt::Debug for SampledEdges {
             .field("sources", &self.sources)
             .field("layers", &self.layers)
             .field("num_layers", &self.num_layers)
+            .field("level_starts", &self.level_starts)
             .finish_non_exhaustive()
     }
 }
@@ -197,6 +204,7 @@ impl SampledEdges {
             layers: (n_layers > 0).then_some(bits),
             num_layers: n_layers,
             position: std::sync::OnceLock::from(position),
+            level_starts: None,
         }
     }
 
@@ -288,6 +296,7 @@ impl SampledEdges {
             layers: bits,
             num_layers,
             position: std::sync::OnceLock::new(),
+            level_starts: None,
         };
         if cfg!(debug_assertions) {
             let mut sorted = sample.vertices.clone();
@@ -299,6 +308,46 @@ impl SampledEdges {
         Ok(sample)
     }
 
+    /// Declares the sample numbered level by level: level `d` (the targets are level 0; a
+    /// vertex's level is the hop that first reached it, as the module doc defines it) holds
+    /// the vertices `starts[d]..starts[d + 1]`, by ascending global id, as the layer-wise
+    /// sampler numbers them. An extraction then reads the levels instead of scanning the
+    /// kept rows for them. The ranges and the order are checked here; that they are the
+    /// levels the kept edges imply is checked against a scan in debug builds.
+    pub fn with_levels(mut self, starts: Vec<usize>) -> Result<SampledEdges> {
+        let bad = |what: String| Err(MaskingError::Spec(format!("sample levels: {what}")));
+        if starts.first() != Some(&0)
+            || starts.last() != Some(&self.vertices.len())
+            || starts.windows(2).any(|w| w[0] > w[1])
+        {
+            return bad(format!(
+                "starts {starts:?} do not cut {} vertices in order",
+                self.vertices.len()
+            ));
+        }
+        for (d, w) in starts.windows(2).enumerate() {
+            if let Some(p) = self.vertices[w[0]..w[1]].windows(2).find(|p| p[0] >= p[1]) {
+                return bad(format!(
+                    "level {d} lists vertex {} before {}: not by ascending global id",
+                    p[0], p[1]
+                ));
+            }
+        }
+        self.level_starts = Some(starts);
+        Ok(self)
+    }
+    /// Where each level starts, when declared (see [`SampledEdges::with_levels`]).
+    pub fn level_starts(&self) -> Option<&[usize]> {
+        self.level_starts.as_deref()
+    }
+    /// Layer flags of kept edge `e` (bit l: used at layer l); every bit set without
+    /// per-layer flags.
+    pub fn layer_bits(&self, e: usize) -> u64 {
+        match &self.layers {
+            Some(bits) => bits[e],
+            None => u64::MAX,
+        }
+    }
     /// Global id of every sample vertex (rows first).
     pub fn vertices(&self) -> &[u32] {
         &self.vertices
@@ -510,6 +559,13 @@ impl<'g> RowSource<'_, 'g> {
         match self {
             RowSource::Exact(_) => true,
             RowSource::Sampled(s) => s.used_at(e, layer),
+        }
+    }
+    /// Layer flags of kept edge `e` (every bit set for exact rows).
+    pub fn layer_bits(&self, e: usize) -> u64 {
+        match self {
+            RowSource::Exact(_) => u64::MAX,
+            RowSource::Sampled(s) => s.layer_bits(e),
         }
     }
     /// The need level a kept edge `e` of a row at level `lv` contributes in a plan with `k`

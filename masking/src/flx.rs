@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use crate::context::PlanContext;
 use crate::error::{MaskingError, Result};
-use crate::extract::{Edges, ExtractionSpec, RowSource};
+use crate::extract::{Edges, ExtractionSpec, RowSource, SampledEdges};
 use crate::idmap::IdMap;
 use crate::plan::{build_device, fill_sends, DevicePlan, DeviceSpec};
 
@@ -163,6 +163,59 @@ impl Reached {
 }
 
 const ABSENT: u8 = u8::MAX;
+
+/// Level `d` of a sample that declares its levels ([`SampledEdges::with_levels`]): its keys,
+/// checked to fit a `k`-hop extraction of `targets` targets (the targets lead the sample,
+/// levels `0..=k`).
+fn declared_level(starts: &[usize], d: usize, k: usize, targets: usize) -> Result<Vec<u32>> {
+    if starts.len() != k + 2 || starts[1] != targets {
+        return Err(MaskingError::Spec(format!(
+            "sample levels {starts:?} do not fit {targets} targets over {k} hops"
+        )));
+    }
+    Ok((starts[d] as u32..starts[d + 1] as u32).collect())
+}
+
+/// The keys first reached in hop `d` of a `k`-hop extraction over a sample's kept rows, in
+/// key order: the frontier's rows scanned on the thread pool, every source not reached yet
+/// marked in a bitmap over the sample's keys (no list of the hop's sources to sort).
+fn scan_sampled_hop(
+    sample: &SampledEdges,
+    reached: &Reached,
+    levels: &[Vec<u32>],
+    d: usize,
+    k: usize,
+) -> Vec<u32> {
+    let per_layer = sample.is_per_layer();
+    let layer = k - d;
+    let frontier: Vec<u32> = if per_layer {
+        levels.iter().flatten().copied().collect()
+    } else {
+        levels[d - 1].clone()
+    };
+    let marks: Vec<AtomicU64> = (0..sample.vertices().len().div_ceil(64))
+        .map(|_| AtomicU64::new(0))
+        .collect();
+    frontier.par_chunks(4096).for_each(|chunk| {
+        for &v in chunk {
+            let (base, srcs) = sample.row_at(v);
+            for (j, &u) in srcs.iter().enumerate() {
+                if (!per_layer || sample.used_at(base + j, layer)) && reached.index(u).is_none() {
+                    marks[u as usize / 64].fetch_or(1 << (u % 64), Ordering::Relaxed);
+                }
+            }
+        }
+    });
+    let mut next = Vec::new();
+    for (w, word) in marks.into_iter().enumerate() {
+        let mut bits = word.into_inner();
+        while bits != 0 {
+            next.push((w * 64) as u32 + bits.trailing_zeros());
+            bits &= bits - 1;
+        }
+    }
+    next
+}
 
 impl<'a> PlanContext<'a> {
     /// Builds the FB plan.
@@ -449,42 +502,23 @@ impl<'a> PlanContext<'a> {
             let first_new = reached.len();
             let mut next = Vec::new();
             if let RowSource::Sampled(sample) = &rows {
-                // A sample's hop: the frontier's rows scanned on the thread pool, every source
-                // not reached yet marked in a bitmap over the sample's keys, then recorded in
-                // key order (no list of the hop's sources to sort). Hop d feeds layer k - d,
-                // whose valid rows are, with per-layer flags, all levels <= d - 1, else level
-                // d - 1.
-                let per_layer = sample.is_per_layer();
-                let layer = k - d;
-                let frontier: Vec<u32> = if per_layer {
-                    levels.iter().flatten().copied().collect()
-                } else {
-                    levels[d - 1].clone()
+                // Hop d feeds layer k - d, whose valid rows are, with per-layer flags, all
+                // levels <= d - 1, else level d - 1. A sample that declares its levels (the
+                // layer-wise sampler) names them outright: nothing to scan.
+                next = match sample.level_starts() {
+                    Some(starts) => {
+                        let declared = declared_level(starts, d, k, levels[0].len())?;
+                        debug_assert_eq!(
+                            declared,
+                            scan_sampled_hop(sample, &reached, &levels, d, k),
+                            "server {server}: declared level {d} differs from the scanned one"
+                        );
+                        declared
+                    }
+                    None => scan_sampled_hop(sample, &reached, &levels, d, k),
                 };
-                let marks: Vec<AtomicU64> = (0..rows.key_span().div_ceil(64))
-                    .map(|_| AtomicU64::new(0))
-                    .collect();
-                let seen = &reached;
-                frontier.par_chunks(4096).for_each(|chunk| {
-                    for &v in chunk {
-                        let (base, srcs) = sample.row_at(v);
-                        for (j, &u) in srcs.iter().enumerate() {
-                            if (!per_layer || sample.used_at(base + j, layer))
-                                && seen.index(u).is_none()
-                            {
-                                marks[u as usize / 64].fetch_or(1 << (u % 64), Ordering::Relaxed);
-                            }
-                        }
-                    }
-                });
-                for (w, word) in marks.into_iter().enumerate() {
-                    let mut bits = word.into_inner();
-                    while bits != 0 {
-                        let u = (w * 64) as u32 + bits.trailing_zeros();
-                        bits &= bits - 1;
-                        reached.insert_new(u, lvl);
-                        next.push(u);
-                    }
+                for &u in &next {
+                    reached.insert_new(u, lvl);
                 }
             } else {
                 // The whole graph's rows (exact closures): streamed, as the sources of a

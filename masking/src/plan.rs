@@ -292,15 +292,24 @@ pub(crate) struct DeviceSpec {
     pub sole: bool,
 }
 
-/// Rows a plan's graph builder hands one task: enough that joining the parts costs little
-/// beside building them.
+/// Rows a plan's graph builder hands one task when the pool has several threads: enough
+/// that joining the parts costs little beside building them.
 const ROWS_PER_TASK: usize = 16384;
+
+/// A mask of the `n` lowest bits.
+fn low_bits(n: usize) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1 << n) - 1
+    }
+}
 
 /// A run of consecutive rows' kept edges as local ids: the union CSR and one per layer, each
 /// with offsets from 0.
 struct RowsPart {
-    union: (Vec<u64>, Vec<u32>),
-    layers: Vec<(Vec<u64>, Vec<u32>)>,
+    union: CsrGraph,
+    layers: Vec<CsrGraph>,
 }
 
 impl RowsPart {
@@ -308,7 +317,10 @@ impl RowsPart {
         let csr = || {
             let mut offsets = Vec::with_capacity(rows + 1);
             offsets.push(0u64);
-            (offsets, Vec::new())
+            CsrGraph {
+                offsets,
+                indices: Vec::new(),
+            }
         };
         RowsPart {
             union: csr(),
@@ -318,30 +330,24 @@ impl RowsPart {
 
     /// Closes the current row of every CSR.
     fn end_row(&mut self) {
-        for (offsets, indices) in std::iter::once(&mut self.union).chain(&mut self.layers) {
-            offsets.push(indices.len() as u64);
+        for g in std::iter::once(&mut self.union).chain(&mut self.layers) {
+            g.offsets.push(g.indices.len() as u64);
         }
     }
 
-    /// Room for the edges of `parts` in every CSR, so appending them copies each edge once
-    /// (growing by doubling would copy and fault in the pages again).
-    fn reserve_for(&mut self, parts: &[RowsPart]) {
-        self.union
-            .1
-            .reserve(parts.iter().map(|p| p.union.1.len()).sum());
-        for (l, (_, indices)) in self.layers.iter_mut().enumerate() {
-            indices.reserve(parts.iter().map(|p| p.layers[l].1.len()).sum());
+    /// The parts' rows in order, every CSR joined on the thread pool.
+    fn join(parts: Vec<RowsPart>, layers: usize) -> RowsPart {
+        let mut unions = Vec::with_capacity(parts.len());
+        let mut per_layer: Vec<Vec<CsrGraph>> = (0..layers).map(|_| Vec::new()).collect();
+        for part in parts {
+            unions.push(part.union);
+            for (l, g) in part.layers.into_iter().enumerate() {
+                per_layer[l].push(g);
+            }
         }
-    }
-
-    /// Appends `next`'s rows after this part's.
-    fn append(&mut self, next: &RowsPart) {
-        let pairs = std::iter::once((&mut self.union, &next.union))
-            .chain(self.layers.iter_mut().zip(&next.layers));
-        for ((offsets, indices), (next_offsets, next_indices)) in pairs {
-            let base = indices.len() as u64;
-            offsets.extend(next_offsets[1..].iter().map(|&o| base + o));
-            indices.extend_from_slice(next_indices);
+        RowsPart {
+            union: CsrGraph::join(unions),
+            layers: per_layer.into_iter().map(CsrGraph::join).collect(),
         }
     }
 }
@@ -479,58 +485,61 @@ pub(crate) fn build_device(
     let per_layer = if rows.per_layer() { masked_layers } else { 0 };
     // Rows in chunks on the thread pool, each chunk a CSR of its own (offsets from 0), then
     // joined in row order: the same graphs whatever the number of threads.
+    // Local ids rise with keys when the keys are the local rows, so a sorted source row
+    // stays sorted; only a mapped plan sorts its rows.
+    let sort_rows = local.is_some();
     let build_rows = |range: Range<usize>| -> Result<RowsPart> {
         let mut part = RowsPart::new(per_layer, range.len());
         for i in range {
             let lv = level[i];
             if lv < complete_below {
-                let start = part.union.1.len();
+                let start = part.union.indices.len();
                 let v = keys[i];
                 let (base, srcs) = rows.row(v);
+                // The layers at which this row is valid and so reads an edge: l < k - lv
+                // with per-layer flags (an edge is kept if used at one of them), all
+                // without (and then no per-layer graphs).
+                let valid = if per_layer == 0 {
+                    u64::MAX
+                } else {
+                    low_bits(masked_layers - lv as usize)
+                };
                 for (j, &u) in srcs.iter().enumerate() {
-                    if rows.edge_need(base + j, lv, masked_layers).is_none() {
+                    let used = rows.layer_bits(base + j) & valid;
+                    if used == 0 {
                         continue;
                     }
                     let loc = local_of(u, v)?;
-                    part.union.1.push(loc);
-                    for (l, layer) in part.layers.iter_mut().enumerate() {
-                        if lv as usize + l < masked_layers && rows.used_at(base + j, l) {
-                            layer.1.push(loc);
-                        }
+                    part.union.indices.push(loc);
+                    let mut layers = if per_layer == 0 { 0 } else { used };
+                    while layers != 0 {
+                        part.layers[layers.trailing_zeros() as usize]
+                            .indices
+                            .push(loc);
+                        layers &= layers - 1;
                     }
                 }
-                part.union.1[start..].sort_unstable();
-                for (offsets, indices) in &mut part.layers {
-                    // This row's segment starts at the layer's last offset.
-                    let s = *offsets.last().expect("starts with 0") as usize;
-                    indices[s..].sort_unstable();
+                if sort_rows {
+                    part.union.indices[start..].sort_unstable();
+                    for layer in &mut part.layers {
+                        // This row's segment starts at the layer's last offset.
+                        let s = *layer.offsets.last().expect("starts with 0") as usize;
+                        layer.indices[s..].sort_unstable();
+                    }
                 }
             }
             part.end_row();
         }
         Ok(part)
     };
-    let chunks: Vec<Range<usize>> = (0..n_owned)
-        .step_by(ROWS_PER_TASK)
-        .map(|a| a..(a + ROWS_PER_TASK).min(n_owned))
-        .collect();
-    let parts = chunks
+    let parts = grandis_store::csr::row_runs(n_owned, ROWS_PER_TASK)
         .into_par_iter()
         .map(build_rows)
         .collect::<Result<Vec<RowsPart>>>()?;
-    let mut joined = RowsPart::new(per_layer, n_owned);
-    joined.reserve_for(&parts);
-    for part in &parts {
-        joined.append(part);
-    }
     let RowsPart {
-        union: (offsets, indices),
-        layers: layer_parts,
-    } = joined;
-    let layer_graphs: Vec<CsrGraph> = layer_parts
-        .into_iter()
-        .map(|(offsets, indices)| CsrGraph { offsets, indices })
-        .collect();
+        union: CsrGraph { offsets, indices },
+        layers: layer_graphs,
+    } = RowsPart::join(parts, per_layer);
 
     // Per-row reads of graph-sized arrays at scattered ids: on the thread pool too.
     let in_degree: Vec<u32> = global_ids.par_iter().map(|&g| ctx.in_degree(g)).collect();

@@ -192,3 +192,58 @@ fn bad_inputs_give_clear_errors() {
     let bad = ModelDims { layers: 0, ..dims };
     assert!(grandis_masking::choose_k(g.view(), &layout, &bad, u64::MAX).is_err());
 }
+
+/// A sample that declares its levels is held to them: ranges that do not cut its vertices,
+/// a level out of global-id order, or levels that do not fit the extraction's targets and
+/// hops are clear errors, not plans built on a wrong claim.
+#[test]
+fn declared_sample_levels_are_checked() {
+    use grandis_masking::{Edges, ExtractionSpec, SampledEdges};
+    // Target 1 (server 0) keeps in-edges from 0 and 2; vertices numbered 1 | 0, 2.
+    let sample = || {
+        SampledEdges::from_blocks(
+            vec![1, 0, 2],
+            1,
+            vec![0, 2],
+            vec![1, 2],
+            Some((1, vec![1, 1])),
+        )
+        .unwrap()
+    };
+    let e = sample().with_levels(vec![0, 1, 2]).unwrap_err();
+    assert!(e.to_string().contains("do not cut 3 vertices"), "{e}");
+    let e = SampledEdges::from_blocks(vec![1, 2, 0], 1, vec![0, 2], vec![1, 2], None)
+        .unwrap()
+        .with_levels(vec![0, 1, 3])
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("level 1 lists vertex 2 before 0"),
+        "{e}"
+    );
+    let g = graph();
+    let cx = ctx(&g);
+    let spec = |starts: Vec<usize>| ExtractionSpec {
+        server: 0,
+        targets: vec![1],
+        hops: 1,
+        edges: Edges::Sampled(sample().with_levels(starts).unwrap()),
+    };
+    let declared = cx.extract_device_plan(&spec(vec![0, 1, 3]), 0).unwrap();
+    let scanned = cx
+        .extract_device_plan(
+            &ExtractionSpec {
+                edges: Edges::Sampled(sample()),
+                ..spec(vec![0, 1, 3])
+            },
+            0,
+        )
+        .unwrap();
+    assert_eq!(declared, scanned);
+    let e = cx
+        .extract_device_plan(&spec(vec![0, 1, 2, 3]), 0)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("do not fit 1 targets over 1 hops"),
+        "{e}"
+    );
+}

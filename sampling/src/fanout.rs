@@ -17,6 +17,7 @@
 //! per-layer kept count).
 
 use grandis_masking::{Edges, ExtractionSpec, PlanContext, SampledEdges};
+use grandis_store::csr::{concat_parts, row_runs, CsrGraph};
 use rayon::prelude::*;
 
 use crate::error::{Result, SamplingError};
@@ -135,12 +136,14 @@ impl Fanout {
         layer: usize,
         fanout: usize,
         round: u64,
-    ) -> (Vec<u32>, Vec<u32>) {
+    ) -> CsrGraph {
         const CHUNK: usize = 2048;
-        let parts: Vec<(Vec<u32>, Vec<u32>)> = frontier
-            .par_chunks(CHUNK)
-            .map(|chunk| {
-                let mut ends = Vec::with_capacity(chunk.len());
+        let parts: Vec<CsrGraph> = row_runs(frontier.len(), CHUNK)
+            .into_par_iter()
+            .map(|run| {
+                let chunk = &frontier[run];
+                let mut offsets = Vec::with_capacity(chunk.len() + 1);
+                offsets.push(0u64);
                 let mut srcs = Vec::with_capacity(chunk.len() * fanout);
                 let graph = ctx.graph();
                 for (i, &v) in chunk.iter().enumerate() {
@@ -153,21 +156,15 @@ impl Fanout {
                         graph.prefetch_row(w);
                     }
                     self.sample_row_into(ctx, v, layer, fanout, round, &mut srcs);
-                    ends.push(srcs.len() as u32);
+                    offsets.push(srcs.len() as u64);
                 }
-                (ends, srcs)
+                CsrGraph {
+                    offsets,
+                    indices: srcs,
+                }
             })
             .collect();
-        let total: usize = parts.iter().map(|p| p.1.len()).sum();
-        let mut offsets = Vec::with_capacity(frontier.len() + 1);
-        offsets.push(0u32);
-        let mut srcs = Vec::with_capacity(total);
-        for (ends, part) in parts {
-            let base = srcs.len() as u32;
-            offsets.extend(ends.into_iter().map(|e| base + e));
-            srcs.extend_from_slice(&part);
-        }
-        (offsets, srcs)
+        CsrGraph::join(parts)
     }
 }
 
@@ -204,10 +201,16 @@ impl Sampler for Fanout {
         let mut numbering = Numbering::new(bound.min(ctx.num_vertices()), ctx.num_vertices());
         numbering.number_targets(&targets);
         // Per hop: (rows drawn, CSR offsets, sources as sample numbers) in sample order.
-        let mut draws: Vec<(usize, Vec<u32>, Vec<u32>)> = Vec::with_capacity(hops);
+        let mut draws: Vec<(usize, Vec<u64>, Vec<u32>)> = Vec::with_capacity(hops);
+        // Where each level starts in `vertices`: what the plan reads instead of re-deriving
+        // the levels from the edges.
+        let mut level_starts = vec![0, vertices.len()];
         for d in 1..=hops {
             let frontier = vertices.len();
-            let (offsets, mut srcs) = self.draw_hop(
+            let CsrGraph {
+                offsets,
+                indices: mut srcs,
+            } = self.draw_hop(
                 ctx,
                 &vertices[..frontier],
                 hops - d,
@@ -216,6 +219,7 @@ impl Sampler for Fanout {
             );
             let level = numbering.number_hop(&mut srcs, frontier as u32);
             vertices.extend_from_slice(&level);
+            level_starts.push(vertices.len());
             draws.push((frontier, offsets, srcs));
         }
         // One CSR over the rows (every vertex drawn for by the last hop), in sample order; a
@@ -223,7 +227,8 @@ impl Sampler for Fanout {
         // Runs of rows on the thread pool, joined in row order.
         let rows_n = draws.last().map_or(0, |h| h.0);
         let merge = |rows: std::ops::Range<usize>| {
-            let mut ends = Vec::with_capacity(rows.len());
+            let mut offsets = Vec::with_capacity(rows.len() + 1);
+            offsets.push(0u64);
             let mut sources: Vec<u32> = Vec::new();
             let mut bits: Vec<u64> = Vec::new();
             let mut merged: Vec<(u32, u64)> = Vec::new();
@@ -237,37 +242,34 @@ impl Sampler for Fanout {
                     }
                 }
                 SampledEdges::append_row(&mut merged, &mut sources, &mut bits);
-                ends.push(sources.len() as u64);
+                offsets.push(sources.len() as u64);
             }
-            (ends, sources, bits)
+            (
+                CsrGraph {
+                    offsets,
+                    indices: sources,
+                },
+                bits,
+            )
         };
         const ROWS_PER_TASK: usize = 8192;
-        let parts: Vec<(Vec<u64>, Vec<u32>, Vec<u64>)> = (0..rows_n.div_ceil(ROWS_PER_TASK))
+        let (rows, bits): (Vec<CsrGraph>, Vec<Vec<u64>>) = row_runs(rows_n, ROWS_PER_TASK)
             .into_par_iter()
-            .map(|c| merge(c * ROWS_PER_TASK..((c + 1) * ROWS_PER_TASK).min(rows_n)))
-            .collect();
-        let edges: usize = parts.iter().map(|p| p.1.len()).sum();
-        let mut offsets = Vec::with_capacity(rows_n + 1);
-        offsets.push(0u64);
-        let mut sources: Vec<u32> = Vec::with_capacity(edges);
-        let mut bits: Vec<u64> = Vec::with_capacity(edges);
-        for (ends, part_sources, part_bits) in parts {
-            let base = sources.len() as u64;
-            offsets.extend(ends.into_iter().map(|e| base + e));
-            sources.extend_from_slice(&part_sources);
-            bits.extend_from_slice(&part_bits);
-        }
+            .map(merge)
+            .unzip();
+        let CsrGraph {
+            offsets,
+            indices: sources,
+        } = CsrGraph::join(rows);
+        let bits = concat_parts(bits);
         Ok(ExtractionSpec {
             server,
             targets,
             hops,
-            edges: Edges::Sampled(SampledEdges::from_blocks(
-                vertices,
-                rows_n,
-                offsets,
-                sources,
-                Some((hops, bits)),
-            )?),
+            edges: Edges::Sampled(
+                SampledEdges::from_blocks(vertices, rows_n, offsets, sources, Some((hops, bits)))?
+                    .with_levels(level_starts)?,
+            ),
         })
     }
 

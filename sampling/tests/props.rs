@@ -198,9 +198,10 @@ proptest! {
         }
     }
 
-    /// The layer-wise sampler numbers its vertices as a plan orders its rows, so plans are
-    /// built from it by array indexing; the same edges numbered by global id (the general
-    /// path, with maps) give the very same plans, co-batch and standalone alike.
+    /// The layer-wise sampler numbers its vertices as a plan orders its rows and declares
+    /// its levels, so plans are built from it by array indexing without a scan for levels;
+    /// the same edges numbered by global id (the general path, with maps and the scan) give
+    /// the very same plans, co-batch and standalone alike.
     #[test]
     fn fanout_plans_equal_plans_of_the_same_edges_by_global_id(c in case(), fanouts in prop::collection::vec(1usize..=3, 1..=3), seed in 0u64..4, round in 0u64..3) {
         let cx = ctx(&c);

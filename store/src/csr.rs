@@ -135,6 +135,81 @@ impl CsrGraph {
             indices: &self.indices,
         }
     }
+
+    /// Joins CSRs built over consecutive runs of rows (each one's offsets starting at 0) into
+    /// one, rows in part order: a part's offsets are shifted by the edges before it. What a
+    /// builder that makes rows in chunks on the thread pool needs; see [`concat_parts`] for
+    /// why one part is free and more are copied in parallel.
+    pub fn join(mut parts: Vec<CsrGraph>) -> CsrGraph {
+        if parts.len() == 1 {
+            return parts.pop().unwrap_or_default();
+        }
+        let mut bases = Vec::with_capacity(parts.len());
+        let mut edges = 0u64;
+        for part in &parts {
+            bases.push(edges);
+            edges += part.offsets.last().copied().unwrap_or(0);
+        }
+        let (offsets, indices): (Vec<Vec<u64>>, Vec<Vec<u32>>) = parts
+            .into_iter()
+            .zip(bases)
+            .map(|(part, base)| {
+                let mut offsets = part.offsets;
+                if !offsets.is_empty() {
+                    offsets.remove(0);
+                }
+                if base != 0 {
+                    offsets.iter_mut().for_each(|o| *o += base);
+                }
+                (offsets, part.indices)
+            })
+            .unzip();
+        let mut joined = Vec::with_capacity(1 + offsets.iter().map(Vec::len).sum::<usize>());
+        joined.push(0);
+        joined.extend(concat_parts(offsets));
+        CsrGraph {
+            offsets: joined,
+            indices: concat_parts(indices),
+        }
+    }
+}
+
+/// `n` rows cut into runs for a builder that makes them on the thread pool and then joins
+/// them ([`CsrGraph::join`]): one run on a one-thread pool (nothing to join, nothing copied),
+/// runs of `per_task` rows otherwise. What is built must not depend on the cut.
+pub fn row_runs(n: usize, per_task: usize) -> Vec<std::ops::Range<usize>> {
+    let per_task = if rayon::current_num_threads() == 1 {
+        n.max(1)
+    } else {
+        per_task.max(1)
+    };
+    (0..n)
+        .step_by(per_task)
+        .map(|a| a..(a + per_task).min(n))
+        .collect()
+}
+
+/// The parts' elements back to back, in part order. A single part is moved, not copied (a
+/// one-thread pool builds everything as one part); more are copied on the thread pool, each
+/// into its own slice of the result, so joining costs a share of one copy per thread
+/// instead of a whole copy on one.
+pub fn concat_parts<T: Copy + Default + Send + Sync>(mut parts: Vec<Vec<T>>) -> Vec<T> {
+    if parts.len() == 1 {
+        return parts.pop().unwrap_or_default();
+    }
+    let total = parts.iter().map(Vec::len).sum();
+    let mut out = vec![T::default(); total];
+    let mut rest = out.as_mut_slice();
+    let mut pairs = Vec::with_capacity(parts.len());
+    for part in &parts {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(part.len());
+        pairs.push((head, part));
+        rest = tail;
+    }
+    pairs
+        .into_par_iter()
+        .for_each(|(dst, src)| dst.copy_from_slice(src));
+    out
 }
 
 /// Degree distribution summary for `grandis data info`.
@@ -201,6 +276,42 @@ mod tests {
             g.view().row_blocks(2..5, 1).collect::<Vec<_>>(),
             vec![2..3, 3..4, 4..5]
         );
+    }
+
+    /// Joining a graph cut at any rows gives the graph back, whether it is one part, many,
+    /// or has empty parts.
+    #[test]
+    fn join_of_row_runs_is_the_whole_graph() {
+        let g = crate::graph_from_edges(
+            6,
+            [(0, 0), (1, 0), (2, 0), (0, 1), (3, 3), (4, 3), (5, 5)],
+            EdgeOptions::default(),
+        )
+        .unwrap();
+        let part = |rows: std::ops::Range<usize>| {
+            let lo = g.offsets[rows.start];
+            super::CsrGraph {
+                offsets: g.offsets[rows.start..=rows.end]
+                    .iter()
+                    .map(|o| o - lo)
+                    .collect(),
+                indices: g.indices[lo as usize..g.offsets[rows.end] as usize].to_vec(),
+            }
+        };
+        for cuts in [
+            vec![0, 6],
+            vec![0, 1, 6],
+            vec![0, 2, 2, 3, 5, 6],
+            vec![0, 0, 6, 6],
+        ] {
+            let parts = cuts.windows(2).map(|w| part(w[0]..w[1])).collect();
+            assert_eq!(super::CsrGraph::join(parts), g, "cuts {cuts:?}");
+        }
+        assert_eq!(
+            super::concat_parts(vec![vec![1u64, 2], vec![], vec![3]]),
+            vec![1, 2, 3]
+        );
+        assert!(super::concat_parts::<u8>(Vec::new()).is_empty());
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub use array::{
     release_pages, ArraySummary, ArrayWriter, MappedArray, RangeWriter, SCAN_CHUNK_BYTES,
 };
 pub use atomic::{write_file_atomic, write_file_atomic_with, AtomicDir};
-pub use csr::{CsrGraph, CsrView, DegreeStats, MAX_VERTICES};
+pub use csr::{concat_parts, CsrGraph, CsrView, DegreeStats, MAX_VERTICES};
 pub use dataset::{
     Dataset, DatasetInfo, DatasetView, DatasetWriter, InMemoryDataset, Manifest, SplitSizes,
 };
