@@ -123,7 +123,13 @@ impl PreloadPlan {
 /// The vertices one server's extraction reached (by key, see `RowSource`), numbered in
 /// discovery order: a vertex's level and, once placed, its device within the server.
 struct Reached {
-    index: IdMap,
+    /// Key -> discovery index; None while every key so far was discovered in key order
+    /// (key i is the i-th: a sample numbered level by level, as the layer-wise sampler
+    /// numbers it), where the map would be the identity and is not built.
+    index: Option<IdMap>,
+    /// The map's size and key span, for when it is built.
+    expected: usize,
+    span: usize,
     level: Vec<u8>,
     device: Vec<u16>,
 }
@@ -132,7 +138,9 @@ impl Reached {
     /// For an extraction of about `expected` vertices, keys below `n`.
     fn new(expected: usize, n: usize) -> Reached {
         Reached {
-            index: IdMap::for_size(expected, n),
+            index: None,
+            expected,
+            span: n,
             level: Vec::with_capacity(expected.min(n)),
             device: Vec::with_capacity(expected.min(n)),
         }
@@ -142,7 +150,22 @@ impl Reached {
     }
     /// Records `v` at `level` unless already reached; whether it was new.
     fn insert_new(&mut self, v: u32, level: u8) -> bool {
-        let new = self.index.insert_new(v, self.level.len() as u32);
+        let next = self.level.len() as u32;
+        let new = match &mut self.index {
+            None if v == next => true,
+            None if v < next => false,
+            None => {
+                // The first key out of order: the identity ends here.
+                let mut index = IdMap::for_size(self.expected, self.span);
+                for k in 0..next {
+                    index.insert_new(k, k);
+                }
+                index.insert_new(v, next);
+                self.index = Some(index);
+                true
+            }
+            Some(index) => index.insert_new(v, next),
+        };
         if new {
             self.level.push(level);
             self.device.push(u16::MAX);
@@ -150,7 +173,10 @@ impl Reached {
         new
     }
     fn index(&self, v: u32) -> Option<usize> {
-        self.index.get(v).map(|i| i as usize)
+        match &self.index {
+            None => ((v as usize) < self.level.len()).then_some(v as usize),
+            Some(index) => index.get(v).map(|i| i as usize),
+        }
     }
     fn set_device(&mut self, v: u32, device: u16) {
         let i = self.index(v).expect("placing a reached vertex");

@@ -68,8 +68,9 @@ impl Fanout {
         Fanout::new(fanouts, seed)
     }
 
-    /// The sampled in-neighbours of `v` for `layer` in `round`, appended to `out` in
-    /// ascending order (the graph's rows are sorted, and so are the picked positions).
+    /// The sampled in-neighbours of `v` for `layer` in `round`, appended to `out`, distinct,
+    /// in the order drawn (a step renumbers and sorts every row anyway, so sorting here would
+    /// be paid twice; [`Fanout::sample_row`] gives them sorted).
     pub fn sample_row_into(
         &self,
         ctx: &PlanContext<'_>,
@@ -106,14 +107,12 @@ impl Fanout {
             }
             out.push(take);
         }
-        let picked = &mut out[start..];
-        picked.sort_unstable();
-        for p in picked.iter_mut() {
+        for p in &mut out[start..] {
             *p = nbrs[*p as usize];
         }
     }
 
-    /// [`Fanout::sample_row_into`] into a new vector.
+    /// [`Fanout::sample_row_into`] into a new vector, ascending.
     pub fn sample_row(
         &self,
         ctx: &PlanContext<'_>,
@@ -124,6 +123,7 @@ impl Fanout {
     ) -> Vec<u32> {
         let mut out = Vec::with_capacity(fanout.min(ctx.in_neighbors(v).len()));
         self.sample_row_into(ctx, v, layer, fanout, round, &mut out);
+        out.sort_unstable();
         out
     }
 
@@ -233,6 +233,17 @@ impl Sampler for Fanout {
             let mut bits: Vec<u64> = Vec::new();
             let mut merged: Vec<(u32, u64)> = Vec::new();
             for i in rows {
+                // Drawn by one hop alone (the last level before the leaves, most rows): its
+                // sources are distinct, only their order to settle.
+                let mut by = draws.iter().enumerate().filter(|(_, h)| i < h.0);
+                if let (Some((d, (_, off, srcs))), None) = (by.next(), by.next()) {
+                    let start = sources.len();
+                    sources.extend_from_slice(&srcs[off[i] as usize..off[i + 1] as usize]);
+                    sources[start..].sort_unstable();
+                    bits.resize(sources.len(), 1u64 << (hops - 1 - d));
+                    offsets.push(sources.len() as u64);
+                    continue;
+                }
                 merged.clear();
                 for (d, (drawn, off, srcs)) in draws.iter().enumerate() {
                     if i < *drawn {

@@ -114,92 +114,81 @@ impl Numbering {
             .enumerate()
             .map(|(t, ((map, range), fresh))| {
                 let lo = range[0];
-                let mut by_id: Vec<u64> = fresh
-                    .iter()
-                    .enumerate()
-                    .map(|(j, &g)| ((g - lo) as u64) << 32 | j as u64)
-                    .collect();
-                sort_by_high_word(&mut by_id, (range[1] - lo) as u64);
-                by_id
-                    .iter()
-                    .enumerate()
-                    .map(|(rank, &gj)| {
-                        let local = (gj >> 32) as u32;
-                        let number = starts[t] + rank as u32;
-                        map.set(local, number);
-                        final_of[(gj as u32) as usize * owners + t]
-                            .store(number, Ordering::Relaxed);
-                        local + lo
-                    })
-                    .collect()
+                let locals = fresh.into_iter().map(|g| g - lo).collect();
+                let mut locals = sorted_ids(locals, (range[1] - lo) as usize);
+                for (rank, local) in locals.iter_mut().enumerate() {
+                    let number = starts[t] + rank as u32;
+                    let provisional = map.get(*local).expect("numbered in pass 1");
+                    map.set(*local, number);
+                    final_of[(provisional - next) as usize].store(number, Ordering::Relaxed);
+                    *local += lo;
+                }
+                locals
             })
             .collect();
-        // Pass 2: provisional numbers to final ones.
-        *srcs = named
-            .into_par_iter()
-            .map(|n| {
+        // Pass 2: provisional numbers to final ones, into the drawn ids' own buffer.
+        let mut drawn = drawn;
+        drawn
+            .par_iter_mut()
+            .zip(named.into_par_iter())
+            .for_each(|(slot, n)| {
                 let n = n.into_inner();
-                if n >= next {
+                *slot = if n >= next {
                     final_of[(n - next) as usize].load(Ordering::Relaxed)
                 } else {
                     n
-                }
-            })
-            .collect();
+                };
+            });
+        *srcs = drawn;
         sorted.concat()
     }
 }
 
-/// Sorts `keys` by their high 32 bits, each below `bound` (a hop's new vertices by global
-/// id: distinct, so the order is total): a least-significant-digit radix sort, one pass per
-/// byte `bound` needs, linear in the keys whatever their order (a comparison sort of a hop's
-/// ~400k new vertices cost more than drawing them).
-fn sort_by_high_word(keys: &mut Vec<u64>, bound: u64) {
-    let bits = 64 - bound.saturating_sub(1).leading_zeros();
-    let mut scratch = vec![0u64; keys.len()];
-    for pass in 0..bits.div_ceil(8) {
-        let shift = 32 + 8 * pass;
-        let mut start = [0usize; 257];
-        for &k in keys.iter() {
-            start[((k >> shift) & 0xFF) as usize + 1] += 1;
-        }
-        for b in 1..257 {
-            start[b] += start[b - 1];
-        }
-        for &k in keys.iter() {
-            let b = ((k >> shift) & 0xFF) as usize;
-            scratch[start[b]] = k;
-            start[b] += 1;
-        }
-        std::mem::swap(keys, &mut scratch);
+/// `ids` (distinct, each below `span`) in ascending order: read off a bitmap over the span
+/// when they are dense enough in it that scanning its words costs less than sorting them (a
+/// hop's ~400k new vertices of a products-sized graph: a comparison sort of those cost more
+/// than drawing them), by a comparison sort when they are few.
+fn sorted_ids(mut ids: Vec<u32>, span: usize) -> Vec<u32> {
+    let words = span.div_ceil(64);
+    if words > ids.len().saturating_mul(4) {
+        ids.sort_unstable();
+        return ids;
     }
+    let mut bits = vec![0u64; words];
+    for &i in &ids {
+        bits[i as usize / 64] |= 1 << (i % 64);
+    }
+    ids.clear();
+    for (w, &word) in bits.iter().enumerate() {
+        let mut rest = word;
+        while rest != 0 {
+            ids.push((w * 64) as u32 + rest.trailing_zeros());
+            rest &= rest - 1;
+        }
+    }
+    ids
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{sort_by_high_word, Numbering};
+    use super::{sorted_ids, Numbering};
 
-    /// The radix sort orders by the high word as a comparison sort does, for bounds that
-    /// need one to four bytes.
+    /// Ids come out ascending whether read off the bitmap (dense in their span) or sorted
+    /// (sparse), for spans that need one to four bytes.
     #[test]
-    fn radix_sort_orders_by_global_id() {
-        for bound in [1u64, 200, 70_000, 3_000_000, u32::MAX as u64 + 1] {
-            let mut keys: Vec<u64> = (0..5000u64)
-                .map(|j| {
-                    let g = (j * 2_654_435_761) % bound;
-                    g << 32 | j
-                })
-                .collect();
-            let mut want = keys.clone();
-            want.sort_unstable_by_key(|k| (k >> 32, *k as u32));
-            sort_by_high_word(&mut keys, bound);
-            let high = |v: &[u64]| v.iter().map(|k| k >> 32).collect::<Vec<_>>();
-            assert_eq!(high(&keys), high(&want), "bound {bound}");
-            let mut a = keys.clone();
-            a.sort_unstable();
-            let mut b = want.clone();
-            b.sort_unstable();
-            assert_eq!(a, b, "the same keys, bound {bound}");
+    fn ids_come_out_ascending_dense_or_sparse() {
+        for span in [1u64, 200, 70_000, 3_000_000, u32::MAX as u64 + 1] {
+            for count in [0u64, 1, 5000] {
+                let mut ids: Vec<u32> = (0..count)
+                    .map(|j| ((j * 2_654_435_761) % span) as u32)
+                    .collect();
+                ids.sort_unstable();
+                ids.dedup();
+                let mut shuffled = ids.clone();
+                shuffled.reverse();
+                shuffled.rotate_left(ids.len() / 3);
+                assert_eq!(sorted_ids(shuffled, span as usize), ids, "span {span}");
+            }
         }
     }
 
@@ -207,7 +196,7 @@ mod tests {
     /// by global id), for one to five owners and maps of every representation.
     #[test]
     fn numbers_level_by_level_by_global_id_for_any_owner_count() {
-        for n in [7usize, 1000, 100_000] {
+        for n in [7usize, 1000, 100_000, 1_000_000] {
             let targets: Vec<u32> = (0..5u32).map(|i| (i * 37 + 3) % n as u32).collect();
             let hops: Vec<Vec<u32>> = (0..3u64)
                 .map(|h| {
