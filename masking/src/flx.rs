@@ -521,6 +521,7 @@ impl<'a> PlanContext<'a> {
             loads[g] += 1;
         }
         // levels[d]: keys of the vertices at level d, by ascending global id.
+        let declared = matches!(&rows, RowSource::Sampled(s) if s.level_starts().is_some());
         let mut levels: Vec<Vec<u32>> = vec![targets];
         let mut total = levels[0].len();
         for d in 1..=k {
@@ -557,9 +558,11 @@ impl<'a> PlanContext<'a> {
                     }
                 }
             }
-            // By global id (a sample that numbers its vertices level by level in id order,
-            // as the layer-wise sampler does, is in that order already).
-            next.sort_unstable_by_key(|&u| rows.global(u));
+            // By global id (a sample that declares its levels has them in that order, checked
+            // when declared).
+            if !declared {
+                next.sort_unstable_by_key(|&u| rows.global(u));
+            }
             total += next.len();
             if g_count == 1 {
                 for &u in &next {

@@ -153,7 +153,7 @@ impl Fanout {
                         graph.prefetch_offsets(w);
                     }
                     if let Some(&w) = chunk.get(i + PREFETCH_AHEAD) {
-                        graph.prefetch_row(w);
+                        graph.prefetch_row_lines(w, 4);
                     }
                     self.sample_row_into(ctx, v, layer, fanout, round, &mut srcs);
                     offsets.push(srcs.len() as u64);

@@ -49,6 +49,19 @@ impl<'a> CsrView<'a> {
             }
         }
     }
+    /// Prefetches up to `lines` cache lines of `v`'s row (a sampler picks sources all over
+    /// a row, not only at its start); needs its offsets in cache, as [`CsrView::prefetch_row`].
+    #[inline(always)]
+    pub fn prefetch_row_lines(&self, v: u32, lines: usize) {
+        const PER_LINE: usize = 64 / std::mem::size_of::<u32>();
+        let v = v as usize;
+        if let (Some(&start), Some(&end)) = (self.offsets.get(v), self.offsets.get(v + 1)) {
+            let row = &self.indices[start as usize..end as usize];
+            for i in (0..row.len()).step_by(PER_LINE).take(lines) {
+                crate::prefetch(&row[i]);
+            }
+        }
+    }
     pub fn degree(&self, v: u32) -> usize {
         let v = v as usize;
         (self.offsets[v + 1] - self.offsets[v]) as usize
