@@ -266,7 +266,11 @@ pub fn plan_job(
     // One plan context (the graph's transpose, the splits) for the co-batch search and the
     // counting.
     let ctx = crate::plan_context(&view, part)?;
+    // A task that trains only the exact modes (link prediction) needs no co-batch.
+    let task = popts.job.task;
+    let exact_only = grandis_wire::task_conflict(task, Mode::Cob, &Sampling::None).is_some();
     let (batch, no_cobatch) = match popts.batch_size() {
+        _ if exact_only => (0, Some(format!("a {task} job trains the exact modes only"))),
         Some(b) => (b, None),
         None => match largest_cobatch(&ctx, config, &popts.job.sampling, budget, seed) {
             Ok(b) => (b, None),
@@ -284,6 +288,7 @@ pub fn plan_job(
         (Mode::Fb | Mode::Flx, Some(k)) => c.preload_hops.unwrap_or(0) == k,
         _ => true,
     })
+    .filter(|c| grandis_wire::task_conflict(task, c.mode, &c.sampling).is_none())
     .collect();
     let counting = match prune {
         true => Counting::Pruned {

@@ -624,14 +624,32 @@ pub fn plan(
     rates: &PlanRates,
     counting: Counting,
 ) -> anyhow::Result<Vec<Planned>> {
-    crate::setup::check_inputs(&view, part, config)?;
+    let link = base.job.task == grandis_wire::Task::Link;
+    let objective = match (link, base.job.link) {
+        (true, spec) => {
+            let spec = spec.unwrap_or_default();
+            grandis_trainer::Objective::Link {
+                negatives: spec.negatives,
+                decoder: spec.decoder,
+            }
+        }
+        (false, _) => grandis_trainer::Objective::Node,
+    };
+    crate::setup::check_job_inputs(&view, part, config, objective, 0)?;
     let (flags, totals) = crate::setup::labelled(&view, part)?;
-    if totals[0] == 0 {
+    if totals[0] == 0 && !link {
         anyhow::bail!("the dataset's train split has no labelled vertices");
     }
     let dims = crate::model_dims(config);
     let work = layer_work(config, &dims)?;
-    let parameters = parameters(config)?;
+    // Link prediction all-reduces every vertex's output embedding each step besides the
+    // parameters (`link_task`: every rank then scores every pair).
+    let link_values = if link {
+        view.num_vertices() * config.classes
+    } else {
+        0
+    };
+    let parameters = parameters(config)? + link_values;
     let (budget, _) = crate::budget::budget(base, &part.layout)?;
     let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
     let count = |c: &Candidate| -> Planned {
@@ -904,14 +922,19 @@ pub fn calibrate(
     let mut features = vec![0f32; n * f];
     let ids: Vec<u32> = (0..n as u32).collect();
     view.gather_features(&ids, &mut features)?;
-    let labels: Vec<i32> = (0..n).map(|v| view.labels[v].max(0)).collect();
+    // The model's own output width: a link job's encoder outputs embeddings, not the
+    // dataset's classes; the timing is the same whatever the labels say.
+    let classes = config.classes.max(1);
+    let labels: Vec<i32> = (0..n)
+        .map(|v| view.labels[v].max(0) % classes as i32)
+        .collect();
     let sample = grandis_store::InMemoryDataset {
         name: "calibration".into(),
         graph,
         features,
         feature_dim: f,
         labels,
-        num_classes: view.num_classes,
+        num_classes: classes,
         split: grandis_store::Split {
             train: ids,
             val: Vec::new(),

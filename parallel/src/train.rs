@@ -45,8 +45,21 @@ pub(crate) fn train_ranks(
     mut local: Option<Vec<grandis_fabric::Endpoint>>,
 ) -> anyhow::Result<ParallelReport> {
     let links = check_job_inputs(&view, part, &config, opts.objective, opts.embedding_dim)?;
-    let (popts, plan) =
-        auto::resolve_mode(&view, part, &config, popts, opts.seed, local.as_deref_mut())?;
+    // The run trains `opts.objective`; the planner reads the task off the job, which a
+    // library caller may have left at its default.
+    let mut popts = popts.clone();
+    popts.job.task = match opts.objective {
+        Objective::Link { .. } => grandis_wire::Task::Link,
+        Objective::Node => grandis_wire::Task::Node,
+    };
+    let (popts, plan) = auto::resolve_mode(
+        &view,
+        part,
+        &config,
+        &popts,
+        opts.seed,
+        local.as_deref_mut(),
+    )?;
     // The job's combinations (staleness only for fb / flx, remote features only for the
     // mini-batch modes, ...) were checked once where it entered (`JobSpec::validate`); auto
     // resolves to a mode its spec allows.

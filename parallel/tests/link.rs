@@ -199,7 +199,47 @@ fn sampled_modes_refuse_link_prediction() {
     )
     .unwrap_err();
     assert!(
-        format!("{err:#}").contains("link prediction trains in modes single, fb and flx"),
+        format!("{err:#}").contains("link prediction trains in modes single, fb, flx and auto"),
         "{err:#}"
     );
+}
+
+/// `mode auto` plans a link job among the exact plans only (fb, flx for every k), with the
+/// embedding all-reduce priced in, and trains the one it chose exactly as that mode does.
+#[test]
+fn auto_chooses_an_exact_plan_for_link_prediction() {
+    let (ds, split) = link_dataset(5, 80, 4, 6);
+    let mut view = ds.view();
+    view.links = Some(split.view());
+    let part = random_partition(&view, 2, 2, 5);
+    let config = link_config(&view, ModelKind::Sage, 2);
+    let opts = link_opts(2, LinkDecoder::Dot);
+    let p = ParallelOptions {
+        job: JobSpec {
+            mode: Mode::Auto,
+            device_memory: Some(1 << 30),
+            ..JobSpec::default()
+        },
+        machine: Machine {
+            threads_per_rank: Some(1),
+            collect_logits: true,
+            ..Machine::default()
+        },
+    };
+    let r = grandis_parallel::train(view, &part, config.clone(), &opts, &p, &mut |_| {})
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let plan = r.execution.plan.as_ref().expect("auto reports its plan");
+    let names: Vec<&str> = plan.candidates.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["fb", "flx k=1", "flx k=2"], "{plan:?}");
+    let (mode, k) = match plan.chosen.as_str() {
+        "fb" => (Mode::Fb, None),
+        "flx k=1" => (Mode::Flx, Some(1)),
+        "flx k=2" => (Mode::Flx, Some(2)),
+        other => panic!("auto chose {other}"),
+    };
+    let direct = parallel(view, &part, &config, &opts, mode, k).unwrap();
+    let losses = |r: &grandis_parallel::ParallelReport| -> Vec<f64> {
+        r.train.epochs.iter().map(|e| e.loss).collect()
+    };
+    assert_eq!(losses(&r), losses(&direct), "auto against {}", plan.chosen);
 }

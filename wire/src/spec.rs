@@ -55,20 +55,21 @@ pub enum Sampling {
 }
 
 /// Why a job of `task` cannot train in mode `mode` with `sampling`, if it cannot: the one
-/// rule spec validation and the runner share. Link prediction trains in the exact modes
-/// (single, fb, flx without sampling) so far: the sampled modes need batches seeded by edges.
+/// rule spec validation, the planner and the runner share. Link prediction trains in the
+/// exact modes (single, fb, flx without sampling, and auto, which then chooses among fb and
+/// flx) so far: the sampled modes need batches seeded by edges.
 pub fn task_conflict(task: Task, mode: Mode, sampling: &Sampling) -> Option<String> {
     match task {
         Task::Node => None,
         Task::Link
-            if matches!(mode, Mode::Single | Mode::Fb | Mode::Flx)
+            if matches!(mode, Mode::Single | Mode::Fb | Mode::Flx | Mode::Auto)
                 && *sampling == Sampling::None =>
         {
             None
         }
         Task::Link => Some(format!(
-            "link prediction trains in modes single, fb and flx without sampling so far, \
-             not mode '{mode}' with sampling '{}'",
+            "link prediction trains in modes single, fb, flx and auto without sampling so \
+             far, not mode '{mode}' with sampling '{}'",
             sampling.method()
         )),
     }
@@ -595,6 +596,7 @@ mod tests {
         for ok in [
             r#"{"dataset": "d", "task": "link", "mode": "fb"}"#,
             r#"{"dataset": "d", "task": "link", "mode": "flx", "preload_hops": 1}"#,
+            r#"{"dataset": "d", "task": "link", "mode": "auto", "device_memory": "1GiB"}"#,
         ] {
             JobSpec::from_json_str(ok)
                 .unwrap()
@@ -604,12 +606,12 @@ mod tests {
         for doc in [
             r#"{"dataset": "d", "task": "link", "mode": "cob", "batch_size": 8}"#,
             r#"{"dataset": "d", "task": "link", "mode": "flx", "sampling": "eas"}"#,
-            r#"{"dataset": "d", "task": "link", "mode": "auto", "device_memory": "1GiB"}"#,
+            r#"{"dataset": "d", "task": "link", "mode": "auto", "sampling": "eas"}"#,
         ] {
             let e = errors(doc);
             assert!(
                 e.iter()
-                    .any(|m| m.starts_with("task: ") && m.contains("single, fb and flx")),
+                    .any(|m| m.starts_with("task: ") && m.contains("single, fb, flx and auto")),
                 "{doc}: {e:?}"
             );
         }
