@@ -285,7 +285,7 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
     }
     let (ok, _, err) = grandis(&["train", &path(&out), "--task", "link", "--mode", "cob"]);
     assert!(
-        !ok && err.contains("--task") && err.contains("modes single, fb and flx"),
+        !ok && err.contains("--task") && err.contains("modes single, fb, flx and auto"),
         "{err}"
     );
     let (ok, _, err) = grandis(&["train", &path(&src), "--task", "link", "--epochs", "1"]);
