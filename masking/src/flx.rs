@@ -191,12 +191,15 @@ impl Reached {
 const ABSENT: u8 = u8::MAX;
 
 /// Level `d` of a sample that declares its levels ([`SampledEdges::with_levels`]): its keys,
-/// checked to fit a `k`-hop extraction of `targets` targets (the targets lead the sample,
-/// levels `0..=k`).
-fn declared_level(starts: &[usize], d: usize, k: usize, targets: usize) -> Result<Vec<u32>> {
-    if starts.len() != k + 2 || starts[1] != targets {
+/// checked to fit a `k`-hop extraction whose targets have the keys `targets` (they must lead
+/// the sample, in order, as level 0; levels `0..=k`).
+fn declared_level(starts: &[usize], d: usize, k: usize, targets: &[u32]) -> Result<Vec<u32>> {
+    let leading = targets.iter().enumerate().all(|(i, &t)| t == i as u32);
+    if starts.len() != k + 2 || starts[1] != targets.len() || !leading {
         return Err(MaskingError::Spec(format!(
-            "sample levels {starts:?} do not fit {targets} targets over {k} hops"
+            "sample levels {starts:?} do not fit {} targets over {k} hops (the targets must \
+             lead the sample, in order)",
+            targets.len()
         )));
     }
     Ok((starts[d] as u32..starts[d + 1] as u32).collect())
@@ -534,7 +537,7 @@ impl<'a> PlanContext<'a> {
                 // layer-wise sampler) names them outright: nothing to scan.
                 next = match sample.level_starts() {
                     Some(starts) => {
-                        let declared = declared_level(starts, d, k, levels[0].len())?;
+                        let declared = declared_level(starts, d, k, &levels[0])?;
                         debug_assert_eq!(
                             declared,
                             scan_sampled_hop(sample, &reached, &levels, d, k),

@@ -246,4 +246,19 @@ fn declared_sample_levels_are_checked() {
         e.to_string().contains("do not fit 1 targets over 1 hops"),
         "{e}"
     );
+    // Levels that do not start with the targets: vertex 0 leads, the target is vertex 1.
+    let misled = SampledEdges::from_blocks(vec![0, 1, 2], 2, vec![0, 0, 2], vec![0, 2], None)
+        .unwrap()
+        .with_levels(vec![0, 1, 3])
+        .unwrap();
+    let e = cx
+        .extract_device_plan(
+            &ExtractionSpec {
+                edges: Edges::Sampled(misled),
+                ..spec(vec![0, 1, 3])
+            },
+            0,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("must lead the sample"), "{e}");
 }
