@@ -625,16 +625,7 @@ pub fn plan(
     counting: Counting,
 ) -> anyhow::Result<Vec<Planned>> {
     let link = base.job.task == grandis_wire::Task::Link;
-    let objective = match (link, base.job.link) {
-        (true, spec) => {
-            let spec = spec.unwrap_or_default();
-            grandis_trainer::Objective::Link {
-                negatives: spec.negatives,
-                decoder: spec.decoder,
-            }
-        }
-        (false, _) => grandis_trainer::Objective::Node,
-    };
+    let objective = grandis_trainer::Objective::for_job(&base.job);
     crate::setup::check_job_inputs(&view, part, config, objective, 0)?;
     let (flags, totals) = crate::setup::labelled(&view, part)?;
     if totals[0] == 0 && !link {
