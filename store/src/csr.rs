@@ -157,31 +157,23 @@ impl CsrGraph {
         if parts.len() == 1 {
             return parts.pop().unwrap_or_default();
         }
-        let mut bases = Vec::with_capacity(parts.len());
+        // Each part's offsets shifted by the edges before it, in place; its leading 0 is
+        // left out of the copy (the joined offsets have one, first).
         let mut edges = 0u64;
-        for part in &parts {
-            bases.push(edges);
-            edges += part.offsets.last().copied().unwrap_or(0);
+        let mut offsets = Vec::with_capacity(parts.len());
+        let mut indices = Vec::with_capacity(parts.len());
+        for part in parts {
+            let mut shifted = part.offsets;
+            shifted.iter_mut().for_each(|o| *o += edges);
+            edges = shifted.last().copied().unwrap_or(edges);
+            offsets.push(shifted);
+            indices.push(part.indices);
         }
-        let (offsets, indices): (Vec<Vec<u64>>, Vec<Vec<u32>>) = parts
-            .into_iter()
-            .zip(bases)
-            .map(|(part, base)| {
-                let mut offsets = part.offsets;
-                if !offsets.is_empty() {
-                    offsets.remove(0);
-                }
-                if base != 0 {
-                    offsets.iter_mut().for_each(|o| *o += base);
-                }
-                (offsets, part.indices)
-            })
-            .unzip();
-        let mut joined = Vec::with_capacity(1 + offsets.iter().map(Vec::len).sum::<usize>());
-        joined.push(0);
-        joined.extend(concat_parts(offsets));
+        let mut from = Vec::with_capacity(offsets.len() + 1);
+        from.push(&[0u64][..]);
+        from.extend(offsets.iter().map(|o| o.get(1..).unwrap_or(&[])));
         CsrGraph {
-            offsets: joined,
+            offsets: copy_in_parallel(&from),
             indices: concat_parts(indices),
         }
     }
@@ -210,11 +202,17 @@ pub fn concat_parts<T: Copy + Default + Send + Sync>(mut parts: Vec<Vec<T>>) -> 
     if parts.len() == 1 {
         return parts.pop().unwrap_or_default();
     }
-    let total = parts.iter().map(Vec::len).sum();
+    let slices: Vec<&[T]> = parts.iter().map(Vec::as_slice).collect();
+    copy_in_parallel(&slices)
+}
+
+/// The slices back to back, each copied on the thread pool into its own part of the result.
+fn copy_in_parallel<T: Copy + Default + Send + Sync>(parts: &[&[T]]) -> Vec<T> {
+    let total = parts.iter().map(|p| p.len()).sum();
     let mut out = vec![T::default(); total];
     let mut rest = out.as_mut_slice();
     let mut pairs = Vec::with_capacity(parts.len());
-    for part in &parts {
+    for &part in parts {
         let (head, tail) = std::mem::take(&mut rest).split_at_mut(part.len());
         pairs.push((head, part));
         rest = tail;
