@@ -555,17 +555,16 @@ impl<'g> RowSource<'_, 'g> {
     pub fn per_layer(&self) -> bool {
         matches!(self, RowSource::Sampled(s) if s.is_per_layer())
     }
-    pub fn used_at(&self, e: usize, layer: usize) -> bool {
+    /// The layers (bit l: layer l) at which a row of level `lv` in a plan with `k` masked
+    /// layers reads its kept edge `e`: those where the row is valid (l < k - lv) and the edge
+    /// is flagged; every bit without per-layer flags (the row reads the edge whenever it is
+    /// computed). Zero: the edge is never read, and the plan leaves it out.
+    pub fn layers_reading(&self, e: usize, lv: u8, k: usize) -> u64 {
         match self {
-            RowSource::Exact(_) => true,
-            RowSource::Sampled(s) => s.used_at(e, layer),
-        }
-    }
-    /// Layer flags of kept edge `e` (every bit set for exact rows).
-    pub fn layer_bits(&self, e: usize) -> u64 {
-        match self {
-            RowSource::Exact(_) => u64::MAX,
-            RowSource::Sampled(s) => s.layer_bits(e),
+            RowSource::Sampled(s) if s.is_per_layer() => {
+                s.layer_bits(e) & low_bits(k.saturating_sub(lv as usize))
+            }
+            _ => u64::MAX,
         }
     }
     /// The need level a kept edge `e` of a row at level `lv` contributes in a plan with `k`
@@ -575,10 +574,17 @@ impl<'g> RowSource<'_, 'g> {
         if !self.per_layer() {
             return Some(lv);
         }
-        let top = k.checked_sub(1 + lv as usize)?;
-        (0..=top)
-            .rev()
-            .find(|&l| self.used_at(e, l))
-            .map(|l| (k - 1 - l) as u8)
+        let layers = self.layers_reading(e, lv, k);
+        let last = (u64::BITS - 1).checked_sub(layers.leading_zeros())? as usize;
+        Some((k - 1 - last) as u8)
+    }
+}
+
+/// A mask of the `n` lowest bits.
+fn low_bits(n: usize) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1 << n) - 1
     }
 }

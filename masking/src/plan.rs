@@ -296,15 +296,6 @@ pub(crate) struct DeviceSpec {
 /// that joining the parts costs little beside building them.
 const ROWS_PER_TASK: usize = 16384;
 
-/// A mask of the `n` lowest bits.
-fn low_bits(n: usize) -> u64 {
-    if n >= 64 {
-        u64::MAX
-    } else {
-        (1 << n) - 1
-    }
-}
-
 /// A run of consecutive rows' kept edges as local ids: the union CSR and one per layer, each
 /// with offsets from 0.
 struct RowsPart {
@@ -496,16 +487,10 @@ pub(crate) fn build_device(
                 let start = part.union.indices.len();
                 let v = keys[i];
                 let (base, srcs) = rows.row(v);
-                // The layers at which this row is valid and so reads an edge: l < k - lv
-                // with per-layer flags (an edge is kept if used at one of them), all
-                // without (and then no per-layer graphs).
-                let valid = if per_layer == 0 {
-                    u64::MAX
-                } else {
-                    low_bits(masked_layers - lv as usize)
-                };
                 for (j, &u) in srcs.iter().enumerate() {
-                    let used = rows.layer_bits(base + j) & valid;
+                    // Kept if some layer reads it; into those layers' graphs (there are none
+                    // without per-layer flags).
+                    let used = rows.layers_reading(base + j, lv, masked_layers);
                     if used == 0 {
                         continue;
                     }
