@@ -296,12 +296,19 @@ fn produce_steps(
             }
         }
     };
+    let cores = rayon::current_num_threads();
     std::thread::scope(|scope| {
         for t in 0..threads {
             let producer = &producer;
             let spawned = std::thread::Builder::new()
                 .name(format!("grandis-plans-{t}"))
-                .spawn_scoped(scope, move || producer(feed.first + t));
+                .spawn_scoped(scope, move || {
+                    match producer_pool(threads as usize, cores, t as usize) {
+                        Ok(Some(pool)) => pool.install(|| producer(feed.first + t)),
+                        Ok(None) => producer(feed.first + t),
+                        Err(e) => feed.fail(feed.first + t, format!("{e:#}")),
+                    }
+                });
             if let Err(e) = spawned {
                 feed.fail(
                     feed.first + t,
@@ -310,6 +317,29 @@ fn produce_steps(
             }
         }
     });
+}
+
+/// The rayon pool producer `index` of `producers` builds its steps on when they are several:
+/// `cores` shared out among them. On one shared pool a producer's parallel stages wait on work
+/// the others stole and take their parallel paths (row runs built apart, then joined by a copy)
+/// where one thread's straight path is cheaper: two producers built steps at 1.2-1.4x the rate
+/// of one that way and at 1.5-2.0x each on its own thread (docs/benchmarks.md, "Mini-batch
+/// steps against DGL's CPU sampler"). None for a single producer: it keeps every core of the
+/// pool it runs on.
+pub(crate) fn producer_pool(
+    producers: usize,
+    cores: usize,
+    index: usize,
+) -> anyhow::Result<Option<rayon::ThreadPool>> {
+    if producers <= 1 {
+        return Ok(None);
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads((cores / producers).max(1))
+        .thread_name(move |i| format!("grandis-plans-{index}-{i}"))
+        .build()
+        .map(Some)
+        .context("starting a plan producer's thread pool")
 }
 
 #[cfg(test)]

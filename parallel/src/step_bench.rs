@@ -187,9 +187,11 @@ pub fn time_steps(
     })
 }
 
-/// The same steps built as a run's producers build them: `producers` threads, each taking
-/// every `producers`-th step whole (sampling and plans, then in a second phase its gathers),
-/// all on the current rayon pool. What a run's ranks can be fed per second.
+/// The same steps built as a run's producers build them: `producers` threads of the current
+/// rayon pool, each taking every `producers`-th step whole on its own share of the pool's
+/// threads (`feed::producer_pool`) and dropping each step once built, as a run's ranks drop a
+/// trained step; then, in a second phase, the gathers of the same steps. What a run's ranks
+/// can be fed per second.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ProducerTiming {
     pub producers: usize,
@@ -215,29 +217,56 @@ pub fn time_producers(
     let bench = Bench::new(view, part, config, opts)?;
     bench.with_schedule(opts, |schedule| {
         let n = opts.steps.min(schedule.iterations());
+        // Each producer's steps, `producers` apart, as a run deals them out.
+        let mine = |p: usize| (p..n).step_by(producers);
+        // Sampling and plans: each step is dropped once built, as a run's ranks drop a step
+        // once trained, so the producers reuse the memory of their earlier steps.
+        // Each on the pool a run's producer has (its share of the cores).
+        let cores = rayon::current_num_threads();
+        let pools = (0..producers)
+            .map(|p| crate::feed::producer_pool(producers, cores, p))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let on_its_pool = |p: usize, f: &(dyn Fn() -> anyhow::Result<Vec<(usize, u64)>> + Sync)| {
+            match &pools[p] {
+                Some(pool) => pool.install(f),
+                None => f(),
+            }
+        };
         let t = Instant::now();
-        type Mine = Vec<(usize, std::sync::Arc<crate::steps::Step>, u64)>;
-        let per_producer: Vec<anyhow::Result<Mine>> = (0..producers)
+        let edges: Vec<(usize, u64)> = (0..producers)
             .into_par_iter()
             .map(|p| {
-                (p..n)
-                    .step_by(producers)
-                    .map(|it| bench.build(schedule, it).map(|b| (it, b.0, b.3)))
-                    .collect()
+                on_its_pool(p, &|| {
+                    mine(p)
+                        .map(|it| bench.build(schedule, it).map(|b| (it, b.3)))
+                        .collect::<anyhow::Result<Vec<_>>>()
+                })
             })
+            .collect::<anyhow::Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
             .collect();
         let sample_plan_s = t.elapsed().as_secs_f64();
-        let steps = per_producer
-            .into_iter()
+        // Gathers: the same steps built again (not timed), then every producer's rows read.
+        let steps = (0..producers)
+            .into_par_iter()
+            .map(|p| {
+                mine(p)
+                    .map(|it| bench.build(schedule, it).map(|b| (it, b.0)))
+                    .collect::<anyhow::Result<Vec<_>>>()
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let t = Instant::now();
         let rows_read = steps
             .par_iter()
-            .map(|mine| {
-                let mut rows: Vec<f32> = Vec::new();
-                mine.iter()
-                    .map(|(it, s, _)| Ok((*it, bench.gather(s, &mut rows)?)))
-                    .collect::<anyhow::Result<Vec<(usize, u64)>>>()
+            .enumerate()
+            .map(|(p, mine)| {
+                on_its_pool(p, &|| {
+                    let mut rows: Vec<f32> = Vec::new();
+                    mine.iter()
+                        .map(|(it, s)| Ok((*it, bench.gather(s, &mut rows)?)))
+                        .collect()
+                })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let gather_s = t.elapsed().as_secs_f64();
@@ -245,11 +274,6 @@ pub fn time_producers(
             v.sort_unstable();
             v.into_iter().map(|x| x.1).collect()
         };
-        let edges = steps
-            .iter()
-            .flatten()
-            .map(|(it, _, edges)| (*it, *edges))
-            .collect();
         Ok(ProducerTiming {
             producers,
             sampled_edges: in_order(edges),
