@@ -67,6 +67,7 @@ fn main() {
         classes: 16,
         input_copy: InputCopy::None,
         attention: None,
+        link_embedding_values: 0,
     };
     println!(
         "k=0 estimate: {} MiB max/device",

@@ -73,6 +73,11 @@ pub struct ModelDims {
     /// GAT's attention, if the model attends.
     #[serde(default)]
     pub attention: Option<AttentionDims>,
+    /// Link prediction: the values of the whole graph's output embeddings (vertices x output
+    /// width) that every rank gathers for the decoder, which holds them and their gradient
+    /// beside the plan's buffers. 0 for node classification.
+    #[serde(default)]
+    pub link_embedding_values: u64,
 }
 
 /// What attention adds to a GAT layer: it maps all `n_src` input rows to `heads x head_dim`
@@ -190,7 +195,24 @@ pub struct MemoryTerms {
     pub graph: u64,
     pub metadata: u64,
     pub params: u64,
+    /// Link prediction's gathered output embeddings and their gradient
+    /// ([`ModelDims::link_embedding_values`], twice); 0 for node classification.
+    pub link_decoder: u64,
     pub total: u64,
+}
+
+impl MemoryTerms {
+    /// The sum of every term but the per-layer breakdown (which `activations` sums).
+    fn sum(&self) -> u64 {
+        self.features
+            + self.activations
+            + self.backward_scratch
+            + self.halo_buffers
+            + self.graph
+            + self.metadata
+            + self.params
+            + self.link_decoder
+    }
 }
 
 /// Memory of one plan for one model: every device, and the worst one.
@@ -263,7 +285,7 @@ pub fn estimate_masked_inference(dims: &ModelDims, plan: &DevicePlan) -> MemoryT
         .max()
         .unwrap_or(0);
     t.backward_scratch = 0;
-    t.total = t.features + t.activations + t.halo_buffers + t.graph + t.metadata + t.params;
+    t.total = t.sum();
     t
 }
 
@@ -321,13 +343,7 @@ fn terms<'p>(
         .iter()
         .map(|p| p.n_local() as u64 * METADATA_BYTES_PER_ROW)
         .sum();
-    t.total = t.features
-        + t.activations
-        + t.backward_scratch
-        + t.halo_buffers
-        + t.graph
-        + t.metadata
-        + t.params;
+    t.total = t.sum();
     t
 }
 
@@ -378,7 +394,7 @@ fn row_terms(
         .max()
         .unwrap_or(0);
     let params = PARAM_COPIES * dims.param_count() * F32_BYTES;
-    MemoryTerms {
+    let mut t = MemoryTerms {
         rank,
         features,
         layers,
@@ -388,8 +404,11 @@ fn row_terms(
         graph: 0,
         metadata: 0,
         params,
-        total: features + activations + backward_scratch + params,
-    }
+        link_decoder: 2 * dims.link_embedding_values * F32_BYTES,
+        total: 0,
+    };
+    t.total = t.sum();
+    t
 }
 
 /// The least the estimate of any FB or FLX plan (exact or sampled) can be on a device whose

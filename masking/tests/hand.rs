@@ -118,6 +118,7 @@ fn flx_plan_k2_by_hand() {
         classes: 2,
         input_copy: InputCopy::None,
         attention: None,
+        link_embedding_values: 0,
     };
     for l in 0..2 {
         assert_eq!(plan.forward_exchange_bytes(l, &dims).inter_server, 0);
@@ -174,6 +175,7 @@ fn bad_inputs_give_clear_errors() {
         classes: 2,
         input_copy: InputCopy::None,
         attention: None,
+        link_embedding_values: 0,
     };
     let layout = Layout::from_bounds(2, 2, &[0, 2, 4, 6, 8]).unwrap();
     let e = grandis_masking::choose_k(g.view(), &layout, &dims, 10).unwrap_err();
@@ -191,6 +193,40 @@ fn bad_inputs_give_clear_errors() {
     );
     let bad = ModelDims { layers: 0, ..dims };
     assert!(grandis_masking::choose_k(g.view(), &layout, &bad, u64::MAX).is_err());
+}
+
+/// A link-prediction job's gathered output embeddings and their gradient are priced on every
+/// device, beside the plan's buffers, and k is chosen with them: a budget that fits every k
+/// for node classification fits none once 1,000 embedding values are held.
+#[test]
+fn link_embeddings_are_priced_on_every_device() {
+    let g = graph();
+    let layout = Layout::from_bounds(2, 2, &[0, 2, 4, 6, 8]).unwrap();
+    let node = ModelDims {
+        layers: 2,
+        features: 3,
+        hidden: 4,
+        classes: 2,
+        input_copy: InputCopy::None,
+        attention: None,
+        link_embedding_values: 0,
+    };
+    let link = ModelDims {
+        link_embedding_values: 1000,
+        ..node
+    };
+    let all = grandis_masking::choose_k(g.view(), &layout, &node, u64::MAX).unwrap();
+    let with_link = grandis_masking::choose_k(g.view(), &layout, &link, u64::MAX).unwrap();
+    for (a, b) in all.estimates.iter().zip(&with_link.estimates) {
+        for (d, e) in a.devices.iter().zip(&b.devices) {
+            assert_eq!(d.link_decoder, 0);
+            assert_eq!(e.link_decoder, 2 * 1000 * 4);
+            assert_eq!(e.total, d.total + 8000, "rank {}", d.rank);
+        }
+    }
+    let node_peak = all.estimates.iter().map(|e| e.max_bytes).max().unwrap();
+    assert!(grandis_masking::choose_k(g.view(), &layout, &node, node_peak).is_ok());
+    assert!(grandis_masking::choose_k(g.view(), &layout, &link, node_peak).is_err());
 }
 
 /// A sample that declares its levels is held to them: ranges that do not cut its vertices,

@@ -74,7 +74,21 @@ pub fn model_dims(config: &ModelConfig) -> ModelDims {
         attention: layout
             .attention_output_heads
             .map(|output_heads| AttentionDims { output_heads }),
+        link_embedding_values: 0,
     }
+}
+
+/// [`model_dims`] for `job` on a graph of `vertices`: a link-prediction job also holds the
+/// whole graph's output embeddings and their gradient on every rank (`link_task`). They are
+/// host memory, where CPU ranks compute; a CUDA rank's budget counts them too (the decoder
+/// runs on the host), which over-states its device's need by that much rather than let the
+/// host run out.
+pub fn job_dims(config: &ModelConfig, job: &grandis_wire::JobSpec, vertices: usize) -> ModelDims {
+    let mut dims = model_dims(config);
+    if job.task == grandis_wire::Task::Link {
+        dims.link_embedding_values = vertices as u64 * config.classes as u64;
+    }
+    dims
 }
 
 /// The k a run will use, with its reason and estimates.
@@ -83,7 +97,7 @@ pub fn choose_preload_hops(
     config: &ModelConfig,
     popts: &ParallelOptions,
 ) -> anyhow::Result<KChoice> {
-    let dims = model_dims(config);
+    let dims = job_dims(config, &popts.job, ctx.num_vertices());
     match (popts.job.mode, popts.preload_hops()) {
         (Mode::Cob | Mode::Mb | Mode::Cluster | Mode::Single | Mode::Auto, _) => bail!(
             "--mode {} runs every layer on its per-iteration plans; preloading is for --mode flx",

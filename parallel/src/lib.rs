@@ -63,7 +63,8 @@ mod train;
 mod worker;
 
 pub use budget::{
-    choose_preload_hops, default_budget, default_device_memory, model_dims, predicted_halo_bytes,
+    choose_preload_hops, default_budget, default_device_memory, job_dims, model_dims,
+    predicted_halo_bytes,
 };
 pub use embed::{checkpoint_weights, embeddings, Embeddings};
 pub use grandis_fabric::LinkModel;

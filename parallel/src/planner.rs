@@ -631,16 +631,11 @@ pub fn plan(
     if totals[0] == 0 && !link {
         anyhow::bail!("the dataset's train split has no labelled vertices");
     }
-    let dims = crate::model_dims(config);
+    let dims = crate::budget::job_dims(config, &base.job, view.num_vertices());
     let work = layer_work(config, &dims)?;
     // Link prediction all-reduces every vertex's output embedding each step besides the
     // parameters (`link_task`: every rank then scores every pair).
-    let link_values = if link {
-        view.num_vertices() * config.classes
-    } else {
-        0
-    };
-    let parameters = parameters(config)? + link_values;
+    let parameters = parameters(config)? + dims.link_embedding_values as usize;
     let (budget, _) = crate::budget::budget(base, &part.layout)?;
     let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
     let count = |c: &Candidate| -> Planned {

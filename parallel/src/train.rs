@@ -9,7 +9,7 @@ use grandis_models::{Model, ModelConfig};
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, Objective, TrainOptions};
 
-use crate::budget::model_dims;
+use crate::budget::job_dims;
 use crate::infer::{infer_rank, InferShared, RankInference};
 use crate::input::PartitionedGraph;
 use crate::link_task::LinkTask;
@@ -94,7 +94,7 @@ pub(crate) fn train_ranks(
         bail!("the dataset's train split has no labelled vertices");
     }
     let ctx = plan_context(&view, part)?;
-    let dims = model_dims(&config);
+    let dims = job_dims(&config, &popts.job, view.num_vertices());
     // The sampler outlives the schedule that borrows it.
     let sampler =
         grandis_sampling::dependency_sampler(&popts.job.sampling, config.layers, opts.seed)?;

@@ -243,3 +243,52 @@ fn auto_chooses_an_exact_plan_for_link_prediction() {
     };
     assert_eq!(losses(&r), losses(&direct), "auto against {}", plan.chosen);
 }
+
+/// A link job holds every vertex's output embedding and its gradient on every rank, and its
+/// memory model says so: `job_dims` prices them (node classification does not), and every
+/// rank's model bytes of an fb link run include them.
+#[test]
+fn the_memory_model_holds_the_gathered_embeddings() {
+    let (ds, split) = link_dataset(7, 80, 4, 6);
+    let mut view = ds.view();
+    view.links = Some(split.view());
+    let part = random_partition(&view, 2, 2, 7);
+    let config = link_config(&view, ModelKind::Sage, 2);
+    let link_job = JobSpec {
+        task: grandis_wire::Task::Link,
+        ..JobSpec::default()
+    };
+    let dims = grandis_parallel::job_dims(&config, &link_job, 80);
+    assert_eq!(dims.link_embedding_values, 80 * 6);
+    assert_eq!(
+        grandis_parallel::job_dims(&config, &JobSpec::default(), 80),
+        grandis_parallel::model_dims(&config)
+    );
+    let opts = link_opts(1, LinkDecoder::Dot);
+    let r =
+        parallel(view, &part, &config, &opts, Mode::Fb, None).unwrap_or_else(|e| panic!("{e:#}"));
+    let peak = r
+        .execution
+        .memory
+        .iter()
+        .map(|m| m.model_bytes)
+        .max()
+        .unwrap();
+    // Room for everything but the embeddings and their gradient on the largest rank: refused.
+    let held = 2 * 80 * 6 * 4;
+    let p = ParallelOptions {
+        job: JobSpec {
+            mode: Mode::Fb,
+            device_memory: Some(peak - held + 1),
+            ..JobSpec::default()
+        },
+        machine: Machine {
+            threads_per_rank: Some(1),
+            ..Machine::default()
+        },
+    };
+    let e = grandis_parallel::train(view, &part, config.clone(), &opts, &p, &mut |_| {})
+        .map(|_| ())
+        .expect_err("the embeddings do not fit");
+    assert!(format!("{e:#}").contains("out of memory"), "{e:#}");
+}

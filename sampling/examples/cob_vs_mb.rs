@@ -87,6 +87,7 @@ fn main() {
         classes: 8,
         input_copy: InputCopy::None,
         attention: None,
+        link_embedding_values: 0,
     };
     let sage = Fanout::new(vec![25, 10, 5], 1).expect("fanouts");
     let eas = Eas::paper_default(1);
