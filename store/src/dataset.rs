@@ -117,9 +117,12 @@ impl<'a> DatasetView<'a> {
         let f = self.feature_dim;
         assert_eq!(out.len(), ids.len() * f, "feature gather output size");
         let Some(reader) = self.feature_reader else {
-            for (row, &v) in out.chunks_exact_mut(f.max(1)).zip(ids) {
-                row.copy_from_slice(self.feature_row(v));
-            }
+            // Rows in memory: a memory-bound copy, split over the pool's threads in runs long
+            // enough that handing one out costs nothing next to it.
+            out.par_chunks_exact_mut(f.max(1))
+                .zip(ids.par_iter())
+                .with_min_len(4096)
+                .for_each(|(row, &v)| row.copy_from_slice(self.feature_row(v)));
             return Ok(());
         };
         if ids.is_sorted() {
