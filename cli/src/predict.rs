@@ -26,7 +26,7 @@ pub struct PredictArgs {
     #[arg(long)]
     pub logits: bool,
     /// A link-prediction checkpoint: also score these pairs (`.npy`, integers, shape (2, E):
-    /// row 0 sources, row 1 destinations) into --scores.
+    /// row 0 sources, row 1 destinations; or OGB's (E, 2), a pair a row) into --scores.
     #[arg(long, requires = "scores")]
     pub score_edges: Option<PathBuf>,
     /// Where --score-edges writes the scores (`.npy`, f32, E: the dot products of the ends'

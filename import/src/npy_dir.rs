@@ -7,11 +7,15 @@
 //! | `y.npy` | int64 / int32 | (N,) or (N, 1) | class, negative = unlabelled |
 //! | `train_idx.npy`, `val_idx.npy`, `test_idx.npy` | int64 / int32, or bool (N,) masks | (n,) | optional split |
 //!
-//! | `link_train.npy`, `link_valid_pos.npy`, `link_valid_neg.npy`, `link_test_pos.npy`, `link_test_neg.npy` | int64 / int32 | (2, n) | optional link split (row 0 sources, row 1 destinations; `edge_index` is then the message-passing graph) |
+//! | `link_train.npy`, `link_valid_pos.npy`, `link_valid_neg.npy`, `link_test_pos.npy`, `link_test_neg.npy` | int64 / int32 | (2, n) or (n, 2) | optional link split (`edge_index` is then the message-passing graph) |
+//! | or OGB's names: `train_pos.npy`, `valid_pos.npy`, `valid_neg.npy`, `test_pos.npy`, `test_neg.npy` | int64 / int32 | (n, 2) or (2, n) | the same split as OGB's `get_edge_split()` gives it (`["train"]["edge"]`, `["valid"]["edge"]`, `["valid"]["edge_neg"]`, ...) |
 //! | `link_destinations.npy` | int64 / int32 | (2,) | optional: `[first, end)` of the ids the split's relation points at, where training negatives draw their destination |
 //!
-//! All three split files or none must be present, and all five link files or none. Arrays
-//! are memory-mapped, so a multi-gigabyte `edge_index.npy` costs page cache, not heap.
+//! All three split files or none must be present, and all five link files of one naming or
+//! none. With a link split, `y.npy` may be left out (a link-prediction dataset has no
+//! labels). The held-out positives must not be edges of `edge_index` (OGB's graphs hold the
+//! training edges only); the written dataset is verified for it. Arrays are memory-mapped, so
+//! a multi-gigabyte `edge_index.npy` costs page cache, not heap.
 
 use std::path::{Path, PathBuf};
 
@@ -52,7 +56,12 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     // malformed file is reported at once.
     let edge_file = open(dir, "edge_index.npy", "graph edges, shape (2, E)")?;
     let x_file = open(dir, "x.npy", "vertex features, shape (N, F)")?;
-    let y_file = open(dir, "y.npy", "vertex labels, shape (N,)")?;
+    let link_names = link_split_names(dir)?;
+    // A link-prediction dataset needs no labels.
+    let y_file = match (&link_names, dir.join("y.npy").exists()) {
+        (Some(_), false) => None,
+        _ => Some(open(dir, "y.npy", "vertex labels, shape (N,)")?),
+    };
     let split_names = ["train_idx.npy", "val_idx.npy", "test_idx.npy"];
     let present: Vec<bool> = split_names.iter().map(|f| dir.join(f).exists()).collect();
     if present.iter().any(|&p| p) && !present.iter().all(|&p| p) {
@@ -76,31 +85,10 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     drop(x_file);
 
     // Labels.
-    let y_len = match y_file.shape() {
-        [len] | [len, 1] => *len,
-        other => {
-            return Err(ImportError::invalid(
-                y_file.path(),
-                format!("shape is {other:?}, expected (N,) or (N, 1)"),
-            ))
-        }
+    let (labels, labels_path) = match y_file {
+        Some(y_file) => read_labels(y_file, n)?,
+        None => (vec![-1; n as usize], None),
     };
-    if y_len != n {
-        return Err(ImportError::invalid(
-            y_file.path(),
-            format!("has {y_len} labels, but x.npy has {n} rows (vertices)"),
-        ));
-    }
-    let labels = ints(&y_file)?
-        .into_iter()
-        .enumerate()
-        .map(|(i, raw)| {
-            crate::label_value(raw)
-                .map_err(|m| ImportError::invalid(y_file.path(), format!("entry {i}: {m}")))
-        })
-        .collect::<Result<Vec<i32>>>()?;
-    let labels_path = y_file.path().to_path_buf();
-    drop(y_file);
 
     // Edges.
     let shape = edge_file.expect_ndim(2)?;
@@ -149,7 +137,10 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         .finish(Some(n))
         .map_err(|err| crate::edge_error(&edge_path, err))?;
 
-    let link = read_link_split(dir, n)?;
+    let link = match &link_names {
+        Some(names) => Some(read_link_split(dir, n, names)?),
+        None => None,
+    };
     let split = if present[0] {
         let mut parts = Vec::with_capacity(3);
         for name in split_names {
@@ -167,33 +158,98 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         edges,
         input_edges: e as u64,
         labels,
-        labels_path: Some(labels_path),
+        labels_path,
         split,
         link,
     })
 }
 
-/// The link split's five pair arrays (what `grandis data export` writes), all or none.
-fn read_link_split(dir: &Path, n: u64) -> Result<Option<grandis_store::LinkSplit>> {
+/// `y.npy`'s labels (one per row of `x.npy`, negative = unlabelled) and its path.
+fn read_labels(y_file: NpyFile, n: u64) -> Result<(Vec<i32>, Option<PathBuf>)> {
+    let y_len = match y_file.shape() {
+        [len] | [len, 1] => *len,
+        other => {
+            return Err(ImportError::invalid(
+                y_file.path(),
+                format!("shape is {other:?}, expected (N,) or (N, 1)"),
+            ))
+        }
+    };
+    if y_len != n {
+        return Err(ImportError::invalid(
+            y_file.path(),
+            format!("has {y_len} labels, but x.npy has {n} rows (vertices)"),
+        ));
+    }
+    let labels = ints(&y_file)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            crate::label_value(raw)
+                .map_err(|m| ImportError::invalid(y_file.path(), format!("entry {i}: {m}")))
+        })
+        .collect::<Result<Vec<i32>>>()?;
+    let labels_path = y_file.path().to_path_buf();
+    Ok((labels, Some(labels_path)))
+}
+
+/// OGB's names of the five link arrays, in [`grandis_store::LinkPart::ALL`]'s order.
+const OGB_LINK_NAMES: [&str; 5] = [
+    "train_pos.npy",
+    "valid_pos.npy",
+    "valid_neg.npy",
+    "test_pos.npy",
+    "test_neg.npy",
+];
+
+/// The file names of the link split `dir` holds, in [`grandis_store::LinkPart::ALL`]'s
+/// order: ours (what `grandis data export` writes) or OGB's, all five of one naming or none.
+fn link_split_names(dir: &Path) -> Result<Option<Vec<String>>> {
     use grandis_store::LinkPart;
-    let names: Vec<String> = LinkPart::ALL
+    let ours: Vec<String> = LinkPart::ALL
         .iter()
         .map(|&p| crate::export::link_npy_name(p))
         .collect();
-    let present: Vec<bool> = names.iter().map(|f| dir.join(f).exists()).collect();
-    if !present.iter().any(|&p| p) {
-        return Ok(None);
-    }
+    let ogb: Vec<String> = OGB_LINK_NAMES.iter().map(|s| s.to_string()).collect();
+    let present =
+        |names: &[String]| -> Vec<bool> { names.iter().map(|f| dir.join(f).exists()).collect() };
+    let (p_ours, p_ogb) = (present(&ours), present(&ogb));
+    let any = |p: &[bool]| p.iter().any(|&x| x);
+    let names = match (any(&p_ours), any(&p_ogb)) {
+        (false, false) => return Ok(None),
+        (true, true) => {
+            return Err(ImportError::invalid(
+                dir.join(&ogb[p_ogb.iter().position(|&x| x).unwrap_or(0)]),
+                format!(
+                    "the directory holds a link split under two namings (link_*.npy and OGB's                      {}, ...): keep one",
+                    OGB_LINK_NAMES[0]
+                ),
+            ))
+        }
+        (true, false) => (ours, p_ours),
+        (false, true) => (ogb, p_ogb),
+    };
+    let (names, present) = names;
     if let Some(missing) = present.iter().position(|&p| !p) {
         return Err(ImportError::Missing {
             path: dir.join(&names[missing]),
             what: "the other link split files exist; give all five or none".into(),
         });
     }
+    Ok(Some(names))
+}
+
+/// The link split in the five pair arrays `names` (see [`link_split_names`]).
+fn read_link_split(dir: &Path, n: u64, names: &[String]) -> Result<grandis_store::LinkSplit> {
+    // A square (2, 2) array is read the way its naming lays pairs out.
+    let ogb = names[0] == OGB_LINK_NAMES[0];
     let mut parts: Vec<Vec<u32>> = Vec::with_capacity(5);
-    for name in &names {
-        let file = open(dir, name, "link split pairs, shape (2, n)")?;
-        let given = file.pairs()?;
+    for name in names {
+        let file = open(dir, name, "link split pairs, shape (2, n) or (n, 2)")?;
+        let given = match ogb {
+            true => file.pairs_by_row()?,
+            false => file.pairs()?,
+        };
         let mut pairs = Vec::with_capacity(2 * given.len());
         for (i, (s, d)) in given.into_iter().enumerate() {
             for v in [s, d] {
@@ -207,14 +263,14 @@ fn read_link_split(dir: &Path, n: u64) -> Result<Option<grandis_store::LinkSplit
     }
     let mut parts = parts.into_iter();
     let mut next = || parts.next().expect("five parts");
-    Ok(Some(grandis_store::LinkSplit {
+    Ok(grandis_store::LinkSplit {
         train: next(),
         valid_pos: next(),
         valid_neg: next(),
         test_pos: next(),
         test_neg: next(),
         destinations: read_link_destinations(dir, n)?,
-    }))
+    })
 }
 
 /// `link_destinations.npy`, when present: `[first, end)` of the vertices the split's

@@ -914,3 +914,59 @@ fn parquet_truncated_real_cora_table() {
         &["cora_nodes.parquet.gzip", "cannot read Parquet"],
     );
 }
+
+/// `npy_dir`'s graph without labels and with a link split under OGB's names, each array as
+/// OGB's `get_edge_split()` gives it (n, 2); `test_pos` as given.
+fn ogb_link_dir(f: &Fixture, test_pos: &[i64]) -> PathBuf {
+    let dir = npy_dir(f, false);
+    std::fs::remove_file(dir.join("y.npy")).unwrap();
+    let pairs = |name: &str, v: &[i64]| {
+        write_npy(dir.join(name), &[v.len() as u64 / 2, 2], v).unwrap();
+    };
+    pairs("train_pos.npy", &[0, 1, 2, 3]);
+    pairs("valid_pos.npy", &[3, 4]);
+    pairs("valid_neg.npy", &[0, 4]);
+    pairs("test_pos.npy", test_pos);
+    pairs("test_neg.npy", &[3, 0]);
+    dir
+}
+
+/// OGB's link-prediction arrays (train / valid / test positives, valid / test negatives, one
+/// pair a row) import as the dataset's link split, and a link dataset needs no `y.npy`.
+#[test]
+fn npy_imports_an_ogb_link_split_without_labels() {
+    let f = Fixture::new();
+    let dir = ogb_link_dir(&f, &[4, 2]);
+    let ds = f.import(Format::Npy, &dir, &opts());
+    let link = ds.link_split().expect("a link split");
+    assert_eq!(link.train, &[0, 1, 2, 3]);
+    assert_eq!(
+        (link.valid_pos, link.valid_neg, link.test_pos, link.test_neg),
+        (
+            &[3u32, 4][..],
+            &[0u32, 4][..],
+            &[4u32, 2][..],
+            &[3u32, 0][..]
+        )
+    );
+    assert_eq!(ds.view().labels, &[-1; 5]);
+    ds.verify().unwrap();
+}
+
+/// A held-out positive that is an edge of `edge_index` would let the model read the answer:
+/// refused, naming the part; two namings of the split at once are refused too.
+#[test]
+fn npy_refuses_held_out_edges_in_the_graph_and_two_namings() {
+    let f = Fixture::new();
+    let dir = ogb_link_dir(&f, &[1, 0]);
+    f.fails(
+        Format::Npy,
+        &dir,
+        &opts(),
+        &["link_test_pos", "(1, 0)", "message-passing graph"],
+    );
+    let f = Fixture::new();
+    let dir = ogb_link_dir(&f, &[4, 2]);
+    write_npy(dir.join("link_train.npy"), &[2, 1], &[0i64, 1]).unwrap();
+    f.fails(Format::Npy, &dir, &opts(), &["two namings"]);
+}

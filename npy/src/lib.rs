@@ -346,27 +346,48 @@ impl NpyFile {
         Ok(self.bytes().iter().map(|&b| b != 0).collect())
     }
 
-    /// An integer array of shape (2, E) (int64, int32 or uint32) as E pairs: row 0 the
-    /// sources, row 1 the destinations (PyG's `edge_index` / `edge_label_index`), in either
-    /// memory order.
+    /// An integer array (int64, int32 or uint32) of E pairs, in either memory order: shape
+    /// (2, E), row 0 the sources and row 1 the destinations (PyG's `edge_index` /
+    /// `edge_label_index`), or shape (E, 2), one pair a row (OGB's `get_edge_split()` arrays).
+    /// A (2, 2) array is read as PyG's (2, E); [`NpyFile::pairs_by_row`] reads it as OGB's.
     pub fn pairs(&self) -> Result<Vec<(i64, i64)>> {
-        fn read<T: Element + Into<i64>>(file: &NpyFile) -> Result<Vec<(i64, i64)>> {
+        self.pairs_preferring(false)
+    }
+
+    /// [`NpyFile::pairs`] for arrays named as OGB's: a (2, 2) array is two pairs a row.
+    pub fn pairs_by_row(&self) -> Result<Vec<(i64, i64)>> {
+        self.pairs_preferring(true)
+    }
+
+    fn pairs_preferring(&self, rows_when_square: bool) -> Result<Vec<(i64, i64)>> {
+        fn read<T: Element + Into<i64>>(file: &NpyFile, by_row: bool) -> Result<Vec<(i64, i64)>> {
             let m = file.matrix::<T>()?;
-            Ok((0..m.cols)
-                .map(|i| (m.at(0, i).into(), m.at(1, i).into()))
-                .collect())
+            Ok(match by_row {
+                true => (0..m.rows)
+                    .map(|i| (m.at(i, 0).into(), m.at(i, 1).into()))
+                    .collect(),
+                false => (0..m.cols)
+                    .map(|i| (m.at(0, i).into(), m.at(1, i).into()))
+                    .collect(),
+            })
         }
-        if self.header.shape.len() != 2 || self.header.shape[0] != 2 {
-            return Err(NpyError::WrongShape {
-                path: self.path.clone(),
-                expected: "(2, E): row 0 sources, row 1 destinations".into(),
-                found: self.header.shape.clone(),
-            });
-        }
+        let by_row = match self.header.shape.as_slice() {
+            [2, 2] => rows_when_square,
+            [2, _] => false,
+            [_, 2] => true,
+            _ => {
+                return Err(NpyError::WrongShape {
+                    path: self.path.clone(),
+                    expected: "(2, E): row 0 sources, row 1 destinations; or (E, 2): a pair a row"
+                        .into(),
+                    found: self.header.shape.clone(),
+                })
+            }
+        };
         match self.expect_dtype(&[DType::I64, DType::I32, DType::U32])? {
-            DType::I64 => read::<i64>(self),
-            DType::I32 => read::<i32>(self),
-            _ => read::<u32>(self),
+            DType::I64 => read::<i64>(self, by_row),
+            DType::I32 => read::<i32>(self, by_row),
+            _ => read::<u32>(self, by_row),
         }
     }
 

@@ -747,6 +747,7 @@ impl Dataset {
         if let Some(links) = self.link_split() {
             links
                 .check(v, self.manifest.symmetric)
+                .and_then(|()| links.check_held_out(&self.graph()))
                 .map_err(|(part, msg)| StoreError::invalid(self.dir.join(part.file()), msg))?;
         }
         Ok(())

@@ -246,6 +246,30 @@ impl<'a> LinkSplitView<'a> {
     }
 }
 
+impl LinkSplitView<'_> {
+    /// Held-out positives (validation and test) must not be edges of the message-passing
+    /// `graph`: a model that aggregates over the edge it is asked to predict scores it from
+    /// the answer. Checked in the graph's direction (an undirected graph holds both).
+    pub fn check_held_out(&self, graph: &CsrView<'_>) -> Result<(), (LinkPart, String)> {
+        for part in [LinkPart::ValPos, LinkPart::TestPos] {
+            if let Some(p) = self
+                .part(part)
+                .chunks_exact(2)
+                .find(|p| graph.has_edge(p[0], p[1]))
+            {
+                return Err((
+                    part,
+                    format!(
+                        "held-out edge ({}, {}) is an edge of the message-passing graph: remove                          the validation and test positives from the graph's edges",
+                        p[0], p[1]
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Draws [`split_edges`] makes for one negative before it gives up.
 const NEGATIVE_TRIES: u32 = 100_000;
 

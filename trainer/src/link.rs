@@ -169,7 +169,8 @@ pub fn scores_of(
 }
 
 /// Scores the pairs of the `.npy` file `pairs` (an integer array of shape (2, E): row 0 the
-/// sources, row 1 the destinations, as PyG's `edge_label_index`) under the embeddings of the
+/// sources, row 1 the destinations, as PyG's `edge_label_index`; or (E, 2), a pair a row, as
+/// OGB's arrays) under the embeddings of the
 /// `.npy` file `embeddings` (f32, vertices x d, as `grandis predict` writes a link-prediction
 /// checkpoint's) and the checkpoint's `decoder`, writing `scores` (f32, E; logits of the
 /// edge's probability) atomically. Returns E.
