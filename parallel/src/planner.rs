@@ -315,9 +315,7 @@ pub fn predict(
             let rank_seconds = |r: usize, backward: bool| {
                 let (rows, edges) = (ranks[r][l] as f64, step.edges[r][l] as f64);
                 let sources = step.sources[r][l] as f64;
-                // Ranks sharing a core take turns in its caches: each keeps its share.
-                let cached_as = sources * contention;
-                calibration * layer_seconds(rows, edges, cached_as, w, &rates.compute, backward)
+                calibration * layer_seconds(rows, edges, sources, w, &rates.compute, backward)
             };
             let ranks_n = 0..ranks.len();
             cpu_seconds += ranks_n
@@ -964,56 +962,4 @@ pub fn calibrate(
             1.0
         },
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Ranks sharing a core share its caches: with two ranks a core, a rank whose sources
-    /// would sit in the caches alone aggregates at the rate of twice as many sources, so its
-    /// predicted compute more than doubles (the contention), where sources that stay cached
-    /// even at twice the count only double.
-    #[test]
-    fn ranks_sharing_a_core_share_its_caches() {
-        let layout = Layout::even(64, 1, 2).unwrap();
-        let work = [LayerWork {
-            flops_per_row: 0.0,
-            aggregated_cols: 64,
-            exchanged_cols: 64,
-            input_gradient: false,
-        }];
-        let counts = |sources: u64| EpochCounts {
-            iterations: 1,
-            steps: vec![StepCounts {
-                rows: vec![vec![1000]; 2],
-                edges: vec![vec![100_000]; 2],
-                sources: vec![vec![sources]; 2],
-                forward: vec![Traffic::default()],
-                backward: vec![Traffic::default()],
-                fetch: Traffic::default(),
-            }],
-            scale: 1.0,
-            ..EpochCounts::default()
-        };
-        let rates = |contention: f64| PlanRates {
-            compute: ComputeRate {
-                gemm_flops_per_s: 1e9,
-                aggregation_edge_cols_per_s: 4e9,
-                aggregation_uncached_edge_cols_per_s: 1e9,
-                width: 64,
-            },
-            contention,
-            calibration: 1.0,
-            ..PlanRates::default()
-        };
-        let compute = |sources: u64, contention: f64| {
-            predict(&counts(sources), &work, &layout, &rates(contention)).compute_s
-        };
-        let cached = crate::measure::CACHED_SOURCE_ROWS as u64;
-        let doubled = compute(cached / 2, 2.0) / compute(cached / 2, 1.0);
-        assert!((doubled - 2.0).abs() < 1e-9, "{doubled}");
-        let shared = compute(cached, 2.0) / compute(cached, 1.0);
-        assert!(shared > 2.2, "{shared}");
-    }
 }
