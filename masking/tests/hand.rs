@@ -111,15 +111,7 @@ fn flx_plan_k2_by_hand() {
     assert_eq!(d0.send_rows(1, 0), &[0, 1]);
 
     // Intra-server only, and k = L: no inter-server traffic at any layer.
-    let dims = ModelDims {
-        layers: 2,
-        features: 3,
-        hidden: 4,
-        classes: 2,
-        input_copy: InputCopy::None,
-        attention: None,
-        link_embedding_values: 0,
-    };
+    let dims = small_dims();
     for l in 0..2 {
         assert_eq!(plan.forward_exchange_bytes(l, &dims).inter_server, 0);
     }
@@ -168,15 +160,7 @@ fn bad_inputs_give_clear_errors() {
     assert!(e.to_string().contains("8 vertices"), "{e}");
     let e = SplitMembership::from_lists(8, &[1], &[9], &[]).unwrap_err();
     assert!(e.to_string().contains("val split: vertex id 9"), "{e}");
-    let dims = ModelDims {
-        layers: 2,
-        features: 3,
-        hidden: 4,
-        classes: 2,
-        input_copy: InputCopy::None,
-        attention: None,
-        link_embedding_values: 0,
-    };
+    let dims = small_dims();
     let layout = Layout::from_bounds(2, 2, &[0, 2, 4, 6, 8]).unwrap();
     let e = grandis_masking::choose_k(g.view(), &layout, &dims, 10).unwrap_err();
     assert!(
@@ -202,15 +186,7 @@ fn bad_inputs_give_clear_errors() {
 fn link_embeddings_are_priced_on_every_device() {
     let g = graph();
     let layout = Layout::from_bounds(2, 2, &[0, 2, 4, 6, 8]).unwrap();
-    let node = ModelDims {
-        layers: 2,
-        features: 3,
-        hidden: 4,
-        classes: 2,
-        input_copy: InputCopy::None,
-        attention: None,
-        link_embedding_values: 0,
-    };
+    let node = small_dims();
     let link = ModelDims {
         link_embedding_values: 1000,
         ..node
@@ -297,4 +273,17 @@ fn declared_sample_levels_are_checked() {
         )
         .unwrap_err();
     assert!(e.to_string().contains("must lead the sample"), "{e}");
+}
+
+/// The 2-layer model (3 features, 4 hidden, 2 classes) the hand cases price.
+fn small_dims() -> ModelDims {
+    ModelDims {
+        layers: 2,
+        features: 3,
+        hidden: 4,
+        classes: 2,
+        input_copy: InputCopy::None,
+        attention: None,
+        link_embedding_values: 0,
+    }
 }

@@ -172,14 +172,7 @@ fn explicit_budget_is_enforced_by_the_memory_model_in_every_mode() {
             grandis_parallel::train(view, &part, config.clone(), &opts(1), p, &mut |_| {})
         };
         // The largest per-step estimate of any rank is exactly what the budget must cover.
-        let need = run(&popts(None))
-            .unwrap()
-            .execution
-            .memory
-            .iter()
-            .map(|m| m.model_bytes)
-            .max()
-            .unwrap();
+        let need = peak_model_bytes(&run(&popts(None)).unwrap());
         let e = err_of(run(&popts(Some(need - 1))));
         assert!(e.contains("out of memory (memory model)"), "{mode:?}: {e}");
         assert!(e.contains(&format!("needs {need} bytes")), "{mode:?}: {e}");

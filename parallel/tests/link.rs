@@ -267,13 +267,7 @@ fn the_memory_model_holds_the_gathered_embeddings() {
     let opts = link_opts(1, LinkDecoder::Dot);
     let r =
         parallel(view, &part, &config, &opts, Mode::Fb, None).unwrap_or_else(|e| panic!("{e:#}"));
-    let peak = r
-        .execution
-        .memory
-        .iter()
-        .map(|m| m.model_bytes)
-        .max()
-        .unwrap();
+    let peak = peak_model_bytes(&r);
     // Room for everything but the embeddings and their gradient on the largest rank: refused.
     let held = 2 * 80 * 6 * 4;
     let p = ParallelOptions {

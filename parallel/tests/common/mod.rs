@@ -202,3 +202,13 @@ pub fn check_exact(
     assert_close(&what, r.logits.as_ref().unwrap(), &reference.1, 1e-4);
     r
 }
+
+/// The largest memory-model estimate of any rank of a run.
+pub fn peak_model_bytes(r: &ParallelReport) -> u64 {
+    r.execution
+        .memory
+        .iter()
+        .map(|m| m.model_bytes)
+        .max()
+        .unwrap_or(0)
+}
