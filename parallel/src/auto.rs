@@ -160,14 +160,8 @@ pub fn plan_rates(
             false => 1.0,
         },
         calibration: match cpu {
-            true => {
-                let ranks = match placement.one_machine {
-                    true => placement.ranks_per_machine,
-                    false => servers.len() * placement.ranks_per_machine,
-                };
-                crate::planner::calibrate(view, config, &compute, placement.threads_per_rank, ranks)
-                    .context("calibrating the model on a sample of the graph")?
-            }
+            true => crate::planner::calibrate(view, config, &compute, placement.threads_per_rank)
+                .context("calibrating the model on a sample of the graph")?,
             false => 1.0,
         },
         shared_cores: (placement.one_machine && cpu).then_some(cores),

@@ -873,31 +873,21 @@ pub fn choose(planned: &[Planned], exact_preference: f64) -> Option<(usize, Stri
     }
 }
 
-/// Vertices of [`calibrate`]'s sample, at most.
+/// Vertices of [`calibrate`]'s sample.
 pub const CALIBRATION_VERTICES: usize = 50_000;
 
-/// Vertices of [`calibrate`]'s sample, at least (fewer time too little work to trust).
-const CALIBRATION_MIN_VERTICES: usize = 4096;
-
-/// [`PlanRates::calibration`] for `config` on `view` run by `ranks` ranks: trains the model
-/// full-batch for three epochs on the subgraph induced by the first vertices of `view`
-/// (their features, labels and in-edges among them), as many as one rank's share of the
-/// graph (between [`CALIBRATION_MIN_VERTICES`] and [`CALIBRATION_VERTICES`]), with `threads`
-/// threads, and divides the faster of the last two epochs by what the kernel rates `rate`
-/// predict for the same rows and edges. A rank's share, not the whole graph: what the rates
-/// miss (how much of the rows the caches hold, every op's fixed cost) depends on the size of
-/// the work, and the calibration is for the ranks' work.
+/// [`PlanRates::calibration`] for `config` on `view`: trains the model full-batch for three
+/// epochs on the subgraph induced by the first [`CALIBRATION_VERTICES`] vertices (their
+/// features, labels and in-edges among them) with `threads` threads, and divides the faster
+/// of the last two epochs by what the kernel rates `rate` predict for the same rows and
+/// edges.
 pub fn calibrate(
     view: grandis_store::DatasetView<'_>,
     config: &ModelConfig,
     rate: &ComputeRate,
     threads: usize,
-    ranks: usize,
 ) -> anyhow::Result<f64> {
-    let share = view.num_vertices() / ranks.max(1);
-    let n = share
-        .clamp(CALIBRATION_MIN_VERTICES, CALIBRATION_VERTICES)
-        .min(view.num_vertices());
+    let n = view.num_vertices().min(CALIBRATION_VERTICES);
     let mut edges = Vec::new();
     for v in 0..n as u32 {
         for &u in view.graph.neighbors(v) {
