@@ -219,9 +219,7 @@ pub fn time_producers(
         let n = opts.steps.min(schedule.iterations());
         // Each producer's steps, `producers` apart, as a run deals them out.
         let mine = |p: usize| (p..n).step_by(producers);
-        // Sampling and plans: each step is dropped once built, as a run's ranks drop a step
-        // once trained, so the producers reuse the memory of their earlier steps.
-        // Each on the pool a run's producer has (its share of the cores).
+        // Each producer on the pool a run's producer has (its share of the cores).
         let cores = rayon::current_num_threads();
         let pools = (0..producers)
             .map(|p| crate::feed::producer_pool(producers, cores, p))
@@ -232,6 +230,8 @@ pub fn time_producers(
                 None => f(),
             }
         };
+        // Sampling and plans: each step is dropped once built, as a run's ranks drop a step
+        // once trained, so the producers reuse the memory of their earlier steps.
         let t = Instant::now();
         let edges: Vec<(usize, u64)> = (0..producers)
             .into_par_iter()
