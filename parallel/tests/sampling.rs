@@ -293,59 +293,39 @@ fn sampled_modes_are_deterministic_and_report_counters() {
         ),
         (
             "cob-eas",
-            ParallelOptions {
-                job: JobSpec {
-                    mode: Mode::Cob,
-                    batch_size: Some(9),
-                    sampling: Sampling::Eas {
-                        hops: 1,
-                        fanout: 2,
-                        priority: Priority::Uniform,
-                    },
-                    ..JobSpec::default()
+            with_job(batched(
+                Mode::Cob,
+                9,
+                Sampling::Eas {
+                    hops: 1,
+                    fanout: 2,
+                    priority: Priority::Uniform,
                 },
-                ..Default::default()
-            },
+            )),
         ),
         (
             "cob-sage",
-            ParallelOptions {
-                job: JobSpec {
-                    mode: Mode::Cob,
-                    batch_size: Some(9),
-                    sampling: Sampling::Fanout {
-                        fanouts: vec![3, 2],
-                    },
-                    ..JobSpec::default()
+            with_job(batched(
+                Mode::Cob,
+                9,
+                Sampling::Fanout {
+                    fanouts: vec![3, 2],
                 },
-                ..Default::default()
-            },
+            )),
         ),
         (
             "cob-saint",
-            ParallelOptions {
-                job: JobSpec {
-                    mode: Mode::Cob,
-                    batch_size: Some(20),
-                    sampling: Sampling::Saint { walk_length: 2 },
-                    ..JobSpec::default()
-                },
-                ..Default::default()
-            },
+            with_job(batched(Mode::Cob, 20, Sampling::Saint { walk_length: 2 })),
         ),
         (
             "mb-sage",
-            ParallelOptions {
-                job: JobSpec {
-                    mode: Mode::Mb,
-                    batch_size: Some(5),
-                    sampling: Sampling::Fanout {
-                        fanouts: vec![3, 2],
-                    },
-                    ..JobSpec::default()
+            with_job(batched(
+                Mode::Mb,
+                5,
+                Sampling::Fanout {
+                    fanouts: vec![3, 2],
                 },
-                ..Default::default()
-            },
+            )),
         ),
     ];
     let labelled_train = view
@@ -476,27 +456,19 @@ fn bad_sampling_combinations_are_errors() {
         ..Default::default()
     });
     assert!(e.contains("mode 'fb' trains on the exact graph"), "{e}");
-    let e = err(ParallelOptions {
-        job: JobSpec {
-            mode: Mode::Mb,
-            batch_size: Some(4),
-            sampling: Sampling::Saint { walk_length: 0 },
-            ..JobSpec::default()
-        },
-        ..Default::default()
-    });
+    let e = err(with_job(batched(
+        Mode::Mb,
+        4,
+        Sampling::Saint { walk_length: 0 },
+    )));
     assert!(e.contains("saint"), "{e}");
-    let e = err(ParallelOptions {
-        job: JobSpec {
-            mode: Mode::Cob,
-            batch_size: Some(4),
-            sampling: Sampling::Fanout {
-                fanouts: vec![3, 3, 3],
-            },
-            ..JobSpec::default()
+    let e = err(with_job(batched(
+        Mode::Cob,
+        4,
+        Sampling::Fanout {
+            fanouts: vec![3, 3, 3],
         },
-        ..Default::default()
-    });
+    )));
     assert!(e.contains("fanouts"), "{e}");
     let e = err(ParallelOptions {
         job: JobSpec {

@@ -212,3 +212,21 @@ pub fn peak_model_bytes(r: &ParallelReport) -> u64 {
         .max()
         .unwrap_or(0)
 }
+
+/// Options that run `job` with the machine's defaults.
+pub fn with_job(job: JobSpec) -> ParallelOptions {
+    ParallelOptions {
+        job,
+        ..Default::default()
+    }
+}
+
+/// A batched job: `mode` over batches of `batch` targets drawn by `sampling`.
+pub fn batched(mode: Mode, batch: u32, sampling: grandis_wire::Sampling) -> JobSpec {
+    JobSpec {
+        mode,
+        batch_size: Some(batch),
+        sampling,
+        ..JobSpec::default()
+    }
+}
