@@ -221,7 +221,8 @@ fn link_split_names(dir: &Path) -> Result<Option<Vec<String>>> {
             return Err(ImportError::invalid(
                 dir.join(&ogb[p_ogb.iter().position(|&x| x).unwrap_or(0)]),
                 format!(
-                    "the directory holds a link split under two namings (link_*.npy and OGB's                      {}, ...): keep one",
+                    "the directory holds a link split under two namings (link_*.npy and OGB's \
+                     {}, ...): keep one",
                     OGB_LINK_NAMES[0]
                 ),
             ))

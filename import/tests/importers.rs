@@ -963,10 +963,19 @@ fn npy_refuses_held_out_edges_in_the_graph_and_two_namings() {
         Format::Npy,
         &dir,
         &opts(),
-        &["link_test_pos", "(1, 0)", "message-passing graph"],
+        &[
+            "link_test_pos",
+            "(1, 0)",
+            "message-passing graph: remove the validation and test positives",
+        ],
     );
     let f = Fixture::new();
     let dir = ogb_link_dir(&f, &[4, 2]);
     write_npy(dir.join("link_train.npy"), &[2, 1], &[0i64, 1]).unwrap();
-    f.fails(Format::Npy, &dir, &opts(), &["two namings"]);
+    f.fails(
+        Format::Npy,
+        &dir,
+        &opts(),
+        &["two namings (link_*.npy and OGB's train_pos.npy, ...): keep one"],
+    );
 }

@@ -260,7 +260,8 @@ impl LinkSplitView<'_> {
                 return Err((
                     part,
                     format!(
-                        "held-out edge ({}, {}) is an edge of the message-passing graph: remove                          the validation and test positives from the graph's edges",
+                        "held-out edge ({}, {}) is an edge of the message-passing graph: remove \
+                         the validation and test positives from the graph's edges",
                         p[0], p[1]
                     ),
                 ));
