@@ -215,7 +215,7 @@ fn link_split_names(dir: &Path) -> Result<Option<Vec<String>>> {
         |names: &[String]| -> Vec<bool> { names.iter().map(|f| dir.join(f).exists()).collect() };
     let (p_ours, p_ogb) = (present(&ours), present(&ogb));
     let any = |p: &[bool]| p.iter().any(|&x| x);
-    let names = match (any(&p_ours), any(&p_ogb)) {
+    let (names, present) = match (any(&p_ours), any(&p_ogb)) {
         (false, false) => return Ok(None),
         (true, true) => {
             return Err(ImportError::invalid(
@@ -230,7 +230,6 @@ fn link_split_names(dir: &Path) -> Result<Option<Vec<String>>> {
         (true, false) => (ours, p_ours),
         (false, true) => (ogb, p_ogb),
     };
-    let (names, present) = names;
     if let Some(missing) = present.iter().position(|&p| !p) {
         return Err(ImportError::Missing {
             path: dir.join(&names[missing]),

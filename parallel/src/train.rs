@@ -48,10 +48,7 @@ pub(crate) fn train_ranks(
     // The run trains `opts.objective`; the planner reads the task off the job, which a
     // library caller may have left at its default.
     let mut popts = popts.clone();
-    popts.job.task = match opts.objective {
-        Objective::Link { .. } => grandis_wire::Task::Link,
-        Objective::Node => grandis_wire::Task::Node,
-    };
+    popts.job.task = opts.objective.task();
     let (popts, plan) = auto::resolve_mode(
         &view,
         part,

@@ -587,6 +587,15 @@ impl Objective {
         }
     }
 
+    /// The job task this objective trains ([`Objective::for_job`]'s inverse, up to the link
+    /// options).
+    pub fn task(&self) -> grandis_wire::Task {
+        match self {
+            Objective::Node => grandis_wire::Task::Node,
+            Objective::Link { .. } => grandis_wire::Task::Link,
+        }
+    }
+
     /// A fresh link decoder for embeddings of `d` columns (None for node classification).
     pub fn decoder(&self, d: usize, seed: u64) -> Option<Decoder> {
         match *self {
