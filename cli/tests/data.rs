@@ -247,8 +247,9 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
     ]);
     assert!(!ok && err.contains("node classification"), "{err}");
 
-    // The exact distributed modes train it as single does (the same loss to 1e-4); the
-    // sampled modes do not yet, and a dataset without a split cannot: clear errors.
+    // The exact distributed modes train it as single does (the same loss to 1e-4), so does
+    // mb when one batch holds every edge; mb with fanout sampling trains; cob does not yet,
+    // and a dataset without a split cannot: clear errors.
     let run = |mode: &[&str]| -> f64 {
         let mut args = vec![
             "train",
@@ -276,6 +277,16 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
     for mode in [
         &["--mode", "fb", "--servers", "2", "--devices", "2"][..],
         &["--mode", "flx", "--servers", "2", "--preload-hops", "1"][..],
+        &[
+            "--mode",
+            "mb",
+            "--servers",
+            "2",
+            "--devices",
+            "2",
+            "--batch-size",
+            "100000",
+        ][..],
     ] {
         let loss = run(mode);
         assert!(
@@ -283,6 +294,16 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
             "{mode:?}: {loss} vs {single}"
         );
     }
+    run(&[
+        "--mode",
+        "mb",
+        "--batch-size",
+        "16",
+        "--sampling",
+        "fanout",
+        "--fanouts",
+        "3,2",
+    ]);
     let (ok, _, err) = grandis(&["train", &path(&out), "--task", "link", "--mode", "cob"]);
     assert!(
         !ok && err.contains("--task") && err.contains("modes single, fb, flx and auto"),

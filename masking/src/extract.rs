@@ -464,8 +464,9 @@ pub enum Edges {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExtractionSpec {
     pub server: usize,
-    /// Sorted, distinct; every target is owned by `server` in the layout (it stays on its
-    /// layout device and is an inner row there).
+    /// Sorted, distinct; in a server's masked plan every target is owned by `server` in the
+    /// layout (it stays on its layout device and is an inner row there); a standalone device
+    /// plan's may be any vertices (it owns all it reads).
     pub targets: Vec<u32>,
     pub hops: usize,
     pub edges: Edges,

@@ -400,7 +400,10 @@ impl<'a> PlanContext<'a> {
         Ok(PreloadPlan { k, layers, fb, flx })
     }
 
-    fn validate_spec(&self, spec: &ExtractionSpec) -> Result<()> {
+    /// `placed`: the targets stay on their layout devices (a server's masked plan), so each
+    /// must be `spec.server`'s; a standalone device plan owns whatever it reads, and its
+    /// targets (a mini-batch seeded by edges: their ends) may be any vertices.
+    fn validate_spec(&self, spec: &ExtractionSpec, placed: bool) -> Result<()> {
         let layout = self.layout();
         let s = spec.server;
         if s >= layout.servers() {
@@ -422,10 +425,17 @@ impl<'a> PlanContext<'a> {
                 w[0], w[1]
             )));
         }
-        if let Some(&t) = spec.targets.iter().find(|t| !range.contains(t)) {
+        let n = self.num_vertices();
+        if placed {
+            if let Some(&t) = spec.targets.iter().find(|t| !range.contains(t)) {
+                return Err(MaskingError::Spec(format!(
+                    "server {s}: target {t} is not one of its vertices ({}..{})",
+                    range.start, range.end
+                )));
+            }
+        } else if let Some(&t) = spec.targets.iter().find(|&&t| t as usize >= n) {
             return Err(MaskingError::Spec(format!(
-                "server {s}: target {t} is not one of its vertices ({}..{})",
-                range.start, range.end
+                "server {s}: target {t} is not a vertex (the graph has {n})"
             )));
         }
         if let Edges::Sampled(e) = &spec.edges {
@@ -482,7 +492,7 @@ impl<'a> PlanContext<'a> {
         spec: &ExtractionSpec,
         single: Option<usize>,
     ) -> Result<(ServerExtraction, Vec<DevicePlan>)> {
-        self.validate_spec(spec)?;
+        self.validate_spec(spec, single.is_none())?;
         let layout = self.layout();
         let server = spec.server;
         let k = spec.hops;

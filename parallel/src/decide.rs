@@ -206,9 +206,16 @@ pub(crate) fn decide<'s>(
         }
         (Mode::Mb, _) => {
             let b = batch_size()?;
-            let batcher = MiniBatcher::new(ctx, b, seed)?;
+            let (batcher, what) = match inputs.link {
+                // A link job's batches are supervision edges, each on its source's rank.
+                Some(seeds) => (
+                    MiniBatcher::for_edges(ctx, &seeds.sources(), b, seed)?,
+                    " supervision edges",
+                ),
+                None => (MiniBatcher::new(ctx, b, seed)?, ""),
+            };
             let choice = batching(format!(
-                "per-GPU mini-batches of at most {b} per device, {} iterations per epoch",
+                "per-GPU mini-batches of at most {b}{what} per device, {} iterations per epoch",
                 batcher.iterations()
             ));
             Ok(Decision {

@@ -9,8 +9,15 @@
 //!
 //! The price is O(V x d) host memory and all-reduce bytes per rank and step (counted under
 //! [`grandis_fabric::Phase::Other`]), and every rank scores every pair: right for the graphs
-//! the full-batch modes train, where the embeddings are a small fraction of the features; the
-//! sampled modes would score a batch's edges instead.
+//! the full-batch modes train, where the embeddings are a small fraction of the features.
+//!
+//! Mode mb scores a batch's edges instead ([`LinkSeeds`], PyG's `LinkNeighborLoader`): each
+//! rank's mini-batch is a set of supervision edges (those whose source it owns, shuffled per
+//! epoch), their negatives (the very pairs the whole epoch's draw has for them) and, as the
+//! plan's targets, every end of those pairs; the rank's last layer computes exactly the
+//! targets' embeddings and the decoder scores its own pairs ([`LinkBatch::loss`]). The losses
+//! and gradients are sums over the ranks' pairs divided by the step's pair count, so a step
+//! whose batches hold every edge is the full-batch step.
 
 use anyhow::{bail, Context};
 use grandis_fabric::{Endpoint, Tag};
@@ -30,6 +37,10 @@ pub(crate) struct LinkTask<'a> {
 /// all-reduce 0, the feature fetch's exchanges 0 and 1), so the run summary can count its
 /// bytes (`link_embedding_bytes_per_epoch`).
 pub(crate) const GATHER_LAYER: u32 = 0x4C49_4E4B;
+
+/// The layer number of a mini-batch step's decoder-gradient all-reduce ([`Tag::other`]):
+/// "LDEC" in ASCII.
+pub(crate) const DECODER_LAYER: u32 = 0x4C44_4543;
 
 /// A training step's loss over the whole embedding matrix.
 pub(crate) struct LinkLoss {
@@ -127,5 +138,109 @@ impl LinkTask<'_> {
         let d = decoder.dim();
         let z = gather_embeddings(ep, new_to_old, (ids, rows), d, tag_epoch)?;
         Ok(link::summary_of(decoder, &z, &self.split))
+    }
+}
+
+/// What a mini-batch step of a link job is seeded with: the supervision edges and how their
+/// negatives are drawn, with the map from the dataset's ids to the plans' (NEW) ids.
+pub(crate) struct LinkSeeds<'a> {
+    pub task: LinkTask<'a>,
+    /// `old_to_new[original id]`.
+    pub old_to_new: Vec<u32>,
+    pub seed: u64,
+}
+
+/// One rank's supervision pairs of a mini-batch step, in NEW ids, flattened `(u, v)` pairs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct LinkBatch {
+    pub pos: Vec<u32>,
+    pub neg: Vec<u32>,
+}
+
+impl LinkSeeds<'_> {
+    /// Every supervision edge's source in NEW ids (what the edges are dealt to ranks by).
+    pub fn sources(&self) -> Vec<u32> {
+        self.task
+            .split
+            .train
+            .chunks_exact(2)
+            .map(|p| self.old_to_new[p[0] as usize])
+            .collect()
+    }
+
+    /// The pairs of supervision edges `indices` in epoch `epoch` (1-based, as the ranks and
+    /// mode single count): the edges and their negatives, mode single's draw for them.
+    pub fn batch(&self, indices: &[u32], epoch: u64) -> LinkBatch {
+        let split = &self.task.split;
+        let n = self.old_to_new.len() as u32;
+        let mut pos = Vec::with_capacity(indices.len() * 2);
+        for &i in indices {
+            let i = i as usize;
+            pos.extend_from_slice(&split.train[2 * i..2 * i + 2]);
+        }
+        let mut neg = link::corrupt_destinations_at(
+            split.train,
+            indices,
+            self.task.negatives,
+            split.negative_destinations(n),
+            self.seed,
+            epoch,
+        );
+        for v in pos.iter_mut().chain(neg.iter_mut()) {
+            *v = self.old_to_new[*v as usize];
+        }
+        LinkBatch { pos, neg }
+    }
+}
+
+impl LinkBatch {
+    /// Pairs scored (positives and negatives).
+    pub fn pairs(&self) -> usize {
+        (self.pos.len() + self.neg.len()) / 2
+    }
+
+    /// Every end of the batch's pairs, sorted and distinct: the plan's targets.
+    pub fn targets(&self) -> Vec<u32> {
+        let mut t: Vec<u32> = self.pos.iter().chain(&self.neg).copied().collect();
+        t.sort_unstable();
+        t.dedup();
+        t
+    }
+
+    /// The batch's binary cross-entropy over the embeddings `rows` of its targets (`ids`,
+    /// sorted NEW ids, as the plan's inner rows hold them), as this rank's share of a step
+    /// scoring `step_pairs` pairs over every rank: the loss sum of its pairs, and
+    /// `d(step loss)/d(rows)` and `/d(decoder parameters)` (summed over the ranks, they are
+    /// the step's).
+    pub fn loss(
+        &self,
+        (ids, rows): (&[u32], &[f32]),
+        decoder: &Decoder,
+        step_pairs: usize,
+    ) -> anyhow::Result<(f64, Vec<f32>, Vec<f32>)> {
+        let local = |pairs: &[u32]| -> anyhow::Result<Vec<u32>> {
+            pairs
+                .iter()
+                .map(|&g| {
+                    ids.binary_search(&g).map(|i| i as u32).map_err(|_| {
+                        anyhow::anyhow!("internal: an end of a batch's pair ({g}) is no target")
+                    })
+                })
+                .collect()
+        };
+        let (pos, neg) = (local(&self.pos)?, local(&self.neg)?);
+        let mut dz = vec![0f32; rows.len()];
+        let mut decoder_grad = vec![0f32; decoder.num_params()];
+        let pairs = self.pairs();
+        if pairs == 0 {
+            return Ok((0.0, dz, decoder_grad));
+        }
+        let mean = decoder.bce(rows, &pos, &neg, &mut dz, &mut decoder_grad);
+        // The decoder averages over this batch's pairs; the step averages over all ranks'.
+        let share = pairs as f32 / step_pairs.max(1) as f32;
+        for g in dz.iter_mut().chain(decoder_grad.iter_mut()) {
+            *g *= share;
+        }
+        Ok((mean * pairs as f64, dz, decoder_grad))
     }
 }

@@ -650,6 +650,7 @@ pub fn plan(
                 dims: &dims,
                 step_part: crate::steps::StepPart::All,
                 labelled_train: &labelled_train,
+                link: None,
             };
             let decision =
                 crate::decide::decide(&inputs, config, &popts, sampler.as_deref(), seed)?;

@@ -62,6 +62,8 @@ pub(crate) struct RunInputs<'a, 's> {
     pub resume: Option<&'a Checkpoint>,
     /// Link prediction's task, when the run trains for it.
     pub link: Option<crate::link_task::LinkTask<'a>>,
+    /// A link job's supervision edges, where they seed its mini-batches (mode mb).
+    pub link_seeds: Option<&'a crate::link_task::LinkSeeds<'a>>,
 }
 
 /// What the ranks run here handed back.
@@ -96,6 +98,7 @@ pub(crate) fn run(
         step_part: part_here,
         resume,
         link,
+        link_seeds,
     } = inputs;
     // The host side of the memory model, before the ranks allocate anything.
     let relied_on = crate::budget::page_cache_relied_on(part);
@@ -296,6 +299,7 @@ pub(crate) fn run(
                         dims,
                         step_part: part_here,
                         labelled_train: &labelled_train,
+                        link: link_seeds,
                     };
                     crate::feed::produce(
                         &inputs,

@@ -8,6 +8,15 @@ use grandis_trainer::Objective;
 
 use crate::PartitionedGraph;
 
+/// `old_to_new[original id]`: the inverse of the partition's relabelling.
+pub(crate) fn old_to_new(part: &PartitionedGraph) -> Vec<u32> {
+    let mut old_to_new = vec![0u32; part.new_to_old.len()];
+    for (new, &old) in part.new_to_old.iter().enumerate() {
+        old_to_new[old as usize] = new as u32;
+    }
+    old_to_new
+}
+
 /// Labelled-vertex flags (`SPLIT_*` by NEW id, only vertices with a valid label) and the
 /// labelled train / val / test totals.
 pub(crate) fn labelled(
@@ -15,10 +24,7 @@ pub(crate) fn labelled(
     part: &PartitionedGraph,
 ) -> anyhow::Result<(Vec<u8>, [usize; 3])> {
     let n = view.num_vertices();
-    let mut old_to_new = vec![0u32; n];
-    for (new, &old) in part.new_to_old.iter().enumerate() {
-        old_to_new[old as usize] = new as u32;
-    }
+    let old_to_new = old_to_new(part);
     let mut flags = vec![0u8; n];
     let mut totals = [0usize; 3];
     for (j, (ids, bit)) in [

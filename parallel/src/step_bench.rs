@@ -127,6 +127,7 @@ impl<'v> Bench<'v> {
             dims: &self.dims,
             step_part: StepPart::All,
             labelled_train: &labelled_train,
+            link: None,
         };
         let t = Instant::now();
         let sampled = sample_step(&inputs, schedule, 0, it)?;

@@ -20,6 +20,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::link_task::{LinkBatch, LinkSeeds};
 use crate::prepare::HostInput;
 use anyhow::Context;
 use grandis_masking::{
@@ -37,8 +38,12 @@ pub(crate) struct Step {
     /// `plans[rank][layer]`: the plan each rank runs each layer on (layers sharing a plan
     /// share the `Arc`).
     pub plans: Vec<Vec<Arc<DevicePlan>>>,
-    /// Labelled training rows that are loss rows of some rank in this step.
+    /// Labelled training rows that are loss rows of some rank in this step (link prediction:
+    /// the pairs the step scores over every rank).
     pub targets: usize,
+    /// A link job's mini-batch step: `link[rank]`, the pairs rank `rank` scores (empty for
+    /// the ranks another process runs, and in every other step).
+    pub link: Vec<LinkBatch>,
     /// (rank, input) the producer prepared for ranks run here; each is taken once.
     prepared: Mutex<Vec<(usize, HostInput)>>,
 }
@@ -48,6 +53,7 @@ impl Step {
         Step {
             plans,
             targets,
+            link: Vec::new(),
             prepared: Mutex::default(),
         }
     }
@@ -113,6 +119,8 @@ pub(crate) struct StepInputs<'a> {
     /// Whether a vertex (new id) is a labelled training vertex: a loss row where it is a
     /// target.
     pub labelled_train: &'a (dyn Fn(u32) -> bool + Sync),
+    /// A link job's supervision edges, where its mini-batches are seeded by them (mode mb).
+    pub link: Option<&'a LinkSeeds<'a>>,
 }
 
 /// What one step computes, for the run summary.
@@ -388,6 +396,7 @@ fn masked_step(
         beta,
         est.devices.iter().map(|d| d.total).collect(),
         targets,
+        Vec::new(),
     );
     stats.replicated = replicated;
     (step, stats)
@@ -411,6 +420,7 @@ fn finish(
     beta: Vec<f64>,
     mut model_bytes: Vec<u64>,
     targets: Option<usize>,
+    link: Vec<LinkBatch>,
 ) -> (Arc<Step>, StepStats) {
     let layout = inputs.ctx.layout();
     let mut stats = count(layout, &plans, inputs.dims.layers, inputs.step_part);
@@ -423,7 +433,9 @@ fn finish(
     stats.model_bytes = model_bytes;
     let t = targets.unwrap_or_else(|| count_targets(&plans, inputs.labelled_train));
     stats.targets = t as u64;
-    (Arc::new(Step::new(plans, t)), stats)
+    let mut step = Step::new(plans, t);
+    step.link = link;
+    (Arc::new(step), stats)
 }
 
 /// The static step of an FB / exact FLX run: `fb[r]`, `flx[r]` per rank, FLX for layers `< k`.
@@ -455,7 +467,7 @@ pub(crate) fn static_step(
     let flx: Option<Vec<Arc<DevicePlan>>> =
         flx_devices.map(|v| v.into_iter().map(Arc::new).collect());
     let plans = layered_plans(&fb, flx.as_deref(), k, layers);
-    finish(inputs, plans, beta, model_bytes, None)
+    finish(inputs, plans, beta, model_bytes, None, Vec::new())
 }
 
 /// Every rank's per-layer plans of a full-batch step: its FLX plan for layers `< k` (when
@@ -511,7 +523,7 @@ pub(crate) fn build_step(
                 .collect();
             let flx: Vec<Arc<DevicePlan>> = flx.devices.into_iter().map(Arc::new).collect();
             let plans = layered_plans(fb, Some(&flx), *k, layers);
-            let (step, mut stats) = finish(inputs, plans, beta, model_bytes, None);
+            let (step, mut stats) = finish(inputs, plans, beta, model_bytes, None, Vec::new());
             stats.replicated = replicated;
             Ok((round, step, stats))
         }
@@ -546,8 +558,10 @@ pub(crate) struct SampledStep {
     /// one standalone plan each); empty for the servers or ranks another process builds.
     specs: Vec<ExtractionSpec>,
     per_rank: bool,
-    /// Loss rows of the whole step (every server's or rank's batch).
+    /// Loss rows of the whole step (every server's or rank's batch; a link job's: its pairs).
     targets: usize,
+    /// A link job's mini-batch: every rank's pairs (empty for the ranks built elsewhere).
+    link: Vec<LinkBatch>,
 }
 
 impl SampledStep {
@@ -586,14 +600,34 @@ pub(crate) fn sample_step(
         _ => anyhow::bail!("internal: only co-batch and mini-batch steps are sampled apart"),
     };
     let round = round_of(epoch, it, n);
+    let layout = ctx.layout();
+    // A link job's mini-batches hold supervision edges: their pairs (mode single's draw of
+    // negatives for epoch `epoch + 1`, as the ranks count epochs) and, as the targets, the
+    // pairs' ends.
+    let mut link: Vec<LinkBatch> = match inputs.link {
+        Some(seeds) if per_rank => {
+            let pairs: Vec<LinkBatch> = batch
+                .iter()
+                .map(|edges| seeds.batch(edges, epoch + 1))
+                .collect();
+            for (b, p) in batch.iter_mut().zip(&pairs) {
+                *b = p.targets();
+            }
+            pairs
+        }
+        _ => Vec::new(),
+    };
     // Every batch is a batcher's cheap draw: the loss rows of the whole step come from them,
     // and only this process's part is sampled (the others' batches are emptied).
-    let targets = batch
-        .iter()
-        .flatten()
-        .filter(|&&g| (inputs.labelled_train)(g))
-        .count();
-    let layout = ctx.layout();
+    let targets = if link.is_empty() {
+        batch
+            .iter()
+            .flatten()
+            .filter(|&&g| (inputs.labelled_train)(g))
+            .count()
+    } else {
+        link.iter().map(LinkBatch::pairs).sum()
+    };
     for (i, b) in batch.iter_mut().enumerate() {
         let server = if per_rank {
             layout.server_of_rank(i)
@@ -602,6 +636,9 @@ pub(crate) fn sample_step(
         };
         if !part.has_server(server) {
             b.clear();
+            if let Some(pairs) = link.get_mut(i) {
+                *pairs = LinkBatch::default();
+            }
         }
     }
     let specs = if per_rank {
@@ -615,6 +652,7 @@ pub(crate) fn sample_step(
         specs,
         per_rank,
         targets,
+        link,
     })
 }
 
@@ -628,6 +666,7 @@ pub(crate) fn plan_step(
         specs,
         per_rank,
         targets,
+        link,
     } = sampled;
     let (ctx, dims) = (inputs.ctx, inputs.dims);
     if !per_rank {
@@ -652,7 +691,7 @@ pub(crate) fn plan_step(
         .enumerate()
         .map(|(r, d)| built_layers(inputs, r, d))
         .collect();
-    let (step, stats) = finish(inputs, plans, beta, model_bytes, Some(targets));
+    let (step, stats) = finish(inputs, plans, beta, model_bytes, Some(targets), link);
     Ok((round, step, stats))
 }
 
@@ -725,6 +764,7 @@ mod tests {
             dims: &dims,
             step_part,
             labelled_train: &labelled_train,
+            link: None,
         };
         for sampling in [
             Sampling::Fanout {

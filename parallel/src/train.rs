@@ -12,7 +12,7 @@ use grandis_trainer::{EpochStats, Objective, TrainOptions};
 use crate::budget::job_dims;
 use crate::infer::{infer_rank, InferShared, RankInference};
 use crate::input::PartitionedGraph;
-use crate::link_task::LinkTask;
+use crate::link_task::{LinkSeeds, LinkTask};
 use crate::options::ParallelOptions;
 use crate::report::ParallelReport;
 use crate::setup::{check_job_inputs, in_train_split, labelled, plan_context};
@@ -102,11 +102,21 @@ pub(crate) fn train_ranks(
         _ => StepPart::All,
     };
     let labelled_train = |g: u32| in_train_split(&labelled_flags, g);
+    // A link job's mini-batches are seeded by its supervision edges.
+    let link_seeds = match (&link, popts.job.mode) {
+        (Some(task), grandis_wire::Mode::Mb) => Some(LinkSeeds {
+            task: *task,
+            old_to_new: crate::setup::old_to_new(part),
+            seed: opts.seed,
+        }),
+        _ => None,
+    };
     let step_inputs = StepInputs {
         ctx: &ctx,
         dims: &dims,
         step_part: part_here,
         labelled_train: &labelled_train,
+        link: link_seeds.as_ref(),
     };
     let decision = decide::decide(&step_inputs, &config, &popts, sampler.as_deref(), opts.seed)?;
     if decision.schedule.iterations() == 0 {
@@ -125,6 +135,7 @@ pub(crate) fn train_ranks(
         step_part: part_here,
         resume: resume.as_ref(),
         link,
+        link_seeds: link_seeds.as_ref(),
     };
     run::run(inputs, ctx, on_epoch, local)?.report(
         &decision,

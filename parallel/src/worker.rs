@@ -453,6 +453,42 @@ impl<'w, B: Backend> Worker<'w, B> {
                 )?;
                 (loss_sum, targets)
             }
+            Some(_) if !self.step.link.is_empty() => {
+                // A mini-batch of supervision edges: this rank's pairs over its targets'
+                // embeddings (its plan's inner rows), its share of the step's mean.
+                let last = self.plan(self.rt.layers.len() - 1).clone();
+                let mut mine = vec![0f32; last.n_inner * classes];
+                b.download(&logits, 0, &mut mine)?;
+                let batch = self
+                    .step
+                    .link
+                    .get(self.ep.rank())
+                    .context("internal: a link step without this rank's pairs")?;
+                let (loss_sum, dz, mut decoder_grad) = batch.loss(
+                    (&last.global_ids[..last.n_inner], &mine),
+                    self.decoder
+                        .as_ref()
+                        .context("internal: link prediction without a decoder")?,
+                    targets,
+                )?;
+                // Each rank scored other pairs: the decoder's gradient is their sum.
+                if !decoder_grad.is_empty() {
+                    self.ep
+                        .all_reduce_sum(
+                            &mut decoder_grad,
+                            Tag::other(e, crate::link_task::DECODER_LAYER),
+                        )
+                        .context("the link decoder's gradient all-reduce")?;
+                }
+                let decoder = self
+                    .decoder
+                    .as_mut()
+                    .context("internal: link prediction without a decoder")?;
+                // Not clipped, as in mode single.
+                decoder.adam_step(&decoder_grad, &sh.opts.adam(step, 1.0));
+                b.upload_into(&mut grad, 0, &dz)?;
+                (loss_sum, targets)
+            }
             Some(task) => {
                 // The rows past the inner ones (other ranks' vertices) carry no loss here:
                 // their owners back-propagate them.
@@ -590,16 +626,49 @@ impl<'w, B: Backend> Worker<'w, B> {
         task: &LinkTask<'_>,
     ) -> anyhow::Result<EvalOut> {
         let sh = self.sh;
-        if !matches!(sh.eval, EvalOn::TrainingPlans) {
-            bail!("internal: link prediction evaluates on the training plans of fb or flx");
-        }
         let tag_epoch = epoch as u32 | EVAL_EPOCH_BIT;
-        let (out, _) = self.forward(tag_epoch, None, false)?;
-        let last = self.plan(self.rt.layers.len() - 1).clone();
         let d = sh.config.classes;
-        let mut host = vec![0f32; last.n_inner * d];
-        self.b.download(&out, 0, &mut host)?;
-        let ids = &last.global_ids[..last.n_inner];
+        // This rank's vertices' embeddings: off the training plans (fb, flx: the whole graph),
+        // or one exact layer-wise pass (mb trains on batches).
+        let (ids, host): (Vec<u32>, Vec<f32>) = match sh.eval {
+            EvalOn::TrainingPlans => {
+                let (out, _) = self.forward(tag_epoch, None, false)?;
+                let last = self.plan(self.rt.layers.len() - 1).clone();
+                let mut host = vec![0f32; last.n_inner * d];
+                self.b.download(&out, 0, &mut host)?;
+                (last.global_ids[..last.n_inner].to_vec(), host)
+            }
+            EvalOn::Layerwise(inputs) => {
+                let own = sh.layout.range(self.ep.rank());
+                let mut host = Vec::with_capacity(own.len() * d);
+                crate::infer::forward_rank(
+                    self.b,
+                    &self.model,
+                    &mut self.ep,
+                    inputs,
+                    tag_epoch,
+                    &mut |rows: &[f32]| -> std::io::Result<()> {
+                        host.extend_from_slice(rows);
+                        Ok(())
+                    },
+                )
+                .context("the layer-wise evaluation")?;
+                if host.len() != own.len() * d {
+                    bail!(
+                        "internal: the layer-wise evaluation gave {} values for rank {}'s {} \
+                         vertices of {d}",
+                        host.len(),
+                        self.ep.rank(),
+                        own.len()
+                    );
+                }
+                (own.collect(), host)
+            }
+            EvalOn::Plans(_) => {
+                bail!("internal: link prediction evaluates on training plans or layer-wise")
+            }
+        };
+        let ids = &ids[..];
         let decoder = self
             .decoder
             .as_ref()

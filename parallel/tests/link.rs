@@ -1,7 +1,9 @@
-//! Link prediction in the exact distributed modes: FB and FLX (every k) reproduce `--mode
-//! single`'s link prediction — per-epoch losses and final embeddings within 1e-4 relative,
-//! dropout on — on random graphs with random layouts, every model; the run reports its link
-//! scores; a sampled mode is refused with the rule's message.
+//! Link prediction in the distributed modes: FB and FLX (every k) reproduce `--mode single`'s
+//! link prediction — per-epoch losses and final embeddings within 1e-4 relative, dropout on —
+//! on random graphs with random layouts, every model; so does MB, seeded by edges, when one
+//! batch holds every supervision edge (exact closures); MB with fanout sampling trains and
+//! is a function of its seed; the run reports its link scores; cob is refused with the
+//! rule's message.
 
 mod common;
 
@@ -172,7 +174,131 @@ fn every_model_fixed_case_with_per_epoch_scores() {
     }
 }
 
-/// The sampled modes do not train link prediction yet: a clear refusal, not node
+/// A link job's mb run: mini-batches of `batch` supervision edges per device, `sampling`.
+fn mb_link(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    opts: &TrainOptions,
+    batch: u32,
+    sampling: grandis_wire::Sampling,
+) -> anyhow::Result<grandis_parallel::ParallelReport> {
+    let popts = ParallelOptions {
+        job: batched(Mode::Mb, batch, sampling),
+        machine: Machine {
+            threads_per_rank: Some(1),
+            collect_logits: true,
+            ..Machine::default()
+        },
+    };
+    grandis_parallel::train(view, part, config.clone(), opts, &popts, &mut |_| {})
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    /// Mode mb seeded by edges, one batch per device holding all its supervision edges and
+    /// exact closures: each rank scores its edges and their negatives (mode single's draw),
+    /// and the ranks' sums are single's epoch, so losses, embeddings (the layer-wise
+    /// evaluation's) and scores are single's.
+    #[test]
+    fn mb_link_prediction_with_every_edge_in_one_batch_matches_single(
+        seed in 0u64..1_000_000,
+        n in 16usize..40,
+        degree in 2usize..5,
+        servers in 1usize..=2,
+        devices in 1usize..=2,
+        kind in 0usize..4,
+        mlp in proptest::bool::ANY,
+    ) {
+        let (ds, split) = link_dataset(seed, n, degree, 5);
+        let mut view = ds.view();
+        view.links = Some(split.view());
+        let part = random_partition(&view, servers, devices, seed);
+        let kind = [ModelKind::Sage, ModelKind::Gcn, ModelKind::ResSage, ModelKind::Gat][kind];
+        let config = link_config(&view, kind, 2);
+        let decoder = if mlp { LinkDecoder::Mlp } else { LinkDecoder::Dot };
+        let opts = link_opts(3, decoder);
+        let reference = single(view, &config, &opts);
+        let every_edge = (split.train.len() / 2) as u32;
+        let what = format!("mb link {kind:?} {servers}x{devices}");
+        let r = mb_link(view, &part, &config, &opts, every_edge, grandis_wire::Sampling::None)
+            .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        let losses: Vec<f64> = r.train.epochs.iter().map(|s| s.loss).collect();
+        assert_losses(&what, &losses, &reference.0, 1e-4);
+        assert_close(&what, r.logits.as_ref().unwrap(), &reference.1, 1e-4);
+        prop_assert!(r.train.link.is_some(), "{}: link scores in the report", what);
+    }
+}
+
+/// Mode mb with fanout sampling and small edge batches: several steps an epoch, the loss
+/// falls, validation AUC beats chance, and the run is a function of its seed (the same
+/// losses again, whatever the number of plan threads).
+#[test]
+fn mb_link_prediction_with_fanout_sampling_trains_deterministically() {
+    // Planted classes, homophilous edges and features that carry the class: links to learn.
+    let ds = grandis_synth::generate_in_memory(&grandis_synth::SynthConfig {
+        nodes: 300,
+        avg_degree: 8.0,
+        features: 8,
+        classes: 4,
+        homophily: 0.9,
+        signal: 3.0,
+        seed: 11,
+        ..Default::default()
+    })
+    .unwrap();
+    let (graph, split) = grandis_store::split_edges(
+        ds.graph.view(),
+        true,
+        &EdgeSplitOptions {
+            val: 0.1,
+            test: 0.1,
+            negatives: 3,
+            seed: 11,
+        },
+    )
+    .unwrap();
+    let ds = InMemoryDataset { graph, ..ds };
+    let mut view = ds.view();
+    view.links = Some(split.view());
+    let part = random_partition(&view, 2, 2, 11);
+    let config = ModelConfig {
+        dropout: 0.0,
+        ..link_config(&view, ModelKind::Sage, 2)
+    };
+    let opts = TrainOptions {
+        lr: 0.02,
+        ..link_opts(12, LinkDecoder::Dot)
+    };
+    let fanouts = grandis_wire::Sampling::Fanout {
+        fanouts: vec![3, 2],
+    };
+    let r = mb_link(view, &part, &config, &opts, 16, fanouts.clone())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let losses: Vec<f64> = r.train.epochs.iter().map(|s| s.loss).collect();
+    assert!(
+        r.execution.iterations_per_epoch > 1,
+        "{}",
+        r.execution.iterations_per_epoch
+    );
+    assert!(losses[losses.len() - 1] < losses[0], "{losses:?}");
+    let scores = r.train.link.as_ref().expect("link scores");
+    assert!(scores.val.auc > 0.5, "{scores:?}");
+    let popts = ParallelOptions {
+        job: batched(Mode::Mb, 16, fanouts),
+        machine: Machine {
+            threads_per_rank: Some(1),
+            plan_threads: Some(3),
+            ..Machine::default()
+        },
+    };
+    let again = grandis_parallel::train(view, &part, config, &opts, &popts, &mut |_| {}).unwrap();
+    let again: Vec<f64> = again.train.epochs.iter().map(|s| s.loss).collect();
+    assert_eq!(losses, again);
+}
+
+/// Cooperative batching does not train link prediction yet: a clear refusal, not node
 /// classification in its place.
 #[test]
 fn sampled_modes_refuse_link_prediction() {

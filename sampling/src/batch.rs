@@ -157,6 +157,31 @@ impl MiniBatcher {
             epochs: Epochs::new(train_lists(ctx, true), batch_size, seed, 0x3B)?,
         })
     }
+    /// Mini-batches seeded by edges (link prediction, PyG's `LinkNeighborLoader`): at most
+    /// `batch_size` supervision edges per device, each edge dealt to the rank that owns its
+    /// source (`sources[i]`, a new id, is edge `i`'s), so that a batch's sources are its own
+    /// vertices. A batch holds edge indices instead of vertices.
+    pub fn for_edges(
+        ctx: &PlanContext<'_>,
+        sources: &[u32],
+        batch_size: usize,
+        seed: u64,
+    ) -> Result<MiniBatcher> {
+        let layout = ctx.layout();
+        let mut lists = vec![Vec::new(); layout.num_ranks()];
+        for (i, &u) in sources.iter().enumerate() {
+            if u >= layout.num_vertices() {
+                return Err(SamplingError::Config(format!(
+                    "supervision edge {i}: source {u} is not a vertex (the graph has {})",
+                    layout.num_vertices()
+                )));
+            }
+            lists[layout.owner(u)].push(i as u32);
+        }
+        Ok(MiniBatcher {
+            epochs: Epochs::new(lists, batch_size, seed, 0x1ED6E)?,
+        })
+    }
     pub fn iterations(&self) -> usize {
         self.epochs.iterations
     }

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use crate::error::{Result, SamplingError};
 use crate::numbering::Numbering;
 use crate::rng::{below, counter, mix};
-use crate::sampler::{check_targets, Sampler};
+use crate::sampler::{check_seeds, Sampler};
 
 /// How many rows or edges ahead a walk over scattered ids prefetches: enough to overlap a
 /// dozen cache misses, few enough that the lines are still cached when used.
@@ -183,7 +183,7 @@ impl Sampler for Fanout {
                 self.fanouts.len()
             )));
         }
-        check_targets(ctx, server, &targets)?;
+        check_seeds(ctx, server, &targets)?;
         // The sample's vertices, numbered as the plan orders its rows: level by level (the hop
         // that first reached a vertex; the targets are level 0), by global id within a level.
         // Hop d draws for every vertex of levels < d, which are then the prefix numbered

@@ -58,8 +58,24 @@ pub fn round_of(epoch: u64, iteration: usize, iterations: usize) -> u64 {
 }
 
 /// Targets must be sorted, distinct and owned by `server` (checked before a sampler reads
-/// the graph at them, so a bad id is an error, never a panic).
+/// the graph at them, so a bad id is an error, never a panic): what a sampler that trims at
+/// its server's boundary (EAS) needs.
 pub(crate) fn check_targets(ctx: &PlanContext<'_>, server: usize, targets: &[u32]) -> Result<()> {
+    check_seeds(ctx, server, targets)?;
+    let range = ctx.layout().server_range(server);
+    if let Some(t) = targets.iter().find(|t| !range.contains(t)) {
+        return Err(crate::SamplingError::Config(format!(
+            "server {server}: target {t} is not one of its vertices ({}..{})",
+            range.start, range.end
+        )));
+    }
+    Ok(())
+}
+
+/// Targets must be sorted, distinct vertices of the graph, `server` one of the layout's: what
+/// a sampler that reads only the graph needs (a mini-batch seeded by edges has targets on
+/// every server: masking checks ownership where a plan places targets by it).
+pub(crate) fn check_seeds(ctx: &PlanContext<'_>, server: usize, targets: &[u32]) -> Result<()> {
     let layout = ctx.layout();
     if server >= layout.servers() {
         return Err(crate::SamplingError::Config(format!(
@@ -67,17 +83,16 @@ pub(crate) fn check_targets(ctx: &PlanContext<'_>, server: usize, targets: &[u32
             layout.servers()
         )));
     }
-    let range = layout.server_range(server);
     if let Some(w) = targets.windows(2).find(|w| w[0] >= w[1]) {
         return Err(crate::SamplingError::Config(format!(
             "server {server}: targets must be sorted and distinct ({} then {})",
             w[0], w[1]
         )));
     }
-    if let Some(t) = targets.iter().find(|t| !range.contains(t)) {
+    let n = ctx.num_vertices();
+    if let Some(t) = targets.iter().find(|&&t| t as usize >= n) {
         return Err(crate::SamplingError::Config(format!(
-            "server {server}: target {t} is not one of its vertices ({}..{})",
-            range.start, range.end
+            "server {server}: target {t} is not a vertex (the graph has {n})"
         )));
     }
     Ok(())

@@ -30,6 +30,52 @@ fn ctx(ds: &grandis_store::InMemoryDataset) -> PlanContext<'_> {
     PlanContext::new(v.graph, layout, splits).unwrap()
 }
 
+/// Mini-batches of edges: every supervision edge once per epoch, on the rank that owns its
+/// source, at most the batch size per rank, reshuffled each epoch; a source outside the
+/// graph is an error naming the edge.
+#[test]
+fn edge_batches_deal_each_edge_once_an_epoch_to_its_sources_rank() {
+    let ds = dataset(400);
+    let cx = ctx(&ds);
+    let layout = cx.layout();
+    let sources: Vec<u32> = (0..1000u32).map(|i| (i * 7919) % 400).collect();
+    let mb = MiniBatcher::for_edges(&cx, &sources, 50, 3).unwrap();
+    let most = (0..4)
+        .map(|r| {
+            let range = layout.range(r);
+            sources.iter().filter(|s| range.contains(s)).count()
+        })
+        .max()
+        .unwrap();
+    assert_eq!(mb.iterations(), most.div_ceil(50));
+    let mut firsts = Vec::new();
+    for epoch in 0..2 {
+        let mut seen = vec![0u32; sources.len()];
+        for it in 0..mb.iterations() {
+            let batch = mb.batch(epoch, it).unwrap();
+            for (rank, edges) in batch.iter().enumerate() {
+                assert!(edges.len() <= 50);
+                for &e in edges {
+                    seen[e as usize] += 1;
+                    assert_eq!(layout.owner(sources[e as usize]), rank, "edge {e}");
+                }
+            }
+            if it == 0 {
+                firsts.push(batch);
+            }
+        }
+        assert!(seen.iter().all(|&c| c == 1), "epoch {epoch}");
+    }
+    assert_ne!(firsts[0], firsts[1], "reshuffled each epoch");
+    let e = MiniBatcher::for_edges(&cx, &[3, 400], 50, 3)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("supervision edge 1: source 400 is not a vertex"),
+        "{e}"
+    );
+}
+
 #[test]
 fn server_wise_mfg_computes_less_than_per_device_mfgs() {
     let ds = dataset(3000);

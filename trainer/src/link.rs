@@ -72,18 +72,61 @@ pub fn corrupt_destinations(
     seed: u64,
     epoch: u64,
 ) -> Vec<u32> {
-    let base = grandis_engine::mix64(seed ^ grandis_engine::mix64(epoch ^ 0x6c69_6e6b));
-    let span = destinations.len() as u128;
+    let draw = Corruption::new(k, destinations, seed, epoch);
     let mut out = Vec::with_capacity(pos.len() * k as usize);
     for (i, p) in pos.chunks_exact(2).enumerate() {
-        for j in 0..k as u64 {
-            let h = grandis_engine::mix64(base ^ (i as u64 * k as u64 + j));
-            // Multiply-shift: uniform over the range without a division.
-            let w = destinations.start + ((h as u128 * span) >> 64) as u32;
-            out.extend([p[0], w]);
-        }
+        draw.extend(&mut out, i, p);
     }
     out
+}
+
+/// [`corrupt_destinations`]' negatives of the supervision positives at `indices` alone (a
+/// mini-batch of edges), in that order: the same pairs the whole epoch's draw has for them.
+pub fn corrupt_destinations_at(
+    pos: &[u32],
+    indices: &[u32],
+    k: u32,
+    destinations: std::ops::Range<u32>,
+    seed: u64,
+    epoch: u64,
+) -> Vec<u32> {
+    let draw = Corruption::new(k, destinations, seed, epoch);
+    let mut out = Vec::with_capacity(indices.len() * k as usize * 2);
+    for &i in indices {
+        let i = i as usize;
+        draw.extend(&mut out, i, &pos[2 * i..2 * i + 2]);
+    }
+    out
+}
+
+/// One epoch's corrupted-destination draw: positive `i`'s negative `j` from a hash of
+/// `(seed, epoch, i, j)` alone.
+struct Corruption {
+    base: u64,
+    k: u32,
+    destinations: std::ops::Range<u32>,
+}
+
+impl Corruption {
+    fn new(k: u32, destinations: std::ops::Range<u32>, seed: u64, epoch: u64) -> Corruption {
+        Corruption {
+            base: grandis_engine::mix64(seed ^ grandis_engine::mix64(epoch ^ 0x6c69_6e6b)),
+            k,
+            destinations,
+        }
+    }
+
+    /// Appends positive `i` = `pair`'s `k` negatives.
+    fn extend(&self, out: &mut Vec<u32>, i: usize, pair: &[u32]) {
+        let span = self.destinations.len() as u128;
+        let k = self.k as u64;
+        for j in 0..k {
+            let h = grandis_engine::mix64(self.base ^ (i as u64 * k + j));
+            // Multiply-shift: uniform over the range without a division.
+            let w = self.destinations.start + ((h as u128 * span) >> 64) as u32;
+            out.extend([pair[0], w]);
+        }
+    }
 }
 
 /// AUC of `pos` against `neg` (the Mann-Whitney statistic: ties count half); NaN when either
@@ -278,6 +321,23 @@ mod tests {
                 grad[i]
             );
         }
+    }
+
+    /// A mini-batch's negatives are the whole epoch's draw for its edges, in its order.
+    #[test]
+    fn a_batchs_negatives_are_the_epochs_for_its_edges() {
+        let pos: Vec<u32> = (0..50u32).flat_map(|i| [i, 49 - i]).collect();
+        let all = corrupt_destinations(&pos, 3, 5..40, 7, 4);
+        let indices = [31u32, 2, 17, 49];
+        let want: Vec<u32> = indices
+            .iter()
+            .flat_map(|&i| all[i as usize * 6..(i as usize + 1) * 6].to_vec())
+            .collect();
+        assert_eq!(
+            corrupt_destinations_at(&pos, &indices, 3, 5..40, 7, 4),
+            want
+        );
+        assert!(corrupt_destinations_at(&pos, &[], 3, 5..40, 7, 4).is_empty());
     }
 
     #[test]
