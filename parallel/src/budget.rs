@@ -85,7 +85,9 @@ pub fn model_dims(config: &ModelConfig) -> ModelDims {
 /// host run out.
 pub fn job_dims(config: &ModelConfig, job: &grandis_wire::JobSpec, vertices: usize) -> ModelDims {
     let mut dims = model_dims(config);
-    if job.task == grandis_wire::Task::Link {
+    // Mode mb's ranks score their batches' pairs over their own targets' rows: no gathered
+    // matrix.
+    if job.task == grandis_wire::Task::Link && job.mode != grandis_wire::Mode::Mb {
         dims.link_embedding_values = vertices as u64 * config.classes as u64;
     }
     dims

@@ -1,15 +1,19 @@
 //! Link prediction across the ranks, in the exact modes (fb, flx): each rank's last layer
 //! computes the embeddings of its inner rows; one all-reduce of those rows, every other row
 //! zero, gives every rank the whole embedding matrix (x + 0 = x, so each row is bit for bit
-//! what its owner computed, whatever order the all-reduce adds in); every rank then runs mode
-//! single's own host decoder ([`grandis_trainer::link`]) over the same pairs in the same order
-//! — the same loss and gradient everywhere — and back-propagates the gradient of its own rows.
-//! The decoder's own parameters (the MLP's) get the same gradient on every rank, so every
-//! rank's copy takes the same Adam step and the copies stay equal.
+//! what its owner computed, whatever order the all-reduce adds in); each rank then runs mode
+//! single's own host decoder ([`grandis_trainer::link`]) over its share of the pairs (a
+//! contiguous run of the supervision edges and their negatives, the draw mode single makes
+//! for them), and a second all-reduce sums the ranks' gradients of the embeddings, of which
+//! each back-propagates its own rows. The decoder's own parameters (the MLP's) get their
+//! gradient all-reduced too, so every rank's copy takes the same Adam step and the copies
+//! stay equal.
 //!
-//! The price is O(V x d) host memory and all-reduce bytes per rank and step (counted under
-//! [`grandis_fabric::Phase::Other`]), and every rank scores every pair: right for the graphs
-//! the full-batch modes train, where the embeddings are a small fraction of the features.
+//! The price is O(V x d) host memory and two all-reduces of that size per rank and step
+//! (counted under [`grandis_fabric::Phase::Other`]): right for the graphs the full-batch
+//! modes train, where the embeddings are a small fraction of the features. (Every rank
+//! scoring every pair instead saved the second all-reduce but did not scale: on the 200k
+//! graph of docs/benchmarks.md it was 3.6 s of a 3.8 s epoch on four ranks.)
 //!
 //! Mode mb scores a batch's edges instead ([`LinkSeeds`], PyG's `LinkNeighborLoader`): each
 //! rank's mini-batch is a set of supervision edges (those whose source it owns, shuffled per
@@ -44,14 +48,14 @@ pub(crate) const DECODER_LAYER: u32 = 0x4C44_4543;
 
 /// A training step's loss over the whole embedding matrix.
 pub(crate) struct LinkLoss {
-    /// This rank's share of the loss sum: the whole sum on global rank 0, zero elsewhere
-    /// (every rank computes the same, and the run all-reduces the shares).
+    /// This rank's share of the loss sum (over the pairs it scored; the run all-reduces the
+    /// shares).
     pub loss_sum: f64,
     /// Positive and negative pairs scored (the loss is the sum over them, divided by this).
     pub pairs: usize,
     /// `d(loss)/d(z)` of this rank's inner rows (`inner x d`, in their row order).
     pub grad: Vec<f32>,
-    /// `d(loss)/d(decoder parameters)`, the same on every rank.
+    /// `d(loss)/d(decoder parameters)`, summed over the ranks: the same on every rank.
     pub decoder_grad: Vec<f32>,
 }
 
@@ -84,7 +88,9 @@ fn gather_embeddings(
 impl LinkTask<'_> {
     /// The step's binary cross-entropy of epoch `epoch` (its negatives are
     /// [`link::corrupt_destinations`]'s for it, as in mode single), given this rank's inner
-    /// rows `rows` of NEW ids `ids`.
+    /// rows `rows` of NEW ids `ids`. Each rank scores its share of the supervision edges (a
+    /// contiguous run of them, with their negatives) over the gathered embeddings; one more
+    /// all-reduce sums the ranks' gradients of the embeddings, of which each keeps its rows.
     pub fn loss(
         &self,
         ep: &mut Endpoint,
@@ -96,29 +102,48 @@ impl LinkTask<'_> {
         let d = decoder.dim();
         let z = gather_embeddings(ep, new_to_old, (ids, rows), d, epoch as u32)?;
         let n = new_to_old.len();
-        let pos = self.split.train;
-        let neg = link::corrupt_destinations(
-            pos,
+        let all = self.split.train;
+        let edges = all.len() / 2;
+        let (rank, world) = (ep.rank(), ep.world().max(1));
+        let mine = edges * rank / world..edges * (rank + 1) / world;
+        let indices: Vec<u32> = mine.clone().map(|i| i as u32).collect();
+        let pos = &all[2 * mine.start..2 * mine.end];
+        let neg = link::corrupt_destinations_at(
+            all,
+            &indices,
             self.negatives,
             self.split.negative_destinations(n as u32),
             seed,
             epoch as u64,
         );
+        let pairs = edges * (1 + self.negatives as usize);
+        let scored = (pos.len() + neg.len()) / 2;
         let mut dz = vec![0f32; n * d];
         let mut decoder_grad = vec![0f32; decoder.num_params()];
-        let loss = decoder.bce(&z, pos, &neg, &mut dz, &mut decoder_grad);
+        let loss_sum = if scored == 0 {
+            0.0
+        } else {
+            let mean = decoder.bce(&z, pos, &neg, &mut dz, &mut decoder_grad);
+            // The decoder averages over this rank's pairs; the step over every rank's.
+            let share = scored as f32 / pairs.max(1) as f32;
+            for g in dz.iter_mut().chain(decoder_grad.iter_mut()) {
+                *g *= share;
+            }
+            mean * scored as f64
+        };
+        ep.all_reduce_sum(&mut dz, Tag::other(epoch as u32, GATHER_LAYER))
+            .context("summing the link decoder's gradient of the embeddings")?;
+        if !decoder_grad.is_empty() {
+            ep.all_reduce_sum(&mut decoder_grad, Tag::other(epoch as u32, DECODER_LAYER))
+                .context("the link decoder's gradient all-reduce")?;
+        }
         let mut grad = vec![0f32; rows.len()];
         for (&g, out) in ids.iter().zip(grad.chunks_exact_mut(d.max(1))) {
             let o = new_to_old[g as usize] as usize;
             out.copy_from_slice(&dz[o * d..(o + 1) * d]);
         }
-        let pairs = (pos.len() + neg.len()) / 2;
         Ok(LinkLoss {
-            loss_sum: if ep.rank() == 0 {
-                loss * pairs as f64
-            } else {
-                0.0
-            },
+            loss_sum,
             pairs,
             grad,
             decoder_grad,

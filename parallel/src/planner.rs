@@ -633,9 +633,9 @@ pub fn plan(
     }
     let dims = crate::budget::job_dims(config, &base.job, view.num_vertices());
     let work = layer_work(config, &dims)?;
-    // Link prediction all-reduces every vertex's output embedding each step besides the
-    // parameters (`link_task`: every rank then scores every pair).
-    let parameters = parameters(config)? + dims.link_embedding_values as usize;
+    // Link prediction all-reduces every vertex's output embedding and its gradient each step
+    // besides the parameters (`link_task`: each rank scores its share of the pairs).
+    let parameters = parameters(config)? + 2 * dims.link_embedding_values as usize;
     let (budget, _) = crate::budget::budget(base, &part.layout)?;
     let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
     let count = |c: &Candidate| -> Planned {

@@ -9,7 +9,7 @@ use grandis_wire::{
 
 use crate::decide::Decision;
 use crate::fetch::SETUP_EPOCH;
-use crate::link_task::GATHER_LAYER;
+use crate::link_task::{DECODER_LAYER, GATHER_LAYER};
 use crate::run::Ran;
 use crate::worker::{self, EVAL_EPOCH_BIT};
 use crate::{ParallelOptions, PartitionedGraph};
@@ -180,7 +180,10 @@ impl Ran {
                 link_embedding_bytes_per_epoch: per_epoch(
                     tag_bytes(
                         &counters,
-                        |phase, layer| phase == Phase::Other && layer == GATHER_LAYER,
+                        |phase, layer| {
+                            phase == Phase::Other
+                                && (layer == GATHER_LAYER || layer == DECODER_LAYER)
+                        },
                         is_training_epoch,
                     ),
                     epochs,

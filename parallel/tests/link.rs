@@ -161,10 +161,15 @@ fn every_model_fixed_case_with_per_epoch_scores() {
             "{:?}",
             r.train.epochs
         );
-        // The embedding gather is counted apart: each step all-reduces the 60 x 6 matrix,
-        // hierarchically as the weight gradients are (2 x 2 x its bytes within the servers,
-        // 2 x between them: see tests/accounting.rs), one step per epoch.
-        let b = 60 * 6 * 4;
+        // The decoder's traffic is counted apart: each step all-reduces the 60 x 6 matrix
+        // of embeddings and its gradient, and the MLP's gradient, hierarchically as the
+        // weight gradients are (2 x 2 x their bytes within the servers, 2 x between them:
+        // see tests/accounting.rs), one step per epoch.
+        let mlp = match decoder {
+            LinkDecoder::Mlp => (6 * 6 + 2 * 6 + 1) * 4,
+            LinkDecoder::Dot => 0,
+        };
+        let b = 2 * 60 * 6 * 4 + mlp;
         let gather = r.execution.link_embedding_bytes_per_epoch;
         assert_eq!(
             (gather.intra_server, gather.inter_server),

@@ -121,8 +121,10 @@ pub struct Execution {
     pub fetch_bytes_per_epoch: LinkBytes,
     /// The same, once, for a plan that serves the whole run (what FLX preloads).
     pub setup_fetch_bytes: LinkBytes,
-    /// Link prediction in the distributed full-batch modes: the output embeddings every rank
-    /// all-reduces each step so that each scores every pair (zero for other tasks and modes).
+    /// Link prediction: what the ranks all-reduce each step for the decoder — in the
+    /// full-batch modes the output embeddings (so that each rank scores its share of the
+    /// pairs) and their gradient, and in every mode the MLP decoder's gradient (zero for
+    /// other tasks).
     #[serde(default)]
     pub link_embedding_bytes_per_epoch: LinkBytes,
     pub time_split: TimeSplit,
