@@ -107,6 +107,19 @@ pub struct EpochCounts {
     /// Host seconds building the epoch's plans (sampling, extraction; per-iteration
     /// schedules only, scaled like the steps): CPU work that competes with CPU ranks.
     pub build_seconds: f64,
+    /// A link job's decoder, every iteration on every rank (none for node classification).
+    pub decoder: DecoderWork,
+}
+
+/// What a link job's decoder does on each rank each iteration (`link_task`): score
+/// `pairs_per_rank` pairs of `cols`-wide embeddings out of a matrix of `rows` rows and add
+/// their gradients, with the MLP's per-pair products when `mlp`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DecoderWork {
+    pub pairs_per_rank: f64,
+    pub cols: usize,
+    pub rows: f64,
+    pub mlp: bool,
 }
 
 /// The per-layer constants of a model that turn rows and edges into work.
@@ -253,6 +266,25 @@ fn layer_seconds(
         + edges * w.aggregated_cols as f64 / aggregation_rate(rate, sources, w.aggregated_cols)
 }
 
+/// Seconds of one rank's decoder work `w` at `rate`. A pair reads its two ends' rows and adds
+/// into their two gradient rows, at scattered places of the matrix: four row accesses of
+/// `cols` columns, priced as aggregation edges over that many source rows are; the MLP adds
+/// its `cols x cols` matrix-vector products (forward, and backward for the input and the
+/// weights) at the dense rate.
+fn decoder_seconds(w: &DecoderWork, rate: &ComputeRate) -> f64 {
+    if w.pairs_per_rank <= 0.0 {
+        return 0.0;
+    }
+    let cols = w.cols as f64;
+    let rows = 4.0 * w.pairs_per_rank * cols / aggregation_rate(rate, w.rows, w.cols);
+    let mlp = if w.mlp {
+        6.0 * w.pairs_per_rank * cols * cols / rate.gemm_flops_per_s.max(1.0)
+    } else {
+        0.0
+    };
+    rows + mlp
+}
+
 /// Seconds `link` takes to carry `bytes` in `messages` messages (an unmeasured bandwidth
 /// counts as unlimited).
 fn transfer_seconds(link: &LinkRate, bytes: f64, messages: f64) -> f64 {
@@ -349,6 +381,10 @@ pub fn predict(
         let b = step.fetch.scaled(counts.scale).bytes(layout);
         p.fetch_bytes.add(&b);
     }
+    // The decoder runs on every rank after its last layer, each rank on its own pairs.
+    let decoder = calibration * decoder_seconds(&counts.decoder, &rates.compute);
+    p.compute_s += contention * decoder * counts.iterations as f64;
+    cpu_seconds += decoder * (counts.iterations * layout.num_ranks()) as f64;
     p.all_reduce_s =
         counts.iterations as f64 * all_reduce_seconds(counts.parameters, layout, rates);
     let (intra, inter) = exchange_seconds(&counts.setup_fetch, layout, rates);
@@ -638,6 +674,18 @@ pub fn plan(
     let parameters = parameters(config)? + 2 * dims.link_embedding_values as usize;
     let (budget, _) = crate::budget::budget(base, &part.layout)?;
     let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
+    // The exact modes' link decoder: every rank scores its share of every supervision edge
+    // and its negatives each step (`link_task`).
+    let decoder = match (objective, view.links) {
+        (grandis_trainer::Objective::Link { negatives, decoder }, Some(split)) => DecoderWork {
+            pairs_per_rank: (split.train.len() / 2) as f64 * (1 + negatives) as f64
+                / part.layout.num_ranks() as f64,
+            cols: config.classes,
+            rows: view.num_vertices() as f64,
+            mlp: decoder == grandis_wire::LinkDecoder::Mlp,
+        },
+        _ => DecoderWork::default(),
+    };
     let count = |c: &Candidate| -> Planned {
         let mut popts = c.options(base);
         popts.job.device_memory = Some(budget);
@@ -654,8 +702,11 @@ pub fn plan(
             };
             let decision =
                 crate::decide::decide(&inputs, config, &popts, sampler.as_deref(), seed)?;
-            count_epoch(&inputs, &decision, &work, view.feature_dim)
-                .map(|c| EpochCounts { parameters, ..c })
+            count_epoch(&inputs, &decision, &work, view.feature_dim).map(|c| EpochCounts {
+                parameters,
+                decoder: decoder.clone(),
+                ..c
+            })
         })();
         let count_seconds = started.elapsed().as_secs_f64();
         tracing::info!(candidate = %c.name(), seconds = count_seconds, "counted");

@@ -318,3 +318,38 @@ fn auto_runs_the_plan_it_chose() {
         }
     }
 }
+
+/// A link job's decoder is compute on every rank each iteration: its row accesses priced as
+/// aggregation edges, the MLP's products on top at the dense rate, linear in the pairs.
+#[test]
+fn the_link_decoder_is_priced_per_rank_and_iteration() {
+    use grandis_parallel::planner::{predict, DecoderWork, EpochCounts};
+    let layout = grandis_masking::Layout::even(1000, 2, 2).unwrap();
+    let r = rates(1e9, 1e9, 1e8);
+    let compute = |pairs_per_rank: f64, mlp: bool| {
+        let counts = EpochCounts {
+            iterations: 3,
+            decoder: DecoderWork {
+                pairs_per_rank,
+                cols: 8,
+                rows: 1000.0,
+                mlp,
+            },
+            ..Default::default()
+        };
+        predict(&counts, &[], &layout, &r).compute_s
+    };
+    assert_eq!(compute(0.0, false), 0.0);
+    // 1000 rows of 8 columns are within the calibration's cached rows: the cached rate.
+    let dot = compute(1000.0, false);
+    assert!(
+        (dot - 3.0 * 4.0 * 1000.0 * 8.0 / 1e9).abs() < 1e-12,
+        "{dot}"
+    );
+    let mlp = compute(1000.0, true);
+    assert!(
+        (mlp - dot - 3.0 * 6.0 * 1000.0 * 64.0 / 1e9).abs() < 1e-12,
+        "{mlp}"
+    );
+    assert!((compute(2000.0, false) - 2.0 * dot).abs() < 1e-12);
+}
