@@ -748,12 +748,11 @@ impl LocalFeatures {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{random_2x2, synth};
+    use crate::{plan_context, steps, PartitionedGraph};
     use grandis_fabric::{Counters, Direction, Fabric, FabricConfig, LinkClass, Phase};
     use grandis_masking::FlxPlan;
     use grandis_sampling::{CoBatcher, Exact};
-    use grandis_synth::SynthConfig;
-
-    use crate::{plan_context, steps, PartitionedGraph};
 
     const LAYERS: usize = 2;
 
@@ -837,32 +836,15 @@ mod tests {
         (out.into_iter().map(|(h, _)| h).collect(), counters)
     }
 
-    fn synth() -> grandis_store::InMemoryDataset {
-        grandis_synth::generate_in_memory(&SynthConfig {
-            nodes: 400,
-            seed: 4,
-            ..SynthConfig::default()
-        })
-        .unwrap()
-    }
-
     /// Fetched bytes are exactly 4 x F per (rank, owned row) pair whose home is on another
     /// server, all inter-server; every row (fetched or local) holds the dataset's own values;
     /// FB plans fetch nothing and send no message at all.
     #[test]
     fn replicated_rows_are_fetched_from_their_home_and_counted() {
-        let ds = synth();
+        let ds = synth(400, 4);
         let view = ds.view();
         let f = view.feature_dim;
-        let part = PartitionedGraph::partition(
-            &view,
-            true,
-            2,
-            2,
-            grandis_partition::PartitionMethod::Random,
-            1,
-        )
-        .unwrap();
+        let part = random_2x2(&view, 1);
         let ctx = plan_context(&view, &part).unwrap();
         let batcher = CoBatcher::new(&ctx, 40, 2).unwrap();
         let batch = batcher.batch(0, 0).unwrap();

@@ -59,6 +59,8 @@ mod shared;
 mod stale;
 pub mod step_bench;
 mod steps;
+#[cfg(test)]
+mod test_support;
 mod train;
 mod worker;
 

@@ -73,10 +73,9 @@ pub fn train_server(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{random_2x2, sage, synth, train_opts};
     use crate::{JobSpec, Machine};
     use grandis_fabric::{Fabric, FabricConfig};
-    use grandis_models::ModelKind;
-    use grandis_synth::SynthConfig;
 
     /// Two "servers" of one process, each running `train_server` over its half of an
     /// in-process fabric's endpoints, reproduce `train` exactly: same losses and accuracies,
@@ -85,44 +84,11 @@ mod tests {
     /// id), and the run's counters, added up across the servers, equal the in-process run's.
     #[test]
     fn servers_run_separately_equal_the_in_process_run() {
-        let ds = grandis_synth::generate_in_memory(&SynthConfig {
-            nodes: 300,
-            ..SynthConfig::default()
-        })
-        .unwrap();
+        let ds = synth(300, 0);
         let view = ds.view();
-        let part = PartitionedGraph::partition(
-            &view,
-            true,
-            2,
-            2,
-            grandis_partition::PartitionMethod::Random,
-            3,
-        )
-        .unwrap();
-        let config = ModelConfig {
-            kind: ModelKind::Sage,
-            layers: 2,
-            in_dim: view.feature_dim,
-            hidden: 8,
-            heads: 2,
-            output_heads: 1,
-            classes: view.num_classes,
-            dropout: 0.5,
-            layer_norm: false,
-            seed: 5,
-        };
-        let opts = TrainOptions {
-            objective: Default::default(),
-            epochs: 3,
-            lr: 0.01,
-            weight_decay: 5e-4,
-            adamw: false,
-            grad_clip: None,
-            seed: 5,
-            eval: Default::default(),
-            embedding_dim: 0,
-        };
+        let part = random_2x2(&view, 3);
+        let config = sage(&view, 8, 0.5, 5);
+        let opts = train_opts(3, 5e-4, 5);
         use grandis_wire::{Mode, Sampling};
         let fanout = Sampling::Fanout {
             fanouts: vec![4, 3],
@@ -260,44 +226,11 @@ mod tests {
 
     #[test]
     fn endpoints_of_two_servers_are_rejected() {
-        let ds = grandis_synth::generate_in_memory(&SynthConfig {
-            nodes: 100,
-            ..SynthConfig::default()
-        })
-        .unwrap();
+        let ds = synth(100, 0);
         let view = ds.view();
-        let part = PartitionedGraph::partition(
-            &view,
-            true,
-            2,
-            2,
-            grandis_partition::PartitionMethod::Random,
-            0,
-        )
-        .unwrap();
-        let config = ModelConfig {
-            kind: ModelKind::Sage,
-            layers: 2,
-            in_dim: view.feature_dim,
-            hidden: 4,
-            heads: 2,
-            output_heads: 1,
-            classes: view.num_classes,
-            dropout: 0.0,
-            layer_norm: false,
-            seed: 0,
-        };
-        let opts = TrainOptions {
-            objective: Default::default(),
-            epochs: 1,
-            lr: 0.01,
-            weight_decay: 0.0,
-            adamw: false,
-            grad_clip: None,
-            seed: 0,
-            eval: Default::default(),
-            embedding_dim: 0,
-        };
+        let part = random_2x2(&view, 0);
+        let config = sage(&view, 4, 0.0, 0);
+        let opts = train_opts(1, 0.0, 0);
         let mut eps = Fabric::new(FabricConfig::new(2, 2))
             .unwrap()
             .into_endpoints();

@@ -716,33 +716,20 @@ pub(crate) type Built = (u64, Arc<Step>, StepStats);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use grandis_synth::SynthConfig;
     use grandis_wire::Sampling;
 
+    use crate::plan_context;
     use crate::setup::{in_train_split, labelled};
-    use crate::{plan_context, PartitionedGraph};
+    use crate::test_support::{random_2x2, synth};
 
     /// A server's part of a batched step is the whole step's plans of its ranks (the others'
     /// left empty) with the whole step's loss rows, and the servers' counts of their parts add
     /// up to the whole step's: cob and mb, sampled and exact.
     #[test]
     fn a_servers_part_of_a_step_is_its_share_of_the_whole() {
-        let ds = grandis_synth::generate_in_memory(&SynthConfig {
-            nodes: 500,
-            seed: 9,
-            ..SynthConfig::default()
-        })
-        .unwrap();
+        let ds = synth(500, 9);
         let view = ds.view();
-        let part = PartitionedGraph::partition(
-            &view,
-            true,
-            2,
-            2,
-            grandis_partition::PartitionMethod::Random,
-            2,
-        )
-        .unwrap();
+        let part = random_2x2(&view, 2);
         let layout = &part.layout;
         let ctx = plan_context(&view, &part).unwrap();
         let (flags, _) = labelled(&view, &part).unwrap();

@@ -1,7 +1,7 @@
 //! Link prediction in the distributed modes: FB and FLX (every k) reproduce `--mode single`'s
 //! link prediction — per-epoch losses and final embeddings within 1e-4 relative, dropout on —
-//! on random graphs with random layouts, every model; so does MB, seeded by edges, when one
-//! batch holds every supervision edge (exact closures); MB with fanout sampling trains and
+//! on random graphs with random layouts, every model, and so does MB, seeded by edges, when
+//! one batch holds every supervision edge (exact closures); MB with fanout sampling trains and
 //! is a function of its seed; the run reports its link scores; cob is refused with the
 //! rule's message.
 
@@ -12,12 +12,23 @@ use grandis_models::{ModelConfig, ModelKind};
 use grandis_parallel::{JobSpec, Machine, Mode, ParallelOptions, PartitionedGraph};
 use grandis_store::{DatasetView, EdgeSplitOptions, InMemoryDataset, LinkSplit};
 use grandis_trainer::{LinkDecoder, Objective, TrainOptions};
+use grandis_wire::Sampling;
 use proptest::prelude::*;
 
 /// `random_dataset`'s graph made symmetric or not, its edges split for link prediction
 /// (validation and test edges out of the message-passing graph), no labels.
 fn link_dataset(seed: u64, n: usize, degree: usize, f: usize) -> (InMemoryDataset, LinkSplit) {
-    let ds = random_dataset(seed, n, n * degree, f, 2);
+    let (ds, mut split) = held_out(random_dataset(seed, n, n * degree, f, 2), seed);
+    // Negatives drawn among the training edges' destinations' range, as a typed relation's
+    // are (every mode must draw the same ones).
+    let first = split.train.chunks_exact(2).map(|p| p[1]).min().unwrap();
+    split.destinations = Some((first, n as u32));
+    (ds, split)
+}
+
+/// `ds` with a tenth of its edges held out for validation and a tenth for testing (3
+/// negatives each), no labels.
+fn held_out(ds: InMemoryDataset, seed: u64) -> (InMemoryDataset, LinkSplit) {
     let symmetric = ds.graph.view().is_symmetric();
     let opts = EdgeSplitOptions {
         val: 0.1,
@@ -25,11 +36,8 @@ fn link_dataset(seed: u64, n: usize, degree: usize, f: usize) -> (InMemoryDatase
         negatives: 3,
         seed,
     };
-    let (graph, mut split) = grandis_store::split_edges(ds.graph.view(), symmetric, &opts).unwrap();
-    // Negatives drawn among the training edges' destinations' range, as a typed relation's
-    // are (every mode must draw the same ones).
-    let first = split.train.chunks_exact(2).map(|p| p[1]).min().unwrap();
-    split.destinations = Some((first, n as u32));
+    let (graph, split) = grandis_store::split_edges(ds.graph.view(), symmetric, &opts).unwrap();
+    let n = ds.labels.len();
     (
         InMemoryDataset {
             graph,
@@ -80,6 +88,11 @@ fn check_link_exact(
     .expect("single's link scores");
     let mut runs = vec![(Mode::Fb, None)];
     runs.extend((0..=config.layers).map(|k| (Mode::Flx, Some(k))));
+    // Mode mb seeded by edges, one batch per device holding all its supervision edges and
+    // exact closures: each rank scores its edges and their negatives (mode single's draw),
+    // and the ranks' sums are single's epoch.
+    runs.push((Mode::Mb, None));
+    let every_edge = view.links.map_or(0, |l| l.train.len() / 2) as u32;
     for (mode, k) in runs {
         let what = format!(
             "link {} {mode} k={k:?} {}x{}",
@@ -87,8 +100,11 @@ fn check_link_exact(
             part.layout.servers(),
             part.layout.devices()
         );
-        let r =
-            parallel(view, part, config, opts, mode, k).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        let r = match mode {
+            Mode::Mb => mb_link(view, part, config, opts, every_edge, Sampling::None),
+            _ => parallel(view, part, config, opts, mode, k),
+        }
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
         let losses: Vec<f64> = r.train.epochs.iter().map(|s| s.loss).collect();
         assert_losses(&what, &losses, &reference.0, 1e-4);
         assert_close(&what, r.logits.as_ref().unwrap(), &reference.1, 1e-4);
@@ -186,7 +202,7 @@ fn mb_link(
     config: &ModelConfig,
     opts: &TrainOptions,
     batch: u32,
-    sampling: grandis_wire::Sampling,
+    sampling: Sampling,
 ) -> anyhow::Result<grandis_parallel::ParallelReport> {
     let popts = ParallelOptions {
         job: batched(Mode::Mb, batch, sampling),
@@ -199,72 +215,18 @@ fn mb_link(
     grandis_parallel::train(view, part, config.clone(), opts, &popts, &mut |_| {})
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
-
-    /// Mode mb seeded by edges, one batch per device holding all its supervision edges and
-    /// exact closures: each rank scores its edges and their negatives (mode single's draw),
-    /// and the ranks' sums are single's epoch, so losses, embeddings (the layer-wise
-    /// evaluation's) and scores are single's.
-    #[test]
-    fn mb_link_prediction_with_every_edge_in_one_batch_matches_single(
-        seed in 0u64..1_000_000,
-        n in 16usize..40,
-        degree in 2usize..5,
-        servers in 1usize..=2,
-        devices in 1usize..=2,
-        kind in 0usize..4,
-        mlp in proptest::bool::ANY,
-    ) {
-        let (ds, split) = link_dataset(seed, n, degree, 5);
-        let mut view = ds.view();
-        view.links = Some(split.view());
-        let part = random_partition(&view, servers, devices, seed);
-        let kind = [ModelKind::Sage, ModelKind::Gcn, ModelKind::ResSage, ModelKind::Gat][kind];
-        let config = link_config(&view, kind, 2);
-        let decoder = if mlp { LinkDecoder::Mlp } else { LinkDecoder::Dot };
-        let opts = link_opts(3, decoder);
-        let reference = single(view, &config, &opts);
-        let every_edge = (split.train.len() / 2) as u32;
-        let what = format!("mb link {kind:?} {servers}x{devices}");
-        let r = mb_link(view, &part, &config, &opts, every_edge, grandis_wire::Sampling::None)
-            .unwrap_or_else(|e| panic!("{what}: {e:#}"));
-        let losses: Vec<f64> = r.train.epochs.iter().map(|s| s.loss).collect();
-        assert_losses(&what, &losses, &reference.0, 1e-4);
-        assert_close(&what, r.logits.as_ref().unwrap(), &reference.1, 1e-4);
-        prop_assert!(r.train.link.is_some(), "{}: link scores in the report", what);
-    }
-}
-
 /// Mode mb with fanout sampling and small edge batches: several steps an epoch, the loss
 /// falls, validation AUC beats chance, and the run is a function of its seed (the same
 /// losses again, whatever the number of plan threads).
 #[test]
 fn mb_link_prediction_with_fanout_sampling_trains_deterministically() {
     // Planted classes, homophilous edges and features that carry the class: links to learn.
-    let ds = grandis_synth::generate_in_memory(&grandis_synth::SynthConfig {
+    let planted = grandis_synth::SynthConfig {
         nodes: 300,
-        avg_degree: 8.0,
-        features: 8,
-        classes: 4,
-        homophily: 0.9,
         signal: 3.0,
-        seed: 11,
         ..Default::default()
-    })
-    .unwrap();
-    let (graph, split) = grandis_store::split_edges(
-        ds.graph.view(),
-        true,
-        &EdgeSplitOptions {
-            val: 0.1,
-            test: 0.1,
-            negatives: 3,
-            seed: 11,
-        },
-    )
-    .unwrap();
-    let ds = InMemoryDataset { graph, ..ds };
+    };
+    let (ds, split) = held_out(grandis_synth::generate_in_memory(&planted).unwrap(), 11);
     let mut view = ds.view();
     view.links = Some(split.view());
     let part = random_partition(&view, 2, 2, 11);
@@ -276,7 +238,7 @@ fn mb_link_prediction_with_fanout_sampling_trains_deterministically() {
         lr: 0.02,
         ..link_opts(12, LinkDecoder::Dot)
     };
-    let fanouts = grandis_wire::Sampling::Fanout {
+    let fanouts = Sampling::Fanout {
         fanouts: vec![3, 2],
     };
     let r = mb_link(view, &part, &config, &opts, 16, fanouts.clone())

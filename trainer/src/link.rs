@@ -72,12 +72,8 @@ pub fn corrupt_destinations(
     seed: u64,
     epoch: u64,
 ) -> Vec<u32> {
-    let draw = Corruption::new(k, destinations, seed, epoch);
-    let mut out = Vec::with_capacity(pos.len() * k as usize);
-    for (i, p) in pos.chunks_exact(2).enumerate() {
-        draw.extend(&mut out, i, p);
-    }
-    out
+    let every: Vec<u32> = (0..(pos.len() / 2) as u32).collect();
+    corrupt_destinations_at(pos, &every, k, destinations, seed, epoch)
 }
 
 /// [`corrupt_destinations`]' negatives of the supervision positives at `indices` alone (a
