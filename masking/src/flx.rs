@@ -246,6 +246,16 @@ fn scan_sampled_hop(
     next
 }
 
+/// Where an extraction puts its targets.
+#[derive(Debug, Clone, Copy)]
+enum Placement {
+    /// Over the server's devices: its own vertices on their layout devices, and with
+    /// `foreign` another server's on the least loaded device.
+    Server { foreign: bool },
+    /// Everything on device `d` (a standalone device plan).
+    Device(usize),
+}
+
 impl<'a> PlanContext<'a> {
     /// Builds the FB plan.
     pub fn fb_plan(&self) -> Result<FbPlan> {
@@ -320,6 +330,18 @@ impl<'a> PlanContext<'a> {
     /// that keep the edge), and exchanges stay inside the server. See [`crate::extract`] for
     /// levels and masks on sampled graphs.
     pub fn extract_plan(&self, specs: &[ExtractionSpec]) -> Result<FlxPlan> {
+        self.extract_servers(specs, false)
+    }
+
+    /// [`Self::extract_plan`] for co-batches seeded by edges (link prediction): a server's
+    /// targets are the ends of its supervision pairs, which other servers may own; such a
+    /// target is placed on the least loaded of the server's devices (replicated there, a
+    /// level-0 row like the server's own, which stay on their layout devices).
+    pub fn extract_pairs_plan(&self, specs: &[ExtractionSpec]) -> Result<FlxPlan> {
+        self.extract_servers(specs, true)
+    }
+
+    fn extract_servers(&self, specs: &[ExtractionSpec], foreign: bool) -> Result<FlxPlan> {
         let layout = self.layout();
         if specs.len() != layout.servers() {
             return Err(MaskingError::Spec(format!(
@@ -345,7 +367,7 @@ impl<'a> PlanContext<'a> {
         }
         let per_server = specs
             .par_iter()
-            .map(|spec| self.extract_server(spec, None))
+            .map(|spec| self.extract_server(spec, Placement::Server { foreign }))
             .collect::<Result<Vec<_>>>()?;
         let mut servers = Vec::with_capacity(per_server.len());
         let mut devices = Vec::with_capacity(layout.num_ranks());
@@ -377,7 +399,7 @@ impl<'a> PlanContext<'a> {
                 self.layout().devices()
             )));
         }
-        let (_, mut plans) = self.extract_server(spec, Some(device))?;
+        let (_, mut plans) = self.extract_server(spec, Placement::Device(device))?;
         plans
             .pop()
             .ok_or_else(|| MaskingError::Internal("single-device extraction built no plan".into()))
@@ -401,8 +423,8 @@ impl<'a> PlanContext<'a> {
     }
 
     /// `placed`: the targets stay on their layout devices (a server's masked plan), so each
-    /// must be `spec.server`'s; a standalone device plan owns whatever it reads, and its
-    /// targets (a mini-batch seeded by edges: their ends) may be any vertices.
+    /// must be `spec.server`'s; otherwise (a standalone device plan, which owns whatever it
+    /// reads, or co-batches seeded by edges) they may be any vertices.
     fn validate_spec(&self, spec: &ExtractionSpec, placed: bool) -> Result<()> {
         let layout = self.layout();
         let s = spec.server;
@@ -490,11 +512,16 @@ impl<'a> PlanContext<'a> {
     fn extract_server(
         &self,
         spec: &ExtractionSpec,
-        single: Option<usize>,
+        placement: Placement,
     ) -> Result<(ServerExtraction, Vec<DevicePlan>)> {
-        self.validate_spec(spec, single.is_none())?;
+        let (single, foreign) = match placement {
+            Placement::Server { foreign } => (None, foreign),
+            Placement::Device(d) => (Some(d), true),
+        };
+        self.validate_spec(spec, !foreign)?;
         let layout = self.layout();
         let server = spec.server;
+        let own = layout.server_range(server);
         let k = spec.hops;
         let rows = match &spec.edges {
             Edges::Exact => RowSource::Exact(self.graph()),
@@ -526,8 +553,11 @@ impl<'a> PlanContext<'a> {
         for (&v, &t) in targets.iter().zip(&spec.targets) {
             let g = if single.is_some() {
                 0
-            } else {
+            } else if own.contains(&t) {
                 layout.device_of(t)
+            } else {
+                // Another server's vertex (an end of a pair): the least loaded device.
+                (0..g_count).min_by_key(|&g| (loads[g], g)).unwrap_or(0)
             };
             reached.insert_new(v, 0);
             reached.set_device(v, g as u16);

@@ -180,7 +180,14 @@ pub(crate) fn decide<'s>(
         }
         (Mode::Cob, s) => {
             let b = batch_size()?;
-            let batcher = CoBatcher::new(ctx, b, seed)?;
+            // A link job's co-batches are supervision edges, each on its source's server.
+            let (batcher, what) = match inputs.link {
+                Some(seeds) => (
+                    CoBatcher::for_edges(ctx, &seeds.sources(), b, seed)?,
+                    " supervision edges",
+                ),
+                None => (CoBatcher::new(ctx, b, seed)?, ""),
+            };
             let (sampler, sampling) = match s {
                 Sampling::Saint { .. } => {
                     let saint = grandis_sampling::saint_sampler(&popts.job.sampling, b, seed)
@@ -191,8 +198,8 @@ pub(crate) fn decide<'s>(
                 _ => (CobSampler::Deps(needs_sampler()?), sampler_name),
             };
             let choice = batching(format!(
-                "cooperative batching: co-batches of at most {b} per server, {} iterations per \
-                 epoch, every layer masked",
+                "cooperative batching: co-batches of at most {b}{what} per server, {} iterations \
+                 per epoch, every layer masked",
                 batcher.iterations()
             ));
             Ok(Decision {

@@ -269,3 +269,83 @@ impl LinkBatch {
         Ok((mean * pairs as f64, dz, decoder_grad))
     }
 }
+
+/// Where a rank sits in a co-batch step: its server, and its device of `devices`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CobatchSeat {
+    pub server: usize,
+    pub device: usize,
+    pub devices: usize,
+}
+
+/// A co-batch step's binary cross-entropy (mode cob; `batches[server]`, every server's
+/// pairs), given this rank's inner rows `rows` of NEW ids `ids` (its share of its server's
+/// targets). The targets' embeddings are gathered by one all-reduce over the step's targets,
+/// laid out server after server; this rank scores its share of its server's pairs (its
+/// device's run of the positives, with their negatives); a second all-reduce sums the
+/// gradients of the embeddings. Returns this rank's loss sum, `d(step loss)/d(rows)` and its
+/// part of the decoder's gradient (the caller sums those over the ranks).
+pub(crate) fn cobatch_loss(
+    ep: &mut Endpoint,
+    batches: &[LinkBatch],
+    seat: CobatchSeat,
+    (ids, rows): (&[u32], &[f32]),
+    decoder: &Decoder,
+    tag_epoch: u32,
+) -> anyhow::Result<(f64, Vec<f32>, Vec<f32>)> {
+    let d = decoder.dim();
+    let targets: Vec<Vec<u32>> = batches.iter().map(LinkBatch::targets).collect();
+    let mut first = Vec::with_capacity(targets.len());
+    let mut total = 0usize;
+    for t in &targets {
+        first.push(total);
+        total += t.len();
+    }
+    let mine = targets
+        .get(seat.server)
+        .context("internal: a co-batch step without this server's pairs")?;
+    let at = |g: u32| -> anyhow::Result<usize> {
+        mine.binary_search(&g)
+            .map(|j| first[seat.server] + j)
+            .map_err(|_| anyhow::anyhow!("internal: vertex {g} is not a target of its co-batch"))
+    };
+    let mut z = vec![0f32; total * d];
+    let slots: Vec<usize> = ids.iter().map(|&g| at(g)).collect::<anyhow::Result<_>>()?;
+    for (&j, row) in slots.iter().zip(rows.chunks_exact(d.max(1))) {
+        z[j * d..(j + 1) * d].copy_from_slice(row);
+    }
+    ep.all_reduce_sum(&mut z, Tag::other(tag_epoch, GATHER_LAYER))
+        .context("gathering the co-batches' embeddings for the link decoder")?;
+    // This rank's run of its server's positives, and their negatives.
+    let batch = &batches[seat.server];
+    let positives = batch.pos.len() / 2;
+    let k = batch.neg.len() / batch.pos.len().max(1);
+    let devices = seat.devices.max(1);
+    let run = positives * seat.device / devices..positives * (seat.device + 1) / devices;
+    let local = |pairs: &[u32]| -> anyhow::Result<Vec<u32>> {
+        pairs.iter().map(|&g| at(g).map(|j| j as u32)).collect()
+    };
+    let pos = local(&batch.pos[2 * run.start..2 * run.end])?;
+    let neg = local(&batch.neg[2 * k * run.start..2 * k * run.end])?;
+    let step_pairs: usize = batches.iter().map(LinkBatch::pairs).sum();
+    let scored = (pos.len() + neg.len()) / 2;
+    let mut dz = vec![0f32; total * d];
+    let mut decoder_grad = vec![0f32; decoder.num_params()];
+    let loss_sum = if scored == 0 {
+        0.0
+    } else {
+        let mean = decoder.bce(&z, &pos, &neg, &mut dz, &mut decoder_grad);
+        let share = scored as f32 / step_pairs.max(1) as f32;
+        for g in dz.iter_mut().chain(decoder_grad.iter_mut()) {
+            *g *= share;
+        }
+        mean * scored as f64
+    };
+    ep.all_reduce_sum(&mut dz, Tag::other(tag_epoch, GATHER_LAYER))
+        .context("summing the link decoder's gradient of the embeddings")?;
+    let mut grad = vec![0f32; rows.len()];
+    for (&j, out) in slots.iter().zip(grad.chunks_exact_mut(d.max(1))) {
+        out.copy_from_slice(&dz[j * d..(j + 1) * d]);
+    }
+    Ok((loss_sum, grad, decoder_grad))
+}

@@ -41,9 +41,8 @@ pub(crate) struct Step {
     /// Labelled training rows that are loss rows of some rank in this step (link prediction:
     /// the pairs the step scores over every rank).
     pub targets: usize,
-    /// A link job's mini-batch step: `link[rank]`, the pairs rank `rank` scores (empty for
-    /// the ranks another process runs, and in every other step).
-    pub link: Vec<LinkBatch>,
+    /// A link job's batched step: the pairs each rank or server scores.
+    pub link: StepPairs,
     /// (rank, input) the producer prepared for ranks run here; each is taken once.
     prepared: Mutex<Vec<(usize, HostInput)>>,
 }
@@ -53,7 +52,7 @@ impl Step {
         Step {
             plans,
             targets,
-            link: Vec::new(),
+            link: StepPairs::None,
             prepared: Mutex::default(),
         }
     }
@@ -78,6 +77,20 @@ impl Step {
             .lock()
             .is_ok_and(|p| p.iter().any(|(r, _)| *r == rank))
     }
+}
+
+/// A link job's pairs in a batched step (every group's, also where another process builds
+/// the group's plans: they are a cheap draw, and co-batches lay out their gathered
+/// embeddings by every server's).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum StepPairs {
+    /// Not a link job's batched step.
+    #[default]
+    None,
+    /// Mode mb: `[rank]`, each rank's batch, over its own targets.
+    Ranks(Vec<LinkBatch>),
+    /// Mode cob: `[server]`, each server's co-batch, whose targets its devices share.
+    Servers(Vec<LinkBatch>),
 }
 
 /// Which part of each step this process builds and counts.
@@ -379,6 +392,7 @@ fn masked_step(
     inputs: &StepInputs<'_>,
     plan: FlxPlan,
     targets: Option<usize>,
+    link: StepPairs,
 ) -> (Arc<Step>, StepStats) {
     let part = inputs.step_part;
     let beta = betas(inputs.ctx, &plan, part);
@@ -396,7 +410,7 @@ fn masked_step(
         beta,
         est.devices.iter().map(|d| d.total).collect(),
         targets,
-        Vec::new(),
+        link,
     );
     stats.replicated = replicated;
     (step, stats)
@@ -420,7 +434,7 @@ fn finish(
     beta: Vec<f64>,
     mut model_bytes: Vec<u64>,
     targets: Option<usize>,
-    link: Vec<LinkBatch>,
+    link: StepPairs,
 ) -> (Arc<Step>, StepStats) {
     let layout = inputs.ctx.layout();
     let mut stats = count(layout, &plans, inputs.dims.layers, inputs.step_part);
@@ -467,7 +481,7 @@ pub(crate) fn static_step(
     let flx: Option<Vec<Arc<DevicePlan>>> =
         flx_devices.map(|v| v.into_iter().map(Arc::new).collect());
     let plans = layered_plans(&fb, flx.as_deref(), k, layers);
-    finish(inputs, plans, beta, model_bytes, None, Vec::new())
+    finish(inputs, plans, beta, model_bytes, None, StepPairs::None)
 }
 
 /// Every rank's per-layer plans of a full-batch step: its FLX plan for layers `< k` (when
@@ -523,7 +537,7 @@ pub(crate) fn build_step(
                 .collect();
             let flx: Vec<Arc<DevicePlan>> = flx.devices.into_iter().map(Arc::new).collect();
             let plans = layered_plans(fb, Some(&flx), *k, layers);
-            let (step, mut stats) = finish(inputs, plans, beta, model_bytes, None, Vec::new());
+            let (step, mut stats) = finish(inputs, plans, beta, model_bytes, None, StepPairs::None);
             stats.replicated = replicated;
             Ok((round, step, stats))
         }
@@ -533,7 +547,7 @@ pub(crate) fn build_step(
         } => {
             let round = round_of(epoch, it, batcher.iterations());
             let plan = s.plan(ctx, layers, round)?;
-            let (step, stats) = masked_step(inputs, plan, None);
+            let (step, stats) = masked_step(inputs, plan, None, StepPairs::None);
             Ok((round, step, stats))
         }
         Schedule::Cob { .. } | Schedule::Mb { .. } => {
@@ -544,7 +558,7 @@ pub(crate) fn build_step(
             let round = round_of(epoch, it, batches.iterations());
             let batch = batches.batch(epoch, it)?;
             let plan = batches.plan(ctx, &batch, layers)?;
-            let (step, stats) = masked_step(inputs, plan, None);
+            let (step, stats) = masked_step(inputs, plan, None, StepPairs::None);
             Ok((round, step, stats))
         }
     }
@@ -560,8 +574,8 @@ pub(crate) struct SampledStep {
     per_rank: bool,
     /// Loss rows of the whole step (every server's or rank's batch; a link job's: its pairs).
     targets: usize,
-    /// A link job's mini-batch: every rank's pairs (empty for the ranks built elsewhere).
-    link: Vec<LinkBatch>,
+    /// A link job's pairs.
+    link: StepPairs,
 }
 
 impl SampledStep {
@@ -601,11 +615,11 @@ pub(crate) fn sample_step(
     };
     let round = round_of(epoch, it, n);
     let layout = ctx.layout();
-    // A link job's mini-batches hold supervision edges: their pairs (mode single's draw of
+    // A link job's batches hold supervision edges: their pairs (mode single's draw of
     // negatives for epoch `epoch + 1`, as the ranks count epochs) and, as the targets, the
     // pairs' ends.
-    let mut link: Vec<LinkBatch> = match inputs.link {
-        Some(seeds) if per_rank => {
+    let link: Vec<LinkBatch> = match inputs.link {
+        Some(seeds) => {
             let pairs: Vec<LinkBatch> = batch
                 .iter()
                 .map(|edges| seeds.batch(edges, epoch + 1))
@@ -615,18 +629,19 @@ pub(crate) fn sample_step(
             }
             pairs
         }
-        _ => Vec::new(),
+        None => Vec::new(),
     };
     // Every batch is a batcher's cheap draw: the loss rows of the whole step come from them,
-    // and only this process's part is sampled (the others' batches are emptied).
-    let targets = if link.is_empty() {
+    // and only this process's part is sampled (the others' batches are emptied; their pairs
+    // are kept, see `StepPairs`).
+    let targets = if inputs.link.is_some() {
+        link.iter().map(LinkBatch::pairs).sum()
+    } else {
         batch
             .iter()
             .flatten()
             .filter(|&&g| (inputs.labelled_train)(g))
             .count()
-    } else {
-        link.iter().map(LinkBatch::pairs).sum()
     };
     for (i, b) in batch.iter_mut().enumerate() {
         let server = if per_rank {
@@ -636,11 +651,13 @@ pub(crate) fn sample_step(
         };
         if !part.has_server(server) {
             b.clear();
-            if let Some(pairs) = link.get_mut(i) {
-                *pairs = LinkBatch::default();
-            }
         }
     }
+    let link = match (inputs.link, per_rank) {
+        (None, _) => StepPairs::None,
+        (Some(_), true) => StepPairs::Ranks(link),
+        (Some(_), false) => StepPairs::Servers(link),
+    };
     let specs = if per_rank {
         grandis_sampling::mb_specs(ctx, &batch, layers, sampler, round)
     } else {
@@ -670,8 +687,12 @@ pub(crate) fn plan_step(
     } = sampled;
     let (ctx, dims) = (inputs.ctx, inputs.dims);
     if !per_rank {
-        let plan = ctx.extract_plan(&specs)?;
-        let (step, stats) = masked_step(inputs, plan, Some(targets));
+        // A co-batch seeded by edges has the ends of its pairs as targets, wherever they live.
+        let plan = match link {
+            StepPairs::Servers(_) => ctx.extract_pairs_plan(&specs)?,
+            _ => ctx.extract_plan(&specs)?,
+        };
+        let (step, stats) = masked_step(inputs, plan, Some(targets), link);
         return Ok((round, step, stats));
     }
     let devices = grandis_sampling::mb_device_plans(ctx, &specs)?;

@@ -102,9 +102,9 @@ pub(crate) fn train_ranks(
         _ => StepPart::All,
     };
     let labelled_train = |g: u32| in_train_split(&labelled_flags, g);
-    // A link job's mini-batches are seeded by its supervision edges.
+    // A link job's batches (mb, cob) are seeded by its supervision edges.
     let link_seeds = match (&link, popts.job.mode) {
-        (Some(task), grandis_wire::Mode::Mb) => Some(LinkSeeds {
+        (Some(task), grandis_wire::Mode::Mb | grandis_wire::Mode::Cob) => Some(LinkSeeds {
             task: *task,
             old_to_new: crate::setup::old_to_new(part),
             seed: opts.seed,

@@ -22,13 +22,13 @@ use grandis_wire::LinkSummary;
 
 use crate::feed::Feed;
 use crate::fetch::{Ahead, AsksAhead, SETUP_EPOCH};
-use crate::link_task::LinkTask;
+use crate::link_task::{cobatch_loss, CobatchSeat, LinkTask};
 use crate::links::{Arrived, RankLinks};
 use crate::metered::Meter;
 use crate::runtime::{ctx, encoder_ctx, BlockRt, Rt};
 use crate::shared::{EvalOn, Shared};
 use crate::stale::{StaleCounts, StaleHalo};
-use crate::steps::{RunStats, Step};
+use crate::steps::{RunStats, Step, StepPairs};
 
 mod exchange;
 
@@ -438,8 +438,9 @@ impl<'w, B: Backend> Worker<'w, B> {
         // Logits exist for the last layer's valid rows only (the inner rows come first).
         let n = self.blk(self.rt.layers.len() - 1).rows.n_dst;
         let mut grad = b.alloc(n * classes)?;
-        let (loss_sum, targets) = match &sh.link {
-            None => {
+        let current = self.step.clone();
+        let (loss_sum, targets) = match (&sh.link, &current.link) {
+            (None, _) => {
                 // A step whose co-batches hold no labelled vertex has no loss; avoid 0 / 0.
                 let normalizer = targets.max(1) as f32;
                 let loss_sum = b.cross_entropy(
@@ -453,24 +454,34 @@ impl<'w, B: Backend> Worker<'w, B> {
                 )?;
                 (loss_sum, targets)
             }
-            Some(_) if !self.step.link.is_empty() => {
-                // A mini-batch of supervision edges: this rank's pairs over its targets'
+            (Some(_), StepPairs::Ranks(_) | StepPairs::Servers(_)) => {
+                // A batch of supervision edges: this rank's pairs over its targets'
                 // embeddings (its plan's inner rows), its share of the step's mean.
                 let last = self.plan(self.rt.layers.len() - 1).clone();
                 let mut mine = vec![0f32; last.n_inner * classes];
                 b.download(&logits, 0, &mut mine)?;
-                let batch = self
-                    .step
-                    .link
-                    .get(self.ep.rank())
-                    .context("internal: a link step without this rank's pairs")?;
-                let (loss_sum, dz, mut decoder_grad) = batch.loss(
-                    (&last.global_ids[..last.n_inner], &mine),
-                    self.decoder
-                        .as_ref()
-                        .context("internal: link prediction without a decoder")?,
-                    targets,
-                )?;
+                let ids = &last.global_ids[..last.n_inner];
+                let decoder = self
+                    .decoder
+                    .as_ref()
+                    .context("internal: link prediction without a decoder")?;
+                let (loss_sum, dz, mut decoder_grad) = match &current.link {
+                    StepPairs::Servers(batches) => {
+                        let layout = sh.layout;
+                        let rank = self.ep.rank();
+                        let seat = CobatchSeat {
+                            server: layout.server_of_rank(rank),
+                            device: layout.device_of_rank(rank),
+                            devices: layout.devices(),
+                        };
+                        cobatch_loss(&mut self.ep, batches, seat, (ids, &mine), decoder, e)?
+                    }
+                    StepPairs::Ranks(batches) => batches
+                        .get(self.ep.rank())
+                        .context("internal: a link step without this rank's pairs")?
+                        .loss((ids, &mine), decoder, targets)?,
+                    StepPairs::None => bail!("internal: a batched link step without pairs"),
+                };
                 // Each rank scored other pairs: the decoder's gradient is their sum.
                 if !decoder_grad.is_empty() {
                     self.ep
@@ -489,7 +500,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 b.upload_into(&mut grad, 0, &dz)?;
                 (loss_sum, targets)
             }
-            Some(task) => {
+            (Some(task), StepPairs::None) => {
                 // The rows past the inner ones (other ranks' vertices) carry no loss here:
                 // their owners back-propagate them.
                 let last = self.plan(self.rt.layers.len() - 1).clone();

@@ -1,9 +1,9 @@
 //! Link prediction in the distributed modes: FB and FLX (every k) reproduce `--mode single`'s
 //! link prediction — per-epoch losses and final embeddings within 1e-4 relative, dropout on —
 //! on random graphs with random layouts, every model, and so does MB, seeded by edges, when
-//! one batch holds every supervision edge (exact closures); MB with fanout sampling trains and
-//! is a function of its seed; the run reports its link scores; cob is refused with the
-//! rule's message.
+//! one batch holds every supervision edge (exact closures), and so does COB with one co-batch
+//! per server; both with fanout sampling train and are functions of their seed; the run
+//! reports its link scores; cluster batches are refused with the rule's message.
 
 mod common;
 
@@ -88,10 +88,10 @@ fn check_link_exact(
     .expect("single's link scores");
     let mut runs = vec![(Mode::Fb, None)];
     runs.extend((0..=config.layers).map(|k| (Mode::Flx, Some(k))));
-    // Mode mb seeded by edges, one batch per device holding all its supervision edges and
-    // exact closures: each rank scores its edges and their negatives (mode single's draw),
-    // and the ranks' sums are single's epoch.
-    runs.push((Mode::Mb, None));
+    // Modes mb and cob seeded by edges, one batch per device or server holding all its
+    // supervision edges and exact closures: each rank scores its edges and their negatives
+    // (mode single's draw), and the ranks' sums are single's epoch.
+    runs.extend([(Mode::Mb, None), (Mode::Cob, None)]);
     let every_edge = view.links.map_or(0, |l| l.train.len() / 2) as u32;
     for (mode, k) in runs {
         let what = format!(
@@ -101,7 +101,9 @@ fn check_link_exact(
             part.layout.devices()
         );
         let r = match mode {
-            Mode::Mb => mb_link(view, part, config, opts, every_edge, Sampling::None),
+            Mode::Mb | Mode::Cob => {
+                batched_link(view, part, config, opts, (mode, every_edge), Sampling::None)
+            }
             _ => parallel(view, part, config, opts, mode, k),
         }
         .unwrap_or_else(|e| panic!("{what}: {e:#}"));
@@ -195,17 +197,18 @@ fn every_model_fixed_case_with_per_epoch_scores() {
     }
 }
 
-/// A link job's mb run: mini-batches of `batch` supervision edges per device, `sampling`.
-fn mb_link(
+/// A link job's batched run (mode mb or cob): batches of `batch` supervision edges per
+/// device or server, `sampling`.
+fn batched_link(
     view: DatasetView<'_>,
     part: &PartitionedGraph,
     config: &ModelConfig,
     opts: &TrainOptions,
-    batch: u32,
+    (mode, batch): (Mode, u32),
     sampling: Sampling,
 ) -> anyhow::Result<grandis_parallel::ParallelReport> {
     let popts = ParallelOptions {
-        job: batched(Mode::Mb, batch, sampling),
+        job: batched(mode, batch, sampling),
         machine: Machine {
             threads_per_rank: Some(1),
             collect_logits: true,
@@ -215,11 +218,11 @@ fn mb_link(
     grandis_parallel::train(view, part, config.clone(), opts, &popts, &mut |_| {})
 }
 
-/// Mode mb with fanout sampling and small edge batches: several steps an epoch, the loss
-/// falls, validation AUC beats chance, and the run is a function of its seed (the same
+/// Modes mb and cob with fanout sampling and small edge batches: several steps an epoch, the
+/// loss falls, validation AUC beats chance, and the run is a function of its seed (the same
 /// losses again, whatever the number of plan threads).
 #[test]
-fn mb_link_prediction_with_fanout_sampling_trains_deterministically() {
+fn batched_link_prediction_with_fanout_sampling_trains_deterministically() {
     // Planted classes, homophilous edges and features that carry the class: links to learn.
     let planted = grandis_synth::SynthConfig {
         nodes: 300,
@@ -241,31 +244,35 @@ fn mb_link_prediction_with_fanout_sampling_trains_deterministically() {
     let fanouts = Sampling::Fanout {
         fanouts: vec![3, 2],
     };
-    let r = mb_link(view, &part, &config, &opts, 16, fanouts.clone())
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let losses: Vec<f64> = r.train.epochs.iter().map(|s| s.loss).collect();
-    assert!(
-        r.execution.iterations_per_epoch > 1,
-        "{}",
-        r.execution.iterations_per_epoch
-    );
-    assert!(losses[losses.len() - 1] < losses[0], "{losses:?}");
-    let scores = r.train.link.as_ref().expect("link scores");
-    assert!(scores.val.auc > 0.5, "{scores:?}");
-    let popts = ParallelOptions {
-        job: batched(Mode::Mb, 16, fanouts),
-        machine: Machine {
-            threads_per_rank: Some(1),
-            plan_threads: Some(3),
-            ..Machine::default()
-        },
-    };
-    let again = grandis_parallel::train(view, &part, config, &opts, &popts, &mut |_| {}).unwrap();
-    let again: Vec<f64> = again.train.epochs.iter().map(|s| s.loss).collect();
-    assert_eq!(losses, again);
+    for (mode, batch) in [(Mode::Mb, 16), (Mode::Cob, 32)] {
+        let r = batched_link(view, &part, &config, &opts, (mode, batch), fanouts.clone())
+            .unwrap_or_else(|e| panic!("{mode}: {e:#}"));
+        let losses: Vec<f64> = r.train.epochs.iter().map(|s| s.loss).collect();
+        assert!(
+            r.execution.iterations_per_epoch > 1,
+            "{mode}: {}",
+            r.execution.iterations_per_epoch
+        );
+        assert!(losses[losses.len() - 1] < losses[0], "{mode}: {losses:?}");
+        let scores = r.train.link.as_ref().expect("link scores");
+        assert!(scores.val.auc > 0.5, "{mode}: {scores:?}");
+        let popts = ParallelOptions {
+            job: batched(mode, batch, fanouts.clone()),
+            machine: Machine {
+                threads_per_rank: Some(1),
+                plan_threads: Some(3),
+                ..Machine::default()
+            },
+        };
+        let again =
+            grandis_parallel::train(view, &part, config.clone(), &opts, &popts, &mut |_| {})
+                .unwrap();
+        let again: Vec<f64> = again.train.epochs.iter().map(|s| s.loss).collect();
+        assert_eq!(losses, again, "{mode}");
+    }
 }
 
-/// Cooperative batching does not train link prediction yet: a clear refusal, not node
+/// Cluster batches do not train link prediction yet: a clear refusal, not node
 /// classification in its place.
 #[test]
 fn sampled_modes_refuse_link_prediction() {
@@ -276,7 +283,7 @@ fn sampled_modes_refuse_link_prediction() {
     let config = link_config(&view, ModelKind::Sage, 2);
     let p = ParallelOptions {
         job: JobSpec {
-            mode: Mode::Cob,
+            mode: Mode::Cluster,
             batch_size: Some(8),
             ..JobSpec::default()
         },

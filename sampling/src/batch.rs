@@ -107,6 +107,23 @@ fn train_lists(ctx: &PlanContext<'_>, per_rank: bool) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// The indices of the edges whose source (`sources[i]`, a new id) each rank owns (`[rank]`,
+/// ascending).
+fn edges_by_owner(ctx: &PlanContext<'_>, sources: &[u32]) -> Result<Vec<Vec<u32>>> {
+    let layout = ctx.layout();
+    let mut lists = vec![Vec::new(); layout.num_ranks()];
+    for (i, &u) in sources.iter().enumerate() {
+        if u >= layout.num_vertices() {
+            return Err(SamplingError::Config(format!(
+                "supervision edge {i}: source {u} is not a vertex (the graph has {})",
+                layout.num_vertices()
+            )));
+        }
+        lists[layout.owner(u)].push(i as u32);
+    }
+    Ok(lists)
+}
+
 /// Co-batches of every server, epoch by epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoBatcher {
@@ -119,6 +136,30 @@ impl CoBatcher {
     pub fn new(ctx: &PlanContext<'_>, batch_size: usize, seed: u64) -> Result<CoBatcher> {
         Ok(CoBatcher {
             epochs: Epochs::new(train_lists(ctx, false), batch_size, seed, 0xC0B)?,
+        })
+    }
+    /// Co-batches seeded by edges (link prediction): at most `batch_size` supervision edges
+    /// per server, each edge dealt to the server that owns its source (`sources[i]`, a new
+    /// id, is edge `i`'s). A co-batch holds edge indices instead of vertices.
+    pub fn for_edges(
+        ctx: &PlanContext<'_>,
+        sources: &[u32],
+        batch_size: usize,
+        seed: u64,
+    ) -> Result<CoBatcher> {
+        let layout = ctx.layout();
+        let by_rank = edges_by_owner(ctx, sources)?;
+        let lists = (0..layout.servers())
+            .map(|s| {
+                let mut edges: Vec<u32> = (0..layout.devices())
+                    .flat_map(|d| by_rank[layout.rank(s, d)].iter().copied())
+                    .collect();
+                edges.sort_unstable();
+                edges
+            })
+            .collect();
+        Ok(CoBatcher {
+            epochs: Epochs::new(lists, batch_size, seed, 0xC0B_ED6E)?,
         })
     }
     pub fn batch_size(&self) -> usize {
@@ -167,19 +208,8 @@ impl MiniBatcher {
         batch_size: usize,
         seed: u64,
     ) -> Result<MiniBatcher> {
-        let layout = ctx.layout();
-        let mut lists = vec![Vec::new(); layout.num_ranks()];
-        for (i, &u) in sources.iter().enumerate() {
-            if u >= layout.num_vertices() {
-                return Err(SamplingError::Config(format!(
-                    "supervision edge {i}: source {u} is not a vertex (the graph has {})",
-                    layout.num_vertices()
-                )));
-            }
-            lists[layout.owner(u)].push(i as u32);
-        }
         Ok(MiniBatcher {
-            epochs: Epochs::new(lists, batch_size, seed, 0x1ED6E)?,
+            epochs: Epochs::new(edges_by_owner(ctx, sources)?, batch_size, seed, 0x1ED6E)?,
         })
     }
     pub fn iterations(&self) -> usize {

@@ -57,18 +57,19 @@ pub enum Sampling {
 /// Why a job of `task` cannot train in mode `mode` with `sampling`, if it cannot: the one
 /// rule spec validation, the planner and the runner share. Link prediction trains in the
 /// exact modes (single, fb, flx without sampling, and auto, which then chooses among fb and
-/// flx) and in mode mb, whose mini-batches are seeded by supervision edges (PyG's
-/// `LinkNeighborLoader`), exact or with fanout sampling; cob, cluster and the other samplers
-/// batch by vertices, or trim by server, and do not take edge seeds yet.
+/// flx) and in modes mb and cob, whose batches are seeded by supervision edges (PyG's
+/// `LinkNeighborLoader`), exact or with fanout sampling; cluster batches and the other
+/// samplers (EAS trims at a server's boundary, SAINT samples subgraphs) do not take edge
+/// seeds yet.
 pub fn task_conflict(task: Task, mode: Mode, sampling: &Sampling) -> Option<String> {
     match (task, mode, sampling) {
         (Task::Node, _, _) => None,
         (Task::Link, Mode::Single | Mode::Fb | Mode::Flx | Mode::Auto, Sampling::None) => None,
-        (Task::Link, Mode::Mb, Sampling::None | Sampling::Fanout { .. }) => None,
+        (Task::Link, Mode::Mb | Mode::Cob, Sampling::None | Sampling::Fanout { .. }) => None,
         (Task::Link, _, _) => Some(format!(
             "link prediction trains in modes single, fb, flx and auto without sampling, and \
-             in mode mb without sampling or with fanout sampling, so far; not mode '{mode}' \
-             with sampling '{}'",
+             in modes mb and cob without sampling or with fanout sampling, so far; not mode \
+             '{mode}' with sampling '{}'",
             sampling.method()
         )),
     }
@@ -591,10 +592,11 @@ mod tests {
     }
 
     #[test]
-    fn link_prediction_trains_in_the_exact_modes_and_mb() {
+    fn link_prediction_trains_in_the_exact_modes_mb_and_cob() {
         for ok in [
             r#"{"dataset": "d", "task": "link", "mode": "fb"}"#,
             r#"{"dataset": "d", "task": "link", "mode": "mb", "batch_size": 64}"#,
+            r#"{"dataset": "d", "task": "link", "mode": "cob", "batch_size": 64}"#,
             r#"{"dataset": "d", "task": "link", "mode": "mb", "batch_size": 64, "sampling": {"method": "fanout", "fanouts": [10, 5]}}"#,
             r#"{"dataset": "d", "task": "link", "mode": "flx", "preload_hops": 1}"#,
             r#"{"dataset": "d", "task": "link", "mode": "auto", "device_memory": "1GiB"}"#,
@@ -605,7 +607,7 @@ mod tests {
                 .unwrap();
         }
         for doc in [
-            r#"{"dataset": "d", "task": "link", "mode": "cob", "batch_size": 8}"#,
+            r#"{"dataset": "d", "task": "link", "mode": "cob", "batch_size": 8, "sampling": "saint"}"#,
             r#"{"dataset": "d", "task": "link", "mode": "flx", "sampling": "eas"}"#,
             r#"{"dataset": "d", "task": "link", "mode": "auto", "sampling": "eas"}"#,
             r#"{"dataset": "d", "task": "link", "mode": "mb", "batch_size": 8, "sampling": "eas"}"#,

@@ -123,8 +123,8 @@ pub struct Execution {
     pub setup_fetch_bytes: LinkBytes,
     /// Link prediction: what the ranks all-reduce each step for the decoder — in the
     /// full-batch modes the output embeddings (so that each rank scores its share of the
-    /// pairs) and their gradient, and in every mode the MLP decoder's gradient (zero for
-    /// other tasks).
+    /// pairs) and their gradient, in cob the co-batches' targets' embeddings and their
+    /// gradient, and in every mode the MLP decoder's gradient (zero for other tasks).
     #[serde(default)]
     pub link_embedding_bytes_per_epoch: LinkBytes,
     pub time_split: TimeSplit,
