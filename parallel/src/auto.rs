@@ -266,9 +266,11 @@ pub fn plan_job(
     // One plan context (the graph's transpose, the splits) for the co-batch search and the
     // counting.
     let ctx = crate::plan_context(&view, part)?;
-    // A task that trains only the exact modes (link prediction) needs no co-batch.
+    // Link prediction is planned among the exact modes: the counts of a co-batch candidate
+    // are a node-classification co-batch's (vertices, not supervision edges), so its batched
+    // modes (mb, cob) are chosen by hand.
     let task = popts.job.task;
-    let exact_only = grandis_wire::task_conflict(task, Mode::Cob, &Sampling::None).is_some();
+    let exact_only = task == grandis_wire::Task::Link;
     let (batch, no_cobatch) = match popts.batch_size() {
         _ if exact_only => (0, Some(format!("a {task} job trains the exact modes only"))),
         Some(b) => (b, None),
