@@ -149,7 +149,8 @@ pub struct JobArgs {
     pub elastic: bool,
     /// Target vertices per iteration: per server for cob (and auto when it picks CoB; the
     /// default there is the largest that fits) and cluster (8 clusters of a eighth of it), per
-    /// device for mb, GraphSAINT's budget.
+    /// device for mb, GraphSAINT's budget. With --task link: supervision edges per device
+    /// (mb) or per server (cob).
     #[arg(long, visible_alias = "cobatch-size")]
     pub batch_size: Option<u32>,
     /// After training, predict every vertex by layer-wise inference across the ranks

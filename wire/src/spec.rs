@@ -189,8 +189,9 @@ pub struct JobSpec {
     pub mode: Mode,
     /// Hops preloaded per server (flx/cob/auto); absent = chosen by the memory model.
     pub preload_hops: Option<u32>,
-    /// Target vertices per batch (mb: per device, cob: per server, saint: the budget); absent =
-    /// [`defaults::BATCH_SIZE`] (saint: [`defaults::SAINT_ROOTS`] × (walk_length + 1)).
+    /// Target vertices per batch (mb: per device, cob: per server, saint: the budget; a link
+    /// job's: supervision edges); absent = [`defaults::BATCH_SIZE`] (saint:
+    /// [`defaults::SAINT_ROOTS`] × (walk_length + 1)).
     pub batch_size: Option<u32>,
     /// Sampling (default none).
     pub sampling: Sampling,
