@@ -42,8 +42,8 @@ pub(crate) struct LinkTask<'a> {
 /// bytes (`link_embedding_bytes_per_epoch`).
 pub(crate) const GATHER_LAYER: u32 = 0x4C49_4E4B;
 
-/// The layer number of a mini-batch step's decoder-gradient all-reduce ([`Tag::other`]):
-/// "LDEC" in ASCII.
+/// The layer number of the MLP decoder's gradient all-reduce in every mode ([`Tag::other`]):
+/// "LDEC" in ASCII, counted with [`GATHER_LAYER`]'s bytes.
 pub(crate) const DECODER_LAYER: u32 = 0x4C44_4543;
 
 /// A training step's loss over the whole embedding matrix.
@@ -51,7 +51,8 @@ pub(crate) struct LinkLoss {
     /// This rank's share of the loss sum (over the pairs it scored; the run all-reduces the
     /// shares).
     pub loss_sum: f64,
-    /// Positive and negative pairs scored (the loss is the sum over them, divided by this).
+    /// Positive and negative pairs the step scores over every rank (the loss is the sum over
+    /// them, divided by this).
     pub pairs: usize,
     /// `d(loss)/d(z)` of this rank's inner rows (`inner x d`, in their row order).
     pub grad: Vec<f32>,
@@ -175,7 +176,9 @@ pub(crate) struct LinkSeeds<'a> {
     pub seed: u64,
 }
 
-/// One rank's supervision pairs of a mini-batch step, in NEW ids, flattened `(u, v)` pairs.
+/// The supervision pairs of one rank's mini-batch (mb) or one server's co-batch (cob), in NEW
+/// ids, flattened `(u, v)` pairs; a positive's negatives follow each other in `neg`, the
+/// positives' order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct LinkBatch {
     pub pos: Vec<u32>,
