@@ -77,6 +77,109 @@ mod tests {
     use crate::{JobSpec, Machine};
     use grandis_fabric::{Fabric, FabricConfig};
 
+    /// `job` with one thread per rank.
+    fn one_thread(job: JobSpec) -> ParallelOptions {
+        ParallelOptions {
+            job,
+            machine: Machine {
+                threads_per_rank: Some(1),
+                ..Machine::default()
+            },
+        }
+    }
+
+    /// The two halves of a 2 x 2 in-process fabric, each running `train_server` on its own
+    /// thread (as two daemons would); every server's report, each checked to report the
+    /// losses its first device saw.
+    fn two_servers(
+        view: DatasetView<'_>,
+        part: &PartitionedGraph,
+        config: &ModelConfig,
+        opts: &TrainOptions,
+        popts: &ParallelOptions,
+    ) -> Vec<ParallelReport> {
+        let mut eps = Fabric::new(FabricConfig::new(2, 2))
+            .unwrap()
+            .into_endpoints();
+        let second: Vec<_> = eps.split_off(2);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = [eps, second]
+                .into_iter()
+                .map(|eps| {
+                    let config = config.clone();
+                    s.spawn(move || {
+                        let mut seen = Vec::new();
+                        let r = train_server(view, part, config, opts, popts, eps, &mut |e| {
+                            seen.push(e.loss)
+                        })
+                        .unwrap();
+                        let losses: Vec<f64> = r.train.epochs.iter().map(|e| e.loss).collect();
+                        assert_eq!(seen, losses, "every server's first device reports");
+                        r
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Link prediction's batched modes (edges dealt by their sources' servers, co-batch
+    /// targets on any server, their features asked for by id) and fb: two servers run apart
+    /// train as the in-process run does, to the same losses and scores.
+    #[test]
+    fn link_servers_run_separately_equal_the_in_process_run() {
+        let ds = synth(300, 2);
+        let options = grandis_store::EdgeSplitOptions {
+            val: 0.1,
+            test: 0.1,
+            negatives: 2,
+            seed: 2,
+        };
+        let (graph, split) = grandis_store::split_edges(ds.graph.view(), true, &options).unwrap();
+        let ds = grandis_store::InMemoryDataset { graph, ..ds };
+        let mut view = ds.view();
+        view.links = Some(split.view());
+        let part = random_2x2(&view, 4);
+        let config = ModelConfig {
+            classes: 6,
+            ..sage(&view, 8, 0.5, 3)
+        };
+        let opts = TrainOptions {
+            objective: grandis_trainer::Objective::Link {
+                negatives: 2,
+                decoder: grandis_wire::LinkDecoder::Mlp,
+            },
+            ..train_opts(2, 0.0, 3)
+        };
+        use grandis_wire::{Mode, Sampling};
+        let fanout = Sampling::Fanout {
+            fanouts: vec![4, 3],
+        };
+        for (mode, sampling, batch_size) in [
+            (Mode::Mb, fanout.clone(), Some(64)),
+            (Mode::Cob, fanout, Some(128)),
+            (Mode::Fb, Sampling::None, None),
+        ] {
+            let popts = one_thread(JobSpec {
+                mode,
+                sampling,
+                batch_size,
+                ..JobSpec::default()
+            });
+            let reference =
+                crate::train(view, &part, config.clone(), &opts, &popts, &mut |_| {}).unwrap();
+            let want = reference.train.link.as_ref().expect("link scores");
+            for r in two_servers(view, &part, &config, &opts, &popts) {
+                assert_eq!(r.train.epochs.len(), reference.train.epochs.len());
+                for (a, b) in r.train.epochs.iter().zip(&reference.train.epochs) {
+                    assert!((a.loss - b.loss).abs() < 1e-9, "{mode:?}: {a:?} vs {b:?}");
+                }
+                let got = r.train.link.as_ref().expect("link scores");
+                assert_eq!(got.test.auc, want.test.auc, "{mode:?}");
+            }
+        }
+    }
+
     /// Two "servers" of one process, each running `train_server` over its half of an
     /// in-process fabric's endpoints, reproduce `train` exactly: same losses and accuracies,
     /// and the two servers' byte counters add up to the in-process run's. In the batched
@@ -101,45 +204,16 @@ mod tests {
             (Mode::Cob, Sampling::None, Some(40)),
         ];
         for (mode, sampling, batch_size) in cases {
-            let popts = ParallelOptions {
-                job: JobSpec {
-                    mode,
-                    preload_hops: (mode == Mode::Flx).then_some(1),
-                    sampling,
-                    batch_size,
-                    ..JobSpec::default()
-                },
-                machine: Machine {
-                    threads_per_rank: Some(1),
-                    ..Machine::default()
-                },
-            };
+            let popts = one_thread(JobSpec {
+                mode,
+                preload_hops: (mode == Mode::Flx).then_some(1),
+                sampling,
+                batch_size,
+                ..JobSpec::default()
+            });
             let reference =
                 crate::train(view, &part, config.clone(), &opts, &popts, &mut |_| {}).unwrap();
-            let mut eps = Fabric::new(FabricConfig::new(2, 2))
-                .unwrap()
-                .into_endpoints();
-            let second: Vec<_> = eps.split_off(2);
-            let halves = [eps, second];
-            let reports: Vec<ParallelReport> = std::thread::scope(|s| {
-                let hs: Vec<_> = halves
-                    .into_iter()
-                    .map(|eps| {
-                        let (part, config, popts, opts) = (&part, config.clone(), &popts, &opts);
-                        s.spawn(move || {
-                            let mut seen = Vec::new();
-                            let r = train_server(view, part, config, opts, popts, eps, &mut |e| {
-                                seen.push(e.loss)
-                            })
-                            .unwrap();
-                            let losses: Vec<f64> = r.train.epochs.iter().map(|e| e.loss).collect();
-                            assert_eq!(seen, losses, "every server's first device reports");
-                            r
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).collect()
-            });
+            let reports = two_servers(view, &part, &config, &opts, &popts);
             for r in &reports {
                 assert_eq!(r.train.epochs.len(), reference.train.epochs.len());
                 for (a, b) in r.train.epochs.iter().zip(&reference.train.epochs) {
