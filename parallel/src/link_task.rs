@@ -46,6 +46,29 @@ pub(crate) const GATHER_LAYER: u32 = 0x4C49_4E4B;
 /// "LDEC" in ASCII, counted with [`GATHER_LAYER`]'s bytes.
 pub(crate) const DECODER_LAYER: u32 = 0x4C44_4543;
 
+/// Binary cross-entropy of the pairs `pos` and `neg` (rows of `z`) as their share of a step
+/// scoring `step_pairs` pairs over every rank: their loss sum, with `d(step loss)/dz` and
+/// `/d(decoder parameters)` added into `dz` and `decoder_grad` (summed over the ranks, they
+/// are the step's). The decoder averages over the pairs it is given; the step over all.
+fn share_of_bce(
+    decoder: &Decoder,
+    z: &[f32],
+    (pos, neg): (&[u32], &[u32]),
+    (dz, decoder_grad): (&mut [f32], &mut [f32]),
+    step_pairs: usize,
+) -> f64 {
+    let scored = (pos.len() + neg.len()) / 2;
+    if scored == 0 {
+        return 0.0;
+    }
+    let mean = decoder.bce(z, pos, neg, dz, decoder_grad);
+    let share = scored as f32 / step_pairs.max(1) as f32;
+    for g in dz.iter_mut().chain(decoder_grad.iter_mut()) {
+        *g *= share;
+    }
+    mean * scored as f64
+}
+
 /// A training step's loss over the whole embedding matrix.
 pub(crate) struct LinkLoss {
     /// This rank's share of the loss sum (over the pairs it scored; the run all-reduces the
@@ -56,7 +79,8 @@ pub(crate) struct LinkLoss {
     pub pairs: usize,
     /// `d(loss)/d(z)` of this rank's inner rows (`inner x d`, in their row order).
     pub grad: Vec<f32>,
-    /// `d(loss)/d(decoder parameters)`, summed over the ranks: the same on every rank.
+    /// This rank's part of `d(loss)/d(decoder parameters)` (the caller sums it over the
+    /// ranks).
     pub decoder_grad: Vec<f32>,
 }
 
@@ -91,7 +115,8 @@ impl LinkTask<'_> {
     /// [`link::corrupt_destinations`]'s for it, as in mode single), given this rank's inner
     /// rows `rows` of NEW ids `ids`. Each rank scores its share of the supervision edges (a
     /// contiguous run of them, with their negatives) over the gathered embeddings; one more
-    /// all-reduce sums the ranks' gradients of the embeddings, of which each keeps its rows.
+    /// all-reduce sums the ranks' gradients of the embeddings, of which each keeps its rows
+    /// (the decoder's own gradient is left to the caller to sum).
     pub fn loss(
         &self,
         ep: &mut Endpoint,
@@ -118,26 +143,17 @@ impl LinkTask<'_> {
             epoch as u64,
         );
         let pairs = edges * (1 + self.negatives as usize);
-        let scored = (pos.len() + neg.len()) / 2;
         let mut dz = vec![0f32; n * d];
         let mut decoder_grad = vec![0f32; decoder.num_params()];
-        let loss_sum = if scored == 0 {
-            0.0
-        } else {
-            let mean = decoder.bce(&z, pos, &neg, &mut dz, &mut decoder_grad);
-            // The decoder averages over this rank's pairs; the step over every rank's.
-            let share = scored as f32 / pairs.max(1) as f32;
-            for g in dz.iter_mut().chain(decoder_grad.iter_mut()) {
-                *g *= share;
-            }
-            mean * scored as f64
-        };
+        let loss_sum = share_of_bce(
+            decoder,
+            &z,
+            (pos, &neg),
+            (&mut dz, &mut decoder_grad),
+            pairs,
+        );
         ep.all_reduce_sum(&mut dz, Tag::other(epoch as u32, GATHER_LAYER))
             .context("summing the link decoder's gradient of the embeddings")?;
-        if !decoder_grad.is_empty() {
-            ep.all_reduce_sum(&mut decoder_grad, Tag::other(epoch as u32, DECODER_LAYER))
-                .context("the link decoder's gradient all-reduce")?;
-        }
         let mut grad = vec![0f32; rows.len()];
         for (&g, out) in ids.iter().zip(grad.chunks_exact_mut(d.max(1))) {
             let o = new_to_old[g as usize] as usize;
@@ -183,6 +199,9 @@ pub(crate) struct LinkSeeds<'a> {
 pub(crate) struct LinkBatch {
     pub pos: Vec<u32>,
     pub neg: Vec<u32>,
+    /// Every end of the pairs, sorted and distinct: the plan's targets (made once with the
+    /// batch; every rank of a co-batch step looks its rows up in every server's).
+    pub targets: Vec<u32>,
 }
 
 impl LinkSeeds<'_> {
@@ -217,7 +236,10 @@ impl LinkSeeds<'_> {
         for v in pos.iter_mut().chain(neg.iter_mut()) {
             *v = self.old_to_new[*v as usize];
         }
-        LinkBatch { pos, neg }
+        let mut targets: Vec<u32> = pos.iter().chain(&neg).copied().collect();
+        targets.sort_unstable();
+        targets.dedup();
+        LinkBatch { pos, neg, targets }
     }
 }
 
@@ -225,14 +247,6 @@ impl LinkBatch {
     /// Pairs scored (positives and negatives).
     pub fn pairs(&self) -> usize {
         (self.pos.len() + self.neg.len()) / 2
-    }
-
-    /// Every end of the batch's pairs, sorted and distinct: the plan's targets.
-    pub fn targets(&self) -> Vec<u32> {
-        let mut t: Vec<u32> = self.pos.iter().chain(&self.neg).copied().collect();
-        t.sort_unstable();
-        t.dedup();
-        t
     }
 
     /// The batch's binary cross-entropy over the embeddings `rows` of its targets (`ids`,
@@ -259,17 +273,14 @@ impl LinkBatch {
         let (pos, neg) = (local(&self.pos)?, local(&self.neg)?);
         let mut dz = vec![0f32; rows.len()];
         let mut decoder_grad = vec![0f32; decoder.num_params()];
-        let pairs = self.pairs();
-        if pairs == 0 {
-            return Ok((0.0, dz, decoder_grad));
-        }
-        let mean = decoder.bce(rows, &pos, &neg, &mut dz, &mut decoder_grad);
-        // The decoder averages over this batch's pairs; the step averages over all ranks'.
-        let share = pairs as f32 / step_pairs.max(1) as f32;
-        for g in dz.iter_mut().chain(decoder_grad.iter_mut()) {
-            *g *= share;
-        }
-        Ok((mean * pairs as f64, dz, decoder_grad))
+        let loss_sum = share_of_bce(
+            decoder,
+            rows,
+            (&pos, &neg),
+            (&mut dz, &mut decoder_grad),
+            step_pairs,
+        );
+        Ok((loss_sum, dz, decoder_grad))
     }
 }
 
@@ -297,16 +308,16 @@ pub(crate) fn cobatch_loss(
     tag_epoch: u32,
 ) -> anyhow::Result<(f64, Vec<f32>, Vec<f32>)> {
     let d = decoder.dim();
-    let targets: Vec<Vec<u32>> = batches.iter().map(LinkBatch::targets).collect();
-    let mut first = Vec::with_capacity(targets.len());
+    let mut first = Vec::with_capacity(batches.len());
     let mut total = 0usize;
-    for t in &targets {
+    for b in batches {
         first.push(total);
-        total += t.len();
+        total += b.targets.len();
     }
-    let mine = targets
+    let mine = &batches
         .get(seat.server)
-        .context("internal: a co-batch step without this server's pairs")?;
+        .context("internal: a co-batch step without this server's pairs")?
+        .targets;
     let at = |g: u32| -> anyhow::Result<usize> {
         mine.binary_search(&g)
             .map(|j| first[seat.server] + j)
@@ -331,19 +342,15 @@ pub(crate) fn cobatch_loss(
     let pos = local(&batch.pos[2 * run.start..2 * run.end])?;
     let neg = local(&batch.neg[2 * k * run.start..2 * k * run.end])?;
     let step_pairs: usize = batches.iter().map(LinkBatch::pairs).sum();
-    let scored = (pos.len() + neg.len()) / 2;
     let mut dz = vec![0f32; total * d];
     let mut decoder_grad = vec![0f32; decoder.num_params()];
-    let loss_sum = if scored == 0 {
-        0.0
-    } else {
-        let mean = decoder.bce(&z, &pos, &neg, &mut dz, &mut decoder_grad);
-        let share = scored as f32 / step_pairs.max(1) as f32;
-        for g in dz.iter_mut().chain(decoder_grad.iter_mut()) {
-            *g *= share;
-        }
-        mean * scored as f64
-    };
+    let loss_sum = share_of_bce(
+        decoder,
+        &z,
+        (&pos, &neg),
+        (&mut dz, &mut decoder_grad),
+        step_pairs,
+    );
     ep.all_reduce_sum(&mut dz, Tag::other(tag_epoch, GATHER_LAYER))
         .context("summing the link decoder's gradient of the embeddings")?;
     let mut grad = vec![0f32; rows.len()];

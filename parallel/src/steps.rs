@@ -132,7 +132,7 @@ pub(crate) struct StepInputs<'a> {
     /// Whether a vertex (new id) is a labelled training vertex: a loss row where it is a
     /// target.
     pub labelled_train: &'a (dyn Fn(u32) -> bool + Sync),
-    /// A link job's supervision edges, where its mini-batches are seeded by them (mode mb).
+    /// A link job's supervision edges, where its batches are seeded by them (modes mb, cob).
     pub link: Option<&'a LinkSeeds<'a>>,
 }
 
@@ -625,7 +625,7 @@ pub(crate) fn sample_step(
                 .map(|edges| seeds.batch(edges, epoch + 1))
                 .collect();
             for (b, p) in batch.iter_mut().zip(&pairs) {
-                *b = p.targets();
+                b.clone_from(&p.targets);
             }
             pairs
         }

@@ -454,9 +454,10 @@ impl<'w, B: Backend> Worker<'w, B> {
                 )?;
                 (loss_sum, targets)
             }
-            (Some(_), StepPairs::Ranks(_) | StepPairs::Servers(_)) => {
-                // A batch of supervision edges: this rank's pairs over its targets'
-                // embeddings (its plan's inner rows), its share of the step's mean.
+            (Some(task), pairs) => {
+                // This rank's targets' embeddings (its plan's inner rows; the rows past them,
+                // other ranks' vertices, carry no loss here: their owners back-propagate them),
+                // scored over its share of the step's pairs.
                 let last = self.plan(self.rt.layers.len() - 1).clone();
                 let mut mine = vec![0f32; last.n_inner * classes];
                 b.download(&logits, 0, &mut mine)?;
@@ -465,7 +466,8 @@ impl<'w, B: Backend> Worker<'w, B> {
                     .decoder
                     .as_ref()
                     .context("internal: link prediction without a decoder")?;
-                let (loss_sum, dz, mut decoder_grad) = match &current.link {
+                let (loss_sum, dz, mut decoder_grad, pairs) = match pairs {
+                    // A batch of supervision edges (mb: the rank's own; cob: its server's).
                     StepPairs::Servers(batches) => {
                         let layout = sh.layout;
                         let rank = self.ep.rank();
@@ -474,13 +476,28 @@ impl<'w, B: Backend> Worker<'w, B> {
                             device: layout.device_of_rank(rank),
                             devices: layout.devices(),
                         };
-                        cobatch_loss(&mut self.ep, batches, seat, (ids, &mine), decoder, e)?
+                        let (loss, dz, dg) =
+                            cobatch_loss(&mut self.ep, batches, seat, (ids, &mine), decoder, e)?;
+                        (loss, dz, dg, targets)
                     }
-                    StepPairs::Ranks(batches) => batches
-                        .get(self.ep.rank())
-                        .context("internal: a link step without this rank's pairs")?
-                        .loss((ids, &mine), decoder, targets)?,
-                    StepPairs::None => bail!("internal: a batched link step without pairs"),
+                    StepPairs::Ranks(batches) => {
+                        let (loss, dz, dg) = batches
+                            .get(self.ep.rank())
+                            .context("internal: a link step without this rank's pairs")?
+                            .loss((ids, &mine), decoder, targets)?;
+                        (loss, dz, dg, targets)
+                    }
+                    // The exact modes: every supervision edge, over the whole matrix.
+                    StepPairs::None => {
+                        let link = task.loss(
+                            &mut self.ep,
+                            sh.new_to_old,
+                            (ids, &mine),
+                            decoder,
+                            (sh.opts.seed, epoch),
+                        )?;
+                        (link.loss_sum, link.grad, link.decoder_grad, link.pairs)
+                    }
                 };
                 // Each rank scored other pairs: the decoder's gradient is their sum.
                 if !decoder_grad.is_empty() {
@@ -498,29 +515,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 // Not clipped, as in mode single.
                 decoder.adam_step(&decoder_grad, &sh.opts.adam(step, 1.0));
                 b.upload_into(&mut grad, 0, &dz)?;
-                (loss_sum, targets)
-            }
-            (Some(task), StepPairs::None) => {
-                // The rows past the inner ones (other ranks' vertices) carry no loss here:
-                // their owners back-propagate them.
-                let last = self.plan(self.rt.layers.len() - 1).clone();
-                let mut mine = vec![0f32; last.n_inner * classes];
-                b.download(&logits, 0, &mut mine)?;
-                let decoder = self
-                    .decoder
-                    .as_mut()
-                    .context("internal: link prediction without a decoder")?;
-                let link = task.loss(
-                    &mut self.ep,
-                    sh.new_to_old,
-                    (&last.global_ids[..last.n_inner], &mine),
-                    decoder,
-                    (sh.opts.seed, epoch),
-                )?;
-                // Not clipped, as in mode single.
-                decoder.adam_step(&link.decoder_grad, &sh.opts.adam(step, 1.0));
-                b.upload_into(&mut grad, 0, &link.grad)?;
-                (link.loss_sum, link.pairs)
+                (loss_sum, pairs)
             }
         };
         self.backward(e, train, &logits, tape, grad)?;
