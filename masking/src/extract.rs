@@ -466,7 +466,8 @@ pub struct ExtractionSpec {
     pub server: usize,
     /// Sorted, distinct; in a server's masked plan every target is owned by `server` in the
     /// layout (it stays on its layout device and is an inner row there); a standalone device
-    /// plan's may be any vertices (it owns all it reads).
+    /// plan's (it owns all it reads) and co-batches seeded by edges
+    /// (`PlanContext::extract_pairs_plan`) may be any vertices.
     pub targets: Vec<u32>,
     pub hops: usize,
     pub edges: Edges,

@@ -107,11 +107,16 @@ fn train_lists(ctx: &PlanContext<'_>, per_rank: bool) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// The indices of the edges whose source (`sources[i]`, a new id) each rank owns (`[rank]`,
-/// ascending).
-fn edges_by_owner(ctx: &PlanContext<'_>, sources: &[u32]) -> Result<Vec<Vec<u32>>> {
+/// The indices of the edges whose source (`sources[i]`, a new id) each group holds
+/// (`[group]`, ascending): the owning server's (`per_rank` false) or rank's.
+fn edges_by_owner(ctx: &PlanContext<'_>, sources: &[u32], per_rank: bool) -> Result<Vec<Vec<u32>>> {
     let layout = ctx.layout();
-    let mut lists = vec![Vec::new(); layout.num_ranks()];
+    let groups = if per_rank {
+        layout.num_ranks()
+    } else {
+        layout.servers()
+    };
+    let mut lists = vec![Vec::new(); groups];
     for (i, &u) in sources.iter().enumerate() {
         if u >= layout.num_vertices() {
             return Err(SamplingError::Config(format!(
@@ -119,7 +124,13 @@ fn edges_by_owner(ctx: &PlanContext<'_>, sources: &[u32]) -> Result<Vec<Vec<u32>
                 layout.num_vertices()
             )));
         }
-        lists[layout.owner(u)].push(i as u32);
+        let owner = layout.owner(u);
+        let group = if per_rank {
+            owner
+        } else {
+            layout.server_of_rank(owner)
+        };
+        lists[group].push(i as u32);
     }
     Ok(lists)
 }
@@ -147,19 +158,13 @@ impl CoBatcher {
         batch_size: usize,
         seed: u64,
     ) -> Result<CoBatcher> {
-        let layout = ctx.layout();
-        let by_rank = edges_by_owner(ctx, sources)?;
-        let lists = (0..layout.servers())
-            .map(|s| {
-                let mut edges: Vec<u32> = (0..layout.devices())
-                    .flat_map(|d| by_rank[layout.rank(s, d)].iter().copied())
-                    .collect();
-                edges.sort_unstable();
-                edges
-            })
-            .collect();
         Ok(CoBatcher {
-            epochs: Epochs::new(lists, batch_size, seed, 0xC0B_ED6E)?,
+            epochs: Epochs::new(
+                edges_by_owner(ctx, sources, false)?,
+                batch_size,
+                seed,
+                0xC0B_ED6E,
+            )?,
         })
     }
     pub fn batch_size(&self) -> usize {
@@ -209,7 +214,12 @@ impl MiniBatcher {
         seed: u64,
     ) -> Result<MiniBatcher> {
         Ok(MiniBatcher {
-            epochs: Epochs::new(edges_by_owner(ctx, sources)?, batch_size, seed, 0x1ED6E)?,
+            epochs: Epochs::new(
+                edges_by_owner(ctx, sources, true)?,
+                batch_size,
+                seed,
+                0x1ED6E,
+            )?,
         })
     }
     pub fn iterations(&self) -> usize {
