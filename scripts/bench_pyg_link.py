@@ -4,7 +4,7 @@
 split's link_*.npy pairs): a GCNConv or SAGEConv encoder (ReLU between layers, dropout at
 --dropout), a dot-product decoder, Adam, binary cross-entropy over the training positives and
 as many negatives per epoch from torch_geometric.utils.negative_sampling. The adjacency is
-PyG's fastest CPU input, a CSR `adj_t`. After the last epoch it scores the exported
+PyG's fastest CPU input, a CSR `adj_t` (on --device cuda:N, the same on that GPU). After the last epoch it scores the exported
 validation and test positives against their negatives (AUC, ties counting half; the test
 edges' MRR and Hits@10/50 with OGB's evaluator semantics, as grandis scores them) and prints
 one JSON line: val_auc, test_auc, test_mrr, test_hits_at_10, test_hits_at_50, median_epoch_s, epoch_seconds (the first epoch is warm-up,
@@ -72,6 +72,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--embedding-dim", type=int, default=0)
     ap.add_argument("--decoder", choices=["dot", "mlp"], default="dot")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu or cuda:N: where the model, the graph and the features live")
     ap.add_argument("--train-negatives", choices=["pyg", "corrupt"], default="pyg",
                     help="pyg: negative_sampling (random pairs avoiding edges, the example's); "
                          "corrupt: each training edge's source with a uniform destination, as "
@@ -87,7 +89,9 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    load = lambda name: torch.from_numpy(np.load(os.path.join(args.dir, name)))
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    load = lambda name: torch.from_numpy(np.load(os.path.join(args.dir, name))).to(dev)
     x = load("x.npy")
     edge_index = load("edge_index.npy")
     train_pos = load("link_train.npy")
@@ -96,18 +100,18 @@ def main():
 
     emb = None
     if args.embedding_dim > 0:
-        emb = torch.nn.Embedding(n, args.embedding_dim, sparse=True)
+        emb = torch.nn.Embedding(n, args.embedding_dim, sparse=True).to(dev)
         emb_opt = torch.optim.SparseAdam(emb.parameters(), lr=args.lr)
     dims = [x.shape[1] + args.embedding_dim] + [args.hidden] * (args.layers - 1) + [args.out_dim]
     conv = (lambda i: GCNConv(dims[i], dims[i + 1])) if args.model == "gcn" else (
         lambda i: SAGEConv(dims[i], dims[i + 1], aggr="mean"))
-    convs = torch.nn.ModuleList(conv(i) for i in range(args.layers))
+    convs = torch.nn.ModuleList(conv(i) for i in range(args.layers)).to(dev)
     # The MLP decoder of PyG's link examples: Linear(d, d), ReLU, Linear(d, 1) on z_u * z_v.
     mlp = None
     params = list(convs.parameters())
     if args.decoder == "mlp":
         d = args.out_dim
-        mlp = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, 1))
+        mlp = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, 1)).to(dev)
         params += list(mlp.parameters())
     opt = torch.optim.Adam(params, lr=args.lr, weight_decay=args.weight_decay)
 
@@ -115,7 +119,7 @@ def main():
         h = z[pairs[0]] * z[pairs[1]]
         return h.sum(dim=-1) if mlp is None else mlp(h).squeeze(-1)
 
-    every = torch.arange(n)
+    every = torch.arange(n, device=dev)
 
     def encode(training):
         h = x if emb is None else torch.cat([x, emb(every)], dim=1)
@@ -138,23 +142,25 @@ def main():
             neg = negative_sampling(edge_index=edge_index, num_nodes=n,
                                     num_neg_samples=train_pos.size(1), method="sparse")
         else:
-            neg = torch.stack([train_pos[0], torch.randint(0, n, (train_pos.size(1),))])
+            neg = torch.stack([train_pos[0], torch.randint(0, n, (train_pos.size(1),), device=dev)])
         pairs = torch.cat([train_pos, neg], dim=1)
-        labels = torch.cat([torch.ones(train_pos.size(1)), torch.zeros(neg.size(1))])
+        labels = torch.cat([torch.ones(train_pos.size(1), device=dev),
+                            torch.zeros(neg.size(1), device=dev)])
         out = decode(z, pairs)
         loss = F.binary_cross_entropy_with_logits(out, labels)
         loss.backward()
         opt.step()
         if emb is not None:
             emb_opt.step()
+        loss_value = loss.item()  # waits for the device, so the epoch is timed whole
         elapsed = time.perf_counter() - start
-        losses.append(loss.item())
+        losses.append(loss_value)
         if epoch > 0:
             times.append(elapsed)
     convs.eval()
     with torch.no_grad():
         z = encode(False)
-        score = lambda name: decode(z, load(name)).numpy()
+        score = lambda name: decode(z, load(name)).cpu().numpy()
         val_auc = auc(score("link_valid_pos.npy"), score("link_valid_neg.npy"))
         test_pos, test_neg = score("link_test_pos.npy"), score("link_test_neg.npy")
         test_auc = auc(test_pos, test_neg)
@@ -167,6 +173,7 @@ def main():
         "median_epoch_s": statistics.median(times) if times else None,
         "epoch_seconds": times,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        **({"peak_device_bytes": torch.cuda.max_memory_allocated(dev)} if cuda else {}),
         "losses": losses,
         "torch": torch.__version__,
         "torch_geometric": torch_geometric.__version__,

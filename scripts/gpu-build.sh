@@ -13,10 +13,10 @@ cp target/release/grandis "$dir/grandis"
 # Test binaries: name them by target (cargo adds a hash to the file name).
 cargo test --release --no-run --message-format=json \
     -p grandis-engine -p grandis-trainer --features grandis-engine/cuda,grandis-trainer/cuda \
-    --test cuda_parity --test cuda_models --test train |
+    --test cuda_parity --test cuda_models --test train --test link |
     python3 -c '
 import json, sys, shutil
-names = {"cuda_parity": "cuda_parity", "cuda_models": "cuda_models", "train": "trainer_train"}
+names = {"cuda_parity": "cuda_parity", "cuda_models": "cuda_models", "train": "trainer_train", "link": "trainer_link"}
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in names:

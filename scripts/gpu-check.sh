@@ -9,7 +9,8 @@
 #   info    the device, the driver and where the CUDA libraries were found
 #   parity  every backend op against the CPU backend (1e-5 relative, TF32 off) and SAGE, GCN
 #           and ResSAGE+ (28 layers) for 10 epochs on a synthetic graph and on Cora
-#           (losses within 1e-3 relative); needs data/cora for the Cora half
+#           (losses within 1e-3 relative); needs data/cora for the Cora half; link
+#           prediction (both decoders, with learnable embeddings) against the CPU
 #   cli     `grandis train --device cuda:N`: the device line, and one clear line for a wrong
 #           ordinal
 #   bench   full-batch 3-layer SAGE (hidden 256) on a products-scale synthetic graph against
@@ -21,6 +22,10 @@
 #           the single-GPU full-batch epoch (RANKS_NODES vertices, default 20000); the ranks
 #           use device copies; then fb on one rank with NCCL inside and between servers; then
 #           `cluster up --device cuda:0` (two daemon processes x 2 ranks) for fb and cob
+#   links   link prediction on the GPU: `bench train --task link` against PyG on the same GPU
+#           (Cora, GCN 128/64, 3 seeds; Last.fm with learnable embeddings; a LINKS_NODES-vertex
+#           synthetic graph, default 200000), then fb, flx, mb and cob link runs with 2 servers x
+#           2 ranks on the GPU against the same runs on CPU threads (losses within 1e-4)
 # Output of each step goes to stdout and to OUT/STEP.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +37,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --bin-dir) BIN_DIR=$2; shift 2 ;;
         --out) OUT_DIR=$2; shift 2 ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
         *) STEPS+=("$1"); shift ;;
     esac
 done
@@ -90,6 +95,7 @@ step_parity() {
     "$BIN_DIR/cuda_parity" --test-threads=1 --nocapture || ok=1
     GRANDIS_CORA=${GRANDIS_CORA:-data/cora} "$BIN_DIR/cuda_models" --test-threads=1 --nocapture || ok=1
     "$BIN_DIR/trainer_train" cuda --nocapture || ok=1
+    "$BIN_DIR/trainer_link" cuda --nocapture || ok=1
     return $ok
 }
 
@@ -187,6 +193,36 @@ step_ranks() {
     return $ok
 }
 
+step_links() {
+    local ok=0 g=$WORK/links-synth small=$WORK/links-small
+    local pyg=(--baseline pyg --device cuda:0 --threads 16 --dropout 0 --json)
+    echo "--- Cora, GCN 1433 -> 128 -> 64, dot decoder, 100 epochs, 3 seeds"
+    "$GRANDIS" bench train --task link --data "${GRANDIS_CORA:-data/cora}" --model gcn --layers 2 \
+        --hidden 128 --out-dim 64 --epochs 100 --seeds 3 "${pyg[@]}" || ok=1
+    if [ -d "${GRANDIS_LASTFM:-data/lastfm}" ]; then
+        echo "--- Last.fm, SAGE over 64 learnable embedding columns, 50 epochs, 3 seeds"
+        "$GRANDIS" bench train --task link --data "${GRANDIS_LASTFM:-data/lastfm}" --model sage \
+            --layers 2 --hidden 64 --out-dim 64 --embedding-dim 64 --epochs 50 --seeds 3 "${pyg[@]}" || ok=1
+    fi
+    "$GRANDIS" data synth --nodes ${LINKS_NODES:-200000} --avg-degree 20 --features 64 --classes 16 --out "$g" >/dev/null || return 1
+    echo "--- synthetic ${LINKS_NODES:-200000} vertices, SAGE 64 -> 64 -> 64, 20 epochs"
+    "$GRANDIS" bench train --task link --data "$g" --model sage --layers 2 --hidden 64 --out-dim 64 \
+        --epochs 20 --seeds 1 "${pyg[@]}" || ok=1
+    # Device ranks: a 20,000-vertex graph's link split, 2 servers x 2 ranks sharing the GPU.
+    "$GRANDIS" data synth --nodes 20000 --avg-degree 12 --features 32 --classes 8 --out "$small" >/dev/null || return 1
+    "$GRANDIS" data split-edges "$small" "$small-links" --seed 0 >/dev/null || return 1
+    local common=(--task link --servers 2 --devices 2 --layers 2 --hidden 64 --out-dim 64 --epochs 5 --json)
+    local r
+    for r in "fb" "flx --preload-hops 2" "mb --batch-size 20000" "cob --cobatch-size 40000"; do
+        local tag=${r// /_}
+        echo "--- --task link --mode $r"
+        "$GRANDIS" train "$small-links" --mode $r "${common[@]}" --device cpu >"$WORK/links-$tag-cpu.json" 2>"$WORK/links-$tag-cpu.err" || { tail -3 "$WORK/links-$tag-cpu.err"; ok=1; continue; }
+        "$GRANDIS" train "$small-links" --mode $r "${common[@]}" --device cuda:0 >"$WORK/links-$tag-gpu.json" 2>"$WORK/links-$tag-gpu.err" || { tail -3 "$WORK/links-$tag-gpu.err"; ok=1; continue; }
+        same_losses "$WORK/links-$tag-cpu.json" "$WORK/links-$tag-gpu.json" 1e-4 || ok=1
+    done
+    return $ok
+}
+
 # The run summary's transport (the last line of a --json run) is the one expected.
 transport_is() {
     tail -1 "$1" | python3 -c '
@@ -206,8 +242,8 @@ for p in sys.path:
 
 for s in "${STEPS[@]}"; do
     case "$s" in
-        info|parity|cli|bench|modes|ranks) run_step "$s" "step_$s" ;;
-        *) echo "unknown step '$s' (expected info, parity, cli, bench, modes or ranks)" >&2; exit 2 ;;
+        info|parity|cli|bench|modes|ranks|links) run_step "$s" "step_$s" ;;
+        *) echo "unknown step '$s' (expected info, parity, cli, bench, modes, ranks or links)" >&2; exit 2 ;;
     esac
 done
 if [ ${#failed[@]} -gt 0 ]; then

@@ -248,3 +248,60 @@ fn the_mlp_decoder_learns_resumes_exactly_and_scores_from_the_checkpoint() {
         "the checkpoint's decoder scores as the run did"
     );
 }
+
+/// Link prediction on a CUDA device trains like the CPU (per-epoch losses within 1e-3, the
+/// held-out scores within a point), with every model input (features, learnable embeddings
+/// beside them) and both decoders: the encoder runs on the device, the decoder on the rows
+/// downloaded from it. Runs only with `--features cuda` on a machine with an NVIDIA driver.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_link_prediction_matches_cpu() {
+    use grandis_engine::cuda::{driver_library_present, CudaBackend};
+    if !driver_library_present() {
+        eprintln!("skipped: no CUDA driver on this machine");
+        return;
+    }
+    let (ds, split) = communities(600, 4, 1);
+    let mut view = ds.view();
+    view.links = Some(split.view());
+    for (kind, decoder, embedding_dim) in [
+        (ModelKind::Sage, LinkDecoder::Dot, 0),
+        (ModelKind::Gcn, LinkDecoder::Mlp, 0),
+        (ModelKind::Sage, LinkDecoder::Dot, 4),
+    ] {
+        let gpu = match CudaBackend::new(0) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("skipped: CUDA device 0 unavailable: {e}");
+                return;
+            }
+        };
+        let mut cfg = config(&ds);
+        cfg.kind = kind;
+        cfg.in_dim += embedding_dim;
+        let mut o = opts(10);
+        o.objective = Objective::Link {
+            negatives: 2,
+            decoder,
+        };
+        o.embedding_dim = embedding_dim;
+        let ck = CheckpointOptions::default();
+        let cpu = train(view, cfg.clone(), &o, &ck, Some(2), |_| {}).unwrap();
+        let cuda = grandis_trainer::train_on(gpu, view, cfg, &o, &ck, |_| {}).unwrap();
+        let what = format!("{kind:?}, {decoder:?} decoder, {embedding_dim} embedding columns");
+        let worst = cpu
+            .epochs
+            .iter()
+            .zip(&cuda.epochs)
+            .map(|(c, g)| (c.loss - g.loss).abs() / c.loss.abs().max(1e-12))
+            .fold(0.0, f64::max);
+        eprintln!("{what}: worst relative loss difference {worst:.2e}");
+        assert_eq!(cpu.epochs.len(), cuda.epochs.len());
+        assert!(worst < 1e-3, "{what}: {worst}");
+        let (c, g) = (cpu.link.unwrap(), cuda.link.unwrap());
+        assert!(
+            (c.test.auc - g.test.auc).abs() < 0.01 && (c.val.auc - g.val.auc).abs() < 0.01,
+            "{what}: cpu {c:?} vs cuda {g:?}"
+        );
+    }
+}

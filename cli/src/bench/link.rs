@@ -31,6 +31,10 @@ struct Run {
     test_hits_at_50: f64,
     median_epoch_s: f64,
     peak_rss_bytes: u64,
+    /// On a GPU: grandis's live device buffers at their peak, PyG's
+    /// `torch.cuda.max_memory_allocated`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_device_bytes: Option<u64>,
 }
 
 pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
@@ -41,9 +45,9 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
     if args.seeds == 0 {
         bail!("--seeds must be at least 1");
     }
-    if args.device.is_cuda() {
-        bail!("--task link benches on the CPU so far (its baseline script runs there)");
-    }
+    // One device for both systems: grandis's encoder on it (the decoder on the rows read
+    // back), PyG's whole model on the same `cuda:N`.
+    let ordinal = crate::device::single_ordinal(&args.device);
     if let Some(b) = args.baseline.as_deref().filter(|b| *b != "pyg") {
         bail!("unknown --baseline '{b}' (expected pyg)");
     }
@@ -119,14 +123,21 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
             embedding_dim: args.embedding_dim,
         };
         grandis_telemetry::reset_peak_rss();
-        let report = grandis_trainer::train(
-            split_view,
-            config,
-            &opts,
-            &CheckpointOptions::default(),
-            Some(args.threads),
-            |_| {},
-        )?;
+        let ck = CheckpointOptions::default();
+        let (report, peak_device_bytes) = match ordinal {
+            None => (
+                grandis_trainer::train(split_view, config, &opts, &ck, Some(args.threads), |_| {})?,
+                None,
+            ),
+            Some(ordinal) => {
+                let metered =
+                    grandis_parallel::metered::Metered::new(crate::device::cuda_backend(ordinal)?);
+                let meter = metered.meter.clone();
+                let report =
+                    grandis_trainer::train_on(metered, split_view, config, &opts, &ck, |_| {})?;
+                (report, Some(meter.peak()))
+            }
+        };
         let link = report.link.context("the run reported no link scores")?;
         let times: Vec<f64> = report.epochs.iter().skip(1).map(|e| e.seconds).collect();
         let run = Run {
@@ -138,6 +149,7 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
             test_hits_at_50: link.test.hits_at_50,
             median_epoch_s: grandis_telemetry::median(&times),
             peak_rss_bytes: grandis_telemetry::peak_rss_bytes(),
+            peak_device_bytes,
         };
         eprintln!(
             "seed {seed}: grandis test AUC {:.4} (val {:.4}), median epoch {:.4}s",
@@ -193,6 +205,9 @@ fn run_pyg(
             &args.embedding_dim.to_string(),
             "--decoder",
             args.decoder.name(),
+            "--device",
+            &crate::device::single_ordinal(&args.device)
+                .map_or("cpu".to_string(), |o| format!("cuda:{o}")),
         ])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -221,6 +236,9 @@ fn run_pyg(
         test_hits_at_50: num("test_hits_at_50")?,
         median_epoch_s: num("median_epoch_s")?,
         peak_rss_bytes: num("peak_rss_bytes")? as u64,
+        peak_device_bytes: v
+            .get("peak_device_bytes")
+            .and_then(|x| x.as_u64()),
     })
 }
 
@@ -246,8 +264,15 @@ fn report(
         ours.len(),
         args.threads
     );
+    // On a GPU the memory that matters is the device's.
+    let on_device = ours.iter().all(|r| r.peak_device_bytes.is_some());
+    let peak = |r: &Run| match r.peak_device_bytes {
+        Some(b) if on_device => b as f64,
+        _ => r.peak_rss_bytes as f64,
+    };
     println!(
-        "system   seed  test AUC   val AUC  test MRR  Hits@10  Hits@50  median epoch  peak RSS"
+        "system   seed  test AUC   val AUC  test MRR  Hits@10  Hits@50  median epoch  {}",
+        if on_device { "peak device" } else { "peak RSS" }
     );
     for (name, runs) in [("grandis", ours), ("PyG", theirs)] {
         for r in runs {
@@ -260,7 +285,7 @@ fn report(
                 r.test_hits_at_10,
                 r.test_hits_at_50,
                 r.median_epoch_s,
-                r.peak_rss_bytes as f64 / (1 << 20) as f64
+                peak(r) / (1 << 20) as f64
             );
         }
     }
@@ -273,6 +298,7 @@ fn report(
             "mean_test_hits_at_50": mean(runs, |r| r.test_hits_at_50),
             "mean_median_epoch_s": mean(runs, |r| r.median_epoch_s),
             "mean_peak_rss_bytes": mean(runs, |r| r.peak_rss_bytes as f64),
+            "mean_peak_device_bytes": on_device.then(|| mean(runs, peak)),
             "runs": runs,
         })
     };
@@ -295,16 +321,23 @@ fn report(
         let speed = mean(theirs, |r| r.median_epoch_s) / mean(ours, |r| r.median_epoch_s);
         let memory =
             mean(ours, |r| r.peak_rss_bytes as f64) / mean(theirs, |r| r.peak_rss_bytes as f64);
+        let device_memory = mean(ours, peak) / mean(theirs, peak);
         println!(
             "mean test AUC grandis {:.4}, PyG {:.4} ({:+.2} points); MRR {:+.2}, Hits@10 \
              {:+.2}, Hits@50 {:+.2} points; grandis is {speed:.2}x PyG's speed per epoch at \
-             {memory:.2}x its peak RSS (whole processes)",
+             {:.2}x its {}",
             mean(ours, |r| r.test_auc),
             mean(theirs, |r| r.test_auc),
             points(|r| r.test_auc),
             points(|r| r.test_mrr),
             points(|r| r.test_hits_at_10),
             points(|r| r.test_hits_at_50),
+            if on_device { device_memory } else { memory },
+            if on_device {
+                "peak device memory (grandis's live buffers, PyG's max_memory_allocated)"
+            } else {
+                "peak RSS (whole processes)"
+            },
         );
         json["pyg"] = summary(theirs);
         json["test_auc_points_vs_pyg"] = points(|r| r.test_auc).into();
@@ -313,6 +346,9 @@ fn report(
         json["test_hits_at_50_points_vs_pyg"] = points(|r| r.test_hits_at_50).into();
         json["epoch_speedup_vs_pyg"] = speed.into();
         json["peak_rss_ratio_vs_pyg"] = memory.into();
+        if on_device {
+            json["peak_device_ratio_vs_pyg"] = device_memory.into();
+        }
     }
     if args.json {
         println!("{json}");
