@@ -14,7 +14,8 @@
 #   cli     `grandis train --device cuda:N`: the device line, and one clear line for a wrong
 #           ordinal
 #   bench   full-batch 3-layer SAGE (hidden 256) on a products-scale synthetic graph against
-#           PyG on the same GPU (CSR adj_t and edge_index), in one `grandis bench train`
+#           PyG on the same GPU (CSR adj_t and edge_index, or BENCH_PYG_ADJ), in one `grandis
+#           bench train`; BENCH_BASELINE=BIN runs an earlier build right after
 #   modes   --mode mb and --mode cob (fanouts 15,10,5, batch 1024) on the same graph, training
 #           steps only; MODES_BASELINE=BIN runs an earlier build after each, MODES_ARGS adds flags
 #   ranks   fb, flx (every k), cob and mb, 2 servers x 2 ranks sharing the GPU (no sampling),
@@ -109,9 +110,15 @@ step_cli() {
 }
 
 step_bench() {
-    "$GRANDIS" bench train --device cuda:0 --vertices 2400000 --edges 125000000 --features 100 \
-        --classes 47 --homophily ${BENCH_HOMOPHILY:-0.5} --layers 3 --hidden 256 \
-        --epochs ${BENCH_EPOCHS:-40} --baseline pyg --target-acc ${TARGET_ACC:-0.5} --threads 16 --json
+    local args=(bench train --device cuda:0 --vertices 2400000 --edges 125000000 --features 100
+        --classes 47 --homophily ${BENCH_HOMOPHILY:-0.5} --layers 3 --hidden 256
+        --epochs ${BENCH_EPOCHS:-40} --target-acc ${TARGET_ACC:-0.5} --threads 16 --json)
+    "$GRANDIS" "${args[@]}" --baseline pyg --pyg-adj ${BENCH_PYG_ADJ:-csr,edge_index} || return 1
+    # BENCH_BASELINE names an earlier build, run right after on the same graph and GPU.
+    if [ -n "${BENCH_BASELINE:-}" ]; then
+        echo "--- $BENCH_BASELINE"
+        "$BENCH_BASELINE" "${args[@]}" || return 1
+    fi
 }
 
 step_modes() {

@@ -308,7 +308,7 @@ fn aggregation_forward_and_backward_match_cpu_bit_for_bit() {
     let c = cpu();
     let graph = random_graph(200, 1500, 10);
     for agg in [Aggregation::Mean, Aggregation::Sum, Aggregation::Gcn] {
-        for d in [1, 5, 32, 130] {
+        for d in [1, 4, 5, 32, 100, 130, 256] {
             // The full graph, and a block with halo rows (every third vertex owned).
             let full = full_block(graph.view(), agg);
             let dst: Vec<u32> = (0..200).filter(|v| v % 3 == 1).collect();

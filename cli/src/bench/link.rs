@@ -236,9 +236,7 @@ fn run_pyg(
         test_hits_at_50: num("test_hits_at_50")?,
         median_epoch_s: num("median_epoch_s")?,
         peak_rss_bytes: num("peak_rss_bytes")? as u64,
-        peak_device_bytes: v
-            .get("peak_device_bytes")
-            .and_then(|x| x.as_u64()),
+        peak_device_bytes: v.get("peak_device_bytes").and_then(|x| x.as_u64()),
     })
 }
 

@@ -57,6 +57,12 @@ inline float atomicAdd(float* p, float v) {
     return old;
 }
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+// CUDA's float4 is 16-byte aligned; host test buffers (Vec<f32>) are only 4-byte aligned, so
+// the emulation's keeps float alignment (the kernels' float4 reads are plain loads either way).
+struct float4 {
+    float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 inline float __int_as_float(unsigned u) {
     float f;
     std::memcpy(&f, &u, 4);

@@ -160,7 +160,7 @@ impl Emu {
 /// `launch!(emu, "kernel", cfg, (param types...), args...)`: runs the emulated kernel with
 /// the grid and block of a real [`LaunchConfig`].
 macro_rules! launch {
-    ($emu:expr, $name:literal, $cfg:expr, ($($t:ty),*), $($arg:expr),* $(,)?) => {{
+    ($emu:expr, $name:expr, $cfg:expr, ($($t:ty),*), $($arg:expr),* $(,)?) => {{
         let cfg: LaunchConfig = $cfg;
         assert_eq!((cfg.grid_dim.2, cfg.block_dim.2), (1, 1));
         let f: unsafe extern "C" fn(u32, u32, u32, u32, $($t),*) = $emu.sym($name);
@@ -233,10 +233,12 @@ fn run_csr(emu: &Emu, g: &ScaledCsr, x: &[f32], d: usize, out: &mut [f32]) {
     }
     let src = g.src.as_ref().unwrap_or(&g.dst);
     let slf = g.self_.as_ref().unwrap_or(&g.dst);
+    // The kernel the backend picks for d (the float4 one for multiples of 4).
+    let (kernel, cfg) = csr_kernel("test", n_rows, d).unwrap();
     launch!(
         emu,
-        "csr_aggregate",
-        csr_cfg("test", n_rows, d).unwrap(),
+        kernel,
+        cfg,
         (
             *const u64,
             *const u32,
@@ -313,7 +315,7 @@ fn check_aggregation(emu: &Emu, cpu: &CpuBackend) {
         }
         let part = sub_block(graph.view(), &global_scales(graph.view(), agg), &dst, &src).unwrap();
         let full = full_block(graph.view(), agg);
-        for d in [1usize, 5, 33, 130] {
+        for d in [1usize, 4, 5, 33, 100, 130, 256] {
             for (label, blk) in [("full", &full), ("block", &part)] {
                 let name = format!("{agg:?} {label} d={d}");
                 let cg = cpu.upload_graph(blk).unwrap();
@@ -416,19 +418,26 @@ fn check_elementwise(emu: &Emu, cpu: &CpuBackend) {
         let bias = rnd(cols, 5);
         let mut want = x.clone();
         cpu.add_bias(&mut want, &bias, rows, cols).unwrap();
-        let mut got = x.clone();
-        let nn = (rows * cols) as u64;
-        launch!(
-            emu,
-            "add_bias",
-            elem_cfg(nn),
-            (*mut f32, *const f32, u64, u64),
-            got.as_mut_ptr(),
-            bias.as_ptr(),
-            nn,
-            cols as u64
-        );
-        bits("add_bias", &want, &got);
+        // The backend's shape, and a grid of 3 blocks that must stride over the rows.
+        let full = rows_cfg(rows as u64, cols as u64);
+        let strided = LaunchConfig {
+            grid_dim: (3, 1, 1),
+            ..full
+        };
+        for cfg in [full, strided] {
+            let mut got = x.clone();
+            launch!(
+                emu,
+                "add_bias",
+                cfg,
+                (*mut f32, *const f32, u64, u64),
+                got.as_mut_ptr(),
+                bias.as_ptr(),
+                rows as u64,
+                cols as u64
+            );
+            bits("add_bias", &want, &got);
+        }
     }
 }
 
@@ -442,7 +451,7 @@ fn check_dropout(emu: &Emu, cpu: &CpuBackend) {
         epoch: 17,
         layer: 3,
     };
-    let nn = (rows * cols) as u64;
+    let cfg = rows_cfg(rows as u64, cols as u64);
     for p in [0.0f32, 0.1, 0.5, 0.9] {
         let x = rnd(rows * cols, 15);
         let (thr, scale) = (dropout_threshold(p), 1.0f32 / (1.0 - p));
@@ -453,7 +462,7 @@ fn check_dropout(emu: &Emu, cpu: &CpuBackend) {
         launch!(
             emu,
             "dropout_fwd",
-            elem_cfg(nn),
+            cfg,
             (
                 *const f32,
                 *mut f32,
@@ -484,7 +493,7 @@ fn check_dropout(emu: &Emu, cpu: &CpuBackend) {
             launch!(
                 emu,
                 "dropout_bwd",
-                elem_cfg(nn),
+                cfg,
                 (*mut f32, u64, u64, *const u32, u64, u32, f32),
                 got.as_mut_ptr(),
                 rows as u64,
@@ -584,19 +593,19 @@ fn check_gather_scatter(emu: &Emu, cpu: &CpuBackend) {
     let cols = 5usize;
     let src = rnd(20 * cols, 7);
     let ids: Vec<u32> = vec![3, 19, 0, 3, 7, 7, 7, 12];
-    let nn = (ids.len() * cols) as u64;
+    let rows = ids.len() as u64;
     let mut want = vec![0.0; ids.len() * cols];
     cpu.gather_rows(&src, cols, &ids, &mut want).unwrap();
     let mut got = vec![0.0; ids.len() * cols];
     launch!(
         emu,
         "gather_rows",
-        elem_cfg(nn),
+        rows_cfg(rows, cols as u64),
         (*const f32, *const u32, *mut f32, u64, u64),
         src.as_ptr(),
         ids.as_ptr(),
         got.as_mut_ptr(),
-        nn,
+        rows,
         cols as u64,
     );
     bits("gather_rows", &want, &got);
@@ -615,7 +624,7 @@ fn check_gather_scatter(emu: &Emu, cpu: &CpuBackend) {
     launch!(
         emu,
         "scatter_add_grouped",
-        elem_cfg(ng * cols as u64),
+        rows_cfg(ng, cols as u64),
         (
             *const f32,
             *const u32,

@@ -52,12 +52,7 @@ pub(super) fn col_chunks_cfg(cols: u64, n_chunks: u64) -> LaunchConfig {
 /// per row for wide rows, fewer, rounded to a power of two, for narrow ones), 256 threads per
 /// block, `blockDim.y` rows per block.
 pub(super) fn csr_cfg(op: &'static str, n_rows: usize, d: usize) -> Result<LaunchConfig> {
-    let bx: u32 = if d >= 32 {
-        (d.div_ceil(32) * 32).min(128) as u32
-    } else {
-        (d as u32).next_power_of_two()
-    };
-    let by = (256 / bx).max(1);
+    let (bx, by) = row_threads(d);
     let blocks = (n_rows as u64).div_ceil(by as u64);
     if blocks > i32::MAX as u64 {
         return Err(shape_err(op, format!("{n_rows} rows exceed the CUDA grid")));
@@ -66,6 +61,43 @@ pub(super) fn csr_cfg(op: &'static str, n_rows: usize, d: usize) -> Result<Launc
         grid_dim: (blocks as u32, 1, 1),
         block_dim: (bx, by, 1),
         shared_mem_bytes: 0,
+    })
+}
+
+/// Threads per row (up to 128 over `d` columns, a power of two for narrow rows) and rows per
+/// block (256 threads in all).
+fn row_threads(d: usize) -> (u32, u32) {
+    let bx: u32 = if d >= 32 {
+        (d.div_ceil(32) * 32).min(128) as u32
+    } else {
+        (d.max(1) as u32).next_power_of_two()
+    };
+    (bx, (256 / bx).max(1))
+}
+
+/// Launch shape of the row-wise kernels (`ROW_STRIDE` in the source: add_bias, dropout,
+/// gather and scatter of rows): [`csr_cfg`]'s threads per row and rows per block, the grid
+/// capped at [`MAX_BLOCKS`] (each block strides over the rest).
+pub(super) fn rows_cfg(rows: u64, cols: u64) -> LaunchConfig {
+    let (bx, by) = row_threads(cols as usize);
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(by as u64).clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (bx, by, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The aggregation kernel for `d` columns and its launch shape: `csr_aggregate4` (a float4
+/// per thread) when `d` is a multiple of 4, else `csr_aggregate`; the same sums either way.
+pub(super) fn csr_kernel(
+    op: &'static str,
+    n_rows: usize,
+    d: usize,
+) -> Result<(&'static str, LaunchConfig)> {
+    Ok(if d.is_multiple_of(4) {
+        ("csr_aggregate4", csr_cfg(op, n_rows, d / 4)?)
+    } else {
+        ("csr_aggregate", csr_cfg(op, n_rows, d)?)
     })
 }
 

@@ -441,13 +441,13 @@ impl CudaBackend {
         d: usize,
         out: &mut CudaBuf,
     ) -> Result<()> {
-        let cfg = csr_cfg(op, g.n_rows, d)?;
+        let (kernel, cfg) = csr_kernel(op, g.n_rows, d)?;
         let (has_src, has_self) = (g.src.is_some() as i32, g.self_.is_some() as i32);
         // Absent scale vectors are never read (flag 0); any valid pointer stands in.
         let src = g.src.as_ref().unwrap_or(&g.dst);
         let slf = g.self_.as_ref().unwrap_or(&g.dst);
         let (n_rows, d64) = (g.n_rows as u64, d as u64);
-        let f = self.func("csr_aggregate")?;
+        let f = self.func(kernel)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&g.offsets)
             .arg(&g.indices)

@@ -9,7 +9,7 @@ use cudarc::driver::PushKernelArg;
 
 use super::driver::dev_err;
 use super::kernels;
-use super::launch::{col_chunks_cfg, elem_cfg, sumsq_cfg, warp_rows_cfg};
+use super::launch::{col_chunks_cfg, elem_cfg, rows_cfg, sumsq_cfg, warp_rows_cfg};
 use super::{AttnArgs, CudaBackend, CudaBuf, CudaGraph, CudaIndex};
 use crate::args::{AdamStep, Attention, DropoutKey};
 use crate::block::{BlockGraph, ScaledCsr};
@@ -136,16 +136,17 @@ impl Kernels for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.timed(OpClass::Other("gather_rows"), || {
-            let (n, cols) = ((idx.host.len() * cols) as u64, cols as u64);
+            let (rows, cols) = (idx.host.len() as u64, cols as u64);
             let f = self.func("gather_rows")?;
             let mut b = self.stream.launch_builder(f);
             b.arg(&src.data)
                 .arg(&idx.data)
                 .arg(&mut out.data)
-                .arg(&n)
+                .arg(&rows)
                 .arg(&cols);
-            // SAFETY: every idx row is inside src (checked by Backend), out has n elements.
-            unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("gather_rows", e))?;
+            // SAFETY: every idx row is inside src (checked by Backend), out has rows * cols
+            // elements.
+            unsafe { b.launch(rows_cfg(rows, cols)) }.map_err(|e| dev_err("gather_rows", e))?;
             Ok(())
         })
     }
@@ -171,7 +172,7 @@ impl Kernels for CudaBackend {
                 .arg(&cols);
             // SAFETY: the plan's targets are idx values (inside out), positions < idx.len()
             // (inside src); each output element is written by exactly one thread.
-            unsafe { b.launch(elem_cfg(n_groups * cols)) }
+            unsafe { b.launch(rows_cfg(n_groups, cols)) }
                 .map_err(|e| dev_err("scatter_add_rows", e))?;
             Ok(())
         })
@@ -247,12 +248,12 @@ impl Kernels for CudaBackend {
         cols: usize,
     ) -> Result<()> {
         self.timed(OpClass::Other("add_bias"), || {
-            let (n, cols) = ((rows * cols) as u64, cols as u64);
+            let (rows, cols) = (rows as u64, cols as u64);
             let f = self.func("add_bias")?;
             let mut b = self.stream.launch_builder(f);
-            b.arg(&mut x.data).arg(&bias.data).arg(&n).arg(&cols);
-            // SAFETY: x has n elements, bias cols.
-            unsafe { b.launch(elem_cfg(n)) }.map_err(|e| dev_err("add_bias", e))?;
+            b.arg(&mut x.data).arg(&bias.data).arg(&rows).arg(&cols);
+            // SAFETY: x has rows * cols elements, bias cols.
+            unsafe { b.launch(rows_cfg(rows, cols)) }.map_err(|e| dev_err("add_bias", e))?;
             Ok(())
         })
     }
@@ -473,7 +474,7 @@ impl Kernels for CudaBackend {
                 .arg(&scale)
                 .arg(&p_zero);
             // SAFETY: x and out have rows*cols elements, global_ids at least rows.
-            unsafe { b.launch(elem_cfg(rows * cols)) }.map_err(|e| dev_err("dropout", e))?;
+            unsafe { b.launch(rows_cfg(rows, cols)) }.map_err(|e| dev_err("dropout", e))?;
             Ok(())
         })
     }
@@ -501,7 +502,7 @@ impl Kernels for CudaBackend {
                 .arg(&thr)
                 .arg(&scale);
             // SAFETY: grad has rows*cols elements, global_ids at least rows.
-            unsafe { b.launch(elem_cfg(rows * cols)) }.map_err(|e| dev_err(op, e))?;
+            unsafe { b.launch(rows_cfg(rows, cols)) }.map_err(|e| dev_err(op, e))?;
             Ok(())
         })
     }
