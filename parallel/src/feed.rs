@@ -208,6 +208,10 @@ pub(crate) struct Fetch<'f> {
     /// Steps ahead of the ranks whose inputs may be prepared: what bounds the host memory of
     /// prepared steps (one step's rows per rank and step), whatever the number of producers.
     pub ahead: u64,
+    /// The pool a step's inputs are read on, when not the producer's own: with many
+    /// producers each has a thread or two, and only `ahead` steps read at a time, so reading a
+    /// step's rows on one thread, not building plans, sets the pace ([`run`](crate::run)).
+    pub pool: Option<&'f rayon::ThreadPool>,
 }
 
 /// Builds `inputs.step_part` of every step of `epochs` epochs that `feed` wants into it, on
@@ -273,7 +277,11 @@ fn produce_steps(
                     feed.planned(index, b.1.clone());
                     if feed.wants(index) && feed.may_fetch(index, fetch.ahead) {
                         let fetching = std::time::Instant::now();
-                        (fetch.prepare)(&b.1).context("reading the step's features")?;
+                        match fetch.pool {
+                            Some(pool) => pool.install(|| (fetch.prepare)(&b.1)),
+                            None => (fetch.prepare)(&b.1),
+                        }
+                        .context("reading the step's features")?;
                         seconds += fetching.elapsed().as_secs_f64();
                     }
                 }

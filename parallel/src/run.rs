@@ -247,9 +247,27 @@ pub(crate) fn run(
         step.set_prepared(inputs);
         Ok(())
     };
+    // CUDA runs have a producer on almost every core, each on a pool of one thread, and let
+    // only a few steps read their rows at a time: read on one thread, a products-like step's
+    // 223 MB set the pace (4 steps reading, a step every ~70 ms). The reads share every core
+    // instead: on an H200 the products-like mb epoch of 188 steps went from 13.5 to 9.6 s
+    // (docs/benchmarks.md). CPU ranks read one step ahead, on the producer's pool, while the
+    // ranks compute on the rest.
+    let fetch_pool = match &decision.schedule {
+        Schedule::FlxSampled { .. } => None,
+        _ if popts.machine.compute.is_cuda() && plan_threads > 1 => Some(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(std::thread::available_parallelism().map_or(1, |c| c.get()))
+                .thread_name(|i| format!("grandis-fetch-{i}"))
+                .build()
+                .context("starting the step inputs' thread pool")?,
+        ),
+        _ => None,
+    };
     let fetch = match &decision.schedule {
         Schedule::FlxSampled { .. } => None,
         _ => Some(crate::feed::Fetch {
+            pool: fetch_pool.as_ref(),
             prepare: &fetch,
             // CPU ranks compute a step for longer than a producer reads the next one's rows, and
             // share the host's memory with them: one step ahead. CUDA ranks take a step every
