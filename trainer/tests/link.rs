@@ -256,11 +256,6 @@ fn the_mlp_decoder_learns_resumes_exactly_and_scores_from_the_checkpoint() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_link_prediction_matches_cpu() {
-    use grandis_engine::cuda::{driver_library_present, CudaBackend};
-    if !driver_library_present() {
-        eprintln!("skipped: no CUDA driver on this machine");
-        return;
-    }
     let (ds, split) = communities(600, 4, 1);
     let mut view = ds.view();
     view.links = Some(split.view());
@@ -269,12 +264,8 @@ fn cuda_link_prediction_matches_cpu() {
         (ModelKind::Gcn, LinkDecoder::Mlp, 0),
         (ModelKind::Sage, LinkDecoder::Dot, 4),
     ] {
-        let gpu = match CudaBackend::new(0) {
-            Ok(b) => b,
-            Err(e) => {
-                eprintln!("skipped: CUDA device 0 unavailable: {e}");
-                return;
-            }
+        let Some(gpu) = common::cuda_device() else {
+            return;
         };
         let mut cfg = config(&ds);
         cfg.kind = kind;

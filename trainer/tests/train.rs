@@ -2,6 +2,8 @@
 //! message passing helps on a homophilous graph, predictions, and (with `GRANDIS_CORA`) the
 //! Kipf & Welling accuracy on Cora.
 
+mod common;
+
 use grandis_models::{ModelConfig, ModelKind};
 use grandis_store::{split::per_class_split, EdgeOptions, InMemoryDataset, SelfLoops};
 use grandis_trainer::{train, CheckpointOptions, EvalSchedule, TrainOptions};
@@ -332,17 +334,9 @@ fn train_on_cpu_backend_matches_train_bit_for_bit() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_losses_match_cpu_within_tolerance() {
-    use grandis_engine::cuda::{driver_library_present, CudaBackend};
-    if !driver_library_present() {
-        eprintln!("skipped: no CUDA driver on this machine");
+    use grandis_engine::cuda::CudaBackend;
+    let Some(gpu) = common::cuda_device() else {
         return;
-    }
-    let gpu = match CudaBackend::new(0) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("skipped: CUDA device 0 unavailable: {e}");
-            return;
-        }
     };
     let ds = community_dataset(400, 4, 8, 11);
     let mut cfg = config(&ds, ModelKind::ResSage, 2);

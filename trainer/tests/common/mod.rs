@@ -1,4 +1,4 @@
-//! Graphs the trainer's tests share.
+//! Graphs (and the CUDA device) the trainer's tests share.
 #![allow(dead_code)]
 
 use grandis_store::{CsrGraph, EdgeOptions, SelfLoops};
@@ -30,4 +30,21 @@ pub fn community_graph(
         self_loops: SelfLoops::Remove,
     };
     grandis_store::graph_from_edges(n as u64, edges, options).unwrap()
+}
+
+/// CUDA device 0, or None (with a message saying why the test is skipped) on a machine
+/// without an NVIDIA driver or device.
+#[cfg(feature = "cuda")]
+pub fn cuda_device() -> Option<grandis_engine::cuda::CudaBackend> {
+    if !grandis_engine::cuda::driver_library_present() {
+        eprintln!("skipped: no CUDA driver on this machine");
+        return None;
+    }
+    match grandis_engine::cuda::CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            eprintln!("skipped: CUDA device 0 unavailable: {e}");
+            None
+        }
+    }
 }
