@@ -135,99 +135,96 @@ fn edges_by_owner(ctx: &PlanContext<'_>, sources: &[u32], per_rank: bool) -> Res
     Ok(lists)
 }
 
-/// Co-batches of every server, epoch by epoch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CoBatcher {
-    epochs: Epochs,
+/// Who a batch belongs to: a server ([`Servers`], co-batches) or a device rank
+/// ([`Devices`], mini-batches), and the salts that keep their shuffles apart.
+pub trait Grouping {
+    /// One batch per device rank (else one per server).
+    const PER_RANK: bool;
+    /// Salt of the shuffles over training vertices.
+    const SALT: u64;
+    /// Salt of the shuffles over supervision edges.
+    const EDGE_SALT: u64;
 }
 
-impl CoBatcher {
-    /// Co-batches of at most `batch_size` training vertices (the context's SPLIT_TRAIN rows)
-    /// per server.
-    pub fn new(ctx: &PlanContext<'_>, batch_size: usize, seed: u64) -> Result<CoBatcher> {
-        Ok(CoBatcher {
-            epochs: Epochs::new(train_lists(ctx, false), batch_size, seed, 0xC0B)?,
+/// Batches per server: CoB's co-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Servers;
+impl Grouping for Servers {
+    const PER_RANK: bool = false;
+    const SALT: u64 = 0xC0B;
+    const EDGE_SALT: u64 = 0xC0B_ED6E;
+}
+
+/// Batches per device rank: the MB baseline's mini-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Devices;
+impl Grouping for Devices {
+    const PER_RANK: bool = true;
+    const SALT: u64 = 0x3B;
+    const EDGE_SALT: u64 = 0x1ED6E;
+}
+
+/// Co-batches of every server, epoch by epoch.
+pub type CoBatcher = Batcher<Servers>;
+/// Per-device mini-batches of the MB baseline, epoch by epoch.
+pub type MiniBatcher = Batcher<Devices>;
+
+/// Batches of every group `G` (server or rank), epoch by epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batcher<G> {
+    epochs: Epochs,
+    grouping: std::marker::PhantomData<G>,
+}
+
+impl<G: Grouping> Batcher<G> {
+    /// Batches of at most `batch_size` training vertices (the context's SPLIT_TRAIN rows) per
+    /// group: of each server, or of each device's own range.
+    pub fn new(ctx: &PlanContext<'_>, batch_size: usize, seed: u64) -> Result<Batcher<G>> {
+        Ok(Batcher {
+            epochs: Epochs::new(train_lists(ctx, G::PER_RANK), batch_size, seed, G::SALT)?,
+            grouping: std::marker::PhantomData,
         })
     }
-    /// Co-batches seeded by edges (link prediction): at most `batch_size` supervision edges
-    /// per server, each edge dealt to the server that owns its source (`sources[i]`, a new
-    /// id, is edge `i`'s). A co-batch holds edge indices instead of vertices.
+    /// Batches seeded by edges (link prediction, PyG's `LinkNeighborLoader`): at most
+    /// `batch_size` supervision edges per group, each edge dealt to the server or rank that
+    /// owns its source (`sources[i]`, a new id, is edge `i`'s), so that a batch's sources are
+    /// its own vertices. A batch holds edge indices instead of vertices.
     pub fn for_edges(
         ctx: &PlanContext<'_>,
         sources: &[u32],
         batch_size: usize,
         seed: u64,
-    ) -> Result<CoBatcher> {
-        Ok(CoBatcher {
+    ) -> Result<Batcher<G>> {
+        Ok(Batcher {
             epochs: Epochs::new(
-                edges_by_owner(ctx, sources, false)?,
+                edges_by_owner(ctx, sources, G::PER_RANK)?,
                 batch_size,
                 seed,
-                0xC0B_ED6E,
+                G::EDGE_SALT,
             )?,
+            grouping: std::marker::PhantomData,
         })
     }
     pub fn batch_size(&self) -> usize {
         self.epochs.batch_size
     }
-    /// Iterations per epoch (0 when no server has a training vertex).
+    /// Iterations per epoch (0 when no group has a training vertex).
     pub fn iterations(&self) -> usize {
         self.epochs.iterations
     }
-    /// Training vertices of each server.
+    /// Training vertices (or supervision edges) of each group.
     pub fn train(&self) -> &[Vec<u32>] {
         &self.epochs.train
     }
-    /// The co-batch of every server (`[server]`, sorted) at `iteration` of `epoch`.
+    /// The batch of every group (`[group]`, sorted) at `iteration` of `epoch`.
     pub fn batch(&self, epoch: u64, iteration: usize) -> Result<Vec<Vec<u32>>> {
         self.epochs.batch(epoch, iteration)
     }
-    /// Every iteration's co-batches of `epoch` (`[iteration][server]`).
+    /// Every iteration's batches of `epoch` (`[iteration][group]`).
     pub fn epoch(&self, epoch: u64) -> Vec<Vec<Vec<u32>>> {
         (0..self.iterations())
             .map(|i| self.epochs.batch(epoch, i).expect("iteration in range"))
             .collect()
-    }
-}
-
-/// Per-device mini-batches of the MB baseline, epoch by epoch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MiniBatcher {
-    epochs: Epochs,
-}
-
-impl MiniBatcher {
-    /// Mini-batches of at most `batch_size` training vertices of each device's own range.
-    pub fn new(ctx: &PlanContext<'_>, batch_size: usize, seed: u64) -> Result<MiniBatcher> {
-        Ok(MiniBatcher {
-            epochs: Epochs::new(train_lists(ctx, true), batch_size, seed, 0x3B)?,
-        })
-    }
-    /// Mini-batches seeded by edges (link prediction, PyG's `LinkNeighborLoader`): at most
-    /// `batch_size` supervision edges per device, each edge dealt to the rank that owns its
-    /// source (`sources[i]`, a new id, is edge `i`'s), so that a batch's sources are its own
-    /// vertices. A batch holds edge indices instead of vertices.
-    pub fn for_edges(
-        ctx: &PlanContext<'_>,
-        sources: &[u32],
-        batch_size: usize,
-        seed: u64,
-    ) -> Result<MiniBatcher> {
-        Ok(MiniBatcher {
-            epochs: Epochs::new(
-                edges_by_owner(ctx, sources, true)?,
-                batch_size,
-                seed,
-                0x1ED6E,
-            )?,
-        })
-    }
-    pub fn iterations(&self) -> usize {
-        self.epochs.iterations
-    }
-    /// The mini-batch of every rank (`[rank]`, sorted) at `iteration` of `epoch`.
-    pub fn batch(&self, epoch: u64, iteration: usize) -> Result<Vec<Vec<u32>>> {
-        self.epochs.batch(epoch, iteration)
     }
 }
 

@@ -27,7 +27,7 @@ mod stats;
 
 pub use batch::{
     cob_epoch_stats, cob_plan, cob_specs, mb_device_plans, mb_epoch_stats, mb_plans, mb_specs,
-    CoBatcher, EpochStats, MiniBatcher,
+    Batcher, CoBatcher, Devices, EpochStats, Grouping, MiniBatcher, Servers,
 };
 pub use cluster::ClusterBatches;
 pub use eas::{external_distance, Eas, Priority};
