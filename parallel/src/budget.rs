@@ -79,16 +79,28 @@ pub fn model_dims(config: &ModelConfig) -> ModelDims {
 }
 
 /// [`model_dims`] for `job` on a graph of `vertices`: a link-prediction job also holds the
-/// whole graph's output embeddings and their gradient on every rank (`link_task`). They are
+/// output embeddings the decoder reads, gathered on every rank, and their gradient
+/// (`link_task`): every vertex's in fb and flx, a step's targets in cob, none in mb. They are
 /// host memory, where CPU ranks compute; a CUDA rank's budget counts them too (the decoder
 /// runs on the host), which over-states its device's need by that much rather than let the
 /// host run out.
 pub fn job_dims(config: &ModelConfig, job: &grandis_wire::JobSpec, vertices: usize) -> ModelDims {
+    use grandis_wire::Mode;
     let mut dims = model_dims(config);
-    // Mode mb's ranks score their batches' pairs over their own targets' rows: no gathered
-    // matrix.
-    if job.task == grandis_wire::Task::Link && job.mode != grandis_wire::Mode::Mb {
-        dims.link_embedding_values = vertices as u64 * config.classes as u64;
+    if job.task == grandis_wire::Task::Link {
+        let rows = match job.mode {
+            // A rank scores its batch's pairs over its own targets' rows: no gathered matrix.
+            Mode::Mb => 0,
+            // Every server's co-batch targets, one after another: a co-batch of B supervision
+            // edges and k negatives each has at most B sources and B (1 + k) destinations.
+            Mode::Cob => {
+                let b = job.batch_size_or_default() as u64;
+                let k = job.link.unwrap_or_default().negatives as u64;
+                job.servers as u64 * (b * (2 + k)).min(vertices as u64)
+            }
+            _ => vertices as u64,
+        };
+        dims.link_embedding_values = rows * config.classes as u64;
     }
     dims
 }

@@ -360,6 +360,26 @@ fn the_memory_model_holds_the_gathered_embeddings() {
     };
     let dims = grandis_parallel::job_dims(&config, &link_job, 80);
     assert_eq!(dims.link_embedding_values, 80 * 6);
+    // Co-batches gather their targets only: 2 servers x (5 sources + 5 x (1 + 2) ends), or
+    // every vertex once per server when a co-batch could reach them all; mb gathers nothing.
+    let cob = |batch: u32| JobSpec {
+        mode: Mode::Cob,
+        servers: 2,
+        batch_size: Some(batch),
+        link: Some(grandis_wire::LinkSpec {
+            negatives: 2,
+            ..Default::default()
+        }),
+        ..link_job.clone()
+    };
+    let values = |job: &JobSpec| grandis_parallel::job_dims(&config, job, 80).link_embedding_values;
+    assert_eq!(values(&cob(5)), 2 * 20 * 6);
+    assert_eq!(values(&cob(50)), 2 * 80 * 6);
+    let mb = JobSpec {
+        mode: Mode::Mb,
+        ..link_job.clone()
+    };
+    assert_eq!(values(&mb), 0);
     assert_eq!(
         grandis_parallel::job_dims(&config, &JobSpec::default(), 80),
         grandis_parallel::model_dims(&config)
