@@ -201,17 +201,17 @@ impl Feed {
 }
 
 /// What producers do with a step after sampling and planning it: prepare the host inputs of
-/// the ranks run here (`crate::prepare`), so that a rank's load is its uploads.
+/// the ranks run here (`crate::prepare`), so that a rank's load is its uploads. `prepare`
+/// builds what is small at once and calls its second argument before reading the feature
+/// rows: that waits until the step is fewer than `ahead` steps ahead of the ranks, and says
+/// false when the run is over (then `prepare` stops, handing nothing over).
 #[derive(Clone, Copy)]
 pub(crate) struct Fetch<'f> {
-    pub prepare: &'f (dyn Fn(&Step) -> anyhow::Result<()> + Sync),
-    /// Steps ahead of the ranks whose inputs may be prepared: what bounds the host memory of
+    #[allow(clippy::type_complexity)]
+    pub prepare: &'f (dyn Fn(&Step, &dyn Fn() -> bool) -> anyhow::Result<()> + Sync),
+    /// Steps ahead of the ranks whose inputs may be read: what bounds the host memory of
     /// prepared steps (one step's rows per rank and step), whatever the number of producers.
     pub ahead: u64,
-    /// The pool a step's inputs are read on, when not the producer's own: with many
-    /// producers each has a thread or two, and only `ahead` steps read at a time, so reading a
-    /// step's rows on one thread, not building plans, sets the pace ([`run`](crate::run)).
-    pub pool: Option<&'f rayon::ThreadPool>,
 }
 
 /// Builds `inputs.step_part` of every step of `epochs` epochs that `feed` wants into it, on
@@ -275,14 +275,18 @@ fn produce_steps(
                 let again = prev.as_ref().is_some_and(|p| Arc::ptr_eq(&p.1, &b.1));
                 if let (Some(fetch), false) = (fetch, again) {
                     feed.planned(index, b.1.clone());
-                    if feed.wants(index) && feed.may_fetch(index, fetch.ahead) {
+                    if feed.wants(index) {
+                        // Waiting for the ranks to come near is not building either.
+                        let waited = std::cell::Cell::new(0.0);
+                        let may_read = || {
+                            let waiting = std::time::Instant::now();
+                            let open = feed.may_fetch(index, fetch.ahead);
+                            waited.set(waited.get() + waiting.elapsed().as_secs_f64());
+                            open
+                        };
                         let fetching = std::time::Instant::now();
-                        match fetch.pool {
-                            Some(pool) => pool.install(|| (fetch.prepare)(&b.1)),
-                            None => (fetch.prepare)(&b.1),
-                        }
-                        .context("reading the step's features")?;
-                        seconds += fetching.elapsed().as_secs_f64();
+                        (fetch.prepare)(&b.1, &may_read).context("preparing the step's inputs")?;
+                        seconds += fetching.elapsed().as_secs_f64() - waited.get();
                     }
                 }
                 Ok(b)

@@ -119,15 +119,64 @@ pub(crate) struct HostInput {
     pub(crate) loss_labels: Vec<u32>,
 }
 
+/// A rank's input but its features: the step's graphs, layers and loss rows, small beside the
+/// feature rows, so producers build them as soon as a step's plans exist and read the rows
+/// only when the ranks are near ([`Staged::read`]).
+pub(crate) struct Staged {
+    plans: Vec<Arc<DevicePlan>>,
+    blocks: Vec<HostBlock>,
+    layers: Vec<(usize, usize)>,
+    /// Feature rows of the layer-0 input this rank reads locally.
+    rows: usize,
+    loss_rows: Vec<u32>,
+    loss_labels: Vec<u32>,
+}
+
+impl Staged {
+    /// The feature rows of `rank`'s layer-0 input (`step_plans` as given to
+    /// [`HostInput::stage`]) into a matrix of the preparer's pool: the input complete.
+    pub(crate) fn read(
+        self,
+        preparer: &Preparer<'_>,
+        step_plans: &[Vec<Arc<DevicePlan>>],
+        rank: usize,
+    ) -> anyhow::Result<HostInput> {
+        let buf = preparer
+            .buffers
+            .take(self.rows * preparer.features.view.feature_dim)?;
+        let features = preparer
+            .features
+            .read_local(step_plans, rank, self.rows, buf)?;
+        Ok(HostInput {
+            plans: self.plans,
+            blocks: self.blocks,
+            layers: self.layers,
+            features,
+            loss_rows: self.loss_rows,
+            loss_labels: self.loss_labels,
+        })
+    }
+}
+
 impl HostInput {
-    /// Rank `rank`'s input of `step_plans` (`[rank][layer]`, all ranks), checking the
-    /// invariant the worker relies on: a layer's output rows are exactly the owned part of the
-    /// next layer's input. The feature matrix comes from the preparer's pool.
+    /// Rank `rank`'s input of `step_plans` (`[rank][layer]`, all ranks): [`HostInput::stage`],
+    /// then [`Staged::read`].
     pub(crate) fn prepare(
         preparer: &Preparer<'_>,
         step_plans: &[Vec<Arc<DevicePlan>>],
         rank: usize,
     ) -> anyhow::Result<HostInput> {
+        Self::stage(preparer, step_plans, rank)?.read(preparer, step_plans, rank)
+    }
+
+    /// Rank `rank`'s input of `step_plans` but its features, checking the invariant the
+    /// worker relies on: a layer's output rows are exactly the owned part of the next layer's
+    /// input.
+    pub(crate) fn stage(
+        preparer: &Preparer<'_>,
+        step_plans: &[Vec<Arc<DevicePlan>>],
+        rank: usize,
+    ) -> anyhow::Result<Staged> {
         let per_layer = plans_of(step_plans, rank)?;
         if per_layer.len() != preparer.layers {
             bail!(
@@ -193,10 +242,6 @@ impl HostInput {
         } else {
             blocks[b0].rows.n_src
         };
-        let buf = preparer
-            .buffers
-            .take(rows * preparer.features.view.feature_dim)?;
-        let features = preparer.features.read_local(step_plans, rank, rows, buf)?;
         // Loss rows: inner rows of the last layer's plan that are labelled train vertices.
         let last = &plans[layers[per_layer.len() - 1].0];
         let (mut loss_rows, mut loss_labels) = (Vec::new(), Vec::new());
@@ -209,11 +254,11 @@ impl HostInput {
                 );
             }
         }
-        Ok(HostInput {
+        Ok(Staged {
             plans,
             blocks,
             layers,
-            features,
+            rows,
             loss_rows,
             loss_labels,
         })

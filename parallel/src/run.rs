@@ -239,14 +239,6 @@ pub(crate) fn run(
     // Batched steps are small: their producers also read the ranks' features (FLX-EAS
     // plans span whole partitions and are loaded by their rank, once per round).
     let preparer = shared.preparer();
-    let fetch = |step: &crate::steps::Step| -> anyhow::Result<()> {
-        let inputs = ranks_here
-            .iter()
-            .map(|&r| Ok((r, HostInput::prepare(&preparer, &step.plans, r)?)))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        step.set_prepared(inputs);
-        Ok(())
-    };
     // CUDA runs have a producer on almost every core, each on a pool of one thread, and let
     // only a few steps read their rows at a time: read on one thread, a products-like step's
     // 223 MB set the pace (4 steps reading, a step every ~70 ms). The reads share every core
@@ -264,10 +256,32 @@ pub(crate) fn run(
         ),
         _ => None,
     };
+    // The graphs and loss rows as soon as the plans exist (small), on the producer's pool;
+    // the feature rows once the ranks are near, on the fetch pool where there is one.
+    let fetch = |step: &crate::steps::Step, may_read: &dyn Fn() -> bool| -> anyhow::Result<()> {
+        let staged = ranks_here
+            .iter()
+            .map(|&r| Ok((r, HostInput::stage(&preparer, &step.plans, r)?)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if !may_read() {
+            return Ok(());
+        }
+        let read = || {
+            staged
+                .into_iter()
+                .map(|(r, s)| Ok((r, s.read(&preparer, &step.plans, r)?)))
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
+        let inputs = match &fetch_pool {
+            Some(pool) => pool.install(read)?,
+            None => read()?,
+        };
+        step.set_prepared(inputs);
+        Ok(())
+    };
     let fetch = match &decision.schedule {
         Schedule::FlxSampled { .. } => None,
         _ => Some(crate::feed::Fetch {
-            pool: fetch_pool.as_ref(),
             prepare: &fetch,
             // CPU ranks compute a step for longer than a producer reads the next one's rows, and
             // share the host's memory with them: one step ahead. CUDA ranks take a step every
