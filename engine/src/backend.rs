@@ -321,6 +321,26 @@ pub trait Backend: Kernels {
         }
         self.run_relu(x, out, len)
     }
+    /// `out[r, j] = max(y[r, j] + bias[j], 0)` for the first `rows` rows of the `rows x cols`
+    /// matrix `y`: [`Backend::add_bias`] then [`Backend::relu`] in one pass, the same bits,
+    /// `y` left as it was.
+    fn bias_relu(
+        &self,
+        y: &Self::Buf,
+        bias: &Self::Buf,
+        out: &mut Self::Buf,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        let n = elems("bias_relu", rows, cols)?;
+        need("bias_relu", "y", self.len(y), n)?;
+        need("bias_relu", "bias", self.len(bias), cols)?;
+        need("bias_relu", "out", self.len(out), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.run_bias_relu(y, bias, out, rows, cols)
+    }
     /// In place on the gradient: `grad[i] = if y[i] > 0 { grad[i] } else { 0 }`, where `y` is
     /// the ReLU *output* (or input: the sign is the same).
     fn relu_backward(&self, y: &Self::Buf, grad: &mut Self::Buf, len: usize) -> Result<()> {

@@ -288,6 +288,16 @@ impl Kernels for CudaBackend {
     fn run_relu(&self, _: &CudaBuf, _: &mut CudaBuf, _: usize) -> Result<()> {
         match self.0 {}
     }
+    fn run_bias_relu(
+        &self,
+        _: &CudaBuf,
+        _: &CudaBuf,
+        _: &mut CudaBuf,
+        _: usize,
+        _: usize,
+    ) -> Result<()> {
+        match self.0 {}
+    }
     fn run_relu_backward(&self, _: &CudaBuf, _: &mut CudaBuf, _: usize) -> Result<()> {
         match self.0 {}
     }

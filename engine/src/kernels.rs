@@ -152,6 +152,14 @@ pub trait Kernels: Send + Sync {
         scratch: &mut Self::Buf,
     ) -> Result<()>;
     fn run_relu(&self, x: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
+    fn run_bias_relu(
+        &self,
+        y: &Self::Buf,
+        bias: &Self::Buf,
+        out: &mut Self::Buf,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()>;
     fn run_relu_backward(&self, y: &Self::Buf, grad: &mut Self::Buf, len: usize) -> Result<()>;
     #[allow(clippy::too_many_arguments)]
     fn run_dropout(

@@ -246,6 +246,19 @@ fn bias_and_column_sums_match_cpu() {
         g.add_bias(&mut gx, &g.upload(&bias).unwrap(), rows, cols)
             .unwrap();
         assert_bits("add_bias", &want, &down(&g, &gx));
+        // The fused bias and ReLU: the CPU's two passes, bit for bit.
+        let mut relu = vec![0.0; rows * cols];
+        c.relu(&want, &mut relu, rows * cols).unwrap();
+        let mut gout = g.alloc(rows * cols).unwrap();
+        g.bias_relu(
+            &g.upload(&x).unwrap(),
+            &g.upload(&bias).unwrap(),
+            &mut gout,
+            rows,
+            cols,
+        )
+        .unwrap();
+        assert_bits("bias_relu", &relu, &down(&g, &gout));
         for beta in [0.0f32, 1.0, 0.25] {
             let init = rnd(cols, 6);
             let mut want = init.clone();

@@ -276,6 +276,35 @@ fn relu_dropout_backward_match_finite_differences() {
     fd_check("dropout", &x, &g, f);
 }
 
+/// The fused bias and ReLU is the two passes it replaces, bit for bit, and leaves its input
+/// alone; short buffers are shape errors.
+#[test]
+fn bias_relu_is_add_bias_then_relu() {
+    let b = cpu();
+    for (rows, cols) in [(1usize, 1usize), (7, 5), (3000, 64)] {
+        let y = rnd(rows * cols, 21);
+        let bias = rnd(cols, 22);
+        let mut want = y.clone();
+        b.add_bias(&mut want, &bias, rows, cols).unwrap();
+        let mut relu = vec![0.0; rows * cols];
+        b.relu(&want, &mut relu, rows * cols).unwrap();
+        let mut out = vec![f32::NAN; rows * cols];
+        b.bias_relu(&y, &bias, &mut out, rows, cols).unwrap();
+        assert!(relu
+            .iter()
+            .zip(&out)
+            .all(|(a, c)| a.to_bits() == c.to_bits()));
+        assert_eq!(y, rnd(rows * cols, 21));
+    }
+    let mut out = vec![0.0; 4];
+    assert!(b
+        .bias_relu(&vec![0.0; 3], &vec![0.0; 2], &mut out, 2, 2)
+        .is_err());
+    assert!(b
+        .bias_relu(&vec![0.0; 4], &vec![0.0; 1], &mut out, 2, 2)
+        .is_err());
+}
+
 #[test]
 fn dropout_mask_depends_on_global_id_not_position() {
     let b = cpu();

@@ -416,14 +416,22 @@ impl<B: Backend> Model<B> {
             let ws = &self.params[ws].value;
             b.gemm(false, false, n_dst, d_out, d_in, 1.0, z, ws, beta, &mut y)?;
         }
-        b.add_bias(&mut y, &self.params[st.bias].value, n_dst, d_out)?;
+        let n = n_dst * d_out;
+        let bias = &self.params[st.bias].value;
+        let norm = st.gamma.is_some() && st.beta.is_some();
+        if post && !residual && !norm {
+            // The usual hidden layer: bias and ReLU in one pass over the rows.
+            let mut out = b.alloc(n)?;
+            b.bias_relu(&y, bias, &mut out, n_dst, d_out)?;
+            return Ok((out, cache));
+        }
+        b.add_bias(&mut y, bias, n_dst, d_out)?;
         if residual {
             b.axpy(1.0, input, &mut y, n_dst * d_out)?;
         }
         if !post {
             return Ok((y, cache));
         }
-        let n = n_dst * d_out;
         let mut out = b.alloc(n)?;
         if let (Some(g), Some(be)) = (st.gamma, st.beta) {
             let (mut m, mut rs) = (b.alloc(n_dst)?, b.alloc(n_dst)?);

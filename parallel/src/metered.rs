@@ -315,6 +315,14 @@ impl<B: Kernels> Kernels for Metered<B> {
             grad_x: &mut Self::Buf,
         ) -> Result<()>;
         fn run_relu(&self, x: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
+        fn run_bias_relu(
+            &self,
+            y: &Self::Buf,
+            bias: &Self::Buf,
+            out: &mut Self::Buf,
+            rows: usize,
+            cols: usize,
+        ) -> Result<()>;
         fn run_relu_backward(&self, y: &Self::Buf, grad: &mut Self::Buf, len: usize) -> Result<()>;
         fn run_dropout(
             &self,

@@ -450,6 +450,27 @@ impl Kernels for CpuBackend {
         Ok(())
     }
 
+    fn run_bias_relu(
+        &self,
+        y: &Vec<f32>,
+        bias: &Vec<f32>,
+        out: &mut Vec<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        self.timed(OpClass::Other("bias_relu"), || {
+            out[..rows * cols]
+                .par_chunks_mut(cols)
+                .zip(y[..rows * cols].par_chunks(cols))
+                .for_each(|(o, y)| {
+                    for ((o, &y), &b) in o.iter_mut().zip(y).zip(&bias[..cols]) {
+                        *o = (y + b).max(0.0);
+                    }
+                })
+        });
+        Ok(())
+    }
+
     fn run_relu_backward(&self, y: &Vec<f32>, grad: &mut Vec<f32>, len: usize) -> Result<()> {
         self.timed(OpClass::Other("relu_backward"), || {
             elementwise::relu_backward(y, grad, len)

@@ -438,6 +438,21 @@ fn check_elementwise(emu: &Emu, cpu: &CpuBackend) {
             );
             bits("add_bias", &want, &got);
         }
+        let mut relu = vec![0.0; rows * cols];
+        cpu.relu(&want, &mut relu, rows * cols).unwrap();
+        let mut got = vec![f32::NAN; rows * cols];
+        launch!(
+            emu,
+            "bias_relu",
+            rows_cfg(rows as u64, cols as u64),
+            (*const f32, *const f32, *mut f32, u64, u64),
+            x.as_ptr(),
+            bias.as_ptr(),
+            got.as_mut_ptr(),
+            rows as u64,
+            cols as u64
+        );
+        bits("bias_relu", &relu, &got);
     }
 }
 

@@ -28,6 +28,7 @@ pub const NAMES: &[&str] = &[
     "dropout_fwd",
     "dropout_bwd",
     "add_bias",
+    "bias_relu",
     "gather_rows",
     "scatter_add_grouped",
     "csr_aggregate",
@@ -137,6 +138,12 @@ extern "C" __global__ void dropout_bwd(float* g, u64 rows, u64 cols, const u32* 
 
 extern "C" __global__ void add_bias(float* x, const float* bias, u64 rows, u64 cols) {
     ROW_STRIDE(r, rows) COL_STRIDE(c, cols) x[r * cols + c] += bias[c];
+}
+
+/* add_bias then relu_fwd in one pass: out = max(x + bias, 0), x unchanged. */
+extern "C" __global__ void bias_relu(const float* x, const float* bias, float* out, u64 rows,
+                                     u64 cols) {
+    ROW_STRIDE(r, rows) COL_STRIDE(c, cols) out[r * cols + c] = fmaxf(x[r * cols + c] + bias[c], 0.0f);
 }
 
 extern "C" __global__ void gather_rows(const float* src, const u32* idx, float* out, u64 rows,

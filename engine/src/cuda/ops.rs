@@ -258,6 +258,29 @@ impl Kernels for CudaBackend {
         })
     }
 
+    fn run_bias_relu(
+        &self,
+        y: &CudaBuf,
+        bias: &CudaBuf,
+        out: &mut CudaBuf,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        self.timed(OpClass::Other("bias_relu"), || {
+            let (rows, cols) = (rows as u64, cols as u64);
+            let f = self.func("bias_relu")?;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&y.data)
+                .arg(&bias.data)
+                .arg(&mut out.data)
+                .arg(&rows)
+                .arg(&cols);
+            // SAFETY: y and out have rows * cols elements, bias cols.
+            unsafe { b.launch(rows_cfg(rows, cols)) }.map_err(|e| dev_err("bias_relu", e))?;
+            Ok(())
+        })
+    }
+
     fn run_col_sum(
         &self,
         x: &CudaBuf,
