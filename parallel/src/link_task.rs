@@ -21,7 +21,10 @@
 //! plan's targets, every end of those pairs; the rank's last layer computes exactly the
 //! targets' embeddings and the decoder scores its own pairs ([`LinkBatch::loss`]). The losses
 //! and gradients are sums over the ranks' pairs divided by the step's pair count, so a step
-//! whose batches hold every edge is the full-batch step.
+//! whose batches hold every edge is the full-batch step. Mode cob does it per server
+//! ([`cobatch_loss`]: the step's targets gathered by one all-reduce); mode cluster scores the
+//! edges from a server's cluster batch to the step's batches the same way
+//! ([`LinkSeeds::batch_inside`]), negatives drawn among the step's vertices.
 
 use anyhow::{bail, Context};
 use grandis_fabric::{Endpoint, Tag};
@@ -190,6 +193,65 @@ pub(crate) struct LinkSeeds<'a> {
     /// `old_to_new[original id]`.
     pub old_to_new: Vec<u32>,
     pub seed: u64,
+    /// The supervision edges by source, for batches that are sets of vertices (mode
+    /// cluster: [`LinkSeeds::batch_inside`]); None for batches of edges.
+    pub by_source: Option<EdgesBySource>,
+}
+
+/// The supervision edges of each source vertex (NEW ids), and the inverse id map.
+pub(crate) struct EdgesBySource {
+    /// Edges of new id `v`: `edges[offsets[v]..offsets[v + 1]]`, ascending.
+    offsets: Vec<u64>,
+    edges: Vec<u32>,
+    new_to_old: Vec<u32>,
+}
+
+impl<'a> LinkSeeds<'a> {
+    /// Seeds for batches of edges (`by_vertices` false: mb, cob) or of vertices (cluster).
+    pub fn new(
+        task: LinkTask<'a>,
+        old_to_new: Vec<u32>,
+        seed: u64,
+        by_vertices: bool,
+    ) -> LinkSeeds<'a> {
+        let by_source = by_vertices.then(|| {
+            let n = old_to_new.len();
+            let sources: Vec<u32> = task
+                .split
+                .train
+                .chunks_exact(2)
+                .map(|p| old_to_new[p[0] as usize])
+                .collect();
+            let mut offsets = vec![0u64; n + 1];
+            for &u in &sources {
+                offsets[u as usize + 1] += 1;
+            }
+            for v in 0..n {
+                offsets[v + 1] += offsets[v];
+            }
+            let mut next = offsets.clone();
+            let mut edges = vec![0u32; sources.len()];
+            for (i, &u) in sources.iter().enumerate() {
+                edges[next[u as usize] as usize] = i as u32;
+                next[u as usize] += 1;
+            }
+            let mut new_to_old = vec![0u32; n];
+            for (old, &new) in old_to_new.iter().enumerate() {
+                new_to_old[new as usize] = old as u32;
+            }
+            EdgesBySource {
+                offsets,
+                edges,
+                new_to_old,
+            }
+        });
+        LinkSeeds {
+            task,
+            old_to_new,
+            seed,
+            by_source,
+        }
+    }
 }
 
 /// The supervision pairs of one rank's mini-batch (mb) or one server's co-batch (cob), in NEW
@@ -243,6 +305,62 @@ impl LinkSeeds<'_> {
     }
 }
 
+impl LinkSeeds<'_> {
+    /// The pairs of server batch `own` of a cluster step whose batches together are `all`
+    /// (sorted NEW ids) in epoch `epoch`: every supervision edge from `own` to `all`,
+    /// ascending, and their negatives, drawn among the vertices of `all`
+    /// ([`link::corrupt_destinations_within`]: mode single's draw where it lands inside). The
+    /// targets are the whole of `own` (every vertex of it is computed), so batches holding
+    /// every vertex are mode single's epoch.
+    pub fn batch_inside(&self, own: &[u32], all: &[u32], epoch: u64) -> anyhow::Result<LinkBatch> {
+        let index = self
+            .by_source
+            .as_ref()
+            .context("internal: link seeds without their index by source")?;
+        let split = &self.task.split;
+        let inside = |new: u32| all.binary_search(&new).is_ok();
+        let mut edges: Vec<u32> = own
+            .iter()
+            .flat_map(|&v| {
+                let (a, b) = (index.offsets[v as usize], index.offsets[v as usize + 1]);
+                index.edges[a as usize..b as usize].iter().copied()
+            })
+            .filter(|&i| inside(self.old_to_new[split.train[2 * i as usize + 1] as usize]))
+            .collect();
+        edges.sort_unstable();
+        let n = self.old_to_new.len() as u32;
+        let destinations = split.negative_destinations(n);
+        let candidates: Vec<u32> = all
+            .iter()
+            .map(|&v| index.new_to_old[v as usize])
+            .filter(|w| destinations.contains(w))
+            .collect();
+        let mut pos = Vec::with_capacity(edges.len() * 2);
+        for &i in &edges {
+            let i = i as usize;
+            pos.extend_from_slice(&split.train[2 * i..2 * i + 2]);
+        }
+        let mut neg = link::corrupt_destinations_within(
+            split.train,
+            &edges,
+            self.task.negatives,
+            destinations,
+            self.seed,
+            epoch,
+            |w| inside(self.old_to_new[w as usize]),
+            &candidates,
+        );
+        for v in pos.iter_mut().chain(neg.iter_mut()) {
+            *v = self.old_to_new[*v as usize];
+        }
+        Ok(LinkBatch {
+            pos,
+            neg,
+            targets: own.to_vec(),
+        })
+    }
+}
+
 impl LinkBatch {
     /// Pairs scored (positives and negatives).
     pub fn pairs(&self) -> usize {
@@ -292,9 +410,9 @@ pub(crate) struct CobatchSeat {
     pub devices: usize,
 }
 
-/// A co-batch step's binary cross-entropy (mode cob; `batches[server]`, every server's
-/// pairs), given this rank's inner rows `rows` of NEW ids `ids` (its share of its server's
-/// targets). The targets' embeddings are gathered by one all-reduce over the step's targets,
+/// A co-batch step's binary cross-entropy (modes cob and cluster; `batches[server]`, every
+/// server's pairs), given this rank's inner rows `rows` of NEW ids `ids` (its share of its
+/// server's targets). The targets' embeddings are gathered by one all-reduce over the step's targets,
 /// laid out server after server; this rank scores its share of its server's pairs (its
 /// device's run of the positives, with their negatives); a second all-reduce sums the
 /// gradients of the embeddings. Returns this rank's loss sum, `d(step loss)/d(rows)` and its
@@ -336,8 +454,19 @@ pub(crate) fn cobatch_loss(
     let k = batch.neg.len() / batch.pos.len().max(1);
     let devices = seat.devices.max(1);
     let run = positives * seat.device / devices..positives * (seat.device + 1) / devices;
+    // A pair's end is its server's target in cob (the plan placed it there); in a cluster
+    // step it may be another server's batch vertex, whose row the gather holds too.
+    let end = |g: u32| -> anyhow::Result<usize> {
+        at(g).or_else(|e| {
+            batches
+                .iter()
+                .enumerate()
+                .find_map(|(s, b)| b.targets.binary_search(&g).ok().map(|j| first[s] + j))
+                .ok_or(e)
+        })
+    };
     let local = |pairs: &[u32]| -> anyhow::Result<Vec<u32>> {
-        pairs.iter().map(|&g| at(g).map(|j| j as u32)).collect()
+        pairs.iter().map(|&g| end(g).map(|j| j as u32)).collect()
     };
     let pos = local(&batch.pos[2 * run.start..2 * run.end])?;
     let neg = local(&batch.neg[2 * k * run.start..2 * k * run.end])?;

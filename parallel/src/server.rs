@@ -158,6 +158,7 @@ mod tests {
         for (mode, sampling, batch_size) in [
             (Mode::Mb, fanout.clone(), Some(64)),
             (Mode::Cob, fanout, Some(128)),
+            (Mode::Cluster, Sampling::None, Some(64)),
             (Mode::Fb, Sampling::None, None),
         ] {
             let popts = one_thread(JobSpec {

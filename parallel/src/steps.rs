@@ -558,7 +558,21 @@ pub(crate) fn build_step(
             let round = round_of(epoch, it, batches.iterations());
             let batch = batches.batch(epoch, it)?;
             let plan = batches.plan(ctx, &batch, layers)?;
-            let (step, stats) = masked_step(inputs, plan, None, StepPairs::None);
+            // A link job scores each server's supervision edges from its batch to the step's.
+            let (targets, link) = match inputs.link {
+                Some(seeds) => {
+                    let mut all: Vec<u32> = batch.iter().flatten().copied().collect();
+                    all.sort_unstable();
+                    let link = batch
+                        .iter()
+                        .map(|b| seeds.batch_inside(b, &all, epoch + 1))
+                        .collect::<anyhow::Result<Vec<_>>>()?;
+                    let pairs = link.iter().map(LinkBatch::pairs).sum();
+                    (Some(pairs), StepPairs::Servers(link))
+                }
+                None => (None, StepPairs::None),
+            };
+            let (step, stats) = masked_step(inputs, plan, targets, link);
             Ok((round, step, stats))
         }
     }

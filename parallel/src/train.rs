@@ -8,6 +8,7 @@ use grandis_fabric::Endpoint;
 use grandis_models::{Model, ModelConfig};
 use grandis_store::DatasetView;
 use grandis_trainer::{EpochStats, Objective, TrainOptions};
+use grandis_wire::Mode;
 
 use crate::budget::job_dims;
 use crate::infer::{infer_rank, InferShared, RankInference};
@@ -102,13 +103,15 @@ pub(crate) fn train_ranks(
         _ => StepPart::All,
     };
     let labelled_train = |g: u32| in_train_split(&labelled_flags, g);
-    // A link job's batches (mb, cob) are seeded by its supervision edges.
+    // A link job's batches (mb, cob) are seeded by its supervision edges; a cluster batch
+    // scores the edges inside it.
     let link_seeds = match (&link, popts.job.mode) {
-        (Some(task), grandis_wire::Mode::Mb | grandis_wire::Mode::Cob) => Some(LinkSeeds {
-            task: *task,
-            old_to_new: crate::setup::old_to_new(part),
-            seed: opts.seed,
-        }),
+        (Some(task), mode @ (Mode::Mb | Mode::Cob | Mode::Cluster)) => Some(LinkSeeds::new(
+            *task,
+            crate::setup::old_to_new(part),
+            opts.seed,
+            mode == Mode::Cluster,
+        )),
         _ => None,
     };
     let step_inputs = StepInputs {

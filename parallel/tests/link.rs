@@ -92,7 +92,11 @@ fn check_link_exact(
     // supervision edges and exact closures: each rank scores its edges and their negatives
     // (mode single's draw), and the ranks' sums are single's epoch.
     runs.extend([(Mode::Mb, None), (Mode::Cob, None)]);
+    // Mode cluster with one batch of every vertex (clusters of at least the graph: eight
+    // per batch): every supervision edge inside it, mode single's negatives.
+    runs.push((Mode::Cluster, None));
     let every_edge = view.links.map_or(0, |l| l.train.len() / 2) as u32;
+    let every_vertex_clusters = 8 * view.num_vertices() as u32;
     for (mode, k) in runs {
         let what = format!(
             "link {} {mode} k={k:?} {}x{}",
@@ -104,6 +108,14 @@ fn check_link_exact(
             Mode::Mb | Mode::Cob => {
                 batched_link(view, part, config, opts, (mode, every_edge), Sampling::None)
             }
+            Mode::Cluster => batched_link(
+                view,
+                part,
+                config,
+                opts,
+                (mode, every_vertex_clusters),
+                Sampling::None,
+            ),
             _ => parallel(view, part, config, opts, mode, k),
         }
         .unwrap_or_else(|e| panic!("{what}: {e:#}"));
@@ -244,8 +256,14 @@ fn batched_link_prediction_with_fanout_sampling_trains_deterministically() {
     let fanouts = Sampling::Fanout {
         fanouts: vec![3, 2],
     };
-    for (mode, batch) in [(Mode::Mb, 16), (Mode::Cob, 32)] {
-        let r = batched_link(view, &part, &config, &opts, (mode, batch), fanouts.clone())
+    for (mode, batch, sampling) in [
+        (Mode::Mb, 16, fanouts.clone()),
+        (Mode::Cob, 32, fanouts.clone()),
+        // Cluster batches of 64 vertices: the edges inside each, negatives among its
+        // vertices.
+        (Mode::Cluster, 64, Sampling::None),
+    ] {
+        let r = batched_link(view, &part, &config, &opts, (mode, batch), sampling.clone())
             .unwrap_or_else(|e| panic!("{mode}: {e:#}"));
         let losses: Vec<f64> = r.train.epochs.iter().map(|s| s.loss).collect();
         assert!(
@@ -257,7 +275,7 @@ fn batched_link_prediction_with_fanout_sampling_trains_deterministically() {
         let scores = r.train.link.as_ref().expect("link scores");
         assert!(scores.val.auc > 0.5, "{mode}: {scores:?}");
         let popts = ParallelOptions {
-            job: batched(mode, batch, fanouts.clone()),
+            job: batched(mode, batch, sampling),
             machine: Machine {
                 threads_per_rank: Some(1),
                 plan_threads: Some(3),
@@ -272,10 +290,10 @@ fn batched_link_prediction_with_fanout_sampling_trains_deterministically() {
     }
 }
 
-/// Cluster batches do not train link prediction yet: a clear refusal, not node
-/// classification in its place.
+/// A mode and sampling that do not train link prediction (flx with a sampled plan) is a clear
+/// refusal, not node classification in its place.
 #[test]
-fn sampled_modes_refuse_link_prediction() {
+fn sampled_flx_refuses_link_prediction() {
     let (ds, split) = link_dataset(3, 40, 3, 4);
     let mut view = ds.view();
     view.links = Some(split.view());
@@ -283,8 +301,10 @@ fn sampled_modes_refuse_link_prediction() {
     let config = link_config(&view, ModelKind::Sage, 2);
     let p = ParallelOptions {
         job: JobSpec {
-            mode: Mode::Cluster,
-            batch_size: Some(8),
+            mode: Mode::Flx,
+            sampling: Sampling::Fanout {
+                fanouts: vec![2, 2],
+            },
             ..JobSpec::default()
         },
         machine: Machine::default(),
@@ -299,7 +319,7 @@ fn sampled_modes_refuse_link_prediction() {
     )
     .unwrap_err();
     assert!(
-        format!("{err:#}").contains("link prediction trains in modes single, fb, flx and auto"),
+        format!("{err:#}").contains("link prediction trains in modes single, fb, flx, cluster"),
         "{err:#}"
     );
 }

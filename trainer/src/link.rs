@@ -95,6 +95,41 @@ pub fn corrupt_destinations_at(
     out
 }
 
+/// [`corrupt_destinations_at`]'s negatives restricted to a batch's vertices (cluster batches:
+/// only they have embeddings): a draw `w` the batch holds (`inside(w)`) is kept, any other is
+/// replaced by `candidates[c]`, `c` uniform from a second hash of the same draw, where
+/// `candidates` are the batch's vertices among `destinations` (ORIGINAL ids, like `pos`).
+/// Every candidate is then equally likely (a kept draw `1 / |D|`, plus the replacement's
+/// `(1 - |C| / |D|) / |C|`: `1 / |C|`), and a batch holding every vertex draws exactly
+/// [`corrupt_destinations_at`]'s negatives. `candidates` must not be empty when `indices`
+/// is not.
+#[allow(clippy::too_many_arguments)]
+pub fn corrupt_destinations_within(
+    pos: &[u32],
+    indices: &[u32],
+    k: u32,
+    destinations: std::ops::Range<u32>,
+    seed: u64,
+    epoch: u64,
+    inside: impl Fn(u32) -> bool,
+    candidates: &[u32],
+) -> Vec<u32> {
+    let draw = Corruption::new(k, destinations, seed, epoch);
+    let mut out = Vec::with_capacity(indices.len() * k as usize * 2);
+    for &i in indices {
+        let i = i as usize;
+        let at = out.len();
+        draw.extend(&mut out, i, &pos[2 * i..2 * i + 2]);
+        for (j, w) in out[at..].chunks_exact_mut(2).map(|p| &mut p[1]).enumerate() {
+            if !inside(*w) {
+                let h = grandis_engine::mix64(draw.hash(i, j as u64) ^ 0x696e_7369_6465);
+                *w = candidates[((h as u128 * candidates.len() as u128) >> 64) as usize];
+            }
+        }
+    }
+    out
+}
+
 /// One epoch's corrupted-destination draw: positive `i`'s negative `j` from a hash of
 /// `(seed, epoch, i, j)` alone.
 struct Corruption {
@@ -112,12 +147,16 @@ impl Corruption {
         }
     }
 
+    /// The hash behind positive `i`'s negative `j`.
+    fn hash(&self, i: usize, j: u64) -> u64 {
+        grandis_engine::mix64(self.base ^ (i as u64 * self.k as u64 + j))
+    }
+
     /// Appends positive `i` = `pair`'s `k` negatives.
     fn extend(&self, out: &mut Vec<u32>, i: usize, pair: &[u32]) {
         let span = self.destinations.len() as u128;
-        let k = self.k as u64;
-        for j in 0..k {
-            let h = grandis_engine::mix64(self.base ^ (i as u64 * k + j));
+        for j in 0..self.k as u64 {
+            let h = self.hash(i, j);
             // Multiply-shift: uniform over the range without a division.
             let w = self.destinations.start + ((h as u128 * span) >> 64) as u32;
             out.extend([pair[0], w]);
@@ -265,6 +304,36 @@ pub fn summary_of(decoder: &Decoder, z: &[f32], split: &LinkSplitView<'_>) -> Li
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Draws inside the batch are mode single's; the rest land uniformly on the candidates;
+    /// a batch holding every vertex is mode single's draw.
+    #[test]
+    fn corruption_within_a_batch_keeps_inside_draws_and_spreads_the_rest() {
+        let n = 50u32;
+        let pos: Vec<u32> = (0..400).flat_map(|i| [i % n, (i * 7 + 3) % n]).collect();
+        let every: Vec<u32> = (0..400).collect();
+        let free = corrupt_destinations_at(&pos, &every, 3, 0..n, 9, 2);
+        let all: Vec<u32> = (0..n).collect();
+        let same = corrupt_destinations_within(&pos, &every, 3, 0..n, 9, 2, |_| true, &all);
+        assert_eq!(free, same);
+        // A batch of the even vertices below 20.
+        let candidates: Vec<u32> = (0..20).step_by(2).collect();
+        let inside = |w: u32| w < 20 && w.is_multiple_of(2);
+        let within = corrupt_destinations_within(&pos, &every, 3, 0..n, 9, 2, inside, &candidates);
+        let mut hits = vec![0usize; n as usize];
+        for (f, w) in free.chunks_exact(2).zip(within.chunks_exact(2)) {
+            assert_eq!(f[0], w[0], "the source is kept");
+            assert!(inside(w[1]), "{w:?}");
+            if inside(f[1]) {
+                assert_eq!(f[1], w[1], "an inside draw is kept");
+            }
+            hits[w[1] as usize] += 1;
+        }
+        // 1,200 draws over 10 candidates: each near 120.
+        for c in candidates {
+            assert!((70..170).contains(&hits[c as usize]), "{c}: {hits:?}");
+        }
+    }
 
     #[test]
     fn auc_counts_wins_and_half_ties() {

@@ -66,10 +66,11 @@ pub fn task_conflict(task: Task, mode: Mode, sampling: &Sampling) -> Option<Stri
         (Task::Node, _, _) => None,
         (Task::Link, Mode::Single | Mode::Fb | Mode::Flx | Mode::Auto, Sampling::None) => None,
         (Task::Link, Mode::Mb | Mode::Cob, Sampling::None | Sampling::Fanout { .. }) => None,
+        (Task::Link, Mode::Cluster, Sampling::None) => None,
         (Task::Link, _, _) => Some(format!(
-            "link prediction trains in modes single, fb, flx and auto without sampling, and \
-             in modes mb and cob without sampling or with fanout sampling, so far; not mode \
-             '{mode}' with sampling '{}'",
+            "link prediction trains in modes single, fb, flx, cluster and auto without \
+             sampling, and in modes mb and cob without sampling or with fanout sampling, so \
+             far; not mode '{mode}' with sampling '{}'",
             sampling.method()
         )),
     }
