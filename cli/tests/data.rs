@@ -297,9 +297,21 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
         "--fanouts",
         "3,2",
     ]);
-    let (ok, _, err) = grandis(&["train", &path(&out), "--task", "link", "--mode", "cluster"]);
+    run(&["--mode", "cluster", "--batch-size", "64"]);
+    let (ok, _, err) = grandis(&[
+        "train",
+        &path(&out),
+        "--task",
+        "link",
+        "--mode",
+        "flx",
+        "--sampling",
+        "fanout",
+        "--fanouts",
+        "2,2",
+    ]);
     assert!(
-        !ok && err.contains("--task") && err.contains("modes single, fb, flx and auto"),
+        !ok && err.contains("--task") && err.contains("modes single, fb, flx, cluster and auto"),
         "{err}"
     );
     let (ok, _, err) = grandis(&["train", &path(&src), "--task", "link", "--epochs", "1"]);
