@@ -195,33 +195,36 @@ pub(crate) struct LinkSeeds<'a> {
     pub seed: u64,
     /// The supervision edges by source, for batches that are sets of vertices (mode
     /// cluster: [`LinkSeeds::batch_inside`]); None for batches of edges.
-    pub by_source: Option<EdgesBySource>,
+    pub by_source: Option<EdgesBySource<'a>>,
 }
 
-/// The supervision edges of each source vertex (NEW ids), and the inverse id map.
-pub(crate) struct EdgesBySource {
+/// The supervision edges of each source vertex (NEW ids), and the partition's map back to
+/// the dataset's ids.
+pub(crate) struct EdgesBySource<'a> {
     /// Edges of new id `v`: `edges[offsets[v]..offsets[v + 1]]`, ascending.
     offsets: Vec<u64>,
     edges: Vec<u32>,
-    new_to_old: Vec<u32>,
+    new_to_old: &'a [u32],
 }
 
 impl<'a> LinkSeeds<'a> {
-    /// Seeds for batches of edges (`by_vertices` false: mb, cob) or of vertices (cluster).
+    /// Seeds for batches of edges (`by_vertices` false: mb, cob) or of vertices (cluster) of
+    /// a job partitioned as `part`.
     pub fn new(
         task: LinkTask<'a>,
-        old_to_new: Vec<u32>,
+        part: &'a crate::PartitionedGraph,
         seed: u64,
         by_vertices: bool,
     ) -> LinkSeeds<'a> {
-        let by_source = by_vertices.then(|| {
-            let n = old_to_new.len();
-            let sources: Vec<u32> = task
-                .split
-                .train
-                .chunks_exact(2)
-                .map(|p| old_to_new[p[0] as usize])
-                .collect();
+        let mut seeds = LinkSeeds {
+            task,
+            old_to_new: crate::setup::old_to_new(part),
+            seed,
+            by_source: None,
+        };
+        if by_vertices {
+            let sources = seeds.sources();
+            let n = part.new_to_old.len();
             let mut offsets = vec![0u64; n + 1];
             for &u in &sources {
                 offsets[u as usize + 1] += 1;
@@ -235,22 +238,13 @@ impl<'a> LinkSeeds<'a> {
                 edges[next[u as usize] as usize] = i as u32;
                 next[u as usize] += 1;
             }
-            let mut new_to_old = vec![0u32; n];
-            for (old, &new) in old_to_new.iter().enumerate() {
-                new_to_old[new as usize] = old as u32;
-            }
-            EdgesBySource {
+            seeds.by_source = Some(EdgesBySource {
                 offsets,
                 edges,
-                new_to_old,
-            }
-        });
-        LinkSeeds {
-            task,
-            old_to_new,
-            seed,
-            by_source,
+                new_to_old: &part.new_to_old,
+            });
         }
+        seeds
     }
 }
 
@@ -282,12 +276,7 @@ impl LinkSeeds<'_> {
     pub fn batch(&self, indices: &[u32], epoch: u64) -> LinkBatch {
         let split = &self.task.split;
         let n = self.old_to_new.len() as u32;
-        let mut pos = Vec::with_capacity(indices.len() * 2);
-        for &i in indices {
-            let i = i as usize;
-            pos.extend_from_slice(&split.train[2 * i..2 * i + 2]);
-        }
-        let mut neg = link::corrupt_destinations_at(
+        let neg = link::corrupt_destinations_at(
             split.train,
             indices,
             self.task.negatives,
@@ -295,13 +284,25 @@ impl LinkSeeds<'_> {
             self.seed,
             epoch,
         );
-        for v in pos.iter_mut().chain(neg.iter_mut()) {
-            *v = self.old_to_new[*v as usize];
-        }
+        let (pos, neg) = self.pairs(indices, neg);
         let mut targets: Vec<u32> = pos.iter().chain(&neg).copied().collect();
         targets.sort_unstable();
         targets.dedup();
         LinkBatch { pos, neg, targets }
+    }
+
+    /// Supervision edges `indices` and their negatives `neg` (ORIGINAL ids), in NEW ids.
+    fn pairs(&self, indices: &[u32], mut neg: Vec<u32>) -> (Vec<u32>, Vec<u32>) {
+        let train = self.task.split.train;
+        let mut pos = Vec::with_capacity(indices.len() * 2);
+        for &i in indices {
+            let i = i as usize;
+            pos.extend_from_slice(&train[2 * i..2 * i + 2]);
+        }
+        for v in pos.iter_mut().chain(neg.iter_mut()) {
+            *v = self.old_to_new[*v as usize];
+        }
+        (pos, neg)
     }
 }
 
@@ -335,12 +336,7 @@ impl LinkSeeds<'_> {
             .map(|&v| index.new_to_old[v as usize])
             .filter(|w| destinations.contains(w))
             .collect();
-        let mut pos = Vec::with_capacity(edges.len() * 2);
-        for &i in &edges {
-            let i = i as usize;
-            pos.extend_from_slice(&split.train[2 * i..2 * i + 2]);
-        }
-        let mut neg = link::corrupt_destinations_within(
+        let neg = link::corrupt_destinations_within(
             split.train,
             &edges,
             self.task.negatives,
@@ -350,9 +346,7 @@ impl LinkSeeds<'_> {
             |w| inside(self.old_to_new[w as usize]),
             &candidates,
         );
-        for v in pos.iter_mut().chain(neg.iter_mut()) {
-            *v = self.old_to_new[*v as usize];
-        }
+        let (pos, neg) = self.pairs(&edges, neg);
         Ok(LinkBatch {
             pos,
             neg,

@@ -108,7 +108,7 @@ pub(crate) fn train_ranks(
     let link_seeds = match (&link, popts.job.mode) {
         (Some(task), mode @ (Mode::Mb | Mode::Cob | Mode::Cluster)) => Some(LinkSeeds::new(
             *task,
-            crate::setup::old_to_new(part),
+            part,
             opts.seed,
             mode == Mode::Cluster,
         )),

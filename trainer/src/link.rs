@@ -114,17 +114,15 @@ pub fn corrupt_destinations_within(
     inside: impl Fn(u32) -> bool,
     candidates: &[u32],
 ) -> Vec<u32> {
+    let mut out = corrupt_destinations_at(pos, indices, k, destinations.clone(), seed, epoch);
     let draw = Corruption::new(k, destinations, seed, epoch);
-    let mut out = Vec::with_capacity(indices.len() * k as usize * 2);
-    for &i in indices {
-        let i = i as usize;
-        let at = out.len();
-        draw.extend(&mut out, i, &pos[2 * i..2 * i + 2]);
-        for (j, w) in out[at..].chunks_exact_mut(2).map(|p| &mut p[1]).enumerate() {
-            if !inside(*w) {
-                let h = grandis_engine::mix64(draw.hash(i, j as u64) ^ 0x696e_7369_6465);
-                *w = candidates[((h as u128 * candidates.len() as u128) >> 64) as usize];
-            }
+    // Pair `t` of the draw is negative `t % k` of positive `indices[t / k]`.
+    let k = k.max(1) as usize;
+    for (t, w) in out.chunks_exact_mut(2).map(|p| &mut p[1]).enumerate() {
+        if !inside(*w) {
+            let i = indices[t / k] as usize;
+            let h = grandis_engine::mix64(draw.hash(i, (t % k) as u64) ^ 0x696e_7369_6465);
+            *w = candidates[((h as u128 * candidates.len() as u128) >> 64) as usize];
         }
     }
     out
