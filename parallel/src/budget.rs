@@ -80,10 +80,10 @@ pub fn model_dims(config: &ModelConfig) -> ModelDims {
 
 /// [`model_dims`] for `job` on a graph of `vertices`: a link-prediction job also holds the
 /// output embeddings the decoder reads, gathered on every rank, and their gradient
-/// (`link_task`): every vertex's in fb and flx, a step's targets in cob, none in mb. They are
-/// host memory, where CPU ranks compute; a CUDA rank's budget counts them too (the decoder
-/// runs on the host), which over-states its device's need by that much rather than let the
-/// host run out.
+/// (`link_task`): every vertex's in fb and flx (and, as a bound on its batches, in cluster),
+/// a step's targets in cob, none in mb. They are host memory, where CPU ranks compute; a CUDA
+/// rank's budget counts them too (the decoder runs on the host), which over-states its
+/// device's need by that much rather than let the host run out.
 pub fn job_dims(config: &ModelConfig, job: &grandis_wire::JobSpec, vertices: usize) -> ModelDims {
     use grandis_wire::Mode;
     let mut dims = model_dims(config);

@@ -62,7 +62,8 @@ pub(crate) struct RunInputs<'a, 's> {
     pub resume: Option<&'a Checkpoint>,
     /// Link prediction's task, when the run trains for it.
     pub link: Option<crate::link_task::LinkTask<'a>>,
-    /// A link job's supervision edges, where they seed its batches (modes mb, cob).
+    /// A link job's supervision edges, where they seed its batches (modes mb, cob) or are
+    /// scored inside them (cluster).
     pub link_seeds: Option<&'a crate::link_task::LinkSeeds<'a>>,
 }
 

@@ -132,7 +132,8 @@ pub(crate) struct StepInputs<'a> {
     /// Whether a vertex (new id) is a labelled training vertex: a loss row where it is a
     /// target.
     pub labelled_train: &'a (dyn Fn(u32) -> bool + Sync),
-    /// A link job's supervision edges, where its batches are seeded by them (modes mb, cob).
+    /// A link job's supervision edges, where its batches are seeded by them (modes mb, cob)
+    /// or are scored inside them (cluster).
     pub link: Option<&'a LinkSeeds<'a>>,
 }
 
