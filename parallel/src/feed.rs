@@ -15,10 +15,18 @@ use crate::steps::{build_step, Built, RunStats, Schedule, Step, StepInputs, Step
 /// counts are recorded before it is handed to the ranks, so once a rank has taken every step
 /// of the run, all their counts are here.
 #[derive(Default)]
-pub(crate) struct StepCounts(Mutex<BTreeMap<u64, (StepStats, f64)>>);
+pub(crate) struct StepCounts(Mutex<BTreeMap<u64, (StepStats, BuildSeconds)>>);
+
+/// Host seconds a producer spent on one step: all of them, and the part of them that went to
+/// preparing its inputs (reading feature rows, staging blocks) after sampling and planning.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct BuildSeconds {
+    pub total: f64,
+    pub inputs: f64,
+}
 
 impl StepCounts {
-    pub fn insert(&self, index: u64, stats: StepStats, seconds: f64) {
+    pub fn insert(&self, index: u64, stats: StepStats, seconds: BuildSeconds) {
         if let Ok(mut m) = self.0.lock() {
             m.insert(index, (stats, seconds));
         }
@@ -31,7 +39,8 @@ impl StepCounts {
         let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
         for (stats, seconds) in m.values() {
             sums.add(stats);
-            sums.build_seconds += seconds;
+            sums.build_seconds += seconds.total;
+            sums.inputs_seconds += seconds.inputs;
         }
         sums
     }
@@ -269,9 +278,9 @@ fn produce_steps(
             }
             // Busy seconds only: waiting for the feed is not building.
             let building = std::time::Instant::now();
-            let mut seconds = 0.0;
+            let mut seconds = BuildSeconds::default();
             let built_step = build(index, prev.as_ref()).and_then(|b| {
-                seconds += building.elapsed().as_secs_f64();
+                seconds.total += building.elapsed().as_secs_f64();
                 let again = prev.as_ref().is_some_and(|p| Arc::ptr_eq(&p.1, &b.1));
                 if let (Some(fetch), false) = (fetch, again) {
                     feed.planned(index, b.1.clone());
@@ -286,7 +295,8 @@ fn produce_steps(
                         };
                         let fetching = std::time::Instant::now();
                         (fetch.prepare)(&b.1, &may_read).context("preparing the step's inputs")?;
-                        seconds += fetching.elapsed().as_secs_f64() - waited.get();
+                        seconds.inputs = fetching.elapsed().as_secs_f64() - waited.get();
+                        seconds.total += seconds.inputs;
                     }
                 }
                 Ok(b)

@@ -192,6 +192,7 @@ impl Ran {
                 setup_fetch_bytes,
                 time_split: TimeSplit {
                     plan_build_s: rs.build_seconds / epochs as f64,
+                    plan_inputs_s: rs.inputs_seconds / epochs as f64,
                     ..time_split(&results)
                 },
                 memory,

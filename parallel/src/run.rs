@@ -15,7 +15,7 @@ use grandis_trainer::{Checkpoint, EpochStats, TrainOptions};
 
 use crate::compute::{cuda_rank_backend, rank_ordinals, Compute};
 use crate::decide::{Decision, Eval};
-use crate::feed::StepCounts;
+use crate::feed::{BuildSeconds, StepCounts};
 use crate::fetch::{Answerer, Prefetcher};
 use crate::links::copies::CopyHub;
 use crate::links::nccl::{HostNccl, Nccl};
@@ -304,7 +304,7 @@ pub(crate) fn run(
             // before training.
             for e in 0..epochs as u64 {
                 if feed.wants(e) {
-                    counts.insert(e, stats.clone(), 0.0);
+                    counts.insert(e, stats.clone(), BuildSeconds::default());
                     feed.push(e, step.clone());
                 }
             }

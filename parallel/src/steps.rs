@@ -165,9 +165,12 @@ pub(crate) struct RunStats {
     pub model_peak: Vec<u64>,
     pub targets: u64,
     pub replicated: u64,
-    /// Host seconds spent sampling and building the steps counted here (summed over the
-    /// producer threads).
+    /// Host seconds spent building the steps counted here (summed over the producer threads):
+    /// sampling, plans and, where the producers prepare them, the steps' inputs.
     pub build_seconds: f64,
+    /// Of `build_seconds`, the seconds spent preparing the steps' inputs (feature rows read,
+    /// blocks staged) after their plans were built.
+    pub inputs_seconds: f64,
 }
 
 impl RunStats {
@@ -206,6 +209,7 @@ impl RunStats {
             all.inter_server_sampled_edges += part.inter_server_sampled_edges;
             all.replicated += part.replicated;
             all.build_seconds += part.build_seconds;
+            all.inputs_seconds += part.inputs_seconds;
             add_into(&mut all.computed_per_layer, &part.computed_per_layer);
             add_into(
                 &mut all.aggregated_edges_per_layer,

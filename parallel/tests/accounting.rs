@@ -525,11 +525,16 @@ fn time_split_accounts_for_the_step_pipeline() {
                 t.plan_build_s > 0.0,
                 "{mode}: the producer's time is reported"
             );
+            assert!(
+                t.plan_inputs_s > 0.0 && t.plan_inputs_s < t.plan_build_s,
+                "{mode}: reading the steps' inputs is part of building them: {t:?}"
+            );
             assert!(t.plan_load_s > 0.0, "{mode}: switching steps takes time");
         } else {
             // Static plans are built once, before the epochs: each epoch only takes the same
             // step again.
             assert_eq!(t.plan_build_s, 0.0, "{mode}");
+            assert_eq!(t.plan_inputs_s, 0.0, "{mode}");
             assert!(t.plan_wait_s + t.plan_load_s < 1e-3, "{mode}: {t:?}");
         }
     }

@@ -286,10 +286,15 @@ pub struct TimeSplit {
     /// uploading graphs, index lists and gathered features to the device), `fetch_s` excluded.
     #[serde(default)]
     pub plan_load_s: f64,
-    /// Per-step modes: host seconds the step producer spent sampling and building plans for
-    /// one epoch's steps (on its own thread, overlapped with training: not part of `epoch_s`).
+    /// Per-step modes: host seconds the step producers spent building one epoch's steps
+    /// (sampling, plans and, where they prepare them, the steps' inputs), summed over the
+    /// producer threads (overlapped with training: not part of `epoch_s`).
     #[serde(default)]
     pub plan_build_s: f64,
+    /// Of `plan_build_s`, the seconds spent preparing the steps' inputs (reading their feature
+    /// rows, staging blocks); the rest is sampling and plans.
+    #[serde(default)]
+    pub plan_inputs_s: f64,
 }
 
 /// Measured memory of one rank next to the memory model's estimate.
@@ -386,8 +391,8 @@ impl RunSummary {
             if t.plan_wait_s + t.plan_load_s + t.plan_build_s > 0.0 {
                 s.push_str(&format!(
                     "  (steps: waiting for plans {:.3}s, loading {:.3}s; the host built them in \
-                     {:.3}s)",
-                    t.plan_wait_s, t.plan_load_s, t.plan_build_s
+                     {:.3}s, {:.3}s of it reading their inputs)",
+                    t.plan_wait_s, t.plan_load_s, t.plan_build_s, t.plan_inputs_s
                 ));
             }
             s.push_str(&format!(
