@@ -3,6 +3,13 @@
 //! rank. A step is a pure function of its index, so producers build steps in parallel, out of
 //! order, and the run stays deterministic: the feed releases them in order and the counts are
 //! added in step order.
+//!
+//! A batched step passes through named stages, one [`Step`] value handed along: the producers
+//! sample it, plan it and stage its ranks' inputs (graphs, loss rows: [`Fetch::stage`]); the
+//! fetch stage, one thread taking steps in order, reads their feature rows once the ranks are
+//! near ([`Fetch::read`]) and offers them to the ranks, who upload them. Reading is what
+//! bounds host memory (a products-like step reads 223 MB), so only a few steps read ahead;
+//! planning is small, so producers plan the whole window ahead and never wait for reads.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -29,6 +36,16 @@ impl StepCounts {
     pub fn insert(&self, index: u64, stats: StepStats, seconds: BuildSeconds) {
         if let Ok(mut m) = self.0.lock() {
             m.insert(index, (stats, seconds));
+        }
+    }
+
+    /// Adds `seconds` of preparing step `index`'s inputs to its count (recorded by then).
+    pub fn add_inputs(&self, index: u64, seconds: f64) {
+        if let Ok(mut m) = self.0.lock() {
+            if let Some((_, s)) = m.get_mut(&index) {
+                s.total += seconds;
+                s.inputs += seconds;
+            }
         }
     }
 
@@ -129,10 +146,27 @@ impl Feed {
         (!st.closed).then_some(st)
     }
 
-    /// Shows step `index`'s plans before its inputs are prepared ([`Feed::peek_plans`]).
+    /// Shows step `index`'s plans before its inputs are prepared ([`Feed::peek_plans`]) and
+    /// hands it to the fetch stage ([`Feed::next_planned`]).
     pub fn planned(&self, index: u64, step: Arc<Step>) {
         if self.wants(index) {
             self.lock().planned.insert(index, step);
+            self.cv.notify_all();
+        }
+    }
+
+    /// Waits until step `index` is planned ([`Feed::planned`]) and returns it; None once it
+    /// (or an earlier step) failed, or the feed closed.
+    pub fn next_planned(&self, index: u64) -> Option<Arc<Step>> {
+        let mut st = self.lock();
+        loop {
+            if let Some(step) = st.planned.get(&index) {
+                return Some(step.clone());
+            }
+            if st.closed || st.failed.as_ref().is_some_and(|(f, _)| *f <= index) {
+                return None;
+            }
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -209,15 +243,15 @@ impl Feed {
     }
 }
 
-/// What producers do with a step after sampling and planning it: prepare the host inputs of
-/// the ranks run here (`crate::prepare`), so that a rank's load is its uploads. `prepare`
-/// builds what is small at once and calls its second argument before reading the feature
-/// rows: that waits until the step is fewer than `ahead` steps ahead of the ranks, and says
-/// false when the run is over (then `prepare` stops, handing nothing over).
+/// What is done with a step after sampling and planning it, so that a rank's load is its
+/// uploads (`crate::prepare`): `stage` on the producer that planned it, as soon as its plans
+/// exist (what is small beside the feature rows), then `read` on the fetch stage, in step
+/// order, once the step is fewer than `ahead` steps ahead of the ranks. Both keep what they
+/// make in the step ([`Step::set_staged`], [`Step::set_prepared`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Fetch<'f> {
-    #[allow(clippy::type_complexity)]
-    pub prepare: &'f (dyn Fn(&Step, &dyn Fn() -> bool) -> anyhow::Result<()> + Sync),
+    pub stage: &'f (dyn Fn(&Step) -> anyhow::Result<()> + Sync),
+    pub read: &'f (dyn Fn(&Step) -> anyhow::Result<()> + Sync),
     /// Steps ahead of the ranks whose inputs may be read: what bounds the host memory of
     /// prepared steps (one step's rows per rank and step), whatever the number of producers.
     pub ahead: u64,
@@ -258,9 +292,10 @@ pub(crate) fn produce(
 }
 
 /// Runs `build` for steps `feed.first..total` on `threads` threads (step `i` on thread `i %
-/// threads`, each handing its previous step back to `build`), then `fetch` on each step that
-/// is not its predecessor again, records what it computes in `counts` and pushes it into
-/// `feed`; the first failure is recorded in the feed for the rank that asks for that step.
+/// threads`, each handing its previous step back to `build`) and records what each computes
+/// in `counts`. A step that is not its predecessor again is staged and goes through the fetch
+/// stage ([`fetch_steps`]) when `fetch` is given; otherwise it is pushed into `feed` as built.
+/// The first failure is recorded in the feed for the rank that asks for that step.
 fn produce_steps(
     total: u64,
     threads: usize,
@@ -278,48 +313,53 @@ fn produce_steps(
             }
             // Busy seconds only: waiting for the feed is not building.
             let building = std::time::Instant::now();
-            let mut seconds = BuildSeconds::default();
             let built_step = build(index, prev.as_ref()).and_then(|b| {
-                seconds.total += building.elapsed().as_secs_f64();
                 let again = prev.as_ref().is_some_and(|p| Arc::ptr_eq(&p.1, &b.1));
                 if let (Some(fetch), false) = (fetch, again) {
-                    feed.planned(index, b.1.clone());
-                    if feed.wants(index) {
-                        // Waiting for the ranks to come near is not building either.
-                        let waited = std::cell::Cell::new(0.0);
-                        let may_read = || {
-                            let waiting = std::time::Instant::now();
-                            let open = feed.may_fetch(index, fetch.ahead);
-                            waited.set(waited.get() + waiting.elapsed().as_secs_f64());
-                            open
-                        };
-                        let fetching = std::time::Instant::now();
-                        (fetch.prepare)(&b.1, &may_read).context("preparing the step's inputs")?;
-                        seconds.inputs = fetching.elapsed().as_secs_f64() - waited.get();
-                        seconds.total += seconds.inputs;
-                    }
+                    (fetch.stage)(&b.1).context("preparing the step's inputs")?;
                 }
-                Ok(b)
+                Ok((b, again))
             });
-            let b = match built_step {
+            let (b, again) = match built_step {
                 Ok(b) => b,
                 Err(e) => {
                     feed.fail(index, format!("{e:#}"));
                     return;
                 }
             };
+            let seconds = BuildSeconds {
+                total: building.elapsed().as_secs_f64(),
+                inputs: 0.0,
+            };
             if feed.wants(index) {
                 counts.insert(index, b.2.clone(), seconds);
             }
             let step = b.1.clone();
             prev = Some(b);
-            if !feed.push(index, step) {
+            let offered = match (fetch, again) {
+                // The fetch stage reads its rows and offers it.
+                (Some(_), false) => {
+                    feed.planned(index, step);
+                    true
+                }
+                _ => feed.push(index, step),
+            };
+            if !offered {
                 return;
             }
         }
     };
     let cores = rayon::current_num_threads();
     std::thread::scope(|scope| {
+        if let Some(fetch) = fetch {
+            let spawned = std::thread::Builder::new()
+                .name("grandis-fetch".into())
+                .spawn_scoped(scope, move || fetch_steps(total, feed, counts, fetch));
+            if let Err(e) = spawned {
+                feed.fail(feed.first, format!("starting the fetch thread: {e}"));
+                return;
+            }
+        }
         for t in 0..threads {
             let producer = &producer;
             let spawned = std::thread::Builder::new()
@@ -339,6 +379,30 @@ fn produce_steps(
             }
         }
     });
+}
+
+/// The fetch stage: takes the planned steps `feed.first..total` in order, reads each one's
+/// inputs once it is fewer than `fetch.ahead` steps ahead of the ranks, adds the seconds to
+/// its counts and offers it to the ranks. Stops at the first step that failed (to build here
+/// or to read) and when the feed closes.
+fn fetch_steps(total: u64, feed: &Feed, counts: &StepCounts, fetch: Fetch<'_>) {
+    for index in feed.first..total {
+        let Some(step) = feed.next_planned(index) else {
+            return;
+        };
+        if !feed.may_fetch(index, fetch.ahead) {
+            return;
+        }
+        let reading = std::time::Instant::now();
+        if let Err(e) = (fetch.read)(&step).context("preparing the step's inputs") {
+            feed.fail(index, format!("{e:#}"));
+            return;
+        }
+        counts.add_inputs(index, reading.elapsed().as_secs_f64());
+        if !feed.push(index, step) {
+            return;
+        }
+    }
 }
 
 /// The rayon pool producer `index` of `producers` builds its steps on when they are several:
@@ -384,6 +448,106 @@ mod tests {
         assert!(feed.peek(0).is_some(), "one rank has not taken it");
         feed.take(0).unwrap();
         assert!(feed.peek(0).is_none());
+    }
+
+    /// Steps built by `threads` producers and read by the fetch stage `ahead` steps ahead:
+    /// returns how many steps were planned and how many read once the ranks (one, taking steps
+    /// in order) have taken step 0 and nothing else, and, after they took every step, the
+    /// order in which the fetch stage read them.
+    fn run_stages(total: u64, threads: usize, depth: usize, ahead: u64) -> (u64, u64, Vec<u64>) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let feed = Feed::new(1, depth, 0);
+        let counts = StepCounts::default();
+        let (planned, read) = (AtomicU64::new(0), Mutex::new(Vec::new()));
+        // Each step carries its index (as its target count) for the fetch stage to record.
+        let build = |index: u64, _: Option<&Built>| -> anyhow::Result<Built> {
+            let step = Arc::new(Step::new(Vec::new(), index as usize));
+            Ok((index, step, StepStats::default()))
+        };
+        let stage = |_: &Step| -> anyhow::Result<()> {
+            planned.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        };
+        let read_step = |s: &Step| -> anyhow::Result<()> {
+            read.lock().unwrap().push(s.targets as u64);
+            Ok(())
+        };
+        let fetch = Fetch {
+            stage: &stage,
+            read: &read_step,
+            ahead,
+        };
+        let mut seen = (0, 0);
+        std::thread::scope(|scope| {
+            scope.spawn(|| produce_steps(total, threads, &feed, &counts, &build, Some(fetch)));
+            let first = feed.take(0).unwrap();
+            drop(first);
+            // The stages settle: producers fill the window, the fetch stage its `ahead`.
+            let t = std::time::Instant::now();
+            while planned.load(Ordering::SeqCst) < depth.min(total as usize) as u64
+                && t.elapsed().as_secs() < 10
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            seen = (
+                planned.load(Ordering::SeqCst),
+                read.lock().unwrap().len() as u64,
+            );
+            for i in 1..total {
+                feed.take(i).unwrap();
+            }
+        });
+        let sums = counts.sums();
+        assert_eq!(sums.steps, total);
+        assert!(sums.inputs_seconds > 0.0 && sums.inputs_seconds <= sums.build_seconds);
+        (seen.0, seen.1, read.into_inner().unwrap())
+    }
+
+    /// Producers plan the whole window ahead of the ranks while the fetch stage reads only
+    /// `ahead` steps of it: reading, not planning, is what waits for the ranks.
+    #[test]
+    fn producers_plan_past_the_read_window() {
+        for threads in [1, 3] {
+            let (planned, read, order) = run_stages(12, threads, 6, 2);
+            // The ranks took step 0, so steps 1..7 may be built (6 from the oldest not taken)
+            // and steps 1 and 2 read (2 ahead), besides step 0.
+            assert_eq!(planned, 7, "{threads} producers");
+            assert_eq!(read, 3, "{threads} producers");
+            assert_eq!(order, (0..12).collect::<Vec<_>>());
+        }
+    }
+
+    /// A step whose inputs cannot be read fails for the rank that asks for it, with the
+    /// reason; earlier steps are trained as usual.
+    #[test]
+    fn a_failed_read_reaches_the_rank() {
+        let feed = Feed::new(1, 4, 0);
+        let counts = StepCounts::default();
+        let build = |index: u64, _: Option<&Built>| -> anyhow::Result<Built> {
+            Ok((index, step(), StepStats::default()))
+        };
+        let stage = |_: &Step| -> anyhow::Result<()> { Ok(()) };
+        let reads = std::sync::atomic::AtomicU64::new(0);
+        let read = |_: &Step| -> anyhow::Result<()> {
+            if reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 2 {
+                anyhow::bail!("feature file truncated");
+            }
+            Ok(())
+        };
+        let fetch = Fetch {
+            stage: &stage,
+            read: &read,
+            ahead: 1,
+        };
+        std::thread::scope(|scope| {
+            scope.spawn(|| produce_steps(6, 2, &feed, &counts, &build, Some(fetch)));
+            feed.take(0).unwrap();
+            feed.take(1).unwrap();
+            let e = feed.take(2).err().expect("step 2 failed");
+            assert!(format!("{e:#}").contains("feature file truncated"), "{e:#}");
+            feed.close();
+        });
     }
 
     /// A producer fills the window of `depth` steps at once and waits there until the ranks

@@ -240,12 +240,12 @@ pub(crate) fn run(
     // Batched steps are small: their producers also read the ranks' features (FLX-EAS
     // plans span whole partitions and are loaded by their rank, once per round).
     let preparer = shared.preparer();
-    // CUDA runs have a producer on almost every core, each on a pool of one thread, and let
-    // only a few steps read their rows at a time: read on one thread, a products-like step's
-    // 223 MB set the pace (4 steps reading, a step every ~70 ms). The reads share every core
-    // instead: on an H200 the products-like mb epoch of 188 steps went from 13.5 to 9.6 s
-    // (docs/benchmarks.md). CPU ranks read one step ahead, on the producer's pool, while the
-    // ranks compute on the rest.
+    // CUDA runs have a producer on almost every core, each on a pool of one thread; the fetch
+    // stage reads one step's rows at a time, in order. Read on one thread, a products-like
+    // step's 223 MB set the pace (a step every ~70 ms); the reads share every core instead (on
+    // an H200 the products-like mb epoch of 188 steps went from 13.5 to 9.6 s when reads moved
+    // to this pool, docs/benchmarks.md). CPU runs read one step ahead on the process's pool
+    // while the ranks compute on the rest.
     let fetch_pool = match &decision.schedule {
         Schedule::FlxSampled { .. } => None,
         _ if popts.machine.compute.is_cuda() && plan_threads > 1 => Some(
@@ -259,16 +259,17 @@ pub(crate) fn run(
     };
     // The graphs and loss rows as soon as the plans exist (small), on the producer's pool;
     // the feature rows once the ranks are near, on the fetch pool where there is one.
-    let fetch = |step: &crate::steps::Step, may_read: &dyn Fn() -> bool| -> anyhow::Result<()> {
+    let stage = |step: &crate::steps::Step| -> anyhow::Result<()> {
         let staged = ranks_here
             .iter()
             .map(|&r| Ok((r, HostInput::stage(&preparer, &step.plans, r)?)))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        if !may_read() {
-            return Ok(());
-        }
+        step.set_staged(staged);
+        Ok(())
+    };
+    let read = |step: &crate::steps::Step| -> anyhow::Result<()> {
         let read = || {
-            staged
+            step.take_staged()
                 .into_iter()
                 .map(|(r, s)| Ok((r, s.read(&preparer, &step.plans, r)?)))
                 .collect::<anyhow::Result<Vec<_>>>()
@@ -283,13 +284,15 @@ pub(crate) fn run(
     let fetch = match &decision.schedule {
         Schedule::FlxSampled { .. } => None,
         _ => Some(crate::feed::Fetch {
-            prepare: &fetch,
-            // CPU ranks compute a step for longer than a producer reads the next one's rows, and
-            // share the host's memory with them: one step ahead. CUDA ranks take a step every
-            // few tens of milliseconds (on an H200, one step ahead left them waiting 43 % of
-            // the epoch) and keep their buffers on the device: a few. Not the whole window:
-            // with 17 steps ahead the producers kept page-locking fresh buffers and the
-            // products-like epoch went from 10.3 s to 10.7 s (mb) and 10.8 s to 14.2 s (cob).
+            stage: &stage,
+            read: &read,
+            // CPU ranks compute a step for longer than the fetch stage reads the next one's
+            // rows, and share the host's memory with them: one step ahead. CUDA ranks take a
+            // step every few tens of milliseconds (on an H200, one step ahead left them
+            // waiting 43 % of the epoch) and keep their buffers on the device: a few. Not the
+            // whole window: with 17 steps ahead the producers kept page-locking fresh buffers
+            // and the products-like epoch went from 10.3 s to 10.7 s (mb) and 10.8 s to 14.2 s
+            // (cob).
             ahead: if popts.machine.compute.is_cuda() {
                 4
             } else {

@@ -21,7 +21,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::link_task::{LinkBatch, LinkSeeds};
-use crate::prepare::HostInput;
+use crate::prepare::{HostInput, Staged};
 use anyhow::Context;
 use grandis_masking::{
     estimate_device, estimate_masked, estimate_masked_device, DevicePlan, ExtractionSpec, FlxPlan,
@@ -43,7 +43,10 @@ pub(crate) struct Step {
     pub targets: usize,
     /// A link job's batched step: the pairs each rank or server scores.
     pub link: StepPairs,
-    /// (rank, input) the producer prepared for ranks run here; each is taken once.
+    /// (rank, input but its feature rows) a producer staged for ranks run here, until the
+    /// fetch stage reads their rows ([`crate::feed`]).
+    staged: Mutex<Vec<(usize, Staged)>>,
+    /// (rank, input) prepared for ranks run here; each is taken once.
     prepared: Mutex<Vec<(usize, HostInput)>>,
 }
 
@@ -53,8 +56,24 @@ impl Step {
             plans,
             targets,
             link: StepPairs::None,
+            staged: Mutex::default(),
             prepared: Mutex::default(),
         }
+    }
+
+    /// Keeps the ranks' staged inputs until their feature rows are read ([`Step::take_staged`]).
+    pub fn set_staged(&self, inputs: Vec<(usize, Staged)>) {
+        if let Ok(mut s) = self.staged.lock() {
+            *s = inputs;
+        }
+    }
+
+    /// The staged inputs, once (empty if none were staged or they were taken).
+    pub fn take_staged(&self) -> Vec<(usize, Staged)> {
+        self.staged
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default()
     }
 
     /// Hands the ranks run here their inputs, prepared ahead by a producer.
