@@ -165,9 +165,7 @@ async fn separate_daemon_token_splits_the_two_apis() {
     let h = start(cfg).await;
     let hb = json!({"protocol_version": grandis_wire::PROTOCOL_VERSION, "daemon_id": 1, "state": "idle"});
     let as_user = h
-        .client
-        .post(h.url("/v1/daemon/heartbeat"))
-        .bearer_auth(TOKEN)
+        .call(Method::POST, "/v1/daemon/heartbeat")
         .json(&hb)
         .send()
         .await
@@ -281,10 +279,7 @@ async fn bad_bodies_are_rejected_naming_the_problem() {
 async fn submit_list_get_and_cancel() {
     let dir = tempfile::tempdir().unwrap();
     let h = start(config(&dir.path().join("c.redb"))).await;
-    let resp = h
-        .client
-        .post(h.url("/v1/jobs"))
-        .bearer_auth(TOKEN)
+    let resp = h.call(Method::POST, "/v1/jobs")
         .header("content-type", "application/toml; charset=utf-8")
         .body("name = \"flx-run\"\ndataset = \"/data/reddit\"\nmode = \"flx\"\npreload_hops = 1\nservers = 2\nsampling = \"eas\"\n")
         .send()
@@ -350,9 +345,7 @@ async fn daemon_protocol_rejects_other_versions_and_bad_messages() {
     let dir = tempfile::tempdir().unwrap();
     let h = start(config(&dir.path().join("c.redb"))).await;
     let post = |body: Value| {
-        h.client
-            .post(h.url("/v1/daemon/register"))
-            .bearer_auth(TOKEN)
+        h.call(Method::POST, "/v1/daemon/register")
             .json(&body)
             .send()
     };

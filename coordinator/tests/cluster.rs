@@ -55,9 +55,7 @@ async fn job_runs_from_queue_to_success_visible_in_get_sse_and_metrics() {
     // Follow the job from the start with server-sent events.
     // The response headers arrive once the stream is subscribed, so nothing is missed.
     let resp = h
-        .client
-        .get(h.url(&format!("/v1/jobs/{id}/events")))
-        .bearer_auth(TOKEN)
+        .call(Method::GET, &format!("/v1/jobs/{id}/events"))
         .send()
         .await
         .unwrap();
@@ -381,9 +379,7 @@ async fn restart_keeps_queued_and_finished_jobs() {
     assert_eq!(job["name"], "big");
     // Old daemon ids are unknown; ids keep increasing.
     let resp = h
-        .client
-        .post(h.url("/v1/daemon/heartbeat"))
-        .bearer_auth(TOKEN)
+        .call(Method::POST, "/v1/daemon/heartbeat")
         .json(&json!({"protocol_version": PROTOCOL_VERSION, "daemon_id": a.id, "state": "idle"}))
         .send()
         .await
@@ -407,9 +403,7 @@ async fn a_retried_job_resumes_from_its_checkpoint_and_its_stream_repeats_the_re
         .await;
     h.wait_state(id, "assigned").await;
     let resp = h
-        .client
-        .get(h.url(&format!("/v1/jobs/{id}/events")))
-        .bearer_auth(TOKEN)
+        .call(Method::GET, &format!("/v1/jobs/{id}/events"))
         .send()
         .await
         .unwrap();
@@ -421,12 +415,10 @@ async fn a_retried_job_resumes_from_its_checkpoint_and_its_stream_repeats_the_re
         assert_eq!(a.event(id, progress(epoch)).await.0, StatusCode::NO_CONTENT);
     }
     let put = |daemon: u64, attempt: u32, epoch: u32, body: Vec<u8>| {
-        h.client
-            .put(h.url(&format!(
+        h.call(Method::PUT, &format!(
                 "/v1/daemon/jobs/{id}/checkpoint?protocol_version={PROTOCOL_VERSION}&daemon_id={daemon}\
                  &attempt={attempt}&epoch={epoch}"
-            )))
-            .bearer_auth(TOKEN)
+            ))
             .body(body)
             .send()
     };
@@ -462,9 +454,7 @@ async fn a_retried_job_resumes_from_its_checkpoint_and_its_stream_repeats_the_re
         );
     }
     let none = h
-        .client
-        .get(h.url(&format!("/v1/jobs/{id}/checkpoint")))
-        .bearer_auth(TOKEN)
+        .call(Method::GET, &format!("/v1/jobs/{id}/checkpoint"))
         .send()
         .await
         .unwrap();
@@ -472,21 +462,17 @@ async fn a_retried_job_resumes_from_its_checkpoint_and_its_stream_repeats_the_re
     assert_eq!(put(a.id, 1, 2, ck2.clone()).await.unwrap().status(), 204);
     assert_eq!(put(b.id, 1, 2, ck2.clone()).await.unwrap().status(), 409);
     let missing = h
-        .client
-        .put(h.url(&format!(
-            "/v1/daemon/jobs/{id}/checkpoint?daemon_id={}",
-            a.id
-        )))
-        .bearer_auth(TOKEN)
+        .call(
+            Method::PUT,
+            &format!("/v1/daemon/jobs/{id}/checkpoint?daemon_id={}", a.id),
+        )
         .body("x")
         .send()
         .await
         .unwrap();
     assert_eq!(missing.status(), 400);
     let ck = h
-        .client
-        .get(h.url(&format!("/v1/jobs/{id}/checkpoint")))
-        .bearer_auth(TOKEN)
+        .call(Method::GET, &format!("/v1/jobs/{id}/checkpoint"))
         .send()
         .await
         .unwrap();

@@ -7,13 +7,13 @@ mod common;
 
 use std::path::Path;
 
-use common::{config, start, Harness, HB, TOKEN};
+use common::{config, start, Harness, HB};
 use grandis_quic::{init_cluster_with, InitOptions, NodeIdentity};
 use grandis_wire::{
     registration_message, DaemonState, DeviceInfo, HeartbeatRequest, JobEvent, JobEventRequest,
     NodeProof, RegisterRequest, RegisterResponse, DAEMON_SESSION_HEADER, PROTOCOL_VERSION,
 };
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 fn request(label: &str, proof: Option<NodeProof>) -> RegisterRequest {
@@ -33,9 +33,7 @@ fn request(label: &str, proof: Option<NodeProof>) -> RegisterRequest {
 
 async fn challenge(h: &Harness) -> String {
     let v: Value = h
-        .client
-        .post(h.url("/v1/daemon/challenge"))
-        .bearer_auth(TOKEN)
+        .call(Method::POST, "/v1/daemon/challenge")
         .send()
         .await
         .unwrap()
@@ -47,9 +45,7 @@ async fn challenge(h: &Harness) -> String {
 
 async fn register(h: &Harness, req: &RegisterRequest) -> (StatusCode, Value) {
     let resp = h
-        .client
-        .post(h.url("/v1/daemon/register"))
-        .bearer_auth(TOKEN)
+        .call(Method::POST, "/v1/daemon/register")
         .json(req)
         .send()
         .await
@@ -69,9 +65,7 @@ async fn registered(h: &Harness, node: &NodeIdentity) -> (u64, String) {
 
 async fn heartbeat(h: &Harness, as_id: u64, session: Option<&str>) -> (StatusCode, Value) {
     let mut req = h
-        .client
-        .post(h.url("/v1/daemon/heartbeat"))
-        .bearer_auth(TOKEN)
+        .call(Method::POST, "/v1/daemon/heartbeat")
         .json(&HeartbeatRequest {
             protocol_version: PROTOCOL_VERSION,
             daemon_id: as_id,
@@ -199,9 +193,7 @@ async fn a_daemon_registers_and_acts_only_as_its_certificate_says() {
         (a_id, &a_session)
     };
     let resp = h
-        .client
-        .post(h.url(&format!("/v1/daemon/jobs/{job}/events")))
-        .bearer_auth(TOKEN)
+        .call(Method::POST, &format!("/v1/daemon/jobs/{job}/events"))
         .header(DAEMON_SESSION_HEADER, other_session)
         .json(&JobEventRequest {
             protocol_version: PROTOCOL_VERSION,
@@ -217,12 +209,13 @@ async fn a_daemon_registers_and_acts_only_as_its_certificate_says() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
     let resp = h
-        .client
-        .put(h.url(&format!(
-            "/v1/daemon/jobs/{job}/checkpoint?protocol_version={PROTOCOL_VERSION}\
+        .call(
+            Method::PUT,
+            &format!(
+                "/v1/daemon/jobs/{job}/checkpoint?protocol_version={PROTOCOL_VERSION}\
              &daemon_id={leader}&attempt=1&epoch=1"
-        )))
-        .bearer_auth(TOKEN)
+            ),
+        )
         .header(DAEMON_SESSION_HEADER, other_session)
         .body(vec![0u8; 16])
         .send()
@@ -233,9 +226,7 @@ async fn a_daemon_registers_and_acts_only_as_its_certificate_says() {
     // A daemon not on the job cannot download its checkpoint; one on it can ask.
     let (_, c_session) = registered(&h, &c).await;
     let download = |session: String| {
-        h.client
-            .get(h.url(&format!("/v1/daemon/jobs/{job}/checkpoint")))
-            .bearer_auth(TOKEN)
+        h.call(Method::GET, &format!("/v1/daemon/jobs/{job}/checkpoint"))
             .header(DAEMON_SESSION_HEADER, session)
             .send()
     };

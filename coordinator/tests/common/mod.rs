@@ -65,16 +65,20 @@ impl Harness {
         format!("{}{path}", self.base)
     }
 
+    /// A request to `path` with the API token, to finish and send.
+    pub fn call(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.client
+            .request(method, self.url(path))
+            .bearer_auth(TOKEN)
+    }
+
     pub async fn request(
         &self,
         method: Method,
         path: &str,
         body: Option<(&str, String)>,
     ) -> (StatusCode, Value) {
-        let mut req = self
-            .client
-            .request(method, self.url(path))
-            .bearer_auth(TOKEN);
+        let mut req = self.call(method, path);
         if let Some((ct, text)) = body {
             req = req.header("content-type", ct).body(text);
         }
