@@ -25,7 +25,7 @@
 use crate::args::{AdamStep, Attention, DropoutKey};
 use crate::block::{transpose, BlockGraph, PreparedGraph};
 use crate::error::{elems, need, shape_err, Result};
-use crate::kernels::Kernels;
+use crate::kernels::{GemmShape, Kernels};
 
 /// The operations of a compute backend, arguments checked: what models and runtimes call.
 /// Implemented for every [`Kernels`] type; buffers, uploads and sizes are [`Kernels`]'
@@ -147,7 +147,16 @@ pub trait Backend: Kernels {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        self.run_gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c)
+        let shape = GemmShape {
+            trans_a,
+            trans_b,
+            m,
+            n,
+            k,
+            alpha,
+            beta,
+        };
+        self.run_gemm(shape, a, b, c)
     }
     /// `x[r, j] += bias[j]` for the first `rows` rows of the `rows x cols` matrix `x`.
     fn add_bias(

@@ -9,7 +9,7 @@ use crate::args::{AdamStep, Attention, DropoutKey};
 use crate::block::{BlockGraph, ScaledCsr};
 use crate::error::{EngineError, Result, NOT_BUILT_WITH_CUDA};
 use crate::host::{HostAllocator, HostBuffer};
-use crate::kernels::Kernels;
+use crate::kernels::{GemmShape, Kernels};
 use crate::profile::{OpProfile, OpTimes};
 
 /// The error of every CUDA entry point of this build.
@@ -227,19 +227,7 @@ impl Kernels for CudaBackend {
     ) -> Result<()> {
         match self.0 {}
     }
-    fn run_gemm(
-        &self,
-        _: bool,
-        _: bool,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: f32,
-        _: &CudaBuf,
-        _: &CudaBuf,
-        _: f32,
-        _: &mut CudaBuf,
-    ) -> Result<()> {
+    fn run_gemm(&self, _: GemmShape, _: &CudaBuf, _: &CudaBuf, _: &mut CudaBuf) -> Result<()> {
         match self.0 {}
     }
     fn run_add_bias(&self, _: &mut CudaBuf, _: &CudaBuf, _: usize, _: usize) -> Result<()> {

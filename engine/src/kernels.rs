@@ -12,6 +12,23 @@ use crate::block::{BlockGraph, ScaledCsr};
 use crate::error::Result;
 use crate::host::HostBuffer;
 
+/// The shape and scalars of one GEMM, `C[m x n] = alpha * op(A) * op(B) + beta * C`
+/// ([`crate::Backend::gemm`] documents them): what [`crate::Backend::gemm`] hands its backend
+/// once the buffers are checked against it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GemmShape {
+    /// `A` is stored `k x m` (op(A) = A^T).
+    pub trans_a: bool,
+    /// `B` is stored `n x k` (op(B) = B^T).
+    pub trans_b: bool,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub alpha: f32,
+    /// With `beta == 0` the old contents of `C` are ignored (even NaN).
+    pub beta: f32,
+}
+
 /// A compute backend's buffers and kernels. All methods take `&self`: a backend is shared by
 /// the layers of a model, and implementations use interior synchronisation where they need it.
 ///
@@ -85,18 +102,11 @@ pub trait Kernels: Send + Sync {
         idx: &Self::Index,
         out: &mut Self::Buf,
     ) -> Result<()>;
-    #[allow(clippy::too_many_arguments)]
     fn run_gemm(
         &self,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f32,
+        shape: GemmShape,
         a: &Self::Buf,
         b: &Self::Buf,
-        beta: f32,
         c: &mut Self::Buf,
     ) -> Result<()>;
     fn run_add_bias(

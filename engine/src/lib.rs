@@ -38,5 +38,5 @@ pub use block::{BlockGraph, PreparedGraph, ScaledCsr};
 pub use cpu::CpuBackend;
 pub use error::{shape_err, EngineError, Result, NOT_BUILT_WITH_CUDA};
 pub use host::{HostAllocator, HostBuffer, PlainAllocator};
-pub use kernels::Kernels;
+pub use kernels::{GemmShape, Kernels};
 pub use profile::{OpClass, OpProfile, OpTimes};

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use grandis_engine::{
-    AdamStep, Attention, AttentionDropout, BlockGraph, DropoutKey, Kernels, Result, ScaledCsr,
+    AdamStep, Attention, AttentionDropout, BlockGraph, DropoutKey, GemmShape, Kernels, Result,
+    ScaledCsr,
 };
 
 /// Live and peak bytes of one rank.
@@ -160,6 +161,7 @@ passed_as_is!(
     usize,
     f32,
     DropoutKey,
+    GemmShape,
     &'a [f32],
     &'a mut [f32],
     &'a AdamStep
@@ -281,19 +283,8 @@ impl<B: Kernels> Kernels for Metered<B> {
             idx: &Self::Index,
             out: &mut Self::Buf,
         ) -> Result<()>;
-        fn run_gemm(
-            &self,
-            trans_a: bool,
-            trans_b: bool,
-            m: usize,
-            n: usize,
-            k: usize,
-            alpha: f32,
-            a: &Self::Buf,
-            b: &Self::Buf,
-            beta: f32,
-            c: &mut Self::Buf,
-        ) -> Result<()>;
+        fn run_gemm(&self, shape: GemmShape, a: &Self::Buf, b: &Self::Buf, c: &mut Self::Buf)
+            -> Result<()>;
         fn run_add_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, rows: usize, cols: usize)
             -> Result<()>;
         fn run_col_sum(

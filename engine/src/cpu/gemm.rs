@@ -2,6 +2,7 @@
 
 use super::simd::{simd_level, Simd};
 use super::{RED_CHUNK, ROW_CHUNK};
+use crate::kernels::GemmShape;
 use rayon::prelude::*;
 
 /// `a * b + c`, fused where the caller runs with FMA enabled.
@@ -142,20 +143,22 @@ impl Skinny {
 
 /// One matrixmultiply call on a row range of C. `a` points at the start of A, `rows` are the
 /// rows of C (and of op(A)) to compute.
-#[allow(clippy::too_many_arguments)]
 fn sgemm_rows(
-    trans_a: bool,
-    trans_b: bool,
-    m_total: usize,
+    shape: GemmShape,
     rows: std::ops::Range<usize>,
-    n: usize,
-    k: usize,
-    alpha: f32,
     a: &[f32],
     b: &[f32],
-    beta: f32,
     c_rows: &mut [f32],
 ) {
+    let GemmShape {
+        trans_a,
+        trans_b,
+        m: m_total,
+        n,
+        k,
+        alpha,
+        beta,
+    } = shape;
     let m = rows.len();
     if m == 0 || n == 0 {
         return;
@@ -206,19 +209,16 @@ fn sgemm_rows(
 }
 
 /// The body of [`crate::Backend::gemm`] for `CpuBackend` (arguments already checked).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn gemm(
-    trans_a: bool,
-    trans_b: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    alpha: f32,
-    a: &[f32],
-    b: &[f32],
-    beta: f32,
-    c: &mut [f32],
-) {
+pub(super) fn gemm(shape: GemmShape, a: &[f32], b: &[f32], c: &mut [f32]) {
+    let GemmShape {
+        trans_a,
+        trans_b,
+        m,
+        n,
+        k,
+        alpha,
+        beta,
+    } = shape;
     let c = &mut c[..m * n];
     // A long inner dimension with a small output (weight gradients X^T G): split k
     // into fixed chunks, compute partial products in parallel, add them in order.
@@ -315,7 +315,7 @@ pub(super) fn gemm(
             .for_each(|(ch, c_rows)| {
                 let r0 = ch * rows_per;
                 let r1 = r0 + c_rows.len() / n;
-                sgemm_rows(trans_a, trans_b, m, r0..r1, n, k, alpha, a, b, beta, c_rows);
+                sgemm_rows(shape, r0..r1, a, b, c_rows);
             });
     }
 }

@@ -22,7 +22,7 @@ use crate::args::{AdamStep, Attention, DropoutKey};
 use crate::block::{BlockGraph, ScaledCsr};
 use crate::error::{EngineError, Result};
 use crate::host::HostBuffer;
-use crate::kernels::Kernels;
+use crate::kernels::{GemmShape, Kernels};
 use crate::profile::{aggregate_bytes, OpClass, OpProfile, OpTimes};
 use rayon::prelude::*;
 use simd::simd_level;
@@ -311,20 +311,12 @@ impl Kernels for CpuBackend {
 
     fn run_gemm(
         &self,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f32,
+        shape: GemmShape,
         a: &Vec<f32>,
         b: &Vec<f32>,
-        beta: f32,
         c: &mut Vec<f32>,
     ) -> Result<()> {
-        self.timed(OpClass::Gemm, || {
-            gemm::gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c)
-        });
+        self.timed(OpClass::Gemm, || gemm::gemm(shape, a, b, c));
         Ok(())
     }
 

@@ -15,7 +15,7 @@ use crate::args::{AdamStep, Attention, DropoutKey};
 use crate::block::{BlockGraph, ScaledCsr};
 use crate::error::{shape_err, Result};
 use crate::host::HostBuffer;
-use crate::kernels::Kernels;
+use crate::kernels::{GemmShape, Kernels};
 use crate::profile::OpClass;
 
 impl Kernels for CudaBackend {
@@ -178,19 +178,16 @@ impl Kernels for CudaBackend {
         })
     }
 
-    fn run_gemm(
-        &self,
-        trans_a: bool,
-        trans_b: bool,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f32,
-        a: &CudaBuf,
-        b: &CudaBuf,
-        beta: f32,
-        c: &mut CudaBuf,
-    ) -> Result<()> {
+    fn run_gemm(&self, shape: GemmShape, a: &CudaBuf, b: &CudaBuf, c: &mut CudaBuf) -> Result<()> {
+        let GemmShape {
+            trans_a,
+            trans_b,
+            m,
+            n,
+            k,
+            alpha,
+            beta,
+        } = shape;
         self.timed(OpClass::Gemm, || {
             if k == 0 {
                 // cuBLAS rejects a leading dimension of 0; C = beta * C (beta = 0 clears NaN).
