@@ -237,17 +237,41 @@ pub fn cob_specs(
     sampler: &dyn Sampler,
     round: u64,
 ) -> Result<Vec<ExtractionSpec>> {
-    if batch.len() != ctx.layout().servers() {
+    group_specs::<Servers>(ctx, batch, layers, sampler, round)
+}
+
+/// One iteration's extraction specs, one per group (`[group]`: a server's co-batch, or a
+/// rank's mini-batch sampled for the rank's server).
+fn group_specs<G: Grouping>(
+    ctx: &PlanContext<'_>,
+    batch: &[Vec<u32>],
+    layers: usize,
+    sampler: &dyn Sampler,
+    round: u64,
+) -> Result<Vec<ExtractionSpec>> {
+    let layout = ctx.layout();
+    let (groups, batches, of) = if G::PER_RANK {
+        (layout.num_ranks(), "mini-batches", "devices")
+    } else {
+        (layout.servers(), "co-batches", "servers")
+    };
+    if batch.len() != groups {
         return Err(SamplingError::Config(format!(
-            "{} co-batches given for {} servers",
-            batch.len(),
-            ctx.layout().servers()
+            "{} {batches} given for {groups} {of}",
+            batch.len()
         )));
     }
     batch
         .iter()
         .enumerate()
-        .map(|(s, t)| sampler.spec(ctx, s, t.clone(), layers, round))
+        .map(|(g, t)| {
+            let server = if G::PER_RANK {
+                layout.server_of_rank(g)
+            } else {
+                g
+            };
+            sampler.spec(ctx, server, t.clone(), layers, round)
+        })
         .collect()
 }
 
@@ -273,19 +297,7 @@ pub fn mb_specs(
     sampler: &dyn Sampler,
     round: u64,
 ) -> Result<Vec<ExtractionSpec>> {
-    let layout = ctx.layout();
-    if batch.len() != layout.num_ranks() {
-        return Err(SamplingError::Config(format!(
-            "{} mini-batches given for {} devices",
-            batch.len(),
-            layout.num_ranks()
-        )));
-    }
-    batch
-        .iter()
-        .enumerate()
-        .map(|(r, t)| sampler.spec(ctx, layout.server_of_rank(r), t.clone(), layers, round))
-        .collect()
+    group_specs::<Devices>(ctx, batch, layers, sampler, round)
 }
 
 /// Every rank's standalone MFG from its spec (`specs[rank]`, as [`mb_specs`] gives them).
@@ -351,6 +363,40 @@ fn empty(mode: &str, sampler: &dyn Sampler, batch_size: usize, iterations: usize
     }
 }
 
+impl EpochStats {
+    /// Adds what the device plans of one iteration compute.
+    fn count<'a>(&mut self, devices: impl IntoIterator<Item = &'a DevicePlan>) {
+        for d in devices {
+            let (c, e) = device_counts(d);
+            add(&mut self.computed_vertices_per_layer, &c);
+            add(&mut self.aggregated_edges_per_layer, &e);
+            self.sampled_edges += d.num_edges() as u64;
+        }
+    }
+}
+
+/// Runs `iteration` (stats, batches, round) on every iteration of `epoch`, counting the
+/// batches' targets, with progress labelled by `mode`.
+fn epoch_stats<G: Grouping>(
+    mode: &str,
+    batcher: &Batcher<G>,
+    sampler: &dyn Sampler,
+    epoch: u64,
+    mut iteration: impl FnMut(&mut EpochStats, &[Vec<u32>], u64) -> Result<()>,
+) -> Result<EpochStats> {
+    let n = batcher.iterations();
+    let mut s = empty(mode, sampler, batcher.batch_size(), n);
+    let mut progress = grandis_telemetry::Progress::new(format!("{mode} epoch"), Some(n as u64));
+    for it in 0..n {
+        let batch = batcher.batch(epoch, it)?;
+        s.targets += batch.iter().map(|b| b.len() as u64).sum::<u64>();
+        iteration(&mut s, &batch, round_of(epoch, it, n))?;
+        progress.inc(1);
+    }
+    progress.finish();
+    Ok(finish(s))
+}
+
 /// Builds every CoB plan of `epoch` and counts (plans are dropped after counting).
 pub fn cob_epoch_stats(
     ctx: &PlanContext<'_>,
@@ -360,27 +406,15 @@ pub fn cob_epoch_stats(
     dims: Option<&ModelDims>,
     epoch: u64,
 ) -> Result<EpochStats> {
-    let n = batcher.iterations();
-    let mut s = empty("cob", sampler, batcher.batch_size(), n);
-    let mut progress = grandis_telemetry::Progress::new("cob epoch", Some(n as u64));
-    for it in 0..n {
-        let batch = batcher.batch(epoch, it)?;
-        let plan = cob_plan(ctx, &batch, layers, sampler, round_of(epoch, it, n))?;
+    epoch_stats("cob", batcher, sampler, epoch, |s, batch, round| {
+        let plan = cob_plan(ctx, batch, layers, sampler, round)?;
         s.mfgs += 1;
-        s.targets += batch.iter().map(|b| b.len() as u64).sum::<u64>();
-        for d in &plan.devices {
-            let (c, e) = device_counts(d);
-            add(&mut s.computed_vertices_per_layer, &c);
-            add(&mut s.aggregated_edges_per_layer, &e);
-            s.sampled_edges += d.num_edges() as u64;
-        }
+        s.count(&plan.devices);
         if let Some(dims) = dims {
             s.peak_bytes = s.peak_bytes.max(estimate_masked(dims, &plan).max_bytes);
         }
-        progress.inc(1);
-    }
-    progress.finish();
-    Ok(finish(s))
+        Ok(())
+    })
 }
 
 /// Builds every MB plan of `epoch` and counts.
@@ -392,25 +426,15 @@ pub fn mb_epoch_stats(
     dims: Option<&ModelDims>,
     epoch: u64,
 ) -> Result<EpochStats> {
-    let n = batcher.iterations();
-    let mut s = empty("mb", sampler, batcher.epochs.batch_size, n);
-    let mut progress = grandis_telemetry::Progress::new("mb epoch", Some(n as u64));
-    for it in 0..n {
-        let batch = batcher.batch(epoch, it)?;
-        let plans = mb_plans(ctx, &batch, layers, sampler, round_of(epoch, it, n))?;
-        s.targets += batch.iter().map(|b| b.len() as u64).sum::<u64>();
-        for d in &plans {
-            s.mfgs += 1;
-            let (c, e) = device_counts(d);
-            add(&mut s.computed_vertices_per_layer, &c);
-            add(&mut s.aggregated_edges_per_layer, &e);
-            s.sampled_edges += d.num_edges() as u64;
-            if let Some(dims) = dims {
+    epoch_stats("mb", batcher, sampler, epoch, |s, batch, round| {
+        let plans = mb_plans(ctx, batch, layers, sampler, round)?;
+        s.mfgs += plans.len();
+        s.count(&plans);
+        if let Some(dims) = dims {
+            for d in &plans {
                 s.peak_bytes = s.peak_bytes.max(estimate_masked_device(dims, d).total);
             }
         }
-        progress.inc(1);
-    }
-    progress.finish();
-    Ok(finish(s))
+        Ok(())
+    })
 }
