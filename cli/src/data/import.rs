@@ -209,21 +209,17 @@ pub fn run(args: ImportArgs) -> anyhow::Result<()> {
         .cloned()
         .unwrap_or_default();
     if args.json {
-        let out = serde_json::json!({
-            "out": args.out,
-            "format": format.name(),
-            "name": m.name,
-            "num_vertices": m.num_vertices,
-            "num_edges": m.num_edges,
-            "feature_dim": m.feature_dim,
-            "num_classes": m.num_classes,
-            "symmetric": m.symmetric,
-            "split": m.split,
-            "seeded_split": split_line.contains("seeded"),
-            "provenance": m.provenance,
-            "seconds": seconds,
-            "peak_rss_bytes": peak,
-        });
+        let mut out = super::info::manifest_json(m);
+        out.extend([
+            ("out".into(), serde_json::json!(args.out)),
+            ("format".into(), serde_json::json!(format.name())),
+            (
+                "seeded_split".into(),
+                serde_json::json!(split_line.contains("seeded")),
+            ),
+            ("seconds".into(), serde_json::json!(seconds)),
+            ("peak_rss_bytes".into(), serde_json::json!(peak)),
+        ]);
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!("imported {} into {}", m.name, args.out.display());

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use grandis_store::Dataset;
+use grandis_store::{Dataset, Manifest};
 
 /// Arguments of `grandis data info`.
 #[derive(clap::Args)]
@@ -32,26 +32,41 @@ pub struct VerifyArgs {
     dir: PathBuf,
 }
 
+/// What the JSON of the commands that describe a dataset (`data info`, `data import`) says of
+/// its manifest, under the keys they share.
+pub(super) fn manifest_json(m: &Manifest) -> serde_json::Map<String, serde_json::Value> {
+    use serde_json::json;
+    [
+        ("name", json!(m.name)),
+        ("num_vertices", json!(m.num_vertices)),
+        ("num_edges", json!(m.num_edges)),
+        ("feature_dim", json!(m.feature_dim)),
+        ("num_classes", json!(m.num_classes)),
+        ("symmetric", json!(m.symmetric)),
+        ("split", json!(m.split)),
+        ("provenance", json!(m.provenance)),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value))
+    .collect()
+}
+
 pub fn run(args: InfoArgs) -> anyhow::Result<()> {
     let ds = Dataset::open(&args.dir).with_context(|| format!("opening {}", args.dir.display()))?;
     let m = ds.manifest();
     // In-degrees: rows of the CSR list the sources of edges into each vertex.
     let degrees = ds.graph().degree_stats();
     if args.json {
-        let out = serde_json::json!({
-            "dir": args.dir,
-            "name": m.name,
-            "num_vertices": m.num_vertices,
-            "num_edges": m.num_edges,
-            "feature_dim": m.feature_dim,
-            "num_classes": m.num_classes,
-            "symmetric": m.symmetric,
-            "split": m.split,
-            "link": m.link,
-            "link_destinations": m.link_destinations,
-            "provenance": m.provenance,
-            "in_degree": degrees,
-        });
+        let mut out = manifest_json(m);
+        out.extend([
+            ("dir".into(), serde_json::json!(args.dir)),
+            ("link".into(), serde_json::json!(m.link)),
+            (
+                "link_destinations".into(),
+                serde_json::json!(m.link_destinations),
+            ),
+            ("in_degree".into(), serde_json::json!(degrees)),
+        ]);
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }

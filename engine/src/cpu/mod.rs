@@ -106,6 +106,21 @@ impl CpuBackend {
         self.pool.install(f)
     }
 
+    /// `out = csr * x` over `rows` output rows of width `d`, timed and its bytes counted as
+    /// an aggregation.
+    fn aggregate_over(
+        &self,
+        csr: &aggregate::Csr,
+        rows: usize,
+        x: &[f32],
+        d: usize,
+        out: &mut [f32],
+    ) {
+        self.timed(OpClass::Aggregate, || csr.run(x, d, out));
+        let bytes = aggregate_bytes(csr.indices.len(), rows, d);
+        self.timers.agg_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     fn timed<R: Send>(&self, kind: OpClass, f: impl FnOnce() -> R + Send) -> R {
         let start = Instant::now();
         let r = self.pool.install(f);
@@ -373,9 +388,7 @@ impl Kernels for CpuBackend {
         d: usize,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        self.timed(OpClass::Aggregate, || g.fwd.run(x, d, out));
-        let bytes = aggregate_bytes(g.fwd.indices.len(), g.n_dst, d);
-        self.timers.agg_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.aggregate_over(&g.fwd, g.n_dst, x, d, out);
         Ok(())
     }
 
@@ -386,9 +399,8 @@ impl Kernels for CpuBackend {
         d: usize,
         grad_x: &mut Vec<f32>,
     ) -> Result<()> {
-        self.timed(OpClass::Aggregate, || g.bwd.run(grad_out, d, grad_x));
-        let bytes = aggregate_bytes(g.bwd.indices.len(), g.n_src, d);
-        self.timers.agg_bytes.fetch_add(bytes, Ordering::Relaxed);
+        // The backward pass is the forward one over the transposed graph.
+        self.aggregate_over(&g.bwd, g.n_src, grad_out, d, grad_x);
         Ok(())
     }
 

@@ -179,15 +179,9 @@ impl Kernels for CudaBackend {
     }
 
     fn run_gemm(&self, shape: GemmShape, a: &CudaBuf, b: &CudaBuf, c: &mut CudaBuf) -> Result<()> {
-        let GemmShape {
-            trans_a,
-            trans_b,
-            m,
-            n,
-            k,
-            alpha,
-            beta,
-        } = shape;
+        let (m, n, k) = (shape.m, shape.n, shape.k);
+        let (trans_a, trans_b, alpha, beta) =
+            (shape.trans_a, shape.trans_b, shape.alpha, shape.beta);
         self.timed(OpClass::Gemm, || {
             if k == 0 {
                 // cuBLAS rejects a leading dimension of 0; C = beta * C (beta = 0 clears NaN).
