@@ -266,14 +266,15 @@ pub fn plan_job(
     // One plan context (the graph's transpose, the splits) for the co-batch search and the
     // counting.
     let ctx = crate::plan_context(&view, part)?;
-    // Link prediction is planned among the exact modes: the counts of a co-batch candidate
-    // are a node-classification co-batch's (vertices, not supervision edges), so its batched
-    // modes (mb, cob) are chosen by hand.
+    // A link job's co-batches are supervision edges (`link_task::LinkSeeds`): its co-batch
+    // candidates take the job's batch size (the largest co-batch that fits is searched over
+    // vertices, a node-classification co-batch).
     let task = popts.job.task;
-    let exact_only = task == grandis_wire::Task::Link;
     let (batch, no_cobatch) = match popts.batch_size() {
-        _ if exact_only => (0, Some(format!("a {task} job trains the exact modes only"))),
         Some(b) => (b, None),
+        None if task == grandis_wire::Task::Link => {
+            (popts.job.batch_size_or_default() as usize, None)
+        }
         None => match largest_cobatch(&ctx, config, &popts.job.sampling, budget, seed) {
             Ok(b) => (b, None),
             Err(e) => (0, Some(format!("{e:#}"))),

@@ -667,24 +667,15 @@ pub fn plan(
     if totals[0] == 0 && !link {
         anyhow::bail!("the dataset's train split has no labelled vertices");
     }
-    let dims = crate::budget::job_dims(config, &base.job, view.num_vertices());
-    let work = layer_work(config, &dims)?;
-    // Link prediction all-reduces every vertex's output embedding and its gradient each step
-    // besides the parameters (`link_task`: each rank scores its share of the pairs).
-    let parameters = parameters(config)? + 2 * dims.link_embedding_values as usize;
+    let work = layer_work(config, &crate::model_dims(config))?;
     let (budget, _) = crate::budget::budget(base, &part.layout)?;
     let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
-    // The exact modes' link decoder: every rank scores its share of every supervision edge
-    // and its negatives each step (`link_task`).
-    let decoder = match (objective, view.links) {
-        (grandis_trainer::Objective::Link { negatives, decoder }, Some(split)) => DecoderWork {
-            pairs_per_rank: (split.train.len() / 2) as f64 * (1 + negatives) as f64
-                / part.layout.num_ranks() as f64,
-            cols: config.classes,
-            rows: view.num_vertices() as f64,
-            mlp: decoder == grandis_wire::LinkDecoder::Mlp,
-        },
-        _ => DecoderWork::default(),
+    let link_task = match (objective, view.links) {
+        (grandis_trainer::Objective::Link { negatives, decoder }, Some(split)) => Some((
+            crate::link_task::LinkTask { split, negatives },
+            decoder == grandis_wire::LinkDecoder::Mlp,
+        )),
+        _ => None,
     };
     let count = |c: &Candidate| -> Planned {
         let mut popts = c.options(base);
@@ -693,19 +684,58 @@ pub fn plan(
         let counted = (|| -> anyhow::Result<EpochCounts> {
             let sampler =
                 grandis_sampling::dependency_sampler(&popts.job.sampling, config.layers, seed)?;
+            // The candidate's own dims: a link job's gathered embeddings depend on the mode.
+            let dims = crate::budget::job_dims(config, &popts.job, view.num_vertices());
+            // A link job's batches (cob, mb) are seeded by its supervision edges, as a run's.
+            let seeds = match (&link_task, c.mode) {
+                (Some((task, _)), grandis_wire::Mode::Cob | grandis_wire::Mode::Mb) => {
+                    Some(crate::link_task::LinkSeeds::new(*task, part, seed, false))
+                }
+                _ => None,
+            };
             let inputs = crate::steps::StepInputs {
                 ctx,
                 dims: &dims,
                 step_part: crate::steps::StepPart::All,
                 labelled_train: &labelled_train,
-                link: None,
+                link: seeds.as_ref(),
             };
             let decision =
                 crate::decide::decide(&inputs, config, &popts, sampler.as_deref(), seed)?;
-            count_epoch(&inputs, &decision, &work, view.feature_dim).map(|c| EpochCounts {
+            let (counts, step_pairs) = count_epoch(&inputs, &decision, &work, view.feature_dim)?;
+            // Link prediction all-reduces the embeddings it gathers and their gradients each
+            // step besides the parameters (`link_task`).
+            let parameters = parameters(config)? + 2 * dims.link_embedding_values as usize;
+            // The decoder: every rank scores its share of a batched step's pairs, or of every
+            // supervision edge and its negatives in the exact modes (`link_task`).
+            let ranks = part.layout.num_ranks() as f64;
+            let decoder = match &link_task {
+                Some((task, mlp)) => {
+                    let (pairs, rows) = if step_pairs > 0.0 {
+                        (
+                            step_pairs,
+                            (2.0 * step_pairs).min(view.num_vertices() as f64),
+                        )
+                    } else {
+                        let edges = (task.split.train.len() / 2) as f64;
+                        (
+                            edges * (1 + task.negatives) as f64,
+                            view.num_vertices() as f64,
+                        )
+                    };
+                    DecoderWork {
+                        pairs_per_rank: pairs / ranks,
+                        cols: config.classes,
+                        rows,
+                        mlp: *mlp,
+                    }
+                }
+                None => DecoderWork::default(),
+            };
+            Ok(EpochCounts {
                 parameters,
-                decoder: decoder.clone(),
-                ..c
+                decoder,
+                ..counts
             })
         })();
         let count_seconds = started.elapsed().as_secs_f64();
@@ -733,7 +763,17 @@ pub fn plan(
     let floor = candidates
         .iter()
         .any(is_static)
-        .then(|| static_floor(ctx, &dims, &work, parameters, rates));
+        .then(|| -> anyhow::Result<StaticFloor> {
+            // What the static candidates (fb, flx) hold: an exact mode's dims and parameters.
+            let exact = grandis_wire::JobSpec {
+                mode: grandis_wire::Mode::Fb,
+                ..base.job.clone()
+            };
+            let dims = crate::budget::job_dims(config, &exact, view.num_vertices());
+            let parameters = parameters(config)? + 2 * dims.link_embedding_values as usize;
+            Ok(static_floor(ctx, &dims, &work, parameters, rates))
+        })
+        .transpose()?;
     let mut out: Vec<Option<Planned>> = vec![None; candidates.len()];
     let per_iteration_first = (0..candidates.len())
         .filter(|&i| !is_static(&candidates[i]))
@@ -821,13 +861,14 @@ fn ruled_out(
 }
 
 /// Counts one epoch of `decision`'s schedule (epoch 0; per-iteration schedules: its first
-/// [`COUNTED_STEPS`] steps, scaled).
+/// [`COUNTED_STEPS`] steps, scaled), with the mean pairs a link job's batched step scores (0
+/// for every other schedule).
 fn count_epoch(
     inputs: &crate::steps::StepInputs<'_>,
     decision: &crate::decide::Decision<'_>,
     work: &[LayerWork],
     features: usize,
-) -> anyhow::Result<EpochCounts> {
+) -> anyhow::Result<(EpochCounts, f64)> {
     let ctx = inputs.ctx;
     use crate::steps::Schedule;
     let iterations = decision.schedule.iterations();
@@ -838,6 +879,7 @@ fn count_epoch(
         ..EpochCounts::default()
     };
     let mut prev = None;
+    let mut pairs = 0;
     for it in 0..counted {
         let t = std::time::Instant::now();
         let built = crate::steps::build_step(inputs, &decision.schedule, 0, it, prev.as_ref())?;
@@ -867,9 +909,10 @@ fn count_epoch(
             Schedule::Cob { .. } | Schedule::Mb { .. } | Schedule::Cluster { .. } => fetch,
         };
         counts.steps.push(step);
+        pairs += built.1.link.pairs();
         prev = Some(built);
     }
-    Ok(counts)
+    Ok((counts, pairs as f64 / counted as f64))
 }
 
 /// The plan to run: the fastest predicted candidate that fits its budget, except that a

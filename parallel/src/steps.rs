@@ -112,6 +112,16 @@ pub(crate) enum StepPairs {
     Servers(Vec<LinkBatch>),
 }
 
+impl StepPairs {
+    /// Pairs the step scores over every rank (0 when it is not a link job's batched step).
+    pub fn pairs(&self) -> usize {
+        match self {
+            StepPairs::None => 0,
+            StepPairs::Ranks(b) | StepPairs::Servers(b) => b.iter().map(LinkBatch::pairs).sum(),
+        }
+    }
+}
+
 /// Which part of each step this process builds and counts.
 ///
 /// In one process every rank runs here and the whole step is built. Under `cluster up` each

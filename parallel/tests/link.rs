@@ -324,40 +324,71 @@ fn sampled_flx_refuses_link_prediction() {
     );
 }
 
-/// `mode auto` plans a link job among the exact plans only (fb, flx for every k), with the
-/// embedding all-reduce priced in, and trains the one it chose exactly as that mode does.
+/// `mode auto` plans a link job among the exact plans (fb, flx for every k) and co-batches of
+/// its supervision edges (the job's batch size, its half and its quarter), each counted from
+/// the steps a run of it builds, and trains the one it chose exactly as that mode does.
 #[test]
-fn auto_chooses_an_exact_plan_for_link_prediction() {
+fn auto_plans_link_prediction_over_exact_plans_and_edge_co_batches() {
     let (ds, split) = link_dataset(5, 80, 4, 6);
     let mut view = ds.view();
     view.links = Some(split.view());
     let part = random_partition(&view, 2, 2, 5);
     let config = link_config(&view, ModelKind::Sage, 2);
     let opts = link_opts(2, LinkDecoder::Dot);
+    let machine = Machine {
+        threads_per_rank: Some(1),
+        collect_logits: true,
+        ..Machine::default()
+    };
+    let job = |mode: Mode, k: Option<u32>, batch: Option<u32>| JobSpec {
+        mode,
+        preload_hops: k,
+        batch_size: batch,
+        device_memory: Some(1 << 30),
+        ..JobSpec::default()
+    };
     let p = ParallelOptions {
-        job: JobSpec {
-            mode: Mode::Auto,
-            device_memory: Some(1 << 30),
-            ..JobSpec::default()
-        },
-        machine: Machine {
-            threads_per_rank: Some(1),
-            collect_logits: true,
-            ..Machine::default()
-        },
+        job: job(Mode::Auto, None, Some(40)),
+        machine: machine.clone(),
     };
     let r = grandis_parallel::train(view, &part, config.clone(), &opts, &p, &mut |_| {})
         .unwrap_or_else(|e| panic!("{e:#}"));
     let plan = r.execution.plan.as_ref().expect("auto reports its plan");
     let names: Vec<&str> = plan.candidates.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["fb", "flx k=1", "flx k=2"], "{plan:?}");
-    let (mode, k) = match plan.chosen.as_str() {
-        "fb" => (Mode::Fb, None),
-        "flx k=1" => (Mode::Flx, Some(1)),
-        "flx k=2" => (Mode::Flx, Some(2)),
+    assert_eq!(
+        names,
+        [
+            "fb",
+            "flx k=1",
+            "flx k=2",
+            "cob 40 exact",
+            "cob 20 exact",
+            "cob 10 exact"
+        ],
+        "{plan:?}"
+    );
+    // Every co-batch candidate was counted (a node-classification co-batch of this dataset,
+    // which has no labelled vertex, has no step to count), and a larger co-batch gathers more.
+    let cob: Vec<_> = plan.candidates[3..].iter().collect();
+    for c in &cob {
+        assert!(c.epoch_s.is_some() && c.note.is_none(), "{c:?}");
+    }
+    assert!(cob[0].peak_bytes > cob[2].peak_bytes, "{cob:?}");
+    let direct = match plan.chosen.as_str() {
+        "fb" => job(Mode::Fb, None, None),
+        "flx k=1" => job(Mode::Flx, Some(1), None),
+        "flx k=2" => job(Mode::Flx, Some(2), None),
+        "cob 40 exact" => job(Mode::Cob, None, Some(40)),
+        "cob 20 exact" => job(Mode::Cob, None, Some(20)),
+        "cob 10 exact" => job(Mode::Cob, None, Some(10)),
         other => panic!("auto chose {other}"),
     };
-    let direct = parallel(view, &part, &config, &opts, mode, k).unwrap();
+    let direct = ParallelOptions {
+        job: direct,
+        machine,
+    };
+    let direct = grandis_parallel::train(view, &part, config.clone(), &opts, &direct, &mut |_| {})
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let losses = |r: &grandis_parallel::ParallelReport| -> Vec<f64> {
         r.train.epochs.iter().map(|e| e.loss).collect()
     };
