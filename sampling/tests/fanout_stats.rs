@@ -143,3 +143,56 @@ fn spec_on_threads(
         .unwrap()
         .install(|| f.spec(c, 0, targets.to_vec(), 3, round).unwrap())
 }
+
+/// A step's plans are the same on any number of threads, also where they have more rows than
+/// one task of the plan builder takes (16,384): the standalone plan of a sample (keyed by
+/// the sample's numbers), the masked plan of two servers' samples (keyed through a map), and
+/// the exact full-batch plan.
+#[test]
+fn plans_are_the_same_on_any_number_of_threads() {
+    let n = 100_000u32;
+    let g = grandis_store::graph_from_edges(
+        n as u64,
+        (0..n).flat_map(|v| (1..=9u32).map(move |k| ((v * 7 + k * 7919) % n, v))),
+        EdgeOptions {
+            symmetrize: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let f = Fanout::new(vec![6, 4, 3], 11).unwrap();
+    let on = |threads: usize, f: &(dyn Fn() -> String + Sync)| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(f)
+    };
+    // One server and device: a standalone plan.
+    let c = ctx(&g);
+    let targets: Vec<u32> = (0..20_000u32).map(|t| t * 5).collect();
+    let spec = f.spec(&c, 0, targets, 3, 1).unwrap();
+    let standalone = || format!("{:?}", c.extract_device_plan(&spec, 0).unwrap());
+    // Two servers of one device each: a masked plan over both servers' samples.
+    let two = PlanContext::new(
+        g.view(),
+        Layout::even(n, 2, 1).unwrap(),
+        SplitMembership::none(n as usize),
+    )
+    .unwrap();
+    let specs: Vec<_> = (0..2u32)
+        .map(|s| {
+            let first = s * n / 2;
+            let targets = (0..20_000u32).map(|t| first + t * 2).collect();
+            f.spec(&two, s as usize, targets, 3, 1).unwrap()
+        })
+        .collect();
+    let masked = || format!("{:?}", two.extract_plan(&specs).unwrap());
+    let exact = || format!("{:?}", two.fb_plan().unwrap());
+    for build in [&standalone as &(dyn Fn() -> String + Sync), &masked, &exact] {
+        let one = on(1, build);
+        assert!(one.len() > 1000);
+        assert_eq!(one, on(2, build));
+        assert_eq!(one, on(5, build));
+    }
+}
