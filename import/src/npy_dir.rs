@@ -9,10 +9,11 @@
 //!
 //! | `link_train.npy`, `link_valid_pos.npy`, `link_valid_neg.npy`, `link_test_pos.npy`, `link_test_neg.npy` | int64 / int32 | (2, n) or (n, 2) | optional link split (`edge_index` is then the message-passing graph) |
 //! | or OGB's names: `train_pos.npy`, `valid_pos.npy`, `valid_neg.npy`, `test_pos.npy`, `test_neg.npy` | int64 / int32 | (n, 2) or (2, n) | the same split as OGB's `get_edge_split()` gives it (`["train"]["edge"]`, `["valid"]["edge"]`, `["valid"]["edge_neg"]`, ...) |
+//! | or OGB's per-source names (`ogbl-citation2`): `train_source_node.npy`, `train_target_node.npy`, `valid_source_node.npy`, `valid_target_node.npy`, `valid_target_node_neg.npy`, `test_source_node.npy`, `test_target_node.npy`, `test_target_node_neg.npy` | int64 / int32 | (n,), and (n, K) for `*_target_node_neg` | the split as `get_edge_split()` gives it for citation2 (`["valid"]["source_node"]`, ...): positive i is (source i, target i), its K negatives (source i, each of row i of the negatives) |
 //! | `link_destinations.npy` | int64 / int32 | (2,) | optional: `[first, end)` of the ids the split's relation points at, where training negatives draw their destination |
 //!
-//! All three split files or none must be present, and all five link files of one naming or
-//! none. With a link split, `y.npy` may be left out (a link-prediction dataset has no
+//! All three split files or none must be present, and all link files of one naming (five, or
+//! eight per source) or none. With a link split, `y.npy` may be left out (a link-prediction dataset has no
 //! labels). The held-out positives must not be edges of `edge_index` (OGB's graphs hold the
 //! training edges only); the written dataset is verified for it. Arrays are memory-mapped, so
 //! a multi-gigabyte `edge_index.npy` costs page cache, not heap.
@@ -56,9 +57,9 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     // malformed file is reported at once.
     let edge_file = open(dir, "edge_index.npy", "graph edges, shape (2, E)")?;
     let x_file = open(dir, "x.npy", "vertex features, shape (N, F)")?;
-    let link_names = link_split_names(dir)?;
+    let link_files = link_files(dir)?;
     // A link-prediction dataset needs no labels.
-    let y_file = match (&link_names, dir.join("y.npy").exists()) {
+    let y_file = match (&link_files, dir.join("y.npy").exists()) {
         (Some(_), false) => None,
         _ => Some(open(dir, "y.npy", "vertex labels, shape (N,)")?),
     };
@@ -137,8 +138,8 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         .finish(Some(n))
         .map_err(|err| crate::edge_error(&edge_path, err))?;
 
-    let link = match &link_names {
-        Some(names) => Some(read_link_split(dir, n, names)?),
+    let link = match &link_files {
+        Some(files) => Some(read_link_split(dir, n, files)?),
         None => None,
     };
     let split = if present[0] {
@@ -202,51 +203,107 @@ const OGB_LINK_NAMES: [&str; 5] = [
     "test_neg.npy",
 ];
 
-/// The file names of the link split `dir` holds, in [`grandis_store::LinkPart::ALL`]'s
-/// order: ours (what `grandis data export` writes) or OGB's, all five of one naming or none.
-fn link_split_names(dir: &Path) -> Result<Option<Vec<String>>> {
+/// OGB's per-source names (`ogbl-citation2`'s `get_edge_split()`), one array each: the
+/// training sources and targets, then for validation and for test the sources, the targets
+/// and the (n, K) negative targets of each source.
+const OGB_SOURCE_NAMES: [&str; 8] = [
+    "train_source_node.npy",
+    "train_target_node.npy",
+    "valid_source_node.npy",
+    "valid_target_node.npy",
+    "valid_target_node_neg.npy",
+    "test_source_node.npy",
+    "test_target_node.npy",
+    "test_target_node_neg.npy",
+];
+
+/// The files of the link split a directory holds.
+enum LinkFiles {
+    /// Five pair arrays in [`grandis_store::LinkPart::ALL`]'s order: ours (what `grandis data
+    /// export` writes, (2, n)) or OGB's (`by_row`: one pair a row).
+    Pairs { names: Vec<String>, by_row: bool },
+    /// OGB's per-source arrays ([`OGB_SOURCE_NAMES`]).
+    PerSource,
+}
+
+/// The link split `dir` holds, if any: all files of one naming or none.
+fn link_files(dir: &Path) -> Result<Option<LinkFiles>> {
     use grandis_store::LinkPart;
     let ours: Vec<String> = LinkPart::ALL
         .iter()
         .map(|&p| crate::export::link_npy_name(p))
         .collect();
-    let ogb: Vec<String> = OGB_LINK_NAMES.iter().map(|s| s.to_string()).collect();
-    let present =
-        |names: &[String]| -> Vec<bool> { names.iter().map(|f| dir.join(f).exists()).collect() };
-    let (p_ours, p_ogb) = (present(&ours), present(&ogb));
-    let any = |p: &[bool]| p.iter().any(|&x| x);
-    let (names, present) = match (any(&p_ours), any(&p_ogb)) {
-        (false, false) => return Ok(None),
-        (true, true) => {
+    let owned = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let namings = [
+        ("link_*.npy", ours),
+        ("OGB's train_pos.npy, ...", owned(&OGB_LINK_NAMES)),
+        ("OGB's train_source_node.npy, ...", owned(&OGB_SOURCE_NAMES)),
+    ];
+    let present: Vec<Vec<bool>> = namings
+        .iter()
+        .map(|(_, names)| names.iter().map(|f| dir.join(f).exists()).collect())
+        .collect();
+    let used: Vec<usize> = (0..namings.len())
+        .filter(|&i| present[i].iter().any(|&p| p))
+        .collect();
+    let i = match used[..] {
+        [] => return Ok(None),
+        [i] => i,
+        [a, b, ..] => {
+            let first = present[b].iter().position(|&p| p).unwrap_or(0);
             return Err(ImportError::invalid(
-                dir.join(&ogb[p_ogb.iter().position(|&x| x).unwrap_or(0)]),
+                dir.join(&namings[b].1[first]),
                 format!(
-                    "the directory holds a link split under two namings (link_*.npy and OGB's \
-                     {}, ...): keep one",
-                    OGB_LINK_NAMES[0]
+                    "the directory holds a link split under two namings ({} and {}): keep one",
+                    namings[a].0, namings[b].0
                 ),
-            ))
+            ));
         }
-        (true, false) => (ours, p_ours),
-        (false, true) => (ogb, p_ogb),
     };
-    if let Some(missing) = present.iter().position(|&p| !p) {
+    let names = &namings[i].1;
+    if let Some(missing) = present[i].iter().position(|&p| !p) {
         return Err(ImportError::Missing {
             path: dir.join(&names[missing]),
-            what: "the other link split files exist; give all five or none".into(),
+            what: format!(
+                "the other link split files exist; give all {} or none",
+                if names.len() == 5 { "five" } else { "eight" }
+            ),
         });
     }
-    Ok(Some(names))
+    Ok(Some(match i {
+        2 => LinkFiles::PerSource,
+        _ => LinkFiles::Pairs {
+            names: names.clone(),
+            by_row: i == 1,
+        },
+    }))
 }
 
-/// The link split in the five pair arrays `names` (see [`link_split_names`]).
-fn read_link_split(dir: &Path, n: u64, names: &[String]) -> Result<grandis_store::LinkSplit> {
-    // A square (2, 2) array is read the way its naming lays pairs out.
-    let ogb = names[0] == OGB_LINK_NAMES[0];
+/// The link split in `files` (see [`link_files`]).
+fn read_link_split(dir: &Path, n: u64, files: &LinkFiles) -> Result<grandis_store::LinkSplit> {
+    let parts = match files {
+        LinkFiles::Pairs { names, by_row } => read_pair_arrays(dir, n, names, *by_row)?,
+        LinkFiles::PerSource => read_per_source(dir, n)?,
+    };
+    let mut parts = parts.into_iter();
+    let mut next = || parts.next().expect("five parts");
+    Ok(grandis_store::LinkSplit {
+        train: next(),
+        valid_pos: next(),
+        valid_neg: next(),
+        test_pos: next(),
+        test_neg: next(),
+        destinations: read_link_destinations(dir, n)?,
+    })
+}
+
+/// The five pair arrays `names` as flat (source, destination) lists; a square (2, 2) array is
+/// read the way its naming lays pairs out (`by_row`: one pair a row).
+fn read_pair_arrays(dir: &Path, n: u64, names: &[String], by_row: bool) -> Result<Vec<Vec<u32>>> {
     let mut parts: Vec<Vec<u32>> = Vec::with_capacity(5);
     for name in names {
         let file = open(dir, name, "link split pairs, shape (2, n) or (n, 2)")?;
-        let given = match ogb {
+        let given = match by_row {
             true => file.pairs_by_row()?,
             false => file.pairs()?,
         };
@@ -261,16 +318,72 @@ fn read_link_split(dir: &Path, n: u64, names: &[String]) -> Result<grandis_store
         }
         parts.push(pairs);
     }
-    let mut parts = parts.into_iter();
-    let mut next = || parts.next().expect("five parts");
-    Ok(grandis_store::LinkSplit {
-        train: next(),
-        valid_pos: next(),
-        valid_neg: next(),
-        test_pos: next(),
-        test_neg: next(),
-        destinations: read_link_destinations(dir, n)?,
-    })
+    Ok(parts)
+}
+
+/// OGB's per-source arrays ([`OGB_SOURCE_NAMES`]) as the five pair lists: positive i of a
+/// part is (source i, target i); its negatives, K per positive in the order of row i of the
+/// part's negative targets, are (source i, each of them), grouped per positive as a dataset
+/// keeps them (what MRR ranks each positive against).
+fn read_per_source(dir: &Path, n: u64) -> Result<Vec<Vec<u32>>> {
+    let source_of_n = format!("x.npy has {n} rows");
+    // The ids of a (len,) or (len, K) array, checked against the vertices; its shape.
+    let ids = |name: &str| -> Result<(Vec<u32>, Vec<u64>, PathBuf)> {
+        let file = open(
+            dir,
+            name,
+            "vertex ids, shape (n,) or, for negatives, (n, K)",
+        )?;
+        let shape = file.shape().to_vec();
+        let values = ints(&file)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                vertex_id(v, Some(n), &source_of_n)
+                    .map_err(|m| ImportError::invalid(file.path(), format!("entry {i}: {m}")))
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        Ok((values, shape, file.path().to_path_buf()))
+    };
+    let positives = |part: &str| -> Result<Vec<u32>> {
+        let (src, src_shape, _) = ids(&format!("{part}_source_node.npy"))?;
+        let (dst, dst_shape, dst_path) = ids(&format!("{part}_target_node.npy"))?;
+        if src_shape.len() != 1 || dst_shape != src_shape {
+            return Err(ImportError::invalid(
+                dst_path,
+                format!(
+                    "shape {dst_shape:?} beside {part}_source_node.npy's {src_shape:?}: both                      must be (n,), one entry per positive"
+                ),
+            ));
+        }
+        Ok(src.iter().zip(&dst).flat_map(|(&s, &d)| [s, d]).collect())
+    };
+    let negatives = |part: &str, pos: &[u32]| -> Result<Vec<u32>> {
+        let (neg, shape, path) = ids(&format!("{part}_target_node_neg.npy"))?;
+        let count = pos.len() / 2;
+        let k = match shape[..] {
+            [rows, k] if rows as usize == count && k > 0 => k as usize,
+            _ => {
+                return Err(ImportError::invalid(
+                    path,
+                    format!(
+                        "shape {shape:?}: expected ({count}, K), K >= 1 negative targets for                          each of the {count} sources of {part}_source_node.npy"
+                    ),
+                ))
+            }
+        };
+        Ok(pos
+            .chunks_exact(2)
+            .zip(neg.chunks_exact(k))
+            .flat_map(|(p, row)| row.iter().flat_map(move |&d| [p[0], d]))
+            .collect())
+    };
+    let train = positives("train")?;
+    let valid_pos = positives("valid")?;
+    let valid_neg = negatives("valid", &valid_pos)?;
+    let test_pos = positives("test")?;
+    let test_neg = negatives("test", &test_pos)?;
+    Ok(vec![train, valid_pos, valid_neg, test_pos, test_neg])
 }
 
 /// `link_destinations.npy`, when present: `[first, end)` of the vertices the split's

@@ -953,6 +953,79 @@ fn npy_imports_an_ogb_link_split_without_labels() {
     ds.verify().unwrap();
 }
 
+/// `npy_dir`'s graph without labels and with a link split under OGB's per-source names
+/// (`ogbl-citation2`): sources, targets and each source's negative targets, one array each;
+/// the test negatives as given (2 rows).
+fn ogb_source_dir(f: &Fixture, test_neg: (&[u64], &[i64])) -> PathBuf {
+    let dir = npy_dir(f, false);
+    std::fs::remove_file(dir.join("y.npy")).unwrap();
+    let ids = |name: &str, shape: &[u64], v: &[i64]| {
+        write_npy(dir.join(name), shape, v).unwrap();
+    };
+    ids("train_source_node.npy", &[2], &[0, 2]);
+    ids("train_target_node.npy", &[2], &[1, 3]);
+    ids("valid_source_node.npy", &[1], &[3]);
+    ids("valid_target_node.npy", &[1], &[4]);
+    ids("valid_target_node_neg.npy", &[1, 2], &[0, 2]);
+    ids("test_source_node.npy", &[2], &[4, 4]);
+    ids("test_target_node.npy", &[2], &[2, 0]);
+    ids("test_target_node_neg.npy", test_neg.0, test_neg.1);
+    dir
+}
+
+/// OGB's per-source link split (citation2's `source_node`, `target_node`,
+/// `target_node_neg`) imports as pairs, each positive's K negatives after one another with
+/// its source, as MRR ranks them; a negatives array whose rows are not the sources, a missing
+/// array and two namings at once are refused, naming the file.
+#[test]
+fn npy_imports_an_ogb_per_source_link_split() {
+    let f = Fixture::new();
+    let dir = ogb_source_dir(&f, (&[2, 1], &[3, 1]));
+    let ds = f.import(Format::Npy, &dir, &opts());
+    let link = ds.link_split().expect("a link split");
+    assert_eq!(link.train, &[0, 1, 2, 3]);
+    assert_eq!(
+        (link.valid_pos, link.valid_neg, link.test_pos, link.test_neg),
+        (
+            &[3u32, 4][..],
+            &[3u32, 0, 3, 2][..],
+            &[4u32, 2, 4, 0][..],
+            &[4u32, 3, 4, 1][..]
+        )
+    );
+    ds.verify().unwrap();
+
+    let f = Fixture::new();
+    let dir = ogb_source_dir(&f, (&[1, 1], &[3]));
+    f.fails(
+        Format::Npy,
+        &dir,
+        &opts(),
+        &[
+            "test_target_node_neg.npy",
+            "expected (2, K), K >= 1 negative targets",
+        ],
+    );
+    let f = Fixture::new();
+    let dir = ogb_source_dir(&f, (&[2, 1], &[3, 1]));
+    std::fs::remove_file(dir.join("valid_target_node.npy")).unwrap();
+    f.fails(
+        Format::Npy,
+        &dir,
+        &opts(),
+        &["valid_target_node.npy", "give all eight or none"],
+    );
+    let f = Fixture::new();
+    let dir = ogb_source_dir(&f, (&[2, 1], &[3, 1]));
+    write_npy(dir.join("train_pos.npy"), &[1, 2], &[0i64, 1]).unwrap();
+    f.fails(
+        Format::Npy,
+        &dir,
+        &opts(),
+        &["two namings (OGB's train_pos.npy, ... and OGB's train_source_node.npy, ...)"],
+    );
+}
+
 /// A held-out positive that is an edge of `edge_index` would let the model read the answer:
 /// refused, naming the part; two namings of the split at once are refused too.
 #[test]

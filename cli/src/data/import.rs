@@ -12,9 +12,11 @@ enum FormatArg {
     /// PyG-style directory: edge_index.npy (2 x E int64: row 0 sources, row 1 destinations),
     /// x.npy (N x F float32/float64), y.npy (N int64, negative = unlabelled), and optionally
     /// train_idx.npy, val_idx.npy, test_idx.npy (ids, or boolean masks of length N), and a link
-    /// split: link_train.npy, link_valid_pos.npy, ... (as `data export` writes them) or OGB's
-    /// train_pos.npy, valid_pos.npy, valid_neg.npy, test_pos.npy, test_neg.npy (n x 2 pairs; y.npy
-    /// is then optional).
+    /// split: link_train.npy, link_valid_pos.npy, ... (as `data export` writes them), OGB's
+    /// train_pos.npy, valid_pos.npy, valid_neg.npy, test_pos.npy, test_neg.npy (n x 2 pairs), or
+    /// OGB's per-source citation2 arrays train_source_node.npy, train_target_node.npy,
+    /// {valid,test}_source_node.npy, {valid,test}_target_node.npy and
+    /// {valid,test}_target_node_neg.npy (n x K negatives per source); y.npy is then optional.
     Npy,
     /// OGB node-prediction directory: raw/edge.csv.gz, raw/node-feat.csv.gz,
     /// raw/node-label.csv.gz, raw/num-node-list.csv.gz, split/<name>/{train,valid,test}.csv.gz.
