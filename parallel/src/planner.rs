@@ -19,8 +19,8 @@
 //! all-reduce of every iteration (reduce to the head and back over the intra links, a
 //! reduce-scatter and all-gather among heads over the NICs), the fetch of replicated features
 //! per step (and once at setup for static plans), and CPU contention when several ranks share
-//! one machine's cores, with the host's plan building when CPU ranks share its cores. Not
-//! modelled: overlap (the runtime does not overlap compute with communication) and
+//! one machine's cores, with the host's step building (sampling, plans, the ranks' inputs)
+//! when CPU ranks share its cores. Not modelled: overlap (the runtime does not overlap compute with communication) and
 //! evaluation.
 
 use std::sync::Arc;
@@ -34,6 +34,9 @@ use crate::steps::Step;
 
 /// Steps of a per-iteration schedule counted for one epoch (the rest are assumed alike).
 pub const COUNTED_STEPS: usize = 16;
+
+/// Of the counted steps, those whose ranks' inputs the planner prepares and times.
+const INPUT_STEPS: usize = 2;
 
 /// Bytes a rank sends to another in one exchange (only pairs with traffic).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -104,8 +107,9 @@ pub struct EpochCounts {
     pub parameters: usize,
     /// The memory model's peak over the counted steps, per rank.
     pub model_bytes: Vec<u64>,
-    /// Host seconds building the epoch's plans (sampling, extraction; per-iteration
-    /// schedules only, scaled like the steps): CPU work that competes with CPU ranks.
+    /// Host seconds building the epoch's steps (sampling, extraction, and preparing the
+    /// ranks' inputs; per-iteration schedules only, scaled like the steps): CPU work that
+    /// competes with CPU ranks.
     pub build_seconds: f64,
     /// A link job's decoder, every iteration on every rank (none for node classification).
     pub decoder: DecoderWork,
@@ -677,6 +681,25 @@ pub fn plan(
         )),
         _ => None,
     };
+    // What a run's producers prepare after building a batched step, as a run sets it up.
+    let scales = grandis_engine::norm::global_scales(
+        part.graph.view(),
+        grandis_models::aggregation(config.kind),
+    );
+    let buffers = crate::prepare::BufferPool::default();
+    let preparer = crate::prepare::Preparer {
+        features: crate::fetch::FeatureSource {
+            view,
+            new_to_old: &part.new_to_old,
+            layout: &part.layout,
+        },
+        scales: &scales,
+        agg: grandis_models::aggregation(config.kind),
+        layers: config.layers,
+        owned_input_only: config.stage_layout().first_conv > 0,
+        labelled_flags: &flags,
+        buffers: &buffers,
+    };
     let count = |c: &Candidate| -> Planned {
         let mut popts = c.options(base);
         popts.job.device_memory = Some(budget);
@@ -702,7 +725,8 @@ pub fn plan(
             };
             let decision =
                 crate::decide::decide(&inputs, config, &popts, sampler.as_deref(), seed)?;
-            let (counts, step_pairs) = count_epoch(&inputs, &decision, &work, view.feature_dim)?;
+            let (counts, step_pairs) =
+                count_epoch(&inputs, &decision, &work, view.feature_dim, &preparer)?;
             // Link prediction all-reduces the embeddings it gathers and their gradients each
             // step besides the parameters (`link_task`).
             let parameters = parameters(config)? + 2 * dims.link_embedding_values as usize;
@@ -868,6 +892,7 @@ fn count_epoch(
     decision: &crate::decide::Decision<'_>,
     work: &[LayerWork],
     features: usize,
+    preparer: &crate::prepare::Preparer<'_>,
 ) -> anyhow::Result<(EpochCounts, f64)> {
     let ctx = inputs.ctx;
     use crate::steps::Schedule;
@@ -888,6 +913,17 @@ fn count_epoch(
             Schedule::Cob { .. } | Schedule::Mb { .. } | Schedule::Cluster { .. }
         ) {
             counts.build_seconds += t.elapsed().as_secs_f64() * counts.scale;
+            // A run's producers then prepare every rank's input of the step (its graphs and
+            // its feature rows, `crate::feed::Fetch`): host work too, timed on the first
+            // steps (reading every counted step's rows would make planning slow).
+            if it < INPUT_STEPS {
+                let t = std::time::Instant::now();
+                for rank in 0..ctx.layout().num_ranks() {
+                    crate::prepare::HostInput::prepare(preparer, &built.1.plans, rank)?;
+                }
+                counts.build_seconds +=
+                    t.elapsed().as_secs_f64() * iterations as f64 / counted.min(INPUT_STEPS) as f64;
+            }
         }
         let mut step = count_step(&built.1, ctx.layout(), work, features);
         crate::steps::raise_peaks(&mut counts.model_bytes, &built.2.model_bytes);
