@@ -915,6 +915,21 @@ fn parquet_truncated_real_cora_table() {
     );
 }
 
+/// The imported dataset's link split (train, valid pos / neg, test pos / neg), once the
+/// dataset verifies.
+fn link_parts(ds: &grandis_store::Dataset) -> [Vec<u32>; 5] {
+    ds.verify().unwrap();
+    let link = ds.link_split().expect("a link split");
+    [
+        link.train,
+        link.valid_pos,
+        link.valid_neg,
+        link.test_pos,
+        link.test_neg,
+    ]
+    .map(|p| p.to_vec())
+}
+
 /// `npy_dir`'s graph without labels and with a link split under OGB's names, each array as
 /// OGB's `get_edge_split()` gives it (n, 2); `test_pos` as given.
 fn ogb_link_dir(f: &Fixture, test_pos: &[i64]) -> PathBuf {
@@ -938,19 +953,17 @@ fn npy_imports_an_ogb_link_split_without_labels() {
     let f = Fixture::new();
     let dir = ogb_link_dir(&f, &[4, 2]);
     let ds = f.import(Format::Npy, &dir, &opts());
-    let link = ds.link_split().expect("a link split");
-    assert_eq!(link.train, &[0, 1, 2, 3]);
     assert_eq!(
-        (link.valid_pos, link.valid_neg, link.test_pos, link.test_neg),
-        (
-            &[3u32, 4][..],
-            &[0u32, 4][..],
-            &[4u32, 2][..],
-            &[3u32, 0][..]
-        )
+        link_parts(&ds),
+        [
+            vec![0, 1, 2, 3],
+            vec![3, 4],
+            vec![0, 4],
+            vec![4, 2],
+            vec![3, 0]
+        ]
     );
     assert_eq!(ds.view().labels, &[-1; 5]);
-    ds.verify().unwrap();
 }
 
 /// `npy_dir`'s graph without labels and with a link split under OGB's per-source names
@@ -982,18 +995,16 @@ fn npy_imports_an_ogb_per_source_link_split() {
     let f = Fixture::new();
     let dir = ogb_source_dir(&f, (&[2, 1], &[3, 1]));
     let ds = f.import(Format::Npy, &dir, &opts());
-    let link = ds.link_split().expect("a link split");
-    assert_eq!(link.train, &[0, 1, 2, 3]);
     assert_eq!(
-        (link.valid_pos, link.valid_neg, link.test_pos, link.test_neg),
-        (
-            &[3u32, 4][..],
-            &[3u32, 0, 3, 2][..],
-            &[4u32, 2, 4, 0][..],
-            &[4u32, 3, 4, 1][..]
-        )
+        link_parts(&ds),
+        [
+            vec![0, 1, 2, 3],
+            vec![3, 4],
+            vec![3, 0, 3, 2],
+            vec![4, 2, 4, 0],
+            vec![4, 3, 4, 1]
+        ]
     );
-    ds.verify().unwrap();
 
     let f = Fixture::new();
     let dir = ogb_source_dir(&f, (&[1, 1], &[3]));

@@ -19,6 +19,19 @@ fn star() -> CsrGraph {
     .unwrap()
 }
 
+/// A symmetric graph of `n` vertices, each with 9 in-neighbours spread over the ids.
+fn spread(n: u32) -> CsrGraph {
+    grandis_store::graph_from_edges(
+        n as u64,
+        (0..n).flat_map(|v| (1..=9u32).map(move |k| ((v * 7 + k * 7919) % n, v))),
+        EdgeOptions {
+            symmetrize: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
 fn ctx(g: &CsrGraph) -> PlanContext<'_> {
     let n = g.view().num_vertices();
     PlanContext::new(
@@ -103,15 +116,7 @@ fn the_step_is_the_same_whatever_the_threads() {
     // the graph, a stamped array reused by the thread, a hash map), as the targets are many
     // or few against the graph.
     let n = 100_000u32;
-    let g = grandis_store::graph_from_edges(
-        n as u64,
-        (0..n).flat_map(|v| (1..=9u32).map(move |k| ((v * 7 + k * 7919) % n, v))),
-        EdgeOptions {
-            symmetrize: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let g = spread(n);
     let c = ctx(&g);
     for count in [20_000u32, 60, 4] {
         let targets: Vec<u32> = (0..count).map(|t| t * (n / count)).collect();
@@ -151,15 +156,7 @@ fn spec_on_threads(
 #[test]
 fn plans_are_the_same_on_any_number_of_threads() {
     let n = 100_000u32;
-    let g = grandis_store::graph_from_edges(
-        n as u64,
-        (0..n).flat_map(|v| (1..=9u32).map(move |k| ((v * 7 + k * 7919) % n, v))),
-        EdgeOptions {
-            symmetrize: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let g = spread(n);
     let f = Fanout::new(vec![6, 4, 3], 11).unwrap();
     let on = |threads: usize, f: &(dyn Fn() -> String + Sync)| {
         rayon::ThreadPoolBuilder::new()
