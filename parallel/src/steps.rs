@@ -707,9 +707,13 @@ pub(crate) fn sample_step(
         (Some(_), false) => StepPairs::Servers(link),
     };
     let specs = if per_rank {
-        grandis_sampling::mb_specs(ctx, &batch, layers, sampler, round)
+        grandis_sampling::batch_specs::<grandis_sampling::Devices>(
+            ctx, &batch, layers, sampler, round,
+        )
     } else {
-        grandis_sampling::cob_specs(ctx, &batch, layers, sampler, round)
+        grandis_sampling::batch_specs::<grandis_sampling::Servers>(
+            ctx, &batch, layers, sampler, round,
+        )
     }
     .with_context(|| format!("sampling with {}", sampler.name()))?;
     Ok(SampledStep {

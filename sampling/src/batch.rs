@@ -228,21 +228,10 @@ impl<G: Grouping> Batcher<G> {
     }
 }
 
-/// The extraction specs of one CoB iteration: server s samples `batch[s]` with `sampler`
-/// over `layers` hops (`[server]`).
-pub fn cob_specs(
-    ctx: &PlanContext<'_>,
-    batch: &[Vec<u32>],
-    layers: usize,
-    sampler: &dyn Sampler,
-    round: u64,
-) -> Result<Vec<ExtractionSpec>> {
-    group_specs::<Servers>(ctx, batch, layers, sampler, round)
-}
-
-/// One iteration's extraction specs, one per group (`[group]`: a server's co-batch, or a
-/// rank's mini-batch sampled for the rank's server).
-fn group_specs<G: Grouping>(
+/// One iteration's extraction specs, one per group (`[group]`): server s samples its
+/// co-batch `batch[s]` ([`Servers`], CoB), or rank r its mini-batch `batch[r]` for its server
+/// ([`Devices`], MB), with `sampler` over `layers` hops.
+pub fn batch_specs<G: Grouping>(
     ctx: &PlanContext<'_>,
     batch: &[Vec<u32>],
     layers: usize,
@@ -284,23 +273,12 @@ pub fn cob_plan(
     sampler: &dyn Sampler,
     round: u64,
 ) -> Result<FlxPlan> {
-    let specs = cob_specs(ctx, batch, layers, sampler, round)?;
+    let specs = batch_specs::<Servers>(ctx, batch, layers, sampler, round)?;
     Ok(ctx.extract_plan(&specs)?)
 }
 
-/// The extraction specs of one MB iteration: rank r samples `batch[r]` for its server
-/// (`[rank]`).
-pub fn mb_specs(
-    ctx: &PlanContext<'_>,
-    batch: &[Vec<u32>],
-    layers: usize,
-    sampler: &dyn Sampler,
-    round: u64,
-) -> Result<Vec<ExtractionSpec>> {
-    group_specs::<Devices>(ctx, batch, layers, sampler, round)
-}
-
-/// Every rank's standalone MFG from its spec (`specs[rank]`, as [`mb_specs`] gives them).
+/// Every rank's standalone MFG from its spec (`specs[rank]`, as [`batch_specs`] gives them
+/// for [`Devices`]).
 pub fn mb_device_plans(ctx: &PlanContext<'_>, specs: &[ExtractionSpec]) -> Result<Vec<DevicePlan>> {
     let layout = ctx.layout();
     specs
@@ -318,7 +296,10 @@ pub fn mb_plans(
     sampler: &dyn Sampler,
     round: u64,
 ) -> Result<Vec<DevicePlan>> {
-    mb_device_plans(ctx, &mb_specs(ctx, batch, layers, sampler, round)?)
+    mb_device_plans(
+        ctx,
+        &batch_specs::<Devices>(ctx, batch, layers, sampler, round)?,
+    )
 }
 
 /// Work and memory of one epoch of CoB or MB.

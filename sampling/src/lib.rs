@@ -26,8 +26,8 @@ mod spec;
 mod stats;
 
 pub use batch::{
-    cob_epoch_stats, cob_plan, cob_specs, mb_device_plans, mb_epoch_stats, mb_plans, mb_specs,
-    Batcher, CoBatcher, Devices, EpochStats, Grouping, MiniBatcher, Servers,
+    batch_specs, cob_epoch_stats, cob_plan, mb_device_plans, mb_epoch_stats, mb_plans, Batcher,
+    CoBatcher, Devices, EpochStats, Grouping, MiniBatcher, Servers,
 };
 pub use cluster::ClusterBatches;
 pub use eas::{external_distance, Eas, Priority};
