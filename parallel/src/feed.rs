@@ -24,8 +24,8 @@ use crate::steps::{build_step, Built, RunStats, Schedule, Step, StepInputs, Step
 #[derive(Default)]
 pub(crate) struct StepCounts(Mutex<BTreeMap<u64, (StepStats, BuildSeconds)>>);
 
-/// Host seconds a producer spent on one step: all of them, and the part of them that went to
-/// preparing its inputs (reading feature rows, staging blocks) after sampling and planning.
+/// Host seconds spent on one step: all of them (sampling, plans and staging on its producer,
+/// then reading its feature rows on the fetch stage), and the reading.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct BuildSeconds {
     pub total: f64,

@@ -197,8 +197,8 @@ pub(crate) struct RunStats {
     /// Host seconds spent building the steps counted here (summed over the producer threads):
     /// sampling, plans and, where the producers prepare them, the steps' inputs.
     pub build_seconds: f64,
-    /// Of `build_seconds`, the seconds spent preparing the steps' inputs (feature rows read,
-    /// blocks staged) after their plans were built.
+    /// Of `build_seconds`, the seconds spent reading the steps' feature rows (the fetch
+    /// stage) after their plans were built and staged.
     pub inputs_seconds: f64,
 }
 

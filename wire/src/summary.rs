@@ -291,8 +291,8 @@ pub struct TimeSplit {
     /// producer threads (overlapped with training: not part of `epoch_s`).
     #[serde(default)]
     pub plan_build_s: f64,
-    /// Of `plan_build_s`, the seconds spent preparing the steps' inputs (reading their feature
-    /// rows, staging blocks); the rest is sampling and plans.
+    /// Of `plan_build_s`, the seconds spent reading the steps' feature rows for the ranks; the
+    /// rest is sampling, plans and staging the steps' graphs.
     #[serde(default)]
     pub plan_inputs_s: f64,
 }
