@@ -324,11 +324,13 @@ fn sampled_flx_refuses_link_prediction() {
     );
 }
 
-/// `mode auto` plans a link job among the exact plans (fb, flx for every k) and co-batches of
-/// its supervision edges (the job's batch size, its half and its quarter), each counted from
-/// the steps a run of it builds, and trains the one it chose exactly as that mode does.
+/// `mode auto` plans a link job among the exact plans (fb, flx for every k) and batches of its
+/// supervision edges: exact co-batches (the job's batch size, its half and its quarter)
+/// without sampling; with fanout sampling, sampled co-batches and per-device mini-batches
+/// (their FLX-EAS candidates are not link candidates). Each is counted from the steps a run of
+/// it builds, and auto trains the one it chose exactly as that mode does.
 #[test]
-fn auto_plans_link_prediction_over_exact_plans_and_edge_co_batches() {
+fn auto_plans_link_prediction_over_exact_plans_and_edge_batches() {
     let (ds, split) = link_dataset(5, 80, 4, 6);
     let mut view = ds.view();
     view.links = Some(split.view());
@@ -340,59 +342,80 @@ fn auto_plans_link_prediction_over_exact_plans_and_edge_co_batches() {
         collect_logits: true,
         ..Machine::default()
     };
-    let job = |mode: Mode, k: Option<u32>, batch: Option<u32>| JobSpec {
+    let fanout = Sampling::Fanout {
+        fanouts: vec![3, 2],
+    };
+    let job = |mode: Mode, k: Option<u32>, sampling: &Sampling, batch: Option<u32>| JobSpec {
         mode,
         preload_hops: k,
+        sampling: sampling.clone(),
         batch_size: batch,
         device_memory: Some(1 << 30),
         ..JobSpec::default()
     };
-    let p = ParallelOptions {
-        job: job(Mode::Auto, None, Some(40)),
-        machine: machine.clone(),
-    };
-    let r = grandis_parallel::train(view, &part, config.clone(), &opts, &p, &mut |_| {})
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let plan = r.execution.plan.as_ref().expect("auto reports its plan");
-    let names: Vec<&str> = plan.candidates.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "fb",
-            "flx k=1",
-            "flx k=2",
-            "cob 40 exact",
-            "cob 20 exact",
-            "cob 10 exact"
-        ],
-        "{plan:?}"
-    );
-    // Every co-batch candidate was counted (a node-classification co-batch of this dataset,
-    // which has no labelled vertex, has no step to count), and a larger co-batch gathers more.
-    let cob: Vec<_> = plan.candidates[3..].iter().collect();
-    for c in &cob {
-        assert!(c.epoch_s.is_some() && c.note.is_none(), "{c:?}");
+    let exact = ["fb", "flx k=1", "flx k=2"];
+    for (sampling, batched) in [
+        (
+            Sampling::None,
+            vec![
+                ("cob 40 exact", Mode::Cob, 40),
+                ("cob 20 exact", Mode::Cob, 20),
+                ("cob 10 exact", Mode::Cob, 10),
+            ],
+        ),
+        (
+            fanout.clone(),
+            vec![
+                ("cob 40 sage(3,2)", Mode::Cob, 40),
+                ("cob 20 sage(3,2)", Mode::Cob, 20),
+                ("cob 10 sage(3,2)", Mode::Cob, 10),
+                ("mb 20 sage(3,2)", Mode::Mb, 20),
+            ],
+        ),
+    ] {
+        let p = ParallelOptions {
+            job: job(Mode::Auto, None, &sampling, Some(40)),
+            machine: machine.clone(),
+        };
+        let r = grandis_parallel::train(view, &part, config.clone(), &opts, &p, &mut |_| {})
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let plan = r.execution.plan.as_ref().expect("auto reports its plan");
+        let names: Vec<&str> = plan.candidates.iter().map(|c| c.name.as_str()).collect();
+        let want: Vec<&str> = exact
+            .iter()
+            .copied()
+            .chain(batched.iter().map(|b| b.0))
+            .collect();
+        assert_eq!(names, want, "{plan:?}");
+        // Every batched candidate was counted (a node-classification batch of this dataset,
+        // which has no labelled vertex, has no step to count), and a larger co-batch gathers
+        // more.
+        let counted = &plan.candidates[exact.len()..];
+        for c in counted {
+            assert!(c.epoch_s.is_some() && c.note.is_none(), "{c:?}");
+        }
+        assert!(counted[0].peak_bytes > counted[2].peak_bytes, "{counted:?}");
+        let direct = match plan.chosen.as_str() {
+            "fb" => job(Mode::Fb, None, &Sampling::None, None),
+            "flx k=1" => job(Mode::Flx, Some(1), &Sampling::None, None),
+            "flx k=2" => job(Mode::Flx, Some(2), &Sampling::None, None),
+            chosen => match batched.iter().find(|b| b.0 == chosen) {
+                Some(&(_, mode, b)) => job(mode, None, &sampling, Some(b)),
+                None => panic!("auto chose {chosen}"),
+            },
+        };
+        let direct = ParallelOptions {
+            job: direct,
+            machine: machine.clone(),
+        };
+        let direct =
+            grandis_parallel::train(view, &part, config.clone(), &opts, &direct, &mut |_| {})
+                .unwrap_or_else(|e| panic!("{e:#}"));
+        let losses = |r: &grandis_parallel::ParallelReport| -> Vec<f64> {
+            r.train.epochs.iter().map(|e| e.loss).collect()
+        };
+        assert_eq!(losses(&r), losses(&direct), "auto against {}", plan.chosen);
     }
-    assert!(cob[0].peak_bytes > cob[2].peak_bytes, "{cob:?}");
-    let direct = match plan.chosen.as_str() {
-        "fb" => job(Mode::Fb, None, None),
-        "flx k=1" => job(Mode::Flx, Some(1), None),
-        "flx k=2" => job(Mode::Flx, Some(2), None),
-        "cob 40 exact" => job(Mode::Cob, None, Some(40)),
-        "cob 20 exact" => job(Mode::Cob, None, Some(20)),
-        "cob 10 exact" => job(Mode::Cob, None, Some(10)),
-        other => panic!("auto chose {other}"),
-    };
-    let direct = ParallelOptions {
-        job: direct,
-        machine,
-    };
-    let direct = grandis_parallel::train(view, &part, config.clone(), &opts, &direct, &mut |_| {})
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let losses = |r: &grandis_parallel::ParallelReport| -> Vec<f64> {
-        r.train.epochs.iter().map(|e| e.loss).collect()
-    };
-    assert_eq!(losses(&r), losses(&direct), "auto against {}", plan.chosen);
 }
 
 /// A link job holds every vertex's output embedding and its gradient on every rank, and its

@@ -66,11 +66,13 @@ pub fn task_conflict(task: Task, mode: Mode, sampling: &Sampling) -> Option<Stri
         (Task::Node, _, _) => None,
         (Task::Link, Mode::Single | Mode::Fb | Mode::Flx | Mode::Auto, Sampling::None) => None,
         (Task::Link, Mode::Mb | Mode::Cob, Sampling::None | Sampling::Fanout { .. }) => None,
+        // Auto then plans the exact modes and mb and cob with that fanout.
+        (Task::Link, Mode::Auto, Sampling::Fanout { .. }) => None,
         (Task::Link, Mode::Cluster, Sampling::None) => None,
         (Task::Link, _, _) => Some(format!(
             "link prediction trains in modes single, fb, flx, cluster and auto without \
-             sampling, and in modes mb and cob without sampling or with fanout sampling, so \
-             far; not mode '{mode}' with sampling '{}'",
+             sampling, and in modes mb, cob and auto with fanout sampling (mb and cob also \
+             without), so far; not mode '{mode}' with sampling '{}'",
             sampling.method()
         )),
     }
@@ -594,7 +596,7 @@ mod tests {
     }
 
     #[test]
-    fn link_prediction_trains_in_the_exact_modes_mb_cob_and_cluster() {
+    fn link_prediction_trains_in_the_exact_modes_mb_cob_cluster_and_auto() {
         for ok in [
             r#"{"dataset": "d", "task": "link", "mode": "fb"}"#,
             r#"{"dataset": "d", "task": "link", "mode": "mb", "batch_size": 64}"#,
@@ -602,6 +604,7 @@ mod tests {
             r#"{"dataset": "d", "task": "link", "mode": "mb", "batch_size": 64, "sampling": {"method": "fanout", "fanouts": [10, 5]}}"#,
             r#"{"dataset": "d", "task": "link", "mode": "flx", "preload_hops": 1}"#,
             r#"{"dataset": "d", "task": "link", "mode": "auto", "device_memory": "1GiB"}"#,
+            r#"{"dataset": "d", "task": "link", "mode": "auto", "device_memory": "1GiB", "sampling": {"method": "fanout", "fanouts": [10, 5]}}"#,
             r#"{"dataset": "d", "task": "link", "mode": "cluster", "batch_size": 8}"#,
         ] {
             JobSpec::from_json_str(ok)
