@@ -171,8 +171,8 @@ pub struct JobArgs {
     pub predict_block_memory: Option<u64>,
     /// What the model is trained for: node (classification) or link (prediction: the dot
     /// product of the ends' embeddings, on the dataset's link split from `grandis data
-    /// split-edges`; modes single, fb, flx, cluster and auto, and mb and cob with batches of
-    /// supervision edges, exact or with --sampling fanout).
+    /// split-edges`; modes single, fb, flx and cluster, mb and cob with batches of supervision
+    /// edges, and auto, each exact or (mb, cob, auto) with --sampling fanout).
     #[arg(long, default_value_t = grandis_wire::Task::Node)]
     pub task: grandis_wire::Task,
     /// --task link: negatives per supervision edge each epoch (the destination corrupted)
