@@ -30,6 +30,9 @@ use grandis_models::ModelConfig;
 use grandis_wire::{ComputeRate, LinkBytes, LinkRate, PlanRates, Prediction};
 use serde::Serialize;
 
+use crate::fetch::FeatureSource;
+use crate::link_task::{LinkSeeds, LinkTask};
+use crate::prepare::{BufferPool, HostInput, Preparer};
 use crate::steps::Step;
 
 /// Steps of a per-iteration schedule counted for one epoch (the rest are assumed alike).
@@ -676,7 +679,7 @@ pub fn plan(
     let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
     let link_task = match (objective, view.links) {
         (grandis_trainer::Objective::Link { negatives, decoder }, Some(split)) => Some((
-            crate::link_task::LinkTask { split, negatives },
+            LinkTask { split, negatives },
             decoder == grandis_wire::LinkDecoder::Mlp,
         )),
         _ => None,
@@ -686,9 +689,9 @@ pub fn plan(
         part.graph.view(),
         grandis_models::aggregation(config.kind),
     );
-    let buffers = crate::prepare::BufferPool::default();
-    let preparer = crate::prepare::Preparer {
-        features: crate::fetch::FeatureSource {
+    let buffers = BufferPool::default();
+    let preparer = Preparer {
+        features: FeatureSource {
             view,
             new_to_old: &part.new_to_old,
             layout: &part.layout,
@@ -712,7 +715,7 @@ pub fn plan(
             // A link job's batches (cob, mb) are seeded by its supervision edges, as a run's.
             let seeds = match (&link_task, c.mode) {
                 (Some((task, _)), grandis_wire::Mode::Cob | grandis_wire::Mode::Mb) => {
-                    Some(crate::link_task::LinkSeeds::new(*task, part, seed, false))
+                    Some(LinkSeeds::new(*task, part, seed, false))
                 }
                 _ => None,
             };
@@ -892,7 +895,7 @@ fn count_epoch(
     decision: &crate::decide::Decision<'_>,
     work: &[LayerWork],
     features: usize,
-    preparer: &crate::prepare::Preparer<'_>,
+    preparer: &Preparer<'_>,
 ) -> anyhow::Result<(EpochCounts, f64)> {
     let ctx = inputs.ctx;
     use crate::steps::Schedule;
@@ -919,7 +922,7 @@ fn count_epoch(
             if it < INPUT_STEPS {
                 let t = std::time::Instant::now();
                 for rank in 0..ctx.layout().num_ranks() {
-                    crate::prepare::HostInput::prepare(preparer, &built.1.plans, rank)?;
+                    HostInput::prepare(preparer, &built.1.plans, rank)?;
                 }
                 counts.build_seconds +=
                     t.elapsed().as_secs_f64() * iterations as f64 / counted.min(INPUT_STEPS) as f64;
