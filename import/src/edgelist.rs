@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use grandis_telemetry::Progress;
 
+use crate::error::{ImportError, Result};
 use crate::text::{self, Delimiter, Lines};
-use crate::{vertex_id, Ctx, ImportError, Parts, Result};
+use crate::{vertex_id, Ctx, Parts};
 
 pub(crate) fn import(ctx: &mut Ctx<'_>, input: &Path) -> Result<Parts> {
     let o = ctx.options;

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use grandis_store::{AtomicDir, DatasetView};
 
-use crate::{ImportError, Result};
+use crate::error::{ImportError, Result};
 
 /// Vertices whose edges go out per chunk of `edge_index.npy`.
 const EDGE_CHUNK_VERTICES: usize = 1 << 16;

@@ -16,7 +16,8 @@ use parquet::record::reader::RowIter;
 use parquet::record::{Field, Row};
 use parquet::schema::types::Type;
 
-use crate::{Ctx, ImportError, Parts, Result};
+use crate::error::{ImportError, Result};
+use crate::{Ctx, Parts};
 
 const NODE_ID: &str = "nodeId";
 const SOURCE: &str = "sourceNodeId";

@@ -18,8 +18,9 @@ use std::path::Path;
 use grandis_store::{EdgeOptions, EdgeSplitOptions, SelfLoops};
 use grandis_telemetry::Progress;
 
+use crate::error::{ImportError, Result};
 use crate::gds::{column, find_table, int_of, Table};
-use crate::{Ctx, ImportError, Parts, Result};
+use crate::{Ctx, Parts};
 
 const NODE_ID: &str = "nodeId";
 const SOURCE: &str = "sourceNodeId";

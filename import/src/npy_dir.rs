@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 use grandis_npy::{DType, NpyFile};
 use grandis_telemetry::Progress;
 
-use crate::{vertex_id, Ctx, ImportError, Parts, Result};
+use crate::error::{ImportError, Result};
+use crate::{vertex_id, Ctx, Parts};
 
 const ID_TYPES: &[DType] = &[DType::I64, DType::I32];
 

@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 use grandis_telemetry::Progress;
 
 use crate::edgelist::{read_id_lines, read_label_lines, write_feature_table, write_no_features};
+use crate::error::{ImportError, Result};
 use crate::text::{self, Delimiter, Lines};
-use crate::{vertex_id, Ctx, ImportError, Parts, Result};
+use crate::{vertex_id, Ctx, Parts};
 
 /// `dir/stem.csv.gz`, or `dir/stem.csv` when only that exists.
 fn table(dir: &Path, stem: &str) -> PathBuf {

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use crate::{ImportError, Result};
+use crate::error::{ImportError, Result};
 
 /// Field separator of a text table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
