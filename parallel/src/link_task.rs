@@ -28,7 +28,7 @@
 
 use anyhow::{bail, Context};
 use grandis_fabric::{Endpoint, Tag};
-use grandis_store::LinkSplitView;
+use grandis_store::{CsrGraph, LinkSplitView};
 use grandis_trainer::{link, Decoder};
 use grandis_wire::LinkSummary;
 
@@ -201,9 +201,8 @@ pub(crate) struct LinkSeeds<'a> {
 /// The supervision edges of each source vertex (NEW ids), and the partition's map back to
 /// the dataset's ids.
 pub(crate) struct EdgesBySource<'a> {
-    /// Edges of new id `v`: `edges[offsets[v]..offsets[v + 1]]`, ascending.
-    offsets: Vec<u64>,
-    edges: Vec<u32>,
+    /// Row `v`: the supervision edges whose source is new id `v`, ascending.
+    edges: CsrGraph,
     new_to_old: &'a [u32],
 }
 
@@ -223,24 +222,8 @@ impl<'a> LinkSeeds<'a> {
             by_source: None,
         };
         if by_vertices {
-            let sources = seeds.sources();
-            let n = part.new_to_old.len();
-            let mut offsets = vec![0u64; n + 1];
-            for &u in &sources {
-                offsets[u as usize + 1] += 1;
-            }
-            for v in 0..n {
-                offsets[v + 1] += offsets[v];
-            }
-            let mut next = offsets.clone();
-            let mut edges = vec![0u32; sources.len()];
-            for (i, &u) in sources.iter().enumerate() {
-                edges[next[u as usize] as usize] = i as u32;
-                next[u as usize] += 1;
-            }
             seeds.by_source = Some(EdgesBySource {
-                offsets,
-                edges,
+                edges: CsrGraph::group_by_key(&seeds.sources(), part.new_to_old.len()),
                 new_to_old: &part.new_to_old,
             });
         }
@@ -322,10 +305,7 @@ impl LinkSeeds<'_> {
         let inside = |new: u32| all.binary_search(&new).is_ok();
         let mut edges: Vec<u32> = own
             .iter()
-            .flat_map(|&v| {
-                let (a, b) = (index.offsets[v as usize], index.offsets[v as usize + 1]);
-                index.edges[a as usize..b as usize].iter().copied()
-            })
+            .flat_map(|&v| index.edges.view().neighbors(v).iter().copied())
             .filter(|&i| inside(self.old_to_new[split.train[2 * i as usize + 1] as usize]))
             .collect();
         edges.sort_unstable();

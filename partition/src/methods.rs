@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use grandis_store::{EdgeListBuilder, EdgeOptions, SelfLoops};
+use grandis_store::{CsrGraph, EdgeListBuilder, EdgeOptions, SelfLoops};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -352,23 +352,11 @@ pub(crate) fn bytegnn_parts(
     let (block, blocks) = bytegnn_blocks(sub, hops, |l| role_of(l) != Role::Unlabelled);
 
     // Members of every block (CSR by block) and each block's count per split.
-    let mut start = vec![0u32; blocks + 1];
-    for &b in &block {
-        start[b as usize + 1] += 1;
-    }
-    for b in 0..blocks {
-        start[b + 1] += start[b];
-    }
-    let mut members = vec![0u32; n];
-    let mut cursor = start.clone();
+    let members = CsrGraph::group_by_key(&block, blocks);
     let mut counts = vec![[0u32; 4]; blocks];
     for l in 0..n as u32 {
-        let b = block[l as usize] as usize;
-        members[cursor[b] as usize] = l;
-        cursor[b] += 1;
-        counts[b][role_of(l) as usize] += 1;
+        counts[block[l as usize] as usize][role_of(l) as usize] += 1;
     }
-    drop(cursor);
 
     // Per-part average of each split, and the splits' weights by scale.
     let mut totals = [0u64; 4];
@@ -402,7 +390,7 @@ pub(crate) fn bytegnn_parts(
     let mut cross = vec![0u64; k];
     for b in order {
         let b = b as usize;
-        let vs = &members[start[b] as usize..start[b + 1] as usize];
+        let vs = members.view().neighbors(b as u32);
         cross.fill(0);
         for &l in vs {
             sub.for_each_neighbor(l, |u| {

@@ -179,6 +179,28 @@ impl CsrGraph {
     }
 }
 
+impl CsrGraph {
+    /// Items `0..keys.len()` grouped by key (a counting sort): row `g < groups` lists, in
+    /// ascending order, the items `i` with `keys[i] == g`. Every key must be below `groups`.
+    pub fn group_by_key(keys: &[u32], groups: usize) -> CsrGraph {
+        let mut offsets = vec![0u64; groups + 1];
+        for &k in keys {
+            offsets[k as usize + 1] += 1;
+        }
+        for g in 0..groups {
+            offsets[g + 1] += offsets[g];
+        }
+        let mut cursor = offsets.clone();
+        let mut indices = vec![0u32; keys.len()];
+        for (i, &k) in keys.iter().enumerate() {
+            let slot = &mut cursor[k as usize];
+            indices[*slot as usize] = i as u32;
+            *slot += 1;
+        }
+        CsrGraph { offsets, indices }
+    }
+}
+
 /// `n` rows cut into runs for a builder that makes them on the thread pool and then joins
 /// them ([`CsrGraph::join`]): one run on a one-thread pool (nothing to join, nothing copied),
 /// runs of `per_task` rows otherwise. What is built must not depend on the cut.
@@ -291,6 +313,14 @@ mod tests {
 
     /// Joining a graph cut at any rows gives the graph back, whether it is one part, many,
     /// or has empty parts.
+    #[test]
+    fn grouping_by_key_lists_each_keys_items_in_order() {
+        let g = crate::CsrGraph::group_by_key(&[2, 0, 2, 1, 0], 4);
+        assert_eq!(g.offsets, [0, 2, 3, 5, 5]);
+        assert_eq!(g.indices, [1, 4, 3, 0, 2]);
+        assert_eq!(crate::CsrGraph::group_by_key(&[], 2).offsets, [0, 0, 0]);
+    }
+
     #[test]
     fn join_of_row_runs_is_the_whole_graph() {
         let g = crate::graph_from_edges(
