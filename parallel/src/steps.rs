@@ -597,12 +597,13 @@ pub(crate) fn build_step(
                 Some(seeds) => {
                     let mut all: Vec<u32> = batch.iter().flatten().copied().collect();
                     all.sort_unstable();
-                    let link = batch
-                        .iter()
-                        .map(|b| seeds.batch_inside(b, &all, epoch + 1))
-                        .collect::<anyhow::Result<Vec<_>>>()?;
-                    let pairs = link.iter().map(LinkBatch::pairs).sum();
-                    (Some(pairs), StepPairs::Servers(link))
+                    let link = StepPairs::Servers(
+                        batch
+                            .iter()
+                            .map(|b| seeds.batch_inside(b, &all, epoch + 1))
+                            .collect::<anyhow::Result<Vec<_>>>()?,
+                    );
+                    (Some(link.pairs()), link)
                 }
                 None => (None, StepPairs::None),
             };
@@ -682,8 +683,13 @@ pub(crate) fn sample_step(
     // Every batch is a batcher's cheap draw: the loss rows of the whole step come from them,
     // and only this process's part is sampled (the others' batches are emptied; their pairs
     // are kept, see `StepPairs`).
+    let link = match (inputs.link, per_rank) {
+        (None, _) => StepPairs::None,
+        (Some(_), true) => StepPairs::Ranks(link),
+        (Some(_), false) => StepPairs::Servers(link),
+    };
     let targets = if inputs.link.is_some() {
-        link.iter().map(LinkBatch::pairs).sum()
+        link.pairs()
     } else {
         batch
             .iter()
@@ -701,11 +707,6 @@ pub(crate) fn sample_step(
             b.clear();
         }
     }
-    let link = match (inputs.link, per_rank) {
-        (None, _) => StepPairs::None,
-        (Some(_), true) => StepPairs::Ranks(link),
-        (Some(_), false) => StepPairs::Servers(link),
-    };
     let specs = if per_rank {
         grandis_sampling::batch_specs::<grandis_sampling::Devices>(
             ctx, &batch, layers, sampler, round,
