@@ -82,7 +82,6 @@ pub fn embeddings(
         new_to_old: &part.new_to_old,
         layout: &part.layout,
         scales: &scales,
-        agg: grandis_models::aggregation(config.kind),
         config,
         opts: &opts,
         link: None,

@@ -20,8 +20,8 @@
 //! reduce-scatter and all-gather among heads over the NICs), the fetch of replicated features
 //! per step (and once at setup for static plans), and CPU contention when several ranks share
 //! one machine's cores, with the host's step building (sampling, plans, the ranks' inputs)
-//! when CPU ranks share its cores. Not modelled: overlap (the runtime does not overlap compute with communication) and
-//! evaluation.
+//! when CPU ranks share its cores. Not modelled: overlap (the runtime does not overlap
+//! compute with communication) and evaluation.
 
 use std::sync::Arc;
 
@@ -690,19 +690,17 @@ pub fn plan(
         grandis_models::aggregation(config.kind),
     );
     let buffers = BufferPool::default();
-    let preparer = Preparer {
-        features: FeatureSource {
+    let preparer = Preparer::for_model(
+        FeatureSource {
             view,
             new_to_old: &part.new_to_old,
             layout: &part.layout,
         },
-        scales: &scales,
-        agg: grandis_models::aggregation(config.kind),
-        layers: config.layers,
-        owned_input_only: config.stage_layout().first_conv > 0,
-        labelled_flags: &flags,
-        buffers: &buffers,
-    };
+        config,
+        &scales,
+        &flags,
+        &buffers,
+    );
     let count = |c: &Candidate| -> Planned {
         let mut popts = c.options(base);
         popts.job.device_memory = Some(budget);

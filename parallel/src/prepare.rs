@@ -31,6 +31,28 @@ pub(crate) struct Preparer<'a> {
     pub buffers: &'a BufferPool,
 }
 
+impl<'a> Preparer<'a> {
+    /// The preparer of `config`'s inputs: what it reads of the model (its aggregation, its
+    /// conv layers, whether its first layer reads owned rows only) comes from the config.
+    pub fn for_model(
+        features: FeatureSource<'a>,
+        config: &grandis_models::ModelConfig,
+        scales: &'a GlobalScales,
+        labelled_flags: &'a [u8],
+        buffers: &'a BufferPool,
+    ) -> Preparer<'a> {
+        Preparer {
+            features,
+            scales,
+            agg: grandis_models::aggregation(config.kind),
+            layers: config.layers,
+            owned_input_only: config.stage_layout().first_conv > 0,
+            labelled_flags,
+            buffers,
+        }
+    }
+}
+
 /// Feature matrices handed back by the ranks after their upload, for the producers to fill
 /// again: a step's matrix is tens to hundreds of MB, and a fresh one per step is as many page
 /// faults and page clears (and, page-locked for a CUDA device, as many page-lockings). Holds

@@ -161,7 +161,6 @@ pub(crate) fn run(
         new_to_old: &part.new_to_old,
         layout,
         scales: &scales,
-        agg: grandis_models::aggregation(config.kind),
         config,
         opts,
         link,

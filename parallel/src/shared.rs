@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use grandis_engine::norm::{Aggregation, GlobalScales};
+use grandis_engine::norm::GlobalScales;
 use grandis_masking::{DevicePlan, Layout};
 use grandis_models::ModelConfig;
 use grandis_store::DatasetView;
@@ -21,7 +21,6 @@ pub(crate) struct Shared<'a> {
     /// Home rank of every new id (replicated rows' features are fetched from it).
     pub layout: &'a Layout,
     pub scales: &'a GlobalScales,
-    pub agg: Aggregation,
     pub config: &'a ModelConfig,
     pub opts: &'a TrainOptions,
     /// Link prediction's split and negatives, when the run trains for it (fb, flx).
@@ -73,15 +72,13 @@ impl<'a> Shared<'a> {
 
     /// What preparing a rank's step input reads (the producers' fetch stage too).
     pub fn preparer(&self) -> Preparer<'a> {
-        Preparer {
-            features: self.features(),
-            scales: self.scales,
-            agg: self.agg,
-            layers: self.config.layers,
-            owned_input_only: self.config.stage_layout().first_conv > 0,
-            labelled_flags: self.labelled_flags,
-            buffers: self.buffers,
-        }
+        Preparer::for_model(
+            self.features(),
+            self.config,
+            self.scales,
+            self.labelled_flags,
+            self.buffers,
+        )
     }
 
     /// Epochs the resumed checkpoint holds (0 for a fresh run).
