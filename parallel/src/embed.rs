@@ -101,6 +101,7 @@ pub fn embeddings(
         remote_features: None,
         buffers: &crate::prepare::BufferPool::default(),
         server_counts: None,
+        steps_read_every_vertex: true,
     };
     let threads = threads_per_rank.unwrap_or_else(|| crate::compute::cores_per_rank(ranks));
     let fabric = Fabric::new(FabricConfig {

@@ -39,6 +39,7 @@ mod budget;
 mod compute;
 mod decide;
 mod embed;
+mod embedding_shard;
 mod feed;
 mod fetch;
 pub mod infer;

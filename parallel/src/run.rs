@@ -181,6 +181,7 @@ pub(crate) fn run(
         buffers: &buffers,
         server_counts: (matches!(part_here, StepPart::Server(_)) && layout.servers() > 1)
             .then_some(&counts),
+        steps_read_every_vertex: decision.is_static(),
     };
     let callback: worker::EpochCallback<'_> = Mutex::new(on_epoch);
     let transports = crate::links::select(

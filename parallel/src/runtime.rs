@@ -45,6 +45,10 @@ pub(crate) struct Rt<B: Backend> {
     /// rows filled by exchange (sage/gcn), or just the owned rows' input of the encoder
     /// (ressage).
     pub(crate) features: B::Buf,
+    /// With learnable node embeddings: the features as read (rows x F), kept on the host
+    /// because `features` (rows x (F + embedding columns)) is filled anew before every forward
+    /// pass (`crate::embedding_shard`). None otherwise.
+    pub(crate) host_features: Option<Vec<f32>>,
     pub(crate) loss_rows: B::Index,
     pub(crate) loss_labels: B::Index,
 }
@@ -155,8 +159,19 @@ impl<B: Backend> Rt<B> {
         }
         let structure = started.elapsed();
         let rows = host.len();
-        let (features, host) = b.upload_host(host)?;
-        sh.buffers.put(host);
+        let (features, host_features) = match sh.opts.embedding_dim {
+            0 => {
+                let (features, host) = b.upload_host(host)?;
+                sh.buffers.put(host);
+                (features, None)
+            }
+            d => {
+                let n_rows = layers.first().map_or(0, |l| blocks[l.block].rows.n_src);
+                let kept = host.as_slice().to_vec();
+                sh.buffers.put(host);
+                (b.alloc(n_rows * (sh.view.feature_dim + d))?, Some(kept))
+            }
+        };
         tracing::debug!(
             "rank {} load: replicated rows {:.1} ms, blocks and indices {:.1} ms, {rows} feature \
              values {:.1} ms",
@@ -170,6 +185,7 @@ impl<B: Backend> Rt<B> {
             blocks,
             layers,
             features,
+            host_features,
             loss_rows: b.upload_index(&loss_rows)?,
             loss_labels: b.upload_index(&loss_labels)?,
         })

@@ -107,11 +107,7 @@ pub(crate) fn check_job_inputs<'v>(
     embedding_dim: usize,
 ) -> anyhow::Result<Option<LinkSplitView<'v>>> {
     let n = view.num_vertices();
-    if embedding_dim > 0 {
-        // A job spec never gets here with them (`JobSpec::validate`).
-        bail!("learnable node embeddings train in mode single so far");
-    }
-    let links = grandis_trainer::check_config(view, config, objective, 0)?;
+    let links = grandis_trainer::check_config(view, config, objective, embedding_dim)?;
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;

@@ -58,6 +58,9 @@ pub(crate) struct Shared<'a> {
     /// ranks add every server's up at the end of the run. None when the counts here are the
     /// run's.
     pub server_counts: Option<&'a StepCounts>,
+    /// Every training step reads every vertex (fb, flx): learnable node embeddings step every
+    /// row each step, as mode single does ([`crate::embedding_shard`]).
+    pub steps_read_every_vertex: bool,
 }
 
 impl<'a> Shared<'a> {

@@ -20,6 +20,7 @@ use grandis_models::{Model, StageCache};
 use grandis_trainer::{Decoder, EpochStats};
 use grandis_wire::LinkSummary;
 
+use crate::embedding_shard::EmbeddingShard;
 use crate::feed::Feed;
 use crate::fetch::{Ahead, AsksAhead, SETUP_EPOCH};
 use crate::link_task::{cobatch_loss, CobatchSeat, LinkTask};
@@ -139,6 +140,8 @@ pub(crate) struct Worker<'w, B: Backend> {
     asks_ahead: AsksAhead,
     /// Link prediction's decoder (every rank's copy the same).
     decoder: Option<Decoder>,
+    /// This rank's rows of the learnable node embeddings, when the run has them.
+    embeddings: Option<EmbeddingShard>,
 }
 
 impl<'w, B: Backend> Worker<'w, B> {
@@ -181,11 +184,29 @@ impl<'w, B: Backend> Worker<'w, B> {
             );
         }
         let mut decoder = sh.opts.objective.decoder(sh.config.classes, sh.config.seed);
+        let mut resumed_embeddings = None;
         if let Some(ck) = sh.resume {
             ck.restore(b, &mut model, true)
                 .context("restoring the checkpoint")?;
             decoder = ck.link_decoder(true)?;
+            resumed_embeddings = ck.node_embeddings(sh.new_to_old.len(), true)?;
         }
+        let embeddings = match sh.opts.embedding_dim {
+            0 => None,
+            _ if has_head => bail!(
+                "learnable node embeddings train with models whose first stage is a \
+                 convolution, not {}",
+                sh.config.kind.name()
+            ),
+            d => Some(EmbeddingShard::new(
+                sh.layout,
+                ep.rank(),
+                sh.new_to_old,
+                (d, sh.config.seed),
+                resumed_embeddings.as_ref(),
+                sh.steps_read_every_vertex,
+            )?),
+        };
         let first = sh.first_step();
         let step = sh.feed.take(first)?;
         let mut asks_ahead = AsksAhead::default();
@@ -220,7 +241,35 @@ impl<'w, B: Backend> Worker<'w, B> {
             remote_columns: None,
             asks_ahead,
             decoder,
+            embeddings,
         })
+    }
+
+    /// The layer-0 input's embedding columns for this forward pass: the rows this rank
+    /// reads locally filled from the shards of their home ranks (a collective: every rank's
+    /// forward passes fill in the same order), the halo rows left to the layer's exchange.
+    fn fill_embeddings(&mut self, epoch_tag: u32) -> anyhow::Result<()> {
+        let Some(shard) = self.embeddings.as_mut() else {
+            return Ok(());
+        };
+        let first = &self.rt.layers[0];
+        let plan = &self.rt.plans[first.plan];
+        let rows = &self.rt.blocks[first.block].rows;
+        let features = self
+            .rt
+            .host_features
+            .as_deref()
+            .context("internal: a step with learnable embeddings kept no host features")?;
+        let input = shard.fill(
+            &mut self.ep,
+            self.sh.layout,
+            &plan.global_ids[..rows.owned_src],
+            features,
+            rows.n_src,
+            epoch_tag,
+        )?;
+        self.b.upload_into(&mut self.rt.features, 0, &input)?;
+        Ok(())
     }
 
     fn plan(&self, l: usize) -> &Arc<DevicePlan> {
@@ -248,6 +297,9 @@ impl<'w, B: Backend> Worker<'w, B> {
             layers: Vec::with_capacity(n_layers),
             head: None,
         };
+        if self.embeddings.is_some() {
+            self.fill_embeddings(epoch_tag)?;
+        }
         let mut act: Option<B::Buf> = None;
         if self.has_head {
             let c = encoder_ctx(&self.rt, train);
@@ -362,7 +414,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             let (d_in, _) = self.model.stage_dims(s);
             let blk = &self.rt.blocks[self.rt.layers[l].block];
             let cache = tape.layers[l].cache.take().context("layer cache")?;
-            let need_input_grad = l > 0 || self.has_head;
+            let need_input_grad = l > 0 || self.has_head || self.embeddings.is_some();
             let gx = {
                 let (head, tail) = tape.layers.split_at_mut(l + 1);
                 let me = &head[l];
@@ -394,6 +446,14 @@ impl<'w, B: Backend> Worker<'w, B> {
                 // ids and count, checked when the step was built): their gradient is the
                 // first rows of `gx`, and the stages read only those.
                 g = gx;
+            } else if let Some(shard) = self.embeddings.as_mut() {
+                // The input's gradient, its halo rows' part now added to their owners' rows:
+                // the embeddings' sparse Adam step.
+                let rows = self.rt.blocks[self.rt.layers[0].block].rows.owned_src;
+                let mut host = vec![0f32; rows * d_in];
+                b.download(&gx, 0, &mut host)?;
+                shard.step(&mut self.ep, &host, d_in, &self.sh.opts.adam(1, 1.0), epoch)?;
+                break;
             } else {
                 // ResSAGE+ encoder (row-local; its input gradient is not needed).
                 let c = encoder_ctx(&self.rt, train);
@@ -739,6 +799,7 @@ impl<'w, B: Backend> Worker<'w, B> {
         self.rt.blocks.clear();
         self.rt.layers.clear();
         self.rt.features = b.alloc(0)?;
+        self.rt.host_features = None;
         self.rt.loss_rows = b.upload_index(&[])?;
         self.rt.loss_labels = b.upload_index(&[])?;
         let next = self.sh.feed.peek_plans(index + 1);
@@ -844,12 +905,20 @@ impl<'w, B: Backend> Worker<'w, B> {
                 val_auc,
                 seconds,
             };
-            if rank == 0 && sh.checkpoint.due(epoch, sh.opts.epochs) {
+            let saving = sh.checkpoint.due(epoch, sh.opts.epochs) && sh.checkpoint.path.is_some();
+            // Every rank's rows of the embeddings go to rank 0 for the checkpoint.
+            let table = match (&self.embeddings, saving) {
+                (Some(shard), true) => {
+                    shard.gather(&mut self.ep, sh.layout, sh.new_to_old, epoch as u32)?
+                }
+                _ => None,
+            };
+            if rank == 0 && saving {
                 if let Some(path) = &sh.checkpoint.path {
                     // Weights and moments are identical on every rank after the all-reduce,
                     // so one rank's copy is the whole model (written atomically).
                     let learnt = grandis_trainer::Learnt {
-                        embeddings: None,
+                        embeddings: table.as_ref(),
                         decoder: self.decoder.as_ref(),
                     };
                     grandis_trainer::save_checkpoint_with(

@@ -29,23 +29,112 @@ pub struct NodeEmbeddings {
 impl NodeEmbeddings {
     /// A fresh table of `vertices` rows of `dim` columns, N(0, 1) from `seed`.
     pub fn new(vertices: usize, dim: usize, seed: u64) -> NodeEmbeddings {
+        NodeEmbeddings::fresh_rows(0..vertices as u32, dim, seed)
+    }
+
+    /// Fresh rows of the vertices `ids`, in that order: row i holds what row `ids[i]` of
+    /// [`Self::new`]'s table holds (a rank's shard of the same table).
+    pub fn fresh_rows(
+        ids: impl ExactSizeIterator<Item = u32>,
+        dim: usize,
+        seed: u64,
+    ) -> NodeEmbeddings {
         let base = grandis_engine::mix64(seed ^ 0x656d_6265_6464_696e);
-        let table = (0..vertices * dim)
-            .map(|i| {
-                // Box-Muller over two uniforms in (0, 1] from one 64-bit hash.
-                let h = grandis_engine::mix64(base ^ i as u64);
+        let rows = ids.len();
+        let mut table = Vec::with_capacity(rows * dim);
+        for id in ids {
+            table.extend((0..dim).map(|c| {
+                // Box-Muller over two uniforms in (0, 1] from one 64-bit hash of the value's
+                // place in the whole table.
+                let h = grandis_engine::mix64(base ^ (id as u64 * dim as u64 + c as u64));
                 let u1 = ((h >> 40) as f64 + 1.0) / (1u64 << 24) as f64;
                 let u2 = ((h & 0xff_ffff) as f64) / (1u64 << 24) as f64;
                 ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
-            })
-            .collect();
+            }));
+        }
         NodeEmbeddings {
             dim,
             table,
+            m: vec![0.0; rows * dim],
+            v: vec![0.0; rows * dim],
+            steps: vec![0.0; rows],
+        }
+    }
+
+    /// The rows `ids` of this table with their Adam state, in that order.
+    pub fn select(&self, ids: impl Iterator<Item = u32>) -> NodeEmbeddings {
+        let d = self.dim;
+        let mut out = NodeEmbeddings {
+            dim: d,
+            table: Vec::new(),
+            m: Vec::new(),
+            v: Vec::new(),
+            steps: Vec::new(),
+        };
+        for id in ids {
+            let (r, at) = (id as usize, id as usize * d..(id as usize + 1) * d);
+            out.table.extend_from_slice(&self.table[at.clone()]);
+            out.m.extend_from_slice(&self.m[at.clone()]);
+            out.v.extend_from_slice(&self.v[at]);
+            out.steps.push(self.steps[r]);
+        }
+        out
+    }
+
+    /// Row `r`'s values.
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.table[r * self.dim..(r + 1) * self.dim]
+    }
+
+    /// Every row's state in one flat message (each row: its values, Adam's two moments, its
+    /// step count), for moving a table between processes.
+    pub fn to_flat(&self) -> Vec<f32> {
+        let d = self.dim;
+        let mut out = Vec::with_capacity(self.vertices() * (3 * d + 1));
+        for r in 0..self.vertices() {
+            let at = r * d..(r + 1) * d;
+            out.extend_from_slice(&self.table[at.clone()]);
+            out.extend_from_slice(&self.m[at.clone()]);
+            out.extend_from_slice(&self.v[at]);
+            out.push(self.steps[r]);
+        }
+        out
+    }
+
+    /// An empty table of `vertices` rows of `dim` columns, all zero, to be filled with
+    /// [`Self::set_from_flat`].
+    pub fn zeros(vertices: usize, dim: usize) -> NodeEmbeddings {
+        NodeEmbeddings {
+            dim,
+            table: vec![0.0; vertices * dim],
             m: vec![0.0; vertices * dim],
             v: vec![0.0; vertices * dim],
             steps: vec![0.0; vertices],
         }
+    }
+
+    /// Sets row `ids[i]` to the i-th row of `flat` ([`Self::to_flat`]'s layout).
+    pub fn set_from_flat(&mut self, ids: &[u32], flat: &[f32]) -> anyhow::Result<()> {
+        let d = self.dim;
+        if flat.len() != ids.len() * (3 * d + 1) {
+            bail!(
+                "{} embedding state values for {} rows of {d}",
+                flat.len(),
+                ids.len()
+            );
+        }
+        for (&id, row) in ids.iter().zip(flat.chunks_exact(3 * d + 1)) {
+            let r = id as usize;
+            if r >= self.vertices() {
+                bail!("embedding row {r} of a table of {}", self.vertices());
+            }
+            let at = r * d..(r + 1) * d;
+            self.table[at.clone()].copy_from_slice(&row[..d]);
+            self.m[at.clone()].copy_from_slice(&row[d..2 * d]);
+            self.v[at].copy_from_slice(&row[2 * d..3 * d]);
+            self.steps[r] = row[3 * d];
+        }
+        Ok(())
     }
 
     pub fn dim(&self) -> usize {
@@ -190,6 +279,27 @@ mod tests {
             .sum::<f64>()
             / n;
         assert!(mean.abs() < 0.05 && (var - 1.0).abs() < 0.1, "{mean} {var}");
+    }
+
+    /// A shard of fresh rows, a selection and a flat round trip all hold the whole table's
+    /// rows.
+    #[test]
+    fn shards_hold_the_whole_tables_rows() {
+        let mut whole = NodeEmbeddings::new(50, 3, 9);
+        whole.adam_step(&[4, 7], &[1.0; 6], 0, &AdamStep::new(0.01, 1));
+        let ids = [7u32, 4, 31];
+        let fresh = NodeEmbeddings::fresh_rows(ids.iter().copied(), 3, 9);
+        let picked = whole.select(ids.iter().copied());
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(picked.row(i), whole.row(id as usize));
+            if id == 31 {
+                assert_eq!(fresh.row(i), whole.row(id as usize));
+            }
+        }
+        let mut back = NodeEmbeddings::zeros(50, 3);
+        back.set_from_flat(&ids, &picked.to_flat()).unwrap();
+        assert_eq!(back.select(ids.iter().copied()), picked);
+        assert!(back.set_from_flat(&ids[..2], &picked.to_flat()).is_err());
     }
 
     /// Rows a step did not read keep their value, moments and step count; a read row moves

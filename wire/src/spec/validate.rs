@@ -281,14 +281,10 @@ impl JobSpec {
             }
             (Task::Node, None) => {}
         }
-        if self.embedding_dim > 0 && self.mode != Mode::Single {
-            err(
-                "embedding_dim",
-                format!(
-                    "learnable node embeddings train in mode single so far, not mode '{}'",
-                    self.mode
-                ),
-            );
+        if self.embedding_dim > 0 {
+            if let Some(why) = self.embedding_conflict() {
+                err("embedding_dim", why);
+            }
         }
         if self.device_memory == Some(0) {
             err("device_memory", "must be > 0 bytes".into());
@@ -378,5 +374,36 @@ impl JobSpec {
         } else {
             Err(SpecError::Invalid(errors))
         }
+    }
+    /// Why this job's learnable node embeddings (`embedding_dim` > 0) cannot train as asked,
+    /// if they cannot: they train in modes single, fb and flx (every rank keeps its own
+    /// vertices' rows), without sampling, not with ResSAGE+ outside mode single (its encoder
+    /// would need the embeddings' gradient on the devices' own rows first), and without
+    /// layer-wise predictions after a distributed run (score the checkpoint with `grandis
+    /// predict`).
+    pub fn embedding_conflict(&self) -> Option<String> {
+        let why = match self.mode {
+            Mode::Single => return None,
+            Mode::Fb | Mode::Flx if self.sampling != Sampling::None => {
+                "in modes fb and flx without sampling"
+            }
+            Mode::Fb | Mode::Flx if self.model == ModelKind::ResSage => {
+                "in modes fb and flx with models sage, gcn and gat (ResSAGE+ in mode single)"
+            }
+            Mode::Fb | Mode::Flx if self.predict.is_some() => {
+                "in modes fb and flx without predictions after training (run `grandis \
+                 predict` on the checkpoint)"
+            }
+            Mode::Fb | Mode::Flx => return None,
+            mode => {
+                return Some(format!(
+                    "learnable node embeddings train in modes single, fb and flx so far, not \
+                     mode '{mode}'"
+                ))
+            }
+        };
+        Some(format!(
+            "learnable node embeddings train outside mode single only {why}, so far"
+        ))
     }
 }
