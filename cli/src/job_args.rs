@@ -189,8 +189,8 @@ pub struct JobArgs {
     pub decoder: Option<grandis_wire::LinkDecoder>,
     /// Learnable node embeddings: this many columns per vertex, the model's input after the
     /// dataset's features (all of it on a featureless graph), trained with a sparse Adam and
-    /// kept in checkpoints; modes single, fb and flx so far (in fb and flx each rank keeps
-    /// its own vertices' rows) [default: 0, none].
+    /// kept in checkpoints; in every mode (outside single each rank keeps its own vertices'
+    /// rows), with --model ressage in mode single only so far [default: 0, none].
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub embedding_dim: Option<u32>,
 }

@@ -158,6 +158,27 @@ fn cluster_up_matches_in_process_training_on_a_synthetic_graph() {
     cluster_up_equals_in_process(&ds, "fb", &["--model", "gat", "--heads", "4"], 3);
 }
 
+/// Learnable node embeddings across daemons: each rank's rows live in its daemon, asked for
+/// and returned over QUIC between servers; the losses equal the in-process run's (flx, and
+/// cob whose daemons each build their server's part of a step).
+#[test]
+fn cluster_up_trains_learnable_embeddings_like_the_in_process_run() {
+    let c = Cluster::new(EXE, &["unused"], Timing::default()).unwrap();
+    let ds = c.synth("synth", 900, 8).unwrap();
+    let ds = ds.display().to_string();
+    for (mode, extra) in [
+        ("flx", &["--preload-hops", "1"][..]),
+        ("cob", &["--cobatch-size", "150"][..]),
+    ] {
+        let mut extra = extra.to_vec();
+        extra.extend(["--embedding-dim", "8"]);
+        // Four epochs: per-epoch bytes are whole in both runs (each server's report rounds
+        // its own average before the cluster adds them up).
+        let (cluster, _) = cluster_and_in_process(&ds, mode, &extra, 4);
+        assert_eq!(cluster["job"]["embedding_dim"], 8, "{cluster}");
+    }
+}
+
 /// The sampled and mini-batch modes: each daemon builds its server's part of the per-step
 /// plans of the in-process run (samplers and co-batches seeded by the job's seed; cob and mb
 /// steps only that part, the other servers' replicated rows asked for by id), so the losses

@@ -228,11 +228,52 @@ fn predict_reads_learnt_node_embeddings_from_the_checkpoint() {
         "predict {acc}, the run {test_acc}"
     );
 
+    // Mode fb 2 x 2 trains the same embeddings (each rank its own vertices' rows): the same
+    // predictions from its checkpoint.
+    let (ok, _, err) = grandis(&[
+        "train",
+        &p("ds"),
+        "--epochs",
+        "20",
+        "--model",
+        "gcn",
+        "--hidden",
+        "16",
+        "--embedding-dim",
+        "8",
+        "--mode",
+        "fb",
+        "--servers",
+        "2",
+        "--devices",
+        "2",
+        "--checkpoint",
+        &p("fb.safetensors"),
+        "-q",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = grandis(&[
+        "predict",
+        &p("ds"),
+        "--checkpoint",
+        &p("fb.safetensors"),
+        "--out",
+        &p("fb-ids.npy"),
+    ]);
+    assert!(ok, "{err}");
+    let fb_ids: Vec<i64> = values(Path::new(&p("fb-ids.npy")));
+    let differ = fb_ids.iter().zip(&ids).filter(|(a, b)| a != b).count();
+    // Near-ties of two classes may fall either way after 20 epochs of f32 sums in another
+    // order.
+    assert!(differ <= 3, "{differ} of {} predictions differ", ids.len());
+
     let (ok, _, err) = grandis(&[
         "train",
         &p("ds"),
         "--embedding-dim",
         "8",
+        "--model",
+        "ressage",
         "--mode",
         "fb",
         "--servers",

@@ -84,6 +84,13 @@ impl EmbeddingShard {
         self.rows.dim()
     }
 
+    /// The row of vertex `g` (a NEW id), if this shard holds it.
+    pub fn home_row(&self, g: u32) -> Option<&[f32]> {
+        self.home
+            .contains(&g)
+            .then(|| self.rows.row((g - self.home.start) as usize))
+    }
+
     /// The layer-0 input of a step: `n_rows x (f + dim)`, each of the first `ids.len()` rows
     /// (`ids`: their NEW ids) its `features` row (`n_rows x f`) then its embedding row, asked
     /// of its home rank where that is not this one; the rows past them zero (the halo

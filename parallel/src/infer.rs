@@ -41,6 +41,8 @@ use grandis_trainer::layerwise::{
 };
 use serde::Serialize;
 
+use crate::embedding_shard::EmbeddingShard;
+
 /// What the ranks write (a job's option, declared with the others).
 pub use crate::options::InferOptions;
 
@@ -136,6 +138,7 @@ pub(crate) fn infer_rank<B: Backend>(
     model: &Model<B>,
     ep: &mut Endpoint,
     sh: &InferShared<'_>,
+    embeddings: Option<&EmbeddingShard>,
 ) -> anyhow::Result<RankInference> {
     let start = Instant::now();
     let opts = &sh.opts;
@@ -156,6 +159,7 @@ pub(crate) fn infer_rank<B: Backend>(
         keep_embeddings: opts.embeddings,
         // Nothing samples the graph any more: its pages may go once read.
         release_rows: true,
+        node_embeddings: embeddings,
     };
     let predictions = Scratch(opts.dir.join(scratch_name("predictions", 0, Some(rank))));
     let class_ids = opts.kind == Predictions::ClassIds;
@@ -211,7 +215,7 @@ pub(crate) fn infer_rank<B: Backend>(
 /// co-batches recompute the overlapping closures of every batch.
 pub(crate) fn forward_rank<B: Backend>(
     b: &B,
-    model: &Model<B>,
+    (model, embeddings): (&Model<B>, Option<&EmbeddingShard>),
     ep: &mut Endpoint,
     inputs: &PassInputs<'_>,
     epoch: u32,
@@ -229,6 +233,7 @@ pub(crate) fn forward_rank<B: Backend>(
         keep_embeddings: false,
         // Training goes on sampling the graph, kept resident for it.
         release_rows: false,
+        node_embeddings: embeddings,
     };
     pass_rank(b, model, ep, inputs, &pass, &mut |_, produce| produce(rows))?;
     Ok(())
@@ -248,6 +253,9 @@ struct Pass<'p> {
     keep_embeddings: bool,
     /// Let the graph's mapped pages go behind each block.
     release_rows: bool,
+    /// This rank's rows of the learnable node embeddings: stage 0 reads them after the
+    /// features (their owners' rows reach the halo with the features).
+    node_embeddings: Option<&'p EmbeddingShard>,
 }
 
 impl Pass<'_> {
@@ -324,6 +332,7 @@ fn pass_rank<B: Backend>(
         view: inputs.view,
         new_to_old,
         own: own.clone(),
+        embeddings: pass.node_embeddings,
     };
     // This rank's rows of the current stage's input: the features, then each stage's output
     // (its file removed once the next stage has read it, unless kept).
@@ -572,16 +581,17 @@ impl ExchangePlan {
 }
 
 /// Stage 0's input of this rank's vertices: their features, read from the dataset in its own
-/// ids.
+/// ids, then their learnable embedding rows when the model has them.
 struct Features<'a> {
     view: DatasetView<'a>,
     new_to_old: &'a [u32],
     own: Range<usize>,
+    embeddings: Option<&'a EmbeddingShard>,
 }
 
 impl LayerRows for Features<'_> {
     fn cols(&self) -> usize {
-        self.view.feature_dim
+        self.view.feature_dim + self.embeddings.map_or(0, EmbeddingShard::dim)
     }
 
     fn gather(&self, ids: &[u32], out: &mut [f32]) -> anyhow::Result<()> {
@@ -589,7 +599,21 @@ impl LayerRows for Features<'_> {
             bail!("vertex {v} is not this rank's (it owns {:?})", self.own);
         }
         let old: Vec<u32> = ids.iter().map(|&v| self.new_to_old[v as usize]).collect();
-        Ok(self.view.gather_features(&old, out)?)
+        let Some(shard) = self.embeddings else {
+            return Ok(self.view.gather_features(&old, out)?);
+        };
+        let (f, w) = (self.view.feature_dim, self.cols());
+        let mut features = vec![0f32; ids.len() * f];
+        self.view.gather_features(&old, &mut features)?;
+        for (i, (&v, row)) in ids.iter().zip(out.chunks_exact_mut(w.max(1))).enumerate() {
+            row[..f].copy_from_slice(&features[i * f..(i + 1) * f]);
+            row[f..].copy_from_slice(
+                shard
+                    .home_row(v)
+                    .with_context(|| format!("vertex {v}'s embedding is not this rank's"))?,
+            );
+        }
+        Ok(())
     }
 }
 

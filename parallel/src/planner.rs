@@ -669,7 +669,8 @@ pub fn plan(
 ) -> anyhow::Result<Vec<Planned>> {
     let link = base.job.task == grandis_wire::Task::Link;
     let objective = grandis_trainer::Objective::for_job(&base.job);
-    crate::setup::check_job_inputs(&view, part, config, objective, 0)?;
+    let embedding_dim = base.job.embedding_dim as usize;
+    crate::setup::check_job_inputs(&view, part, config, objective, embedding_dim)?;
     let (flags, totals) = crate::setup::labelled(&view, part)?;
     if totals[0] == 0 && !link {
         anyhow::bail!("the dataset's train split has no labelled vertices");
@@ -1037,9 +1038,19 @@ pub fn calibrate(
         },
     )?;
     let f = view.feature_dim;
-    let mut features = vec![0f32; n * f];
+    let mut read = vec![0f32; n * f];
     let ids: Vec<u32> = (0..n as u32).collect();
-    view.gather_features(&ids, &mut features)?;
+    view.gather_features(&ids, &mut read)?;
+    // The model's whole input: learnable embedding columns after the features stand in as
+    // zeros (the same products and sums).
+    let width = config.in_dim.max(f);
+    let mut features = vec![0f32; n * width];
+    for (row, src) in features
+        .chunks_exact_mut(width.max(1))
+        .zip(read.chunks_exact(f.max(1)))
+    {
+        row[..f].copy_from_slice(src);
+    }
     // The model's own output width: a link job's encoder outputs embeddings, not the
     // dataset's classes; the timing is the same whatever the labels say.
     let classes = config.classes.max(1);
@@ -1050,7 +1061,7 @@ pub fn calibrate(
         name: "calibration".into(),
         graph,
         features,
-        feature_dim: f,
+        feature_dim: width,
         labels,
         num_classes: classes,
         split: grandis_store::Split {

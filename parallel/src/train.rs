@@ -11,6 +11,7 @@ use grandis_trainer::{EpochStats, Objective, TrainOptions};
 use grandis_wire::Mode;
 
 use crate::budget::job_dims;
+use crate::embedding_shard::EmbeddingShard;
 use crate::infer::{infer_rank, InferShared, RankInference};
 use crate::input::PartitionedGraph;
 use crate::link_task::{LinkSeeds, LinkTask};
@@ -181,7 +182,20 @@ fn predict_only(
     ) -> anyhow::Result<(RankInference, grandis_fabric::Counters)> {
         let mut model = Model::new(b, config.clone())?;
         ck.restore(b, &mut model, false)?;
-        let r = infer_rank(b, &model, &mut ep, shared)?;
+        // The checkpoint's learnable embeddings, this rank's rows of them.
+        let part = shared.pass.part;
+        let embeddings = match ck.node_embeddings(part.new_to_old.len(), false)? {
+            Some(table) => Some(EmbeddingShard::new(
+                &part.layout,
+                ep.rank(),
+                &part.new_to_old,
+                (table.dim(), config.seed),
+                Some(&table),
+                false,
+            )?),
+            None => None,
+        };
+        let r = infer_rank(b, &model, &mut ep, shared, embeddings.as_ref())?;
         Ok((r, ep.counters()))
     }
     let work = |ep: Endpoint| match &popts.machine.compute {

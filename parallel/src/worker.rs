@@ -643,7 +643,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 };
                 crate::infer::forward_rank(
                     self.b,
-                    &self.model,
+                    (&self.model, self.embeddings.as_ref()),
                     &mut self.ep,
                     inputs,
                     epoch as u32 | EVAL_EPOCH_BIT,
@@ -709,7 +709,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 let mut host = Vec::with_capacity(own.len() * d);
                 crate::infer::forward_rank(
                     self.b,
-                    &self.model,
+                    (&self.model, self.embeddings.as_ref()),
                     &mut self.ep,
                     inputs,
                     tag_epoch,
@@ -970,11 +970,13 @@ impl<'w, B: Backend> Worker<'w, B> {
                     model,
                     rt,
                     step,
+                    embeddings,
                     ..
                 } = self;
                 drop((rt, step));
-                let inference = crate::infer::infer_rank(b, &model, &mut ep, infer)
-                    .context("layer-wise inference after training")?;
+                let inference =
+                    crate::infer::infer_rank(b, &model, &mut ep, infer, embeddings.as_ref())
+                        .context("layer-wise inference after training")?;
                 // Its traffic too (under its own epoch): the wire carried it.
                 (Some(inference), ep.counters())
             }

@@ -193,35 +193,35 @@ fn a_checkpoint_with_embeddings_resumes_exactly() {
     }
 }
 
-/// What cannot train embeddings yet says so, naming the field.
+/// ResSAGE+ outside mode single is refused, naming the field; every other model and mode
+/// takes embeddings.
 #[test]
-fn other_modes_and_models_are_refused() {
+fn ressage_outside_single_is_refused() {
     let base = JobSpec {
         dataset: "data".into(),
         embedding_dim: 8,
         ..JobSpec::default()
     };
-    for (job, says) in [
-        (
-            JobSpec {
-                mode: Mode::Cob,
-                ..base.clone()
-            },
-            "not mode 'cob'",
-        ),
-        (
-            JobSpec {
-                mode: Mode::Fb,
-                model: grandis_wire::ModelKind::ResSage,
-                ..base.clone()
-            },
-            "with models sage, gcn and gat",
-        ),
-    ] {
+    for mode in [Mode::Fb, Mode::Cob] {
+        let job = JobSpec {
+            mode,
+            model: grandis_wire::ModelKind::ResSage,
+            ..base.clone()
+        };
         let e = job.validate().unwrap_err().to_string();
-        assert!(e.contains("embedding_dim") && e.contains(says), "{e}");
+        assert!(
+            e.contains("embedding_dim") && e.contains("with models sage, gcn and gat"),
+            "{e}"
+        );
     }
-    for mode in [Mode::Single, Mode::Fb, Mode::Flx] {
+    for mode in [
+        Mode::Single,
+        Mode::Fb,
+        Mode::Flx,
+        Mode::Cob,
+        Mode::Mb,
+        Mode::Cluster,
+    ] {
         let job = JobSpec {
             mode,
             ..base.clone()
@@ -238,4 +238,168 @@ fn other_modes_and_models_are_refused() {
         format!("{e:#}").contains("learnable node embeddings"),
         "{e:#}"
     );
+}
+
+/// Predictions as logits into `dir`.
+fn logits_to(dir: &std::path::Path) -> grandis_wire::PredictSpec {
+    grandis_wire::PredictSpec {
+        dir: dir.to_string_lossy().into_owned(),
+        logits: true,
+        embeddings: false,
+        block_memory: None,
+    }
+}
+
+fn read<T: grandis_npy::Element>(path: &std::path::Path) -> Vec<T> {
+    grandis_npy::NpyFile::open(path)
+        .unwrap()
+        .values::<T>()
+        .unwrap()
+        .into_owned()
+}
+
+fn batched_run(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    opts: &TrainOptions,
+    job: JobSpec,
+    machine: Machine,
+) -> grandis_parallel::ParallelReport {
+    let what = format!("{} {:?}", job.mode, job.sampling);
+    let popts = ParallelOptions {
+        job,
+        machine: Machine {
+            threads_per_rank: Some(1),
+            collect_logits: true,
+            ..machine
+        },
+    };
+    grandis_parallel::train(view, part, config.clone(), opts, &popts, &mut |_| {})
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"))
+}
+
+/// The batched modes: one batch of every vertex (mb, cob; exact closures) is mode single's
+/// epoch, embeddings and all (a row no step reads keeps a zero moment, so its missing Adam
+/// steps change nothing); with fanout sampling and small batches they train (the loss
+/// falls), the same run again gives the same losses, and the layer-wise evaluation reads the
+/// embeddings (predictions after training too, equal to the evaluation's logits).
+#[test]
+fn batched_modes_train_embeddings() {
+    let planted = grandis_synth::SynthConfig {
+        nodes: 240,
+        features: 0,
+        signal: 3.0,
+        ..Default::default()
+    };
+    let ds = grandis_synth::generate_in_memory(&planted).unwrap();
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 4);
+    let config = ModelConfig {
+        dropout: 0.0,
+        ..emb_config(&view, ModelKind::Sage, 2)
+    };
+    let reference = single(view, &config, &emb_opts(3));
+    for mode in [Mode::Mb, Mode::Cob] {
+        let r = batched_run(
+            view,
+            &part,
+            &config,
+            &emb_opts(3),
+            batched(mode, 240, grandis_wire::Sampling::None),
+            Machine::default(),
+        );
+        let losses: Vec<f64> = r.train.epochs.iter().map(|e| e.loss).collect();
+        assert_losses(&format!("{mode} one batch"), &losses, &reference.0, 1e-4);
+        assert_close(
+            &format!("{mode} one batch"),
+            r.logits.as_ref().unwrap(),
+            &reference.1,
+            1e-4,
+        );
+    }
+    let fanouts = grandis_wire::Sampling::Fanout {
+        fanouts: vec![4, 3],
+    };
+    let opts = TrainOptions {
+        lr: 0.05,
+        ..emb_opts(8)
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for (mode, batch, sampling) in [
+        (Mode::Mb, 16, fanouts.clone()),
+        (Mode::Cob, 32, fanouts),
+        (Mode::Cluster, 64, grandis_wire::Sampling::None),
+    ] {
+        let dir = tmp.path().join(mode.to_string());
+        let job = JobSpec {
+            predict: Some(logits_to(&dir)),
+            ..batched(mode, batch, sampling)
+        };
+        let r = batched_run(view, &part, &config, &opts, job.clone(), Machine::default());
+        let losses: Vec<f64> = r.train.epochs.iter().map(|e| e.loss).collect();
+        assert!(r.execution.iterations_per_epoch > 1, "{mode}");
+        assert!(
+            losses[losses.len() - 1] < losses[0] * 0.9,
+            "{mode}: {losses:?}"
+        );
+        let again = batched_run(view, &part, &config, &opts, job, Machine::default());
+        let again: Vec<f64> = again.train.epochs.iter().map(|e| e.loss).collect();
+        assert_eq!(losses, again, "{mode}: the same run again");
+        // The files hold the evaluation's logits, row for row.
+        let logits = r.logits.as_ref().unwrap();
+        let c = config.classes;
+        for rank in 0..4 {
+            let preds: Vec<f32> = read(&dir.join(format!("predictions.{rank}.npy")));
+            let ids: Vec<i64> = read(&dir.join(format!("vertices.{rank}.npy")));
+            for (row, &v) in preds.chunks_exact(c).zip(&ids) {
+                let want = &logits[v as usize * c..(v as usize + 1) * c];
+                assert_close(&format!("{mode} prediction of {v}"), row, want, 1e-5);
+            }
+        }
+    }
+}
+
+/// Predictions after an fb run: the files hold mode single's logits.
+#[test]
+fn predictions_after_fb_read_the_embeddings() {
+    let ds = random_dataset(13, 50, 200, 3, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 13);
+    let config = emb_config(&view, ModelKind::Gcn, 2);
+    let reference = single(view, &config, &emb_opts(3));
+    let tmp = tempfile::tempdir().unwrap();
+    let job = JobSpec {
+        mode: Mode::Fb,
+        predict: Some(logits_to(tmp.path())),
+        ..JobSpec::default()
+    };
+    batched_run(view, &part, &config, &emb_opts(3), job, Machine::default());
+    let c = config.classes;
+    for rank in 0..4 {
+        let preds: Vec<f32> = read(&tmp.path().join(format!("predictions.{rank}.npy")));
+        let ids: Vec<i64> = read(&tmp.path().join(format!("vertices.{rank}.npy")));
+        for (row, &v) in preds.chunks_exact(c).zip(&ids) {
+            let want = &reference.1[v as usize * c..(v as usize + 1) * c];
+            assert_close(&format!("fb prediction of {v}"), row, want, 1e-4);
+        }
+    }
+}
+
+/// Mode auto plans (and calibrates) the model's whole input, embedding columns included, and
+/// trains its choice.
+#[test]
+fn auto_plans_and_trains_with_embeddings() {
+    let ds = random_dataset(17, 60, 240, 3, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 17);
+    let config = emb_config(&view, ModelKind::Sage, 2);
+    let job = JobSpec {
+        mode: Mode::Auto,
+        embedding_dim: DIM as u32,
+        ..JobSpec::default()
+    };
+    let r = batched_run(view, &part, &config, &emb_opts(2), job, Machine::default());
+    assert_ne!(r.execution.mode, Mode::Auto);
+    assert!(r.train.epochs.iter().all(|e| e.loss.is_finite()));
 }

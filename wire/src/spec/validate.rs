@@ -376,34 +376,16 @@ impl JobSpec {
         }
     }
     /// Why this job's learnable node embeddings (`embedding_dim` > 0) cannot train as asked,
-    /// if they cannot: they train in modes single, fb and flx (every rank keeps its own
-    /// vertices' rows), without sampling, not with ResSAGE+ outside mode single (its encoder
-    /// would need the embeddings' gradient on the devices' own rows first), and without
-    /// layer-wise predictions after a distributed run (score the checkpoint with `grandis
-    /// predict`).
+    /// if they cannot: every mode trains them, but outside mode single (where each rank keeps
+    /// its own vertices' rows and the model's first stage must read them as its input's
+    /// gradient reaches them) not ResSAGE+, whose encoder comes first.
     pub fn embedding_conflict(&self) -> Option<String> {
-        let why = match self.mode {
-            Mode::Single => return None,
-            Mode::Fb | Mode::Flx if self.sampling != Sampling::None => {
-                "in modes fb and flx without sampling"
-            }
-            Mode::Fb | Mode::Flx if self.model == ModelKind::ResSage => {
-                "in modes fb and flx with models sage, gcn and gat (ResSAGE+ in mode single)"
-            }
-            Mode::Fb | Mode::Flx if self.predict.is_some() => {
-                "in modes fb and flx without predictions after training (run `grandis \
-                 predict` on the checkpoint)"
-            }
-            Mode::Fb | Mode::Flx => return None,
-            mode => {
-                return Some(format!(
-                    "learnable node embeddings train in modes single, fb and flx so far, not \
-                     mode '{mode}'"
-                ))
-            }
-        };
-        Some(format!(
-            "learnable node embeddings train outside mode single only {why}, so far"
-        ))
+        (self.mode != Mode::Single && self.model == ModelKind::ResSage).then(|| {
+            format!(
+                "learnable node embeddings train outside mode single with models sage, gcn \
+                 and gat so far, not {} (mode '{}'); it takes them in mode single",
+                self.model, self.mode
+            )
+        })
     }
 }
