@@ -28,6 +28,12 @@ const ROWS_LAYER: u32 = 0x454D_4252;
 const GRAD_LAYER: u32 = 0x454D_4247;
 const SAVE_LAYER: u32 = 0x454D_4253;
 
+/// Whether a tag's layer number ([`Tag::other`]) is the embeddings' traffic: the run
+/// summary's `node_embedding_bytes_per_epoch`.
+pub(crate) fn is_embedding_layer(layer: u32) -> bool {
+    [ASK_LAYER, ROWS_LAYER, GRAD_LAYER, SAVE_LAYER].contains(&layer)
+}
+
 /// A rank's rows of the learnable node embeddings and what its last filled input borrowed.
 pub(crate) struct EmbeddingShard {
     /// New ids of the shard's rows: row i is vertex `home.start + i`.

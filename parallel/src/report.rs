@@ -188,6 +188,17 @@ impl Ran {
                     ),
                     epochs,
                 ),
+                node_embedding_bytes_per_epoch: per_epoch(
+                    tag_bytes(
+                        &counters,
+                        |phase, layer| {
+                            phase == Phase::Other
+                                && crate::embedding_shard::is_embedding_layer(layer)
+                        },
+                        is_training_epoch,
+                    ),
+                    epochs,
+                ),
                 fetch_bytes_per_epoch,
                 setup_fetch_bytes,
                 time_split: TimeSplit {

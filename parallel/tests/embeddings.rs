@@ -403,3 +403,25 @@ fn auto_plans_and_trains_with_embeddings() {
     assert_ne!(r.execution.mode, Mode::Auto);
     assert!(r.train.epochs.iter().all(|e| e.loss.is_finite()));
 }
+
+/// The embeddings' traffic is counted apart: a replicated row asked of its home on the other
+/// server costs its id (4 bytes), its row and its gradient (4 x dim each) per training step;
+/// fb asks for nothing (its halo rows ride the exchange), and no step's embeddings stay
+/// uncounted.
+#[test]
+fn embedding_traffic_is_counted_per_link_class() {
+    let ds = random_dataset(21, 60, 240, 3, 3);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 1, 21);
+    let config = emb_config(&view, ModelKind::Sage, 2);
+    let fb = parallel(view, &part, &config, &emb_opts(2), Mode::Fb, None).unwrap();
+    let bytes = fb.execution.node_embedding_bytes_per_epoch;
+    assert_eq!((bytes.intra_server, bytes.inter_server), (0, 0), "fb");
+    let flx = parallel(view, &part, &config, &emb_opts(2), Mode::Flx, Some(1)).unwrap();
+    let bytes = flx.execution.node_embedding_bytes_per_epoch;
+    let replicated = flx.execution.replicated_vertices as u64;
+    eprintln!("{bytes:?} replicated {replicated}");
+    assert!(replicated > 0);
+    assert_eq!(bytes.intra_server, 0);
+    assert_eq!(bytes.inter_server, replicated * (4 + 8 * DIM as u64));
+}

@@ -127,6 +127,12 @@ pub struct Execution {
     /// gradient, and in every mode the MLP decoder's gradient (zero for other tasks).
     #[serde(default)]
     pub link_embedding_bytes_per_epoch: LinkBytes,
+    /// Learnable node embeddings (`embedding_dim`): the rows ranks ask of their home ranks
+    /// each step (the ids asked, the rows, their gradients going back), and the whole table
+    /// gathered for a checkpoint (zero without them). Their halo rows travel in
+    /// `halo_bytes_per_epoch`, as the layer-0 input's columns.
+    #[serde(default)]
+    pub node_embedding_bytes_per_epoch: LinkBytes,
     pub time_split: TimeSplit,
     pub memory: Vec<RankMemory>,
     /// The sampler that ran ("exact", "eas(h=1,f=15,degree)", "sage(25,10,5)", "saint(...)").
@@ -184,6 +190,10 @@ impl Execution {
             (
                 &mut self.link_embedding_bytes_per_epoch,
                 &other.link_embedding_bytes_per_epoch,
+            ),
+            (
+                &mut self.node_embedding_bytes_per_epoch,
+                &other.node_embedding_bytes_per_epoch,
             ),
         ] {
             sum.add(add);
