@@ -165,25 +165,14 @@ impl EmbeddingShard {
             .enumerate()
             .filter(|(_, rows)| !rows.is_empty())
             .collect();
-        let replies = self
-            .lent
-            .iter()
-            .map(|(peer, rows)| {
-                let data = rows
-                    .iter()
-                    .flat_map(|&r| self.rows.row(r as usize).iter().copied())
-                    .collect();
-                (*peer, data)
-            })
-            .collect();
-        let expect: Vec<(usize, usize)> = self
-            .asked
-            .iter()
-            .map(|(home, rows)| (*home, rows.len() * d))
-            .collect();
-        let got = ep
-            .exchange_sized(replies, &expect, Tag::other(epoch, ROWS_LAYER))
-            .context("receiving learnable embedding rows")?;
+        let shard = &self.rows;
+        let got = trade_rows(
+            ep,
+            (&self.lent, |r: u32| shard.row(r as usize)),
+            &self.asked,
+            d,
+            (Tag::other(epoch, ROWS_LAYER), "learnable embedding rows"),
+        )?;
         let w = f + d;
         let mut input = vec![0f32; n_rows * w];
         for (i, row) in input.chunks_exact_mut(w.max(1)).take(ids.len()).enumerate() {
@@ -192,10 +181,7 @@ impl EmbeddingShard {
         for &(i, r) in &self.own {
             input[i * w + f..(i + 1) * w].copy_from_slice(self.rows.row(r as usize));
         }
-        for ((home, rows), (from, data)) in self.asked.iter().zip(got) {
-            if *home != from {
-                bail!("internal: embedding rows from rank {from} where rank {home}'s were due");
-            }
+        for ((_, rows), data) in self.asked.iter().zip(got) {
             for (&i, row) in rows.iter().zip(data.chunks_exact(d.max(1))) {
                 input[i * w + f..(i + 1) * w].copy_from_slice(row);
             }
@@ -230,22 +216,16 @@ impl EmbeddingShard {
             );
         }
         let row_of = |i: usize| &grad[i * w + (w - d)..(i + 1) * w];
-        let sends = self
-            .asked
-            .iter()
-            .map(|(home, rows)| {
-                let data = rows.iter().flat_map(|&i| row_of(i).iter().copied());
-                (*home, data.collect())
-            })
-            .collect();
-        let expect: Vec<(usize, usize)> = self
-            .lent
-            .iter()
-            .map(|(peer, rows)| (*peer, rows.len() * d))
-            .collect();
-        let got = ep
-            .exchange_sized(sends, &expect, Tag::other(epoch, GRAD_LAYER))
-            .context("returning learnable embeddings' gradients")?;
+        let got = trade_rows(
+            ep,
+            (&self.asked, row_of),
+            &self.lent,
+            d,
+            (
+                Tag::other(epoch, GRAD_LAYER),
+                "learnable embeddings' gradients",
+            ),
+        )?;
         let n = self.rows.vertices();
         let mut sum = vec![0f32; n * d];
         let mut touched = vec![self.every_row; n];
@@ -254,12 +234,7 @@ impl EmbeddingShard {
             sum[r * d..(r + 1) * d].copy_from_slice(row_of(i));
             touched[r] = true;
         }
-        for ((peer, rows), (from, data)) in self.lent.iter().zip(got) {
-            if *peer != from {
-                bail!(
-                    "internal: embedding gradients from rank {from} where rank {peer}'s were due"
-                );
-            }
+        for ((_, rows), data) in self.lent.iter().zip(got) {
             for (&r, g) in rows.iter().zip(data.chunks_exact(d.max(1))) {
                 let r = r as usize;
                 for (s, &x) in sum[r * d..(r + 1) * d].iter_mut().zip(g) {
@@ -306,4 +281,37 @@ impl EmbeddingShard {
         }
         Ok(Some(whole))
     }
+}
+
+/// One exchange of rows: to each peer of `out`, the rows `row(x)` of its list, in order; from
+/// each peer of `back`, `d` values per entry of its list, returned in `back`'s order (a
+/// message from another rank than the one due is an error naming both).
+fn trade_rows<'r, A: Copy, B>(
+    ep: &mut Endpoint,
+    (out, row): (&[(usize, Vec<A>)], impl Fn(A) -> &'r [f32]),
+    back: &[(usize, Vec<B>)],
+    d: usize,
+    (tag, what): (Tag, &str),
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    let sends = out
+        .iter()
+        .map(|(peer, list)| {
+            let data = list.iter().flat_map(|&x| row(x).iter().copied());
+            (*peer, data.collect())
+        })
+        .collect();
+    let expect: Vec<(usize, usize)> = back
+        .iter()
+        .map(|(peer, list)| (*peer, list.len() * d))
+        .collect();
+    let got = ep
+        .exchange_sized(sends, &expect, tag)
+        .with_context(|| format!("exchanging {what}"))?;
+    back.iter()
+        .zip(got)
+        .map(|((due, _), (from, data))| match *due == from {
+            true => Ok(data),
+            false => bail!("internal: {what} from rank {from} where rank {due}'s were due"),
+        })
+        .collect()
 }

@@ -250,12 +250,10 @@ fn logits_to(dir: &std::path::Path) -> grandis_wire::PredictSpec {
     }
 }
 
-fn read<T: grandis_npy::Element>(path: &std::path::Path) -> Vec<T> {
-    grandis_npy::NpyFile::open(path)
-        .unwrap()
-        .values::<T>()
-        .unwrap()
-        .into_owned()
+/// The logits every rank wrote into `dir`, in dataset order.
+fn predicted_logits(dir: &std::path::Path, vertices: usize, classes: usize) -> Vec<f32> {
+    let file = |what: &str, rank: usize| dir.join(format!("{what}.{rank}.npy"));
+    gather_rank_files(file, "predictions", (4, vertices), classes)
 }
 
 fn batched_run(
@@ -347,16 +345,13 @@ fn batched_modes_train_embeddings() {
         let again: Vec<f64> = again.train.epochs.iter().map(|e| e.loss).collect();
         assert_eq!(losses, again, "{mode}: the same run again");
         // The files hold the evaluation's logits, row for row.
-        let logits = r.logits.as_ref().unwrap();
-        let c = config.classes;
-        for rank in 0..4 {
-            let preds: Vec<f32> = read(&dir.join(format!("predictions.{rank}.npy")));
-            let ids: Vec<i64> = read(&dir.join(format!("vertices.{rank}.npy")));
-            for (row, &v) in preds.chunks_exact(c).zip(&ids) {
-                let want = &logits[v as usize * c..(v as usize + 1) * c];
-                assert_close(&format!("{mode} prediction of {v}"), row, want, 1e-5);
-            }
-        }
+        let written = predicted_logits(&dir, 240, config.classes);
+        assert_close(
+            &format!("{mode} predictions"),
+            &written,
+            r.logits.as_ref().unwrap(),
+            1e-5,
+        );
     }
 }
 
@@ -375,15 +370,8 @@ fn predictions_after_fb_read_the_embeddings() {
         ..JobSpec::default()
     };
     batched_run(view, &part, &config, &emb_opts(3), job, Machine::default());
-    let c = config.classes;
-    for rank in 0..4 {
-        let preds: Vec<f32> = read(&tmp.path().join(format!("predictions.{rank}.npy")));
-        let ids: Vec<i64> = read(&tmp.path().join(format!("vertices.{rank}.npy")));
-        for (row, &v) in preds.chunks_exact(c).zip(&ids) {
-            let want = &reference.1[v as usize * c..(v as usize + 1) * c];
-            assert_close(&format!("fb prediction of {v}"), row, want, 1e-4);
-        }
-    }
+    let written = predicted_logits(tmp.path(), 50, config.classes);
+    assert_close("fb predictions", &written, &reference.1, 1e-4);
 }
 
 /// Mode auto plans (and calibrates) the model's whole input, embedding columns included, and

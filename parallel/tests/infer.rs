@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{assert_close, config, opts, random_dataset, random_partition};
+use common::{
+    assert_close, config, gather_rank_files, opts, random_dataset, random_partition, read,
+};
 use grandis_models::ModelKind;
 use grandis_parallel::infer::InferOptions;
 use grandis_parallel::{JobSpec, Machine, Mode, ParallelOptions, ParallelReport, PartitionedGraph};
@@ -106,37 +108,14 @@ fn reference(ds: &Dataset, ckpt: &Path, dir: &Path) -> (Vec<f32>, Vec<f32>) {
     )
 }
 
-fn read<T: grandis_npy::Element>(path: &Path) -> Vec<T> {
-    grandis_npy::NpyFile::open(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .values::<T>()
-        .unwrap()
-        .into_owned()
-}
-
-/// The rows of every rank's `what` file, put back in dataset order through its
-/// `vertices` file.
+/// The rows of every rank's `what` file, put back in dataset order.
 fn gather<T: grandis_npy::Element + Default>(
     infer: &InferOptions,
     what: &str,
     ranks: usize,
     cols: usize,
 ) -> Vec<T> {
-    let mut all = vec![T::default(); VERTICES * cols];
-    let mut seen = vec![false; VERTICES];
-    for r in 0..ranks {
-        let ids = read::<i64>(&infer.file("vertices", r));
-        let rows = read::<T>(&infer.file(what, r));
-        assert_eq!(rows.len(), ids.len() * cols, "{what} of rank {r}");
-        for (i, &v) in ids.iter().enumerate() {
-            assert!(!seen[v as usize], "vertex {v} written twice");
-            seen[v as usize] = true;
-            all[v as usize * cols..(v as usize + 1) * cols]
-                .copy_from_slice(&rows[i * cols..(i + 1) * cols]);
-        }
-    }
-    assert!(seen.iter().all(|&s| s), "every vertex is written once");
-    all
+    gather_rank_files(|w, r| infer.file(w, r), what, (ranks, VERTICES), cols)
 }
 
 fn hidden_files(dir: &Path) -> Vec<PathBuf> {

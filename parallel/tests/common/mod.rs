@@ -230,3 +230,38 @@ pub fn batched(mode: Mode, batch: u32, sampling: grandis_wire::Sampling) -> JobS
         ..JobSpec::default()
     }
 }
+
+/// An `.npy` file's values.
+pub fn read<T: grandis_npy::Element>(path: &std::path::Path) -> Vec<T> {
+    grandis_npy::NpyFile::open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .values::<T>()
+        .unwrap()
+        .into_owned()
+}
+
+/// The rows (`cols` each) of every rank's `what` file (`file(what, rank)`, `ranks` of them),
+/// put back in dataset order through its `vertices` file; every one of the `vertices` written
+/// exactly once.
+pub fn gather_rank_files<T: grandis_npy::Element + Default>(
+    file: impl Fn(&str, usize) -> std::path::PathBuf,
+    what: &str,
+    (ranks, vertices): (usize, usize),
+    cols: usize,
+) -> Vec<T> {
+    let mut all = vec![T::default(); vertices * cols];
+    let mut seen = vec![false; vertices];
+    for r in 0..ranks {
+        let ids = read::<i64>(&file("vertices", r));
+        let rows = read::<T>(&file(what, r));
+        assert_eq!(rows.len(), ids.len() * cols, "{what} of rank {r}");
+        for (i, &v) in ids.iter().enumerate() {
+            assert!(!seen[v as usize], "vertex {v} written twice");
+            seen[v as usize] = true;
+            all[v as usize * cols..(v as usize + 1) * cols]
+                .copy_from_slice(&rows[i * cols..(i + 1) * cols]);
+        }
+    }
+    assert!(seen.iter().all(|&s| s), "every vertex is written once");
+    all
+}
