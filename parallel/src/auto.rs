@@ -266,19 +266,21 @@ pub fn plan_job(
     // One plan context (the graph's transpose, the splits) for the co-batch search and the
     // counting.
     let ctx = crate::plan_context(&view, part)?;
-    // A link job's co-batches are supervision edges (`link_task::LinkSeeds`): its co-batch
-    // candidates take the job's batch size (the largest co-batch that fits is searched over
-    // vertices, a node-classification co-batch).
+    // A link job's co-batches are supervision edges (`link_task::LinkSeeds`), a node
+    // classification job's its training vertices: the largest of either that fits.
     let task = popts.job.task;
-    let (batch, no_cobatch) = match popts.batch_size() {
-        Some(b) => (b, None),
-        None if task == grandis_wire::Task::Link => {
-            (popts.job.batch_size_or_default() as usize, None)
+    let largest = match task {
+        grandis_wire::Task::Link => {
+            largest_link_cobatch(&view, part, &ctx, config, popts, budget, seed)
         }
-        None => match largest_cobatch(&ctx, config, &popts.job.sampling, budget, seed) {
-            Ok(b) => (b, None),
-            Err(e) => (0, Some(format!("{e:#}"))),
-        },
+        grandis_wire::Task::Node => {
+            largest_cobatch(&ctx, config, &popts.job.sampling, budget, seed)
+        }
+    };
+    let (batch, no_cobatch) = match (popts.batch_size(), largest) {
+        (Some(b), _) => (b, None),
+        (None, Ok(b)) => (b, None),
+        (None, Err(e)) => (0, Some(format!("{e:#}"))),
     };
     let cands: Vec<Candidate> = candidates(
         config.layers,
@@ -333,6 +335,84 @@ fn largest_cobatch(
         .unwrap_or_else(|| Box::new(grandis_sampling::Exact));
     let fit = grandis_sampling::largest_cobatch(ctx, &dims, budget, sampler.as_ref(), seed)?;
     Ok(fit.batch_size)
+}
+
+/// The largest co-batch of supervision edges per server whose first step fits `budget` on
+/// every rank (the memory model of the step a cob run builds first, the decoder's gathered
+/// embeddings included), with the sampler cob would train with: the node-classification
+/// search's rule (`grandis_sampling::largest_cobatch`) over edge-seeded co-batches.
+fn largest_link_cobatch(
+    view: &DatasetView<'_>,
+    part: &PartitionedGraph,
+    ctx: &grandis_masking::PlanContext<'_>,
+    config: &ModelConfig,
+    popts: &ParallelOptions,
+    budget: u64,
+    seed: u64,
+) -> anyhow::Result<usize> {
+    let (grandis_trainer::Objective::Link { negatives, .. }, Some(split)) =
+        (grandis_trainer::Objective::for_job(&popts.job), view.links)
+    else {
+        bail!("internal: a link job without a link split");
+    };
+    let seeds = crate::link_task::LinkSeeds::new(
+        crate::link_task::LinkTask { split, negatives },
+        part,
+        seed,
+        false,
+    );
+    let (flags, _) = crate::setup::labelled(view, part)?;
+    let labelled_train = |g: u32| crate::setup::in_train_split(&flags, g);
+    let sampling = match &popts.job.sampling {
+        Sampling::Saint { .. } => Sampling::None,
+        s => s.clone(),
+    };
+    let sampler = grandis_sampling::dependency_sampler(&sampling, config.layers, seed)?;
+    // The most supervision edges one server holds (edges go to their source's server).
+    let layout = &part.layout;
+    let mut per_server = vec![0usize; layout.servers()];
+    for s in seeds.sources() {
+        per_server[layout.server_of(s)] += 1;
+    }
+    let most = per_server.iter().copied().max().unwrap_or(0);
+    if most == 0 {
+        bail!("no supervision edges: cooperative batching has nothing to batch");
+    }
+    let peak = |b: usize| -> anyhow::Result<u64> {
+        let mut cob = popts.clone();
+        cob.job.mode = Mode::Cob;
+        cob.job.batch_size = Some(b as u32);
+        cob.job.sampling = sampling.clone();
+        cob.job.device_memory = Some(budget);
+        let dims = crate::budget::job_dims(config, &cob.job, view.num_vertices());
+        let inputs = crate::steps::StepInputs {
+            ctx,
+            dims: &dims,
+            step_part: crate::steps::StepPart::All,
+            labelled_train: &labelled_train,
+            link: Some(&seeds),
+        };
+        let decision = crate::decide::decide(&inputs, config, &cob, sampler.as_deref(), seed)?;
+        let (_, _, stats) = crate::steps::build_step(&inputs, &decision.schedule, 0, 0, None)?;
+        Ok(stats.model_bytes.iter().copied().max().unwrap_or(0))
+    };
+    let one = peak(1)?;
+    if one > budget {
+        bail!(
+            "memory budget of {budget} bytes is too small: even a co-batch of 1 supervision \
+             edge needs {one} bytes"
+        );
+    }
+    // Invariant: lo fits; hi + 1 does not (or is past `most`).
+    let (mut lo, mut hi) = (1usize, most);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        match peak(mid)? <= budget {
+            true => lo = mid,
+            false => hi = mid - 1,
+        }
+    }
+    Ok(lo)
 }
 
 /// Every server's `measured` rates to global rank 0, which runs `decide` on them once; its

@@ -480,3 +480,63 @@ fn the_memory_model_holds_the_gathered_embeddings() {
         .expect_err("the embeddings do not fit");
     assert!(format!("{e:#}").contains("out of memory"), "{e:#}");
 }
+
+/// Without a batch size, auto's co-batch candidates of a link job start from the largest
+/// co-batch of supervision edges whose first step fits the budget: every edge of a server
+/// when memory is plenty, fewer when the whole co-batch's step does not fit.
+#[test]
+fn auto_searches_the_largest_link_cobatch_that_fits() {
+    let (ds, split) = link_dataset(8, 120, 4, 6);
+    let mut view = ds.view();
+    view.links = Some(split.view());
+    let part = random_partition(&view, 2, 1, 8);
+    let config = link_config(&view, ModelKind::Sage, 2);
+    let opts = link_opts(1, LinkDecoder::Dot);
+    let plan_with = |memory: u64| {
+        let p = ParallelOptions {
+            job: JobSpec {
+                mode: Mode::Auto,
+                device_memory: Some(memory),
+                ..JobSpec::default()
+            },
+            machine: Machine {
+                threads_per_rank: Some(1),
+                ..Machine::default()
+            },
+        };
+        let r = grandis_parallel::train(view, &part, config.clone(), &opts, &p, &mut |_| {})
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        r.execution.plan.expect("auto reports its plan").candidates
+    };
+    let cob = |candidates: &[grandis_wire::CandidateSummary]| {
+        let c = candidates
+            .iter()
+            .find(|c| c.name.starts_with("cob "))
+            .expect("a co-batch candidate")
+            .clone();
+        let b: usize = c.name.split(' ').nth(1).unwrap().parse().unwrap();
+        (b, c)
+    };
+    let sources: Vec<u32> = split.train.chunks_exact(2).map(|p| p[0]).collect();
+    let old_to_new = {
+        let mut m = vec![0u32; part.new_to_old.len()];
+        for (new, &old) in part.new_to_old.iter().enumerate() {
+            m[old as usize] = new as u32;
+        }
+        m
+    };
+    let mut per_server = [0usize; 2];
+    for s in sources {
+        per_server[part.layout.server_of(old_to_new[s as usize])] += 1;
+    }
+    let most = *per_server.iter().max().unwrap();
+    let (whole, whole_c) = cob(&plan_with(1 << 34));
+    assert_eq!(whole, most, "every edge of the larger server");
+    // One byte short of the whole co-batch's single step: a smaller co-batch.
+    let budget = whole_c.peak_bytes.unwrap() - 1;
+    let (fitted, _) = cob(&plan_with(budget));
+    assert!(
+        (1..whole).contains(&fitted),
+        "{fitted} of {whole} edges at {budget} bytes"
+    );
+}
