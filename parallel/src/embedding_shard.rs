@@ -34,6 +34,25 @@ pub(crate) fn is_embedding_layer(layer: u32) -> bool {
     [ASK_LAYER, ROWS_LAYER, GRAD_LAYER, SAVE_LAYER].contains(&layer)
 }
 
+/// One rank's rows of another's shard in a filled input: input rows (borrower's side) or
+/// shard rows (lender's side), the `asked` first (their values travel in the fill), then the
+/// halo rows (their values ride the layer-0 exchange); every one's gradient goes home.
+struct Loan<R> {
+    peer: usize,
+    rows: Vec<R>,
+    asked: usize,
+}
+
+impl<R> Loan<R> {
+    fn asked(&self) -> (usize, &[R]) {
+        (self.peer, &self.rows[..self.asked])
+    }
+
+    fn all(&self) -> (usize, &[R]) {
+        (self.peer, &self.rows)
+    }
+}
+
 /// A rank's rows of the learnable node embeddings and what its last filled input borrowed.
 pub(crate) struct EmbeddingShard {
     /// New ids of the shard's rows: row i is vertex `home.start + i`.
@@ -43,10 +62,10 @@ pub(crate) struct EmbeddingShard {
     every_row: bool,
     /// The last filled input's rows from this shard: (input row, shard row).
     own: Vec<(usize, u32)>,
-    /// Per home rank, the input rows asked of it (ascending ranks, none empty).
-    asked: Vec<(usize, Vec<usize>)>,
-    /// Per asking rank, the shard rows it asked for (ascending ranks, none empty).
-    lent: Vec<(usize, Vec<u32>)>,
+    /// The last filled input's rows from other ranks' shards, per home rank (ascending).
+    borrowed: Vec<Loan<usize>>,
+    /// This shard's rows in other ranks' last filled inputs, per rank (ascending).
+    lent: Vec<Loan<u32>>,
 }
 
 impl EmbeddingShard {
@@ -81,7 +100,7 @@ impl EmbeddingShard {
             rows,
             every_row,
             own: Vec::new(),
-            asked: Vec::new(),
+            borrowed: Vec::new(),
             lent: Vec::new(),
         })
     }
@@ -97,52 +116,64 @@ impl EmbeddingShard {
             .then(|| self.rows.row((g - self.home.start) as usize))
     }
 
-    /// The layer-0 input of a step: `n_rows x (f + dim)`, each of the first `ids.len()` rows
-    /// (`ids`: their NEW ids) its `features` row (`n_rows x f`) then its embedding row, asked
-    /// of its home rank where that is not this one; the rows past them zero (the halo
-    /// exchange fills them). Collective: every rank fills its input at the same point, under
+    /// The layer-0 input of a step, `ids.len() x (f + dim)` (`ids`: the input rows' NEW
+    /// ids): each of the first `local` rows its `features` row (`local x f` or more) then its
+    /// embedding row, asked of its home rank where that is not this one; the rows past them
+    /// zero, for the layer-0 halo exchange to fill (their gradients go home in [`Self::step`]:
+    /// the ask names them too). Collective: every rank fills its input at the same point, under
     /// `epoch`.
     pub fn fill(
         &mut self,
         ep: &mut Endpoint,
         layout: &Layout,
-        ids: &[u32],
+        (ids, local): (&[u32], usize),
         features: &[f32],
-        n_rows: usize,
         epoch: u32,
     ) -> anyhow::Result<Vec<f32>> {
         let d = self.dim();
+        let n_rows = ids.len();
         let f = features.len().checked_div(n_rows).unwrap_or(0);
-        if features.len() != n_rows * f || ids.len() > n_rows {
+        if features.len() != n_rows * f || local > n_rows {
             bail!(
-                "internal: {} feature values and {} embedding rows for an input of {n_rows} rows",
+                "internal: {} feature values and {local} local rows for an input of {n_rows} rows",
                 features.len(),
-                ids.len()
             );
         }
         let me = ep.rank();
         self.own.clear();
-        let mut asks: Vec<Vec<usize>> = vec![Vec::new(); ep.world()];
+        // Per home: the asked input rows, then the halo's.
+        let mut asks: Vec<(Vec<usize>, Vec<usize>)> = vec![Default::default(); ep.world()];
         for (i, &g) in ids.iter().enumerate() {
-            if self.home.contains(&g) {
-                self.own.push((i, g - self.home.start));
-            } else {
-                asks[layout.owner(g)].push(i);
+            match (self.home.contains(&g), i < local) {
+                (true, _) => self.own.push((i, g - self.home.start)),
+                (false, true) => asks[layout.owner(g)].0.push(i),
+                (false, false) => asks[layout.owner(g)].1.push(i),
             }
         }
         let peers: Vec<usize> = (0..ep.world()).filter(|&r| r != me).collect();
+        // Each ask: how many rows are asked, their ids, then the halo rows' ids.
         let sends = peers
             .iter()
             .map(|&r| {
-                let wanted = asks[r].iter().map(|&i| f32::from_bits(ids[i])).collect();
-                (r, wanted)
+                let (asked, halo) = &asks[r];
+                let mut m = Vec::with_capacity(1 + asked.len() + halo.len());
+                m.push(f32::from_bits(asked.len() as u32));
+                m.extend(asked.iter().chain(halo).map(|&i| f32::from_bits(ids[i])));
+                (r, m)
             })
             .collect();
         let asked_of_me = ep
             .exchange(sends, &peers, Tag::other(epoch, ASK_LAYER))
             .context("asking for learnable embedding rows")?;
         self.lent.clear();
-        for (peer, wanted) in asked_of_me {
+        for (peer, msg) in asked_of_me {
+            let Some((count, wanted)) = msg.split_first() else {
+                bail!("rank {peer} sent rank {me} an empty ask for embedding rows");
+            };
+            let asked = count.to_bits() as usize;
+            if asked > wanted.len() {
+                bail!("rank {peer} sent rank {me} a malformed ask for embedding rows");
+            }
             let rows = wanted
                 .iter()
                 .map(|x| {
@@ -157,43 +188,54 @@ impl EmbeddingShard {
                 })
                 .collect::<anyhow::Result<Vec<u32>>>()?;
             if !rows.is_empty() {
-                self.lent.push((peer, rows));
+                self.lent.push(Loan { peer, rows, asked });
             }
         }
-        self.asked = asks
+        self.borrowed = asks
             .into_iter()
             .enumerate()
-            .filter(|(_, rows)| !rows.is_empty())
+            .filter(|(_, (asked, halo))| !asked.is_empty() || !halo.is_empty())
+            .map(|(peer, (mut asked, halo))| {
+                let n = asked.len();
+                asked.extend(halo);
+                Loan {
+                    peer,
+                    rows: asked,
+                    asked: n,
+                }
+            })
             .collect();
         let shard = &self.rows;
         let got = trade_rows(
             ep,
-            (&self.lent, |r: u32| shard.row(r as usize)),
-            &self.asked,
+            (self.lent.iter().map(Loan::asked), |r: u32| {
+                shard.row(r as usize)
+            }),
+            self.borrowed.iter().map(Loan::asked),
             d,
             (Tag::other(epoch, ROWS_LAYER), "learnable embedding rows"),
         )?;
         let w = f + d;
         let mut input = vec![0f32; n_rows * w];
-        for (i, row) in input.chunks_exact_mut(w.max(1)).take(ids.len()).enumerate() {
+        for (i, row) in input.chunks_exact_mut(w.max(1)).take(local).enumerate() {
             row[..f].copy_from_slice(&features[i * f..(i + 1) * f]);
         }
         for &(i, r) in &self.own {
             input[i * w + f..(i + 1) * w].copy_from_slice(self.rows.row(r as usize));
         }
-        for ((_, rows), data) in self.asked.iter().zip(got) {
-            for (&i, row) in rows.iter().zip(data.chunks_exact(d.max(1))) {
+        for (loan, data) in self.borrowed.iter().zip(got) {
+            for (&i, row) in loan.asked().1.iter().zip(data.chunks_exact(d.max(1))) {
                 input[i * w + f..(i + 1) * w].copy_from_slice(row);
             }
         }
         Ok(input)
     }
 
-    /// One sparse Adam step from `grad`, the gradient of the last filled input (rows of `w` =
-    /// f + dim, the embedding's last; the halo rows' gradients already added to their owners'
-    /// rows): the asked rows' gradients go back to their home ranks, this rank adds those it
-    /// gets to its own, and steps every row of its shard (`every_row`) or the rows any rank
-    /// read. Collective, as [`Self::fill`].
+    /// One sparse Adam step from `grad`, this rank's gradient of the last filled input (rows
+    /// of `w` = f + dim, the embedding's last): every borrowed row's gradient (asked and halo)
+    /// goes to its home rank, this rank adds those it gets to its own rows', and steps every
+    /// row of its shard (`every_row`) or the rows any rank read. Collective, as
+    /// [`Self::fill`].
     pub fn step(
         &mut self,
         ep: &mut Endpoint,
@@ -207,7 +249,7 @@ impl EmbeddingShard {
             .own
             .iter()
             .map(|&(i, _)| i)
-            .chain(self.asked.iter().flat_map(|(_, rows)| rows.iter().copied()))
+            .chain(self.borrowed.iter().flat_map(|l| l.rows.iter().copied()))
             .max();
         if w < d || last_row.is_some_and(|i| (i + 1) * w > grad.len()) {
             bail!(
@@ -218,8 +260,8 @@ impl EmbeddingShard {
         let row_of = |i: usize| &grad[i * w + (w - d)..(i + 1) * w];
         let got = trade_rows(
             ep,
-            (&self.asked, row_of),
-            &self.lent,
+            (self.borrowed.iter().map(Loan::all), row_of),
+            self.lent.iter().map(Loan::all),
             d,
             (
                 Tag::other(epoch, GRAD_LAYER),
@@ -234,8 +276,8 @@ impl EmbeddingShard {
             sum[r * d..(r + 1) * d].copy_from_slice(row_of(i));
             touched[r] = true;
         }
-        for ((_, rows), data) in self.lent.iter().zip(got) {
-            for (&r, g) in rows.iter().zip(data.chunks_exact(d.max(1))) {
+        for (loan, data) in self.lent.iter().zip(got) {
+            for (&r, g) in loan.rows.iter().zip(data.chunks_exact(d.max(1))) {
                 let r = r as usize;
                 for (s, &x) in sum[r * d..(r + 1) * d].iter_mut().zip(g) {
                     *s += x;
@@ -286,30 +328,30 @@ impl EmbeddingShard {
 /// One exchange of rows: to each peer of `out`, the rows `row(x)` of its list, in order; from
 /// each peer of `back`, `d` values per entry of its list, returned in `back`'s order (a
 /// message from another rank than the one due is an error naming both).
-fn trade_rows<'r, A: Copy, B>(
+fn trade_rows<'l, 'r, A: Copy + 'l, B: 'l>(
     ep: &mut Endpoint,
-    (out, row): (&[(usize, Vec<A>)], impl Fn(A) -> &'r [f32]),
-    back: &[(usize, Vec<B>)],
+    (out, row): (
+        impl Iterator<Item = (usize, &'l [A])>,
+        impl Fn(A) -> &'r [f32],
+    ),
+    back: impl Iterator<Item = (usize, &'l [B])>,
     d: usize,
     (tag, what): (Tag, &str),
 ) -> anyhow::Result<Vec<Vec<f32>>> {
     let sends = out
-        .iter()
         .map(|(peer, list)| {
             let data = list.iter().flat_map(|&x| row(x).iter().copied());
-            (*peer, data.collect())
+            (peer, data.collect())
         })
         .collect();
-    let expect: Vec<(usize, usize)> = back
-        .iter()
-        .map(|(peer, list)| (*peer, list.len() * d))
-        .collect();
+    let expect: Vec<(usize, usize)> = back.map(|(peer, list)| (peer, list.len() * d)).collect();
     let got = ep
         .exchange_sized(sends, &expect, tag)
         .with_context(|| format!("exchanging {what}"))?;
-    back.iter()
+    expect
+        .iter()
         .zip(got)
-        .map(|((due, _), (from, data))| match *due == from {
+        .map(|(&(due, _), (from, data))| match due == from {
             true => Ok(data),
             false => bail!("internal: {what} from rank {from} where rank {due}'s were due"),
         })

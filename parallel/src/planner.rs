@@ -94,6 +94,8 @@ pub struct StepCounts {
     /// Replicated features fetched from their home server for this step (see
     /// [`EpochCounts::setup_fetch`] for plans that serve the whole run).
     pub fetch: Traffic,
+    /// Learnable node embeddings' asks, rows and gradients (`crate::embedding_shard`).
+    pub embeddings: Traffic,
 }
 
 /// What one epoch of a candidate does, in counts.
@@ -181,7 +183,7 @@ pub(crate) fn count_step(
     step: &Step,
     layout: &Layout,
     work: &[LayerWork],
-    features: usize,
+    (features, embedding_dim): (usize, usize),
 ) -> StepCounts {
     let layers = work.len();
     let mut rows = vec![vec![0u64; layers]; step.plans.len()];
@@ -190,6 +192,7 @@ pub(crate) fn count_step(
     let mut forward = vec![Traffic::default(); layers];
     let mut backward = vec![Traffic::default(); layers];
     let mut fetch = Traffic::default();
+    let mut embeddings = Traffic::default();
     for (r, plans) in step.plans.iter().enumerate() {
         for (l, p) in plans.iter().enumerate().take(layers) {
             let w = p.work_at(l);
@@ -207,6 +210,9 @@ pub(crate) fn count_step(
         }
         if let Some(p) = plans.first() {
             fetch_of(p, r, layout, features, &mut fetch);
+            if embedding_dim > 0 {
+                embeddings_of(p, r, layout, embedding_dim, &mut embeddings);
+            }
         }
     }
     StepCounts {
@@ -216,6 +222,31 @@ pub(crate) fn count_step(
         forward,
         backward,
         fetch,
+        embeddings,
+    }
+}
+
+/// What rank `r`'s layer-0 plan `p` moves for learnable embeddings of `dim` columns
+/// (`crate::embedding_shard`): its ask to every other rank (a count, then an id for each of
+/// its rows homed there), the asked rows' values back (its owned rows homed elsewhere: FLX's
+/// replicated ones), and each borrowed row's gradient home (the halo's too).
+fn embeddings_of(p: &DevicePlan, r: usize, layout: &Layout, dim: usize, out: &mut Traffic) {
+    let (id, row) = (4u64, 4 * dim as u64);
+    for peer in (0..layout.num_ranks()).filter(|&o| o != r) {
+        out.add(r, peer, id);
+    }
+    let halo = (0..p.halo.len()).flat_map(|gi| p.recv_rows(0, gi));
+    for (i, asked) in (0..p.n_owned as u32)
+        .map(|i| (i, true))
+        .chain(halo.map(|i| (i, false)))
+    {
+        let home = layout.owner(p.global_ids[i as usize]);
+        if home != r {
+            out.add(r, home, id + row);
+            if asked {
+                out.add(home, r, row);
+            }
+        }
     }
 }
 
@@ -383,6 +414,15 @@ pub fn predict(
                 p.halo_bytes.inter_server += (b.inter_server as f64 * counts.scale) as u64;
             }
         }
+        // The embeddings' rows before the forward pass and gradients after the backward,
+        // each an exchange of its own beside the halo's.
+        let (intra, inter) = exchange_seconds(&step.embeddings, layout, rates);
+        match inter >= intra {
+            true => p.inter_s += inter * counts.scale,
+            false => p.intra_s += intra * counts.scale,
+        }
+        p.node_embedding_bytes
+            .add(&step.embeddings.scaled(counts.scale).bytes(layout));
         let (intra, inter) = exchange_seconds(&step.fetch, layout, rates);
         p.fetch_s += intra.max(inter) * counts.scale;
         let b = step.fetch.scaled(counts.scale).bytes(layout);
@@ -622,7 +662,7 @@ pub fn static_floor(
                 sources: per_layer(&owned),
                 forward: vec![Traffic::default(); layers],
                 backward: vec![Traffic::default(); layers],
-                fetch: Traffic::default(),
+                ..StepCounts::default()
             }],
             scale: 1.0,
             parameters,
@@ -727,8 +767,13 @@ pub fn plan(
             };
             let decision =
                 crate::decide::decide(&inputs, config, &popts, sampler.as_deref(), seed)?;
-            let (counts, step_pairs) =
-                count_epoch(&inputs, &decision, &work, view.feature_dim, &preparer)?;
+            let (counts, step_pairs) = count_epoch(
+                &inputs,
+                &decision,
+                &work,
+                (view.feature_dim, embedding_dim),
+                &preparer,
+            )?;
             // Link prediction all-reduces the embeddings it gathers and their gradients each
             // step besides the parameters (`link_task`).
             let parameters = parameters(config)? + 2 * dims.link_embedding_values as usize;
@@ -893,7 +938,7 @@ fn count_epoch(
     inputs: &crate::steps::StepInputs<'_>,
     decision: &crate::decide::Decision<'_>,
     work: &[LayerWork],
-    features: usize,
+    widths: (usize, usize),
     preparer: &Preparer<'_>,
 ) -> anyhow::Result<(EpochCounts, f64)> {
     let ctx = inputs.ctx;
@@ -927,7 +972,7 @@ fn count_epoch(
                     t.elapsed().as_secs_f64() * iterations as f64 / counted.min(INPUT_STEPS) as f64;
             }
         }
-        let mut step = count_step(&built.1, ctx.layout(), work, features);
+        let mut step = count_step(&built.1, ctx.layout(), work, widths);
         crate::steps::raise_peaks(&mut counts.model_bytes, &built.2.model_bytes);
         let fetch = std::mem::take(&mut step.fetch);
         step.fetch = match &decision.schedule {

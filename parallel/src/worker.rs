@@ -263,9 +263,8 @@ impl<'w, B: Backend> Worker<'w, B> {
         let input = shard.fill(
             &mut self.ep,
             self.sh.layout,
-            &plan.global_ids[..rows.owned_src],
+            (&plan.compact_global_ids(rows), rows.owned_src),
             features,
-            rows.n_src,
             epoch_tag,
         )?;
         self.b.upload_into(&mut self.rt.features, 0, &input)?;
@@ -440,20 +439,22 @@ impl<'w, B: Backend> Worker<'w, B> {
                 next.input = None;
             }
             let Some(mut gx) = gx else { break };
+            if let (0, Some(shard)) = (l, self.embeddings.as_mut()) {
+                // The input's gradient: only its embedding columns have a use, and the
+                // embeddings' step sends every borrowed row's home just those (the halo rows'
+                // too, which the layer-0 exchange would send whole).
+                let rows = self.rt.blocks[self.rt.layers[0].block].rows.n_src;
+                let mut host = vec![0f32; rows * d_in];
+                b.download(&gx, 0, &mut host)?;
+                shard.step(&mut self.ep, &host, d_in, &self.sh.opts.adam(1, 1.0), epoch)?;
+                break;
+            }
             self.exchange_backward(l, &mut gx, d_in, Tag::backward(epoch, l as u32))?;
             if l > 0 {
                 // The owned rows of this layer's input are the previous layer's outputs (same
                 // ids and count, checked when the step was built): their gradient is the
                 // first rows of `gx`, and the stages read only those.
                 g = gx;
-            } else if let Some(shard) = self.embeddings.as_mut() {
-                // The input's gradient, its halo rows' part now added to their owners' rows:
-                // the embeddings' sparse Adam step.
-                let rows = self.rt.blocks[self.rt.layers[0].block].rows.owned_src;
-                let mut host = vec![0f32; rows * d_in];
-                b.download(&gx, 0, &mut host)?;
-                shard.step(&mut self.ep, &host, d_in, &self.sh.opts.adam(1, 1.0), epoch)?;
-                break;
             } else {
                 // ResSAGE+ encoder (row-local; its input gradient is not needed).
                 let c = encoder_ctx(&self.rt, train);

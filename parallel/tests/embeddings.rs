@@ -392,24 +392,35 @@ fn auto_plans_and_trains_with_embeddings() {
     assert!(r.train.epochs.iter().all(|e| e.loss.is_finite()));
 }
 
-/// The embeddings' traffic is counted apart: a replicated row asked of its home on the other
-/// server costs its id (4 bytes), its row and its gradient (4 x dim each) per training step;
-/// fb asks for nothing (its halo rows ride the exchange), and no step's embeddings stay
-/// uncounted.
+/// The embeddings' traffic is counted apart, per training step: every ask carries a count
+/// (4 bytes to each other rank), a row asked of its home on the other server its id, its
+/// values and its gradient (4 + 8 x dim bytes), a halo row (whose values ride the layer-0
+/// exchange) its id and its gradient (4 + 4 x dim), and no layer-0 gradient crosses the halo
+/// exchange. One layer, 2 servers x 1 device: fb's rows are all halo rows, flx k=1's all asked.
 #[test]
 fn embedding_traffic_is_counted_per_link_class() {
     let ds = random_dataset(21, 60, 240, 3, 3);
     let view = ds.view();
     let part = random_partition(&view, 2, 1, 21);
-    let config = emb_config(&view, ModelKind::Sage, 2);
+    let config = emb_config(&view, ModelKind::Sage, 1);
+    let (d, row) = (DIM as u64, (view.feature_dim + DIM) as u64 * 4);
     let fb = parallel(view, &part, &config, &emb_opts(2), Mode::Fb, None).unwrap();
-    let bytes = fb.execution.node_embedding_bytes_per_epoch;
-    assert_eq!((bytes.intra_server, bytes.inter_server), (0, 0), "fb");
-    let flx = parallel(view, &part, &config, &emb_opts(2), Mode::Flx, Some(1)).unwrap();
-    let bytes = flx.execution.node_embedding_bytes_per_epoch;
-    let replicated = flx.execution.replicated_vertices as u64;
-    eprintln!("{bytes:?} replicated {replicated}");
-    assert!(replicated > 0);
+    let x = &fb.execution;
+    let halo = x.forward_bytes_per_epoch.inter_server / row;
+    assert!(halo > 0);
+    assert_eq!(x.backward_bytes_per_epoch.inter_server, 0, "fb");
+    let bytes = x.node_embedding_bytes_per_epoch;
     assert_eq!(bytes.intra_server, 0);
-    assert_eq!(bytes.inter_server, replicated * (4 + 8 * DIM as u64));
+    assert_eq!(bytes.inter_server, 2 * 4 + halo * (4 + 4 * d), "fb");
+    let flx = parallel(view, &part, &config, &emb_opts(2), Mode::Flx, Some(1)).unwrap();
+    let x = &flx.execution;
+    let replicated = x.replicated_vertices as u64;
+    assert!(replicated > 0);
+    assert_eq!(x.forward_bytes_per_epoch.inter_server, 0, "flx k=1");
+    let bytes = x.node_embedding_bytes_per_epoch;
+    assert_eq!(
+        bytes.inter_server,
+        2 * 4 + replicated * (4 + 8 * d),
+        "flx k=1"
+    );
 }

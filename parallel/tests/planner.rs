@@ -353,3 +353,69 @@ fn the_link_decoder_is_priced_per_rank_and_iteration() {
     );
     assert!((compute(2000.0, false) - 2.0 * dot).abs() < 1e-12);
 }
+
+/// With learnable embeddings every candidate's predicted embedding bytes (asks, rows,
+/// gradients) and halo bytes are what its run moves.
+#[test]
+fn predicted_embedding_bytes_are_what_every_candidate_moves() {
+    let ds = random_dataset(23, 300, 1500, 4, 4);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 5);
+    let dim = 6;
+    let cfg = grandis_models::ModelConfig {
+        in_dim: view.feature_dim + dim,
+        ..config(&view, ModelKind::Gcn, 2)
+    };
+    let train = grandis_trainer::TrainOptions {
+        embedding_dim: dim,
+        ..opts(1)
+    };
+    let mut base = base_options();
+    base.job.embedding_dim = dim as u32;
+    let sampling = Sampling::Fanout {
+        fanouts: vec![3, 3],
+    };
+    let cands: Vec<_> = candidates(2, 48, 2, &sampling)
+        .into_iter()
+        .filter(|c| !c.name().starts_with("flx-eas"))
+        .collect();
+    let ctx = grandis_parallel::plan_context(&view, &part).unwrap();
+    let planned = plan(
+        view,
+        &part,
+        &ctx,
+        &cfg,
+        train.seed,
+        &base,
+        &cands,
+        &rates(1e9, 1e9, 1e8),
+        Counting::Every,
+    )
+    .unwrap();
+    for p in &planned {
+        let what = &p.name;
+        let pred = p
+            .prediction
+            .as_ref()
+            .unwrap_or_else(|| panic!("{what}: {:?}", p.error));
+        let r = grandis_parallel::train(
+            view,
+            &part,
+            cfg.clone(),
+            &train,
+            &p.candidate.options(&base),
+            &mut |_| {},
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        let x = &r.execution;
+        assert!(x.node_embedding_bytes_per_epoch.inter_server > 0, "{what}");
+        assert_eq!(
+            pred.node_embedding_bytes, x.node_embedding_bytes_per_epoch,
+            "{what}: embedding bytes"
+        );
+        assert_eq!(
+            pred.halo_bytes, x.halo_bytes_per_epoch,
+            "{what}: halo bytes"
+        );
+    }
+}

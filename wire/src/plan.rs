@@ -45,6 +45,9 @@ pub struct Prediction {
     pub fetch_bytes: LinkBytes,
     /// Fetched once, before the first epoch.
     pub setup_fetch_bytes: u64,
+    /// Learnable node embeddings' asks, rows and gradients per epoch by link class (the run
+    /// summary's `node_embedding_bytes_per_epoch`; zero without them).
+    pub node_embedding_bytes: LinkBytes,
     /// Rows computed per epoch over all layers and ranks (forward).
     pub computed_vertex_layers: u64,
     /// The memory model's worst rank.
