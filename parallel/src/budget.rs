@@ -36,14 +36,28 @@ pub(crate) fn page_cache_relied_on(part: &crate::PartitionedGraph) -> u64 {
 }
 
 /// The host-memory side of the memory model, checked before training: the page cache the
-/// run relies on ([`page_cache_relied_on`]) must fit in what the machine has available
-/// (`available`, `MemAvailable`; nothing is checked when unknown). What the ranks allocate is
-/// their budget's business ([`check_budget`]); what is already resident (the O(V) state) is
-/// no longer in `available`.
-pub(crate) fn check_host_memory(relied_on: u64, available: Option<u64>) -> anyhow::Result<()> {
+/// run relies on ([`page_cache_relied_on`]) and the learnable node embeddings this process's
+/// ranks will hold (`embeddings`, [`crate::embedding_shard::host_bytes`]) must fit in what the
+/// machine has available (`available`, `MemAvailable`; nothing is checked when unknown). What
+/// the ranks allocate is their budget's business ([`check_budget`]); what is already resident
+/// (the O(V) state) is no longer in `available`.
+pub(crate) fn check_host_memory(
+    relied_on: u64,
+    embeddings: u64,
+    available: Option<u64>,
+) -> anyhow::Result<()> {
     let Some(available) = available else {
         return Ok(());
     };
+    if embeddings > 0 && relied_on + embeddings > available {
+        bail!(
+            "out of memory (host memory model): the learnable node embeddings of this \
+             process's ranks take {embeddings} bytes (their rows, Adam's moments and step \
+             counts) beside {relied_on} bytes of the mapped graph in the page cache, and this \
+             machine has {available} bytes available: use fewer --embedding-dim columns, more \
+             servers, or a machine with more memory"
+        );
+    }
     if relied_on > available {
         bail!(
             "out of memory (host memory model): sampling reads the mapped graph at scattered \
@@ -305,9 +319,9 @@ mod tests {
     /// unknown availability checks nothing.
     #[test]
     fn host_memory_check_names_the_graph_and_the_machine() {
-        check_host_memory(4 << 30, Some(4 << 30)).unwrap();
-        check_host_memory(4 << 30, None).unwrap();
-        let e = check_host_memory(5 << 30, Some(4 << 30))
+        check_host_memory(4 << 30, 0, Some(4 << 30)).unwrap();
+        check_host_memory(4 << 30, 0, None).unwrap();
+        let e = check_host_memory(5 << 30, 0, Some(4 << 30))
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("out of memory (host memory model)"), "{e}");
@@ -317,6 +331,18 @@ mod tests {
         );
         assert!(
             e.contains(&format!("{} bytes available", 4u64 << 30)),
+            "{e}"
+        );
+        // The embeddings count beside the graph.
+        check_host_memory(3 << 30, 1 << 30, Some(4 << 30)).unwrap();
+        let e = check_host_memory(3 << 30, (1 << 30) + 1, Some(4 << 30))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "embeddings of this process's ranks take {} bytes",
+                (1u64 << 30) + 1
+            )),
             "{e}"
         );
     }

@@ -34,6 +34,13 @@ pub(crate) fn is_embedding_layer(layer: u32) -> bool {
     [ASK_LAYER, ROWS_LAYER, GRAD_LAYER, SAVE_LAYER].contains(&layer)
 }
 
+/// Host bytes the shards of `ranks` hold for embeddings of `dim` columns: per row its values,
+/// Adam's two moments and a step count.
+pub(crate) fn host_bytes(layout: &Layout, ranks: impl Iterator<Item = usize>, dim: usize) -> u64 {
+    let rows: u64 = ranks.map(|r| layout.range(r).len() as u64).sum();
+    rows * (3 * dim as u64 + 1) * 4
+}
+
 /// One rank's rows of another's shard in a filled input: input rows (borrower's side) or
 /// shard rows (lender's side), the `asked` first (their values travel in the fill), then the
 /// halo rows (their values ride the layer-0 exchange); every one's gradient goes home.

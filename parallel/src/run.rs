@@ -104,7 +104,19 @@ pub(crate) fn run(
     // The host side of the memory model, before the ranks allocate anything.
     let relied_on = crate::budget::page_cache_relied_on(part);
     let available = grandis_telemetry::mem_available_bytes();
-    crate::budget::check_host_memory(relied_on, available)?;
+    let embeddings = match &local {
+        Some(endpoints) => crate::embedding_shard::host_bytes(
+            &part.layout,
+            endpoints.iter().map(Endpoint::rank),
+            opts.embedding_dim,
+        ),
+        None => crate::embedding_shard::host_bytes(
+            &part.layout,
+            0..part.layout.num_ranks(),
+            opts.embedding_dim,
+        ),
+    };
+    crate::budget::check_host_memory(relied_on, embeddings, available)?;
     if relied_on > 0 {
         tracing::info!(
             "host memory: the run relies on {relied_on} bytes of page cache (the mapped graph); \
