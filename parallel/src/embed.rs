@@ -144,6 +144,12 @@ pub fn embeddings(
 /// The model configuration and host weights (parameter order) of a trainer checkpoint.
 pub fn checkpoint_weights(path: &std::path::Path) -> anyhow::Result<(ModelConfig, Vec<Vec<f32>>)> {
     let ck = grandis_trainer::load_checkpoint(path)?;
+    if ck.train.as_ref().is_some_and(|t| t.embedding_dim > 0) {
+        bail!(
+            "the checkpoint's model reads learnable node embeddings besides the features; this \
+             pass reads the features only so far"
+        );
+    }
     let b = CpuBackend::new(Some(1))?;
     let mut model = grandis_models::Model::new(&b, ck.model.clone())?;
     ck.restore(&b, &mut model, false)
