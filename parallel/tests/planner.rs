@@ -56,6 +56,52 @@ fn base_options() -> ParallelOptions {
     }
 }
 
+/// Every candidate of `cands` predicted (all counted, `rates` as in [`rates`]) and one epoch
+/// of it run as the candidate's options say: (name, prediction, the run's execution summary).
+fn predicted_and_run(
+    view: grandis_store::DatasetView<'_>,
+    part: &grandis_parallel::PartitionedGraph,
+    (cfg, train): (&grandis_models::ModelConfig, &grandis_trainer::TrainOptions),
+    base: &ParallelOptions,
+    cands: &[grandis_parallel::planner::Candidate],
+) -> Vec<(String, grandis_wire::Prediction, grandis_wire::Execution)> {
+    let ctx = grandis_parallel::plan_context(&view, part).unwrap();
+    let rates = rates(1e9, 1e9, 1e8);
+    let planned = plan(
+        view,
+        part,
+        &ctx,
+        cfg,
+        train.seed,
+        base,
+        cands,
+        &rates,
+        Counting::Every,
+    )
+    .unwrap();
+    planned
+        .into_iter()
+        .map(|p| {
+            let what = p.name.clone();
+            let pred = p
+                .prediction
+                .unwrap_or_else(|| panic!("{what}: {:?}", p.error));
+            assert!(p.fits, "{what}");
+            assert!(pred.epoch_s > 0.0, "{what}: {pred:?}");
+            let r = grandis_parallel::train(
+                view,
+                part,
+                cfg.clone(),
+                train,
+                &p.candidate.options(base),
+                &mut |_| {},
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+            (what, pred, r.execution)
+        })
+        .collect()
+}
+
 #[test]
 fn predicted_counts_are_what_every_candidate_moves_and_computes() {
     let ds = random_dataset(21, 400, 2400, 8, 4);
@@ -64,7 +110,6 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
     let cfg = config(&view, ModelKind::Sage, 2);
     let train = opts(1);
     let base = base_options();
-    let rates = rates(1e9, 1e9, 1e8);
     let sampling = Sampling::Fanout {
         fanouts: vec![3, 3],
     };
@@ -86,50 +131,20 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
             "mb 24 sage(3,3)",
         ]
     );
-    let ctx = grandis_parallel::plan_context(&view, &part).unwrap();
-    let planned = plan(
-        view,
-        &part,
-        &ctx,
-        &cfg,
-        train.seed,
-        &base,
-        &cands,
-        &rates,
-        Counting::Every,
-    )
-    .unwrap();
-    for p in &planned {
-        let what = &p.name;
-        let pred = p
-            .prediction
-            .as_ref()
-            .unwrap_or_else(|| panic!("{what}: {:?}", p.error));
-        assert!(p.fits, "{what}");
-        assert!(pred.epoch_s > 0.0, "{what}: {pred:?}");
-        let r = grandis_parallel::train(
-            view,
-            &part,
-            cfg.clone(),
-            &train,
-            &p.candidate.options(&base),
-            &mut |_| {},
-        )
-        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+    for (what, pred, x) in predicted_and_run(view, &part, (&cfg, &train), &base, &cands) {
         assert_eq!(
-            pred.halo_bytes, r.execution.halo_bytes_per_epoch,
+            pred.halo_bytes, x.halo_bytes_per_epoch,
             "{what}: halo bytes"
         );
         assert_eq!(
-            pred.fetch_bytes, r.execution.fetch_bytes_per_epoch,
+            pred.fetch_bytes, x.fetch_bytes_per_epoch,
             "{what}: fetched bytes"
         );
         assert_eq!(
-            pred.computed_vertex_layers, r.execution.computed_vertex_layers,
+            pred.computed_vertex_layers, x.computed_vertex_layers,
             "{what}: vertex-layers"
         );
-        let setup =
-            r.execution.setup_fetch_bytes.inter_server + r.execution.setup_fetch_bytes.intra_server;
+        let setup = x.setup_fetch_bytes.inter_server + x.setup_fetch_bytes.intra_server;
         assert_eq!(pred.setup_fetch_bytes, setup, "{what}: setup fetch");
     }
 }
@@ -379,35 +394,7 @@ fn predicted_embedding_bytes_are_what_every_candidate_moves() {
         .into_iter()
         .filter(|c| !c.name().starts_with("flx-eas"))
         .collect();
-    let ctx = grandis_parallel::plan_context(&view, &part).unwrap();
-    let planned = plan(
-        view,
-        &part,
-        &ctx,
-        &cfg,
-        train.seed,
-        &base,
-        &cands,
-        &rates(1e9, 1e9, 1e8),
-        Counting::Every,
-    )
-    .unwrap();
-    for p in &planned {
-        let what = &p.name;
-        let pred = p
-            .prediction
-            .as_ref()
-            .unwrap_or_else(|| panic!("{what}: {:?}", p.error));
-        let r = grandis_parallel::train(
-            view,
-            &part,
-            cfg.clone(),
-            &train,
-            &p.candidate.options(&base),
-            &mut |_| {},
-        )
-        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
-        let x = &r.execution;
+    for (what, pred, x) in predicted_and_run(view, &part, (&cfg, &train), &base, &cands) {
         assert!(x.node_embedding_bytes_per_epoch.inter_server > 0, "{what}");
         assert_eq!(
             pred.node_embedding_bytes, x.node_embedding_bytes_per_epoch,
