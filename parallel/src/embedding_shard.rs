@@ -2,15 +2,17 @@
 //! the vertices whose home it is by the [`Layout`] (its shard) with their sparse Adam state, so
 //! the table is stored once across the job, as DistDGL shards its `DistEmbedding`.
 //!
-//! A step's layer-0 input is each vertex's features, then its embedding row. The rows a rank
-//! reads locally (its owned rows, and FLX's replicated ones) whose home is another rank are
-//! asked of that rank in one exchange before the forward pass ([`EmbeddingShard::fill`]); the
-//! halo rows arrive with the features through the layer-0 halo exchange, from the shards of
-//! their owners, as ever. After the backward pass the halo rows' gradients have reached their
-//! owners through that exchange's reverse; the asked rows' gradients go back to the rank they
-//! were asked of, which adds them to its own rows' gradients, in rank order, and takes one
-//! sparse Adam step ([`EmbeddingShard::step`]): over every row of its shard in full-batch
-//! modes, as mode single steps every row of its table, so fb and flx reproduce it.
+//! A step's layer-0 input is each vertex's features, then its embedding row. Before the
+//! forward pass ([`EmbeddingShard::fill`]) a rank asks each home rank, in one exchange, for
+//! the rows it reads locally whose home that rank is (FLX's replicated rows, a batch's
+//! borrowed rows) and names its layer-0 halo rows of that home; the halo rows' values arrive
+//! with the features through the layer-0 halo exchange, from the ranks that hold them, as
+//! ever. After the backward pass ([`EmbeddingShard::step`]) every borrowed row's gradient goes
+//! home, only its embedding columns (the layer-0 halo exchange's reverse would carry the
+//! input's whole rows, and the features' gradient has no use), and the home adds them to its
+//! own rows' gradients, in rank order, and takes one sparse Adam step: over every row of its
+//! shard in full-batch modes, as mode single steps every row of its table, so fb and flx
+//! reproduce it; over the rows any rank read in batched ones.
 
 use std::ops::Range;
 
