@@ -26,7 +26,8 @@
 #   links   link prediction on the GPU: `bench train --task link` against PyG on the same GPU
 #           (Cora, GCN 128/64, 3 seeds; Last.fm with learnable embeddings; a LINKS_NODES-vertex
 #           synthetic graph, default 200000), then fb, flx, mb and cob link runs with 2 servers x
-#           2 ranks on the GPU against the same runs on CPU threads (losses within 1e-4)
+#           2 ranks on the GPU against the same runs on CPU threads (losses within 1e-4), learnable
+#           embeddings sharded across the ranks included
 # Output of each step goes to stdout and to OUT/STEP.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +39,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --bin-dir) BIN_DIR=$2; shift 2 ;;
         --out) OUT_DIR=$2; shift 2 ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) STEPS+=("$1"); shift ;;
     esac
 done
@@ -220,7 +221,9 @@ step_links() {
     "$GRANDIS" data split-edges "$small" "$small-links" --seed 0 >/dev/null || return 1
     local common=(--task link --servers 2 --devices 2 --layers 2 --hidden 64 --out-dim 64 --epochs 5 --json)
     local r
-    for r in "fb" "flx --preload-hops 2" "mb --batch-size 20000" "cob --cobatch-size 40000"; do
+    # The last two: learnable embeddings sharded across the device ranks.
+    for r in "fb" "flx --preload-hops 2" "mb --batch-size 20000" "cob --cobatch-size 40000" \
+        "flx --preload-hops 1 --embedding-dim 16" "mb --batch-size 20000 --embedding-dim 16"; do
         local tag=${r// /_}
         echo "--- --task link --mode $r"
         "$GRANDIS" train "$small-links" --mode $r "${common[@]}" --device cpu >"$WORK/links-$tag-cpu.json" 2>"$WORK/links-$tag-cpu.err" || { tail -3 "$WORK/links-$tag-cpu.err"; ok=1; continue; }
