@@ -277,28 +277,48 @@ impl EmbeddingShard {
                 "learnable embeddings' gradients",
             ),
         )?;
+        // Each contribution as (shard row, contributor, gradient): this rank's own first, then
+        // each lender's in rank order, the order every row's sum takes. Only the rows read are
+        // touched unless every row steps: a batched step costs its rows, not the shard's.
+        let mut parts: Vec<(u32, usize, &[f32])> = self
+            .own
+            .iter()
+            .map(|&(i, r)| (r, 0, row_of(i)))
+            .chain(
+                self.lent
+                    .iter()
+                    .zip(&got)
+                    .enumerate()
+                    .flat_map(|(j, (loan, data))| {
+                        let grads = data.chunks_exact(d.max(1));
+                        loan.rows
+                            .iter()
+                            .zip(grads)
+                            .map(move |(&r, g)| (r, j + 1, g))
+                    }),
+            )
+            .collect();
+        parts.sort_unstable_by_key(|&(r, contributor, _)| (r, contributor));
         let n = self.rows.vertices();
-        let mut sum = vec![0f32; n * d];
-        let mut touched = vec![self.every_row; n];
-        for &(i, r) in &self.own {
-            let r = r as usize;
-            sum[r * d..(r + 1) * d].copy_from_slice(row_of(i));
-            touched[r] = true;
-        }
-        for (loan, data) in self.lent.iter().zip(got) {
-            for (&r, g) in loan.rows.iter().zip(data.chunks_exact(d.max(1))) {
-                let r = r as usize;
-                for (s, &x) in sum[r * d..(r + 1) * d].iter_mut().zip(g) {
-                    *s += x;
+        let (mut rows, mut grads) = match self.every_row {
+            true => ((0..n as u32).collect::<Vec<u32>>(), vec![0f32; n * d]),
+            false => (Vec::new(), Vec::new()),
+        };
+        for (r, _, g) in parts {
+            let at = match self.every_row {
+                true => r as usize,
+                false => {
+                    if rows.last() != Some(&r) {
+                        rows.push(r);
+                        grads.resize(rows.len() * d, 0.0);
+                    }
+                    rows.len() - 1
                 }
-                touched[r] = true;
+            };
+            for (s, &x) in grads[at * d..(at + 1) * d].iter_mut().zip(g) {
+                *s += x;
             }
         }
-        let rows: Vec<u32> = (0..n as u32).filter(|&r| touched[r as usize]).collect();
-        let grads: Vec<f32> = rows
-            .iter()
-            .flat_map(|&r| sum[r as usize * d..(r as usize + 1) * d].iter().copied())
-            .collect();
         self.rows.adam_step(&rows, &grads, 0, adam);
         Ok(())
     }
