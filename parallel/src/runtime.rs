@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use grandis_engine::Backend;
+use grandis_engine::{Backend, HostBuffer};
 use grandis_fabric::{Endpoint, Tag};
 use grandis_masking::{DevicePlan, LayerRows};
 use grandis_models::StageCtx;
@@ -47,8 +47,9 @@ pub(crate) struct Rt<B: Backend> {
     pub(crate) features: B::Buf,
     /// With learnable node embeddings: the features as read (rows x F), kept on the host
     /// because `features` (rows x (F + embedding columns)) is filled anew before every forward
-    /// pass (`crate::embedding_shard`). None otherwise.
-    pub(crate) host_features: Option<Vec<f32>>,
+    /// pass (`crate::embedding_shard`); the pool's buffer, handed back to it when the rank
+    /// loads its next step. None otherwise.
+    pub(crate) host_features: Option<HostBuffer>,
     pub(crate) loss_rows: B::Index,
     pub(crate) loss_labels: B::Index,
 }
@@ -167,9 +168,7 @@ impl<B: Backend> Rt<B> {
             }
             d => {
                 let n_rows = layers.first().map_or(0, |l| blocks[l.block].rows.n_src);
-                let kept = host.as_slice().to_vec();
-                sh.buffers.put(host);
-                (b.alloc(n_rows * (sh.view.feature_dim + d))?, Some(kept))
+                (b.alloc(n_rows * (sh.view.feature_dim + d))?, Some(host))
             }
         };
         tracing::debug!(

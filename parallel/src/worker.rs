@@ -258,8 +258,9 @@ impl<'w, B: Backend> Worker<'w, B> {
         let features = self
             .rt
             .host_features
-            .as_deref()
-            .context("internal: a step with learnable embeddings kept no host features")?;
+            .as_ref()
+            .context("internal: a step with learnable embeddings kept no host features")?
+            .as_slice();
         let input = shard.fill(
             &mut self.ep,
             self.sh.layout,
@@ -800,7 +801,9 @@ impl<'w, B: Backend> Worker<'w, B> {
         self.rt.blocks.clear();
         self.rt.layers.clear();
         self.rt.features = b.alloc(0)?;
-        self.rt.host_features = None;
+        if let Some(host) = self.rt.host_features.take() {
+            self.sh.buffers.put(host);
+        }
         self.rt.loss_rows = b.upload_index(&[])?;
         self.rt.loss_labels = b.upload_index(&[])?;
         let next = self.sh.feed.peek_plans(index + 1);
