@@ -104,18 +104,15 @@ pub(crate) fn run(
     // The host side of the memory model, before the ranks allocate anything.
     let relied_on = crate::budget::page_cache_relied_on(part);
     let available = grandis_telemetry::mem_available_bytes();
-    let embeddings = match &local {
-        Some(endpoints) => crate::embedding_shard::host_bytes(
-            &part.layout,
-            endpoints.iter().map(Endpoint::rank),
-            opts.embedding_dim,
-        ),
-        None => crate::embedding_shard::host_bytes(
-            &part.layout,
-            0..part.layout.num_ranks(),
-            opts.embedding_dim,
-        ),
+    let ranks_here: Vec<usize> = match &local {
+        Some(endpoints) => endpoints.iter().map(Endpoint::rank).collect(),
+        None => (0..part.layout.num_ranks()).collect(),
     };
+    let embeddings = crate::embedding_shard::host_bytes(
+        &part.layout,
+        ranks_here.iter().copied(),
+        opts.embedding_dim,
+    );
     crate::budget::check_host_memory(relied_on, embeddings, available)?;
     if relied_on > 0 {
         tracing::info!(
@@ -127,7 +124,7 @@ pub(crate) fn run(
     let epochs = opts.epochs.max(1);
     let epochs_done = resume.map_or(0, |ck| ck.epochs_done);
     let layout = &part.layout;
-    let local_ranks = local.as_ref().map_or(layout.num_ranks(), Vec::len);
+    let local_ranks = ranks_here.len();
     let threads_per_rank = popts.rank_threads(local_ranks);
     let scales = global_scales(part.graph.view(), grandis_models::aggregation(config.kind));
     // Every step is kept until each rank run HERE took it.
@@ -202,10 +199,6 @@ pub(crate) fn run(
         popts.job.inter_transport,
         popts.machine.intra_transport,
     )?;
-    let ranks_here: Vec<usize> = match &local {
-        Some(endpoints) => endpoints.iter().map(Endpoint::rank).collect(),
-        None => (0..layout.num_ranks()).collect(),
-    };
     let hub = (transports.intra == IntraTransport::DeviceCopies).then(|| {
         let topology = grandis_fabric::Topology {
             servers: layout.servers(),

@@ -297,9 +297,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             layers: Vec::with_capacity(n_layers),
             head: None,
         };
-        if self.embeddings.is_some() {
-            self.fill_embeddings(epoch_tag)?;
-        }
+        self.fill_embeddings(epoch_tag)?;
         let mut act: Option<B::Buf> = None;
         if self.has_head {
             let c = encoder_ctx(&self.rt, train);
