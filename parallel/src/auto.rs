@@ -403,16 +403,7 @@ fn largest_link_cobatch(
              edge needs {one} bytes"
         );
     }
-    // Invariant: lo fits; hi + 1 does not (or is past `most`).
-    let (mut lo, mut hi) = (1usize, most);
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        match peak(mid)? <= budget {
-            true => lo = mid,
-            false => hi = mid - 1,
-        }
-    }
-    Ok(lo)
+    grandis_sampling::largest_fitting(most, |b| Ok(peak(b)? <= budget))
 }
 
 /// Every server's `measured` rates to global rank 0, which runs `decide` on them once; its

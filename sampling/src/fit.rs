@@ -62,23 +62,39 @@ pub fn largest_cobatch(
              bytes on rank {one_rank}"
         )));
     }
-    // Invariant: lo fits; hi + 1 does not (or is past max_batch).
-    let (mut lo, mut hi) = (1usize, max_batch);
     let mut best = (one, one_rank);
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        let (bytes, r) = probe(mid)?;
-        if bytes <= budget {
-            lo = mid;
+    let batch_size = largest_fitting(max_batch, |b| {
+        let (bytes, r) = probe(b)?;
+        let fits = bytes <= budget;
+        if fits {
             best = (bytes, r);
-        } else {
-            hi = mid - 1;
         }
-    }
+        Ok::<bool, SamplingError>(fits)
+    })?;
     Ok(CobatchFit {
-        batch_size: lo,
+        batch_size,
         estimate_bytes: best.0,
         worst_rank: best.1,
         max_batch,
     })
+}
+
+/// The largest size in `1..=most` that `fits`, by binary search, for sizes that fit up to some
+/// size and not past it (the caller has checked that 1 fits). The answer is the last size
+/// `fits` said yes to (or 1 when it said yes to none).
+pub fn largest_fitting<E>(
+    most: usize,
+    mut fits: impl FnMut(usize) -> std::result::Result<bool, E>,
+) -> std::result::Result<usize, E> {
+    // Invariant: lo fits; hi + 1 does not (or is past `most`).
+    let (mut lo, mut hi) = (1usize, most.max(1));
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Ok(lo)
 }

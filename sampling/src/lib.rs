@@ -33,7 +33,7 @@ pub use cluster::ClusterBatches;
 pub use eas::{external_distance, Eas, Priority};
 pub use error::{Result, SamplingError};
 pub use fanout::Fanout;
-pub use fit::{largest_cobatch, CobatchFit};
+pub use fit::{largest_cobatch, largest_fitting, CobatchFit};
 pub use saint::{Saint, SaintKind};
 pub use sampler::{round_for_epoch, round_of, Exact, Sampler};
 pub use spec::{dependency_sampler, saint_sampler};
