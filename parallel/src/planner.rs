@@ -1089,13 +1089,19 @@ pub fn calibrate(
     // The model's whole input: learnable embedding columns after the features stand in as
     // zeros (the same products and sums).
     let width = config.in_dim.max(f);
-    let mut features = vec![0f32; n * width];
-    for (row, src) in features
-        .chunks_exact_mut(width.max(1))
-        .zip(read.chunks_exact(f.max(1)))
-    {
-        row[..f].copy_from_slice(src);
-    }
+    let features = match width == f {
+        true => read,
+        false => {
+            let mut padded = vec![0f32; n * width];
+            for (row, src) in padded
+                .chunks_exact_mut(width)
+                .zip(read.chunks_exact(f.max(1)))
+            {
+                row[..f].copy_from_slice(src);
+            }
+            padded
+        }
+    };
     // The model's own output width: a link job's encoder outputs embeddings, not the
     // dataset's classes; the timing is the same whatever the labels say.
     let classes = config.classes.max(1);
