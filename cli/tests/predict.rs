@@ -160,7 +160,8 @@ fn predict_streams_a_graph_larger_than_its_budget() {
 
 /// A model with learnable node embeddings: `--embedding-dim` trains them, the checkpoint keeps
 /// them, and `grandis predict` (layer-wise, in blocks) reads them back to the run's own
-/// test accuracy; a distributed mode refuses them by flag.
+/// test accuracy; mode fb on 2 x 2 ranks trains them to the same predictions; ResSAGE+
+/// outside mode single is refused by flag.
 #[test]
 fn predict_reads_learnt_node_embeddings_from_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
@@ -183,22 +184,32 @@ fn predict_reads_learnt_node_embeddings_from_the_checkpoint() {
         "-q",
     ]);
     assert!(ok, "{err}");
-    let (ok, json, err) = grandis(&[
-        "train",
-        &p("ds"),
-        "--epochs",
-        "20",
-        "--model",
-        "gcn",
-        "--hidden",
-        "16",
-        "--embedding-dim",
-        "8",
-        "--checkpoint",
-        &p("m.safetensors"),
-        "--json",
-        "-q",
-    ]);
+    // 20 epochs of GCN over the features and 8 embedding columns, checkpointed to `name`.
+    let train = |name: &str, extra: &[&str]| {
+        let checkpoint = p(name);
+        let mut args = vec![
+            "train",
+            &p("ds"),
+            "--epochs",
+            "20",
+            "--model",
+            "gcn",
+            "--hidden",
+            "16",
+            "--embedding-dim",
+            "8",
+            "--checkpoint",
+            &checkpoint,
+            "-q",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<String>>();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        grandis(&args)
+    };
+    let (ok, json, err) = train("m.safetensors", &["--json"]);
     assert!(ok, "{err}");
     let summary: serde_json::Value = serde_json::from_str(json.lines().last().unwrap()).unwrap();
     assert_eq!(summary["job"]["embedding_dim"], 8, "{summary}");
@@ -230,27 +241,10 @@ fn predict_reads_learnt_node_embeddings_from_the_checkpoint() {
 
     // Mode fb 2 x 2 trains the same embeddings (each rank its own vertices' rows): the same
     // predictions from its checkpoint.
-    let (ok, _, err) = grandis(&[
-        "train",
-        &p("ds"),
-        "--epochs",
-        "20",
-        "--model",
-        "gcn",
-        "--hidden",
-        "16",
-        "--embedding-dim",
-        "8",
-        "--mode",
-        "fb",
-        "--servers",
-        "2",
-        "--devices",
-        "2",
-        "--checkpoint",
-        &p("fb.safetensors"),
-        "-q",
-    ]);
+    let (ok, _, err) = train(
+        "fb.safetensors",
+        &["--mode", "fb", "--servers", "2", "--devices", "2"],
+    );
     assert!(ok, "{err}");
     let (ok, _, err) = grandis(&[
         "predict",
