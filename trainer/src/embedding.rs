@@ -52,6 +52,12 @@ impl NodeEmbeddings {
                 ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
             }));
         }
+        NodeEmbeddings::with_fresh_moments(table, rows, dim)
+    }
+
+    /// `rows` rows of `dim` columns holding `table`, with Adam's moments and step counts at
+    /// zero (no step taken yet).
+    fn with_fresh_moments(table: Vec<f32>, rows: usize, dim: usize) -> NodeEmbeddings {
         NodeEmbeddings {
             dim,
             table,
@@ -104,13 +110,7 @@ impl NodeEmbeddings {
     /// An empty table of `vertices` rows of `dim` columns, all zero, to be filled with
     /// [`Self::set_from_flat`].
     pub fn zeros(vertices: usize, dim: usize) -> NodeEmbeddings {
-        NodeEmbeddings {
-            dim,
-            table: vec![0.0; vertices * dim],
-            m: vec![0.0; vertices * dim],
-            v: vec![0.0; vertices * dim],
-            steps: vec![0.0; vertices],
-        }
+        NodeEmbeddings::with_fresh_moments(vec![0.0; vertices * dim], vertices, dim)
     }
 
     /// Sets row `ids[i]` to the i-th row of `flat` ([`Self::to_flat`]'s layout).
@@ -233,13 +233,7 @@ impl NodeEmbeddings {
         let [vertices, dim] = shape[..] else {
             bail!("tensor '{TABLE}' has shape {shape:?}, not (vertices, dim)");
         };
-        let mut out = NodeEmbeddings {
-            dim,
-            table: table.clone(),
-            m: vec![0.0; vertices * dim],
-            v: vec![0.0; vertices * dim],
-            steps: vec![0.0; vertices],
-        };
+        let mut out = NodeEmbeddings::with_fresh_moments(table.clone(), vertices, dim);
         if optimizer {
             for (name, into) in [
                 (format!("adam_m.{TABLE}"), &mut out.m),
