@@ -256,25 +256,16 @@ fn predicted_logits(dir: &std::path::Path, vertices: usize, classes: usize) -> V
     gather_rank_files(file, "predictions", (4, vertices), classes)
 }
 
-fn batched_run(
+/// [`run_job`], its error a panic naming the job.
+fn must_run(
     view: DatasetView<'_>,
     part: &PartitionedGraph,
     config: &ModelConfig,
     opts: &TrainOptions,
     job: JobSpec,
-    machine: Machine,
 ) -> grandis_parallel::ParallelReport {
     let what = format!("{} {:?}", job.mode, job.sampling);
-    let popts = ParallelOptions {
-        job,
-        machine: Machine {
-            threads_per_rank: Some(1),
-            collect_logits: true,
-            ..machine
-        },
-    };
-    grandis_parallel::train(view, part, config.clone(), opts, &popts, &mut |_| {})
-        .unwrap_or_else(|e| panic!("{what}: {e:#}"))
+    run_job(view, part, config, opts, job).unwrap_or_else(|e| panic!("{what}: {e:#}"))
 }
 
 /// The batched modes: one batch of every vertex (mb, cob; exact closures) is mode single's
@@ -299,13 +290,12 @@ fn batched_modes_train_embeddings() {
     };
     let reference = single(view, &config, &emb_opts(3));
     for mode in [Mode::Mb, Mode::Cob] {
-        let r = batched_run(
+        let r = must_run(
             view,
             &part,
             &config,
             &emb_opts(3),
             batched(mode, 240, grandis_wire::Sampling::None),
-            Machine::default(),
         );
         let losses: Vec<f64> = r.train.epochs.iter().map(|e| e.loss).collect();
         assert_losses(&format!("{mode} one batch"), &losses, &reference.0, 1e-4);
@@ -334,14 +324,14 @@ fn batched_modes_train_embeddings() {
             predict: Some(logits_to(&dir)),
             ..batched(mode, batch, sampling)
         };
-        let r = batched_run(view, &part, &config, &opts, job.clone(), Machine::default());
+        let r = must_run(view, &part, &config, &opts, job.clone());
         let losses: Vec<f64> = r.train.epochs.iter().map(|e| e.loss).collect();
         assert!(r.execution.iterations_per_epoch > 1, "{mode}");
         assert!(
             losses[losses.len() - 1] < losses[0] * 0.9,
             "{mode}: {losses:?}"
         );
-        let again = batched_run(view, &part, &config, &opts, job, Machine::default());
+        let again = must_run(view, &part, &config, &opts, job);
         let again: Vec<f64> = again.train.epochs.iter().map(|e| e.loss).collect();
         assert_eq!(losses, again, "{mode}: the same run again");
         // The files hold the evaluation's logits, row for row.
@@ -369,7 +359,7 @@ fn predictions_after_fb_read_the_embeddings() {
         predict: Some(logits_to(tmp.path())),
         ..JobSpec::default()
     };
-    batched_run(view, &part, &config, &emb_opts(3), job, Machine::default());
+    must_run(view, &part, &config, &emb_opts(3), job);
     let written = predicted_logits(tmp.path(), 50, config.classes);
     assert_close("fb predictions", &written, &reference.1, 1e-4);
 }
@@ -387,7 +377,7 @@ fn auto_plans_and_trains_with_embeddings() {
         embedding_dim: DIM as u32,
         ..JobSpec::default()
     };
-    let r = batched_run(view, &part, &config, &emb_opts(2), job, Machine::default());
+    let r = must_run(view, &part, &config, &emb_opts(2), job);
     assert_ne!(r.execution.mode, Mode::Auto);
     assert!(r.train.epochs.iter().all(|e| e.loss.is_finite()));
 }

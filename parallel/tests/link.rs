@@ -219,15 +219,7 @@ fn batched_link(
     (mode, batch): (Mode, u32),
     sampling: Sampling,
 ) -> anyhow::Result<grandis_parallel::ParallelReport> {
-    let popts = ParallelOptions {
-        job: batched(mode, batch, sampling),
-        machine: Machine {
-            threads_per_rank: Some(1),
-            collect_logits: true,
-            ..Machine::default()
-        },
-    };
-    grandis_parallel::train(view, part, config.clone(), opts, &popts, &mut |_| {})
+    run_job(view, part, config, opts, batched(mode, batch, sampling))
 }
 
 /// Modes mb and cob with fanout sampling and small edge batches: several steps an epoch, the

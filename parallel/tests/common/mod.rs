@@ -140,12 +140,24 @@ pub fn parallel(
     mode: Mode,
     k: Option<usize>,
 ) -> anyhow::Result<ParallelReport> {
+    let job = JobSpec {
+        mode,
+        preload_hops: k.map(|k| k as u32),
+        ..JobSpec::default()
+    };
+    run_job(view, part, config, opts, job)
+}
+
+/// `job` run in one process, one thread per rank, the final logits collected.
+pub fn run_job(
+    view: DatasetView<'_>,
+    part: &PartitionedGraph,
+    config: &ModelConfig,
+    opts: &TrainOptions,
+    job: JobSpec,
+) -> anyhow::Result<ParallelReport> {
     let popts = ParallelOptions {
-        job: JobSpec {
-            mode,
-            preload_hops: k.map(|k| k as u32),
-            ..JobSpec::default()
-        },
+        job,
         machine: Machine {
             threads_per_rank: Some(1),
             collect_logits: true,
