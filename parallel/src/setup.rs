@@ -108,6 +108,15 @@ pub(crate) fn check_job_inputs<'v>(
 ) -> anyhow::Result<Option<LinkSplitView<'v>>> {
     let n = view.num_vertices();
     let links = grandis_trainer::check_config(view, config, objective, embedding_dim)?;
+    if embedding_dim > 0 && config.stage_layout().first_conv > 0 {
+        // The ranks' embedding gradients come from the first convolution's input
+        // (`crate::embedding_shard`); a job spec never gets here with such a model.
+        bail!(
+            "learnable node embeddings train with models whose first stage is a convolution, \
+             not {}",
+            config.kind.name()
+        );
+    }
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid model configuration: {e}"))?;

@@ -193,11 +193,6 @@ impl<'w, B: Backend> Worker<'w, B> {
         }
         let embeddings = match sh.opts.embedding_dim {
             0 => None,
-            _ if has_head => bail!(
-                "learnable node embeddings train with models whose first stage is a \
-                 convolution, not {}",
-                sh.config.kind.name()
-            ),
             d => Some(EmbeddingShard::new(
                 sh.layout,
                 ep.rank(),
