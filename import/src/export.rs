@@ -149,6 +149,7 @@ mod tests {
                 val: vec![1],
                 test: vec![4],
             },
+            types: None,
         }
     }
 
@@ -213,6 +214,7 @@ mod tests {
             labels: vec![0; 40],
             num_classes: 1,
             split: Split::default(),
+            types: None,
         };
         let mut view = ds.view();
         view.links = Some(split.view());

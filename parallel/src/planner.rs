@@ -1120,6 +1120,7 @@ pub fn calibrate(
             val: Vec::new(),
             test: Vec::new(),
         },
+        types: None,
     };
     let sv = sample.view();
     let opts: grandis_trainer::TrainOptions = serde_json::from_value(serde_json::json!({

@@ -37,6 +37,7 @@ fn partition_rewrite_keeps_resident_memory_bounded() {
                 val: (1..n).step_by(3).collect(),
                 test: (2..n).step_by(3).collect(),
             },
+            types: None,
         };
         ds.write(&src, false).unwrap();
     }

@@ -23,6 +23,7 @@ use crate::edges::SortedEdges;
 use crate::error::{Result, StoreError};
 use crate::link::{LinkPart, LinkSizes, LinkSplit, LinkSplitView};
 use crate::split::Split;
+use crate::types::{TypeSchema, Types};
 
 pub const MANIFEST: &str = "dataset.json";
 pub const FORMAT_NAME: &str = "grandis-dataset";
@@ -71,6 +72,9 @@ pub struct Manifest {
     /// vertex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_destinations: Option<[u32; 2]>,
+    /// Vertex types and relations of a typed graph ([`crate::types`]); absent: one type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub types: Option<TypeSchema>,
 }
 
 /// Describes a dataset being written; counts are derived from what was written.
@@ -97,6 +101,8 @@ pub struct DatasetView<'a> {
     pub feature_reader: Option<&'a crate::RowReader>,
     /// The link-prediction split, when the dataset has one.
     pub links: Option<LinkSplitView<'a>>,
+    /// Vertex types and relations, for a typed graph.
+    pub types: Option<&'a Types>,
 }
 
 impl<'a> DatasetView<'a> {
@@ -170,6 +176,8 @@ pub struct InMemoryDataset {
     pub labels: Vec<i32>,
     pub num_classes: usize,
     pub split: Split,
+    /// Vertex types and relations, for a typed graph.
+    pub types: Option<Types>,
 }
 
 impl InMemoryDataset {
@@ -185,6 +193,7 @@ impl InMemoryDataset {
             test: &self.split.test,
             feature_reader: None,
             links: None,
+            types: self.types.as_ref(),
         }
     }
 
@@ -195,6 +204,9 @@ impl InMemoryDataset {
         w.write_features(&self.features, self.feature_dim as u64)?;
         w.write_labels(&self.labels)?;
         w.write_split(&self.split)?;
+        if let Some(types) = &self.types {
+            w.set_types(types.schema.clone());
+        }
         w.finish(DatasetInfo {
             name: self.name.clone(),
             num_classes: self.num_classes as u64,
@@ -210,6 +222,7 @@ pub struct DatasetWriter {
     symmetric: Option<bool>,
     link: Option<LinkSizes>,
     link_destinations: Option<[u32; 2]>,
+    types: Option<TypeSchema>,
 }
 
 impl DatasetWriter {
@@ -220,7 +233,14 @@ impl DatasetWriter {
             symmetric: None,
             link: None,
             link_destinations: None,
+            types: None,
         })
+    }
+
+    /// Makes the dataset typed ([`crate::types`]); `finish` checks the schema against what
+    /// was written and counts each relation's edges.
+    pub fn set_types(&mut self, schema: TypeSchema) {
+        self.types = Some(schema);
     }
 
     /// The final location of the dataset (for messages).
@@ -388,7 +408,22 @@ impl DatasetWriter {
             files: std::mem::take(&mut self.files),
             link: self.link.take(),
             link_destinations: self.link_destinations.take(),
+            types: self.types.take(),
         };
+        if manifest.types.is_some() {
+            // The edge counts are the writer's to fill in: open (which checks the schema)
+            // and count the graph as written.
+            let staged = Dataset::open_manifest(self.dir.path(), manifest.clone())?;
+            let counts = staged
+                .types()
+                .expect("the manifest has types")
+                .count_edges(staged.graph())
+                .map_err(|m| StoreError::invalid(staged.dir.join(INDICES), m))?;
+            let schema = manifest.types.as_mut().expect("checked above");
+            for (r, n) in schema.relations.iter_mut().zip(counts) {
+                r.num_edges = n;
+            }
+        }
         let staged = Dataset::open_manifest(self.dir.path(), manifest.clone())?;
         // Verified first: the symmetry test below indexes by the stored ids.
         staged.verify()?;
@@ -429,6 +464,8 @@ pub struct Dataset {
     feature_reader: Option<crate::RowReader>,
     /// The link split's arrays in [`LinkPart::ALL`] order, when the manifest has one.
     link: Option<Vec<MappedArray<u32>>>,
+    /// The manifest's types, checked and indexed.
+    types: Option<Types>,
 }
 
 impl Dataset {
@@ -502,6 +539,13 @@ impl Dataset {
                         .iter()
                         .map(|p| load(dir, &manifest, p.file()))
                         .collect::<Result<_>>()?,
+                ),
+                None => None,
+            },
+            types: match &manifest.types {
+                Some(schema) => Some(
+                    Types::new(schema.clone(), manifest.num_vertices, manifest.feature_dim)
+                        .map_err(|m| StoreError::invalid(dir.join(MANIFEST), m))?,
                 ),
                 None => None,
             },
@@ -750,7 +794,87 @@ impl Dataset {
                 .and_then(|()| links.check_held_out(&self.graph()))
                 .map_err(|(part, msg)| StoreError::invalid(self.dir.join(part.file()), msg))?;
         }
+        if let Some(types) = &self.types {
+            self.check_types(types)?;
+        }
         Ok(())
+    }
+
+    /// A typed dataset's rules beyond its schema: every edge joins types some relation
+    /// joins, each relation has the edges the manifest counts, labels and splits lie in the
+    /// target type, and each type's feature columns past its width are zero.
+    fn check_types(&self, types: &Types) -> Result<()> {
+        let counts = types
+            .count_edges(self.graph())
+            .map_err(|m| StoreError::invalid(self.indices.path(), m))?;
+        for (r, n) in types.schema.relations.iter().zip(counts) {
+            if r.num_edges != n {
+                return Err(StoreError::invalid(
+                    self.dir.join(MANIFEST),
+                    format!(
+                        "relation {:?} has {n} edges in {INDICES}, the manifest says {}",
+                        r.key(),
+                        r.num_edges
+                    ),
+                ));
+            }
+        }
+        let target = types.range(types.target());
+        for split in [&self.train, &self.val, &self.test] {
+            if let Some(&v) = split.as_slice().iter().find(|v| !target.contains(v)) {
+                return Err(StoreError::invalid(
+                    split.path(),
+                    format!(
+                        "vertex {v} is a {:?}, not of the target type {:?}",
+                        types.schema.vertex_types[types.type_of(v)].name,
+                        types.schema.target
+                    ),
+                ));
+            }
+        }
+        let labels = self.labels.as_slice();
+        if let Some(v) =
+            (0..labels.len()).find(|&v| labels[v] >= 0 && !target.contains(&(v as u32)))
+        {
+            return Err(StoreError::invalid(
+                self.labels.path(),
+                format!(
+                    "vertex {v} is a {:?} and has a label; only the target type {:?} has labels",
+                    types.schema.vertex_types[types.type_of(v as u32)].name,
+                    types.schema.target
+                ),
+            ));
+        }
+        let f = self.manifest.feature_dim as usize;
+        let features = self.features.as_slice();
+        for (t, vt) in types.schema.vertex_types.iter().enumerate() {
+            let width = vt.feature_dim as usize;
+            if width == f {
+                continue;
+            }
+            let rows = types.range(t);
+            let bad = rows.clone().into_par_iter().find_first(|&v| {
+                features[v as usize * f + width..(v as usize + 1) * f]
+                    .iter()
+                    .any(|&x| x != 0.0)
+            });
+            if let Some(v) = bad {
+                return Err(StoreError::invalid(
+                    self.features.path(),
+                    format!(
+                        "vertex {v} is a {:?}, whose {width} feature columns the manifest lists, \
+                         and has a non-zero value past them",
+                        vt.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The vertex types and relations, for a typed dataset.
+    pub fn types(&self) -> Option<&Types> {
+        self.types.as_ref()
     }
 
     /// The link split, when the dataset has one.
@@ -825,6 +949,7 @@ impl Dataset {
             test: self.test.as_slice(),
             feature_reader: self.feature_reader.as_ref(),
             links: self.link_split(),
+            types: self.types.as_ref(),
         }
     }
     /// Copies everything into memory (for small datasets and tests).
@@ -842,6 +967,7 @@ impl Dataset {
                 val: v.val.to_vec(),
                 test: v.test.to_vec(),
             },
+            types: self.types.clone(),
         }
     }
 }
@@ -874,7 +1000,81 @@ mod tests {
                 val: vec![3],
                 test: vec![],
             },
+            types: None,
         }
+    }
+
+    /// `tiny` with two types: `a` = 0..3 (the target), `b` = {3} with one feature column.
+    fn tiny_typed() -> InMemoryDataset {
+        let mut ds = tiny();
+        ds.features[7] = 0.0;
+        ds.labels = vec![0, 1, 1, -1];
+        ds.split.val = vec![2];
+        let vt = |name: &str, count, feature_dim| crate::VertexType {
+            name: name.into(),
+            count,
+            feature_dim,
+        };
+        let rel = |src: &str, name: &str, dst: &str| crate::Relation {
+            src: src.into(),
+            name: name.into(),
+            dst: dst.into(),
+            num_edges: 0,
+        };
+        let schema = TypeSchema {
+            vertex_types: vec![vt("a", 3, 2), vt("b", 1, 1)],
+            relations: vec![
+                rel("a", "links", "a"),
+                rel("a", "to", "b"),
+                rel("b", "to", "a"),
+            ],
+            target: "a".into(),
+        };
+        ds.types = Some(Types::new(schema, 4, 2).unwrap());
+        ds
+    }
+
+    #[test]
+    fn typed_datasets_count_relations_and_refuse_what_breaks_their_types() {
+        let root = tempfile::tempdir().unwrap();
+        let ds = tiny_typed().write(root.path().join("d"), false).unwrap();
+        let counts: Vec<u64> = ds
+            .manifest()
+            .types
+            .as_ref()
+            .unwrap()
+            .relations
+            .iter()
+            .map(|r| r.num_edges)
+            .collect();
+        assert_eq!(counts, vec![4, 1, 1]);
+        let back = Dataset::open_verified(root.path().join("d")).unwrap();
+        assert_eq!(back.types().unwrap().range(1), 3..4);
+        assert_eq!(back.view().types.unwrap().relation(1, 0), Some(2));
+
+        let fails = |ds: InMemoryDataset, needle: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let err = match ds.write(dir.path().join("d"), false) {
+                Ok(_) => panic!("{needle}: written"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(needle), "{err}");
+            assert!(!dir.path().join("d").exists(), "nothing half-written");
+        };
+        let mut ds = tiny_typed();
+        ds.features[7] = 1.0;
+        fails(ds, "vertex 3 is a \"b\", whose 1 feature columns");
+        let mut ds = tiny_typed();
+        ds.labels[3] = 0;
+        fails(ds, "only the target type \"a\" has labels");
+        let mut ds = tiny_typed();
+        ds.split.test = vec![3];
+        fails(ds, "vertex 3 is a \"b\", not of the target type");
+        let mut ds = tiny_typed();
+        let mut schema = ds.types.take().unwrap().schema;
+        schema.relations.remove(2);
+        ds.types = Some(Types::new(schema, 4, 2).unwrap());
+        fails(ds, "edge 3 -> 2 joins a \"b\" to a \"a\"");
     }
 
     #[test]
@@ -1010,6 +1210,7 @@ mod tests {
             labels: vec![],
             num_classes: 0,
             split: Split::default(),
+            types: None,
         };
         let ds = empty.write(root.path().join("e"), false).unwrap();
         assert_eq!(ds.manifest().num_vertices, 0);

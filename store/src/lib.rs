@@ -19,6 +19,7 @@ pub mod link;
 pub mod prefetch;
 pub mod rows;
 pub mod split;
+pub mod types;
 pub mod verified;
 
 pub use array::{
@@ -40,4 +41,5 @@ pub use link::{
 pub use prefetch::prefetch;
 pub use rows::{RowReader, RESIDENCY_SAMPLE};
 pub use split::Split;
+pub use types::{Relation, TypeSchema, Types, VertexType};
 pub use verified::Verification;

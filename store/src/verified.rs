@@ -130,6 +130,7 @@ mod tests {
                 val: (20..30).collect(),
                 test: (30..40).collect(),
             },
+            types: None,
         }
         .write(dir, false)
         .unwrap()

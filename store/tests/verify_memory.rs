@@ -26,6 +26,7 @@ fn verify_keeps_resident_memory_bounded() {
                 val: (1000..2000).collect(),
                 test: (2000..3000).collect(),
             },
+            types: None,
         };
         ds.write(&path, false).unwrap();
     }

@@ -534,6 +534,7 @@ pub fn generate_in_memory(cfg: &SynthConfig) -> Result<InMemoryDataset> {
         labels,
         num_classes: cfg.classes,
         split,
+        types: None,
     })
 }
 
@@ -637,6 +638,7 @@ pub fn grid_dataset(rows: u32, cols: u32, seed: u64) -> InMemoryDataset {
         labels,
         num_classes: 2,
         split,
+        types: None,
     }
 }
 

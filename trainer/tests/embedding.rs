@@ -33,6 +33,7 @@ fn communities(n: usize, classes: usize, seed: u64) -> InMemoryDataset {
             val: ids.iter().copied().filter(|v| part(v) == 2).collect(),
             test: ids.iter().copied().filter(|v| part(v) == 3).collect(),
         },
+        types: None,
     }
 }
 

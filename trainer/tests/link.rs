@@ -37,6 +37,7 @@ fn communities(n: usize, classes: usize, seed: u64) -> (InMemoryDataset, LinkSpl
         labels: vec![-1; n],
         num_classes: 0,
         split: Split::default(),
+        types: None,
     };
     (ds, split)
 }

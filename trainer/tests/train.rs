@@ -49,6 +49,7 @@ fn community_dataset(n: usize, classes: usize, dim: usize, seed: u64) -> InMemor
         labels,
         num_classes: classes,
         split,
+        types: None,
     }
 }
 

@@ -87,6 +87,7 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
                     labels: view.labels.to_vec(),
                     num_classes: view.num_classes,
                     split: Split::default(),
+                    types: None,
                 };
                 split_ds = (ds, split);
                 let mut v = split_ds.0.view();

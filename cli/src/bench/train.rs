@@ -178,6 +178,7 @@ fn synthetic(args: &BenchTrainArgs) -> anyhow::Result<InMemoryDataset> {
             val: every_tenth(1),
             test: every_tenth(2),
         },
+        types: None,
     })
 }
 

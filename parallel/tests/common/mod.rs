@@ -57,6 +57,7 @@ pub fn random_dataset(seed: u64, n: usize, edges: usize, f: usize, c: usize) -> 
         labels,
         num_classes: c,
         split,
+        types: None,
     }
 }
 
