@@ -410,16 +410,21 @@ impl DatasetWriter {
             link_destinations: self.link_destinations.take(),
             types: self.types.take(),
         };
-        if manifest.types.is_some() {
-            // The edge counts are the writer's to fill in: open (which checks the schema)
-            // and count the graph as written.
-            let staged = Dataset::open_manifest(self.dir.path(), manifest.clone())?;
-            let counts = staged
-                .types()
-                .expect("the manifest has types")
-                .count_edges(staged.graph())
-                .map_err(|m| StoreError::invalid(staged.dir.join(INDICES), m))?;
-            let schema = manifest.types.as_mut().expect("checked above");
+        // A typed dataset's edge counts are the writer's to fill in: open (which checks the
+        // schema) and count the graph as written.
+        let counts = match manifest.types {
+            Some(_) => {
+                let staged = Dataset::open_manifest(self.dir.path(), manifest.clone())?;
+                let types = staged.types().expect("the manifest has types");
+                Some(
+                    types
+                        .count_edges(staged.graph())
+                        .map_err(|m| StoreError::invalid(staged.dir.join(INDICES), m))?,
+                )
+            }
+            None => None,
+        };
+        if let (Some(schema), Some(counts)) = (&mut manifest.types, counts) {
             for (r, n) in schema.relations.iter_mut().zip(counts) {
                 r.num_edges = n;
             }
