@@ -95,7 +95,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     }
     crate::job_args::validate_as_flags(&spec)?;
     let part = PartitionedGraph::for_job(&dataset, &spec)?;
-    let config = ModelConfig::for_job(&spec, view.feature_dim, view.num_classes);
+    let config = ModelConfig::for_job(&spec, &view);
     let threads = args
         .threads_per_rank
         .unwrap_or_else(|| grandis_parallel::cores_per_rank(sharing));

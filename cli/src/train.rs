@@ -90,7 +90,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let cuda = crate::device::single_backend(&args.device.device)?;
     let dataset = open_dataset(&args)?;
     let view = dataset.view();
-    let config = ModelConfig::for_job(&spec, view.feature_dim, view.num_classes);
+    let config = ModelConfig::for_job(&spec, &view);
     let opts = TrainOptions::for_job(&spec);
     tracing::info!(
         "training {} ({} layers, hidden {}) on {} vertices, {} edges",

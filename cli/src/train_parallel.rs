@@ -79,7 +79,7 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let part = PartitionedGraph::for_job(dataset, spec)?;
     let view = dataset.view();
-    let config = ModelConfig::for_job(spec, view.feature_dim, view.num_classes);
+    let config = ModelConfig::for_job(spec, &view);
     let opts = TrainOptions::for_job(spec);
     let rank_count = (spec.servers * spec.devices) as usize;
     let popts = ParallelOptions {

@@ -33,6 +33,31 @@ pub struct ModelConfig {
     /// LayerNorm between layers (always before the activation).
     pub layer_norm: bool,
     pub seed: u64,
+    /// Typed models (`rgcn`, `heterosage`): the dataset's relations in order, which name
+    /// their parameters and pick the per-type terms. Empty for the others.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relations: Vec<ModelRelation>,
+}
+
+/// One relation of a typed model's dataset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRelation {
+    /// PyG's key, `src__name__dst` (its parameters are `stage{s}.{key}.*`).
+    pub key: String,
+    /// The index of its destination type among the dataset's vertex types.
+    pub dst_type: usize,
+}
+
+impl ModelRelation {
+    /// The relations of a typed dataset, as a model names them.
+    pub fn of(types: &grandis_store::Types) -> Vec<ModelRelation> {
+        types
+            .relation_keys()
+            .into_iter()
+            .zip(types.relation_destinations())
+            .map(|(key, dst_type)| ModelRelation { key, dst_type })
+            .collect()
+    }
 }
 
 /// What a partition-parallel runner needs to know of a model's stages, from its
@@ -111,11 +136,23 @@ impl ModelConfig {
         crate::arch::stage_layout(self)
     }
 
-    /// The model of a job for a dataset of `features` feature columns and `classes` classes.
-    /// Its input is the features and then the job's `embedding_dim` learnable columns. For
-    /// link prediction the last layer outputs the embedding instead: `link.out_dim` columns
-    /// (default `hidden`), whatever the dataset's classes.
-    pub fn for_job(spec: &grandis_wire::JobSpec, features: usize, classes: usize) -> ModelConfig {
+    /// The model of a job for a dataset: [`Self::for_shape`] of its feature columns and
+    /// classes, with its relations when it is typed.
+    pub fn for_job(
+        spec: &grandis_wire::JobSpec,
+        data: &grandis_store::DatasetView<'_>,
+    ) -> ModelConfig {
+        ModelConfig {
+            relations: data.types.map(ModelRelation::of).unwrap_or_default(),
+            ..Self::for_shape(spec, data.feature_dim, data.num_classes)
+        }
+    }
+
+    /// The model of a job for a dataset of `features` feature columns and `classes` classes
+    /// and no types. Its input is the features and then the job's `embedding_dim` learnable
+    /// columns. For link prediction the last layer outputs the embedding instead:
+    /// `link.out_dim` columns (default `hidden`), whatever the dataset's classes.
+    pub fn for_shape(spec: &grandis_wire::JobSpec, features: usize, classes: usize) -> ModelConfig {
         let classes = match spec.task {
             grandis_wire::Task::Node => classes,
             grandis_wire::Task::Link => {
@@ -133,6 +170,7 @@ impl ModelConfig {
             dropout: spec.dropout as f32,
             layer_norm: spec.layer_norm,
             seed: spec.seed,
+            relations: Vec::new(),
         }
     }
 
@@ -177,6 +215,13 @@ impl ModelConfig {
                 ));
             }
         }
+        if self.kind.is_typed() && self.relations.is_empty() {
+            return Err(format!(
+                "{} reads a typed dataset's relations, and this dataset has no types (see \
+                 `grandis data synth --hetero` and `grandis data import --format npy`)",
+                self.kind
+            ));
+        }
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(format!("dropout must be in [0, 1), got {}", self.dropout));
         }
@@ -198,7 +243,7 @@ mod tests {
                 "dropout": 0.3, "layer_norm": true, "seed": 9}"#,
         )
         .unwrap();
-        let json = serde_json::to_value(ModelConfig::for_job(&spec, 17, 5)).unwrap();
+        let json = serde_json::to_value(ModelConfig::for_shape(&spec, 17, 5)).unwrap();
         grandis_wire::checkpoint::check_model(&spec, &json).unwrap();
         let other = grandis_wire::JobSpec {
             hidden: 64,
@@ -230,6 +275,7 @@ mod tests {
                 dropout: 0.0,
                 layer_norm: false,
                 seed: 1,
+                relations: Vec::new(),
             };
             let layout = config.stage_layout();
             let model = crate::Model::new(&b, config.clone()).unwrap();

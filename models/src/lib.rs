@@ -30,18 +30,20 @@ mod arch;
 mod config;
 mod optim;
 mod param;
+mod relation;
 mod stage;
 
 use grandis_engine::{Backend, Result};
 
-pub use config::{aggregation, ModelConfig, StageLayout, StageWork};
+pub use config::{aggregation, ModelConfig, ModelRelation, StageLayout, StageWork};
 /// Which architecture: the job spec's own enum (one definition, in `grandis-wire`).
 pub use grandis_wire::ModelKind;
 pub use param::Param;
+pub use relation::{split_block, RelationGraphs};
 pub use stage::{StageCache, StageCtx};
 
 use param::ParamLayout;
-use stage::{Stage, StageKind};
+use stage::Stage;
 
 /// A model: configuration, parameters, stages.
 pub struct Model<B: Backend> {
@@ -91,7 +93,7 @@ impl<B: Backend> Model<B> {
 
     /// True for stages that read neighbour rows (the runner must supply halo rows first).
     pub fn stage_reads_neighbors(&self, s: usize) -> bool {
-        matches!(self.stages[s].kind, StageKind::Conv { .. }) && self.stages[s].w_neigh.is_some()
+        self.stages[s].reads_neighbours()
     }
 
     /// `(d_in, d_out)` of stage `s`.
@@ -106,7 +108,15 @@ impl<B: Backend> Model<B> {
     pub fn input_importance(&self, b: &B) -> Result<Vec<f64>> {
         let st = &self.stages[0];
         let mut norm = vec![0f64; st.d_in];
-        for w in [st.w_self, st.w_neigh].into_iter().flatten() {
+        let relations = st
+            .relations
+            .iter()
+            .flat_map(|r| [Some(r.w_neigh), r.w_self]);
+        for w in [st.w_self, st.w_neigh]
+            .into_iter()
+            .chain(relations)
+            .flatten()
+        {
             let p = &self.params[w];
             let mut host = vec![0f32; p.len()];
             b.download(&p.value, 0, &mut host)?;

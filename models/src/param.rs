@@ -88,6 +88,11 @@ impl ParamLayout {
         self.add(format!("stage{s}.bias"), vec![d_out], Init::FanIn(d_in))
     }
 
+    /// [`Self::bias`] under another name in stage `s` (a relation's, `{key}.bias`).
+    pub fn named_bias(&mut self, s: usize, name: &str, d_out: usize, d_in: usize) -> usize {
+        self.add(format!("stage{s}.{name}"), vec![d_out], Init::FanIn(d_in))
+    }
+
     /// A zero bias of `d` values for stage `s` (GCN's).
     pub fn zero_bias(&mut self, s: usize, d: usize) -> usize {
         self.add(format!("stage{s}.bias"), vec![d], Init::Zeros)

@@ -31,11 +31,26 @@ pub(crate) struct Stage {
     /// Indices into `Model::params`.
     pub w_self: Option<usize>,
     pub w_neigh: Option<usize>,
-    pub bias: usize,
+    /// None when each relation has its own (hetero-SAGE).
+    pub bias: Option<usize>,
     pub gamma: Option<usize>,
     pub beta: Option<usize>,
     /// GAT's attention (its shared weight is `w_neigh`).
     pub attention: Option<AttentionLayer>,
+    /// Typed models: per relation of the dataset, its weights (empty otherwise).
+    pub relations: Vec<RelationWeights>,
+}
+
+/// The parameters of one relation in a typed conv stage: its neighbour weight over the
+/// relation's block ([`StageCtx::relations`]) and, for models with a root term per relation,
+/// its self weight and bias over the rows of its destination type
+/// ([`StageCtx::type_masks`]).
+#[derive(Debug, Clone)]
+pub(crate) struct RelationWeights {
+    pub w_neigh: usize,
+    pub w_self: Option<usize>,
+    pub bias: Option<usize>,
+    pub dst_type: usize,
 }
 
 /// The attention of a GAT layer: `heads` heads of `head_dim` columns, concatenated or
@@ -66,9 +81,15 @@ impl AttentionLayer {
 }
 
 impl Stage {
+    /// Whether a conv stage reads neighbour rows (through a weight, or per relation).
+    pub(crate) fn reads_neighbours(&self) -> bool {
+        matches!(self.kind, StageKind::Conv { .. })
+            && (self.w_neigh.is_some() || !self.relations.is_empty())
+    }
+
     /// Whether a conv stage transforms its rows before aggregating them: when that makes
     /// them narrower (or no wider), so the aggregation moves fewer columns.
-    fn transforms_first(&self) -> bool {
+    pub(crate) fn transforms_first(&self) -> bool {
         self.d_out <= self.d_in
     }
 
@@ -87,7 +108,7 @@ impl Stage {
     /// The (output, input) rows of a conv stage on `ctx`: a linear layer (no neighbour
     /// weight) reads no halo rows.
     fn conv_rows<B: Backend>(&self, ctx: &StageCtx<'_, B>) -> (usize, usize) {
-        if self.w_neigh.is_some() {
+        if self.reads_neighbours() {
             (ctx.n_dst, ctx.n_src)
         } else {
             (ctx.n_dst, ctx.n_dst)
@@ -98,6 +119,11 @@ impl Stage {
 /// The block a stage runs on.
 pub struct StageCtx<'a, B: Backend> {
     pub graph: &'a B::Graph,
+    /// Typed models: the block split by relation, one graph per relation of the dataset
+    /// (`grandis_engine::norm::relation_blocks`); empty for the others.
+    pub relations: &'a [B::Graph],
+    /// Typed models: per vertex type, the graph whose self term picks its destination rows.
+    pub type_masks: &'a [B::Graph],
     /// Output rows of a conv stage, and the rows a row-local stage processes.
     pub n_dst: usize,
     /// Input rows of a conv stage (`>= n_dst`).
@@ -121,9 +147,19 @@ pub struct StageCache<B: Backend> {
     rstd: Option<B::Buf>,
     /// Attention: the log-sum-exp of every destination and head.
     lse: Option<B::Buf>,
+    /// Typed aggregate-then-transform convolutions: each relation's aggregated `z`.
+    relation_aggs: Vec<B::Buf>,
 }
 
 impl<B: Backend> StageCache<B> {
+    pub(crate) fn push_relation_agg(&mut self, a: B::Buf) {
+        self.relation_aggs.push(a);
+    }
+
+    pub(crate) fn relation_agg(&self, r: usize) -> &B::Buf {
+        &self.relation_aggs[r]
+    }
+
     fn empty() -> Self {
         StageCache {
             z: None,
@@ -132,6 +168,7 @@ impl<B: Backend> StageCache<B> {
             mean: None,
             rstd: None,
             lse: None,
+            relation_aggs: Vec::new(),
         }
     }
 }
@@ -303,7 +340,9 @@ impl<B: Backend> Model<B> {
                 let mut y = b.alloc(rows * d_out)?;
                 let w = &self.params[st.w_self.unwrap()].value;
                 b.gemm(false, false, rows, d_out, d_in, 1.0, input, w, 0.0, &mut y)?;
-                b.add_bias(&mut y, &self.params[st.bias].value, rows, d_out)?;
+                if let Some(bias) = st.bias {
+                    b.add_bias(&mut y, &self.params[bias].value, rows, d_out)?;
+                }
                 Ok((y, cache))
             }
             StageKind::Head => {
@@ -313,7 +352,9 @@ impl<B: Backend> Model<B> {
                 let mut y = b.alloc(rows * d_out)?;
                 let w = &self.params[st.w_self.unwrap()].value;
                 b.gemm(false, false, rows, d_out, d_in, 1.0, &z, w, 0.0, &mut y)?;
-                b.add_bias(&mut y, &self.params[st.bias].value, rows, d_out)?;
+                if let Some(bias) = st.bias {
+                    b.add_bias(&mut y, &self.params[bias].value, rows, d_out)?;
+                }
                 cache.z = Some(z);
                 cache.mean = mean;
                 cache.rstd = rstd;
@@ -337,6 +378,8 @@ impl<B: Backend> Model<B> {
                     b.attention_aggregate(ctx.graph, &t, &scores, &args, &mut y, &mut lse)?;
                     cache.lse = Some(lse);
                     y
+                } else if !st.relations.is_empty() {
+                    self.relation_terms(b, st, ctx, z, &mut cache)?
                 } else {
                     let r = self.neighbour_rows(b, st, z, n_src)?;
                     let r = r.as_ref().unwrap_or(z);
@@ -412,20 +455,21 @@ impl<B: Backend> Model<B> {
             unreachable!("finish_conv runs on conv stages")
         };
         if let Some(ws) = st.w_self {
-            let beta = if st.w_neigh.is_some() { 1.0 } else { 0.0 };
+            let beta = if st.reads_neighbours() { 1.0 } else { 0.0 };
             let ws = &self.params[ws].value;
             b.gemm(false, false, n_dst, d_out, d_in, 1.0, z, ws, beta, &mut y)?;
         }
         let n = n_dst * d_out;
-        let bias = &self.params[st.bias].value;
         let norm = st.gamma.is_some() && st.beta.is_some();
-        if post && !residual && !norm {
+        if let (true, false, false, Some(bias)) = (post, residual, norm, st.bias) {
             // The usual hidden layer: bias and ReLU in one pass over the rows.
             let mut out = b.alloc(n)?;
-            b.bias_relu(&y, bias, &mut out, n_dst, d_out)?;
+            b.bias_relu(&y, &self.params[bias].value, &mut out, n_dst, d_out)?;
             return Ok((out, cache));
         }
-        b.add_bias(&mut y, bias, n_dst, d_out)?;
+        if let Some(bias) = st.bias {
+            b.add_bias(&mut y, &self.params[bias].value, n_dst, d_out)?;
+        }
         if residual {
             b.axpy(1.0, input, &mut y, n_dst * d_out)?;
         }
@@ -576,7 +620,7 @@ impl<B: Backend> Model<B> {
 
     /// `grad(W) += xᵀ g` for the linear map `y = x W` (`x` is `rows x d_in`, `g` = dL/dy).
     #[allow(clippy::too_many_arguments)]
-    fn accumulate_weight_grad(
+    pub(crate) fn accumulate_weight_grad(
         &mut self,
         b: &B,
         w: usize,
@@ -603,7 +647,7 @@ impl<B: Backend> Model<B> {
     /// `out = g Wᵀ + beta * out`: the gradient of the input of the linear map `y = x W`
     /// (`beta = 1` adds to a gradient already there).
     #[allow(clippy::too_many_arguments)]
-    fn input_grad(
+    pub(crate) fn input_grad(
         &self,
         b: &B,
         w: usize,
@@ -652,7 +696,9 @@ impl<B: Backend> Model<B> {
                 let rows = ctx.n_dst;
                 let wi = st.w_self.unwrap();
                 self.accumulate_weight_grad(b, wi, input, &grad_out, rows, d_in, d_out)?;
-                b.col_sum(&grad_out, rows, d_out, 1.0, &mut self.params[st.bias].grad)?;
+                if let Some(bias) = st.bias {
+                    b.col_sum(&grad_out, rows, d_out, 1.0, &mut self.params[bias].grad)?;
+                }
                 if !input_grad {
                     return Ok(None);
                 }
@@ -665,7 +711,9 @@ impl<B: Backend> Model<B> {
                 let wi = st.w_self.unwrap();
                 let z = cache.z.as_ref().expect("head caches its input");
                 self.accumulate_weight_grad(b, wi, z, &grad_out, rows, d_in, d_out)?;
-                b.col_sum(&grad_out, rows, d_out, 1.0, &mut self.params[st.bias].grad)?;
+                if let Some(bias) = st.bias {
+                    b.col_sum(&grad_out, rows, d_out, 1.0, &mut self.params[bias].grad)?;
+                }
                 let mut gz = b.alloc(rows * d_in)?;
                 self.input_grad(b, wi, &grad_out, rows, d_in, d_out, 0.0, &mut gz)?;
                 let gx = self.pre_ops_backward(
@@ -711,7 +759,9 @@ impl<B: Backend> Model<B> {
                         g = gy;
                     }
                 }
-                b.col_sum(&g, n_dst, d_out, 1.0, &mut self.params[st.bias].grad)?;
+                if let Some(bias) = st.bias {
+                    b.col_sum(&g, n_dst, d_out, 1.0, &mut self.params[bias].grad)?;
+                }
                 // Recompute what forward_stage did to the input (see there).
                 let transformed =
                     self.transform_input(b, &st, s, input, n_src, ctx.global_ids, ctx.train)?;
@@ -760,6 +810,8 @@ impl<B: Backend> Model<B> {
                         self.input_grad(b, w, &gt, n_src, d_in, c, 0.0, &mut buf)?;
                         gz = Some(buf);
                     }
+                } else if !st.relations.is_empty() {
+                    gz = self.relation_terms_backward(b, &st, ctx, z, &g, &cache, need_gz)?;
                 } else if let Some(wn) = st.w_neigh {
                     if st.transforms_first() {
                         let mut gt = b.alloc(n_src * d_out)?;

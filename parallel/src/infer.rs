@@ -325,6 +325,7 @@ fn pass_rank<B: Backend>(
         graph,
         scales: reads_neighbours.then_some(inputs.scales),
         vertex_ids: Some(new_to_old),
+        types: inputs.view.types,
         release: &release,
         opts: &lw,
     };

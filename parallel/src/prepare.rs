@@ -18,6 +18,8 @@ use crate::fetch::{FeatureSource, LocalFeatures};
 #[derive(Clone, Copy)]
 pub(crate) struct Preparer<'a> {
     pub features: FeatureSource<'a>,
+    /// The model (a typed one reads each block split by relation).
+    pub model: &'a grandis_models::ModelConfig,
     pub scales: &'a GlobalScales,
     pub agg: Aggregation,
     /// Conv layers of the model.
@@ -36,13 +38,14 @@ impl<'a> Preparer<'a> {
     /// conv layers, whether its first layer reads owned rows only) comes from the config.
     pub fn for_model(
         features: FeatureSource<'a>,
-        config: &grandis_models::ModelConfig,
+        config: &'a grandis_models::ModelConfig,
         scales: &'a GlobalScales,
         labelled_flags: &'a [u8],
         buffers: &'a BufferPool,
     ) -> Preparer<'a> {
         Preparer {
             features,
+            model: config,
             scales,
             agg: grandis_models::aggregation(config.kind),
             layers: config.layers,
@@ -123,6 +126,10 @@ pub(crate) struct HostBlock {
     pub(crate) rows: LayerRows,
     /// Checked and transposed here, so the rank only copies it.
     pub(crate) graph: PreparedGraph,
+    /// Typed models: `graph` split by relation, and the per-type row masks
+    /// (`grandis_engine::norm::relation_blocks`); empty otherwise.
+    pub(crate) relations: Vec<PreparedGraph>,
+    pub(crate) type_masks: Vec<PreparedGraph>,
     /// Original ids of the `rows.n_src` compact input rows.
     pub(crate) ids: Vec<u32>,
 }
@@ -240,19 +247,36 @@ impl HostInput {
             } else {
                 let src_ids = p.compact_global_ids(&rows);
                 let compact = p.compact_graph(&rows)?;
-                let graph = PreparedGraph::new(block(
-                    p,
-                    &rows,
-                    compact,
-                    &src_ids,
-                    preparer.scales,
-                    preparer.agg,
-                ))?;
-                let ids = src_ids
+                let graph = block(p, &rows, compact, &src_ids, preparer.scales, preparer.agg);
+                let ids: Vec<u32> = src_ids
                     .iter()
                     .map(|&g| preparer.features.new_to_old[g as usize])
                     .collect();
-                blocks.push(HostBlock { rows, graph, ids });
+                let types = preparer.features.view.types;
+                let (relations, type_masks) =
+                    match grandis_models::split_block(preparer.model, &graph, types, &ids)? {
+                        Some(split) => (
+                            split
+                                .relations
+                                .into_iter()
+                                .map(PreparedGraph::new)
+                                .collect::<grandis_engine::Result<_>>()?,
+                            split
+                                .type_masks
+                                .into_iter()
+                                .map(PreparedGraph::new)
+                                .collect::<grandis_engine::Result<_>>()?,
+                        ),
+                        None => (Vec::new(), Vec::new()),
+                    };
+                let graph = PreparedGraph::new(graph)?;
+                blocks.push(HostBlock {
+                    rows,
+                    graph,
+                    relations,
+                    type_masks,
+                    ids,
+                });
                 blocks.len() - 1
             };
             layers.push((pi, bi));

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use grandis_engine::{Backend, HostBuffer};
 use grandis_fabric::{Endpoint, Tag};
 use grandis_masking::{DevicePlan, LayerRows};
-use grandis_models::StageCtx;
+use grandis_models::{RelationGraphs, StageCtx};
 
 use crate::fetch::Ahead;
 use crate::prepare::{HostBlock, HostInput};
@@ -22,6 +22,8 @@ use crate::steps::Step;
 pub(crate) struct BlockRt<B: Backend> {
     pub(crate) rows: LayerRows,
     pub(crate) graph: B::Graph,
+    /// Typed models: the block split by relation.
+    pub(crate) relations: RelationGraphs<B>,
     /// Original ids of the `rows.n_src` compact input rows (dropout masks key on them).
     pub(crate) ids: B::Index,
 }
@@ -57,6 +59,8 @@ pub(crate) struct Rt<B: Backend> {
 pub(crate) fn ctx<B: Backend>(blk: &BlockRt<B>, train: Option<(u64, u64)>) -> StageCtx<'_, B> {
     StageCtx {
         graph: &blk.graph,
+        relations: &blk.relations.relations,
+        type_masks: &blk.relations.type_masks,
         n_dst: blk.rows.n_dst,
         n_src: blk.rows.n_src,
         global_ids: &blk.ids,
@@ -132,9 +136,24 @@ impl<B: Backend> Rt<B> {
         let fetched = started.elapsed();
         let mut blocks = Vec::with_capacity(host_blocks.len());
         for hb in host_blocks {
-            let HostBlock { rows, graph, ids } = hb;
+            let HostBlock {
+                rows,
+                graph,
+                relations,
+                type_masks,
+                ids,
+            } = hb;
+            let up = |gs: Vec<grandis_engine::PreparedGraph>| {
+                gs.iter()
+                    .map(|g| b.upload_prepared(g))
+                    .collect::<grandis_engine::Result<Vec<_>>>()
+            };
             blocks.push(BlockRt {
                 graph: b.upload_prepared(&graph)?,
+                relations: RelationGraphs {
+                    relations: up(relations)?,
+                    type_masks: up(type_masks)?,
+                },
                 ids: b.upload_index(&ids)?,
                 rows,
             });

@@ -819,6 +819,7 @@ mod tests {
             dropout: 0.0,
             layer_norm: false,
             seed: 0,
+            relations: Vec::new(),
         });
         let inputs = |step_part| StepInputs {
             ctx: &ctx,

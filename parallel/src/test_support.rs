@@ -45,6 +45,7 @@ pub(crate) fn sage(view: &DatasetView<'_>, hidden: usize, dropout: f32, seed: u6
         dropout,
         layer_norm: false,
         seed,
+        relations: Vec::new(),
     }
 }
 

@@ -172,6 +172,11 @@ impl Types {
         self.starts.partition_point(|&s| s <= v) - 1
     }
 
+    /// The type of each of `ids`, as the engine's relation blocks take them.
+    pub fn types_of(&self, ids: &[u32]) -> Vec<u16> {
+        ids.iter().map(|&v| self.type_of(v) as u16).collect()
+    }
+
     /// The ids of type `t`.
     pub fn range(&self, t: usize) -> std::ops::Range<u32> {
         self.starts[t]..self.starts[t + 1]

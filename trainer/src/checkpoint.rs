@@ -349,6 +349,7 @@ mod tests {
             dropout: 0.0,
             layer_norm: true,
             seed: 1,
+            relations: Vec::new(),
         };
         let model = Model::new(&b, config).unwrap();
         let path = dir.join("m.safetensors");

@@ -36,7 +36,7 @@ use crate::{argmax, load_checked};
 use anyhow::{bail, Context};
 use grandis_engine::norm::{global_scales, range_block, GlobalScales};
 use grandis_engine::{Backend, BlockGraph};
-use grandis_models::{Model, StageCtx};
+use grandis_models::{Model, RelationGraphs, StageCtx};
 use grandis_npy::NpyFile;
 use grandis_store::{CsrView, Dataset, RowReader};
 use rayon::prelude::*;
@@ -144,6 +144,7 @@ pub fn predict_layerwise<B: Backend>(
         graph: view.graph,
         scales: scales.as_ref(),
         vertex_ids: None,
+        types: view.types,
         release: &release,
         opts,
     };
@@ -381,6 +382,8 @@ pub struct StagePass<'a, B: Backend> {
     /// The id the model sees for each vertex of `graph` (a partitioned graph's original
     /// ids); `None`: the vertex id itself.
     pub vertex_ids: Option<&'a [u32]>,
+    /// The dataset's types (typed models split each block by relation).
+    pub types: Option<&'a grandis_store::Types>,
     /// Called with each block's destinations once it is done: their adjacency was read
     /// through a mapping, and may be let go.
     pub release: &'a (dyn Fn(std::ops::Range<usize>) + Sync),
@@ -506,12 +509,19 @@ impl<B: Backend> StagePass<'_, B> {
             } else {
                 None
             };
+            let model_ids = self.model_ids(&src_ids);
+            let by_relation =
+                grandis_models::split_block(&self.model.config, &graph, self.types, &model_ids)?;
+            let relations = RelationGraphs::upload(b, by_relation.as_ref())?;
+            drop(by_relation);
             let g = b.upload_graph(&graph)?;
             drop(graph);
-            let ids = b.upload_index(&self.model_ids(&src_ids))?;
-            drop(src_ids);
+            let ids = b.upload_index(&model_ids)?;
+            drop((src_ids, model_ids));
             let ctx = StageCtx {
                 graph: &g,
+                relations: &relations.relations,
+                type_masks: &relations.type_masks,
                 n_dst,
                 n_src,
                 global_ids: &ids,
@@ -524,7 +534,7 @@ impl<B: Backend> StagePass<'_, B> {
                 }
                 (false, _) => self.model.forward_stage(b, s, &ctx, &rows)?.0,
             };
-            drop((rows, own, g, ids));
+            drop((rows, own, g, relations, ids));
             let mut out = vec![0.0f32; n_dst * d_out];
             b.download(&y, 0, &mut out)?;
             emit(&out)?;

@@ -18,7 +18,7 @@ pub mod link;
 use anyhow::{bail, Context};
 use grandis_engine::norm::full_block;
 use grandis_engine::{AdamStep, Backend, CpuBackend};
-use grandis_models::{Model, ModelConfig, ModelKind, StageCtx};
+use grandis_models::{Model, ModelConfig, ModelKind, RelationGraphs, StageCtx};
 use grandis_store::{DatasetView, LinkSplitView};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -298,6 +298,8 @@ pub struct Prepared<'a, B: Backend = CpuBackend> {
     pub view: DatasetView<'a>,
     pub backend: B,
     graph: B::Graph,
+    /// Typed models: the graph split by relation.
+    relations: RelationGraphs<B>,
     features: B::Buf,
     ids: B::Index,
     train_rows: B::Index,
@@ -351,7 +353,7 @@ impl<'a> Prepared<'a, CpuBackend> {
         // Build the normalised block inside the backend's own thread pool so `--threads`
         // bounds this step too.
         let block = backend.install(|| full_block(view.graph, grandis_models::aggregation(kind)));
-        Self::from_block(backend, view, block)
+        Self::from_block(backend, view, kind, block)
     }
 }
 
@@ -365,25 +367,38 @@ impl<'a, B: Backend> Prepared<'a, B> {
     ) -> anyhow::Result<Self> {
         check_view(&view)?;
         let block = full_block(view.graph, grandis_models::aggregation(kind));
-        Self::from_block(backend, view, block)
+        Self::from_block(backend, view, kind, block)
     }
 
     fn from_block(
         backend: B,
         view: DatasetView<'a>,
+        kind: ModelKind,
         block: grandis_engine::BlockGraph,
     ) -> anyhow::Result<Self> {
         let n = view.num_vertices();
+        let ids: Vec<u32> = (0..n as u32).collect();
+        let relations = match (kind.is_typed(), view.types) {
+            (false, _) => RelationGraphs::none(),
+            (true, Some(types)) => {
+                let split =
+                    grandis_engine::norm::relation_blocks(&block, types, &types.types_of(&ids))?;
+                RelationGraphs::upload(&backend, Some(&split))?
+            }
+            (true, None) => bail!(
+                "model {kind} reads a typed dataset's relations, and this dataset has no types"
+            ),
+        };
         let graph = backend.upload_graph(&block)?;
         drop(block);
         let (train_rows, train_labels) = labelled(&view, view.train);
-        let ids: Vec<u32> = (0..n as u32).collect();
         Ok(Prepared {
             view,
             // One copy of the features onto the backend keeps the trait simple (a copy-free
             // CPU upload would need a borrowed buffer type).
             features: backend.upload(view.features)?,
             graph,
+            relations,
             ids: backend.upload_index(&ids)?,
             num_train: train_rows.len(),
             train_rows: backend.upload_index(&train_rows)?,
@@ -396,6 +411,8 @@ impl<'a, B: Backend> Prepared<'a, B> {
         let n = self.view.num_vertices();
         StageCtx {
             graph: &self.graph,
+            relations: &self.relations.relations,
+            type_masks: &self.relations.type_masks,
             n_dst: n,
             n_src: n,
             global_ids: &self.ids,

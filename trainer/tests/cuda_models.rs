@@ -48,6 +48,7 @@ fn models(view: &DatasetView<'_>) -> Vec<(&'static str, ModelConfig)> {
         dropout: 0.5,
         layer_norm,
         seed: 5,
+        relations: Vec::new(),
     };
     vec![
         ("sage-3", base(ModelKind::Sage, 3, false)),

@@ -49,6 +49,7 @@ fn config(ds: &InMemoryDataset, dim: usize, outputs: usize) -> ModelConfig {
         dropout: 0.1,
         layer_norm: false,
         seed: 3,
+        relations: Vec::new(),
     }
 }
 

@@ -41,6 +41,7 @@ fn checkpoint(ds: &Dataset, dir: &Path, kind: ModelKind, layers: usize) -> std::
         dropout: 0.5,
         layer_norm: kind == ModelKind::ResSage,
         seed: 4,
+        relations: Vec::new(),
     };
     let path = dir.join(format!("{kind:?}-{layers}.safetensors"));
     let opts = TrainOptions {

@@ -54,6 +54,7 @@ fn config(ds: &InMemoryDataset) -> ModelConfig {
         dropout: 0.2,
         layer_norm: false,
         seed: 3,
+        relations: Vec::new(),
     }
 }
 

@@ -65,6 +65,7 @@ fn config(ds: &InMemoryDataset, kind: ModelKind, layers: usize) -> ModelConfig {
         dropout: 0.5,
         layer_norm: false,
         seed: 1,
+        relations: Vec::new(),
     }
 }
 
@@ -294,6 +295,7 @@ fn cora_gcn_reaches_kipf_welling_accuracy() {
             dropout: 0.5,
             layer_norm: false,
             seed,
+            relations: Vec::new(),
         };
         let o = TrainOptions {
             objective: Default::default(),

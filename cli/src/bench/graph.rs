@@ -170,7 +170,7 @@ impl BenchGraphArgs {
             self.devices,
             t.elapsed().as_secs_f64()
         );
-        let config = ModelConfig::for_job(
+        let config = ModelConfig::for_shape(
             &grandis_wire::JobSpec {
                 layers: u32::try_from(self.layers).context("--layers is out of range")?,
                 hidden: u32::try_from(self.hidden).context("--hidden is out of range")?,

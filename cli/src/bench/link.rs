@@ -107,6 +107,7 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
             dropout: args.dropout,
             layer_norm: false,
             seed,
+            relations: Vec::new(),
         };
         let opts = TrainOptions {
             objective: Objective::Link {

@@ -166,7 +166,7 @@ pub fn run(args: BenchStepsArgs) -> anyhow::Result<()> {
         method,
         args.seed,
     )?;
-    let config = ModelConfig::for_job(
+    let config = ModelConfig::for_shape(
         &grandis_wire::JobSpec {
             layers: fanouts.len() as u32,
             hidden: 64,

@@ -494,6 +494,7 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
         dropout: args.dropout,
         layer_norm: false,
         seed: args.seed,
+        relations: Vec::new(),
     };
     let run = match crate::device::single_ordinal(&args.device) {
         None => run_on_cpu(&args, &ds, cfg)?,

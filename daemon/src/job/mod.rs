@@ -403,7 +403,7 @@ fn execute(ctx: &JobContext, a: &Assignment, events: &Events) -> anyhow::Result<
     }
     let part = PartitionedGraph::for_job(&dataset, &job).context("the job's partition")?;
     check_cancel(ctx)?;
-    let config = ModelConfig::for_job(&job, view.feature_dim, view.num_classes);
+    let config = ModelConfig::for_job(&job, &view);
     let opts = TrainOptions::for_job(&job);
     // Every server keeps the job's checkpoint at `work_dir/jobs/ID/LABEL.checkpoint...`
     // (the label: daemons of a test cluster share a work_dir); the leader writes it, and a

@@ -24,7 +24,7 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, c: &ModelConfig, l: &Layer) ->
     LayerParams {
         w_self: None,
         w_neigh: Some(weight),
-        bias: pb.zero_bias(l.s, l.d_out),
+        bias: Some(pb.zero_bias(l.s, l.d_out)),
         attention: Some(AttentionLayer {
             heads,
             head_dim,
@@ -32,5 +32,6 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, c: &ModelConfig, l: &Layer) ->
             att_src,
             att_dst,
         }),
+        relations: Vec::new(),
     }
 }

@@ -11,7 +11,8 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, _c: &ModelConfig, l: &Layer) -
     LayerParams {
         w_self: None,
         w_neigh: Some(pb.glorot(l.s, "weight", l.d_in, l.d_out)),
-        bias: pb.zero_bias(l.s, l.d_out),
+        bias: Some(pb.zero_bias(l.s, l.d_out)),
         attention: None,
+        relations: Vec::new(),
     }
 }

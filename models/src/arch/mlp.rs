@@ -10,7 +10,8 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, _c: &ModelConfig, l: &Layer) -
     LayerParams {
         w_self: Some(pb.linear(l.s, "weight", l.d_in, l.d_out)),
         w_neigh: None,
-        bias: pb.bias(l.s, l.d_out, l.d_in),
+        bias: Some(pb.bias(l.s, l.d_out, l.d_in)),
         attention: None,
+        relations: Vec::new(),
     }
 }

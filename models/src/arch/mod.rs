@@ -5,12 +5,14 @@
 
 mod gat;
 mod gcn;
+mod heterosage;
 mod mlp;
 mod ressage;
+mod rgcn;
 mod sage;
 
 use crate::param::ParamLayout;
-use crate::stage::{AttentionLayer, Stage, StageKind};
+use crate::stage::{AttentionLayer, RelationWeights, Stage, StageKind};
 use crate::{ModelConfig, ModelKind, StageLayout};
 
 /// The stages of `c`'s architecture, their parameters created in `pb`.
@@ -21,6 +23,8 @@ pub(crate) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         ModelKind::Mlp => plain_stack(pb, c, mlp::layer_weights),
         ModelKind::Gat => plain_stack(pb, c, gat::layer_weights),
         ModelKind::ResSage => ressage::stages(pb, c),
+        ModelKind::Rgcn => plain_stack(pb, c, rgcn::layer_weights),
+        ModelKind::HeteroSage => plain_stack(pb, c, heterosage::layer_weights),
     }
 }
 
@@ -37,7 +41,7 @@ pub(crate) fn stage_layout(c: &ModelConfig) -> StageLayout {
         attention_output_heads: None,
     };
     match c.kind {
-        ModelKind::Sage | ModelKind::Gcn => plain,
+        ModelKind::Sage | ModelKind::Gcn | ModelKind::Rgcn | ModelKind::HeteroSage => plain,
         ModelKind::Mlp => StageLayout {
             reads_graph: false,
             ..plain
@@ -73,8 +77,11 @@ pub(super) struct LayerParams {
     pub w_self: Option<usize>,
     /// Applied to the rows it aggregates (GAT: the shared map of every row).
     pub w_neigh: Option<usize>,
-    pub bias: usize,
+    /// None when each relation has its own (hetero-SAGE).
+    pub bias: Option<usize>,
     pub attention: Option<AttentionLayer>,
+    /// Typed models: one per relation of the dataset, in order.
+    pub relations: Vec<RelationWeights>,
 }
 
 /// Creates the parameters of one layer of a plain stack.
@@ -115,6 +122,7 @@ fn plain_stack(pb: &mut ParamLayout, c: &ModelConfig, weights: LayerWeights) -> 
             gamma,
             beta,
             attention: p.attention,
+            relations: p.relations,
         });
     }
     stages

@@ -18,10 +18,11 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         d_out: h,
         w_self: Some(w),
         w_neigh: None,
-        bias,
+        bias: Some(bias),
         gamma: None,
         beta: None,
         attention: None,
+        relations: Vec::new(),
     });
     for l in 0..c.layers {
         let s = stages.len();
@@ -40,10 +41,11 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
             d_out: h,
             w_self,
             w_neigh,
-            bias,
+            bias: Some(bias),
             gamma,
             beta,
             attention: None,
+            relations: Vec::new(),
         });
     }
     let s = stages.len();
@@ -56,10 +58,11 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         d_out: c.classes,
         w_self: Some(w),
         w_neigh: None,
-        bias,
+        bias: Some(bias),
         gamma,
         beta,
         attention: None,
+        relations: Vec::new(),
     });
     stages
 }

@@ -11,7 +11,8 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, _c: &ModelConfig, l: &Layer) -
     LayerParams {
         w_self: Some(pb.linear(l.s, "w_self", l.d_in, l.d_out)),
         w_neigh: Some(pb.linear(l.s, "w_neigh", l.d_in, l.d_out)),
-        bias: pb.bias(l.s, l.d_out, l.d_in),
+        bias: Some(pb.bias(l.s, l.d_out, l.d_in)),
         attention: None,
+        relations: Vec::new(),
     }
 }

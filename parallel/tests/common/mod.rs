@@ -95,6 +95,7 @@ pub fn config(view: &DatasetView<'_>, kind: ModelKind, layers: usize) -> ModelCo
         dropout: 0.5,
         layer_norm: kind == ModelKind::ResSage,
         seed: 7,
+        relations: Vec::new(),
     }
 }
 

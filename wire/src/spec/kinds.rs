@@ -24,6 +24,20 @@ pub enum ModelKind {
     /// last; LeakyReLU(0.2) logits over in-neighbours plus one self-loop, attention dropout
     /// at `dropout`.
     Gat,
+    /// R-GCN (Schlichtkrull et al., PyG `RGCNConv` semantics) on a typed dataset:
+    /// `W_root h_v + b + sum_r W_r mean_{u in N_r(v)} h_u`, one weight per relation.
+    Rgcn,
+    /// GraphSAGE per relation, summed (PyG's `to_hetero` / `HeteroConv(aggr="sum")` over
+    /// `SAGEConv`) on a typed dataset: `sum_{r into type(v)} (W_self,r h_v + W_neigh,r
+    /// mean_{u in N_r(v)} h_u + b_r)`.
+    HeteroSage,
+}
+
+impl ModelKind {
+    /// Whether the model reads a typed dataset's relations (and needs one).
+    pub fn is_typed(self) -> bool {
+        matches!(self, ModelKind::Rgcn | ModelKind::HeteroSage)
+    }
 }
 
 /// What a job trains its model for.
@@ -161,8 +175,9 @@ pub struct UnknownName {
     pub expected: &'static str,
 }
 
-named_enum!(ModelKind, "sage, gcn, ressage, mlp or gat", [
-    Sage => "sage", Gcn => "gcn", ResSage => "ressage", Mlp => "mlp", Gat => "gat"
+named_enum!(ModelKind, "sage, gcn, ressage, mlp, gat, rgcn or heterosage", [
+    Sage => "sage", Gcn => "gcn", ResSage => "ressage", Mlp => "mlp", Gat => "gat",
+    Rgcn => "rgcn", HeteroSage => "heterosage"
 ]);
 named_enum!(Mode, "single, fb, flx, cob, mb, cluster or auto", [
     Single => "single", Fb => "fb", Flx => "flx", Cob => "cob", Mb => "mb",
