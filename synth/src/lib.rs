@@ -9,6 +9,10 @@
 //! only sees its own row does clearly worse than one that averages over (mostly same-class)
 //! neighbours. [`grid_graph`] and [`grid_dataset`] build tiny 2-D grids for other crates' tests.
 
+mod hetero;
+
+pub use hetero::{generate_hetero_in_memory, HeteroConfig, RelationSpec, TypeSpec};
+
 use std::path::Path;
 
 use grandis_store::{
