@@ -95,7 +95,10 @@ pub fn config(view: &DatasetView<'_>, kind: ModelKind, layers: usize) -> ModelCo
         dropout: 0.5,
         layer_norm: kind == ModelKind::ResSage,
         seed: 7,
-        relations: Vec::new(),
+        relations: view
+            .types
+            .map(grandis_models::ModelRelation::of)
+            .unwrap_or_default(),
     }
 }
 

@@ -1,0 +1,109 @@
+//! Typed graphs in the distributed modes: R-GCN and hetero-SAGE in FB and FLX (every k)
+//! reproduce `--mode single` — per-epoch losses and final logits within 1e-4 relative,
+//! dropout on — on random typed graphs over 1-3 servers x 1-2 devices; mb and cob with one
+//! batch of every vertex are single's epoch; with fanout sampling they, and cluster, train.
+
+mod common;
+
+use common::*;
+use grandis_models::ModelKind;
+use grandis_parallel::{JobSpec, Mode};
+use grandis_store::InMemoryDataset;
+use grandis_synth::{generate_hetero_in_memory, HeteroConfig};
+use grandis_trainer::TrainOptions;
+use proptest::prelude::*;
+
+/// A small academic graph: `sizes` papers, authors and institutions (4, 2 and 0 feature
+/// columns), three classes, degrees 3, 2, 2 and 2.
+fn typed_dataset(seed: u64, sizes: [u64; 3]) -> InMemoryDataset {
+    let mut cfg = HeteroConfig::academic(100, 4, 3, seed);
+    for (t, &n) in cfg.types.iter_mut().zip(&sizes) {
+        t.count = n;
+    }
+    for (r, d) in cfg.relations.iter_mut().zip([3.0, 2.0, 2.0, 2.0]) {
+        r.avg_degree = d;
+    }
+    cfg.signal = 2.0;
+    generate_hetero_in_memory(&cfg).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fb_and_flx_on_typed_graphs_match_single(
+        seed in 0u64..1_000_000,
+        papers in 12u64..30,
+        authors in 6u64..20,
+        institutions in 2u64..8,
+        servers in 1usize..=3,
+        devices in 1usize..=2,
+        heterosage in proptest::bool::ANY,
+        layers in 1usize..=2,
+    ) {
+        let ds = typed_dataset(seed, [papers, authors, institutions]);
+        let view = ds.view();
+        let part = random_partition(&view, servers, devices, seed);
+        let kind = if heterosage { ModelKind::HeteroSage } else { ModelKind::Rgcn };
+        let config = config(&view, kind, layers);
+        let opts = opts(3);
+        let reference = single(view, &config, &opts);
+        check_exact(view, &part, &config, &opts, &reference, Mode::Fb, None);
+        for k in 0..=layers {
+            check_exact(view, &part, &config, &opts, &reference, Mode::Flx, Some(k));
+        }
+    }
+}
+
+/// One batch of every vertex is single's epoch in mb and cob (exact closures); fanout
+/// sampling and cluster batches train (the loss falls) and repeat to the bit.
+#[test]
+fn batched_modes_train_typed_models() {
+    let ds = typed_dataset(4, [120, 80, 40]);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 4);
+    for kind in [ModelKind::Rgcn, ModelKind::HeteroSage] {
+        let config = grandis_models::ModelConfig {
+            dropout: 0.0,
+            ..config(&view, kind, 2)
+        };
+        let reference = single(view, &config, &opts(3));
+        for mode in [Mode::Mb, Mode::Cob] {
+            let what = format!("{kind} {mode} one batch");
+            let job = batched(mode, 240, grandis_wire::Sampling::None);
+            let r = run_job(view, &part, &config, &opts(3), job)
+                .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+            let losses: Vec<f64> = r.train.epochs.iter().map(|e| e.loss).collect();
+            assert_losses(&what, &losses, &reference.0, 1e-4);
+            assert_close(&what, r.logits.as_ref().unwrap(), &reference.1, 1e-4);
+        }
+        let fanouts = grandis_wire::Sampling::Fanout {
+            fanouts: vec![4, 3],
+        };
+        let opts = TrainOptions {
+            lr: 0.05,
+            ..opts(8)
+        };
+        for (mode, batch, sampling) in [
+            (Mode::Mb, 16, fanouts.clone()),
+            (Mode::Cob, 32, fanouts),
+            (Mode::Cluster, 64, grandis_wire::Sampling::None),
+        ] {
+            let what = format!("{kind} {mode}");
+            let job = JobSpec {
+                ..batched(mode, batch, sampling)
+            };
+            let r = run_job(view, &part, &config, &opts, job.clone())
+                .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+            let losses: Vec<f64> = r.train.epochs.iter().map(|e| e.loss).collect();
+            assert!(r.execution.iterations_per_epoch > 1, "{what}");
+            assert!(
+                losses[losses.len() - 1] < losses[0] * 0.9,
+                "{what}: {losses:?}"
+            );
+            let again = run_job(view, &part, &config, &opts, job).unwrap();
+            let again: Vec<f64> = again.train.epochs.iter().map(|e| e.loss).collect();
+            assert_eq!(losses, again, "{what}: the same run again");
+        }
+    }
+}
