@@ -386,7 +386,8 @@ impl<'a, B: Backend> Prepared<'a, B> {
                 RelationGraphs::upload(&backend, Some(&split))?
             }
             (true, None) => bail!(
-                "model {kind} reads a typed dataset's relations, and this dataset has no types"
+                "model {kind} reads a typed dataset's relations, and this dataset has no types \
+                 (see `grandis data synth --hetero`)"
             ),
         };
         let graph = backend.upload_graph(&block)?;

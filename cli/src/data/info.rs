@@ -10,7 +10,8 @@ use grandis_store::{Dataset, Manifest};
 #[derive(clap::Args)]
 #[command(after_help = "\
 Prints vertices, directed edges, features, classes, split sizes, whether the graph is \
-symmetric, in-degree statistics (min/max/mean/median/p99/isolated) and the provenance lines \
+symmetric, in-degree statistics (min/max/mean/median/p99/isolated), a typed dataset's vertex \
+types (ids, feature columns) and relations (edges, mean in-degree) and the provenance lines \
 recorded at import. Opening checks file headers and counts only, which is fast at any size; \
 `grandis data verify` checks checksums and every id.")]
 pub struct InfoArgs {
@@ -66,6 +67,7 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
                 serde_json::json!(m.link_destinations),
             ),
             ("in_degree".into(), serde_json::json!(degrees)),
+            ("types".into(), serde_json::json!(type_rows(&ds))),
         ]);
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -100,6 +102,21 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
         "  in-degree       min {}  max {}  mean {:.2}  median {}  p99 {}  isolated {}",
         degrees.min, degrees.max, degrees.mean, degrees.median, degrees.p99, degrees.isolated
     );
+    if let (Some(types), Some(rows)) = (ds.types(), type_rows(&ds)) {
+        println!("  types           target {}", types.schema.target);
+        for t in &rows.vertex_types {
+            println!(
+                "    {:<20} {} vertices (ids {}..{})  {} feature columns",
+                t.name, t.count, t.first, t.end, t.feature_dim
+            );
+        }
+        for r in &rows.relations {
+            println!(
+                "    {:<40} {} edges  in-degree mean {:.2} over its {} vertices",
+                r.key, r.num_edges, r.mean_in_degree, r.dst
+            );
+        }
+    }
     if !m.provenance.is_empty() {
         println!("  provenance");
         for line in &m.provenance {
@@ -107,6 +124,74 @@ pub fn run(args: InfoArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What `data info` shows of one vertex type.
+#[derive(serde::Serialize)]
+struct TypeRow {
+    name: String,
+    count: u64,
+    /// Its ids are `first..end`.
+    first: u32,
+    end: u32,
+    feature_dim: u64,
+}
+
+/// What `data info` shows of one relation.
+#[derive(serde::Serialize)]
+struct RelationRow {
+    key: String,
+    src: String,
+    name: String,
+    dst: String,
+    num_edges: u64,
+    /// Its edges per vertex of its destination type.
+    mean_in_degree: f64,
+}
+
+#[derive(serde::Serialize)]
+struct TypeRows {
+    target: String,
+    vertex_types: Vec<TypeRow>,
+    relations: Vec<RelationRow>,
+}
+
+/// A typed dataset's per-type and per-relation counts (from the manifest: no pass over the
+/// graph); None for an untyped one.
+fn type_rows(ds: &Dataset) -> Option<TypeRows> {
+    let types = ds.types()?;
+    let vertex_types = types
+        .schema
+        .vertex_types
+        .iter()
+        .enumerate()
+        .map(|(t, vt)| TypeRow {
+            name: vt.name.clone(),
+            count: vt.count,
+            first: types.range(t).start,
+            end: types.range(t).end,
+            feature_dim: vt.feature_dim,
+        })
+        .collect();
+    let relations = types
+        .schema
+        .relations
+        .iter()
+        .enumerate()
+        .map(|(r, rel)| RelationRow {
+            key: rel.key(),
+            src: rel.src.clone(),
+            name: rel.name.clone(),
+            dst: rel.dst.clone(),
+            num_edges: rel.num_edges,
+            mean_in_degree: rel.num_edges as f64 / types.range(types.ends(r).1).len().max(1) as f64,
+        })
+        .collect();
+    Some(TypeRows {
+        target: types.schema.target.clone(),
+        vertex_types,
+        relations,
+    })
 }
 
 pub fn verify(args: VerifyArgs) -> anyhow::Result<()> {
