@@ -126,6 +126,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, input: &Path) -> Result<Parts> {
         labels_path,
         split: None,
         link: None,
+        types: None,
     })
 }
 

@@ -10,6 +10,10 @@
 //! | `train_idx.npy`, `val_idx.npy`, `test_idx.npy` | int64 | (n,) | vertex ids |
 //! | `link_train.npy`, `link_valid_pos.npy`, `link_valid_neg.npy`, `link_test_pos.npy`, `link_test_neg.npy` | int64 | (2, n) | a link split's pairs (row 0 sources, row 1 destinations, as PyG's `edge_label_index`), when the dataset has one |
 //!
+//! A typed dataset is written in PyG's `HeteroData` layout instead (`x_{type}.npy`,
+//! `edge_index_{src}__{rel}__{dst}.npy`, the target's `y.npy` and splits, `hetero.json`:
+//! see `crate::hetero`).
+//!
 //! Edges are streamed from the CSR in chunks (never 16 bytes per edge in memory), and the
 //! directory appears only once every file is complete ([`AtomicDir`]).
 
@@ -36,6 +40,24 @@ pub struct ExportSummary {
 /// existing `out` is refused unless `overwrite`; on any error nothing is left behind.
 pub fn export_npy(view: &DatasetView<'_>, out: &Path, overwrite: bool) -> Result<ExportSummary> {
     let dir = AtomicDir::create(out, overwrite)?;
+    if let Some(types) = view.types {
+        // A typed dataset goes out in PyG's HeteroData layout (`crate::hetero`).
+        if view.links.is_some() {
+            return Err(ImportError::invalid(
+                out,
+                "exporting a typed dataset with a link split is not supported yet",
+            ));
+        }
+        let files = crate::hetero::export(view, types, &dir)?;
+        let out = dir.commit().map_err(ImportError::from)?;
+        return Ok(ExportSummary {
+            out,
+            vertices: view.num_vertices() as u64,
+            edges: view.graph.num_edges() as u64,
+            features: view.feature_dim as u64,
+            files,
+        });
+    }
     let p = |name: &str| dir.path().join(name);
     let g = &view.graph;
     let (n, e) = (g.num_vertices(), g.num_edges() as u64);

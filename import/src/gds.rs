@@ -345,5 +345,6 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         labels_path: Some(nodes_path),
         split: None,
         link: None,
+        types: None,
     })
 }

@@ -180,5 +180,6 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         labels_path: None,
         split: None,
         link: Some(link),
+        types: None,
     })
 }

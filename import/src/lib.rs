@@ -18,6 +18,7 @@ mod edgelist;
 mod error;
 mod export;
 mod gds;
+mod hetero;
 mod lastfm;
 mod npy_dir;
 mod ogb;
@@ -282,6 +283,8 @@ pub(crate) struct Parts {
     /// The link-prediction split the input came with, if any (its graph is then the
     /// message-passing one); checked when the dataset is written.
     pub link: Option<grandis_store::LinkSplit>,
+    /// The vertex types and relations of a typed input (`crate::hetero`).
+    pub types: Option<grandis_store::TypeSchema>,
 }
 
 impl Ctx<'_> {
@@ -363,6 +366,9 @@ impl Ctx<'_> {
         }
         self.writer.write_labels(&parts.labels)?;
         self.writer.write_split(&split)?;
+        if let Some(types) = parts.types {
+            self.writer.set_types(types);
+        }
         if let Some(link) = &parts.link {
             let s = link.view().sizes();
             self.provenance.push(format!(

@@ -54,6 +54,9 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
             "is not a directory; --format npy reads a directory of .npy files",
         ));
     }
+    if crate::hetero::is_hetero(dir) {
+        return crate::hetero::import(ctx, dir);
+    }
     // Open (and so validate) everything before the long work, so that a missing or
     // malformed file is reported at once.
     let edge_file = open(dir, "edge_index.npy", "graph edges, shape (2, E)")?;
@@ -163,11 +166,21 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         labels_path,
         split,
         link,
+        types: None,
     })
 }
 
 /// `y.npy`'s labels (one per row of `x.npy`, negative = unlabelled) and its path.
-fn read_labels(y_file: NpyFile, n: u64) -> Result<(Vec<i32>, Option<PathBuf>)> {
+pub(crate) fn read_labels(y_file: NpyFile, n: u64) -> Result<(Vec<i32>, Option<PathBuf>)> {
+    read_labels_of(y_file, n, "x.npy has")
+}
+
+/// [`read_labels`] for `n` vertices that `rows_of` names ("x.npy has").
+pub(crate) fn read_labels_of(
+    y_file: NpyFile,
+    n: u64,
+    rows_of: &str,
+) -> Result<(Vec<i32>, Option<PathBuf>)> {
     let y_len = match y_file.shape() {
         [len] | [len, 1] => *len,
         other => {
@@ -180,7 +193,7 @@ fn read_labels(y_file: NpyFile, n: u64) -> Result<(Vec<i32>, Option<PathBuf>)> {
     if y_len != n {
         return Err(ImportError::invalid(
             y_file.path(),
-            format!("has {y_len} labels, but x.npy has {n} rows (vertices)"),
+            format!("has {y_len} labels, but {rows_of} {n} rows (vertices)"),
         ));
     }
     let labels = ints(&y_file)?
@@ -468,6 +481,16 @@ fn write_features(ctx: &mut Ctx<'_>, x: &NpyFile) -> Result<()> {
 
 /// A split file: vertex ids (int64/int32, shape (n,)) or a boolean mask of shape (N,).
 fn read_split(dir: &Path, name: &str, n: u64) -> Result<(PathBuf, Vec<u32>)> {
+    read_split_of(dir, name, n, "x.npy has")
+}
+
+/// [`read_split`] for `n` vertices that `rows_of` names ("x.npy has").
+pub(crate) fn read_split_of(
+    dir: &Path,
+    name: &str,
+    n: u64,
+    rows_of: &str,
+) -> Result<(PathBuf, Vec<u32>)> {
     let file = open(dir, name, "split vertex ids")?;
     let path = file.path().to_path_buf();
     let len = match file.shape() {
@@ -483,7 +506,7 @@ fn read_split(dir: &Path, name: &str, n: u64) -> Result<(PathBuf, Vec<u32>)> {
         if len != n {
             return Err(ImportError::invalid(
                 &path,
-                format!("boolean mask has {len} entries, but x.npy has {n} rows"),
+                format!("boolean mask has {len} entries, but {rows_of} {n} rows"),
             ));
         }
         let ids = file
@@ -500,7 +523,7 @@ fn read_split(dir: &Path, name: &str, n: u64) -> Result<(PathBuf, Vec<u32>)> {
         .into_iter()
         .enumerate()
         .map(|(i, raw)| {
-            vertex_id(raw, Some(n), &format!("x.npy has {n} rows"))
+            vertex_id(raw, Some(n), &format!("{rows_of} {n} rows"))
                 .map_err(|m| ImportError::invalid(&path, format!("entry {i}: {m}")))
         })
         .collect::<Result<Vec<u32>>>()?;

@@ -151,6 +151,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, input: &Path) -> Result<Parts> {
         labels_path,
         split,
         link: None,
+        types: None,
     })
 }
 
