@@ -5,7 +5,6 @@
 use std::path::Path;
 
 use grandis_import::{export_npy, import, Format, ImportOptions};
-use grandis_store::Dataset;
 use grandis_synth::{generate_hetero_in_memory, HeteroConfig};
 
 fn exported(dir: &Path) -> grandis_store::InMemoryDataset {
@@ -99,7 +98,7 @@ fn bad_typed_data_names_the_file() {
     );
     // Features whose rows disagree with the type's count in hetero.json.
     refused(
-        |d| grandis_npy::write_npy(&d.join("x_author.npy"), &[3, 2], &[0f32; 6]).unwrap(),
+        |d| grandis_npy::write_npy(d.join("x_author.npy"), &[3, 2], &[0f32; 6]).unwrap(),
         "x_author.npy: has 3 rows; type \"author\" has 105 vertices",
     );
     // Two relations joining the same ordered pair of types.
