@@ -9,6 +9,7 @@ mod plan;
 mod steps;
 mod techniques;
 mod train;
+mod typed;
 
 use clap::Subcommand;
 
@@ -17,7 +18,8 @@ pub enum BenchCommand {
     /// Partition one synthetic graph with every method; ratios against random.
     Partition(partition::BenchPartitionArgs),
     /// Full-batch training epoch time and memory on a synthetic graph; with `--task link`,
-    /// link prediction on `--data` over seeds against PyG's protocol.
+    /// link prediction on `--data` over seeds against PyG's protocol; with `--model rgcn` or
+    /// `heterosage`, a typed graph over seeds against PyG's same model.
     Train(train::BenchTrainArgs),
     /// FB_base vs FLX (k = 1..L) epoch time split and traffic; speedups against FB_base.
     Modes(modes::BenchModesArgs),

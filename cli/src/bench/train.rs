@@ -30,7 +30,9 @@ pub struct BenchTrainArgs {
     #[arg(long, default_value_t = 64)]
     pub hidden: usize,
     /// Model of both systems: sage (SAGEConv) or gat (GATConv, --heads heads per hidden layer,
-    /// one averaged head in the last).
+    /// one averaged head in the last); rgcn (RGCNConv) or heterosage (to_hetero of SAGEConv)
+    /// train on a typed graph of --vertices (`data synth --hetero`'s), over --seeds seeds,
+    /// against scripts/bench_pyg_hetero.py.
     #[arg(long, default_value_t = ModelKind::Sage)]
     pub model: ModelKind,
     /// gat: attention heads of each hidden layer (they split --hidden).
@@ -82,7 +84,8 @@ pub struct BenchTrainArgs {
     /// --task link: the dataset (without a link split).
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// --task link: seeds, from --seed on (each a split, weights and negatives).
+    /// --task link and typed models: seeds, from --seed on (each a split, weights and
+    /// negatives; a typed model's weights and dropout).
     #[arg(long, default_value_t = 5)]
     pub seeds: usize,
     /// --task link: embedding width (the last layer's outputs).
@@ -91,7 +94,7 @@ pub struct BenchTrainArgs {
     /// --task link: negatives per training edge each epoch.
     #[arg(long, default_value_t = 1)]
     pub negatives: u32,
-    /// Adam's learning rate (--task link).
+    /// Adam's learning rate (--task link and typed models).
     #[arg(long, default_value_t = 0.01)]
     pub lr: f32,
     /// --task link: learnable node embedding columns after the features (PyG: a
@@ -453,6 +456,9 @@ fn run_on_cuda(
 pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
     if args.task == grandis_wire::Task::Link {
         return super::link::run(&args);
+    }
+    if args.model.is_typed() {
+        return super::typed::run(&args);
     }
     if let Some(b) = &args.baseline {
         if b != "pyg" {
