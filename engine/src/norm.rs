@@ -197,13 +197,16 @@ mod tests {
 }
 
 /// A block split for a typed model ([`grandis_store::types`]): per relation, the block of
-/// its edges alone with the mean over them, and per vertex type, a block with no edges
-/// whose self term picks the destination rows of that type (what a per-type term such as
-/// a relation's root weight multiplies).
+/// its edges alone with the mean over them; per vertex type, its rows among the block's
+/// sources and among its destinations (a prefix of those), ascending, so that a typed layer
+/// transforms only the rows a relation reads or writes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RelationBlocks {
     pub relations: Vec<BlockGraph>,
-    pub type_masks: Vec<BlockGraph>,
+    /// Per type: its rows among the `n_src` sources.
+    pub src_rows: Vec<Vec<u32>>,
+    /// Per type: its rows among the `n_dst` destinations.
+    pub dst_rows: Vec<Vec<u32>>,
 }
 
 /// Splits `block` by relation, given the type of each of its `n_src` rows (the
@@ -271,24 +274,17 @@ pub fn relation_blocks(
             self_scale: None,
         })
         .collect();
-    let type_masks = (0..types.num_types())
-        .map(|t| BlockGraph {
-            n_dst: n,
-            n_src: block.n_src,
-            offsets: vec![0; n + 1],
-            indices: Vec::new(),
-            dst_scale: vec![0.0; n],
-            src_scale: None,
-            self_scale: Some(
-                row_types[..n]
-                    .iter()
-                    .map(|&ty| if usize::from(ty) == t { 1.0 } else { 0.0 })
-                    .collect(),
-            ),
-        })
+    let mut src_rows = vec![Vec::new(); types.num_types()];
+    for (row, &t) in row_types.iter().enumerate() {
+        src_rows[usize::from(t)].push(row as u32);
+    }
+    let dst_rows = src_rows
+        .iter()
+        .map(|rows| rows[..rows.partition_point(|&r| (r as usize) < n)].to_vec())
         .collect();
     Ok(RelationBlocks {
         relations,
-        type_masks,
+        src_rows,
+        dst_rows,
     })
 }

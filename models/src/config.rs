@@ -44,7 +44,8 @@ pub struct ModelConfig {
 pub struct ModelRelation {
     /// PyG's key, `src__name__dst` (its parameters are `stage{s}.{key}.*`).
     pub key: String,
-    /// The index of its destination type among the dataset's vertex types.
+    /// The indices of its source and destination types among the dataset's vertex types.
+    pub src_type: usize,
     pub dst_type: usize,
 }
 
@@ -54,8 +55,15 @@ impl ModelRelation {
         types
             .relation_keys()
             .into_iter()
-            .zip(types.relation_destinations())
-            .map(|(key, dst_type)| ModelRelation { key, dst_type })
+            .enumerate()
+            .map(|(r, key)| {
+                let (src_type, dst_type) = types.ends(r);
+                ModelRelation {
+                    key,
+                    src_type,
+                    dst_type,
+                }
+            })
             .collect()
     }
 }

@@ -39,7 +39,7 @@ pub use config::{aggregation, ModelConfig, ModelRelation, StageLayout, StageWork
 /// Which architecture: the job spec's own enum (one definition, in `grandis-wire`).
 pub use grandis_wire::ModelKind;
 pub use param::Param;
-pub use relation::{split_block, RelationGraphs};
+pub use relation::{split_block, PreparedRelations, RelationGraphs};
 pub use stage::{StageCache, StageCtx};
 
 use param::ParamLayout;

@@ -1,163 +1,15 @@
 //! The relation terms of a typed conv stage (R-GCN, hetero-SAGE): per relation, its
 //! neighbour weight over the relation's block and, for models with a root term per
-//! relation, its self weight and bias over the rows of its destination type. The stage's
-//! own root weight, bias and post-ops run after, as for any conv stage (`crate::stage`).
+//! relation, its self weight and bias over the rows of its destination type. Each weight
+//! multiplies only the rows of the type it applies to (gathered, then scattered back), as
+//! PyG's per-type layers do, not the whole block's. The stage's own root weight, bias and
+//! post-ops run after, as for any conv stage (`crate::stage`).
 
 use grandis_engine::norm::{relation_blocks, RelationBlocks};
-use grandis_engine::{Backend, EngineError, Result};
+use grandis_engine::{Backend, EngineError, PreparedGraph, Result};
 
 use crate::stage::{RelationWeights, Stage, StageCache, StageCtx};
 use crate::Model;
-
-impl<B: Backend> Model<B> {
-    /// The sum of every relation's terms (`n_dst x d_out`) from the stage's transformed input
-    /// `z` (`n_src` rows); aggregate-first stages keep each relation's aggregate in `cache`.
-    pub(crate) fn relation_terms(
-        &self,
-        b: &B,
-        st: &Stage,
-        ctx: &StageCtx<'_, B>,
-        z: &B::Buf,
-        cache: &mut StageCache<B>,
-    ) -> Result<B::Buf> {
-        check_relations(st, ctx)?;
-        let (n_dst, n_src, d_in, d_out) = (ctx.n_dst, ctx.n_src, st.d_in, st.d_out);
-        let mut y = b.alloc(n_dst * d_out)?;
-        b.fill(&mut y, n_dst * d_out, 0.0)?;
-        for (rw, graph) in st.relations.iter().zip(ctx.relations) {
-            let w = &self.params[rw.w_neigh].value;
-            if st.transforms_first() {
-                let mut t = b.alloc(n_src * d_out)?;
-                b.gemm(false, false, n_src, d_out, d_in, 1.0, z, w, 0.0, &mut t)?;
-                let mut a = b.alloc(n_dst * d_out)?;
-                b.aggregate(graph, &t, d_out, &mut a)?;
-                b.axpy(1.0, &a, &mut y, n_dst * d_out)?;
-            } else {
-                let mut a = b.alloc(n_dst * d_in)?;
-                b.aggregate(graph, z, d_in, &mut a)?;
-                b.gemm(false, false, n_dst, d_out, d_in, 1.0, &a, w, 1.0, &mut y)?;
-                cache.push_relation_agg(a);
-            }
-            if let Some(ws) = rw.w_self {
-                let m = type_rows(b, rw, ctx, z, d_in)?;
-                let ws = &self.params[ws].value;
-                b.gemm(false, false, n_dst, d_out, d_in, 1.0, &m, ws, 1.0, &mut y)?;
-            }
-            if let Some(bias) = rw.bias {
-                let ind = type_indicator(b, rw, ctx)?;
-                let bias = &self.params[bias].value;
-                b.gemm(false, false, n_dst, d_out, 1, 1.0, &ind, bias, 1.0, &mut y)?;
-            }
-        }
-        Ok(y)
-    }
-
-    /// Backward of [`Self::relation_terms`] given `g`, the gradient of its output: adds the
-    /// relations' weight gradients and returns the gradient of `z` when `need_gz`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn relation_terms_backward(
-        &mut self,
-        b: &B,
-        st: &Stage,
-        ctx: &StageCtx<'_, B>,
-        z: &B::Buf,
-        g: &B::Buf,
-        cache: &StageCache<B>,
-        need_gz: bool,
-    ) -> Result<Option<B::Buf>> {
-        check_relations(st, ctx)?;
-        let (n_dst, n_src, d_in, d_out) = (ctx.n_dst, ctx.n_src, st.d_in, st.d_out);
-        let mut gz = if need_gz {
-            let mut buf = b.alloc(n_src * d_in)?;
-            b.fill(&mut buf, n_src * d_in, 0.0)?;
-            Some(buf)
-        } else {
-            None
-        };
-        // Through a block (a relation's, or a type's rows): `gz += graphᵀ rows`.
-        let add_through = |graph: &B::Graph, rows: &B::Buf, gz: &mut B::Buf| -> Result<()> {
-            let mut t = b.alloc(n_src * d_in)?;
-            b.aggregate_backward(graph, rows, d_in, &mut t)?;
-            b.axpy(1.0, &t, gz, n_src * d_in)
-        };
-        for (r, (rw, graph)) in st.relations.iter().zip(ctx.relations).enumerate() {
-            if st.transforms_first() {
-                let mut gt = b.alloc(n_src * d_out)?;
-                b.aggregate_backward(graph, g, d_out, &mut gt)?;
-                self.accumulate_weight_grad(b, rw.w_neigh, z, &gt, n_src, d_in, d_out)?;
-                if let Some(gz) = &mut gz {
-                    self.input_grad(b, rw.w_neigh, &gt, n_src, d_in, d_out, 1.0, gz)?;
-                }
-            } else {
-                let a = cache.relation_agg(r);
-                self.accumulate_weight_grad(b, rw.w_neigh, a, g, n_dst, d_in, d_out)?;
-                if let Some(gz) = &mut gz {
-                    let mut ga = b.alloc(n_dst * d_in)?;
-                    self.input_grad(b, rw.w_neigh, g, n_dst, d_in, d_out, 0.0, &mut ga)?;
-                    add_through(graph, &ga, gz)?;
-                }
-            }
-            if let Some(ws) = rw.w_self {
-                let m = type_rows(b, rw, ctx, z, d_in)?;
-                self.accumulate_weight_grad(b, ws, &m, g, n_dst, d_in, d_out)?;
-                if let Some(gz) = &mut gz {
-                    let mut gm = b.alloc(n_dst * d_in)?;
-                    self.input_grad(b, ws, g, n_dst, d_in, d_out, 0.0, &mut gm)?;
-                    add_through(&ctx.type_masks[rw.dst_type], &gm, gz)?;
-                }
-            }
-            if let Some(bias) = rw.bias {
-                let ind = type_indicator(b, rw, ctx)?;
-                let grad = &mut self.params[bias].grad;
-                b.gemm(true, false, 1, d_out, n_dst, 1.0, &ind, g, 1.0, grad)?;
-            }
-        }
-        Ok(gz)
-    }
-}
-
-/// That the block was split for this stage's relations and types.
-fn check_relations<B: Backend>(st: &Stage, ctx: &StageCtx<'_, B>) -> Result<()> {
-    let types = st
-        .relations
-        .iter()
-        .map(|r| r.dst_type + 1)
-        .max()
-        .unwrap_or(0);
-    if ctx.relations.len() != st.relations.len() || ctx.type_masks.len() < types {
-        return Err(EngineError::Graph(format!(
-            "a typed stage of {} relations got a block split into {} relations and {} types",
-            st.relations.len(),
-            ctx.relations.len(),
-            ctx.type_masks.len()
-        )));
-    }
-    Ok(())
-}
-
-/// The destination rows of `z` of `rw`'s destination type, the others zero (`n_dst x d`).
-fn type_rows<B: Backend>(
-    b: &B,
-    rw: &RelationWeights,
-    ctx: &StageCtx<'_, B>,
-    z: &B::Buf,
-    d: usize,
-) -> Result<B::Buf> {
-    let mut m = b.alloc(ctx.n_dst * d)?;
-    b.aggregate(&ctx.type_masks[rw.dst_type], z, d, &mut m)?;
-    Ok(m)
-}
-
-/// One column: 1 on the destination rows of `rw`'s destination type, 0 elsewhere.
-fn type_indicator<B: Backend>(
-    b: &B,
-    rw: &RelationWeights,
-    ctx: &StageCtx<'_, B>,
-) -> Result<B::Buf> {
-    let mut ones = b.alloc(ctx.n_src)?;
-    b.fill(&mut ones, ctx.n_src, 1.0)?;
-    type_rows(b, rw, ctx, &ones, 1)
-}
 
 /// A block split by relation for `config`'s model: `Some` for a typed model
 /// ([`grandis_engine::norm::relation_blocks`] with the types of the block's source rows,
@@ -180,34 +32,292 @@ pub fn split_block(
     relation_blocks(block, types, &types.types_of(src_ids)).map(Some)
 }
 
-/// A block's relation graphs on a backend ([`StageCtx::relations`] and
-/// [`StageCtx::type_masks`]); empty for untyped models.
+/// A [`RelationBlocks`] with its relation blocks checked and transposed on the host, as a
+/// step's producer prepares it, ready for [`RelationGraphs::upload_prepared`].
+pub struct PreparedRelations {
+    relations: Vec<PreparedGraph>,
+    src_rows: Vec<Vec<u32>>,
+    dst_rows: Vec<Vec<u32>>,
+}
+
+impl PreparedRelations {
+    pub fn new(split: RelationBlocks) -> Result<Self> {
+        Ok(PreparedRelations {
+            relations: split
+                .relations
+                .into_iter()
+                .map(PreparedGraph::new)
+                .collect::<Result<_>>()?,
+            src_rows: split.src_rows,
+            dst_rows: split.dst_rows,
+        })
+    }
+}
+
+/// A block's relation graphs and each type's rows on a backend ([`StageCtx::typed`]).
 pub struct RelationGraphs<B: Backend> {
-    pub relations: Vec<B::Graph>,
-    pub type_masks: Vec<B::Graph>,
+    pub(crate) relations: Vec<B::Graph>,
+    /// Per type: its rows among the block's sources, and their count.
+    pub(crate) src_rows: Vec<(B::Index, usize)>,
+    /// Per type: its rows among the destinations, and their count.
+    pub(crate) dst_rows: Vec<(B::Index, usize)>,
 }
 
 impl<B: Backend> RelationGraphs<B> {
-    pub fn none() -> Self {
-        RelationGraphs {
-            relations: Vec::new(),
-            type_masks: Vec::new(),
-        }
+    fn rows(b: &B, rows: &[Vec<u32>]) -> Result<Vec<(B::Index, usize)>> {
+        rows.iter()
+            .map(|r| Ok((b.upload_index(r)?, r.len())))
+            .collect()
     }
 
-    /// Uploads a split of [`split_block`] (nothing for `None`).
-    pub fn upload(b: &B, split: Option<&RelationBlocks>) -> Result<Self> {
+    /// Uploads a split of [`split_block`] (None for `None`).
+    pub fn upload(b: &B, split: Option<&RelationBlocks>) -> Result<Option<Self>> {
         let Some(split) = split else {
-            return Ok(Self::none());
+            return Ok(None);
         };
-        let up = |gs: &[grandis_engine::BlockGraph]| {
-            gs.iter()
+        Ok(Some(RelationGraphs {
+            relations: split
+                .relations
+                .iter()
                 .map(|g| b.upload_graph(g))
-                .collect::<Result<Vec<_>>>()
-        };
+                .collect::<Result<_>>()?,
+            src_rows: Self::rows(b, &split.src_rows)?,
+            dst_rows: Self::rows(b, &split.dst_rows)?,
+        }))
+    }
+
+    /// Uploads a prepared split (a copy of what the host built).
+    pub fn upload_prepared(b: &B, split: &PreparedRelations) -> Result<Self> {
         Ok(RelationGraphs {
-            relations: up(&split.relations)?,
-            type_masks: up(&split.type_masks)?,
+            relations: split
+                .relations
+                .iter()
+                .map(|g| b.upload_prepared(g))
+                .collect::<Result<_>>()?,
+            src_rows: Self::rows(b, &split.src_rows)?,
+            dst_rows: Self::rows(b, &split.dst_rows)?,
         })
+    }
+}
+
+/// `rows` rows of `x` (`cols` columns) picked by `idx`.
+fn gather<B: Backend>(
+    b: &B,
+    x: &B::Buf,
+    cols: usize,
+    (idx, rows): &(B::Index, usize),
+) -> Result<B::Buf> {
+    let mut out = b.alloc(rows * cols)?;
+    b.gather_rows(x, cols, idx, &mut out)?;
+    Ok(out)
+}
+
+/// A zero `rows x cols` matrix with `x`'s rows added at `idx`.
+fn scatter<B: Backend>(
+    b: &B,
+    x: &B::Buf,
+    cols: usize,
+    idx: &(B::Index, usize),
+    rows: usize,
+) -> Result<B::Buf> {
+    let mut out = b.alloc(rows * cols)?;
+    b.fill(&mut out, rows * cols, 0.0)?;
+    b.scatter_add_rows(x, cols, &idx.0, &mut out)?;
+    Ok(out)
+}
+
+impl<B: Backend> Model<B> {
+    /// The sum of every relation's terms (`n_dst x d_out`) from the stage's transformed input
+    /// `z` (`n_src` rows); aggregate-first stages keep each relation's gathered aggregate in
+    /// `cache`.
+    pub(crate) fn relation_terms(
+        &self,
+        b: &B,
+        st: &Stage,
+        ctx: &StageCtx<'_, B>,
+        z: &B::Buf,
+        cache: &mut StageCache<B>,
+    ) -> Result<B::Buf> {
+        let tg = typed_graphs(st, ctx)?;
+        let (n_dst, n_src, d_in, d_out) = (ctx.n_dst, ctx.n_src, st.d_in, st.d_out);
+        let mut y = b.alloc(n_dst * d_out)?;
+        b.fill(&mut y, n_dst * d_out, 0.0)?;
+        for (rw, graph) in st.relations.iter().zip(&tg.relations) {
+            let (src, dst) = (&tg.src_rows[rw.src_type], &tg.dst_rows[rw.dst_type]);
+            if src.1 == 0 || dst.1 == 0 {
+                cache.push_relation_agg(None);
+                continue;
+            }
+            let w = &self.params[rw.w_neigh].value;
+            if st.transforms_first() {
+                // Transform the source type's rows, aggregate them into the destinations.
+                let zs = gather(b, z, d_in, src)?;
+                let mut ts = b.alloc(src.1 * d_out)?;
+                b.gemm(false, false, src.1, d_out, d_in, 1.0, &zs, w, 0.0, &mut ts)?;
+                let t = scatter(b, &ts, d_out, src, n_src)?;
+                let mut a = b.alloc(n_dst * d_out)?;
+                b.aggregate(graph, &t, d_out, &mut a)?;
+                b.axpy(1.0, &a, &mut y, n_dst * d_out)?;
+                cache.push_relation_agg(None);
+            } else {
+                // Aggregate, then transform the destination type's rows.
+                let mut a = b.alloc(n_dst * d_in)?;
+                b.aggregate(graph, z, d_in, &mut a)?;
+                let at = gather(b, &a, d_in, dst)?;
+                let mut o = b.alloc(dst.1 * d_out)?;
+                b.gemm(false, false, dst.1, d_out, d_in, 1.0, &at, w, 0.0, &mut o)?;
+                b.scatter_add_rows(&o, d_out, &dst.0, &mut y)?;
+                cache.push_relation_agg(Some(at));
+            }
+        }
+        for (t, rels) in root_terms(st) {
+            let dst = &tg.dst_rows[t];
+            if dst.1 == 0 {
+                continue;
+            }
+            let zt = gather(b, z, d_in, dst)?;
+            let mut o = b.alloc(dst.1 * d_out)?;
+            for (i, rw) in rels.iter().enumerate() {
+                if let Some(ws) = rw.w_self {
+                    let ws = &self.params[ws].value;
+                    let beta = if i == 0 { 0.0 } else { 1.0 };
+                    b.gemm(false, false, dst.1, d_out, d_in, 1.0, &zt, ws, beta, &mut o)?;
+                }
+                if let Some(bias) = rw.bias {
+                    b.add_bias(&mut o, &self.params[bias].value, dst.1, d_out)?;
+                }
+            }
+            b.scatter_add_rows(&o, d_out, &dst.0, &mut y)?;
+        }
+        Ok(y)
+    }
+
+    /// Backward of [`Self::relation_terms`] given `g`, the gradient of its output: adds the
+    /// relations' weight gradients and returns the gradient of `z` when `need_gz`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn relation_terms_backward(
+        &mut self,
+        b: &B,
+        st: &Stage,
+        ctx: &StageCtx<'_, B>,
+        z: &B::Buf,
+        g: &B::Buf,
+        cache: &StageCache<B>,
+        need_gz: bool,
+    ) -> Result<Option<B::Buf>> {
+        let tg = typed_graphs(st, ctx)?;
+        let (n_dst, n_src, d_in, d_out) = (ctx.n_dst, ctx.n_src, st.d_in, st.d_out);
+        let mut gz = if need_gz {
+            let mut buf = b.alloc(n_src * d_in)?;
+            b.fill(&mut buf, n_src * d_in, 0.0)?;
+            Some(buf)
+        } else {
+            None
+        };
+        for (r, (rw, graph)) in st.relations.iter().zip(&tg.relations).enumerate() {
+            let (src, dst) = (&tg.src_rows[rw.src_type], &tg.dst_rows[rw.dst_type]);
+            if src.1 == 0 || dst.1 == 0 {
+                continue;
+            }
+            if st.transforms_first() {
+                let mut gt = b.alloc(n_src * d_out)?;
+                b.aggregate_backward(graph, g, d_out, &mut gt)?;
+                let gts = gather(b, &gt, d_out, src)?;
+                let zs = gather(b, z, d_in, src)?;
+                self.accumulate_weight_grad(b, rw.w_neigh, &zs, &gts, src.1, d_in, d_out)?;
+                if let Some(gz) = &mut gz {
+                    let mut gzs = b.alloc(src.1 * d_in)?;
+                    self.input_grad(b, rw.w_neigh, &gts, src.1, d_in, d_out, 0.0, &mut gzs)?;
+                    b.scatter_add_rows(&gzs, d_in, &src.0, gz)?;
+                }
+            } else {
+                let at = cache
+                    .relation_agg(r)
+                    .expect("aggregate-first relations keep their aggregate");
+                let gt = gather(b, g, d_out, dst)?;
+                self.accumulate_weight_grad(b, rw.w_neigh, at, &gt, dst.1, d_in, d_out)?;
+                if let Some(gz) = &mut gz {
+                    let mut gat = b.alloc(dst.1 * d_in)?;
+                    self.input_grad(b, rw.w_neigh, &gt, dst.1, d_in, d_out, 0.0, &mut gat)?;
+                    let ga = scatter(b, &gat, d_in, dst, n_dst)?;
+                    let mut through = b.alloc(n_src * d_in)?;
+                    b.aggregate_backward(graph, &ga, d_in, &mut through)?;
+                    b.axpy(1.0, &through, gz, n_src * d_in)?;
+                }
+            }
+        }
+        for (t, rels) in root_terms(st) {
+            let dst = &tg.dst_rows[t];
+            if dst.1 == 0 {
+                continue;
+            }
+            let zt = gather(b, z, d_in, dst)?;
+            let gt = gather(b, g, d_out, dst)?;
+            let mut gzt = match gz {
+                Some(_) => Some(b.alloc(dst.1 * d_in)?),
+                None => None,
+            };
+            for (i, rw) in rels.iter().enumerate() {
+                if let Some(ws) = rw.w_self {
+                    self.accumulate_weight_grad(b, ws, &zt, &gt, dst.1, d_in, d_out)?;
+                    if let Some(gzt) = &mut gzt {
+                        let beta = if i == 0 { 0.0 } else { 1.0 };
+                        self.input_grad(b, ws, &gt, dst.1, d_in, d_out, beta, gzt)?;
+                    }
+                }
+                if let Some(bias) = rw.bias {
+                    b.col_sum(&gt, dst.1, d_out, 1.0, &mut self.params[bias].grad)?;
+                }
+            }
+            if let (Some(gz), Some(gzt)) = (&mut gz, &gzt) {
+                b.scatter_add_rows(gzt, d_in, &dst.0, gz)?;
+            }
+        }
+        Ok(gz)
+    }
+}
+
+/// Per destination type, the relations into it with a root term (hetero-SAGE's self weight
+/// and bias), each type once, in type order.
+fn root_terms(st: &Stage) -> Vec<(usize, Vec<&RelationWeights>)> {
+    let mut by_type: Vec<(usize, Vec<&RelationWeights>)> = Vec::new();
+    for rw in st
+        .relations
+        .iter()
+        .filter(|rw| rw.w_self.is_some() || rw.bias.is_some())
+    {
+        match by_type.iter_mut().find(|(t, _)| *t == rw.dst_type) {
+            Some((_, rels)) => rels.push(rw),
+            None => by_type.push((rw.dst_type, vec![rw])),
+        }
+    }
+    by_type.sort_by_key(|(t, _)| *t);
+    by_type
+}
+
+/// The stage's block split, checked against its relations and types.
+fn typed_graphs<'a, B: Backend>(
+    st: &Stage,
+    ctx: &StageCtx<'a, B>,
+) -> Result<&'a RelationGraphs<B>> {
+    let types = st
+        .relations
+        .iter()
+        .map(|r| r.src_type.max(r.dst_type) + 1)
+        .max()
+        .unwrap_or(0);
+    match ctx.typed {
+        Some(tg)
+            if tg.relations.len() == st.relations.len()
+                && tg.src_rows.len() >= types
+                && tg.dst_rows.len() >= types =>
+        {
+            Ok(tg)
+        }
+        other => Err(EngineError::Graph(format!(
+            "a typed stage of {} relations got a block split into {} relations",
+            st.relations.len(),
+            other.map_or(0, |tg| tg.relations.len())
+        ))),
     }
 }

@@ -41,15 +41,15 @@ pub(crate) struct Stage {
     pub relations: Vec<RelationWeights>,
 }
 
-/// The parameters of one relation in a typed conv stage: its neighbour weight over the
-/// relation's block ([`StageCtx::relations`]) and, for models with a root term per relation,
-/// its self weight and bias over the rows of its destination type
-/// ([`StageCtx::type_masks`]).
+/// The parameters of one relation in a typed conv stage ([`StageCtx::typed`]): its
+/// neighbour weight over the relation's block and, for models with a root term per
+/// relation, its self weight and bias over the rows of its destination type.
 #[derive(Debug, Clone)]
 pub(crate) struct RelationWeights {
     pub w_neigh: usize,
     pub w_self: Option<usize>,
     pub bias: Option<usize>,
+    pub src_type: usize,
     pub dst_type: usize,
 }
 
@@ -119,11 +119,9 @@ impl Stage {
 /// The block a stage runs on.
 pub struct StageCtx<'a, B: Backend> {
     pub graph: &'a B::Graph,
-    /// Typed models: the block split by relation, one graph per relation of the dataset
-    /// (`grandis_engine::norm::relation_blocks`); empty for the others.
-    pub relations: &'a [B::Graph],
-    /// Typed models: per vertex type, the graph whose self term picks its destination rows.
-    pub type_masks: &'a [B::Graph],
+    /// Typed models: the block split by relation, and each type's rows
+    /// ([`crate::split_block`]); None for the others.
+    pub typed: Option<&'a crate::RelationGraphs<B>>,
     /// Output rows of a conv stage, and the rows a row-local stage processes.
     pub n_dst: usize,
     /// Input rows of a conv stage (`>= n_dst`).
@@ -147,17 +145,18 @@ pub struct StageCache<B: Backend> {
     rstd: Option<B::Buf>,
     /// Attention: the log-sum-exp of every destination and head.
     lse: Option<B::Buf>,
-    /// Typed aggregate-then-transform convolutions: each relation's aggregated `z`.
-    relation_aggs: Vec<B::Buf>,
+    /// Typed aggregate-then-transform convolutions: per relation, its aggregate of `z` on
+    /// the destination type's rows (None for a relation with no rows here).
+    relation_aggs: Vec<Option<B::Buf>>,
 }
 
 impl<B: Backend> StageCache<B> {
-    pub(crate) fn push_relation_agg(&mut self, a: B::Buf) {
+    pub(crate) fn push_relation_agg(&mut self, a: Option<B::Buf>) {
         self.relation_aggs.push(a);
     }
 
-    pub(crate) fn relation_agg(&self, r: usize) -> &B::Buf {
-        &self.relation_aggs[r]
+    pub(crate) fn relation_agg(&self, r: usize) -> Option<&B::Buf> {
+        self.relation_aggs.get(r)?.as_ref()
     }
 
     fn empty() -> Self {

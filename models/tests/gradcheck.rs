@@ -82,8 +82,7 @@ fn check_heads(
     let graph = b.upload_graph(&block).unwrap();
     let ctx = StageCtx::<CpuBackend> {
         graph: &graph,
-        relations: &relations.relations,
-        type_masks: &relations.type_masks,
+        typed: relations.as_ref(),
         n_dst: n,
         n_src: n,
         global_ids: &ids,

@@ -12,7 +12,6 @@ use rand_chacha::ChaCha8Rng;
 
 const N: usize = 12;
 const D_IN: usize = 3;
-const D_OUT: usize = 2;
 
 /// Types a = 0..5, b = 5..9, c = 9..12; relations a -> a, a -> b, c -> b (nothing enters a
 /// c, and a has only its own type's sources).
@@ -52,18 +51,20 @@ fn typed_graph() -> (grandis_store::CsrGraph, Types) {
     )
 }
 
-/// `x W` for one row (`W` is `D_IN x D_OUT`, row-major).
-fn times(x: &[f32], w: &[f32]) -> Vec<f64> {
-    (0..D_OUT)
+/// `x W` for one row (`W` is `D_IN x d_out`, row-major).
+fn times(x: &[f32], w: &[f32], d_out: usize) -> Vec<f64> {
+    (0..d_out)
         .map(|j| {
             (0..D_IN)
-                .map(|i| x[i] as f64 * w[i * D_OUT + j] as f64)
+                .map(|i| x[i] as f64 * w[i * d_out + j] as f64)
                 .sum()
         })
         .collect()
 }
 
-fn logits(kind: ModelKind) -> (Vec<f32>, Vec<f64>) {
+/// The model's logits and the formula's with `d_out` output columns (fewer than the input's
+/// transform before aggregating, more aggregate first).
+fn logits(kind: ModelKind, d_out: usize) -> (Vec<f32>, Vec<f64>) {
     let (g, types) = typed_graph();
     let b = CpuBackend::new(Some(1)).unwrap();
     let config = ModelConfig {
@@ -73,7 +74,7 @@ fn logits(kind: ModelKind) -> (Vec<f32>, Vec<f64>) {
         hidden: 4,
         heads: 1,
         output_heads: 1,
-        classes: D_OUT,
+        classes: d_out,
         dropout: 0.0,
         layer_norm: false,
         seed: 3,
@@ -89,8 +90,7 @@ fn logits(kind: ModelKind) -> (Vec<f32>, Vec<f64>) {
     let graph = b.upload_graph(&block).unwrap();
     let ctx = StageCtx::<CpuBackend> {
         graph: &graph,
-        relations: &relations.relations,
-        type_masks: &relations.type_masks,
+        typed: relations.as_ref(),
         n_dst: N,
         n_src: N,
         global_ids: &ids,
@@ -108,13 +108,13 @@ fn logits(kind: ModelKind) -> (Vec<f32>, Vec<f64>) {
     };
     let row = |v: u32| &x[v as usize * D_IN..(v as usize + 1) * D_IN];
     let keys = types.relation_keys();
-    let mut expected = vec![0f64; N * D_OUT];
+    let mut expected = vec![0f64; N * d_out];
     for v in 0..N as u32 {
-        let mut acc = vec![0f64; D_OUT];
+        let mut acc = vec![0f64; d_out];
         let mut add = |t: Vec<f64>| acc.iter_mut().zip(t).for_each(|(a, t)| *a += t);
         let tv = types.type_of(v);
         if kind == ModelKind::Rgcn {
-            add(times(row(v), param("stage0.root")));
+            add(times(row(v), param("stage0.root"), d_out));
             add(param("stage0.bias").iter().map(|&b| b as f64).collect());
         }
         for (r, key) in keys.iter().enumerate() {
@@ -134,16 +134,16 @@ fn logits(kind: ModelKind) -> (Vec<f32>, Vec<f64>) {
                 _ => format!("stage0.{key}.w_neigh"),
             };
             for &u in &nbrs {
-                let t = times(row(u), param(&neigh));
+                let t = times(row(u), param(&neigh), d_out);
                 add(t.into_iter().map(|t| t / nbrs.len() as f64).collect());
             }
             if kind == ModelKind::HeteroSage {
-                add(times(row(v), param(&format!("stage0.{key}.w_self"))));
+                add(times(row(v), param(&format!("stage0.{key}.w_self")), d_out));
                 let bias = param(&format!("stage0.{key}.bias"));
                 add(bias.iter().map(|&b| b as f64).collect());
             }
         }
-        expected[v as usize * D_OUT..(v as usize + 1) * D_OUT].copy_from_slice(&acc);
+        expected[v as usize * d_out..(v as usize + 1) * d_out].copy_from_slice(&acc);
     }
     (out, expected)
 }
@@ -151,17 +151,19 @@ fn logits(kind: ModelKind) -> (Vec<f32>, Vec<f64>) {
 #[test]
 fn rgcn_and_heterosage_compute_pygs_formulas() {
     for kind in [ModelKind::Rgcn, ModelKind::HeteroSage] {
-        let (out, expected) = logits(kind);
-        for (i, (&o, &e)) in out.iter().zip(&expected).enumerate() {
-            assert!(
-                (o as f64 - e).abs() < 1e-5,
-                "{kind} row {}: {o} vs {e}",
-                i / D_OUT
-            );
-        }
-        if kind == ModelKind::HeteroSage {
-            // No relation enters a c: its rows are zero (PyG drops the type).
-            assert!(out[9 * D_OUT..].iter().all(|&o| o == 0.0));
+        for d_out in [2, 5] {
+            let (out, expected) = logits(kind, d_out);
+            for (i, (&o, &e)) in out.iter().zip(&expected).enumerate() {
+                let row = i / d_out;
+                assert!(
+                    (o as f64 - e).abs() < 1e-5,
+                    "{kind} {d_out} row {row}: {o} vs {e}"
+                );
+            }
+            if kind == ModelKind::HeteroSage {
+                // No relation enters a c: its rows are zero (PyG drops the type).
+                assert!(out[9 * d_out..].iter().all(|&o| o == 0.0));
+            }
         }
     }
 }

@@ -126,10 +126,9 @@ pub(crate) struct HostBlock {
     pub(crate) rows: LayerRows,
     /// Checked and transposed here, so the rank only copies it.
     pub(crate) graph: PreparedGraph,
-    /// Typed models: `graph` split by relation, and the per-type row masks
-    /// (`grandis_engine::norm::relation_blocks`); empty otherwise.
-    pub(crate) relations: Vec<PreparedGraph>,
-    pub(crate) type_masks: Vec<PreparedGraph>,
+    /// Typed models: `graph` split by relation, and each type's rows
+    /// (`grandis_models::split_block`).
+    pub(crate) relations: Option<grandis_models::PreparedRelations>,
     /// Original ids of the `rows.n_src` compact input rows.
     pub(crate) ids: Vec<u32>,
 }
@@ -253,28 +252,14 @@ impl HostInput {
                     .map(|&g| preparer.features.new_to_old[g as usize])
                     .collect();
                 let types = preparer.features.view.types;
-                let (relations, type_masks) =
-                    match grandis_models::split_block(preparer.model, &graph, types, &ids)? {
-                        Some(split) => (
-                            split
-                                .relations
-                                .into_iter()
-                                .map(PreparedGraph::new)
-                                .collect::<grandis_engine::Result<_>>()?,
-                            split
-                                .type_masks
-                                .into_iter()
-                                .map(PreparedGraph::new)
-                                .collect::<grandis_engine::Result<_>>()?,
-                        ),
-                        None => (Vec::new(), Vec::new()),
-                    };
+                let relations = grandis_models::split_block(preparer.model, &graph, types, &ids)?
+                    .map(grandis_models::PreparedRelations::new)
+                    .transpose()?;
                 let graph = PreparedGraph::new(graph)?;
                 blocks.push(HostBlock {
                     rows,
                     graph,
                     relations,
-                    type_masks,
                     ids,
                 });
                 blocks.len() - 1

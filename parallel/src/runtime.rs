@@ -23,7 +23,7 @@ pub(crate) struct BlockRt<B: Backend> {
     pub(crate) rows: LayerRows,
     pub(crate) graph: B::Graph,
     /// Typed models: the block split by relation.
-    pub(crate) relations: RelationGraphs<B>,
+    pub(crate) relations: Option<RelationGraphs<B>>,
     /// Original ids of the `rows.n_src` compact input rows (dropout masks key on them).
     pub(crate) ids: B::Index,
 }
@@ -59,8 +59,7 @@ pub(crate) struct Rt<B: Backend> {
 pub(crate) fn ctx<B: Backend>(blk: &BlockRt<B>, train: Option<(u64, u64)>) -> StageCtx<'_, B> {
     StageCtx {
         graph: &blk.graph,
-        relations: &blk.relations.relations,
-        type_masks: &blk.relations.type_masks,
+        typed: blk.relations.as_ref(),
         n_dst: blk.rows.n_dst,
         n_src: blk.rows.n_src,
         global_ids: &blk.ids,
@@ -140,20 +139,14 @@ impl<B: Backend> Rt<B> {
                 rows,
                 graph,
                 relations,
-                type_masks,
                 ids,
             } = hb;
-            let up = |gs: Vec<grandis_engine::PreparedGraph>| {
-                gs.iter()
-                    .map(|g| b.upload_prepared(g))
-                    .collect::<grandis_engine::Result<Vec<_>>>()
-            };
             blocks.push(BlockRt {
                 graph: b.upload_prepared(&graph)?,
-                relations: RelationGraphs {
-                    relations: up(relations)?,
-                    type_masks: up(type_masks)?,
-                },
+                relations: relations
+                    .as_ref()
+                    .map(|r| RelationGraphs::upload_prepared(b, r))
+                    .transpose()?,
                 ids: b.upload_index(&ids)?,
                 rows,
             });

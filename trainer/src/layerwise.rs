@@ -520,8 +520,7 @@ impl<B: Backend> StagePass<'_, B> {
             drop((src_ids, model_ids));
             let ctx = StageCtx {
                 graph: &g,
-                relations: &relations.relations,
-                type_masks: &relations.type_masks,
+                typed: relations.as_ref(),
                 n_dst,
                 n_src,
                 global_ids: &ids,

@@ -299,7 +299,7 @@ pub struct Prepared<'a, B: Backend = CpuBackend> {
     pub backend: B,
     graph: B::Graph,
     /// Typed models: the graph split by relation.
-    relations: RelationGraphs<B>,
+    relations: Option<RelationGraphs<B>>,
     features: B::Buf,
     ids: B::Index,
     train_rows: B::Index,
@@ -379,7 +379,7 @@ impl<'a, B: Backend> Prepared<'a, B> {
         let n = view.num_vertices();
         let ids: Vec<u32> = (0..n as u32).collect();
         let relations = match (kind.is_typed(), view.types) {
-            (false, _) => RelationGraphs::none(),
+            (false, _) => None,
             (true, Some(types)) => {
                 let split =
                     grandis_engine::norm::relation_blocks(&block, types, &types.types_of(&ids))?;
@@ -412,8 +412,7 @@ impl<'a, B: Backend> Prepared<'a, B> {
         let n = self.view.num_vertices();
         StageCtx {
             graph: &self.graph,
-            relations: &self.relations.relations,
-            type_masks: &self.relations.type_masks,
+            typed: self.relations.as_ref(),
             n_dst: n,
             n_src: n,
             global_ids: &self.ids,

@@ -16,6 +16,7 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, c: &ModelConfig, l: &Layer) ->
             w_neigh: pb.glorot(l.s, &format!("{}.weight", r.key), l.d_in, l.d_out),
             w_self: None,
             bias: None,
+            src_type: r.src_type,
             dst_type: r.dst_type,
         })
         .collect();
