@@ -19,8 +19,9 @@ pub struct JobArgs {
     /// and `submit`.
     #[arg(long)]
     pub mode: Option<Mode>,
-    /// Model: sage, gcn, ressage, gat (attention, PyG GATConv semantics; see --heads), or mlp
-    /// (features only, no graph; single mode only).
+    /// Model: sage, gcn, ressage, gat (attention, PyG GATConv semantics; see --heads), mlp
+    /// (features only, no graph; single mode only), or on a typed dataset rgcn (PyG RGCNConv)
+    /// or heterosage (SAGEConv per relation, summed: PyG's to_hetero).
     #[arg(long, default_value_t = defaults::MODEL)]
     pub model: ModelKind,
     /// Number of graph convolutions.

@@ -158,6 +158,22 @@ fn cluster_up_matches_in_process_training_on_a_synthetic_graph() {
     cluster_up_equals_in_process(&ds, "fb", &["--model", "gat", "--heads", "4"], 3);
 }
 
+/// Typed graphs across daemons: each builds its ranks' blocks split by relation from the
+/// dataset's types, so RGCN and hetero-SAGE train as in one process (flx with its halo bytes
+/// as predicted, and fb).
+#[test]
+fn cluster_up_trains_typed_models_like_the_in_process_run() {
+    let c = Cluster::new(EXE, &["unused"], Timing::default()).unwrap();
+    let path = c.path("typed");
+    grandis_synth::generate_hetero_in_memory(&grandis_synth::HeteroConfig::academic(900, 8, 4, 2))
+        .unwrap()
+        .write(&path, false)
+        .unwrap();
+    let ds = path.display().to_string();
+    cluster_up_equals_in_process(&ds, "flx", &["--preload-hops", "1", "--model", "rgcn"], 3);
+    cluster_up_equals_in_process(&ds, "fb", &["--model", "heterosage"], 3);
+}
+
 /// Learnable node embeddings across daemons: each rank's rows live in its daemon, asked for
 /// and returned over QUIC between servers; the losses equal the in-process run's (flx, and
 /// cob whose daemons each build their server's part of a step).

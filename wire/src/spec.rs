@@ -720,7 +720,7 @@ mod tests {
         );
         assert_eq!(
             errors(r#"{"dataset": "d", "model": "foo"}"#),
-            ["model: unknown model 'foo' (expected sage, gcn, ressage, mlp or gat)"]
+            ["model: unknown model 'foo' (expected sage, gcn, ressage, mlp, gat, rgcn or heterosage)"]
         );
         assert_eq!(
             errors(r#"{"dataset": ""}"#),
