@@ -1054,6 +1054,22 @@ pub fn choose(planned: &[Planned], exact_preference: f64) -> Option<(usize, Stri
 /// Vertices of [`calibrate`]'s sample.
 pub const CALIBRATION_VERTICES: usize = 50_000;
 
+/// The types of a typed dataset's first `n` vertices (the calibration sample): each type cut
+/// to its ids below `n`, the relations as they are.
+fn sample_types(
+    types: &grandis_store::Types,
+    n: usize,
+    width: usize,
+) -> anyhow::Result<grandis_store::Types> {
+    let mut schema = types.schema.clone();
+    for (t, vt) in schema.vertex_types.iter_mut().enumerate() {
+        let r = types.range(t);
+        vt.count = u64::from(r.end.min(n as u32).saturating_sub(r.start));
+    }
+    schema.relations.iter_mut().for_each(|r| r.num_edges = 0);
+    grandis_store::Types::new(schema, n as u64, width as u64).map_err(anyhow::Error::msg)
+}
+
 /// [`PlanRates::calibration`] for `config` on `view`: trains the model full-batch for three
 /// epochs on the subgraph induced by the first [`CALIBRATION_VERTICES`] vertices (their
 /// features, labels and in-edges among them) with `threads` threads, and divides the faster
@@ -1120,7 +1136,7 @@ pub fn calibrate(
             val: Vec::new(),
             test: Vec::new(),
         },
-        types: None,
+        types: view.types.map(|t| sample_types(t, n, width)).transpose()?,
     };
     let sv = sample.view();
     let opts: grandis_trainer::TrainOptions = serde_json::from_value(serde_json::json!({

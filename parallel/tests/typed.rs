@@ -107,3 +107,23 @@ fn batched_modes_train_typed_models() {
         }
     }
 }
+
+/// Mode auto calibrates a typed model on a sample of the graph that keeps its types (the
+/// sample's vertices are a prefix of the ids, so its types are the dataset's cut there),
+/// plans and trains.
+#[test]
+fn auto_plans_and_trains_typed_models() {
+    let ds = typed_dataset(17, [40, 30, 10]);
+    let view = ds.view();
+    let part = random_partition(&view, 2, 2, 17);
+    for kind in [ModelKind::Rgcn, ModelKind::HeteroSage] {
+        let job = JobSpec {
+            mode: Mode::Auto,
+            ..JobSpec::default()
+        };
+        let r = run_job(view, &part, &config(&view, kind, 2), &opts(2), job)
+            .unwrap_or_else(|e| panic!("{kind} auto: {e:#}"));
+        assert_ne!(r.execution.mode, Mode::Auto);
+        assert!(r.train.epochs.iter().all(|e| e.loss.is_finite()), "{kind}");
+    }
+}
