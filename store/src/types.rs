@@ -198,11 +198,6 @@ impl Types {
         self.target as usize
     }
 
-    /// Per relation, the destination type: what a typed model's per-type terms need.
-    pub fn relation_destinations(&self) -> Vec<usize> {
-        (0..self.num_relations()).map(|r| self.ends(r).1).collect()
-    }
-
     /// PyG's keys of the relations, in order.
     pub fn relation_keys(&self) -> Vec<String> {
         self.schema.relations.iter().map(Relation::key).collect()
@@ -294,7 +289,7 @@ mod tests {
         assert_eq!(t.range(1), 3..5);
         assert_eq!(t.relation(1, 0), Some(1));
         assert_eq!(t.relation(1, 1), None);
-        assert_eq!(t.relation_destinations(), vec![0, 0, 1]);
+        assert_eq!((t.ends(0), t.ends(1), t.ends(2)), ((0, 0), (1, 0), (0, 1)));
         assert_eq!(t.relation_keys()[1], "author__writes__paper");
         // 3 -> 0 (writes), 1 -> 0 and 2 -> 0 (cites), 0 -> 4 (written_by).
         let g = graph(&[(1, 0), (2, 0), (3, 0), (0, 4)]);
