@@ -260,15 +260,12 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     labels[first as usize..(first + types[t].count) as usize].copy_from_slice(&target_labels);
     let names = ["train_idx.npy", "val_idx.npy", "test_idx.npy"];
     let split = if dir.join(names[0]).exists() {
-        let mut parts = Vec::with_capacity(3);
-        for name in names {
+        let global = |name| -> Result<(PathBuf, Vec<u32>)> {
             let (path, ids) = crate::npy_dir::read_split_of(dir, name, types[t].count, &rows_of)?;
-            parts.push((path, ids.into_iter().map(|v| v + first as u32).collect()));
-        }
-        let test = parts.pop().expect("three parts");
-        let val = parts.pop().expect("three parts");
-        let train = parts.pop().expect("three parts");
-        Some([train, val, test])
+            Ok((path, ids.into_iter().map(|v| v + first as u32).collect()))
+        };
+        let [train, val, test] = names.map(global);
+        Some([train?, val?, test?])
     } else {
         None
     };

@@ -147,14 +147,8 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         None => None,
     };
     let split = if present[0] {
-        let mut parts = Vec::with_capacity(3);
-        for name in split_names {
-            parts.push(read_split(dir, name, n)?);
-        }
-        let test = parts.pop().expect("three parts");
-        let val = parts.pop().expect("three parts");
-        let train = parts.pop().expect("three parts");
-        Some([train, val, test])
+        let [train, val, test] = split_names.map(|name| read_split(dir, name, n));
+        Some([train?, val?, test?])
     } else {
         None
     };

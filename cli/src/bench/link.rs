@@ -180,55 +180,42 @@ fn run_pyg(
     let dir = tmp.path().join("pyg");
     grandis_import::export_npy(view, &dir, false).context("exporting the split for PyG")?;
     let script = args.pyg_script.with_file_name("bench_pyg_link.py");
-    let out = std::process::Command::new(&args.python)
-        .arg(&script)
-        .arg("--dir")
-        .arg(&dir)
-        .args([
-            "--model",
-            &args.model.to_string(),
-            "--layers",
-            &args.layers.to_string(),
-            "--hidden",
-            &args.hidden.to_string(),
-            "--out-dim",
-            &args.out_dim.to_string(),
-            "--dropout",
-            &args.dropout.to_string(),
-            "--lr",
-            &args.lr.to_string(),
-            "--epochs",
-            &args.epochs.to_string(),
-            "--threads",
-            &args.threads.to_string(),
-            "--seed",
-            &seed.to_string(),
-            "--embedding-dim",
-            &args.embedding_dim.to_string(),
-            "--decoder",
-            args.decoder.name(),
-            "--device",
-            &crate::device::single_ordinal(&args.device)
-                .map_or("cpu".to_string(), |o| format!("cuda:{o}")),
-        ])
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {} {}", args.python, script.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let last = text
-        .lines()
-        .last()
-        .context("the PyG baseline printed nothing")?;
-    let v: serde_json::Value = serde_json::from_str(last)
-        .with_context(|| format!("the PyG baseline's last line is not JSON: {last}"))?;
-    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
-        bail!("the PyG baseline failed: {e}");
-    }
-    let num = |k: &str| {
-        v.get(k)
-            .and_then(|x| x.as_f64())
-            .with_context(|| format!("the PyG baseline's JSON has no {k}: {v}"))
-    };
+    let dir = dir.display().to_string();
+    let device = crate::device::single_ordinal(&args.device)
+        .map_or("cpu".to_string(), |o| format!("cuda:{o}"));
+    let flags: Vec<String> = [
+        "--dir",
+        &dir,
+        "--model",
+        &args.model.to_string(),
+        "--layers",
+        &args.layers.to_string(),
+        "--hidden",
+        &args.hidden.to_string(),
+        "--out-dim",
+        &args.out_dim.to_string(),
+        "--dropout",
+        &args.dropout.to_string(),
+        "--lr",
+        &args.lr.to_string(),
+        "--epochs",
+        &args.epochs.to_string(),
+        "--threads",
+        &args.threads.to_string(),
+        "--seed",
+        &seed.to_string(),
+        "--embedding-dim",
+        &args.embedding_dim.to_string(),
+        "--decoder",
+        args.decoder.name(),
+        "--device",
+        &device,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let v = super::Baseline::run(&args.python, &script, &flags)?;
+    let num = |k: &str| v.num(k);
     Ok(Run {
         seed,
         val_auc: num("val_auc")?,

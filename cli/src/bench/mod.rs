@@ -11,6 +11,7 @@ mod techniques;
 mod train;
 mod typed;
 
+use anyhow::{bail, Context};
 use clap::Subcommand;
 
 #[derive(Subcommand)]
@@ -43,5 +44,43 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Plan(args) => plan::run(args),
         BenchCommand::Techniques(args) => techniques::run(args),
         BenchCommand::Steps(args) => steps::run(args),
+    }
+}
+
+/// A baseline's result: `python script args...` run with its stderr shown, and the JSON
+/// object its last stdout line holds (one with an `error` key is an error).
+pub(super) struct Baseline(serde_json::Value);
+
+impl Baseline {
+    pub fn run(python: &str, script: &std::path::Path, args: &[String]) -> anyhow::Result<Self> {
+        let out = std::process::Command::new(python)
+            .arg(script)
+            .args(args)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .with_context(|| format!("running {python} {}", script.display()))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let last = text
+            .lines()
+            .last()
+            .context("the PyG baseline printed nothing")?;
+        let v: serde_json::Value = serde_json::from_str(last)
+            .with_context(|| format!("the PyG baseline's last line is not JSON: {last}"))?;
+        if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+            bail!("the PyG baseline failed: {e}");
+        }
+        Ok(Baseline(v))
+    }
+
+    /// The number under `key`.
+    pub fn num(&self, key: &str) -> anyhow::Result<f64> {
+        self.0
+            .get(key)
+            .and_then(|x| x.as_f64())
+            .with_context(|| format!("the PyG baseline's JSON has no {key}: {}", self.0))
+    }
+
+    pub fn get(&self, key: &str) -> Option<&serde_json::Value> {
+        self.0.get(key)
     }
 }
