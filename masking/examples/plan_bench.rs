@@ -68,6 +68,7 @@ fn main() {
         input_copy: InputCopy::None,
         attention: None,
         link_embedding_values: 0,
+        relations: 0,
     };
     println!(
         "k=0 estimate: {} MiB max/device",

@@ -26,7 +26,10 @@
 //!   received forward rows land directly in the input buffer.
 //! - `graph` = for every distinct compact layer graph the runner uploads (layers of one plan
 //!   with equal row spaces share one): (dst + 1) x [`OFFSET_BYTES`] + edges x
-//!   ([`INDEX_BYTES`] + [`VALUE_BYTES`]) (column indices and a normalised edge value).
+//!   ([`INDEX_BYTES`] + [`VALUE_BYTES`]) (column indices and a normalised edge value). A typed
+//!   model's layer graph is uploaded again split by relation: per relation a CSR and its
+//!   transpose (offsets over destinations and sources, a mean per destination in each) over
+//!   its share of the edges, and each row's index among its type's rows.
 //!   Per-layer graphs of layer-wise sampling are distinct per layer.
 //! - `metadata` = for every plan held: n_local x [`METADATA_BYTES_PER_ROW`] (global id,
 //!   in-degree, out-degree, global-to-local pair).
@@ -78,6 +81,10 @@ pub struct ModelDims {
     /// beside the plan's buffers. 0 for node classification.
     #[serde(default)]
     pub link_embedding_values: u64,
+    /// Typed models (RGCN, hetero-SAGE): the relations each layer graph is split into, which
+    /// the runner uploads beside it (see `graph` in the module doc). 0 for the others.
+    #[serde(default)]
+    pub relations: usize,
 }
 
 /// What attention adds to a GAT layer: it maps all `n_src` input rows to `heads x head_dim`
@@ -233,10 +240,24 @@ pub struct KChoice {
     pub reason: String,
 }
 
-/// CSR bytes of one uploaded compact layer graph (see [`crate::LayerRows`]).
-fn compact_graph_bytes(p: &DevicePlan, rows: &LayerRows) -> u64 {
+/// CSR bytes of one uploaded compact layer graph (see [`crate::LayerRows`]), with its split
+/// into `relations` relation graphs for a typed model.
+fn compact_graph_bytes(p: &DevicePlan, rows: &LayerRows, relations: usize) -> u64 {
     let edges = p.rows_graph(rows).offsets[rows.n_dst];
-    (rows.n_dst as u64 + 1) * OFFSET_BYTES + edges * (INDEX_BYTES + VALUE_BYTES)
+    let graph = (rows.n_dst as u64 + 1) * OFFSET_BYTES + edges * (INDEX_BYTES + VALUE_BYTES);
+    if relations == 0 {
+        return graph;
+    }
+    // Each relation's graph is a whole block's CSR and its transpose (offsets over the
+    // destinations and over the sources, a mean per destination in each) over its share of
+    // the edges; the types' rows index the sources and destinations once.
+    let r = relations as u64;
+    let (src, dst) = (rows.n_src as u64, rows.n_dst as u64);
+    graph
+        + r * (dst + 1 + src + 1) * OFFSET_BYTES
+        + r * 2 * dst * VALUE_BYTES
+        + 2 * edges * INDEX_BYTES
+        + (src + dst) * INDEX_BYTES
 }
 
 fn send_rows(p: &DevicePlan) -> u64 {
@@ -333,7 +354,7 @@ fn terms<'p>(
         .iter()
         .enumerate()
         .filter(|&(l, &(_, first))| first == l)
-        .map(|(l, (r, _))| compact_graph_bytes(plan_at(l), r))
+        .map(|(l, (r, _))| compact_graph_bytes(plan_at(l), r, dims.relations))
         .sum();
     t.halo_buffers = 2
         * held.iter().map(|p| send_rows(p)).max().unwrap_or(0)

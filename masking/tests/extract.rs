@@ -340,7 +340,7 @@ proptest! {
                 }
             }
         }
-        let dims = ModelDims { layers: c.k, features: 3, hidden: 4, classes: 2, input_copy: InputCopy::None, attention: None, link_embedding_values: 0 };
+        let dims = ModelDims { layers: c.k, features: 3, hidden: 4, classes: 2, input_copy: InputCopy::None, attention: None, link_embedding_values: 0, relations: 0 };
         let e = estimate_masked(&dims, &plan);
         prop_assert_eq!(e.devices.len(), c.layout.num_ranks());
         // An inference pass keeps no tensor for backward: never more than training, never

@@ -285,5 +285,6 @@ fn small_dims() -> ModelDims {
         input_copy: InputCopy::None,
         attention: None,
         link_embedding_values: 0,
+        relations: 0,
     }
 }

@@ -253,7 +253,7 @@ proptest! {
         prop_assert_eq!(last, (0..g.num_vertices() as u32).collect::<Vec<_>>());
         if k == layers {
             for l in 0..layers {
-                prop_assert_eq!(plan.forward_exchange_bytes(l, &ModelDims { layers, features: 2, hidden: 3, classes: 2, input_copy: InputCopy::None, attention: None, link_embedding_values: 0 }).inter_server, 0);
+                prop_assert_eq!(plan.forward_exchange_bytes(l, &ModelDims { layers, features: 2, hidden: 3, classes: 2, input_copy: InputCopy::None, attention: None, link_embedding_values: 0, relations: 0 }).inter_server, 0);
             }
         }
         // Nesting: the plan for k is the restriction of the plan for k + 1.
@@ -274,7 +274,7 @@ proptest! {
         h in 1usize..=16,
         pick in 0usize..=3,
     ) {
-        let dims = ModelDims { layers, features: f, hidden: h, classes: 3, input_copy: InputCopy::None, attention: None, link_embedding_values: 0 };
+        let dims = ModelDims { layers, features: f, hidden: h, classes: 3, input_copy: InputCopy::None, attention: None, link_embedding_values: 0, relations: 0 };
         let cx = ctx(&c);
         let est: Vec<_> = (0..=layers).map(|k| cx.preload_plan(k, layers).unwrap().estimate(&dims)).collect();
         // Only the floor choose_k stops on is monotone in k (masked layers cost their valid

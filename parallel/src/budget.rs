@@ -89,6 +89,7 @@ pub fn model_dims(config: &ModelConfig) -> ModelDims {
             .attention_output_heads
             .map(|output_heads| AttentionDims { output_heads }),
         link_embedding_values: 0,
+        relations: config.relations.len(),
     }
 }
 

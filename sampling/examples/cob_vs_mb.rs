@@ -88,6 +88,7 @@ fn main() {
         input_copy: InputCopy::None,
         attention: None,
         link_embedding_values: 0,
+        relations: 0,
     };
     let sage = Fanout::new(vec![25, 10, 5], 1).expect("fanouts");
     let eas = Eas::paper_default(1);

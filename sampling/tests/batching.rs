@@ -116,6 +116,7 @@ fn server_wise_mfg_computes_less_than_per_device_mfgs() {
         input_copy: InputCopy::None,
         attention: None,
         link_embedding_values: 0,
+        relations: 0,
     };
     let cob = CoBatcher::new(&cx, 64, 1).unwrap();
     let e = cob_epoch_stats(&cx, &cob, 2, &fan, Some(&dims), 0).unwrap();
@@ -166,6 +167,7 @@ fn the_largest_cobatch_that_fits_is_maximal() {
         input_copy: InputCopy::None,
         attention: None,
         link_embedding_values: 0,
+        relations: 0,
     };
     let est = |b: usize| {
         let batcher = CoBatcher::new(&cx, b, 0).unwrap();
