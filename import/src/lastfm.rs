@@ -10,7 +10,9 @@
 //! validation and 10 % test, one negative per held-out listen drawn among the artists the
 //! user never listened to); the message-passing graph is the friendships and the training
 //! listens, both directions. The tag events (`user_tag_artist_rels`) are left out: as plain
-//! edges they would pass held-out listens' user-artist pairs through message passing.
+//! edges they would pass held-out listens' user-artist pairs through message passing. The
+//! dataset is typed (users and artists; friend, listens and listened_by), so the typed models
+//! (`rgcn`, `heterosage`) train it by relation and the others as one graph.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -83,6 +85,32 @@ fn pairs(
         Ok(())
     })?;
     Ok(out)
+}
+
+/// The typed view of the graph: users befriend users, listen to artists and are listened to
+/// by them (the message-passing edges both ways); users are the target type (there are no
+/// labels: the task is the listens' link split).
+fn schema(users: u32, artists: u32) -> grandis_store::TypeSchema {
+    let vt = |name: &str, count| grandis_store::VertexType {
+        name: name.into(),
+        count: u64::from(count),
+        feature_dim: 0,
+    };
+    let rel = |src: &str, name: &str, dst: &str| grandis_store::Relation {
+        src: src.into(),
+        name: name.into(),
+        dst: dst.into(),
+        num_edges: 0,
+    };
+    grandis_store::TypeSchema {
+        vertex_types: vec![vt("user", users), vt("artist", artists)],
+        relations: vec![
+            rel("user", "friend", "user"),
+            rel("user", "listens", "artist"),
+            rel("artist", "listened_by", "user"),
+        ],
+        target: "user".into(),
+    }
 }
 
 pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
@@ -180,6 +208,6 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         labels_path: None,
         split: None,
         link: Some(link),
-        types: None,
+        types: Some(schema(users, artists)),
     })
 }
