@@ -194,6 +194,10 @@ pub struct JobArgs {
     /// rows), with --model ressage in mode single only so far [default: 0, none].
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub embedding_dim: Option<u32>,
+    /// rgcn: each relation's weight a combination of this many shared bases (basis
+    /// decomposition, PyG's num_bases) [default: a full weight per relation].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub num_bases: Option<u32>,
 }
 
 impl JobArgs {
@@ -280,6 +284,7 @@ impl JobArgs {
                 }),
             },
             embedding_dim: self.embedding_dim.unwrap_or(0),
+            num_bases: self.num_bases,
         };
         Ok(spec)
     }

@@ -37,6 +37,10 @@ pub struct ModelConfig {
     /// their parameters and pick the per-type terms. Empty for the others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relations: Vec<ModelRelation>,
+    /// rgcn: each relation's weight a combination of this many shared bases; None = a full
+    /// weight per relation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_bases: Option<usize>,
 }
 
 /// One relation of a typed model's dataset.
@@ -178,6 +182,7 @@ impl ModelConfig {
             dropout: spec.dropout as f32,
             layer_norm: spec.layer_norm,
             seed: spec.seed,
+            num_bases: spec.num_bases.map(|b| b as usize),
             relations: Vec::new(),
         }
     }
@@ -222,6 +227,15 @@ impl ModelConfig {
                     self.heads, self.hidden
                 ));
             }
+        }
+        if self.num_bases.is_some() && self.kind != ModelKind::Rgcn {
+            return Err(format!(
+                "num_bases decomposes rgcn's weights, not {}'s",
+                self.kind
+            ));
+        }
+        if self.num_bases == Some(0) {
+            return Err("num_bases must be at least 1".into());
         }
         if self.kind.is_typed() && self.relations.is_empty() {
             return Err(format!(
@@ -284,6 +298,7 @@ mod tests {
                 layer_norm: false,
                 seed: 1,
                 relations: Vec::new(),
+                num_bases: None,
             };
             let layout = config.stage_layout();
             let model = crate::Model::new(&b, config.clone()).unwrap();

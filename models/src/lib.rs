@@ -108,10 +108,7 @@ impl<B: Backend> Model<B> {
     pub fn input_importance(&self, b: &B) -> Result<Vec<f64>> {
         let st = &self.stages[0];
         let mut norm = vec![0f64; st.d_in];
-        let relations = st
-            .relations
-            .iter()
-            .flat_map(|r| [Some(r.w_neigh), r.w_self]);
+        let relations = st.relations.iter().flat_map(|r| [r.w_neigh, r.w_self]);
         for w in [st.w_self, st.w_neigh]
             .into_iter()
             .chain(relations)

@@ -45,7 +45,8 @@ pub(crate) struct ParamSpec {
 
 #[derive(Clone, Copy)]
 enum Init {
-    /// U(±√(6 / (fan_in + fan_out))).
+    /// U(±√(6 / (fan_in + fan_out))), the fans being the last two dimensions (PyG's `glorot`
+    /// of a stack of matrices).
     Glorot,
     /// U(±1/√fan_in): PyTorch's `Linear` default for weights (Kaiming-uniform with a = √5)
     /// and biases.
@@ -88,6 +89,23 @@ impl ParamLayout {
         self.add(format!("stage{s}.bias"), vec![d_out], Init::FanIn(d_in))
     }
 
+    /// `count` Glorot-initialised `d_in x d_out` matrices of stage `s` in one tensor
+    /// (`count x d_in x d_out`: RGCN's bases).
+    pub fn glorot_stack(
+        &mut self,
+        s: usize,
+        name: &str,
+        count: usize,
+        d_in: usize,
+        d_out: usize,
+    ) -> usize {
+        self.add(
+            format!("stage{s}.{name}"),
+            vec![count, d_in, d_out],
+            Init::Glorot,
+        )
+    }
+
     /// [`Self::bias`] under another name in stage `s` (a relation's, `{key}.bias`).
     pub fn named_bias(&mut self, s: usize, name: &str, d_out: usize, d_in: usize) -> usize {
         self.add(format!("stage{s}.{name}"), vec![d_out], Init::FanIn(d_in))
@@ -121,7 +139,8 @@ impl ParamLayout {
                 let len: usize = shape.iter().product();
                 let host: Vec<f32> = match spec.init {
                     Init::Glorot => {
-                        let limit = (6.0 / (shape[0] + shape[1]) as f64).sqrt() as f32;
+                        let fans = shape[shape.len() - 2] + shape[shape.len() - 1];
+                        let limit = (6.0 / fans as f64).sqrt() as f32;
                         (0..len).map(|_| rng.gen_range(-limit..limit)).collect()
                     }
                     Init::FanIn(fan_in) => {

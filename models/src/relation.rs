@@ -8,6 +8,7 @@
 use grandis_engine::norm::{relation_blocks, RelationBlocks};
 use grandis_engine::{Backend, EngineError, PreparedGraph, Result};
 
+use crate::param::two_mut;
 use crate::stage::{RelationWeights, Stage, StageCache, StageCtx};
 use crate::Model;
 
@@ -142,13 +143,14 @@ impl<B: Backend> Model<B> {
         let (n_dst, n_src, d_in, d_out) = (ctx.n_dst, ctx.n_src, st.d_in, st.d_out);
         let mut y = b.alloc(n_dst * d_out)?;
         b.fill(&mut y, n_dst * d_out, 0.0)?;
-        for (rw, graph) in st.relations.iter().zip(&tg.relations) {
+        let derived = self.derived_weights(b, st)?;
+        for (r, (rw, graph)) in st.relations.iter().zip(&tg.relations).enumerate() {
             let (src, dst) = (&tg.src_rows[rw.src_type], &tg.dst_rows[rw.dst_type]);
             if src.1 == 0 || dst.1 == 0 {
                 cache.push_relation_agg(None);
                 continue;
             }
-            let w = &self.params[rw.w_neigh].value;
+            let w = self.neighbour_weight(rw, r, &derived);
             if st.transforms_first() {
                 // Transform the source type's rows, aggregate them into the destinations.
                 let zs = gather(b, z, d_in, src)?;
@@ -214,20 +216,45 @@ impl<B: Backend> Model<B> {
         } else {
             None
         };
+        let derived = self.derived_weights(b, st)?;
+        // With bases: each relation's weight gradient, folded into the bases and
+        // coefficients at the end.
+        let mut derived_grads = match &derived {
+            Some(ws) => Some(
+                ws.iter()
+                    .map(|_| {
+                        let mut gw = b.alloc(d_in * d_out)?;
+                        b.fill(&mut gw, d_in * d_out, 0.0)?;
+                        Ok(gw)
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            None => None,
+        };
         for (r, (rw, graph)) in st.relations.iter().zip(&tg.relations).enumerate() {
             let (src, dst) = (&tg.src_rows[rw.src_type], &tg.dst_rows[rw.dst_type]);
             if src.1 == 0 || dst.1 == 0 {
                 continue;
             }
+            // `grad(W_r) += xᵀ g` into the relation's own parameter or its derived gradient.
+            let mut weight_grad = |x: &B::Buf, g: &B::Buf, rows: usize| -> Result<()> {
+                let out = match (rw.w_neigh, derived_grads.as_mut()) {
+                    (Some(p), _) => &mut self.params[p].grad,
+                    (None, Some(grads)) => &mut grads[r],
+                    (None, None) => unreachable!("a relation without a weight has bases"),
+                };
+                b.gemm(true, false, d_in, d_out, rows, 1.0, x, g, 1.0, out)
+            };
             if st.transforms_first() {
                 let mut gt = b.alloc(n_src * d_out)?;
                 b.aggregate_backward(graph, g, d_out, &mut gt)?;
                 let gts = gather(b, &gt, d_out, src)?;
                 let zs = gather(b, z, d_in, src)?;
-                self.accumulate_weight_grad(b, rw.w_neigh, &zs, &gts, src.1, d_in, d_out)?;
+                weight_grad(&zs, &gts, src.1)?;
                 if let Some(gz) = &mut gz {
+                    let w = self.neighbour_weight(rw, r, &derived);
                     let mut gzs = b.alloc(src.1 * d_in)?;
-                    self.input_grad(b, rw.w_neigh, &gts, src.1, d_in, d_out, 0.0, &mut gzs)?;
+                    b.gemm(false, true, src.1, d_in, d_out, 1.0, &gts, w, 0.0, &mut gzs)?;
                     b.scatter_add_rows(&gzs, d_in, &src.0, gz)?;
                 }
             } else {
@@ -235,10 +262,11 @@ impl<B: Backend> Model<B> {
                     .relation_agg(r)
                     .expect("aggregate-first relations keep their aggregate");
                 let gt = gather(b, g, d_out, dst)?;
-                self.accumulate_weight_grad(b, rw.w_neigh, at, &gt, dst.1, d_in, d_out)?;
+                weight_grad(at, &gt, dst.1)?;
                 if let Some(gz) = &mut gz {
+                    let w = self.neighbour_weight(rw, r, &derived);
                     let mut gat = b.alloc(dst.1 * d_in)?;
-                    self.input_grad(b, rw.w_neigh, &gt, dst.1, d_in, d_out, 0.0, &mut gat)?;
+                    b.gemm(false, true, dst.1, d_in, d_out, 1.0, &gt, w, 0.0, &mut gat)?;
                     let ga = scatter(b, &gat, d_in, dst, n_dst)?;
                     let mut through = b.alloc(n_src * d_in)?;
                     b.aggregate_backward(graph, &ga, d_in, &mut through)?;
@@ -273,7 +301,90 @@ impl<B: Backend> Model<B> {
                 b.scatter_add_rows(gzt, d_in, &dst.0, gz)?;
             }
         }
+        if let (Some(bases), Some(grads)) = (st.bases, derived_grads) {
+            // W = comp basis (R x k = R x B times B x k, k = d_in d_out): grad(comp) +=
+            // grad(W) basisᵀ and grad(basis) += compᵀ grad(W).
+            let (k, relations) = (d_in * d_out, grads.len());
+            let mut gw = b.alloc(relations * k)?;
+            for (r, g) in grads.iter().enumerate() {
+                b.copy_range(g, 0, &mut gw, r * k, k)?;
+            }
+            let (comp, basis) = two_mut(&mut self.params, bases.comp, bases.basis);
+            let n = bases.count;
+            b.gemm(
+                false,
+                true,
+                relations,
+                n,
+                k,
+                1.0,
+                &gw,
+                &basis.value,
+                1.0,
+                &mut comp.grad,
+            )?;
+            b.gemm(
+                true,
+                false,
+                n,
+                k,
+                relations,
+                1.0,
+                &comp.value,
+                &gw,
+                1.0,
+                &mut basis.grad,
+            )?;
+        }
         Ok(gz)
+    }
+
+    /// With basis decomposition, every relation's neighbour weight made from the bases
+    /// (`W = comp basis`, one `d_in x d_out` buffer per relation); None without.
+    fn derived_weights(&self, b: &B, st: &Stage) -> Result<Option<Vec<B::Buf>>> {
+        let Some(bases) = st.bases else {
+            return Ok(None);
+        };
+        let (k, relations) = (st.d_in * st.d_out, st.relations.len());
+        let (comp, basis) = (
+            &self.params[bases.comp].value,
+            &self.params[bases.basis].value,
+        );
+        let mut all = b.alloc(relations * k)?;
+        b.gemm(
+            false,
+            false,
+            relations,
+            k,
+            bases.count,
+            1.0,
+            comp,
+            basis,
+            0.0,
+            &mut all,
+        )?;
+        (0..relations)
+            .map(|r| {
+                let mut w = b.alloc(k)?;
+                b.copy_range(&all, r * k, &mut w, 0, k)?;
+                Ok(w)
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// Relation `r`'s neighbour weight: its own, or the one its bases make.
+    fn neighbour_weight<'a>(
+        &'a self,
+        rw: &RelationWeights,
+        r: usize,
+        derived: &'a Option<Vec<B::Buf>>,
+    ) -> &'a B::Buf {
+        match (rw.w_neigh, derived) {
+            (Some(p), _) => &self.params[p].value,
+            (None, Some(ws)) => &ws[r],
+            (None, None) => unreachable!("a relation without a weight has bases"),
+        }
     }
 }
 

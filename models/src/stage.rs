@@ -39,6 +39,19 @@ pub(crate) struct Stage {
     pub attention: Option<AttentionLayer>,
     /// Typed models: per relation of the dataset, its weights (empty otherwise).
     pub relations: Vec<RelationWeights>,
+    /// RGCN with basis decomposition: what the relations' neighbour weights are made of.
+    pub bases: Option<RelationBases>,
+}
+
+/// RGCN's basis decomposition (Schlichtkrull et al.; PyG's `num_bases`): relation `r`'s
+/// neighbour weight is `sum_b comp[r, b] basis[b]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RelationBases {
+    /// `bases x d_in x d_out`.
+    pub basis: usize,
+    /// `relations x bases`.
+    pub comp: usize,
+    pub count: usize,
 }
 
 /// The parameters of one relation in a typed conv stage ([`StageCtx::typed`]): its
@@ -46,7 +59,8 @@ pub(crate) struct Stage {
 /// relation, its self weight and bias over the rows of its destination type.
 #[derive(Debug, Clone)]
 pub(crate) struct RelationWeights {
-    pub w_neigh: usize,
+    /// Its own neighbour weight, or None when the stage's [`RelationBases`] make it.
+    pub w_neigh: Option<usize>,
     pub w_self: Option<usize>,
     pub bias: Option<usize>,
     pub src_type: usize,

@@ -20,7 +20,19 @@ fn check_heads(
     layers: usize,
     layer_norm: bool,
     dropout: f32,
+    heads: (usize, usize),
+) {
+    check_all(kind, layers, layer_norm, dropout, heads, None);
+}
+
+/// [`check_heads`] with RGCN's `num_bases`.
+fn check_all(
+    kind: ModelKind,
+    layers: usize,
+    layer_norm: bool,
+    dropout: f32,
     (heads, output_heads): (usize, usize),
+    num_bases: Option<usize>,
 ) {
     let b = CpuBackend::new(Some(1)).unwrap();
     let n = 14;
@@ -72,6 +84,7 @@ fn check_heads(
         layer_norm,
         seed: 11,
         relations: types.as_ref().map(ModelRelation::of).unwrap_or_default(),
+        num_bases,
     };
     let mut model = Model::new(&b, cfg).unwrap();
     let block = full_block(g.view(), grandis_models::aggregation(kind));
@@ -167,6 +180,9 @@ fn rgcn_gradients() {
     // by 6 % while the input and every other tensor agree, most likely a pre-activation
     // within the step of ReLU's kink (RGCN's bias starts at zero).
     check(ModelKind::Rgcn, 3, false, 0.2);
+    // Basis decomposition: the bases and coefficients, through every relation's weight.
+    check_all(ModelKind::Rgcn, 2, false, 0.0, (1, 1), Some(2));
+    check_all(ModelKind::Rgcn, 3, false, 0.2, (1, 1), Some(1));
 }
 
 #[test]

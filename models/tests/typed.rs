@@ -64,7 +64,7 @@ fn times(x: &[f32], w: &[f32], d_out: usize) -> Vec<f64> {
 
 /// The model's logits and the formula's with `d_out` output columns (fewer than the input's
 /// transform before aggregating, more aggregate first).
-fn logits(kind: ModelKind, d_out: usize) -> (Vec<f32>, Vec<f64>) {
+fn logits(kind: ModelKind, d_out: usize, num_bases: Option<usize>) -> (Vec<f32>, Vec<f64>) {
     let (g, types) = typed_graph();
     let b = CpuBackend::new(Some(1)).unwrap();
     let config = ModelConfig {
@@ -79,6 +79,7 @@ fn logits(kind: ModelKind, d_out: usize) -> (Vec<f32>, Vec<f64>) {
         layer_norm: false,
         seed: 3,
         relations: ModelRelation::of(&types),
+        num_bases,
     };
     let model = Model::new(&b, config).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(9);
@@ -129,12 +130,24 @@ fn logits(kind: ModelKind, d_out: usize) -> (Vec<f32>, Vec<f64>) {
                 .copied()
                 .filter(|&u| types.type_of(u) == src)
                 .collect();
-            let neigh = match kind {
-                ModelKind::Rgcn => format!("stage0.{key}.weight"),
-                _ => format!("stage0.{key}.w_neigh"),
+            let neigh = match (kind, num_bases) {
+                // W_r = sum_b comp[r, b] basis[b].
+                (ModelKind::Rgcn, Some(bases)) => {
+                    let (comp, basis) = (param("stage0.comp"), param("stage0.basis"));
+                    let k = D_IN * d_out;
+                    (0..k)
+                        .map(|i| {
+                            (0..bases)
+                                .map(|b| comp[r * bases + b] * basis[b * k + i])
+                                .sum()
+                        })
+                        .collect()
+                }
+                (ModelKind::Rgcn, None) => param(&format!("stage0.{key}.weight")).clone(),
+                _ => param(&format!("stage0.{key}.w_neigh")).clone(),
             };
             for &u in &nbrs {
-                let t = times(row(u), param(&neigh), d_out);
+                let t = times(row(u), &neigh, d_out);
                 add(t.into_iter().map(|t| t / nbrs.len() as f64).collect());
             }
             if kind == ModelKind::HeteroSage {
@@ -151,8 +164,15 @@ fn logits(kind: ModelKind, d_out: usize) -> (Vec<f32>, Vec<f64>) {
 #[test]
 fn rgcn_and_heterosage_compute_pygs_formulas() {
     for kind in [ModelKind::Rgcn, ModelKind::HeteroSage] {
-        for d_out in [2, 5] {
-            let (out, expected) = logits(kind, d_out);
+        let bases: &[Option<usize>] = match kind {
+            ModelKind::Rgcn => &[None, Some(2)],
+            _ => &[None],
+        };
+        for (d_out, &num_bases) in [2, 5]
+            .iter()
+            .flat_map(|&d| bases.iter().map(move |b| (d, b)))
+        {
+            let (out, expected) = logits(kind, d_out, num_bases);
             for (i, (&o, &e)) in out.iter().zip(&expected).enumerate() {
                 let row = i / d_out;
                 assert!(

@@ -820,6 +820,7 @@ mod tests {
             layer_norm: false,
             seed: 0,
             relations: Vec::new(),
+            num_bases: None,
         });
         let inputs = |step_part| StepInputs {
             ctx: &ctx,

@@ -46,6 +46,7 @@ pub(crate) fn sage(view: &DatasetView<'_>, hidden: usize, dropout: f32, seed: u6
         layer_norm: false,
         seed,
         relations: Vec::new(),
+        num_bases: None,
     }
 }
 

@@ -1,7 +1,8 @@
-//! Typed graphs in the distributed modes: R-GCN and hetero-SAGE in FB and FLX (every k)
-//! reproduce `--mode single` — per-epoch losses and final logits within 1e-4 relative,
-//! dropout on — on random typed graphs over 1-3 servers x 1-2 devices; mb and cob with one
-//! batch of every vertex are single's epoch; with fanout sampling they, and cluster, train.
+//! Typed graphs in the distributed modes: R-GCN (with or without bases) and hetero-SAGE in
+//! FB and FLX (every k) reproduce `--mode single` — per-epoch losses and final logits within
+//! 1e-4 relative, dropout on — on random typed graphs over 1-3 servers x 1-2 devices; mb and
+//! cob with one batch of every vertex are single's epoch; with fanout sampling they, and
+//! cluster, train; mode auto plans them, and the memory model prices their relation graphs.
 
 mod common;
 
@@ -44,13 +45,18 @@ proptest! {
         servers in 1usize..=3,
         devices in 1usize..=2,
         heterosage in proptest::bool::ANY,
+        bases in proptest::bool::ANY,
         layers in 1usize..=2,
     ) {
         let ds = typed_dataset(seed, [papers, authors, institutions]);
         let view = ds.view();
         let part = random_partition(&view, servers, devices, seed);
         let kind = if heterosage { ModelKind::HeteroSage } else { ModelKind::Rgcn };
-        let config = config(&view, kind, layers);
+        let config = grandis_models::ModelConfig {
+            // RGCN's basis decomposition: two bases for four relations.
+            num_bases: (bases && kind == ModelKind::Rgcn).then_some(2),
+            ..config(&view, kind, layers)
+        };
         let opts = opts(3);
         let reference = single(view, &config, &opts);
         check_exact(view, &part, &config, &opts, &reference, Mode::Fb, None);

@@ -350,6 +350,7 @@ mod tests {
             layer_norm: true,
             seed: 1,
             relations: Vec::new(),
+            num_bases: None,
         };
         let model = Model::new(&b, config).unwrap();
         let path = dir.join("m.safetensors");

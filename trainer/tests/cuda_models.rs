@@ -49,6 +49,7 @@ fn models(view: &DatasetView<'_>) -> Vec<(&'static str, ModelConfig)> {
         layer_norm,
         seed: 5,
         relations: Vec::new(),
+        num_bases: None,
     };
     vec![
         ("sage-3", base(ModelKind::Sage, 3, false)),

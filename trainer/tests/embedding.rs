@@ -50,6 +50,7 @@ fn config(ds: &InMemoryDataset, dim: usize, outputs: usize) -> ModelConfig {
         layer_norm: false,
         seed: 3,
         relations: Vec::new(),
+        num_bases: None,
     }
 }
 

@@ -42,6 +42,7 @@ fn checkpoint(ds: &Dataset, dir: &Path, kind: ModelKind, layers: usize) -> std::
         layer_norm: kind == ModelKind::ResSage,
         seed: 4,
         relations: Vec::new(),
+        num_bases: None,
     };
     let path = dir.join(format!("{kind:?}-{layers}.safetensors"));
     let opts = TrainOptions {

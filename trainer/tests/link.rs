@@ -55,6 +55,7 @@ fn config(ds: &InMemoryDataset) -> ModelConfig {
         layer_norm: false,
         seed: 3,
         relations: Vec::new(),
+        num_bases: None,
     }
 }
 

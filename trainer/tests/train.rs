@@ -66,6 +66,7 @@ fn config(ds: &InMemoryDataset, kind: ModelKind, layers: usize) -> ModelConfig {
         layer_norm: false,
         seed: 1,
         relations: Vec::new(),
+        num_bases: None,
     }
 }
 
@@ -296,6 +297,7 @@ fn cora_gcn_reaches_kipf_welling_accuracy() {
             layer_norm: false,
             seed,
             relations: Vec::new(),
+            num_bases: None,
         };
         let o = TrainOptions {
             objective: Default::default(),

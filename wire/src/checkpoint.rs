@@ -165,6 +165,8 @@ struct SpecModel {
     dropout: f32,
     layer_norm: bool,
     seed: u64,
+    #[serde(default)]
+    num_bases: Option<u64>,
 }
 
 /// Checks that `model` (a checkpoint's model configuration as JSON) is `spec`'s model,
@@ -193,6 +195,11 @@ pub fn check_model(spec: &JobSpec, model: &serde_json::Value) -> Result<(), Chec
         ("heads", m.heads, u64::from(spec.heads)),
         ("output_heads", m.output_heads, u64::from(spec.output_heads)),
         ("seed", m.seed, spec.seed),
+        (
+            "num_bases",
+            m.num_bases.unwrap_or(0),
+            spec.num_bases.map_or(0, u64::from),
+        ),
     ];
     for (field, theirs, ours) in numbers {
         if theirs != ours {

@@ -265,6 +265,11 @@ pub struct JobSpec {
     /// `SparseAdam`) and kept in checkpoints; 0 (default) = none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub embedding_dim: u32,
+    /// rgcn: each relation's weight a combination of this many shared bases (Schlichtkrull et
+    /// al.'s basis decomposition, PyG's `num_bases`); absent (default) = a full weight per
+    /// relation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_bases: Option<u32>,
 }
 
 fn is_zero(x: &u32) -> bool {
@@ -413,6 +418,7 @@ impl Default for JobSpec {
             task: Task::Node,
             link: None,
             embedding_dim: 0,
+            num_bases: None,
         }
     }
 }
@@ -503,6 +509,7 @@ const FIELDS: &[&str] = &[
     "task",
     "link",
     "embedding_dim",
+    "num_bases",
 ];
 
 impl JobSpec {
@@ -817,6 +824,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!((s.model, s.heads, s.output_heads), (ModelKind::Gat, 4, 6));
+        let s =
+            JobSpec::from_json_str(r#"{"dataset": "d", "model": "rgcn", "num_bases": 3}"#).unwrap();
+        assert_eq!((s.model, s.num_bases), (ModelKind::Rgcn, Some(3)));
+        assert_eq!(
+            errors(r#"{"dataset": "d", "model": "sage", "num_bases": 3}"#),
+            ["num_bases: decomposes rgcn's relation weights; model sage has none"]
+        );
+        assert_eq!(
+            errors(r#"{"dataset": "d", "model": "rgcn", "num_bases": 0}"#),
+            ["num_bases: must be ≥ 1, got 0"]
+        );
         assert_eq!(
             errors(r#"{"dataset": "d", "model": "gat", "output_heads": 0}"#),
             ["output_heads: must be ≥ 1, got 0"]

@@ -108,6 +108,7 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
             layer_norm: false,
             seed,
             relations: Vec::new(),
+            num_bases: None,
         };
         let opts = TrainOptions {
             objective: Objective::Link {

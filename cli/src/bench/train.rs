@@ -501,6 +501,7 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
         layer_norm: false,
         seed: args.seed,
         relations: Vec::new(),
+        num_bases: None,
     };
     let run = match crate::device::single_ordinal(&args.device) {
         None => run_on_cpu(&args, &ds, cfg)?,

@@ -95,6 +95,7 @@ fn run_grandis(args: &BenchTrainArgs, ds: &InMemoryDataset, seed: u64) -> anyhow
         layer_norm: false,
         seed,
         relations: view.types.map(ModelRelation::of).unwrap_or_default(),
+        num_bases: None,
     };
     let opts = TrainOptions {
         objective: Objective::Node,

@@ -33,5 +33,6 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, c: &ModelConfig, l: &Layer) ->
             att_dst,
         }),
         relations: Vec::new(),
+        bases: None,
     }
 }

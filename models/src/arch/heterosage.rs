@@ -18,7 +18,7 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, c: &ModelConfig, l: &Layer) ->
         .iter()
         .map(|r| RelationWeights {
             w_self: Some(pb.linear(l.s, &format!("{}.w_self", r.key), l.d_in, l.d_out)),
-            w_neigh: pb.linear(l.s, &format!("{}.w_neigh", r.key), l.d_in, l.d_out),
+            w_neigh: Some(pb.linear(l.s, &format!("{}.w_neigh", r.key), l.d_in, l.d_out)),
             bias: Some(pb.named_bias(l.s, &format!("{}.bias", r.key), l.d_out, l.d_in)),
             src_type: r.src_type,
             dst_type: r.dst_type,
@@ -30,5 +30,6 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, c: &ModelConfig, l: &Layer) ->
         bias: None,
         attention: None,
         relations,
+        bases: None,
     }
 }

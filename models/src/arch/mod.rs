@@ -12,7 +12,7 @@ mod rgcn;
 mod sage;
 
 use crate::param::ParamLayout;
-use crate::stage::{AttentionLayer, RelationWeights, Stage, StageKind};
+use crate::stage::{AttentionLayer, RelationBases, RelationWeights, Stage, StageKind};
 use crate::{ModelConfig, ModelKind, StageLayout};
 
 /// The stages of `c`'s architecture, their parameters created in `pb`.
@@ -82,6 +82,8 @@ pub(super) struct LayerParams {
     pub attention: Option<AttentionLayer>,
     /// Typed models: one per relation of the dataset, in order.
     pub relations: Vec<RelationWeights>,
+    /// RGCN with basis decomposition.
+    pub bases: Option<RelationBases>,
 }
 
 /// Creates the parameters of one layer of a plain stack.
@@ -123,6 +125,7 @@ fn plain_stack(pb: &mut ParamLayout, c: &ModelConfig, weights: LayerWeights) -> 
             beta,
             attention: p.attention,
             relations: p.relations,
+            bases: p.bases,
         });
     }
     stages

@@ -23,6 +23,7 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         beta: None,
         attention: None,
         relations: Vec::new(),
+        bases: None,
     });
     for l in 0..c.layers {
         let s = stages.len();
@@ -46,6 +47,7 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
             beta,
             attention: None,
             relations: Vec::new(),
+            bases: None,
         });
     }
     let s = stages.len();
@@ -63,6 +65,7 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         beta,
         attention: None,
         relations: Vec::new(),
+        bases: None,
     });
     stages
 }

@@ -14,5 +14,6 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, _c: &ModelConfig, l: &Layer) -
         bias: Some(pb.bias(l.s, l.d_out, l.d_in)),
         attention: None,
         relations: Vec::new(),
+        bases: None,
     }
 }

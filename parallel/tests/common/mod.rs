@@ -99,6 +99,7 @@ pub fn config(view: &DatasetView<'_>, kind: ModelKind, layers: usize) -> ModelCo
             .types
             .map(grandis_models::ModelRelation::of)
             .unwrap_or_default(),
+        num_bases: None,
     }
 }
 

@@ -119,6 +119,7 @@ impl JobSpec {
                 .unwrap_or_default(),
             link: r.link(),
             embedding_dim: r.uint("embedding_dim", 0, 4096).unwrap_or(0),
+            num_bases: r.uint("num_bases", 1, 4096),
         };
         // The default is what a serialized spec of a run without evaluation carries.
         if !spec.evaluate && obj.contains_key("eval_every") && spec.eval_every != d.eval_every {

@@ -90,6 +90,15 @@ impl JobSpec {
         if self.hidden < 1 {
             err("hidden", format!("must be ≥ 1, got {}", self.hidden));
         }
+        if self.num_bases.is_some() && self.model != ModelKind::Rgcn {
+            err(
+                "num_bases",
+                format!(
+                    "decomposes rgcn's relation weights; model {} has none",
+                    self.model
+                ),
+            );
+        }
         if self.heads < 1 || self.output_heads < 1 {
             let (field, v) = if self.heads < 1 {
                 ("heads", self.heads)
