@@ -181,40 +181,17 @@ fn run_pyg(
     let dir = tmp.path().join("pyg");
     grandis_import::export_npy(view, &dir, false).context("exporting the split for PyG")?;
     let script = args.pyg_script.with_file_name("bench_pyg_link.py");
-    let dir = dir.display().to_string();
     let device = crate::device::single_ordinal(&args.device)
         .map_or("cpu".to_string(), |o| format!("cuda:{o}"));
-    let flags: Vec<String> = [
-        "--dir",
-        &dir,
-        "--model",
-        &args.model.to_string(),
-        "--layers",
-        &args.layers.to_string(),
-        "--hidden",
-        &args.hidden.to_string(),
-        "--out-dim",
-        &args.out_dim.to_string(),
-        "--dropout",
-        &args.dropout.to_string(),
-        "--lr",
-        &args.lr.to_string(),
-        "--epochs",
-        &args.epochs.to_string(),
-        "--threads",
-        &args.threads.to_string(),
-        "--seed",
-        &seed.to_string(),
-        "--embedding-dim",
-        &args.embedding_dim.to_string(),
-        "--decoder",
-        args.decoder.name(),
-        "--device",
-        &device,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut flags = super::baseline_flags(args, &dir, seed);
+    for (flag, value) in [
+        ("--out-dim", args.out_dim.to_string()),
+        ("--embedding-dim", args.embedding_dim.to_string()),
+        ("--decoder", args.decoder.name().to_string()),
+        ("--device", device),
+    ] {
+        flags.extend([flag.to_string(), value]);
+    }
     let v = super::Baseline::run(&args.python, &script, &flags)?;
     let num = |k: &str| v.num(k);
     Ok(Run {

@@ -47,6 +47,31 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
+/// The flags every PyG baseline script of `bench train` takes: the graph's directory, the
+/// model and its training (`--model`, `--layers`, `--hidden`, `--dropout`, `--lr`,
+/// `--epochs`, `--threads`, `--seed`).
+pub(super) fn baseline_flags(
+    args: &train::BenchTrainArgs,
+    dir: &std::path::Path,
+    seed: u64,
+) -> Vec<String> {
+    let pairs = [
+        ("--dir", dir.display().to_string()),
+        ("--model", args.model.to_string()),
+        ("--layers", args.layers.to_string()),
+        ("--hidden", args.hidden.to_string()),
+        ("--dropout", args.dropout.to_string()),
+        ("--lr", args.lr.to_string()),
+        ("--epochs", args.epochs.to_string()),
+        ("--threads", args.threads.to_string()),
+        ("--seed", seed.to_string()),
+    ];
+    pairs
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_string(), value])
+        .collect()
+}
+
 /// A baseline's result: `python script args...` run with its stderr shown, and the JSON
 /// object its last stdout line holds (one with an `error` key is an error).
 pub(super) struct Baseline(serde_json::Value);

@@ -126,30 +126,7 @@ fn run_grandis(args: &BenchTrainArgs, ds: &InMemoryDataset, seed: u64) -> anyhow
 /// PyG on the exported graph: scripts/bench_pyg_hetero.py.
 fn run_pyg(args: &BenchTrainArgs, dir: &std::path::Path, seed: u64) -> anyhow::Result<Run> {
     let script = args.pyg_script.with_file_name("bench_pyg_hetero.py");
-    let dir = dir.display().to_string();
-    let flags: Vec<String> = [
-        "--dir",
-        &dir,
-        "--model",
-        &args.model.to_string(),
-        "--layers",
-        &args.layers.to_string(),
-        "--hidden",
-        &args.hidden.to_string(),
-        "--dropout",
-        &args.dropout.to_string(),
-        "--lr",
-        &args.lr.to_string(),
-        "--epochs",
-        &args.epochs.to_string(),
-        "--threads",
-        &args.threads.to_string(),
-        "--seed",
-        &seed.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let flags = super::baseline_flags(args, dir, seed);
     let v = super::Baseline::run(&args.python, &script, &flags)?;
     let num = |k: &str| v.num(k);
     Ok(Run {
