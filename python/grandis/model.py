@@ -53,6 +53,9 @@ def to_pyg(checkpoint: PathLike):
     if kind == "ressage":
         raise NotImplementedError("ResSAGE+ has no PyG counterpart; to_pyg takes sage, gcn, "
                                   "gat and mlp models")
+    if kind in ("rgcn", "heterosage"):
+        raise NotImplementedError(f"to_pyg does not build typed models ({kind}) yet; "
+                                  "`grandis predict` writes their outputs")
     layers, hidden, classes = int(cfg["layers"]), int(cfg["hidden"]), int(cfg["classes"])
 
     def t(name: str) -> "torch.Tensor":
