@@ -17,9 +17,14 @@ and test edges removed, both directions) and the split stored beside it \
 link_test_neg.pairs: u32 (source, destination) pairs). Features, labels and vertex splits are \
 copied. It appears only when complete.
 
+A typed dataset keeps its types; --relation splits one relation's edges alone (its reverse \
+relation's too, in a symmetric graph), negatives drawn among its destination type, and every \
+other relation's edges stay in the message-passing graph.
+
 Example:
   grandis data split-edges data/cora data/cora-links --val 0.05 --test 0.1
-  grandis train data/cora-links --task link --model gcn --hidden 128 --out-dim 64 --epochs 100")]
+  grandis train data/cora-links --task link --model gcn --hidden 128 --out-dim 64 --epochs 100
+  grandis data split-edges data/academic data/academic-writes --relation writes")]
 pub struct SplitEdgesArgs {
     /// Dataset directory whose edges to split.
     dataset: PathBuf,
@@ -41,6 +46,61 @@ pub struct SplitEdgesArgs {
     /// Replace the output directory if it already exists.
     #[arg(long)]
     force: bool,
+    /// A typed dataset: split only this relation's edges (its name, or `src__name__dst`).
+    #[arg(long)]
+    relation: Option<String>,
+}
+
+/// The relation `name` names (its key, or its name when only one relation has it).
+fn find_relation(types: &grandis_store::Types, name: &str) -> anyhow::Result<usize> {
+    let keys = types.relation_keys();
+    if let Some(r) = keys.iter().position(|k| k == name) {
+        return Ok(r);
+    }
+    let named: Vec<usize> = (0..keys.len())
+        .filter(|&r| types.schema.relations[r].name == name)
+        .collect();
+    match named[..] {
+        [r] => Ok(r),
+        [] => bail!(
+            "--relation {name:?}: the dataset's relations are {}",
+            keys.join(", ")
+        ),
+        _ => bail!(
+            "--relation {name:?} names {} relations; give one as src__name__dst",
+            named.len()
+        ),
+    }
+}
+
+/// `graph`'s edges split into relation `r`'s (the candidates; with `undirected`, listed once,
+/// and the reverse relation's edges being their reverses, left out) and the others (kept;
+/// with `undirected`, each once).
+fn relation_edges(
+    graph: grandis_store::CsrView<'_>,
+    types: &grandis_store::Types,
+    r: usize,
+    undirected: bool,
+) -> (Vec<(u32, u32)>, Vec<(u32, u32)>) {
+    let (s, t) = types.ends(r);
+    let (mut candidates, mut kept) = (Vec::new(), Vec::new());
+    for v in 0..graph.num_vertices() as u32 {
+        let tv = types.type_of(v);
+        for &u in graph.neighbors(v) {
+            let tu = types.type_of(u);
+            if (tu, tv) == (s, t) {
+                // Undirected within one type: each pair once, lower id first.
+                if !(undirected && s == t && u > v) {
+                    candidates.push((u, v));
+                }
+            } else if undirected && (tu, tv) == (t, s) {
+                // The reverse of a candidate: split_relation holds both out together.
+            } else if !(undirected && u > v) {
+                kept.push((u, v));
+            }
+        }
+    }
+    (candidates, kept)
 }
 
 pub fn run(args: SplitEdgesArgs) -> anyhow::Result<()> {
@@ -61,8 +121,27 @@ pub fn run(args: SplitEdgesArgs) -> anyhow::Result<()> {
         negatives: args.negatives,
         seed: args.seed,
     };
-    let (graph, split) = grandis_store::split_edges(view.graph, undirected, &opts)
-        .map_err(|e| anyhow::anyhow!("splitting the edges of {}: {e}", args.dataset.display()))?;
+    let (graph, split) = match (&args.relation, dataset.types()) {
+        (None, _) => grandis_store::split_edges(view.graph, undirected, &opts),
+        (Some(name), Some(types)) => {
+            let r = find_relation(types, name)?;
+            let (candidates, kept) = relation_edges(view.graph, types, r, undirected);
+            let destinations = types.range(types.ends(r).1);
+            grandis_store::split_relation(
+                view.graph,
+                candidates,
+                &kept,
+                destinations,
+                undirected,
+                &opts,
+            )
+        }
+        (Some(_), None) => bail!(
+            "--relation: {} has no types (one relation: split all its edges)",
+            args.dataset.display()
+        ),
+    }
+    .map_err(|e| anyhow::anyhow!("splitting the edges of {}: {e}", args.dataset.display()))?;
     let sizes = split.view().sizes();
 
     let mut w = DatasetWriter::create(&args.out, args.force)?;
@@ -76,6 +155,9 @@ pub fn run(args: SplitEdgesArgs) -> anyhow::Result<()> {
         test: view.test.to_vec(),
     })?;
     w.write_link_split(&split)?;
+    if let Some(types) = dataset.types() {
+        w.set_types(types.schema.clone());
+    }
     let mut provenance = dataset.manifest().provenance.clone();
     provenance.push(format!(
         "link split of {} (grandis data split-edges --val {} --test {} --negatives {} --seed {}): \
@@ -111,4 +193,67 @@ pub fn run(args: SplitEdgesArgs) -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grandis_store::{EdgeOptions, Relation, SelfLoops, TypeSchema, Types, VertexType};
+
+    /// Users 0..3 and items 3..6 (Last.fm's shape): friendships among users, listens from
+    /// users to items, and in the symmetric graph the items' listened_by edges back.
+    fn typed(symmetric: bool) -> (grandis_store::CsrGraph, Types) {
+        let vt = |name: &str| VertexType {
+            name: name.into(),
+            count: 3,
+            feature_dim: 0,
+        };
+        let rel = |src: &str, name: &str, dst: &str| Relation {
+            src: src.into(),
+            name: name.into(),
+            dst: dst.into(),
+            num_edges: 0,
+        };
+        let mut relations = vec![
+            rel("user", "friend", "user"),
+            rel("user", "listens", "item"),
+        ];
+        if symmetric {
+            relations.push(rel("item", "listened_by", "user"));
+        }
+        let schema = TypeSchema {
+            vertex_types: vec![vt("user"), vt("item")],
+            relations,
+            target: "user".into(),
+        };
+        let edges = [(0, 1), (1, 2), (0, 3), (0, 4), (1, 4), (2, 5)];
+        let opts = EdgeOptions {
+            symmetrize: symmetric,
+            self_loops: SelfLoops::Keep,
+        };
+        let g = grandis_store::graph_from_edges(6, edges, opts).unwrap();
+        (g, Types::new(schema, 6, 0).unwrap())
+    }
+
+    #[test]
+    fn a_relations_edges_are_split_from_the_others() {
+        // Symmetric: each listen once (user first), friendships once, no listened_by edge.
+        let (g, types) = typed(true);
+        let r = find_relation(&types, "listens").unwrap();
+        let (mut candidates, mut kept) = relation_edges(g.view(), &types, r, true);
+        candidates.sort_unstable();
+        kept.sort_unstable();
+        assert_eq!(candidates, vec![(0, 3), (0, 4), (1, 4), (2, 5)]);
+        assert_eq!(kept, vec![(0, 1), (1, 2)]);
+        // Directed: the listens, and every other edge as it is.
+        let (g, types) = typed(false);
+        let (candidates, mut kept) = relation_edges(g.view(), &types, r, false);
+        assert_eq!(candidates.len(), 4);
+        kept.sort_unstable();
+        assert_eq!(kept, vec![(0, 1), (1, 2)]);
+        // Names: a key works too; an unknown one lists the relations.
+        assert_eq!(find_relation(&types, "user__friend__user").unwrap(), 0);
+        let e = find_relation(&types, "tags").unwrap_err().to_string();
+        assert!(e.contains("user__listens__item"), "{e}");
+    }
 }
