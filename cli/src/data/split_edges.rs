@@ -73,6 +73,9 @@ fn find_relation(types: &grandis_store::Types, name: &str) -> anyhow::Result<usi
     }
 }
 
+/// (source, destination) pairs.
+type Edges = Vec<(u32, u32)>;
+
 /// `graph`'s edges split into relation `r`'s (the candidates; with `undirected`, listed once,
 /// and the reverse relation's edges being their reverses, left out) and the others (kept;
 /// with `undirected`, each once).
@@ -81,7 +84,7 @@ fn relation_edges(
     types: &grandis_store::Types,
     r: usize,
     undirected: bool,
-) -> (Vec<(u32, u32)>, Vec<(u32, u32)>) {
+) -> (Edges, Edges) {
     let (s, t) = types.ends(r);
     let (mut candidates, mut kept) = (Vec::new(), Vec::new());
     for v in 0..graph.num_vertices() as u32 {
