@@ -12,7 +12,15 @@ as in grandis), peak_rss_bytes, losses and the versions. With --embedding-dim D 
 also has D learnable input columns after its features (a torch.nn.Embedding, N(0, 1) as
 torch initialises it, trained with SparseAdam at --lr, as grandis trains its table). With
 --decoder mlp a pair's score is PyG's link examples' MLP on z_u * z_v (Linear(d, d), ReLU,
-Linear(d, 1)), trained with the encoder."""
+Linear(d, 1)), trained with the encoder.
+
+A typed dataset (its export has hetero.json: the HeteroData layout of grandis's typed npy
+export, with the link split's pairs in global ids and the relation they belong to) trains
+--model rgcn (RGCNConv over the homogeneous graph with edge types) or heterosage (to_hetero of
+a SAGEConv stack, aggr="sum"), each type's input its features zero-padded to the widest type,
+then its embedding columns; the outputs are concatenated in type order (global ids), and
+training negatives corrupt each positive's destination within the relation's destination type
+(as grandis draws them)."""
 
 import argparse
 import json
@@ -57,10 +65,84 @@ def mrr(pos, neg):
     return float((1.0 / (0.5 * (optimistic + pessimistic) + 1.0)).mean())
 
 
+def load_typed(d, load, dev):
+    """The typed export as one graph: features padded to the widest type and concatenated in
+    type order, every relation's edges in global ids with their edge type, each type's id
+    range, and the id range of the link relation's destination type."""
+    import torch
+    import torch.nn.functional as F
+
+    with open(os.path.join(d, "hetero.json")) as f:
+        meta = json.load(f)
+    ranges, at = {}, 0
+    for t in meta["node_types"]:
+        ranges[t["name"]] = (at, at + t["count"])
+        at += t["count"]
+    xs = {}
+    for name, (lo, hi) in ranges.items():
+        path = os.path.join(d, f"x_{name}.npy")
+        xs[name] = load(f"x_{name}.npy").float() if os.path.exists(path) else torch.zeros(hi - lo, 0, device=dev)
+    width = max(x.shape[1] for x in xs.values())
+    x = torch.cat([F.pad(xs[name], (0, width - xs[name].shape[1])) for name in ranges])
+    relations, edges, types = [], [], []
+    for f in sorted(os.listdir(d)):
+        if f.startswith("edge_index_") and f.endswith(".npy"):
+            src, rel, dst = f[len("edge_index_"):-len(".npy")].split("__")
+            e = load(f) + torch.tensor([[ranges[src][0]], [ranges[dst][0]]], device=dev)
+            types.append(torch.full((e.shape[1],), len(relations), dtype=torch.long, device=dev))
+            relations.append((src, rel, dst))
+            edges.append(e)
+    dst = meta["link_relation"].split("__")[2]
+    return x, torch.cat(edges, dim=1), torch.cat(types), relations, ranges, ranges[dst]
+
+
+def typed_sage(args, dims, relations, ranges, x, edge_index, edge_type, dev):
+    """to_hetero of a SAGEConv stack (aggr="sum") as a module from the global input rows to
+    the global output rows (types concatenated in id order)."""
+    import torch
+    from torch_geometric.nn import SAGEConv, to_hetero
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = torch.nn.ModuleList(
+                SAGEConv((-1, -1), dims[i + 1], aggr="mean") for i in range(args.layers))
+            # A module, so that to_hetero's traced forward follows train()/eval().
+            self.drop = torch.nn.Dropout(args.dropout)
+
+        def forward(self, h, edge_index):
+            for i, conv in enumerate(self.convs):
+                h = conv(self.drop(h), edge_index)
+                if i + 1 < len(self.convs):
+                    h = h.relu()
+            return h
+
+    local = {}
+    for r, (src, rel, dst) in enumerate(relations):
+        e = edge_index[:, edge_type == r]
+        local[(src, rel, dst)] = e - torch.tensor([[ranges[src][0]], [ranges[dst][0]]], device=dev)
+    metadata = (list(ranges), list(local))
+    hetero = to_hetero(Stack(), metadata, aggr="sum").to(dev)
+
+    class Global(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hetero = hetero
+
+        def forward(self, h):
+            out = self.hetero({t: h[lo:hi] for t, (lo, hi) in ranges.items()}, local)
+            return torch.cat([out[t] for t in ranges])
+
+    model = Global()
+    with torch.no_grad():  # materialise the lazy weights
+        model(torch.zeros(x.shape[0], dims[0], device=dev))
+    return model
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", required=True)
-    ap.add_argument("--model", choices=["gcn", "sage"], default="gcn")
+    ap.add_argument("--model", choices=["gcn", "sage", "rgcn", "heterosage"], default="gcn")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--out-dim", type=int, default=64)
@@ -84,7 +166,7 @@ def main():
     import torch
     import torch.nn.functional as F
     import torch_geometric
-    from torch_geometric.nn import GCNConv, SAGEConv
+    from torch_geometric.nn import GCNConv, RGCNConv, SAGEConv
     from torch_geometric.utils import negative_sampling, to_torch_csr_tensor
 
     torch.set_num_threads(args.threads)
@@ -92,8 +174,12 @@ def main():
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     load = lambda name: torch.from_numpy(np.load(os.path.join(args.dir, name))).to(dev)
-    x = load("x.npy")
-    edge_index = load("edge_index.npy")
+    typed = os.path.exists(os.path.join(args.dir, "hetero.json"))
+    if typed:
+        x, edge_index, edge_type, relations, ranges, dst_range = load_typed(args.dir, load, dev)
+    else:
+        x = load("x.npy")
+        edge_index = load("edge_index.npy")
     train_pos = load("link_train.npy")
     n = x.shape[0]
     adj = to_torch_csr_tensor(edge_index.flip(0), size=(n, n))
@@ -103,9 +189,15 @@ def main():
         emb = torch.nn.Embedding(n, args.embedding_dim, sparse=True).to(dev)
         emb_opt = torch.optim.SparseAdam(emb.parameters(), lr=args.lr)
     dims = [x.shape[1] + args.embedding_dim] + [args.hidden] * (args.layers - 1) + [args.out_dim]
-    conv = (lambda i: GCNConv(dims[i], dims[i + 1])) if args.model == "gcn" else (
-        lambda i: SAGEConv(dims[i], dims[i + 1], aggr="mean"))
-    convs = torch.nn.ModuleList(conv(i) for i in range(args.layers)).to(dev)
+    if args.model == "heterosage":
+        convs = typed_sage(args, dims, relations, ranges, x, edge_index, edge_type, dev)
+    else:
+        conv = {
+            "gcn": lambda i: GCNConv(dims[i], dims[i + 1]),
+            "sage": lambda i: SAGEConv(dims[i], dims[i + 1], aggr="mean"),
+            "rgcn": lambda i: RGCNConv(dims[i], dims[i + 1], len(relations)),
+        }[args.model]
+        convs = torch.nn.ModuleList(conv(i) for i in range(args.layers)).to(dev)
     # The MLP decoder of PyG's link examples: Linear(d, d), ReLU, Linear(d, 1) on z_u * z_v.
     mlp = None
     params = list(convs.parameters())
@@ -123,9 +215,12 @@ def main():
 
     def encode(training):
         h = x if emb is None else torch.cat([x, emb(every)], dim=1)
+        if args.model == "heterosage":
+            convs.train(training)
+            return convs(h)
         for i, c in enumerate(convs):
             h = F.dropout(h, p=args.dropout, training=training)
-            h = c(h, adj)
+            h = c(h, edge_index, edge_type) if args.model == "rgcn" else c(h, adj)
             if i + 1 < len(convs):
                 h = F.relu(h)
         return h
@@ -138,7 +233,10 @@ def main():
         if emb is not None:
             emb_opt.zero_grad()
         z = encode(True)
-        if args.train_negatives == "pyg":
+        if typed:
+            lo, hi = dst_range
+            neg = torch.stack([train_pos[0], torch.randint(lo, hi, (train_pos.size(1),), device=dev)])
+        elif args.train_negatives == "pyg":
             neg = negative_sampling(edge_index=edge_index, num_nodes=n,
                                     num_neg_samples=train_pos.size(1), method="sparse")
         else:

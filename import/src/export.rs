@@ -42,12 +42,6 @@ pub fn export_npy(view: &DatasetView<'_>, out: &Path, overwrite: bool) -> Result
     let dir = AtomicDir::create(out, overwrite)?;
     if let Some(types) = view.types {
         // A typed dataset goes out in PyG's HeteroData layout (`crate::hetero`).
-        if view.links.is_some() {
-            return Err(ImportError::invalid(
-                out,
-                "exporting a typed dataset with a link split is not supported yet",
-            ));
-        }
         let files = crate::hetero::export(view, types, &dir)?;
         let out = dir.commit().map_err(ImportError::from)?;
         return Ok(ExportSummary {
@@ -106,21 +100,7 @@ pub fn export_npy(view: &DatasetView<'_>, out: &Path, overwrite: bool) -> Result
     .map(String::from)
     .to_vec();
     if let Some(links) = &view.links {
-        for part in grandis_store::LinkPart::ALL {
-            let name = link_npy_name(part);
-            let pairs = links.part(part);
-            let (sources, destinations): (Vec<i64>, Vec<i64>) = pairs
-                .chunks_exact(2)
-                .map(|p| (p[0] as i64, p[1] as i64))
-                .unzip();
-            let both: Vec<i64> = sources.into_iter().chain(destinations).collect();
-            grandis_npy::write_npy(p(&name), &[2, (pairs.len() / 2) as u64], &both)?;
-            files.push(name);
-        }
-        if let Some((first, end)) = links.destinations {
-            grandis_npy::write_npy(p(LINK_DESTINATIONS_NPY), &[2], &[first as i64, end as i64])?;
-            files.push(LINK_DESTINATIONS_NPY.into());
-        }
+        write_links(links, dir.path(), &mut files)?;
     }
     let out = dir.commit().map_err(ImportError::from)?;
     Ok(ExportSummary {
@@ -130,6 +110,32 @@ pub fn export_npy(view: &DatasetView<'_>, out: &Path, overwrite: bool) -> Result
         features: view.feature_dim as u64,
         files,
     })
+}
+
+/// Writes a link split's parts into `dir` (int64, 2 x n: row 0 sources, row 1 destinations,
+/// global ids) and its destinations when it names them, adding their names to `files`.
+pub(crate) fn write_links(
+    links: &grandis_store::LinkSplitView<'_>,
+    dir: &Path,
+    files: &mut Vec<String>,
+) -> Result<()> {
+    for part in grandis_store::LinkPart::ALL {
+        let name = link_npy_name(part);
+        let pairs = links.part(part);
+        let (sources, destinations): (Vec<i64>, Vec<i64>) = pairs
+            .chunks_exact(2)
+            .map(|p| (p[0] as i64, p[1] as i64))
+            .unzip();
+        let both: Vec<i64> = sources.into_iter().chain(destinations).collect();
+        grandis_npy::write_npy(dir.join(&name), &[2, (pairs.len() / 2) as u64], &both)?;
+        files.push(name);
+    }
+    if let Some((first, end)) = links.destinations {
+        let path = dir.join(LINK_DESTINATIONS_NPY);
+        grandis_npy::write_npy(path, &[2], &[first as i64, end as i64])?;
+        files.push(LINK_DESTINATIONS_NPY.into());
+    }
+    Ok(())
 }
 
 /// `[first, end)` of the vertices a link split's relation points at (its training negatives'

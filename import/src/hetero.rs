@@ -9,6 +9,7 @@
 //! | `edge_index_{src}__{rel}__{dst}.npy` | int64 / int32 | (2, E) | a relation's edges, ids local to their type (row 0 sources of type `src`, row 1 destinations of type `dst`) |
 //! | `y.npy` | int64 / int32 | (N_target,) | the target type's classes, negative = unlabelled |
 //! | `train_idx.npy`, `val_idx.npy`, `test_idx.npy` | int64 / int32 | (n,) | optional split, target-local ids |
+//! | `link_*.npy`, `link_destinations.npy` | int64 | (2, n), (2,) | export only: a link split as the homogeneous layout writes it (global ids), `hetero.json`'s `link_relation` naming its relation |
 //!
 //! Ids become global by type: the first type's vertices first. Features are padded with
 //! zeros to the widest type (the dataset records each type's own width).
@@ -35,6 +36,10 @@ struct NodeTypeEntry {
 struct HeteroJson {
     node_types: Vec<NodeTypeEntry>,
     target: String,
+    /// The relation a link split's pairs belong to (`src__name__dst`), when the directory
+    /// has one (`link_*.npy`, global ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    link_relation: Option<String>,
 }
 
 fn x_name(t: &str) -> String {
@@ -122,6 +127,14 @@ fn node_types(dir: &Path) -> Result<(Vec<NodeTypeEntry>, String)> {
 /// edges, the target's labels and split, and the types.
 pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     let (types, target) = node_types(dir)?;
+    let link = dir.join(crate::export::link_npy_name(grandis_store::LinkPart::Train));
+    if link.exists() {
+        return Err(ImportError::invalid(
+            link,
+            "a typed dataset's link split is not imported yet (import the graph, then \
+             `grandis data split-edges --relation`)",
+        ));
+    }
     let relations = relation_files(dir)?;
     let index = |name: &str, file: &Path| {
         types.iter().position(|t| t.name == name).ok_or_else(|| {
@@ -372,9 +385,36 @@ pub(crate) fn export(
             })
             .collect(),
         target: types.schema.target.clone(),
+        link_relation: match &view.links {
+            Some(links) => Some(export_links(links, types, dir, &mut files)?),
+            None => None,
+        },
     };
     let bytes = serde_json::to_vec_pretty(&json).expect("hetero.json serializes");
     grandis_store::write_file_atomic(p(HETERO_JSON), &bytes)?;
     files.push(HETERO_JSON.into());
     Ok(files)
+}
+
+/// Writes a typed dataset's link split as the homogeneous layout does (`link_*.npy`, global
+/// ids) and returns the key of the relation its pairs belong to.
+fn export_links(
+    links: &grandis_store::LinkSplitView<'_>,
+    types: &Types,
+    dir: &AtomicDir,
+    files: &mut Vec<String>,
+) -> Result<String> {
+    let pairs = links.part(grandis_store::LinkPart::Train);
+    let relation = match pairs {
+        [u, v, ..] => types.relation(types.type_of(*u), types.type_of(*v)),
+        _ => None,
+    };
+    let Some(r) = relation else {
+        return Err(ImportError::invalid(
+            dir.target(),
+            "the link split's training pairs join no relation's types",
+        ));
+    };
+    crate::export::write_links(links, dir.path(), files)?;
+    Ok(types.relation_keys()[r].clone())
 }

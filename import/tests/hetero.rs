@@ -118,3 +118,51 @@ fn bad_typed_data_names_the_file() {
         "test_idx.npy: entry 0",
     );
 }
+
+/// A typed dataset with a link split exports its pairs as the homogeneous layout does
+/// (global ids) and names their relation in hetero.json; importing that back is refused
+/// with a message (split the imported graph instead).
+#[test]
+fn a_typed_link_split_exports_with_its_relation() {
+    let ds = generate_hetero_in_memory(&HeteroConfig::academic(300, 6, 3, 1)).unwrap();
+    let types = ds.types.as_ref().unwrap();
+    let r = 1; // author writes paper
+    let (s, t) = types.ends(r);
+    let g = ds.graph.view();
+    let (mut candidates, mut kept) = (Vec::new(), Vec::new());
+    for v in 0..g.num_vertices() as u32 {
+        for &u in g.neighbors(v) {
+            let ours = (types.type_of(u), types.type_of(v)) == (s, t);
+            if ours { &mut candidates } else { &mut kept }.push((u, v));
+        }
+    }
+    let opts = grandis_store::EdgeSplitOptions {
+        val: 0.1,
+        test: 0.1,
+        negatives: 1,
+        seed: 3,
+    };
+    let (_, split) =
+        grandis_store::split_relation(g, candidates, &kept, types.range(t), false, &opts).unwrap();
+    let mut view = ds.view();
+    view.links = Some(split.view());
+    let tmp = tempfile::tempdir().unwrap();
+    let npy = tmp.path().join("npy");
+    let summary = export_npy(&view, &npy, false).unwrap();
+    assert!(
+        summary.files.iter().any(|f| f == "link_test_neg.npy"),
+        "{:?}",
+        summary.files
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(npy.join("hetero.json")).unwrap()).unwrap();
+    assert_eq!(json["link_relation"], "author__writes__paper");
+    let pairs = grandis_npy::NpyFile::open(npy.join("link_train.npy")).unwrap();
+    assert_eq!(pairs.shape(), &[2, (split.train.len() / 2) as u64]);
+    let out = tmp.path().join("d");
+    let err = match import(Format::Npy, &npy, &out, &ImportOptions::default()) {
+        Ok(_) => panic!("imported a typed link split"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("split-edges --relation"), "{err}");
+}

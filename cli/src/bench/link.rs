@@ -87,7 +87,7 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
                     labels: view.labels.to_vec(),
                     num_classes: view.num_classes,
                     split: Split::default(),
-                    types: None,
+                    types: view.types.cloned(),
                 };
                 split_ds = (ds, split);
                 let mut v = split_ds.0.view();
@@ -107,7 +107,10 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
             dropout: args.dropout,
             layer_norm: false,
             seed,
-            relations: Vec::new(),
+            relations: split_view
+                .types
+                .map(grandis_models::ModelRelation::of)
+                .unwrap_or_default(),
             num_bases: None,
         };
         let opts = TrainOptions {
