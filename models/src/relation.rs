@@ -12,25 +12,31 @@ use crate::param::two_mut;
 use crate::stage::{RelationWeights, Stage, StageCache, StageCtx};
 use crate::Model;
 
-/// A block split by relation for `config`'s model: `Some` for a typed model
+/// A block split by relation for a model of `kind`: `Some` for a typed model
 /// ([`grandis_engine::norm::relation_blocks`] with the types of the block's source rows,
 /// `src_ids` being their dataset ids), `None` for the others, which read the block whole.
+/// Every runner (the single trainer, layer-wise passes, the distributed ranks' inputs)
+/// splits its blocks here.
 pub fn split_block(
-    config: &crate::ModelConfig,
+    kind: crate::ModelKind,
     block: &grandis_engine::BlockGraph,
     types: Option<&grandis_store::Types>,
     src_ids: &[u32],
-) -> Result<Option<RelationBlocks>> {
-    if !config.kind.is_typed() {
+) -> anyhow::Result<Option<RelationBlocks>> {
+    if !kind.is_typed() {
         return Ok(None);
     }
-    let types = types.ok_or_else(|| {
-        EngineError::Graph(format!(
-            "{} reads a typed dataset's relations, and the dataset has no types",
-            config.kind
-        ))
-    })?;
-    relation_blocks(block, types, &types.types_of(src_ids)).map(Some)
+    let Some(types) = types else {
+        anyhow::bail!(
+            "model {kind} reads a typed dataset's relations, and this dataset has no types \
+             (see `grandis data synth --hetero`)"
+        );
+    };
+    Ok(Some(relation_blocks(
+        block,
+        types,
+        &types.types_of(src_ids),
+    )?))
 }
 
 /// A [`RelationBlocks`] with its relation blocks checked and transposed on the host, as a

@@ -89,7 +89,8 @@ fn check_all(
     let mut model = Model::new(&b, cfg).unwrap();
     let block = full_block(g.view(), grandis_models::aggregation(kind));
     let ids: Vec<u32> = (0..n as u32).collect();
-    let split = grandis_models::split_block(&model.config, &block, types.as_ref(), &ids).unwrap();
+    let split =
+        grandis_models::split_block(model.config.kind, &block, types.as_ref(), &ids).unwrap();
     assert_eq!(split.is_some(), typed);
     let relations = RelationGraphs::upload(&b, split.as_ref()).unwrap();
     let graph = b.upload_graph(&block).unwrap();

@@ -86,7 +86,7 @@ fn logits(kind: ModelKind, d_out: usize, num_bases: Option<usize>) -> (Vec<f32>,
     let x: Vec<f32> = (0..N * D_IN).map(|_| rng.gen_range(-1.0..1.0)).collect();
     let block = full_block(g.view(), grandis_models::aggregation(kind));
     let ids: Vec<u32> = (0..N as u32).collect();
-    let split = grandis_models::split_block(&model.config, &block, Some(&types), &ids).unwrap();
+    let split = grandis_models::split_block(model.config.kind, &block, Some(&types), &ids).unwrap();
     let relations = RelationGraphs::upload(&b, split.as_ref()).unwrap();
     let graph = b.upload_graph(&block).unwrap();
     let ctx = StageCtx::<CpuBackend> {

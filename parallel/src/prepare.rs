@@ -18,8 +18,8 @@ use crate::fetch::{FeatureSource, LocalFeatures};
 #[derive(Clone, Copy)]
 pub(crate) struct Preparer<'a> {
     pub features: FeatureSource<'a>,
-    /// The model (a typed one reads each block split by relation).
-    pub model: &'a grandis_models::ModelConfig,
+    /// The model's kind (a typed one reads each block split by relation).
+    pub kind: grandis_models::ModelKind,
     pub scales: &'a GlobalScales,
     pub agg: Aggregation,
     /// Conv layers of the model.
@@ -38,14 +38,14 @@ impl<'a> Preparer<'a> {
     /// conv layers, whether its first layer reads owned rows only) comes from the config.
     pub fn for_model(
         features: FeatureSource<'a>,
-        config: &'a grandis_models::ModelConfig,
+        config: &grandis_models::ModelConfig,
         scales: &'a GlobalScales,
         labelled_flags: &'a [u8],
         buffers: &'a BufferPool,
     ) -> Preparer<'a> {
         Preparer {
             features,
-            model: config,
+            kind: config.kind,
             scales,
             agg: grandis_models::aggregation(config.kind),
             layers: config.layers,
@@ -252,7 +252,7 @@ impl HostInput {
                     .map(|&g| preparer.features.new_to_old[g as usize])
                     .collect();
                 let types = preparer.features.view.types;
-                let relations = grandis_models::split_block(preparer.model, &graph, types, &ids)?
+                let relations = grandis_models::split_block(preparer.kind, &graph, types, &ids)?
                     .map(grandis_models::PreparedRelations::new)
                     .transpose()?;
                 let graph = PreparedGraph::new(graph)?;

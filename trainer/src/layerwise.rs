@@ -510,8 +510,12 @@ impl<B: Backend> StagePass<'_, B> {
                 None
             };
             let model_ids = self.model_ids(&src_ids);
-            let by_relation =
-                grandis_models::split_block(&self.model.config, &graph, self.types, &model_ids)?;
+            let by_relation = grandis_models::split_block(
+                self.model.config.kind,
+                &graph,
+                self.types,
+                &model_ids,
+            )?;
             let relations = RelationGraphs::upload(b, by_relation.as_ref())?;
             drop(by_relation);
             let g = b.upload_graph(&graph)?;

@@ -378,18 +378,9 @@ impl<'a, B: Backend> Prepared<'a, B> {
     ) -> anyhow::Result<Self> {
         let n = view.num_vertices();
         let ids: Vec<u32> = (0..n as u32).collect();
-        let relations = match (kind.is_typed(), view.types) {
-            (false, _) => None,
-            (true, Some(types)) => {
-                let split =
-                    grandis_engine::norm::relation_blocks(&block, types, &types.types_of(&ids))?;
-                RelationGraphs::upload(&backend, Some(&split))?
-            }
-            (true, None) => bail!(
-                "model {kind} reads a typed dataset's relations, and this dataset has no types \
-                 (see `grandis data synth --hetero`)"
-            ),
-        };
+        let split = grandis_models::split_block(kind, &block, view.types, &ids)?;
+        let relations = RelationGraphs::upload(&backend, split.as_ref())?;
+        drop(split);
         let graph = backend.upload_graph(&block)?;
         drop(block);
         let (train_rows, train_labels) = labelled(&view, view.train);
