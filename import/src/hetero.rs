@@ -177,32 +177,11 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     let mut features = vec![0f32; n as usize * width];
     for (t, x) in x_files.iter().enumerate() {
         let Some(x) = x else { continue };
-        let first = starts[t] as usize;
-        let w = widths[t];
-        let bad = |r: usize, m: String| ImportError::invalid(x.path(), format!("row {r}: {m}"));
-        match x.expect_dtype(&[DType::F32, DType::F64])? {
-            DType::F32 => {
-                let mut buf = Vec::new();
-                let m = x.matrix::<f32>()?;
-                for r in 0..types[t].count as usize {
-                    let row = m.row(r, &mut buf);
-                    if let Some(&v) = row.iter().find(|v| !v.is_finite()) {
-                        return Err(bad(r, format!("feature value {v} is not finite")));
-                    }
-                    features[(first + r) * width..(first + r) * width + w].copy_from_slice(row);
-                }
-            }
-            _ => {
-                let mut buf = Vec::new();
-                let m = x.matrix::<f64>()?;
-                for r in 0..types[t].count as usize {
-                    let out = &mut features[(first + r) * width..(first + r) * width + w];
-                    for (o, &v) in out.iter_mut().zip(m.row(r, &mut buf)) {
-                        *o = crate::check_feature(v as f32, v).map_err(|msg| bad(r, msg))?;
-                    }
-                }
-            }
-        }
+        let (first, w) = (starts[t] as usize, widths[t]);
+        crate::npy_dir::feature_rows(x, |r, row| {
+            features[(first + r) * width..(first + r) * width + w].copy_from_slice(row);
+            Ok(())
+        })?;
     }
     ctx.writer.write_features(&features, width as u64)?;
     drop(features);

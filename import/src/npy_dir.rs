@@ -435,7 +435,27 @@ fn write_features(ctx: &mut Ctx<'_>, x: &NpyFile) -> Result<()> {
     let mut writer = ctx.writer.features_writer()?;
     let rows = x.shape()[0] as usize;
     let mut progress = Progress::new("features", Some(rows as u64));
-    let mut out = Vec::with_capacity(dim);
+    feature_rows(x, |r, row| {
+        writer.push(row)?;
+        if r % 65536 == 65535 {
+            progress.inc(65536);
+        }
+        Ok(())
+    })?;
+    progress.inc(rows as u64 % 65536);
+    progress.finish();
+    ctx.writer.finish_features(writer, dim as u64)?;
+    Ok(())
+}
+
+/// Every row of the feature matrix `x` (float32 or float64, N x F) as checked f32 values,
+/// in order: a value that is not finite (or a float64 that overflows f32) is an error naming
+/// the file and row.
+pub(crate) fn feature_rows(
+    x: &NpyFile,
+    mut each: impl FnMut(usize, &[f32]) -> Result<()>,
+) -> Result<()> {
+    let rows = x.shape()[0] as usize;
     let bad = |r: usize, m: String| ImportError::invalid(x.path(), format!("row {r}: {m}"));
     match x.expect_dtype(&[DType::F32, DType::F64])? {
         DType::F32 => {
@@ -446,30 +466,21 @@ fn write_features(ctx: &mut Ctx<'_>, x: &NpyFile) -> Result<()> {
                 if let Some(&v) = row.iter().find(|v| !v.is_finite()) {
                     return Err(bad(r, format!("feature value {v} is not finite")));
                 }
-                writer.push(row)?;
-                if r % 65536 == 65535 {
-                    progress.inc(65536);
-                }
+                each(r, row)?;
             }
         }
         _ => {
             let m = x.matrix::<f64>()?;
-            let mut buf = Vec::new();
+            let (mut buf, mut out) = (Vec::new(), Vec::with_capacity(x.shape()[1] as usize));
             for r in 0..rows {
                 out.clear();
                 for &v in m.row(r, &mut buf) {
                     out.push(crate::check_feature(v as f32, v).map_err(|msg| bad(r, msg))?);
                 }
-                writer.push(&out)?;
-                if r % 65536 == 65535 {
-                    progress.inc(65536);
-                }
+                each(r, &out)?;
             }
         }
     }
-    progress.inc(rows as u64 % 65536);
-    progress.finish();
-    ctx.writer.finish_features(writer, dim as u64)?;
     Ok(())
 }
 
