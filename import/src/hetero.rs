@@ -231,12 +231,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
             }
         }
         input_edges += e as u64;
-        schema_relations.push(Relation {
-            src: src.clone(),
-            name: rel.clone(),
-            dst: dst.clone(),
-            num_edges: 0,
-        });
+        schema_relations.push(Relation::new(src, rel, dst));
     }
     let edges = builder
         .finish(Some(n))
@@ -265,11 +260,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         vertex_types: types
             .iter()
             .zip(&widths)
-            .map(|(t, &w)| VertexType {
-                name: t.name.clone(),
-                count: t.count,
-                feature_dim: w as u64,
-            })
+            .map(|(t, &w)| VertexType::new(&t.name, t.count, w as u64))
             .collect(),
         relations: schema_relations,
         target,

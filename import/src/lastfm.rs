@@ -91,17 +91,8 @@ fn pairs(
 /// by them (the message-passing edges both ways); users are the target type (there are no
 /// labels: the task is the listens' link split).
 fn schema(users: u32, artists: u32) -> grandis_store::TypeSchema {
-    let vt = |name: &str, count| grandis_store::VertexType {
-        name: name.into(),
-        count: u64::from(count),
-        feature_dim: 0,
-    };
-    let rel = |src: &str, name: &str, dst: &str| grandis_store::Relation {
-        src: src.into(),
-        name: name.into(),
-        dst: dst.into(),
-        num_edges: 0,
-    };
+    let vt = |name: &str, count| grandis_store::VertexType::new(name, u64::from(count), 0);
+    let rel = grandis_store::Relation::new;
     grandis_store::TypeSchema {
         vertex_types: vec![vt("user", users), vt("artist", artists)],
         relations: vec![

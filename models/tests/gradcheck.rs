@@ -41,17 +41,8 @@ fn check_all(
     // edge), so every relation and both aggregation orders (hidden 7 > in 5 > classes) run.
     let typed = kind.is_typed();
     let types = typed.then(|| {
-        let vt = |name: &str, count| grandis_store::VertexType {
-            name: name.into(),
-            count,
-            feature_dim: 5,
-        };
-        let rel = |src: &str, dst: &str| grandis_store::Relation {
-            src: src.into(),
-            name: "to".into(),
-            dst: dst.into(),
-            num_edges: 0,
-        };
+        let vt = |name: &str, count| grandis_store::VertexType::new(name, count, 5);
+        let rel = |src: &str, dst: &str| grandis_store::Relation::new(src, "to", dst);
         let schema = grandis_store::TypeSchema {
             vertex_types: vec![vt("a", 8), vt("b", 6)],
             relations: vec![rel("a", "a"), rel("a", "b"), rel("b", "a")],

@@ -16,17 +16,8 @@ const D_IN: usize = 3;
 /// Types a = 0..5, b = 5..9, c = 9..12; relations a -> a, a -> b, c -> b (nothing enters a
 /// c, and a has only its own type's sources).
 fn typed_graph() -> (grandis_store::CsrGraph, Types) {
-    let vt = |name: &str, count| VertexType {
-        name: name.into(),
-        count,
-        feature_dim: D_IN as u64,
-    };
-    let rel = |src: &str, dst: &str| Relation {
-        src: src.into(),
-        name: "r".into(),
-        dst: dst.into(),
-        num_edges: 0,
-    };
+    let vt = |name: &str, count| VertexType::new(name, count, D_IN as u64);
+    let rel = |src: &str, dst: &str| Relation::new(src, "r", dst);
     let schema = TypeSchema {
         vertex_types: vec![vt("a", 5), vt("b", 4), vt("c", 3)],
         relations: vec![rel("a", "a"), rel("a", "b"), rel("c", "b")],

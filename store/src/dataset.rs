@@ -1015,17 +1015,7 @@ mod tests {
         ds.features[7] = 0.0;
         ds.labels = vec![0, 1, 1, -1];
         ds.split.val = vec![2];
-        let vt = |name: &str, count, feature_dim| crate::VertexType {
-            name: name.into(),
-            count,
-            feature_dim,
-        };
-        let rel = |src: &str, name: &str, dst: &str| crate::Relation {
-            src: src.into(),
-            name: name.into(),
-            dst: dst.into(),
-            num_edges: 0,
-        };
+        let (vt, rel) = (crate::VertexType::new, crate::Relation::new);
         let schema = TypeSchema {
             vertex_types: vec![vt("a", 3, 2), vt("b", 1, 1)],
             relations: vec![

@@ -36,7 +36,27 @@ pub struct Relation {
     pub num_edges: u64,
 }
 
+impl VertexType {
+    pub fn new(name: &str, count: u64, feature_dim: u64) -> VertexType {
+        VertexType {
+            name: name.into(),
+            count,
+            feature_dim,
+        }
+    }
+}
+
 impl Relation {
+    /// A relation whose edges the dataset writer will count.
+    pub fn new(src: &str, name: &str, dst: &str) -> Relation {
+        Relation {
+            src: src.into(),
+            name: name.into(),
+            dst: dst.into(),
+            num_edges: 0,
+        }
+    }
+
     /// PyG's key of the relation, `src__name__dst`: unique, and what parameter names and the
     /// npy layout's file names use.
     pub fn key(&self) -> String {
@@ -249,17 +269,7 @@ mod tests {
     use super::*;
 
     fn schema() -> TypeSchema {
-        let vt = |name: &str, count, feature_dim| VertexType {
-            name: name.into(),
-            count,
-            feature_dim,
-        };
-        let rel = |src: &str, name: &str, dst: &str| Relation {
-            src: src.into(),
-            name: name.into(),
-            dst: dst.into(),
-            num_edges: 0,
-        };
+        let (vt, rel) = (VertexType::new, Relation::new);
         TypeSchema {
             vertex_types: vec![vt("paper", 3, 4), vt("author", 2, 0)],
             relations: vec![

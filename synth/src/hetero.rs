@@ -138,21 +138,12 @@ impl HeteroConfig {
             vertex_types: self
                 .types
                 .iter()
-                .map(|t| VertexType {
-                    name: t.name.clone(),
-                    count: t.count,
-                    feature_dim: t.features as u64,
-                })
+                .map(|t| VertexType::new(&t.name, t.count, t.features as u64))
                 .collect(),
             relations: self
                 .relations
                 .iter()
-                .map(|r| Relation {
-                    src: r.src.clone(),
-                    name: r.name.clone(),
-                    dst: r.dst.clone(),
-                    num_edges: 0,
-                })
+                .map(|r| Relation::new(&r.src, &r.name, &r.dst))
                 .collect(),
             target: self.target.clone(),
         }

@@ -206,17 +206,8 @@ mod tests {
     /// Users 0..3 and items 3..6 (Last.fm's shape): friendships among users, listens from
     /// users to items, and in the symmetric graph the items' listened_by edges back.
     fn typed(symmetric: bool) -> (grandis_store::CsrGraph, Types) {
-        let vt = |name: &str| VertexType {
-            name: name.into(),
-            count: 3,
-            feature_dim: 0,
-        };
-        let rel = |src: &str, name: &str, dst: &str| Relation {
-            src: src.into(),
-            name: name.into(),
-            dst: dst.into(),
-            num_edges: 0,
-        };
+        let vt = |name: &str| VertexType::new(name, 3, 0);
+        let rel = Relation::new;
         let mut relations = vec![
             rel("user", "friend", "user"),
             rel("user", "listens", "item"),
