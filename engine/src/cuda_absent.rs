@@ -5,11 +5,10 @@
 //! ([`crate::error::NOT_BUILT_WITH_CUDA`]), and no value of its types can be made, so code
 //! written for them compiles and never runs.
 
-use crate::args::{AdamStep, Attention, DropoutKey};
 use crate::block::{BlockGraph, ScaledCsr};
 use crate::error::{EngineError, Result, NOT_BUILT_WITH_CUDA};
 use crate::host::{HostAllocator, HostBuffer};
-use crate::kernels::{GemmShape, Kernels};
+use crate::kernels::Kernels;
 use crate::profile::{OpProfile, OpTimes};
 
 /// The error of every CUDA entry point of this build.
@@ -160,6 +159,18 @@ impl OpProfile for CudaBackend {
     }
 }
 
+/// Implements the listed kernels of a backend that cannot exist: each body matches on the
+/// value none can make.
+macro_rules! uncallable {
+    ($([$($(#[$a:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*])*) => {
+        $($(
+            fn $name(&self $(, _: $ty)*) -> $ret {
+                match self.0 {}
+            }
+        )*)*
+    };
+}
+
 /// Every kernel of a backend that cannot exist.
 impl Kernels for CudaBackend {
     type Buf = CudaBuf;
@@ -172,207 +183,17 @@ impl Kernels for CudaBackend {
     fn alloc(&self, _: usize) -> Result<CudaBuf> {
         match self.0 {}
     }
-    fn len(&self, _: &CudaBuf) -> usize {
-        match self.0 {}
-    }
     fn upload(&self, _: &[f32]) -> Result<CudaBuf> {
         match self.0 {}
     }
     fn upload_index(&self, _: &[u32]) -> Result<CudaIndex> {
         match self.0 {}
     }
-    fn index_len(&self, _: &CudaIndex) -> usize {
-        match self.0 {}
-    }
-    fn index_max(&self, _: &CudaIndex) -> Option<u32> {
-        match self.0 {}
-    }
-    fn synchronize(&self) -> Result<()> {
-        match self.0 {}
-    }
     fn upload_block(&self, _: &BlockGraph, _: &ScaledCsr) -> Result<CudaGraph> {
         match self.0 {}
     }
-    fn graph_dims(&self, _: &CudaGraph) -> (usize, usize, usize) {
-        match self.0 {}
-    }
-    fn run_upload_into(&self, _: &mut CudaBuf, _: usize, _: &[f32]) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_download(&self, _: &CudaBuf, _: usize, _: &mut [f32]) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_fill(&self, _: &mut CudaBuf, _: usize, _: f32) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_copy_range(
-        &self,
-        _: &CudaBuf,
-        _: usize,
-        _: &mut CudaBuf,
-        _: usize,
-        _: usize,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_gather_rows(&self, _: &CudaBuf, _: usize, _: &CudaIndex, _: &mut CudaBuf) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_scatter_add_rows(
-        &self,
-        _: &CudaBuf,
-        _: usize,
-        _: &CudaIndex,
-        _: &mut CudaBuf,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_gemm(&self, _: GemmShape, _: &CudaBuf, _: &CudaBuf, _: &mut CudaBuf) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_add_bias(&self, _: &mut CudaBuf, _: &CudaBuf, _: usize, _: usize) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_col_sum(&self, _: &CudaBuf, _: usize, _: usize, _: f32, _: &mut CudaBuf) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_aggregate(&self, _: &CudaGraph, _: &CudaBuf, _: usize, _: &mut CudaBuf) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_aggregate_backward(
-        &self,
-        _: &CudaGraph,
-        _: &CudaBuf,
-        _: usize,
-        _: &mut CudaBuf,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_attention_aggregate(
-        &self,
-        _: &CudaGraph,
-        _: &CudaBuf,
-        _: &CudaBuf,
-        _: &Attention<'_, CudaIndex>,
-        _: &mut CudaBuf,
-        _: &mut CudaBuf,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_attention_aggregate_backward(
-        &self,
-        _: &CudaGraph,
-        _: &CudaBuf,
-        _: &CudaBuf,
-        _: &CudaBuf,
-        _: &Attention<'_, CudaIndex>,
-        _: &CudaBuf,
-        _: &mut CudaBuf,
-        _: &mut CudaBuf,
-        _: &mut CudaBuf,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_relu(&self, _: &CudaBuf, _: &mut CudaBuf, _: usize) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_bias_relu(
-        &self,
-        _: &CudaBuf,
-        _: &CudaBuf,
-        _: &mut CudaBuf,
-        _: usize,
-        _: usize,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_relu_backward(&self, _: &CudaBuf, _: &mut CudaBuf, _: usize) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_dropout(
-        &self,
-        _: &CudaBuf,
-        _: &mut CudaBuf,
-        _: usize,
-        _: usize,
-        _: &CudaIndex,
-        _: f32,
-        _: DropoutKey,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_dropout_backward(
-        &self,
-        _: &mut CudaBuf,
-        _: usize,
-        _: usize,
-        _: &CudaIndex,
-        _: f32,
-        _: DropoutKey,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_axpy(&self, _: f32, _: &CudaBuf, _: &mut CudaBuf, _: usize) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_scale(&self, _: &mut CudaBuf, _: f32, _: usize) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_layer_norm(
-        &self,
-        _: &CudaBuf,
-        _: &CudaBuf,
-        _: &CudaBuf,
-        _: usize,
-        _: usize,
-        _: f32,
-        _: &mut CudaBuf,
-        _: &mut CudaBuf,
-        _: &mut CudaBuf,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_layer_norm_backward(
-        &self,
-        _: &CudaBuf,
-        _: &CudaBuf,
-        _: &CudaBuf,
-        _: &CudaBuf,
-        _: &CudaBuf,
-        _: usize,
-        _: usize,
-        _: &mut CudaBuf,
-        _: &mut CudaBuf,
-        _: &mut CudaBuf,
-    ) -> Result<()> {
-        match self.0 {}
-    }
-    fn run_cross_entropy(
-        &self,
-        _: &CudaBuf,
-        _: usize,
-        _: usize,
-        _: &CudaIndex,
-        _: &CudaIndex,
-        _: f32,
-        _: &mut CudaBuf,
-    ) -> Result<f64> {
-        match self.0 {}
-    }
-    fn run_sum_squares(&self, _: &CudaBuf, _: usize) -> Result<f64> {
-        match self.0 {}
-    }
-    fn run_adam_step(
-        &self,
-        _: &mut CudaBuf,
-        _: &CudaBuf,
-        _: &mut CudaBuf,
-        _: &mut CudaBuf,
-        _: usize,
-        _: &AdamStep,
-    ) -> Result<()> {
-        match self.0 {}
-    }
+
+    crate::kernel_list!(uncallable);
 }
 
 #[cfg(test)]

@@ -168,9 +168,11 @@ passed_as_is!(
 );
 
 /// Kernels that only pass their arguments (unwrapped) to the inner backend's: the arguments
-/// were checked once, by [`grandis_engine::Backend`] on the wrapper.
+/// were checked once, by [`grandis_engine::Backend`] on the wrapper. The list's second group
+/// (kernels taking an [`Attention`]) is written out above: its index sits inside a struct.
 macro_rules! forward {
-    ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*) => {
+    ([$($(#[$a:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*]
+     [$($attention:tt)*]) => {
         $(fn $name(&self $(, $arg: $ty)*) -> $ret {
             self.inner.$name($($arg.unwrapped()),*)
         })*
@@ -253,135 +255,7 @@ impl<B: Kernels> Kernels for Metered<B> {
     }
 
     // Everything else is the inner backend's.
-    forward! {
-        fn len(&self, buf: &Self::Buf) -> usize;
-        fn run_upload_into(&self, buf: &mut Self::Buf, offset: usize, host: &[f32]) -> Result<()>;
-        fn run_download(&self, buf: &Self::Buf, offset: usize, out: &mut [f32]) -> Result<()>;
-        fn index_len(&self, idx: &Self::Index) -> usize;
-        fn index_max(&self, idx: &Self::Index) -> Option<u32>;
-        fn run_fill(&self, buf: &mut Self::Buf, len: usize, value: f32) -> Result<()>;
-        fn run_copy_range(
-            &self,
-            src: &Self::Buf,
-            src_at: usize,
-            dst: &mut Self::Buf,
-            dst_at: usize,
-            len: usize,
-        ) -> Result<()>;
-        fn synchronize(&self) -> Result<()>;
-        fn run_gather_rows(
-            &self,
-            src: &Self::Buf,
-            cols: usize,
-            idx: &Self::Index,
-            out: &mut Self::Buf,
-        ) -> Result<()>;
-        fn run_scatter_add_rows(
-            &self,
-            src: &Self::Buf,
-            cols: usize,
-            idx: &Self::Index,
-            out: &mut Self::Buf,
-        ) -> Result<()>;
-        fn run_gemm(&self, shape: GemmShape, a: &Self::Buf, b: &Self::Buf, c: &mut Self::Buf)
-            -> Result<()>;
-        fn run_add_bias(&self, x: &mut Self::Buf, bias: &Self::Buf, rows: usize, cols: usize)
-            -> Result<()>;
-        fn run_col_sum(
-            &self,
-            x: &Self::Buf,
-            rows: usize,
-            cols: usize,
-            beta: f32,
-            out: &mut Self::Buf,
-        ) -> Result<()>;
-        fn graph_dims(&self, graph: &Self::Graph) -> (usize, usize, usize);
-        fn run_aggregate(&self, graph: &Self::Graph, x: &Self::Buf, d: usize, out: &mut Self::Buf)
-            -> Result<()>;
-        fn run_aggregate_backward(
-            &self,
-            graph: &Self::Graph,
-            grad_out: &Self::Buf,
-            d: usize,
-            grad_x: &mut Self::Buf,
-        ) -> Result<()>;
-        fn run_relu(&self, x: &Self::Buf, out: &mut Self::Buf, len: usize) -> Result<()>;
-        fn run_bias_relu(
-            &self,
-            y: &Self::Buf,
-            bias: &Self::Buf,
-            out: &mut Self::Buf,
-            rows: usize,
-            cols: usize,
-        ) -> Result<()>;
-        fn run_relu_backward(&self, y: &Self::Buf, grad: &mut Self::Buf, len: usize) -> Result<()>;
-        fn run_dropout(
-            &self,
-            x: &Self::Buf,
-            out: &mut Self::Buf,
-            rows: usize,
-            cols: usize,
-            global_ids: &Self::Index,
-            p: f32,
-            key: DropoutKey,
-        ) -> Result<()>;
-        fn run_dropout_backward(
-            &self,
-            grad: &mut Self::Buf,
-            rows: usize,
-            cols: usize,
-            global_ids: &Self::Index,
-            p: f32,
-            key: DropoutKey,
-        ) -> Result<()>;
-        fn run_axpy(&self, alpha: f32, x: &Self::Buf, y: &mut Self::Buf, len: usize) -> Result<()>;
-        fn run_scale(&self, x: &mut Self::Buf, alpha: f32, len: usize) -> Result<()>;
-        fn run_layer_norm(
-            &self,
-            x: &Self::Buf,
-            gamma: &Self::Buf,
-            beta: &Self::Buf,
-            rows: usize,
-            cols: usize,
-            eps: f32,
-            out: &mut Self::Buf,
-            mean: &mut Self::Buf,
-            rstd: &mut Self::Buf,
-        ) -> Result<()>;
-        fn run_layer_norm_backward(
-            &self,
-            grad_out: &Self::Buf,
-            x: &Self::Buf,
-            gamma: &Self::Buf,
-            mean: &Self::Buf,
-            rstd: &Self::Buf,
-            rows: usize,
-            cols: usize,
-            grad_x: &mut Self::Buf,
-            grad_gamma: &mut Self::Buf,
-            grad_beta: &mut Self::Buf,
-        ) -> Result<()>;
-        fn run_cross_entropy(
-            &self,
-            logits: &Self::Buf,
-            n: usize,
-            classes: usize,
-            rows: &Self::Index,
-            labels: &Self::Index,
-            normalizer: f32,
-            grad: &mut Self::Buf,
-        ) -> Result<f64>;
-        fn run_sum_squares(&self, x: &Self::Buf, len: usize) -> Result<f64>;
-        fn run_adam_step(
-            &self,
-            param: &mut Self::Buf,
-            grad: &Self::Buf,
-            m: &mut Self::Buf,
-            v: &mut Self::Buf,
-            len: usize,
-            step: &AdamStep,
-        ) -> Result<()>;
-    }
+    grandis_engine::kernel_list!(forward);
 }
 
 #[cfg(test)]
