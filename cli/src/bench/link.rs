@@ -11,9 +11,10 @@
 
 use anyhow::{bail, Context};
 use grandis_models::ModelConfig;
-use grandis_store::{Dataset, DatasetView, EdgeSplitOptions, InMemoryDataset, Split};
+use grandis_store::{Dataset, DatasetView, EdgeSplitOptions, InMemoryDataset, LinkSplit, Split};
 use grandis_trainer::{CheckpointOptions, EvalSchedule, Objective, TrainOptions};
 
+use super::mean;
 use super::train::BenchTrainArgs;
 
 /// The held-out fractions of PyG's link_pred.py.
@@ -37,6 +38,15 @@ struct Run {
     peak_device_bytes: Option<u64>,
 }
 
+impl super::SeedRun for Run {
+    fn describe(&self) -> String {
+        format!(
+            "test AUC {:.4} (val {:.4}), median epoch {:.4}s",
+            self.test_auc, self.val_auc, self.median_epoch_s
+        )
+    }
+}
+
 pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
     let data = args
         .data
@@ -55,123 +65,129 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
         .with_context(|| format!("opening dataset {}", data.display()))?;
     let view = dataset.view();
     let undirected = dataset.manifest().symmetric;
-    let mut ours = Vec::new();
-    let mut theirs = Vec::new();
-    for seed in args.seed..args.seed + args.seeds as u64 {
-        // Each seed's split of the edges, in memory beside a copy of the features; a dataset
-        // with its own split (its graph the message-passing one already) is used as it is.
-        let split_ds: (InMemoryDataset, grandis_store::LinkSplit);
-        let split_view = match view.links {
-            Some(_) => DatasetView {
-                train: &[],
-                val: &[],
-                test: &[],
-                ..view
-            },
-            None => {
-                let split_opts = EdgeSplitOptions {
-                    val: VAL,
-                    test: TEST,
-                    negatives: 1,
-                    seed,
-                };
-                let (graph, split) =
-                    grandis_store::split_edges(view.graph, undirected, &split_opts).map_err(
-                        |e| anyhow::anyhow!("splitting the edges of {}: {e}", data.display()),
-                    )?;
-                let ds = InMemoryDataset {
-                    name: dataset.manifest().name.clone(),
-                    graph,
-                    features: view.features.to_vec(),
-                    feature_dim: view.feature_dim,
-                    labels: view.labels.to_vec(),
-                    num_classes: view.num_classes,
-                    split: Split::default(),
-                    types: view.types.cloned(),
-                };
-                split_ds = (ds, split);
-                let mut v = split_ds.0.view();
-                v.links = Some(split_ds.1.view());
-                v
-            }
-        };
-
-        let config = ModelConfig {
-            kind: args.model,
-            layers: args.layers,
-            in_dim: split_view.feature_dim + args.embedding_dim,
-            hidden: args.hidden,
-            heads: args.heads,
-            output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
-            classes: args.out_dim,
-            dropout: args.dropout,
-            layer_norm: false,
-            seed,
-            relations: split_view
-                .types
-                .map(grandis_models::ModelRelation::of)
-                .unwrap_or_default(),
-            num_bases: None,
-        };
-        let opts = TrainOptions {
-            objective: Objective::Link {
-                negatives: args.negatives,
-                decoder: args.decoder,
-            },
-            // One warm-up epoch, then the timed ones, as the baseline counts them.
-            epochs: args.epochs + 1,
-            lr: args.lr,
-            weight_decay: 0.0,
-            adamw: false,
-            grad_clip: None,
-            seed,
-            eval: EvalSchedule::End,
-            embedding_dim: args.embedding_dim,
-        };
-        grandis_telemetry::reset_peak_rss();
-        let ck = CheckpointOptions::default();
-        let (report, peak_device_bytes) = match ordinal {
-            None => (
-                grandis_trainer::train(split_view, config, &opts, &ck, Some(args.threads), |_| {})?,
-                None,
-            ),
-            Some(ordinal) => {
-                let metered =
-                    grandis_parallel::metered::Metered::new(crate::device::cuda_backend(ordinal)?);
-                let meter = metered.meter.clone();
-                let report =
-                    grandis_trainer::train_on(metered, split_view, config, &opts, &ck, |_| {})?;
-                (report, Some(meter.peak()))
-            }
-        };
-        let link = report.link.context("the run reported no link scores")?;
-        let times: Vec<f64> = report.epochs.iter().skip(1).map(|e| e.seconds).collect();
-        let run = Run {
-            seed,
-            val_auc: link.val.auc,
-            test_auc: link.test.auc,
-            test_mrr: link.test.mrr,
-            test_hits_at_10: link.test.hits_at_10,
-            test_hits_at_50: link.test.hits_at_50,
-            median_epoch_s: grandis_telemetry::median(&times),
-            peak_rss_bytes: grandis_telemetry::peak_rss_bytes(),
-            peak_device_bytes,
-        };
-        eprintln!(
-            "seed {seed}: grandis test AUC {:.4} (val {:.4}), median epoch {:.4}s",
-            run.test_auc, run.val_auc, run.median_epoch_s
-        );
-        ours.push(run);
-        if args.baseline.is_some() {
-            let run = run_pyg(args, &split_view, seed)?;
-            eprintln!(
-                "seed {seed}: PyG     test AUC {:.4} (val {:.4}), median epoch {:.4}s",
-                run.test_auc, run.val_auc, run.median_epoch_s
-            );
-            theirs.push(run);
+    // Each seed's split of the edges, in memory beside a copy of the features; a dataset
+    // with its own split (its graph the message-passing one already) is used as it is.
+    let split = |seed: u64| -> anyhow::Result<Option<(InMemoryDataset, LinkSplit)>> {
+        if view.links.is_some() {
+            return Ok(None);
         }
-    }
+        let split_opts = EdgeSplitOptions {
+            val: VAL,
+            test: TEST,
+            negatives: 1,
+            seed,
+        };
+        let (graph, split) = grandis_store::split_edges(view.graph, undirected, &split_opts)
+            .map_err(|e| anyhow::anyhow!("splitting the edges of {}: {e}", data.display()))?;
+        let ds = InMemoryDataset {
+            name: dataset.manifest().name.clone(),
+            graph,
+            features: view.features.to_vec(),
+            feature_dim: view.feature_dim,
+            labels: view.labels.to_vec(),
+            num_classes: view.num_classes,
+            split: Split::default(),
+            types: view.types.cloned(),
+        };
+        Ok(Some((ds, split)))
+    };
+    let (ours, theirs) = super::over_seeds(
+        args,
+        split,
+        |split, seed| run_grandis(args, split_view(view, split), ordinal, seed),
+        |split, seed| run_pyg(args, &split_view(view, split), seed),
+    )?;
     report(args, data, &ours, &theirs)
+}
+
+/// The dataset one seed trains on: its own split of the edges, or the dataset itself (its
+/// node splits dropped) when it carries a link split.
+fn split_view<'a>(
+    view: DatasetView<'a>,
+    split: &'a Option<(InMemoryDataset, LinkSplit)>,
+) -> DatasetView<'a> {
+    match split {
+        None => DatasetView {
+            train: &[],
+            val: &[],
+            test: &[],
+            ..view
+        },
+        Some((ds, split)) => DatasetView {
+            links: Some(split.view()),
+            ..ds.view()
+        },
+    }
+}
+
+/// grandis on one seed's split (on `ordinal`'s GPU, metered, when given).
+fn run_grandis(
+    args: &BenchTrainArgs,
+    split_view: DatasetView<'_>,
+    ordinal: Option<usize>,
+    seed: u64,
+) -> anyhow::Result<Run> {
+    let config = ModelConfig {
+        kind: args.model,
+        layers: args.layers,
+        in_dim: split_view.feature_dim + args.embedding_dim,
+        hidden: args.hidden,
+        heads: args.heads,
+        output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
+        classes: args.out_dim,
+        dropout: args.dropout,
+        layer_norm: false,
+        seed,
+        relations: split_view
+            .types
+            .map(grandis_models::ModelRelation::of)
+            .unwrap_or_default(),
+        num_bases: None,
+    };
+    let opts = TrainOptions {
+        objective: Objective::Link {
+            negatives: args.negatives,
+            decoder: args.decoder,
+        },
+        // One warm-up epoch, then the timed ones, as the baseline counts them.
+        epochs: args.epochs + 1,
+        lr: args.lr,
+        weight_decay: 0.0,
+        adamw: false,
+        grad_clip: None,
+        seed,
+        eval: EvalSchedule::End,
+        embedding_dim: args.embedding_dim,
+    };
+    grandis_telemetry::reset_peak_rss();
+    let ck = CheckpointOptions::default();
+    let (report, peak_device_bytes) = match ordinal {
+        None => (
+            grandis_trainer::train(split_view, config, &opts, &ck, Some(args.threads), |_| {})?,
+            None,
+        ),
+        Some(ordinal) => {
+            let metered =
+                grandis_parallel::metered::Metered::new(crate::device::cuda_backend(ordinal)?);
+            let meter = metered.meter.clone();
+            let report =
+                grandis_trainer::train_on(metered, split_view, config, &opts, &ck, |_| {})?;
+            (report, Some(meter.peak()))
+        }
+    };
+    let link = report.link.context("the run reported no link scores")?;
+    let times: Vec<f64> = report.epochs.iter().skip(1).map(|e| e.seconds).collect();
+    Ok(Run {
+        seed,
+        val_auc: link.val.auc,
+        test_auc: link.test.auc,
+        test_mrr: link.test.mrr,
+        test_hits_at_10: link.test.hits_at_10,
+        test_hits_at_50: link.test.hits_at_50,
+        median_epoch_s: grandis_telemetry::median(&times),
+        peak_rss_bytes: grandis_telemetry::peak_rss_bytes(),
+        peak_device_bytes,
+    })
 }
 
 /// PyG on the same split: exported in the PyG layout, scripts/bench_pyg_link.py run on it.
@@ -208,10 +224,6 @@ fn run_pyg(
         peak_rss_bytes: num("peak_rss_bytes")? as u64,
         peak_device_bytes: v.get("peak_device_bytes").and_then(|x| x.as_u64()),
     })
-}
-
-fn mean(runs: &[Run], f: impl Fn(&Run) -> f64) -> f64 {
-    runs.iter().map(f).sum::<f64>() / runs.len().max(1) as f64
 }
 
 fn report(

@@ -109,3 +109,38 @@ impl Baseline {
         self.0.get(key)
     }
 }
+
+/// One seed's scores of a system in `bench train`'s seed-by-seed comparisons.
+pub(super) trait SeedRun {
+    /// What the progress line says of the run (its test and validation score, its epoch time).
+    fn describe(&self) -> String;
+}
+
+/// For each of `args.seeds` seeds from `args.seed`: prepares what both systems share (a
+/// split of the edges, say), runs grandis on it, then the baseline when there is one, saying
+/// each run's scores as it ends. Returns (grandis' runs, the baseline's runs).
+pub(super) fn over_seeds<P, R: SeedRun>(
+    args: &train::BenchTrainArgs,
+    mut prepare: impl FnMut(u64) -> anyhow::Result<P>,
+    mut ours: impl FnMut(&P, u64) -> anyhow::Result<R>,
+    mut theirs: impl FnMut(&P, u64) -> anyhow::Result<R>,
+) -> anyhow::Result<(Vec<R>, Vec<R>)> {
+    let (mut our_runs, mut their_runs) = (Vec::new(), Vec::new());
+    for seed in args.seed..args.seed + args.seeds as u64 {
+        let shared = prepare(seed)?;
+        let run = ours(&shared, seed)?;
+        eprintln!("seed {seed}: grandis {}", run.describe());
+        our_runs.push(run);
+        if args.baseline.is_some() {
+            let run = theirs(&shared, seed)?;
+            eprintln!("seed {seed}: PyG     {}", run.describe());
+            their_runs.push(run);
+        }
+    }
+    Ok((our_runs, their_runs))
+}
+
+/// The mean of `f` over `runs` (0 for none).
+pub(super) fn mean<R>(runs: &[R], f: impl Fn(&R) -> f64) -> f64 {
+    runs.iter().map(f).sum::<f64>() / runs.len().max(1) as f64
+}

@@ -12,6 +12,7 @@ use grandis_models::{ModelConfig, ModelRelation};
 use grandis_store::InMemoryDataset;
 use grandis_trainer::{CheckpointOptions, EvalSchedule, Objective, TrainOptions};
 
+use super::mean;
 use super::train::BenchTrainArgs;
 
 /// One system's run on one seed.
@@ -23,6 +24,15 @@ struct Run {
     final_loss: f64,
     median_epoch_s: f64,
     peak_rss_bytes: u64,
+}
+
+impl super::SeedRun for Run {
+    fn describe(&self) -> String {
+        format!(
+            "test {:.4} (val {:.4}), median epoch {:.4}s",
+            self.test_acc, self.val_acc, self.median_epoch_s
+        )
+    }
 }
 
 pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
@@ -61,23 +71,12 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
         grandis_import::export_npy(&ds.view(), &exported, false)
             .context("exporting the graph for PyG")?;
     }
-    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    for seed in args.seed..args.seed + args.seeds as u64 {
-        let run = run_grandis(args, &ds, seed)?;
-        eprintln!(
-            "seed {seed}: grandis test {:.4} (val {:.4}), median epoch {:.4}s",
-            run.test_acc, run.val_acc, run.median_epoch_s
-        );
-        ours.push(run);
-        if args.baseline.is_some() {
-            let run = run_pyg(args, &exported, seed)?;
-            eprintln!(
-                "seed {seed}: PyG     test {:.4} (val {:.4}), median epoch {:.4}s",
-                run.test_acc, run.val_acc, run.median_epoch_s
-            );
-            theirs.push(run);
-        }
-    }
+    let (ours, theirs) = super::over_seeds(
+        args,
+        |_| Ok(()),
+        |_, seed| run_grandis(args, &ds, seed),
+        |_, seed| run_pyg(args, &exported, seed),
+    )?;
     report(args, &ds, &ours, &theirs)
 }
 
@@ -137,10 +136,6 @@ fn run_pyg(args: &BenchTrainArgs, dir: &std::path::Path, seed: u64) -> anyhow::R
         median_epoch_s: num("median_epoch_s")?,
         peak_rss_bytes: num("peak_bytes")? as u64,
     })
-}
-
-fn mean(runs: &[Run], f: impl Fn(&Run) -> f64) -> f64 {
-    runs.iter().map(f).sum::<f64>() / runs.len().max(1) as f64
 }
 
 fn report(
