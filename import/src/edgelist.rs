@@ -57,54 +57,43 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, input: &Path) -> Result<Parts> {
     let mut delimiter = o.delimiter;
     let mut columns = None::<usize>;
     let mut first = true;
-    let mut read = 0u64;
-    let mut progress = Progress::new("edges", None);
-    while lines.advance()? {
-        let line = lines.line();
+    let read = text::read_edge_lines(&mut lines, &mut builder, |line| {
         let d = *delimiter.get_or_insert_with(|| Delimiter::detect(line));
         if first {
             first = false;
             if o.header || !text::is_numeric_line(line, d) {
                 tracing::info!("{}: skipping header line {:?}", input.display(), line);
-                continue;
+                return Ok(None);
             }
         }
         let mut count = 0usize;
         let mut ids = [0i64; 2];
         for field in d.fields(line) {
             if count < 2 {
-                ids[count] = text::parse_int(field).map_err(|m| lines.error(m))?;
+                ids[count] = text::parse_int(field)?;
             }
             count += 1;
         }
         if count < 2 {
-            return Err(lines.error(format!(
+            return Err(format!(
                 "{count} field(s); an edge needs a source and a destination (delimiter: {d})"
-            )));
+            ));
         }
         match columns {
             None => columns = Some(count),
             Some(c) if c != count => {
-                return Err(lines.error(format!(
+                return Err(format!(
                     "{count} fields, but earlier lines have {c} (ragged rows)"
-                )))
+                ))
             }
             Some(_) => {}
         }
         let bound = known.as_ref().map(|(n, _)| *n);
         let src_of_n = known.as_ref().map_or("", |(_, s)| s.as_str());
-        let src = vertex_id(ids[0], bound, src_of_n).map_err(|m| lines.error(m))?;
-        let dst = vertex_id(ids[1], bound, src_of_n).map_err(|m| lines.error(m))?;
-        builder
-            .push(src, dst)
-            .map_err(|e| lines.error(e.to_string()))?;
-        read += 1;
-        if read.is_multiple_of(1 << 20) {
-            progress.inc(1 << 20);
-        }
-    }
-    progress.inc(read % (1 << 20));
-    progress.finish();
+        let src = vertex_id(ids[0], bound, src_of_n)?;
+        let dst = vertex_id(ids[1], bound, src_of_n)?;
+        Ok(Some((src, dst)))
+    })?;
     if let Some(c) = columns.filter(|&c| c > 2) {
         ctx.provenance.push(format!(
             "edge list: {} extra column(s) per line ignored",

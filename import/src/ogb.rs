@@ -11,8 +11,6 @@
 
 use std::path::{Path, PathBuf};
 
-use grandis_telemetry::Progress;
-
 use crate::edgelist::{read_id_lines, read_label_lines, write_feature_table, write_no_features};
 use crate::error::{ImportError, Result};
 use crate::text::{self, Delimiter, Lines};
@@ -99,31 +97,16 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, input: &Path) -> Result<Parts> {
         .as_ref()
         .map_or(String::new(), |(_, p)| p.display().to_string());
     let mut builder = ctx.edge_builder(None)?;
-    let mut read = 0u64;
-    let mut progress = Progress::new("edges", None);
-    while lines.advance()? {
-        let line = lines.line();
+    let read = text::read_edge_lines(&mut lines, &mut builder, |line| {
         let mut fields = line.split(',').map(str::trim);
         let (Some(a), Some(b), None) = (fields.next(), fields.next(), fields.next()) else {
             let count = line.split(',').count();
-            return Err(lines.error(format!("{count} field(s); expected `src,dst` (ragged row)")));
+            return Err(format!("{count} field(s); expected `src,dst` (ragged row)"));
         };
-        let src = text::parse_int(a)
-            .and_then(|v| vertex_id(v, bound, &src_of_n))
-            .map_err(|m| lines.error(m))?;
-        let dst = text::parse_int(b)
-            .and_then(|v| vertex_id(v, bound, &src_of_n))
-            .map_err(|m| lines.error(m))?;
-        builder
-            .push(src, dst)
-            .map_err(|e| lines.error(e.to_string()))?;
-        read += 1;
-        if read.is_multiple_of(1 << 20) {
-            progress.inc(1 << 20);
-        }
-    }
-    progress.inc(read % (1 << 20));
-    progress.finish();
+        let src = text::parse_int(a).and_then(|v| vertex_id(v, bound, &src_of_n))?;
+        let dst = text::parse_int(b).and_then(|v| vertex_id(v, bound, &src_of_n))?;
+        Ok(Some((src, dst)))
+    })?;
     let edges = builder
         .finish(bound)
         .map_err(|e| crate::edge_error(&edge_path, e))?;

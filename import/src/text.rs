@@ -6,6 +6,8 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use grandis_telemetry::Progress;
+
 use crate::error::{ImportError, Result};
 
 /// Field separator of a text table.
@@ -142,6 +144,34 @@ impl Lines {
             message: message.into(),
         }
     }
+}
+
+/// Reads `lines` to their end into `builder`, one edge a line: `parse` turns a line into
+/// `(src, dst)`, `None` for a line to skip (a header), or a message that
+/// [`Lines::error`] places; progress is shown every 2^20 edges. Returns the edges read.
+pub fn read_edge_lines(
+    lines: &mut Lines,
+    builder: &mut grandis_store::EdgeListBuilder,
+    mut parse: impl FnMut(&str) -> Result<Option<(u32, u32)>, String>,
+) -> Result<u64> {
+    const STEP: u64 = 1 << 20;
+    let mut read = 0u64;
+    let mut progress = Progress::new("edges", None);
+    while lines.advance()? {
+        let Some((src, dst)) = parse(lines.line()).map_err(|m| lines.error(m))? else {
+            continue;
+        };
+        builder
+            .push(src, dst)
+            .map_err(|e| lines.error(e.to_string()))?;
+        read += 1;
+        if read.is_multiple_of(STEP) {
+            progress.inc(STEP);
+        }
+    }
+    progress.inc(read % STEP);
+    progress.finish();
+    Ok(read)
 }
 
 /// Parses a vertex id or label field. OGB and pandas sometimes write integers as `3.0`.
