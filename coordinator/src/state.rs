@@ -262,20 +262,7 @@ impl Core {
 
     pub fn submit(&mut self, spec: JobSpec, now: Instant) -> Result<JobStatus, ApiError> {
         let id = self.next_job_id;
-        let rec = JobRecord {
-            id,
-            spec,
-            state: JobState::Queued,
-            submitted_at_ms: now_ms(),
-            started_at_ms: None,
-            finished_at_ms: None,
-            servers: Vec::new(),
-            finished_servers: Vec::new(),
-            history: Vec::new(),
-            summary: None,
-            retries: Vec::new(),
-            checkpoint_epoch: None,
-        };
+        let rec = JobRecord::queued(id, spec, now_ms());
         self.store
             .put_job(&rec, Some((NEXT_JOB_ID, id + 1)), true)?;
         self.next_job_id = id + 1;

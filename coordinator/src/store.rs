@@ -45,6 +45,24 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
+    /// A job just submitted: queued, nothing run or reported yet.
+    pub fn queued(id: JobId, spec: JobSpec, submitted_at_ms: u64) -> JobRecord {
+        JobRecord {
+            id,
+            spec,
+            state: JobState::Queued,
+            submitted_at_ms,
+            started_at_ms: None,
+            finished_at_ms: None,
+            servers: Vec::new(),
+            finished_servers: Vec::new(),
+            history: Vec::new(),
+            summary: None,
+            retries: Vec::new(),
+            checkpoint_epoch: None,
+        }
+    }
+
     /// Which run of the job this is: 1, plus one per retry.
     pub fn attempt(&self) -> u32 {
         self.retries.len() as u32 + 1
@@ -384,22 +402,13 @@ mod tests {
     fn jobs_counters_and_terms_survive_reopening() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/c.redb");
+        let spec = JobSpec {
+            dataset: "d".into(),
+            ..JobSpec::default()
+        };
         let rec = JobRecord {
-            id: 4,
-            spec: JobSpec {
-                dataset: "d".into(),
-                ..JobSpec::default()
-            },
-            state: JobState::Queued,
-            submitted_at_ms: 9,
-            started_at_ms: None,
-            finished_at_ms: None,
-            servers: vec![],
-            finished_servers: vec![],
-            history: vec![],
-            summary: None,
-            retries: vec![],
             checkpoint_epoch: Some(2),
+            ..JobRecord::queued(4, spec, 9)
         };
         {
             let s = Store::open(&path).unwrap();
@@ -430,23 +439,11 @@ mod damage_tests {
     use super::*;
 
     fn job(id: u64) -> JobRecord {
-        JobRecord {
-            id,
-            spec: JobSpec {
-                dataset: format!("dataset-{id}-{}", "x".repeat(2000)),
-                ..JobSpec::default()
-            },
-            state: JobState::Queued,
-            submitted_at_ms: id,
-            started_at_ms: None,
-            finished_at_ms: None,
-            servers: vec![],
-            finished_servers: vec![],
-            history: vec![],
-            summary: None,
-            retries: vec![],
-            checkpoint_epoch: None,
-        }
+        let spec = JobSpec {
+            dataset: format!("dataset-{id}-{}", "x".repeat(2000)),
+            ..JobSpec::default()
+        };
+        JobRecord::queued(id, spec, id)
     }
 
     fn filled_database(dir: &Path) -> (PathBuf, Vec<u8>) {
