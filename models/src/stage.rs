@@ -95,6 +95,24 @@ impl AttentionLayer {
 }
 
 impl Stage {
+    /// A stage of `kind` from `d_in` to `d_out` columns with no parameters yet: builders set
+    /// the ones it has.
+    pub(crate) fn new(kind: StageKind, d_in: usize, d_out: usize) -> Stage {
+        Stage {
+            kind,
+            d_in,
+            d_out,
+            w_self: None,
+            w_neigh: None,
+            bias: None,
+            gamma: None,
+            beta: None,
+            attention: None,
+            relations: Vec::new(),
+            bases: None,
+        }
+    }
+
     /// Whether a conv stage reads neighbour rows (through a weight, or per relation).
     pub(crate) fn reads_neighbours(&self) -> bool {
         matches!(self.kind, StageKind::Conv { .. })

@@ -878,9 +878,7 @@ impl<'w, B: Backend> Worker<'w, B> {
                 .all_reduce_sum(&mut buf, Tag::other(epoch as u32, 0))
                 .context("loss all-reduce")?;
             let loss = (buf[0] as f64 + buf[1] as f64) / targets.max(1) as f64;
-            if !loss.is_finite() {
-                bail!("loss became {loss} at epoch {epoch}; try a lower --lr or --grad-clip");
-            }
+            grandis_trainer::check_loss(loss, epoch)?;
             train_peak = train_peak.max(meter.peak());
             let (train_acc, val_acc, val_auc) = if sh.opts.eval.after(epoch, sh.opts.epochs) {
                 // The last epoch's evaluation is the final one (logits included).

@@ -236,6 +236,15 @@ fn nan() -> f64 {
     f64::NAN
 }
 
+/// An epoch's loss that is not a number ends the run, naming the usual remedies: every
+/// trainer (single and distributed) checks it the same way.
+pub fn check_loss(loss: f64, epoch: usize) -> anyhow::Result<()> {
+    if !loss.is_finite() {
+        bail!("loss became {loss} at epoch {epoch}; try a lower --lr or --grad-clip");
+    }
+    Ok(())
+}
+
 /// What a training run reports at the end.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrainReport {
@@ -731,9 +740,7 @@ fn train_prepared<B: Backend>(
             _ => prepared.train_step(&mut model, emb.as_mut(), opts, epoch)?,
         };
         let seconds = start.elapsed().as_secs_f64();
-        if !loss.is_finite() {
-            bail!("loss became {loss} at epoch {epoch}; try a lower --lr or --grad-clip");
-        }
+        check_loss(loss, epoch)?;
         let (mut train_acc, mut val_acc, mut val_auc) = (f64::NAN, f64::NAN, f64::NAN);
         if opts.eval.after(epoch, opts.epochs) {
             let logits = prepared.logits(&model, emb.as_ref())?;

@@ -13,17 +13,9 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
     let w = pb.linear(0, "weight", c.in_dim, h);
     let bias = pb.bias(0, h, c.in_dim);
     stages.push(Stage {
-        kind: StageKind::Encoder,
-        d_in: c.in_dim,
-        d_out: h,
         w_self: Some(w),
-        w_neigh: None,
         bias: Some(bias),
-        gamma: None,
-        beta: None,
-        attention: None,
-        relations: Vec::new(),
-        bases: None,
+        ..Stage::new(StageKind::Encoder, c.in_dim, h)
     });
     for l in 0..c.layers {
         let s = stages.len();
@@ -32,22 +24,18 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         let bias = pb.bias(s, h, h);
         // The first convolution reads the encoder output directly (DeeperGCN).
         let (gamma, beta) = if l == 0 { (None, None) } else { pb.norm(s, h) };
+        let kind = StageKind::Conv {
+            pre: l > 0,
+            post: false,
+            residual: l > 0,
+        };
         stages.push(Stage {
-            kind: StageKind::Conv {
-                pre: l > 0,
-                post: false,
-                residual: l > 0,
-            },
-            d_in: h,
-            d_out: h,
             w_self,
             w_neigh,
             bias: Some(bias),
             gamma,
             beta,
-            attention: None,
-            relations: Vec::new(),
-            bases: None,
+            ..Stage::new(kind, h, h)
         });
     }
     let s = stages.len();
@@ -55,17 +43,11 @@ pub(super) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
     let w = pb.linear(s, "weight", h, c.classes);
     let bias = pb.bias(s, c.classes, h);
     stages.push(Stage {
-        kind: StageKind::Head,
-        d_in: h,
-        d_out: c.classes,
         w_self: Some(w),
-        w_neigh: None,
         bias: Some(bias),
         gamma,
         beta,
-        attention: None,
-        relations: Vec::new(),
-        bases: None,
+        ..Stage::new(StageKind::Head, h, c.classes)
     });
     stages
 }
