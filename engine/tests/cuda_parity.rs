@@ -11,12 +11,12 @@
 //! `cargo test -p grandis-engine --features cuda --test cuda_parity -- --nocapture`.
 #![cfg(feature = "cuda")]
 
+mod common;
+
+use common::{cpu, random_graph, rnd};
 use grandis_engine::cuda::{driver_library_present, CudaBackend};
 use grandis_engine::norm::{full_block, global_scales, sub_block, Aggregation};
-use grandis_engine::{
-    dropout_keep, dropout_threshold, AdamStep, Backend, CpuBackend, DropoutKey, Kernels,
-};
-use grandis_store::{CsrGraph, EdgeOptions};
+use grandis_engine::{dropout_keep, dropout_threshold, AdamStep, Backend, DropoutKey, Kernels};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -28,23 +28,6 @@ const FLOOR: f32 = 0.1;
 
 fn gpu() -> Option<CudaBackend> {
     grandis_engine::cuda::device_for_tests()
-}
-
-fn cpu() -> CpuBackend {
-    CpuBackend::new(Some(2)).unwrap()
-}
-
-fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    let mut r = ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| r.gen_range(-1.0f32..1.0)).collect()
-}
-
-fn random_graph(n: usize, edges: usize, seed: u64) -> CsrGraph {
-    let mut r = ChaCha8Rng::seed_from_u64(seed);
-    let pairs: Vec<(u32, u32)> = (0..edges)
-        .map(|_| (r.gen_range(0..n as u32), r.gen_range(0..n as u32)))
-        .collect();
-    grandis_store::graph_from_edges(n as u64, pairs, EdgeOptions::default()).unwrap()
 }
 
 fn down(g: &CudaBackend, buf: &<CudaBackend as Kernels>::Buf) -> Vec<f32> {
@@ -324,17 +307,7 @@ fn aggregation_forward_and_backward_match_cpu_bit_for_bit() {
         for d in [1, 4, 5, 32, 100, 130, 256] {
             // The full graph, and a block with halo rows (every third vertex owned).
             let full = full_block(graph.view(), agg);
-            let dst: Vec<u32> = (0..200).filter(|v| v % 3 == 1).collect();
-            let mut src = dst.clone();
-            for &v in &dst {
-                for &u in graph.view().neighbors(v) {
-                    if !src.contains(&u) {
-                        src.push(u);
-                    }
-                }
-            }
-            let scales = global_scales(graph.view(), agg);
-            let part = sub_block(graph.view(), &scales, &dst, &src).unwrap();
+            let (_, _, part) = common::every_third_block(&graph, agg);
             for (label, blk) in [("full", &full), ("block", &part)] {
                 let name = format!("{agg:?} {label} d={d}");
                 let cg = c.upload_graph(blk).unwrap();

@@ -1,16 +1,13 @@
 //! Every backward of the CPU backend against central finite differences (in f64 around the
 //! f32 kernels, small sizes), plus block-vs-full aggregation and mask invariance.
 
+mod common;
+
+use common::{cpu, random_graph, rnd};
 use grandis_engine::norm::{full_block, global_scales, sub_block, Aggregation};
 use grandis_engine::{AdamStep, Backend, CpuBackend, DropoutKey, Kernels};
-use grandis_store::{CsrGraph, EdgeOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-fn rnd(n: usize, seed: u64) -> Vec<f32> {
-    let mut r = ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| r.gen_range(-1.0f32..1.0)).collect()
-}
 
 fn dot(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
@@ -40,18 +37,6 @@ fn fd_check_eps(name: &str, x: &[f32], analytic: &[f32], eps: f32, f: impl Fn(&[
         );
     }
     eprintln!("{name}: worst relative error {worst:.2e}");
-}
-
-fn cpu() -> CpuBackend {
-    CpuBackend::new(Some(2)).unwrap()
-}
-
-fn random_graph(n: usize, edges: usize, seed: u64) -> CsrGraph {
-    let mut r = ChaCha8Rng::seed_from_u64(seed);
-    let pairs: Vec<(u32, u32)> = (0..edges)
-        .map(|_| (r.gen_range(0..n as u32), r.gen_range(0..n as u32)))
-        .collect();
-    grandis_store::graph_from_edges(n as u64, pairs, EdgeOptions::default()).unwrap()
 }
 
 #[test]
@@ -193,17 +178,7 @@ fn block_aggregation_equals_full_graph_rows() {
         let mut want = vec![0.0; 30 * d];
         b.aggregate(&full, &x, d, &mut want).unwrap();
         // This "device" owns every third vertex; halo = everything its rows read.
-        let dst: Vec<u32> = (0..30).filter(|v| v % 3 == 1).collect();
-        let mut src = dst.clone();
-        for &v in &dst {
-            for &u in g.view().neighbors(v) {
-                if !src.contains(&u) {
-                    src.push(u);
-                }
-            }
-        }
-        let scales = global_scales(g.view(), agg);
-        let blk = sub_block(g.view(), &scales, &dst, &src).unwrap();
+        let (dst, src, blk) = common::every_third_block(&g, agg);
         let up = b.upload_graph(&blk).unwrap();
         let xs: Vec<f32> = src
             .iter()
