@@ -352,6 +352,15 @@ pub struct Relabel {
     pub buckets: Vec<u64>,
 }
 
+impl Relabel {
+    /// `ids` (old ids) under their new ids, ascending: a split's vertex list after relabelling.
+    pub fn map_sorted(&self, ids: &[u32]) -> Vec<u32> {
+        let mut out: Vec<u32> = ids.iter().map(|&v| self.old_to_new[v as usize]).collect();
+        out.par_sort_unstable();
+        out
+    }
+}
+
 pub fn relabel(a: &Assignment, servers: u32, devices: u32) -> Relabel {
     let n = a.server.len();
     let parts = servers as usize * devices as usize;
@@ -475,15 +484,10 @@ pub fn partition_dataset(
     let clusters = cluster_report(view.graph, &assignment, cfg.servers, cfg.devices);
     drop(assignment);
 
-    let map_sorted = |ids: &[u32]| -> Vec<u32> {
-        let mut out: Vec<u32> = ids.iter().map(|&v| r.old_to_new[v as usize]).collect();
-        out.par_sort_unstable();
-        out
-    };
     let split = grandis_store::Split {
-        train: map_sorted(view.train),
-        val: map_sorted(view.val),
-        test: map_sorted(view.test),
+        train: r.map_sorted(view.train),
+        val: r.map_sorted(view.val),
+        test: r.map_sorted(view.test),
     };
 
     // The relabelled dataset, streamed: memory stays O(V) whatever the graph's size.

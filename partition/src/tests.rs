@@ -36,12 +36,7 @@ fn quality_of(ds: &InMemoryDataset, symmetric: bool, c: &PartitionConfig) -> Qua
     let a = assign(&view, symmetric, c).unwrap();
     let r = relabel(&a, c.servers, c.devices);
     let g = relabel_graph(view.graph, &r);
-    let mut train: Vec<u32> = view
-        .train
-        .iter()
-        .map(|&v| r.old_to_new[v as usize])
-        .collect();
-    train.sort_unstable();
+    let train = r.map_sorted(view.train);
     quality::measure(
         g.view(),
         symmetric,

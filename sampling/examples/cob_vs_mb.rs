@@ -65,12 +65,7 @@ fn main() {
     });
     let graph =
         grandis_store::graph_from_edges(nodes, edges, EdgeOptions::default()).expect("relabel");
-    let mut train: Vec<u32> = view
-        .train
-        .iter()
-        .map(|&v| r.old_to_new[v as usize])
-        .collect();
-    train.sort_unstable();
+    let train = r.map_sorted(view.train);
     let bounds: Vec<u32> = r.starts.iter().map(|&s| s as u32).collect();
     let layout = Layout::from_bounds(servers as usize, devices as usize, &bounds).expect("layout");
     let splits = SplitMembership::from_lists(nodes as usize, &train, &[], &[]).expect("splits");
