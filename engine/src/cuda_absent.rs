@@ -162,12 +162,12 @@ impl OpProfile for CudaBackend {
 /// Implements the listed kernels of a backend that cannot exist: each body matches on the
 /// value none can make.
 macro_rules! uncallable {
-    ($([$($(#[$a:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*])*) => {
-        $($(
+    ($($(#[$a:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*) => {
+        $(
             fn $name(&self $(, _: $ty)*) -> $ret {
                 match self.0 {}
             }
-        )*)*
+        )*
     };
 }
 

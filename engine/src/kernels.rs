@@ -31,197 +31,218 @@ pub struct GemmShape {
 /// The methods of [`Kernels`] that every implementation has in the same form, listed once and
 /// handed to the macro named `$m`: the trait declares them from this list, the build without
 /// CUDA implements them (none can be called), and a wrapper backend (parallel's `Metered`)
-/// forwards them. The first group takes only plain arguments; the second's take an
-/// [`crate::Attention`], whose dropout holds an index that a wrapper must unwrap itself.
-/// Adding a kernel is one entry here and its body in each real backend.
+/// forwards them. Adding a kernel is one entry here and its body in each real backend.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! kernel_list {
     ($m:ident) => {
         $m! {
-            [
-                /// Number of `f32` elements in `buf`.
-                fn len(&self, buf: &Self::Buf) -> usize;
-                /// Number of entries in an index buffer.
-                fn index_len(&self, idx: &Self::Index) -> usize;
-                /// The largest entry of an index buffer (`None` when empty), for range checks: a backend
-                /// that keeps the host copy's maximum from the upload answers without a pass.
-                fn index_max(&self, idx: &Self::Index) -> Option<u32>;
-                /// Waits until all queued work is done (for timing).
-                fn synchronize(&self) -> $crate::Result<()>;
-                /// `(n_dst, n_src, num_edges)` of an uploaded graph.
-                fn graph_dims(&self, graph: &Self::Graph) -> (usize, usize, usize);
+            /// Number of `f32` elements in `buf`.
+            fn len(&self, buf: &Self::Buf) -> usize;
+            /// Number of entries in an index buffer.
+            fn index_len(&self, idx: &Self::Index) -> usize;
+            /// The largest entry of an index buffer (`None` when empty), for range checks: a
+            /// backend that keeps the host copy's maximum from the upload answers without a
+            /// pass.
+            fn index_max(&self, idx: &Self::Index) -> Option<u32>;
+            /// Waits until all queued work is done (for timing).
+            fn synchronize(&self) -> $crate::Result<()>;
+            /// `(n_dst, n_src, num_edges)` of an uploaded graph.
+            fn graph_dims(&self, graph: &Self::Graph) -> (usize, usize, usize);
 
-                // ---- the operations, arguments checked ----------------------------------------------
+            // ---- the operations, arguments checked ----------------------------------------------
 
 
-                fn run_upload_into(&self, buf: &mut Self::Buf, offset: usize, host: &[f32]) -> $crate::Result<()>;
-                fn run_download(&self, buf: &Self::Buf, offset: usize, out: &mut [f32]) -> $crate::Result<()>;
-                fn run_fill(&self, buf: &mut Self::Buf, len: usize, value: f32) -> $crate::Result<()>;
-                fn run_copy_range(
-                    &self,
-                    src: &Self::Buf,
-                    src_at: usize,
-                    dst: &mut Self::Buf,
-                    dst_at: usize,
-                    len: usize,
-                ) -> $crate::Result<()>;
-                fn run_gather_rows(
-                    &self,
-                    src: &Self::Buf,
-                    cols: usize,
-                    idx: &Self::Index,
-                    out: &mut Self::Buf,
-                ) -> $crate::Result<()>;
-                fn run_scatter_add_rows(
-                    &self,
-                    src: &Self::Buf,
-                    cols: usize,
-                    idx: &Self::Index,
-                    out: &mut Self::Buf,
-                ) -> $crate::Result<()>;
-                fn run_gemm(
-                    &self,
-                    shape: $crate::GemmShape,
-                    a: &Self::Buf,
-                    b: &Self::Buf,
-                    c: &mut Self::Buf,
-                ) -> $crate::Result<()>;
-                fn run_add_bias(
-                    &self,
-                    x: &mut Self::Buf,
-                    bias: &Self::Buf,
-                    rows: usize,
-                    cols: usize,
-                ) -> $crate::Result<()>;
-                fn run_col_sum(
-                    &self,
-                    x: &Self::Buf,
-                    rows: usize,
-                    cols: usize,
-                    beta: f32,
-                    out: &mut Self::Buf,
-                ) -> $crate::Result<()>;
-                fn run_aggregate(
-                    &self,
-                    graph: &Self::Graph,
-                    x: &Self::Buf,
-                    d: usize,
-                    out: &mut Self::Buf,
-                ) -> $crate::Result<()>;
-                fn run_aggregate_backward(
-                    &self,
-                    graph: &Self::Graph,
-                    grad_out: &Self::Buf,
-                    d: usize,
-                    grad_x: &mut Self::Buf,
-                ) -> $crate::Result<()>;
-                fn run_relu(&self, x: &Self::Buf, out: &mut Self::Buf, len: usize) -> $crate::Result<()>;
-                fn run_bias_relu(
-                    &self,
-                    y: &Self::Buf,
-                    bias: &Self::Buf,
-                    out: &mut Self::Buf,
-                    rows: usize,
-                    cols: usize,
-                ) -> $crate::Result<()>;
-                fn run_relu_backward(&self, y: &Self::Buf, grad: &mut Self::Buf, len: usize) -> $crate::Result<()>;
-                #[allow(clippy::too_many_arguments)]
-                fn run_dropout(
-                    &self,
-                    x: &Self::Buf,
-                    out: &mut Self::Buf,
-                    rows: usize,
-                    cols: usize,
-                    global_ids: &Self::Index,
-                    p: f32,
-                    key: $crate::DropoutKey,
-                ) -> $crate::Result<()>;
-                fn run_dropout_backward(
-                    &self,
-                    grad: &mut Self::Buf,
-                    rows: usize,
-                    cols: usize,
-                    global_ids: &Self::Index,
-                    p: f32,
-                    key: $crate::DropoutKey,
-                ) -> $crate::Result<()>;
-                fn run_axpy(&self, alpha: f32, x: &Self::Buf, y: &mut Self::Buf, len: usize) -> $crate::Result<()>;
-                fn run_scale(&self, x: &mut Self::Buf, alpha: f32, len: usize) -> $crate::Result<()>;
-                #[allow(clippy::too_many_arguments)]
-                fn run_layer_norm(
-                    &self,
-                    x: &Self::Buf,
-                    gamma: &Self::Buf,
-                    beta: &Self::Buf,
-                    rows: usize,
-                    cols: usize,
-                    eps: f32,
-                    out: &mut Self::Buf,
-                    mean: &mut Self::Buf,
-                    rstd: &mut Self::Buf,
-                ) -> $crate::Result<()>;
-                #[allow(clippy::too_many_arguments)]
-                fn run_layer_norm_backward(
-                    &self,
-                    grad_out: &Self::Buf,
-                    x: &Self::Buf,
-                    gamma: &Self::Buf,
-                    mean: &Self::Buf,
-                    rstd: &Self::Buf,
-                    rows: usize,
-                    cols: usize,
-                    grad_x: &mut Self::Buf,
-                    grad_gamma: &mut Self::Buf,
-                    grad_beta: &mut Self::Buf,
-                ) -> $crate::Result<()>;
-                #[allow(clippy::too_many_arguments)]
-                fn run_cross_entropy(
-                    &self,
-                    logits: &Self::Buf,
-                    n: usize,
-                    classes: usize,
-                    rows: &Self::Index,
-                    labels: &Self::Index,
-                    normalizer: f32,
-                    grad: &mut Self::Buf,
-                ) -> $crate::Result<f64>;
-                fn run_sum_squares(&self, x: &Self::Buf, len: usize) -> $crate::Result<f64>;
-                fn run_adam_step(
-                    &self,
-                    param: &mut Self::Buf,
-                    grad: &Self::Buf,
-                    m: &mut Self::Buf,
-                    v: &mut Self::Buf,
-                    len: usize,
-                    step: &$crate::AdamStep,
-                ) -> $crate::Result<()>;
-            ]
-            [
-                #[allow(clippy::too_many_arguments)]
-                fn run_attention_aggregate(
-                    &self,
-                    graph: &Self::Graph,
-                    x: &Self::Buf,
-                    scores: &Self::Buf,
-                    att: &$crate::Attention<'_, Self::Index>,
-                    out: &mut Self::Buf,
-                    lse: &mut Self::Buf,
-                ) -> $crate::Result<()>;
-                #[allow(clippy::too_many_arguments)]
-                fn run_attention_aggregate_backward(
-                    &self,
-                    graph: &Self::Graph,
-                    x: &Self::Buf,
-                    scores: &Self::Buf,
-                    lse: &Self::Buf,
-                    att: &$crate::Attention<'_, Self::Index>,
-                    grad_out: &Self::Buf,
-                    grad_x: &mut Self::Buf,
-                    grad_scores: &mut Self::Buf,
-                    scratch: &mut Self::Buf,
-                ) -> $crate::Result<()>;
-            ]
+            fn run_upload_into(
+                &self,
+                buf: &mut Self::Buf,
+                offset: usize,
+                host: &[f32],
+            ) -> $crate::Result<()>;
+            fn run_download(
+                &self,
+                buf: &Self::Buf,
+                offset: usize,
+                out: &mut [f32],
+            ) -> $crate::Result<()>;
+            fn run_fill(&self, buf: &mut Self::Buf, len: usize, value: f32) -> $crate::Result<()>;
+            fn run_copy_range(
+                &self,
+                src: &Self::Buf,
+                src_at: usize,
+                dst: &mut Self::Buf,
+                dst_at: usize,
+                len: usize,
+            ) -> $crate::Result<()>;
+            fn run_gather_rows(
+                &self,
+                src: &Self::Buf,
+                cols: usize,
+                idx: &Self::Index,
+                out: &mut Self::Buf,
+            ) -> $crate::Result<()>;
+            fn run_scatter_add_rows(
+                &self,
+                src: &Self::Buf,
+                cols: usize,
+                idx: &Self::Index,
+                out: &mut Self::Buf,
+            ) -> $crate::Result<()>;
+            fn run_gemm(
+                &self,
+                shape: $crate::GemmShape,
+                a: &Self::Buf,
+                b: &Self::Buf,
+                c: &mut Self::Buf,
+            ) -> $crate::Result<()>;
+            fn run_add_bias(
+                &self,
+                x: &mut Self::Buf,
+                bias: &Self::Buf,
+                rows: usize,
+                cols: usize,
+            ) -> $crate::Result<()>;
+            fn run_col_sum(
+                &self,
+                x: &Self::Buf,
+                rows: usize,
+                cols: usize,
+                beta: f32,
+                out: &mut Self::Buf,
+            ) -> $crate::Result<()>;
+            fn run_aggregate(
+                &self,
+                graph: &Self::Graph,
+                x: &Self::Buf,
+                d: usize,
+                out: &mut Self::Buf,
+            ) -> $crate::Result<()>;
+            fn run_aggregate_backward(
+                &self,
+                graph: &Self::Graph,
+                grad_out: &Self::Buf,
+                d: usize,
+                grad_x: &mut Self::Buf,
+            ) -> $crate::Result<()>;
+            fn run_relu(
+                &self,
+                x: &Self::Buf,
+                out: &mut Self::Buf,
+                len: usize,
+            ) -> $crate::Result<()>;
+            fn run_bias_relu(
+                &self,
+                y: &Self::Buf,
+                bias: &Self::Buf,
+                out: &mut Self::Buf,
+                rows: usize,
+                cols: usize,
+            ) -> $crate::Result<()>;
+            fn run_relu_backward(
+                &self,
+                y: &Self::Buf,
+                grad: &mut Self::Buf,
+                len: usize,
+            ) -> $crate::Result<()>;
+            #[allow(clippy::too_many_arguments)]
+            fn run_dropout(
+                &self,
+                x: &Self::Buf,
+                out: &mut Self::Buf,
+                rows: usize,
+                cols: usize,
+                global_ids: &Self::Index,
+                p: f32,
+                key: $crate::DropoutKey,
+            ) -> $crate::Result<()>;
+            fn run_dropout_backward(
+                &self,
+                grad: &mut Self::Buf,
+                rows: usize,
+                cols: usize,
+                global_ids: &Self::Index,
+                p: f32,
+                key: $crate::DropoutKey,
+            ) -> $crate::Result<()>;
+            fn run_axpy(
+                &self,
+                alpha: f32,
+                x: &Self::Buf,
+                y: &mut Self::Buf,
+                len: usize,
+            ) -> $crate::Result<()>;
+            fn run_scale(&self, x: &mut Self::Buf, alpha: f32, len: usize) -> $crate::Result<()>;
+            #[allow(clippy::too_many_arguments)]
+            fn run_layer_norm(
+                &self,
+                x: &Self::Buf,
+                gamma: &Self::Buf,
+                beta: &Self::Buf,
+                rows: usize,
+                cols: usize,
+                eps: f32,
+                out: &mut Self::Buf,
+                mean: &mut Self::Buf,
+                rstd: &mut Self::Buf,
+            ) -> $crate::Result<()>;
+            #[allow(clippy::too_many_arguments)]
+            fn run_layer_norm_backward(
+                &self,
+                grad_out: &Self::Buf,
+                x: &Self::Buf,
+                gamma: &Self::Buf,
+                mean: &Self::Buf,
+                rstd: &Self::Buf,
+                rows: usize,
+                cols: usize,
+                grad_x: &mut Self::Buf,
+                grad_gamma: &mut Self::Buf,
+                grad_beta: &mut Self::Buf,
+            ) -> $crate::Result<()>;
+            #[allow(clippy::too_many_arguments)]
+            fn run_cross_entropy(
+                &self,
+                logits: &Self::Buf,
+                n: usize,
+                classes: usize,
+                rows: &Self::Index,
+                labels: &Self::Index,
+                normalizer: f32,
+                grad: &mut Self::Buf,
+            ) -> $crate::Result<f64>;
+            fn run_sum_squares(&self, x: &Self::Buf, len: usize) -> $crate::Result<f64>;
+            fn run_adam_step(
+                &self,
+                param: &mut Self::Buf,
+                grad: &Self::Buf,
+                m: &mut Self::Buf,
+                v: &mut Self::Buf,
+                len: usize,
+                step: &$crate::AdamStep,
+            ) -> $crate::Result<()>;
+            #[allow(clippy::too_many_arguments)]
+            fn run_attention_aggregate(
+                &self,
+                graph: &Self::Graph,
+                x: &Self::Buf,
+                scores: &Self::Buf,
+                att: &$crate::Attention<'_, Self::Index>,
+                out: &mut Self::Buf,
+                lse: &mut Self::Buf,
+            ) -> $crate::Result<()>;
+            #[allow(clippy::too_many_arguments)]
+            fn run_attention_aggregate_backward(
+                &self,
+                graph: &Self::Graph,
+                x: &Self::Buf,
+                scores: &Self::Buf,
+                lse: &Self::Buf,
+                att: &$crate::Attention<'_, Self::Index>,
+                grad_out: &Self::Buf,
+                grad_x: &mut Self::Buf,
+                grad_scores: &mut Self::Buf,
+                scratch: &mut Self::Buf,
+            ) -> $crate::Result<()>;
         }
     };
 }
@@ -229,10 +250,8 @@ macro_rules! kernel_list {
 /// Declares the listed methods (their documentation is on [`crate::Backend`]'s methods of
 /// the same name without `run_`).
 macro_rules! declare {
-    ([$($(#[$a:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*]
-     [$($(#[$b:meta])* fn $bname:ident(&self $(, $barg:ident: $bty:ty)* $(,)?) -> $bret:ty;)*]) => {
+    ($($(#[$a:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*) => {
         $($(#[$a])* fn $name(&self $(, $arg: $ty)*) -> $ret;)*
-        $($(#[$b])* fn $bname(&self $(, $barg: $bty)*) -> $bret;)*
     };
 }
 

@@ -110,25 +110,11 @@ pub fn graph_bytes(g: &BlockGraph) -> u64 {
     ((g.n_dst + 1 + g.n_src + 1) * 8 + 2 * g.indices.len() * 4 + 2 * scales * 4) as u64
 }
 
-/// `att` with its index unwrapped for the inner backend.
-fn inner_attention<'a, I>(att: &Attention<'a, MeteredValue<I>>) -> Attention<'a, I> {
-    Attention {
-        heads: att.heads,
-        head_dim: att.head_dim,
-        concat: att.concat,
-        negative_slope: att.negative_slope,
-        dropout: att.dropout.as_ref().map(|d| AttentionDropout {
-            global_ids: &d.global_ids.inner,
-            p: d.p,
-            key: d.key,
-        }),
-    }
-}
-
 /// What a wrapped argument becomes for the inner backend: a metered value its inner value,
-/// anything else itself. Lets [`forward!`] pass every argument the same way.
+/// an [`Attention`] one holding the inner index, anything else itself. Lets [`forward!`]
+/// pass every argument the same way.
 trait Unwrapped {
-    type Inner;
+    type Inner: Lend;
     fn unwrapped(self) -> Self::Inner;
 }
 
@@ -146,7 +132,81 @@ impl<'a, T> Unwrapped for &'a mut MeteredValue<T> {
     }
 }
 
+impl<'a, I> Unwrapped for &Attention<'a, MeteredValue<I>> {
+    type Inner = Attention<'a, I>;
+    fn unwrapped(self) -> Attention<'a, I> {
+        Attention {
+            heads: self.heads,
+            head_dim: self.head_dim,
+            concat: self.concat,
+            negative_slope: self.negative_slope,
+            dropout: self.dropout.as_ref().map(|d| AttentionDropout {
+                global_ids: &d.global_ids.inner,
+                p: d.p,
+                key: d.key,
+            }),
+        }
+    }
+}
+
+/// How an unwrapped argument is passed on: references and scalars as they are, a rebuilt
+/// [`Attention`] (a value) by reference, as the kernel takes it.
+trait Lend {
+    type Out<'x>
+    where
+        Self: 'x;
+    fn lend(&mut self) -> Self::Out<'_>;
+}
+
+impl<'a, T: ?Sized> Lend for &'a T {
+    type Out<'x>
+        = &'a T
+    where
+        Self: 'x;
+    fn lend(&mut self) -> &'a T {
+        self
+    }
+}
+
+impl<T: ?Sized> Lend for &mut T {
+    type Out<'x>
+        = &'x mut T
+    where
+        Self: 'x;
+    fn lend(&mut self) -> &mut T {
+        self
+    }
+}
+
+impl<'a, I> Lend for Attention<'a, I> {
+    type Out<'x>
+        = &'x Attention<'a, I>
+    where
+        Self: 'x;
+    fn lend(&mut self) -> &Attention<'a, I> {
+        self
+    }
+}
+
 macro_rules! passed_as_is {
+    ($($t:ty),*) => {
+        $(impl<'a> Unwrapped for $t {
+            type Inner = $t;
+            fn unwrapped(self) -> $t {
+                self
+            }
+        })*
+        $(impl Lend for $t {
+            type Out<'x> = $t where Self: 'x;
+            fn lend(&mut self) -> $t {
+                *self
+            }
+        })*
+    };
+}
+passed_as_is!(bool, usize, f32, DropoutKey, GemmShape);
+
+macro_rules! passed_as_is_ref {
     ($($t:ty),*) => {
         $(impl<'a> Unwrapped for $t {
             type Inner = $t;
@@ -156,25 +216,14 @@ macro_rules! passed_as_is {
         })*
     };
 }
-passed_as_is!(
-    bool,
-    usize,
-    f32,
-    DropoutKey,
-    GemmShape,
-    &'a [f32],
-    &'a mut [f32],
-    &'a AdamStep
-);
+passed_as_is_ref!(&'a [f32], &'a mut [f32], &'a AdamStep);
 
 /// Kernels that only pass their arguments (unwrapped) to the inner backend's: the arguments
-/// were checked once, by [`grandis_engine::Backend`] on the wrapper. The list's second group
-/// (kernels taking an [`Attention`]) is written out above: its index sits inside a struct.
+/// were checked once, by [`grandis_engine::Backend`] on the wrapper.
 macro_rules! forward {
-    ([$($(#[$a:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*]
-     [$($attention:tt)*]) => {
+    ($($(#[$a:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*) => {
         $(fn $name(&self $(, $arg: $ty)*) -> $ret {
-            self.inner.$name($($arg.unwrapped()),*)
+            self.inner.$name($(Lend::lend(&mut Unwrapped::unwrapped($arg))),*)
         })*
     };
 }
@@ -208,50 +257,6 @@ impl<B: Kernels> Kernels for Metered<B> {
     fn upload_block(&self, graph: &BlockGraph, transpose: &ScaledCsr) -> Result<Self::Graph> {
         let g = self.inner.upload_block(graph, transpose)?;
         Ok(MeteredValue::new(g, &self.meter, graph_bytes(graph)))
-    }
-
-    // The attention parameters hold an index: rewrapped for the inner backend.
-    fn run_attention_aggregate(
-        &self,
-        graph: &Self::Graph,
-        x: &Self::Buf,
-        scores: &Self::Buf,
-        att: &Attention<'_, Self::Index>,
-        out: &mut Self::Buf,
-        lse: &mut Self::Buf,
-    ) -> Result<()> {
-        self.inner.run_attention_aggregate(
-            &graph.inner,
-            &x.inner,
-            &scores.inner,
-            &inner_attention(att),
-            &mut out.inner,
-            &mut lse.inner,
-        )
-    }
-    fn run_attention_aggregate_backward(
-        &self,
-        graph: &Self::Graph,
-        x: &Self::Buf,
-        scores: &Self::Buf,
-        lse: &Self::Buf,
-        att: &Attention<'_, Self::Index>,
-        grad_out: &Self::Buf,
-        grad_x: &mut Self::Buf,
-        grad_scores: &mut Self::Buf,
-        scratch: &mut Self::Buf,
-    ) -> Result<()> {
-        self.inner.run_attention_aggregate_backward(
-            &graph.inner,
-            &x.inner,
-            &scores.inner,
-            &lse.inner,
-            &inner_attention(att),
-            &grad_out.inner,
-            &mut grad_x.inner,
-            &mut grad_scores.inner,
-            &mut scratch.inner,
-        )
     }
 
     // Everything else is the inner backend's.
