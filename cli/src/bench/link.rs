@@ -9,7 +9,7 @@
 //! semantics on both sides; their mean differences in points), the median epoch and the peak
 //! RSS of each, as ratios.
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use grandis_models::ModelConfig;
 use grandis_store::{Dataset, DatasetView, EdgeSplitOptions, InMemoryDataset, LinkSplit, Split};
 use grandis_trainer::{CheckpointOptions, EvalSchedule, Objective, TrainOptions};
@@ -39,11 +39,9 @@ struct Run {
 }
 
 impl super::SeedRun for Run {
-    fn describe(&self) -> String {
-        format!(
-            "test AUC {:.4} (val {:.4}), median epoch {:.4}s",
-            self.test_auc, self.val_auc, self.median_epoch_s
-        )
+    const METRIC: &'static str = "test AUC";
+    fn scores(&self) -> [f64; 3] {
+        [self.test_auc, self.val_auc, self.median_epoch_s]
     }
 }
 
@@ -52,15 +50,10 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
         .data
         .as_ref()
         .context("--task link needs --data DIR (a dataset whose edges each seed splits)")?;
-    if args.seeds == 0 {
-        bail!("--seeds must be at least 1");
-    }
+    super::check_seed_args(args)?;
     // One device for both systems: grandis's encoder on it (the decoder on the rows read
     // back), PyG's whole model on the same `cuda:N`.
     let ordinal = crate::device::single_ordinal(&args.device);
-    if let Some(b) = args.baseline.as_deref().filter(|b| *b != "pyg") {
-        bail!("unknown --baseline '{b}' (expected pyg)");
-    }
     let dataset = Dataset::open_verified(data)
         .with_context(|| format!("opening dataset {}", data.display()))?;
     let view = dataset.view();

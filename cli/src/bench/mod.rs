@@ -112,8 +112,22 @@ impl Baseline {
 
 /// One seed's scores of a system in `bench train`'s seed-by-seed comparisons.
 pub(super) trait SeedRun {
-    /// What the progress line says of the run (its test and validation score, its epoch time).
-    fn describe(&self) -> String;
+    /// What the scores are ("test", "test AUC").
+    const METRIC: &'static str;
+    /// Test score, validation score, median epoch seconds.
+    fn scores(&self) -> [f64; 3];
+}
+
+/// The flags of a seed-by-seed comparison that nothing else checks: at least one seed, a
+/// baseline that exists.
+pub(super) fn check_seed_args(args: &train::BenchTrainArgs) -> anyhow::Result<()> {
+    if args.seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
+    if let Some(b) = args.baseline.as_deref().filter(|b| *b != "pyg") {
+        bail!("unknown --baseline '{b}' (expected pyg)");
+    }
+    Ok(())
 }
 
 /// For each of `args.seeds` seeds from `args.seed`: prepares what both systems share (a
@@ -128,12 +142,19 @@ pub(super) fn over_seeds<P, R: SeedRun>(
     let (mut our_runs, mut their_runs) = (Vec::new(), Vec::new());
     for seed in args.seed..args.seed + args.seeds as u64 {
         let shared = prepare(seed)?;
+        let say = |system: &str, run: &R| {
+            let [test, val, epoch] = run.scores();
+            eprintln!(
+                "seed {seed}: {system:<7} {} {test:.4} (val {val:.4}), median epoch {epoch:.4}s",
+                R::METRIC
+            );
+        };
         let run = ours(&shared, seed)?;
-        eprintln!("seed {seed}: grandis {}", run.describe());
+        say("grandis", &run);
         our_runs.push(run);
         if args.baseline.is_some() {
             let run = theirs(&shared, seed)?;
-            eprintln!("seed {seed}: PyG     {}", run.describe());
+            say("PyG", &run);
             their_runs.push(run);
         }
     }

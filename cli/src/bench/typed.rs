@@ -27,21 +27,14 @@ struct Run {
 }
 
 impl super::SeedRun for Run {
-    fn describe(&self) -> String {
-        format!(
-            "test {:.4} (val {:.4}), median epoch {:.4}s",
-            self.test_acc, self.val_acc, self.median_epoch_s
-        )
+    const METRIC: &'static str = "test";
+    fn scores(&self) -> [f64; 3] {
+        [self.test_acc, self.val_acc, self.median_epoch_s]
     }
 }
 
 pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
-    if args.seeds == 0 {
-        bail!("--seeds must be at least 1");
-    }
-    if let Some(b) = args.baseline.as_deref().filter(|b| *b != "pyg") {
-        bail!("unknown --baseline '{b}' (expected pyg)");
-    }
+    super::check_seed_args(args)?;
     if crate::device::single_ordinal(&args.device).is_some() {
         bail!(
             "--model {} runs on the CPU here (typed models on a GPU: issue 41)",
