@@ -85,6 +85,11 @@ pub struct Attention<'a, I> {
     pub concat: bool,
     /// Slope of the LeakyReLU on the attention logits (0.2 in GAT).
     pub negative_slope: f32,
+    /// Whether every destination attends to itself (PyG `GATConv`'s `add_self_loops`): the
+    /// block's own self-loops are skipped and each destination gets exactly one, after its
+    /// other edges. Without, the row's edges are the sources as they are (a relation between
+    /// two types, R-GAT's `add_self_loops=False`), and a destination with none outputs zeros.
+    pub self_loops: bool,
     /// Inverted dropout on the normalised coefficients, in training.
     pub dropout: Option<AttentionDropout<'a, I>>,
 }

@@ -245,9 +245,10 @@ pub trait Backend: Kernels {
         self.run_aggregate_backward(graph, grad_out, d, grad_x)
     }
 
-    /// GAT's attention-weighted aggregation (PyG `GATConv` semantics: the block's own
-    /// self-loops, edges `v -> v`, are skipped and every destination gets exactly one, after its
-    /// other edges). For destination `v`, head `h`, over the sources `u` of row `v` and `v`:
+    /// GAT's attention-weighted aggregation (PyG `GATConv` semantics: with
+    /// [`Attention::self_loops`] the block's own self-loops, edges `v -> v`, are skipped and
+    /// every destination gets exactly one, after its other edges; without, the row's edges as
+    /// they are). For destination `v`, head `h`, over its sources `u`:
     ///
     /// ```text
     /// e_u     = leaky_relu(scores[u, h] + scores[v, H + h], negative_slope)
@@ -259,8 +260,9 @@ pub trait Backend: Kernels {
     ///
     /// `x` is `n_src x (H * F)`, `scores` is `n_src x 2H` (columns `0..H`: the source terms
     /// `x_u · att_src[h]`; `H..2H`: the destination terms, read for `v < n_dst` only).
-    /// OVERWRITES `out` (`n_dst x out_cols`) and `lse` (`n_dst x H`, for the backward).
-    /// Sources are visited in row order, then the self-loop.
+    /// OVERWRITES `out` (`n_dst x out_cols`) and `lse` (`n_dst x H`, for the backward; 0 for a
+    /// destination without sources, whose output is 0). Sources are visited in row order, then
+    /// the self-loop.
     #[allow(clippy::too_many_arguments)]
     fn attention_aggregate(
         &self,

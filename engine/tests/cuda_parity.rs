@@ -714,6 +714,7 @@ fn attention<I>(
         head_dim,
         concat,
         negative_slope: 0.2,
+        self_loops: true,
         dropout: p.map(|p| grandis_engine::AttentionDropout { global_ids, p, key }),
     }
 }

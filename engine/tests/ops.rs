@@ -610,6 +610,7 @@ fn naive_attention(
     heads: usize,
     f: usize,
     concat: bool,
+    self_loops: bool,
     keep: &dyn Fn(usize, usize, usize) -> f64,
 ) -> Vec<f64> {
     let c = heads * f;
@@ -620,9 +621,11 @@ fn naive_attention(
         let mut srcs: Vec<usize> = row
             .iter()
             .map(|&u| u as usize)
-            .filter(|&u| u != v)
+            .filter(|&u| !self_loops || u != v)
             .collect();
-        srcs.push(v);
+        if self_loops {
+            srcs.push(v);
+        }
         for h in 0..heads {
             let e: Vec<f64> = srcs
                 .iter()
@@ -685,6 +688,7 @@ fn attention<'a>(
         head_dim: f,
         concat,
         negative_slope: 0.2,
+        self_loops: true,
         dropout: drop.map(|(ids, p)| AttentionDropout {
             global_ids: ids,
             p,
@@ -703,23 +707,29 @@ fn attention_forward_follows_the_documented_formula() {
     let blk = attention_block(40, 55, 21);
     let up = b.upload_graph(&blk).unwrap();
     let ids: Vec<u32> = (0..55u32).map(|i| i * 7 + 3).collect();
-    for (heads, f, concat) in [(3, 4, true), (3, 4, false), (1, 5, false)] {
+    let cases = [(3, 4, true), (3, 4, false), (1, 5, false)];
+    for ((heads, f, concat), self_loops) in cases.into_iter().flat_map(|c| [(c, true), (c, false)])
+    {
         for p in [None, Some(0.4f32)] {
             let x = rnd(55 * heads * f, 22);
             let scores = rnd(55 * 2 * heads, 23);
-            let att = attention(heads, f, concat, p.map(|p| (&ids, p)));
+            let att = Attention {
+                self_loops,
+                ..attention(heads, f, concat, p.map(|p| (&ids, p)))
+            };
             let mut out = vec![f32::NAN; 40 * att.out_cols()];
             let mut lse = vec![f32::NAN; 40 * heads];
             b.attention_aggregate(&up, &x, &scores, &att, &mut out, &mut lse)
                 .unwrap();
             let keep = keep_multiplier(&att);
-            let want = naive_attention(&blk, &x, &scores, heads, f, concat, &keep);
+            let want = naive_attention(&blk, &x, &scores, heads, f, concat, self_loops, &keep);
             for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
                 assert!(
                     (o as f64 - w).abs() < 1e-5,
-                    "heads {heads} concat {concat} p {p:?} [{i}]: {o} vs {w}"
+                    "heads {heads} concat {concat} p {p:?} self-loops {self_loops} [{i}]: {o} vs {w}"
                 );
             }
+            assert!(lse.iter().all(|l| l.is_finite()), "{lse:?}");
         }
     }
 }
@@ -731,12 +741,17 @@ fn attention_backward_matches_finite_differences() {
     let blk = attention_block(n_dst, n_src, 31);
     let up = b.upload_graph(&blk).unwrap();
     let ids: Vec<u32> = (0..n_src as u32).collect();
-    for (heads, f, concat, p) in [
-        (2, 3, true, None),
-        (2, 3, false, Some(0.3f32)),
-        (3, 2, true, Some(0.3)),
+    for (heads, f, concat, p, self_loops) in [
+        (2, 3, true, None, true),
+        (2, 3, false, Some(0.3f32), true),
+        (3, 2, true, Some(0.3), true),
+        (2, 3, true, Some(0.3), false),
+        (3, 2, false, None, false),
     ] {
-        let att = attention(heads, f, concat, p.map(|p| (&ids, p)));
+        let att = Attention {
+            self_loops,
+            ..attention(heads, f, concat, p.map(|p| (&ids, p)))
+        };
         let c = heads * f;
         let x = rnd(n_src * c, 32);
         let scores = rnd(n_src * 2 * heads, 33);
@@ -764,10 +779,11 @@ fn attention_backward_matches_finite_differences() {
         // enough to stay off LeakyReLU's kink (this seed has a logit at -3.6e-4).
         let keep = keep_multiplier(&att);
         let loss = |x: &[f32], s: &[f32]| {
-            let out = naive_attention(&blk, x, s, heads, f, concat, &keep);
+            let out = naive_attention(&blk, x, s, heads, f, concat, self_loops, &keep);
             out.iter().zip(&r).map(|(&o, &r)| o * r as f64).sum::<f64>()
         };
-        let name = format!("attention heads {heads} concat {concat} p {p:?}");
+        let name =
+            format!("attention heads {heads} concat {concat} p {p:?} self-loops {self_loops}");
         fd_check_eps(&format!("{name} x"), &x, &gx, 1e-3, |x| loss(x, &scores));
         fd_check_eps(&format!("{name} scores"), &scores, &gs, 1e-4, |s| {
             loss(&x, s)

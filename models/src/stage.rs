@@ -609,6 +609,7 @@ impl<B: Backend> Model<B> {
             head_dim: at.head_dim,
             concat: at.concat,
             negative_slope: NEGATIVE_SLOPE,
+            self_loops: true,
             dropout: self.dropout_key(s, ctx.train).map(|key| AttentionDropout {
                 global_ids: ctx.global_ids,
                 p: self.config.dropout,

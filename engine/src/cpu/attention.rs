@@ -49,6 +49,8 @@ pub(super) struct AttnCall<'a> {
     pub head_dim: usize,
     pub concat: bool,
     pub slope: f32,
+    /// [`crate::Attention::self_loops`].
+    pub self_loops: bool,
     /// `(global ids, stream, threshold, 1 / (1 - p))` when dropping coefficients.
     pub drop: Option<(&'a [u32], u64, u32, f32)>,
 }
@@ -123,14 +125,16 @@ impl AttnCall<'_> {
     }
 }
 
-/// The sources of destination `v` in attention order: its row without self-loops, then `v`.
-fn sources(g: &CpuGraph, v: usize) -> impl Iterator<Item = usize> + '_ {
+/// The sources of destination `v` in attention order: with self-loops, its row without its
+/// own loops, then `v`; without, its row as it is.
+fn sources<'g>(g: &'g CpuGraph, p: &AttnCall<'_>, v: usize) -> impl Iterator<Item = usize> + 'g {
+    let self_loops = p.self_loops;
     g.fwd
         .row(v)
         .iter()
         .map(|&u| u as usize)
-        .filter(move |&u| u != v)
-        .chain(std::iter::once(v))
+        .filter(move |&u| !self_loops || u != v)
+        .chain(self_loops.then_some(v))
 }
 
 #[inline(always)]
@@ -156,9 +160,10 @@ struct RowBuffers {
 }
 
 impl RowBuffers {
-    fn load(&mut self, g: &CpuGraph, v: usize, heads: usize) {
+    fn load(&mut self, g: &CpuGraph, p: &AttnCall<'_>, v: usize) {
+        let heads = p.heads;
         self.srcs.clear();
-        self.srcs.extend(sources(g, v));
+        self.srcs.extend(sources(g, p, v));
         let n = self.srcs.len() * heads;
         for buf in [&mut self.a, &mut self.b, &mut self.c] {
             buf.clear();
@@ -262,7 +267,7 @@ impl Kernel for ForwardRows<'_, '_> {
             .enumerate()
         {
             let v = first + i;
-            s.load(g, v, hs);
+            s.load(g, p, v);
             let sd = &scores[v * two_h + hs..v * two_h + two_h];
             // Logits (in `a`) and their maximum per head (`h1`); the sources' feature rows are
             // fetched meanwhile for the weighted sum below.
@@ -287,7 +292,12 @@ impl Kernel for ForwardRows<'_, '_> {
                 }
             }
             for h in 0..hs {
-                lrow[h] = s.h1[h] + s.h2[h].ln();
+                // A destination without sources (no self-loop added) keeps 0, not -inf.
+                lrow[h] = if s.h2[h] > 0.0 {
+                    s.h1[h] + s.h2[h].ln()
+                } else {
+                    0.0
+                };
             }
             // The dropout multipliers (in `b`), then the weighted sum head by head (averaged
             // heads add up in this order on every backend).
@@ -414,7 +424,7 @@ impl Kernel for DestinationPass<'_, '_> {
             .enumerate()
         {
             let v = first + i;
-            s.load(g, v, hs);
+            s.load(g, p, v);
             let sd = &scores[v * two_h + hs..v * two_h + two_h];
             let l = &lse[v * hs..v * hs + hs];
             let rs = p.row_stream(v);
@@ -490,8 +500,11 @@ impl Kernel for SourcePass<'_, '_> {
             gsrc.fill(0.0);
             let su = &scores[u * two_h..u * two_h + hs];
             let readers = g.bwd.row(u);
-            let own = (u < g.n_dst).then_some(u);
-            let others = readers.iter().map(|&v| v as usize).filter(|&v| v != u);
+            let own = (p.self_loops && u < g.n_dst).then_some(u);
+            let others = readers
+                .iter()
+                .map(|&v| v as usize)
+                .filter(|&v| !p.self_loops || v != u);
             for (k, v) in others.chain(own).enumerate() {
                 if let Some(&ahead) = readers.get(k + AHEAD) {
                     let ahead = ahead as usize;

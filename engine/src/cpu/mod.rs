@@ -629,6 +629,7 @@ fn attn_call<'a>(att: &Attention<'a, Vec<u32>>) -> attention::AttnCall<'a> {
         head_dim: att.head_dim,
         concat: att.concat,
         slope: att.negative_slope,
+        self_loops: att.self_loops,
         drop: att.dropout.as_ref().map(|d| {
             let (stream, thr, scale) = d.mask_constants();
             (d.global_ids.as_slice(), stream, thr, scale)

@@ -878,13 +878,17 @@ fn check_adam(emu: &Emu, cpu: &CpuBackend) {
 }
 
 /// GAT's three kernels against the CPU backend, on a block with a halo, self-loops and
-/// repeated edges, with and without attention dropout, heads concatenated and averaged.
+/// repeated edges, with and without attention dropout, heads concatenated and averaged, with
+/// self-loops added and without (a destination with no source among them).
 fn check_attention(emu: &Emu, cpu: &CpuBackend) {
     let mut r = ChaCha8Rng::seed_from_u64(20);
     let mut pairs: Vec<(u32, u32)> = (0..300)
         .map(|_| (r.gen_range(0..50u32), r.gen_range(0..50u32)))
         .collect();
     pairs.extend((0..50u32).step_by(4).map(|v| (v, v)));
+    // Vertex 0 keeps only its self-loop and vertex 2 has no edge: without self-loops added,
+    // one destination attends to itself alone and one to nothing.
+    pairs.retain(|&(a, b)| (a != 0 || b == 0) && (b != 0 || a == 0) && a != 2 && b != 2);
     let graph = grandis_store::graph_from_edges(50, pairs, EdgeOptions::default()).unwrap();
     let dst: Vec<u32> = (0..50).filter(|v| v % 2 == 0).collect();
     let mut src = dst.clone();
@@ -900,8 +904,15 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
     let cg = cpu.upload_graph(&blk).unwrap();
     let (fwd, bwd) = (host_fwd(&blk), crate::block::transpose(&blk));
     let (n_dst, n_src) = (blk.n_dst, blk.n_src);
-    for (heads, f, concat, p) in [(3usize, 5usize, true, Some(0.4f32)), (2, 4, false, None)] {
-        let name = format!("attention heads {heads} concat {concat} p {p:?}");
+    let cases = [
+        (3usize, 5usize, true, Some(0.4f32), true),
+        (2, 4, false, None, true),
+        (2, 3, true, Some(0.3), false),
+        (3, 2, false, None, false),
+    ];
+    for (heads, f, concat, p, self_loops) in cases {
+        let name =
+            format!("attention heads {heads} concat {concat} p {p:?} self-loops {self_loops}");
         let key = DropoutKey {
             seed: 5,
             epoch: 2,
@@ -912,6 +923,7 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
             head_dim: f,
             concat,
             negative_slope: 0.2,
+            self_loops,
             dropout: p.map(|p| AttentionDropout {
                 global_ids: &src,
                 p,
@@ -965,6 +977,7 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
                 i32,
                 f32,
                 i32,
+                i32,
                 *const u32,
                 u64,
                 u32,
@@ -981,6 +994,7 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
             f64_,
             cc,
             0.2f32,
+            self_loops as i32,
             has_drop,
             src.as_ptr(),
             stream,
@@ -1011,6 +1025,7 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
                 i32,
                 f32,
                 i32,
+                i32,
                 *const u32,
                 u64,
                 u32,
@@ -1029,6 +1044,7 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
             f64_,
             cc,
             0.2f32,
+            self_loops as i32,
             has_drop,
             src.as_ptr(),
             stream,
@@ -1055,6 +1071,7 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
                 i32,
                 f32,
                 i32,
+                i32,
                 *const u32,
                 u64,
                 u32,
@@ -1075,6 +1092,7 @@ fn check_attention(emu: &Emu, cpu: &CpuBackend) {
             f64_,
             cc,
             0.2f32,
+            self_loops as i32,
             has_drop,
             src.as_ptr(),
             stream,

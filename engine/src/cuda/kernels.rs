@@ -432,7 +432,7 @@ extern "C" __global__ void adam_step(float* w, const float* g, float* m, float* 
 }
 /* ---- GAT attention: grandis_engine::cpu::attention, value by value (one thread per row; the
    CPU's per-head sums run over the sources in the same order). The sources of destination v
-   are its CSR row without self-loops, then v itself. */
+   are its CSR row without self-loops, then v itself (self_loops), or its row as it is. */
 
 __device__ __forceinline__ float leaky(float x, float s) { return x > 0.0f ? x : s * x; }
 __device__ __forceinline__ float leaky_grad(float x, float s) { return x > 0.0f ? 1.0f : s; }
@@ -469,15 +469,17 @@ __device__ __forceinline__ float dot_f(const float* a, const float* b, u64 n) {
     return s;
 }
 
-/* Source number k of destination v (k == e: the self-loop); skips the row's own loops. */
-#define GAT_SOURCE(u, k, b, e, idx, v) \
+/* Source number k of destination v (k == e: the self-loop); with self-loops skips the row's
+   own loops, without skips k == e. */
+#define GAT_SOURCE(u, k, e, idx, v, sl) \
+    if ((k) == (e) && !(sl)) continue; \
     u64 u = (k) < (e) ? (u64)(idx)[k] : (v); \
-    if ((k) < (e) && u == (v)) continue;
+    if ((sl) && (k) < (e) && u == (v)) continue;
 
 extern "C" __global__ void gat_fwd(const u64* off, const u32* idx, const float* x,
                                    const float* sc, u64 heads, u64 f, int concat, float slope,
-                                   int has_drop, const u32* ids, u64 stream, u32 thr,
-                                   float scale, u64 n_dst, float* out, float* lse) {
+                                   int self_loops, int has_drop, const u32* ids, u64 stream,
+                                   u32 thr, float scale, u64 n_dst, float* out, float* lse) {
     GRID_STRIDE(v, n_dst) {
         u64 c = heads * f, oc = concat ? c : f, two_h = 2 * heads;
         float* orow = out + v * oc;
@@ -488,18 +490,18 @@ extern "C" __global__ void gat_fwd(const u64* off, const u32* idx, const float* 
             float sd = sc[v * two_h + heads + h];
             float mx = __int_as_float(0xff800000u);
             for (u64 k = b; k <= e; ++k) {
-                GAT_SOURCE(u, k, b, e, idx, v)
+                GAT_SOURCE(u, k, e, idx, v, self_loops)
                 mx = fmaxf(mx, leaky(sc[u * two_h + h] + sd, slope));
             }
             float sum = 0.0f;
             for (u64 k = b; k <= e; ++k) {
-                GAT_SOURCE(u, k, b, e, idx, v)
+                GAT_SOURCE(u, k, e, idx, v, self_loops)
                 sum += exp_nonpositive(leaky(sc[u * two_h + h] + sd, slope) - mx);
             }
-            lse[v * heads + h] = mx + logf(sum);
+            lse[v * heads + h] = sum > 0.0f ? mx + logf(sum) : 0.0f;
             float* o = concat ? orow + h * f : orow;
             for (u64 k = b; k <= e; ++k) {
-                GAT_SOURCE(u, k, b, e, idx, v)
+                GAT_SOURCE(u, k, e, idx, v, self_loops)
                 float a = exp_nonpositive(leaky(sc[u * two_h + h] + sd, slope) - mx) / sum *
                           att_keep(has_drop, ids, rs, thr, scale, u, h);
                 const float* xr = x + u * c + h * f;
@@ -517,9 +519,10 @@ extern "C" __global__ void gat_fwd(const u64* off, const u32* idx, const float* 
    the destination scores. */
 extern "C" __global__ void gat_bwd_dst(const u64* off, const u32* idx, const float* x,
                                        const float* sc, const float* lse, const float* g,
-                                       u64 heads, u64 f, int concat, float slope, int has_drop,
-                                       const u32* ids, u64 stream, u32 thr, float scale,
-                                       u64 n_dst, float* gsc, float* scratch) {
+                                       u64 heads, u64 f, int concat, float slope,
+                                       int self_loops, int has_drop, const u32* ids,
+                                       u64 stream, u32 thr, float scale, u64 n_dst,
+                                       float* gsc, float* scratch) {
     GRID_STRIDE(v, n_dst) {
         u64 c = heads * f, oc = concat ? c : f, two_h = 2 * heads;
         u64 b = off[v], e = off[v + 1];
@@ -531,7 +534,7 @@ extern "C" __global__ void gat_bwd_dst(const u64* off, const u32* idx, const flo
             const float* gv = concat ? g + v * oc + h * f : g + v * oc;
             float corr = 0.0f;
             for (u64 k = b; k <= e; ++k) {
-                GAT_SOURCE(u, k, b, e, idx, v)
+                GAT_SOURCE(u, k, e, idx, v, self_loops)
                 float a = exp_nonpositive(leaky(sc[u * two_h + h] + sd, slope) - l);
                 float d = gscale * dot_f(gv, x + u * c + h * f, f);
                 float md = att_keep(has_drop, ids, rs, thr, scale, u, h) * d;
@@ -539,7 +542,7 @@ extern "C" __global__ void gat_bwd_dst(const u64* off, const u32* idx, const flo
             }
             float gd = 0.0f;
             for (u64 k = b; k <= e; ++k) {
-                GAT_SOURCE(u, k, b, e, idx, v)
+                GAT_SOURCE(u, k, e, idx, v, self_loops)
                 float pre = sc[u * two_h + h] + sd;
                 float a = exp_nonpositive(leaky(pre, slope) - l);
                 float d = gscale * dot_f(gv, x + u * c + h * f, f);
@@ -557,7 +560,8 @@ extern "C" __global__ void gat_bwd_dst(const u64* off, const u32* idx, const flo
 extern "C" __global__ void gat_bwd_src(const u64* toff, const u32* tidx, const float* x,
                                        const float* sc, const float* lse, const float* g,
                                        const float* scratch, u64 heads, u64 f, int concat,
-                                       float slope, int has_drop, const u32* ids, u64 stream,
+                                       float slope, int self_loops, int has_drop,
+                                       const u32* ids, u64 stream,
                                        u32 thr, float scale, u64 n_dst, u64 n_src, float* gx,
                                        float* gsc) {
     GRID_STRIDE(u, n_src) {
@@ -575,7 +579,7 @@ extern "C" __global__ void gat_bwd_src(const u64* toff, const u32* tidx, const f
             float gsum = 0.0f;
             for (u64 k = b; k <= e; ++k) {
                 if (k == e && u >= n_dst) continue;
-                GAT_SOURCE(v, k, b, e, tidx, u)
+                GAT_SOURCE(v, k, e, tidx, u, self_loops)
                 u64 rs = att_row_stream(has_drop, ids, stream, v);
                 float pre = su + sc[v * two_h + heads + h];
                 float a = exp_nonpositive(leaky(pre, slope) - lse[v * heads + h]);

@@ -156,6 +156,7 @@ struct AttnArgs<'a> {
     head_dim: u64,
     concat: i32,
     slope: f32,
+    self_loops: i32,
     has_drop: i32,
     ids: &'a CudaSlice<u32>,
     stream: u64,
@@ -173,6 +174,7 @@ impl<'a> AttnArgs<'a> {
             head_dim: att.head_dim as u64,
             concat: att.concat as i32,
             slope: att.negative_slope,
+            self_loops: att.self_loops as i32,
             has_drop: d.is_some() as i32,
             ids: d.map_or(unused_ids, |d| &d.global_ids.data),
             stream,
@@ -186,6 +188,7 @@ impl<'a> AttnArgs<'a> {
             .arg(&self.head_dim)
             .arg(&self.concat)
             .arg(&self.slope)
+            .arg(&self.self_loops)
             .arg(&self.has_drop)
             .arg(self.ids)
             .arg(&self.stream)
