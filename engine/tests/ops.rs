@@ -603,6 +603,7 @@ fn attention_block(n_dst: usize, n_src: usize, seed: u64) -> BlockGraph {
 }
 
 /// `attention_aggregate` in f64 straight from its documented formula.
+#[allow(clippy::too_many_arguments)]
 fn naive_attention(
     blk: &BlockGraph,
     x: &[f32],
