@@ -207,7 +207,7 @@ async fn bad_bodies_are_rejected_naming_the_problem() {
             json_ct,
             r#"{"dataset": "/d", "model": "foo"}"#,
             422,
-            "model: unknown model 'foo' (expected sage, gcn, ressage, mlp, gat, rgcn or heterosage)",
+            "model: unknown model 'foo' (expected sage, gcn, ressage, mlp, gat, rgcn, heterosage or rgat)",
         ),
         (
             json_ct,

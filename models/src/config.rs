@@ -217,14 +217,14 @@ impl ModelConfig {
         if self.hidden == 0 && (self.layers > 1 || self.kind == ModelKind::ResSage) {
             return Err("hidden must be positive".into());
         }
-        if self.kind == ModelKind::Gat {
+        if self.kind.uses_attention() {
             if self.heads == 0 || self.output_heads == 0 {
-                return Err("gat needs at least one head per layer".into());
+                return Err(format!("{} needs at least one head per layer", self.kind));
             }
             if self.layers > 1 && !self.hidden.is_multiple_of(self.heads) {
                 return Err(format!(
-                    "gat: heads ({}) must divide hidden ({})",
-                    self.heads, self.hidden
+                    "{}: heads ({}) must divide hidden ({})",
+                    self.kind, self.heads, self.hidden
                 ));
             }
         }

@@ -68,7 +68,7 @@ impl<B: Backend> Model<B> {
         let att_positions = stages
             .iter()
             .map(|st| {
-                st.attention
+                st.attention_shape()
                     .map(|at| {
                         let [src, dst] = at.positions();
                         Ok::<_, grandis_engine::EngineError>([

@@ -113,7 +113,12 @@ impl ParamLayout {
 
     /// A zero bias of `d` values for stage `s` (GCN's).
     pub fn zero_bias(&mut self, s: usize, d: usize) -> usize {
-        self.add(format!("stage{s}.bias"), vec![d], Init::Zeros)
+        self.named_zero_bias(s, "bias", d)
+    }
+
+    /// A zero bias of `d` values named `name` in stage `s` (a relation's, in R-GAT).
+    pub fn named_zero_bias(&mut self, s: usize, name: &str, d: usize) -> usize {
+        self.add(format!("stage{s}.{name}"), vec![d], Init::Zeros)
     }
 
     /// LayerNorm gain (ones) and shift (zeros) of width `d` for stage `s`, when the model has

@@ -1,6 +1,7 @@
-//! The relation terms of a typed conv stage (R-GCN, hetero-SAGE): per relation, its
-//! neighbour weight over the relation's block and, for models with a root term per
-//! relation, its self weight and bias over the rows of its destination type. Each weight
+//! The relation terms of a typed conv stage (R-GCN, hetero-SAGE, R-GAT): per relation, its
+//! neighbour weight over the relation's block (R-GAT: its attention over the block, with the
+//! weight mapping both ends' rows) and, for models with a root term per relation, its self
+//! weight and bias over the rows of its destination type. Each weight
 //! multiplies only the rows of the type it applies to (gathered, then scattered back), as
 //! PyG's per-type layers do, not the whole block's. The stage's own root weight, bias and
 //! post-ops run after, as for any conv stage (`crate::stage`).
@@ -9,7 +10,7 @@ use grandis_engine::norm::{relation_blocks, RelationBlocks};
 use grandis_engine::{Backend, EngineError, PreparedGraph, Result};
 
 use crate::param::two_mut;
-use crate::stage::{RelationWeights, Stage, StageCache, StageCtx};
+use crate::stage::{AttentionLayer, RelationWeights, Stage, StageCache, StageCtx};
 use crate::Model;
 
 /// A block split by relation for a model of `kind`: `Some` for a typed model
@@ -134,13 +135,14 @@ fn scatter<B: Backend>(
 }
 
 impl<B: Backend> Model<B> {
-    /// The sum of every relation's terms (`n_dst x d_out`) from the stage's transformed input
-    /// `z` (`n_src` rows); aggregate-first stages keep each relation's gathered aggregate in
-    /// `cache`.
+    /// The sum of every relation's terms (`n_dst x d_out`) from the input `z` (`n_src` rows)
+    /// of stage `s`; aggregate-first stages keep each relation's gathered aggregate in
+    /// `cache`, attention relations their log-sum-exp.
     pub(crate) fn relation_terms(
         &self,
         b: &B,
         st: &Stage,
+        s: usize,
         ctx: &StageCtx<'_, B>,
         z: &B::Buf,
         cache: &mut StageCache<B>,
@@ -157,7 +159,16 @@ impl<B: Backend> Model<B> {
                 continue;
             }
             let w = self.neighbour_weight(rw, r, &derived);
-            if st.transforms_first() {
+            if let Some(at) = rw.attention {
+                let t = relation_rows(b, z, d_in, &at, w, &attended_rows(rw, src, dst), n_src)?;
+                let (_, scores) = self.attention_scores(b, s, &at, &t, n_src)?;
+                let args = self.attention_args(&at, s, ctx, false);
+                let mut out = b.alloc(n_dst * d_out)?;
+                let mut lse = b.alloc(n_dst * at.heads)?;
+                b.attention_aggregate(graph, &t, &scores, &args, &mut out, &mut lse)?;
+                b.axpy(1.0, &out, &mut y, n_dst * d_out)?;
+                cache.push_relation_agg(Some(lse));
+            } else if st.transforms_first() {
                 // Transform the source type's rows, aggregate them into the destinations.
                 let zs = gather(b, z, d_in, src)?;
                 let mut ts = b.alloc(src.1 * d_out)?;
@@ -207,6 +218,7 @@ impl<B: Backend> Model<B> {
         &mut self,
         b: &B,
         st: &Stage,
+        s: usize,
         ctx: &StageCtx<'_, B>,
         z: &B::Buf,
         g: &B::Buf,
@@ -240,6 +252,31 @@ impl<B: Backend> Model<B> {
         for (r, (rw, graph)) in st.relations.iter().zip(&tg.relations).enumerate() {
             let (src, dst) = (&tg.src_rows[rw.src_type], &tg.dst_rows[rw.dst_type]);
             if src.1 == 0 || dst.1 == 0 {
+                continue;
+            }
+            if let Some(at) = rw.attention {
+                let lse = cache
+                    .relation_agg(r)
+                    .expect("attention relations keep their log-sum-exp");
+                let rows = attended_rows(rw, src, dst);
+                let p = rw.w_neigh.expect("an R-GAT relation has its own weight");
+                let attended = Attended {
+                    at: &at,
+                    weight: p,
+                    graph,
+                    rows: &rows,
+                };
+                self.relation_attention_backward(
+                    b,
+                    s,
+                    ctx,
+                    &attended,
+                    z,
+                    d_in,
+                    g,
+                    lse,
+                    gz.as_mut(),
+                )?;
                 continue;
             }
             // `grad(W_r) += xᵀ g` into the relation's own parameter or its derived gradient.
@@ -345,6 +382,59 @@ impl<B: Backend> Model<B> {
         Ok(gz)
     }
 
+    /// Backward of one R-GAT relation's attention term given `g`, the gradient of the stage's
+    /// output: adds its weight's and attention vectors' gradients and, with `gz`, the
+    /// gradient of the input rows it reads.
+    #[allow(clippy::too_many_arguments)]
+    fn relation_attention_backward(
+        &mut self,
+        b: &B,
+        s: usize,
+        ctx: &StageCtx<'_, B>,
+        rel: &Attended<'_, B>,
+        z: &B::Buf,
+        d_in: usize,
+        g: &B::Buf,
+        lse: &B::Buf,
+        mut gz: Option<&mut B::Buf>,
+    ) -> Result<()> {
+        let (n_dst, n_src) = (ctx.n_dst, ctx.n_src);
+        let at = rel.at;
+        let (c, h2) = (at.heads * at.head_dim, 2 * at.heads);
+        let w = &self.params[rel.weight].value;
+        let t = relation_rows(b, z, d_in, at, w, rel.rows, n_src)?;
+        let (a, scores) = self.attention_scores(b, s, at, &t, n_src)?;
+        let args = self.attention_args(at, s, ctx, false);
+        let mut gt = b.alloc(n_src * c)?;
+        let mut gscores = b.alloc(n_src * h2)?;
+        let mut scratch = b.alloc(n_dst * at.heads)?;
+        b.attention_aggregate_backward(
+            rel.graph,
+            &t,
+            &scores,
+            lse,
+            &args,
+            g,
+            &mut gt,
+            &mut gscores,
+            &mut scratch,
+        )?;
+        self.attention_vector_grads(b, s, at, &t, &gscores, n_src)?;
+        // Through the scores into t, then through t = z W on the rows it maps.
+        b.gemm(false, true, n_src, c, h2, 1.0, &gscores, &a, 1.0, &mut gt)?;
+        for rows in rel.rows {
+            let zs = gather(b, z, d_in, rows)?;
+            let gts = gather(b, &gt, c, rows)?;
+            self.accumulate_weight_grad(b, rel.weight, &zs, &gts, rows.1, d_in, c)?;
+            if let Some(gz) = gz.as_deref_mut() {
+                let mut gzs = b.alloc(rows.1 * d_in)?;
+                self.input_grad(b, rel.weight, &gts, rows.1, d_in, c, 0.0, &mut gzs)?;
+                b.scatter_add_rows(&gzs, d_in, &rows.0, gz)?;
+            }
+        }
+        Ok(())
+    }
+
     /// With basis decomposition, every relation's neighbour weight made from the bases
     /// (`W = comp basis`, one `d_in x d_out` buffer per relation); None without.
     fn derived_weights(&self, b: &B, st: &Stage) -> Result<Option<Vec<B::Buf>>> {
@@ -392,6 +482,53 @@ impl<B: Backend> Model<B> {
             (None, None) => unreachable!("a relation without a weight has bases"),
         }
     }
+}
+
+/// One R-GAT relation's attention term: its shape and vectors, its weight (a parameter
+/// index), its block and the rows its weight maps ([`attended_rows`]).
+struct Attended<'a, B: Backend> {
+    at: &'a AttentionLayer,
+    weight: usize,
+    graph: &'a B::Graph,
+    rows: &'a [&'a (B::Index, usize)],
+}
+
+/// The rows an R-GAT relation maps with its weight: its source type's, and its destination
+/// type's when they differ (for their destination scores; a relation into its own type finds
+/// its destinations, the block's first sources, among its sources).
+fn attended_rows<'a, I>(
+    rw: &RelationWeights,
+    src: &'a (I, usize),
+    dst: &'a (I, usize),
+) -> Vec<&'a (I, usize)> {
+    if rw.src_type == rw.dst_type {
+        vec![src]
+    } else {
+        vec![src, dst]
+    }
+}
+
+/// R-GAT's `t = z W` on `rows` of the block's `n_src` sources (`heads * head_dim` columns,
+/// zero on the rows of other types).
+fn relation_rows<B: Backend>(
+    b: &B,
+    z: &B::Buf,
+    d_in: usize,
+    at: &AttentionLayer,
+    w: &B::Buf,
+    rows: &[&(B::Index, usize)],
+    n_src: usize,
+) -> Result<B::Buf> {
+    let c = at.heads * at.head_dim;
+    let mut t = b.alloc(n_src * c)?;
+    b.fill(&mut t, n_src * c, 0.0)?;
+    for idx in rows {
+        let zs = gather(b, z, d_in, idx)?;
+        let mut ts = b.alloc(idx.1 * c)?;
+        b.gemm(false, false, idx.1, c, d_in, 1.0, &zs, w, 0.0, &mut ts)?;
+        b.scatter_add_rows(&ts, c, &idx.0, &mut t)?;
+    }
+    Ok(t)
 }
 
 /// Per destination type, the relations into it with a root term (hetero-SAGE's self weight

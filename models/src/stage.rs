@@ -63,6 +63,8 @@ pub(crate) struct RelationWeights {
     pub w_neigh: Option<usize>,
     pub w_self: Option<usize>,
     pub bias: Option<usize>,
+    /// R-GAT: the relation's attention over its block (its map is `w_neigh`).
+    pub attention: Option<AttentionLayer>,
     pub src_type: usize,
     pub dst_type: usize,
 }
@@ -111,6 +113,13 @@ impl Stage {
             relations: Vec::new(),
             bases: None,
         }
+    }
+
+    /// The shape of the stage's attention: GAT's own, or R-GAT's relations' (one shape for
+    /// all of them); None for stages without.
+    pub(crate) fn attention_shape(&self) -> Option<AttentionLayer> {
+        self.attention
+            .or_else(|| self.relations.first().and_then(|r| r.attention))
     }
 
     /// Whether a conv stage reads neighbour rows (through a weight, or per relation).
@@ -405,12 +414,12 @@ impl<B: Backend> Model<B> {
                     let mut y = b.alloc(n_dst * d_out)?;
                     let (t, _, scores) = self.attention_inputs(b, st, s, &at, z, n_src)?;
                     let mut lse = b.alloc(n_dst * at.heads)?;
-                    let args = self.attention_args(&at, s, ctx);
+                    let args = self.attention_args(&at, s, ctx, true);
                     b.attention_aggregate(ctx.graph, &t, &scores, &args, &mut y, &mut lse)?;
                     cache.lse = Some(lse);
                     y
                 } else if !st.relations.is_empty() {
-                    self.relation_terms(b, st, ctx, z, &mut cache)?
+                    self.relation_terms(b, st, s, ctx, z, &mut cache)?
                 } else {
                     let r = self.neighbour_rows(b, st, z, n_src)?;
                     let r = r.as_ref().unwrap_or(z);
@@ -596,20 +605,22 @@ impl<B: Backend> Model<B> {
             .0)
     }
 
-    /// GAT's arguments for the attention operations of stage `s` on `ctx`: dropout on the
-    /// coefficients in training, at the model's rate, on its own site.
-    fn attention_args<'a>(
+    /// The arguments for the attention operations of stage `s` on `ctx`: dropout on the
+    /// coefficients in training, at the model's rate, on its own site; a self-loop per
+    /// destination for GAT, none for R-GAT's relations.
+    pub(crate) fn attention_args<'a>(
         &self,
         at: &AttentionLayer,
         s: usize,
         ctx: &StageCtx<'a, B>,
+        self_loops: bool,
     ) -> Attention<'a, B::Index> {
         Attention {
             heads: at.heads,
             head_dim: at.head_dim,
             concat: at.concat,
             negative_slope: NEGATIVE_SLOPE,
-            self_loops: true,
+            self_loops,
             dropout: self.dropout_key(s, ctx.train).map(|key| AttentionDropout {
                 global_ids: ctx.global_ids,
                 p: self.config.dropout,
@@ -634,11 +645,26 @@ impl<B: Backend> Model<B> {
         z: &B::Buf,
         n_src: usize,
     ) -> Result<(B::Buf, B::Buf, B::Buf)> {
-        let (c, h2) = (at.heads * at.head_dim, 2 * at.heads);
+        let c = at.heads * at.head_dim;
         let w = st.w_neigh.expect("attention maps rows with w_neigh");
         let mut t = b.alloc(n_src * c)?;
         let wv = &self.params[w].value;
         b.gemm(false, false, n_src, c, st.d_in, 1.0, z, wv, 0.0, &mut t)?;
+        let (a, scores) = self.attention_scores(b, s, at, &t, n_src)?;
+        Ok((t, a, scores))
+    }
+
+    /// The block-diagonal matrix `A` of `at`'s attention vectors in stage `s` and the scores
+    /// `t A` (`n_src x 2 heads`) of the mapped rows `t`.
+    pub(crate) fn attention_scores(
+        &self,
+        b: &B,
+        s: usize,
+        at: &AttentionLayer,
+        t: &B::Buf,
+        n_src: usize,
+    ) -> Result<(B::Buf, B::Buf)> {
+        let (c, h2) = (at.heads * at.head_dim, 2 * at.heads);
         let mut a = b.alloc(c * h2)?;
         let [src_pos, dst_pos] = self.att_positions[s]
             .as_ref()
@@ -646,8 +672,32 @@ impl<B: Backend> Model<B> {
         b.scatter_add_rows(&self.params[at.att_src].value, 1, src_pos, &mut a)?;
         b.scatter_add_rows(&self.params[at.att_dst].value, 1, dst_pos, &mut a)?;
         let mut scores = b.alloc(n_src * h2)?;
-        b.gemm(false, false, n_src, h2, c, 1.0, &t, &a, 0.0, &mut scores)?;
-        Ok((t, a, scores))
+        b.gemm(false, false, n_src, h2, c, 1.0, t, &a, 0.0, &mut scores)?;
+        Ok((a, scores))
+    }
+
+    /// Adds the gradients of `at`'s attention vectors, the diagonal blocks of `tᵀ gscores`.
+    pub(crate) fn attention_vector_grads(
+        &mut self,
+        b: &B,
+        s: usize,
+        at: &AttentionLayer,
+        t: &B::Buf,
+        gscores: &B::Buf,
+        n_src: usize,
+    ) -> Result<()> {
+        let (c, h2) = (at.heads * at.head_dim, 2 * at.heads);
+        let mut ga = b.alloc(c * h2)?;
+        b.gemm(true, false, c, h2, n_src, 1.0, t, gscores, 0.0, &mut ga)?;
+        let [src_pos, dst_pos] = self.att_positions[s]
+            .as_ref()
+            .expect("attention stages have their positions");
+        let mut gv = b.alloc(c)?;
+        for (pos, p) in [(src_pos, at.att_src), (dst_pos, at.att_dst)] {
+            b.gather_rows(&ga, 1, pos, &mut gv)?;
+            b.axpy(1.0, &gv, &mut self.params[p].grad, c)?;
+        }
+        Ok(())
     }
 
     /// `grad(W) += xᵀ g` for the linear map `y = x W` (`x` is `rows x d_in`, `g` = dL/dy).
@@ -807,7 +857,7 @@ impl<B: Backend> Model<B> {
                         .lse
                         .as_ref()
                         .expect("attention caches its log-sum-exp");
-                    let args = self.attention_args(&at, s, ctx);
+                    let args = self.attention_args(&at, s, ctx, true);
                     let mut gt = b.alloc(n_src * c)?;
                     let mut gscores = b.alloc(n_src * h2)?;
                     let mut scratch = b.alloc(n_dst * at.heads)?;
@@ -822,17 +872,7 @@ impl<B: Backend> Model<B> {
                         &mut gscores,
                         &mut scratch,
                     )?;
-                    // The attention vectors' gradients are the diagonal blocks of tᵀ gscores.
-                    let mut ga = b.alloc(c * h2)?;
-                    b.gemm(true, false, c, h2, n_src, 1.0, &t, &gscores, 0.0, &mut ga)?;
-                    let [src_pos, dst_pos] = self.att_positions[s]
-                        .as_ref()
-                        .expect("attention stages have their positions");
-                    let mut gv = b.alloc(c)?;
-                    for (pos, p) in [(src_pos, at.att_src), (dst_pos, at.att_dst)] {
-                        b.gather_rows(&ga, 1, pos, &mut gv)?;
-                        b.axpy(1.0, &gv, &mut self.params[p].grad, c)?;
-                    }
+                    self.attention_vector_grads(b, s, &at, &t, &gscores, n_src)?;
                     // Through the scores into t, then through t = z W.
                     b.gemm(false, true, n_src, c, h2, 1.0, &gscores, &a, 1.0, &mut gt)?;
                     let w = st.w_neigh.expect("attention maps rows with w_neigh");
@@ -843,7 +883,7 @@ impl<B: Backend> Model<B> {
                         gz = Some(buf);
                     }
                 } else if !st.relations.is_empty() {
-                    gz = self.relation_terms_backward(b, &st, ctx, z, &g, &cache, need_gz)?;
+                    gz = self.relation_terms_backward(b, &st, s, ctx, z, &g, &cache, need_gz)?;
                 } else if let Some(wn) = st.w_neigh {
                     if st.transforms_first() {
                         let mut gt = b.alloc(n_src * d_out)?;

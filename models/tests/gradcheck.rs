@@ -178,6 +178,15 @@ fn rgcn_gradients() {
 }
 
 #[test]
+fn rgat_gradients() {
+    // Hidden 7: one head, or seven concatenated heads of one column; the last layer
+    // averaging two heads or one; layer norm.
+    check_heads(ModelKind::Rgat, 3, false, 0.3, (1, 2));
+    check_heads(ModelKind::Rgat, 2, false, 0.3, (7, 2));
+    check_heads(ModelKind::Rgat, 2, true, 0.0, (1, 1));
+}
+
+#[test]
 fn heterosage_gradients() {
     check(ModelKind::HeteroSage, 3, false, 0.3);
     check(ModelKind::HeteroSage, 2, true, 0.0);

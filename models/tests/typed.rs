@@ -1,7 +1,8 @@
-//! Typed models compute what PyG's do: one layer of R-GCN (`RGCNConv`, mean per relation)
-//! and of hetero-SAGE (`to_hetero(SAGEConv)`, summed over the relations into a vertex's
-//! type) against the formulas evaluated naively from the model's own parameters, on a
-//! graph where one type has no relation into it.
+//! Typed models compute what PyG's do: one layer of R-GCN (`RGCNConv`, mean per relation),
+//! of hetero-SAGE (`to_hetero(SAGEConv)`, summed over the relations into a vertex's type)
+//! and of R-GAT (`to_hetero(GATConv(add_self_loops=False))`, summed likewise) against the
+//! formulas evaluated naively from the model's own parameters, on a graph where one type has
+//! no relation into it.
 
 use grandis_engine::norm::full_block;
 use grandis_engine::{Backend, CpuBackend};
@@ -55,7 +56,12 @@ fn times(x: &[f32], w: &[f32], d_out: usize) -> Vec<f64> {
 
 /// The model's logits and the formula's with `d_out` output columns (fewer than the input's
 /// transform before aggregating, more aggregate first).
-fn logits(kind: ModelKind, d_out: usize, num_bases: Option<usize>) -> (Vec<f32>, Vec<f64>) {
+fn logits(
+    kind: ModelKind,
+    d_out: usize,
+    num_bases: Option<usize>,
+    output_heads: usize,
+) -> (Vec<f32>, Vec<f64>) {
     let (g, types) = typed_graph();
     let b = CpuBackend::new(Some(1)).unwrap();
     let config = ModelConfig {
@@ -64,7 +70,7 @@ fn logits(kind: ModelKind, d_out: usize, num_bases: Option<usize>) -> (Vec<f32>,
         in_dim: D_IN,
         hidden: 4,
         heads: 1,
-        output_heads: 1,
+        output_heads,
         classes: d_out,
         dropout: 0.0,
         layer_norm: false,
@@ -121,6 +127,10 @@ fn logits(kind: ModelKind, d_out: usize, num_bases: Option<usize>) -> (Vec<f32>,
                 .copied()
                 .filter(|&u| types.type_of(u) == src)
                 .collect();
+            if kind == ModelKind::Rgat {
+                add(rgat_term(&nbrs, v, key, output_heads, d_out, &row, &param));
+                continue;
+            }
             let neigh = match (kind, num_bases) {
                 // W_r = sum_b comp[r, b] basis[b].
                 (ModelKind::Rgcn, Some(bases)) => {
@@ -163,7 +173,7 @@ fn rgcn_and_heterosage_compute_pygs_formulas() {
             .iter()
             .flat_map(|&d| bases.iter().map(move |b| (d, b)))
         {
-            let (out, expected) = logits(kind, d_out, num_bases);
+            let (out, expected) = logits(kind, d_out, num_bases, 1);
             for (i, (&o, &e)) in out.iter().zip(&expected).enumerate() {
                 let row = i / d_out;
                 assert!(
@@ -176,5 +186,73 @@ fn rgcn_and_heterosage_compute_pygs_formulas() {
                 assert!(out[9 * d_out..].iter().all(|&o| o == 0.0));
             }
         }
+    }
+}
+
+/// One R-GAT relation's term for destination `v` (its `nbrs` of the relation's source type):
+/// per head, a softmax over the neighbours of `LeakyReLU(t_u · att_src + t_v · att_dst)`, no
+/// self-loop; the heads averaged; plus the relation's bias (alone when `v` has none).
+fn rgat_term<'a>(
+    nbrs: &[u32],
+    v: u32,
+    key: &str,
+    heads: usize,
+    f: usize,
+    row: &dyn Fn(u32) -> &'a [f32],
+    param: &dyn Fn(&str) -> &'a Vec<f32>,
+) -> Vec<f64> {
+    let w = param(&format!("stage0.{key}.weight"));
+    let (att_src, att_dst) = (
+        param(&format!("stage0.{key}.att_src")),
+        param(&format!("stage0.{key}.att_dst")),
+    );
+    let c = heads * f;
+    let t = |u: u32| times(row(u), w, c);
+    let score = |tu: &[f64], att: &[f32], h: usize| -> f64 {
+        (0..f).map(|j| tu[h * f + j] * att[h * f + j] as f64).sum()
+    };
+    let tv = t(v);
+    let mut out: Vec<f64> = param(&format!("stage0.{key}.bias"))
+        .iter()
+        .map(|&b| b as f64)
+        .collect();
+    for h in 0..heads {
+        let ts: Vec<Vec<f64>> = nbrs.iter().map(|&u| t(u)).collect();
+        let e: Vec<f64> = ts
+            .iter()
+            .map(|tu| {
+                let pre = score(tu, att_src, h) + score(&tv, att_dst, h);
+                if pre > 0.0 {
+                    pre
+                } else {
+                    0.2 * pre
+                }
+            })
+            .collect();
+        let max = e.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = e.iter().map(|e| (e - max).exp()).sum();
+        for (tu, e) in ts.iter().zip(&e) {
+            let a = (e - max).exp() / z / heads as f64;
+            for j in 0..f {
+                out[j] += a * tu[h * f + j];
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn rgat_computes_pygs_formula() {
+    for (d_out, heads) in [(2, 1), (5, 2), (3, 3)] {
+        let (out, expected) = logits(ModelKind::Rgat, d_out, None, heads);
+        for (i, (&o, &e)) in out.iter().zip(&expected).enumerate() {
+            let row = i / d_out;
+            assert!(
+                (o as f64 - e).abs() < 1e-5,
+                "rgat {d_out} x {heads} heads row {row}: {o} vs {e}"
+            );
+        }
+        // No relation enters a c: its rows are zero (PyG drops the type).
+        assert!(out[9 * d_out..].iter().all(|&o| o == 0.0));
     }
 }

@@ -140,6 +140,7 @@ impl<'a, I> Unwrapped for &Attention<'a, MeteredValue<I>> {
             head_dim: self.head_dim,
             concat: self.concat,
             negative_slope: self.negative_slope,
+            self_loops: self.self_loops,
             dropout: self.dropout.as_ref().map(|d| AttentionDropout {
                 global_ids: &d.global_ids.inner,
                 p: d.p,

@@ -1,5 +1,5 @@
-//! Typed graphs in the distributed modes: R-GCN (with or without bases) and hetero-SAGE in
-//! FB and FLX (every k) reproduce `--mode single` — per-epoch losses and final logits within
+//! Typed graphs in the distributed modes: R-GCN (with or without bases), hetero-SAGE and
+//! R-GAT in FB and FLX (every k) reproduce `--mode single` — per-epoch losses and final logits within
 //! 1e-4 relative, dropout on — on random typed graphs over 1-3 servers x 1-2 devices; mb and
 //! cob with one batch of every vertex are single's epoch; with fanout sampling they, and
 //! cluster, train; mode auto plans them, and the memory model prices their relation graphs.
@@ -33,8 +33,11 @@ fn dense_typed_dataset(seed: u64, sizes: [u64; 3], scale: f64) -> InMemoryDatase
     generate_hetero_in_memory(&cfg).unwrap()
 }
 
+/// Every typed model.
+const TYPED_MODELS: [ModelKind; 3] = [ModelKind::Rgcn, ModelKind::HeteroSage, ModelKind::Rgat];
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
     #[test]
     fn fb_and_flx_on_typed_graphs_match_single(
@@ -44,14 +47,14 @@ proptest! {
         institutions in 2u64..8,
         servers in 1usize..=3,
         devices in 1usize..=2,
-        heterosage in proptest::bool::ANY,
+        model in 0usize..3,
         bases in proptest::bool::ANY,
         layers in 1usize..=2,
     ) {
         let ds = typed_dataset(seed, [papers, authors, institutions]);
         let view = ds.view();
         let part = random_partition(&view, servers, devices, seed);
-        let kind = if heterosage { ModelKind::HeteroSage } else { ModelKind::Rgcn };
+        let kind = TYPED_MODELS[model];
         let config = grandis_models::ModelConfig {
             // RGCN's basis decomposition: two bases for four relations.
             num_bases: (bases && kind == ModelKind::Rgcn).then_some(2),
@@ -73,7 +76,7 @@ fn batched_modes_train_typed_models() {
     let ds = typed_dataset(4, [120, 80, 40]);
     let view = ds.view();
     let part = random_partition(&view, 2, 2, 4);
-    for kind in [ModelKind::Rgcn, ModelKind::HeteroSage] {
+    for kind in TYPED_MODELS {
         let config = grandis_models::ModelConfig {
             dropout: 0.0,
             ..config(&view, kind, 2)
@@ -127,7 +130,7 @@ fn auto_plans_and_trains_typed_models() {
     let ds = typed_dataset(17, [40, 30, 10]);
     let view = ds.view();
     let part = random_partition(&view, 2, 2, 17);
-    for kind in [ModelKind::Rgcn, ModelKind::HeteroSage] {
+    for kind in TYPED_MODELS {
         let job = JobSpec {
             mode: Mode::Auto,
             ..JobSpec::default()
@@ -148,7 +151,7 @@ fn metered_memory_tracks_the_memory_model_for_typed_models() {
     let ds = dense_typed_dataset(11, [200, 140, 60], 8.0);
     let view = ds.view();
     let part = random_partition(&view, 2, 2, 11);
-    for kind in [ModelKind::Rgcn, ModelKind::HeteroSage] {
+    for kind in TYPED_MODELS {
         let config = grandis_models::ModelConfig {
             hidden: 4,
             ..config(&view, kind, 2)

@@ -727,7 +727,7 @@ mod tests {
         );
         assert_eq!(
             errors(r#"{"dataset": "d", "model": "foo"}"#),
-            ["model: unknown model 'foo' (expected sage, gcn, ressage, mlp, gat, rgcn or heterosage)"]
+            ["model: unknown model 'foo' (expected sage, gcn, ressage, mlp, gat, rgcn, heterosage or rgat)"]
         );
         assert_eq!(
             errors(r#"{"dataset": ""}"#),

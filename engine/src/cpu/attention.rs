@@ -391,7 +391,14 @@ pub(super) fn backward(
 /// Backward pass 1, per destination `v >= first` and head `h`: with `a_u = exp(e_u - lse)`
 /// and `m_u` the dropout multiplier, the softmax's correction
 /// `corr = sum_u a_u (m_u (g_v · x_u))`, kept in `scratch`, and the gradient of `v`'s
-/// destination score, `sum_u a_u (m_u (g_v · x_u) - corr) leaky'(pre_u)`.
+/// destination score, `sum_u a_u (m_u (g_v · x_u) - corr) leaky'(pre_u)`, computed as
+/// `sum_u a_u (m_u (g_v · x_u) - corr) (leaky'(pre_u) - 1)`: the same, as the softmax's
+/// terms `a_u (m_u (g_v · x_u) - corr)` add up to 0, but exactly 0 (not rounding noise) when
+/// every logit of `v` is on the same side of LeakyReLU's kink. The destination score shifts
+/// all of `v`'s logits alike, so a destination attending to no source of its own (R-GAT's
+/// relations have no self-loop) gets most of its gradient from this sum: noise there became,
+/// through Adam's normalised first step, differences of a whole learning rate between runs
+/// that sum in different orders.
 struct DestinationPass<'a, 'p> {
     inp: Inputs<'a, 'p>,
     lse: &'a [f32],
@@ -450,7 +457,7 @@ impl Kernel for DestinationPass<'_, '_> {
             for j in 0..s.srcs.len() {
                 for h in 0..hs {
                     let k = j * hs + h;
-                    gd[h] += s.a[k] * (s.b[k] - corr[h]) * s.c[k];
+                    gd[h] += s.a[k] * (s.b[k] - corr[h]) * (s.c[k] - 1.0);
                 }
             }
         }

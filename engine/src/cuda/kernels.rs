@@ -547,7 +547,7 @@ extern "C" __global__ void gat_bwd_dst(const u64* off, const u32* idx, const flo
                 float a = exp_nonpositive(leaky(pre, slope) - l);
                 float d = gscale * dot_f(gv, x + u * c + h * f, f);
                 float md = att_keep(has_drop, ids, rs, thr, scale, u, h) * d;
-                gd += a * (md - corr) * leaky_grad(pre, slope);
+                gd += a * (md - corr) * (leaky_grad(pre, slope) - 1.0f);
             }
             scratch[v * heads + h] = corr;
             gsc[v * two_h + heads + h] = gd;

@@ -12,12 +12,18 @@ use crate::param::ParamLayout;
 use crate::stage::AttentionLayer;
 use crate::ModelConfig;
 
-pub(super) fn layer_weights(pb: &mut ParamLayout, c: &ModelConfig, l: &Layer) -> LayerParams {
-    let (heads, head_dim, concat) = if l.last {
+/// A GAT layer's heads, columns per head and whether they are concatenated: hidden layers
+/// concatenate `heads` heads splitting their width, the last averages `output_heads`.
+pub(super) fn heads_of(c: &ModelConfig, l: &Layer) -> (usize, usize, bool) {
+    if l.last {
         (c.output_heads, l.d_out, false)
     } else {
         (c.heads, l.d_out / c.heads, true)
-    };
+    }
+}
+
+pub(super) fn layer_weights(pb: &mut ParamLayout, c: &ModelConfig, l: &Layer) -> LayerParams {
+    let (heads, head_dim, concat) = heads_of(c, l);
     let weight = pb.glorot(l.s, "weight", l.d_in, heads * head_dim);
     let att_src = pb.glorot(l.s, "att_src", heads, head_dim);
     let att_dst = pb.glorot(l.s, "att_dst", heads, head_dim);

@@ -20,6 +20,7 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, c: &ModelConfig, l: &Layer) ->
             w_self: Some(pb.linear(l.s, &format!("{}.w_self", r.key), l.d_in, l.d_out)),
             w_neigh: Some(pb.linear(l.s, &format!("{}.w_neigh", r.key), l.d_in, l.d_out)),
             bias: Some(pb.named_bias(l.s, &format!("{}.bias", r.key), l.d_out, l.d_in)),
+            attention: None,
             src_type: r.src_type,
             dst_type: r.dst_type,
         })

@@ -8,6 +8,7 @@ mod gcn;
 mod heterosage;
 mod mlp;
 mod ressage;
+mod rgat;
 mod rgcn;
 mod sage;
 
@@ -25,6 +26,7 @@ pub(crate) fn stages(pb: &mut ParamLayout, c: &ModelConfig) -> Vec<Stage> {
         ModelKind::ResSage => ressage::stages(pb, c),
         ModelKind::Rgcn => plain_stack(pb, c, rgcn::layer_weights),
         ModelKind::HeteroSage => plain_stack(pb, c, heterosage::layer_weights),
+        ModelKind::Rgat => plain_stack(pb, c, rgat::layer_weights),
     }
 }
 
@@ -46,7 +48,7 @@ pub(crate) fn stage_layout(c: &ModelConfig) -> StageLayout {
             reads_graph: false,
             ..plain
         },
-        ModelKind::Gat => StageLayout {
+        ModelKind::Gat | ModelKind::Rgat => StageLayout {
             attention_output_heads: Some(c.output_heads),
             ..plain
         },

@@ -26,6 +26,7 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, c: &ModelConfig, l: &Layer) ->
             },
             w_self: None,
             bias: None,
+            attention: None,
             src_type: r.src_type,
             dst_type: r.dst_type,
         })

@@ -31,12 +31,26 @@ pub enum ModelKind {
     /// `SAGEConv`) on a typed dataset: `sum_{r into type(v)} (W_self,r h_v + W_neigh,r
     /// mean_{u in N_r(v)} h_u + b_r)`.
     HeteroSage,
+    /// R-GAT: GAT per relation, summed (PyG's `to_hetero` / `HeteroConv(aggr="sum")` over
+    /// `GATConv(add_self_loops=False)`, the MLPerf GNN benchmark's model) on a typed dataset:
+    /// each relation its own weight, attention vectors and bias; a vertex attends to its
+    /// relation's in-neighbours only (no self-loop), `heads` / `output_heads` as in gat.
+    Rgat,
 }
 
 impl ModelKind {
     /// Whether the model reads a typed dataset's relations (and needs one).
     pub fn is_typed(self) -> bool {
-        matches!(self, ModelKind::Rgcn | ModelKind::HeteroSage)
+        matches!(
+            self,
+            ModelKind::Rgcn | ModelKind::HeteroSage | ModelKind::Rgat
+        )
+    }
+
+    /// Whether the model attends over its neighbours with `heads` heads (`output_heads` in
+    /// the last layer).
+    pub fn uses_attention(self) -> bool {
+        matches!(self, ModelKind::Gat | ModelKind::Rgat)
     }
 }
 
@@ -175,9 +189,9 @@ pub struct UnknownName {
     pub expected: &'static str,
 }
 
-named_enum!(ModelKind, "sage, gcn, ressage, mlp, gat, rgcn or heterosage", [
+named_enum!(ModelKind, "sage, gcn, ressage, mlp, gat, rgcn, heterosage or rgat", [
     Sage => "sage", Gcn => "gcn", ResSage => "ressage", Mlp => "mlp", Gat => "gat",
-    Rgcn => "rgcn", HeteroSage => "heterosage"
+    Rgcn => "rgcn", HeteroSage => "heterosage", Rgat => "rgat"
 ]);
 named_enum!(Mode, "single, fb, flx, cob, mb, cluster or auto", [
     Single => "single", Fb => "fb", Flx => "flx", Cob => "cob", Mb => "mb",

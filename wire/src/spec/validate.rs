@@ -106,15 +106,15 @@ impl JobSpec {
                 ("output_heads", self.output_heads)
             };
             err(field, format!("must be ≥ 1, got {v}"));
-        } else if self.model == ModelKind::Gat
+        } else if self.model.uses_attention()
             && self.layers > 1
             && !self.hidden.is_multiple_of(self.heads)
         {
             err(
                 "heads",
                 format!(
-                    "must divide hidden ({}) for gat: the heads split the hidden width, got {}",
-                    self.hidden, self.heads
+                    "must divide hidden ({}) for {}: the heads split the hidden width, got {}",
+                    self.hidden, self.model, self.heads
                 ),
             );
         }
