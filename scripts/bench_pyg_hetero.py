@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch Geometric baseline for `grandis bench train --model rgcn|heterosage`.
+"""PyTorch Geometric baseline for `grandis bench train --model rgcn|heterosage|rgat`.
 
 Reads a typed graph in the HeteroData npy layout that `grandis data export` writes
 (hetero.json: the vertex types in id order with their counts and the target type;
@@ -12,6 +12,9 @@ model grandis does, full batch with Adam on the CPU:
   rgcn        RGCNConv (mean per relation, root weight, bias) on the homogeneous graph with
               one edge type per relation, types' ids contiguous in hetero.json's order;
   heterosage  to_hetero of a SAGEConv stack (lazy in_channels), aggr="sum";
+  rgat        to_hetero of a GATConv stack (add_self_loops=False, the MLPerf GNN model's
+              layer), aggr="sum": --heads heads of hidden / heads columns concatenated in
+              hidden layers, one averaged head in the last, attention dropout at --dropout;
 
 dropout before every convolution, ReLU after all but the last. Prints one JSON line:
 median_epoch_s, epoch_seconds (after one warm-up epoch), peak_bytes (peak RSS), final_loss,
@@ -29,7 +32,8 @@ import time
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dir", required=True)
-    ap.add_argument("--model", choices=["rgcn", "heterosage"], default="rgcn")
+    ap.add_argument("--model", choices=["rgcn", "heterosage", "rgat"], default="rgcn")
+    ap.add_argument("--heads", type=int, default=8, help="rgat: heads of each hidden layer")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--dropout", type=float, default=0.5)
@@ -44,7 +48,7 @@ def main():
     import torch.nn.functional as F
     import torch_geometric
     from torch_geometric.data import HeteroData
-    from torch_geometric.nn import RGCNConv, SAGEConv, to_hetero
+    from torch_geometric.nn import GATConv, RGCNConv, SAGEConv, to_hetero
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -104,12 +108,19 @@ def main():
         for key, e in relations:
             data[key].edge_index = e
 
+        def conv(i):
+            if args.model == "heterosage":
+                return SAGEConv((-1, -1), dims[i + 1], aggr="mean")
+            if i + 1 < args.layers:
+                return GATConv((-1, -1), dims[i + 1] // args.heads, heads=args.heads,
+                               dropout=args.dropout, add_self_loops=False)
+            return GATConv((-1, -1), dims[i + 1], heads=1, concat=False, dropout=args.dropout,
+                           add_self_loops=False)
+
         class Stack(torch.nn.Module):
             def __init__(self):
                 super().__init__()
-                self.convs = torch.nn.ModuleList(
-                    SAGEConv((-1, -1), dims[i + 1], aggr="mean") for i in range(args.layers)
-                )
+                self.convs = torch.nn.ModuleList(conv(i) for i in range(args.layers))
                 # A module, not F.dropout(training=self.training): to_hetero traces the
                 # forward once, and a module's mode still follows train()/eval().
                 self.drop = torch.nn.Dropout(args.dropout)

@@ -20,20 +20,22 @@ pub struct JobArgs {
     #[arg(long)]
     pub mode: Option<Mode>,
     /// Model: sage, gcn, ressage, gat (attention, PyG GATConv semantics; see --heads), mlp
-    /// (features only, no graph; single mode only), or on a typed dataset rgcn (PyG RGCNConv)
-    /// or heterosage (SAGEConv per relation, summed: PyG's to_hetero).
+    /// (features only, no graph; single mode only), or on a typed dataset rgcn (PyG RGCNConv),
+    /// heterosage (SAGEConv per relation, summed: PyG's to_hetero) or rgat (GATConv per
+    /// relation without self-loops, summed: the MLPerf GNN model; see --heads).
     #[arg(long, default_value_t = defaults::MODEL)]
     pub model: ModelKind,
     /// Number of graph convolutions.
     #[arg(long, default_value_t = defaults::LAYERS)]
     pub layers: u32,
-    /// Hidden width (gat: of all heads together, so --hidden 64 --heads 8 is 8 heads of 8).
+    /// Hidden width (gat, rgat: of all heads together, so --hidden 64 --heads 8 is 8 heads of
+    /// 8).
     #[arg(long, default_value_t = defaults::HIDDEN)]
     pub hidden: u32,
-    /// gat: attention heads of each hidden layer, concatenated; must divide --hidden.
+    /// gat, rgat: attention heads of each hidden layer, concatenated; must divide --hidden.
     #[arg(long, default_value_t = defaults::HEADS)]
     pub heads: u32,
-    /// gat: attention heads of the last layer, averaged.
+    /// gat, rgat: attention heads of the last layer, averaged.
     #[arg(long, default_value_t = defaults::OUTPUT_HEADS)]
     pub output_heads: u32,
     /// Training epochs.

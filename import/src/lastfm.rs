@@ -12,7 +12,7 @@
 //! listens, both directions. The tag events (`user_tag_artist_rels`) are left out: as plain
 //! edges they would pass held-out listens' user-artist pairs through message passing. The
 //! dataset is typed (users and artists; friend, listens and listened_by), so the typed models
-//! (`rgcn`, `heterosage`) train it by relation and the others as one graph.
+//! (`rgcn`, `heterosage`, `rgat`) train it by relation and the others as one graph.
 
 use std::collections::HashMap;
 use std::path::Path;

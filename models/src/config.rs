@@ -33,7 +33,7 @@ pub struct ModelConfig {
     /// LayerNorm between layers (always before the activation).
     pub layer_norm: bool,
     pub seed: u64,
-    /// Typed models (`rgcn`, `heterosage`): the dataset's relations in order, which name
+    /// Typed models (`rgcn`, `heterosage`, `rgat`): the dataset's relations in order, which name
     /// their parameters and pick the per-type terms. Empty for the others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub relations: Vec<ModelRelation>,

@@ -19,8 +19,8 @@ pub enum BenchCommand {
     /// Partition one synthetic graph with every method; ratios against random.
     Partition(partition::BenchPartitionArgs),
     /// Full-batch training epoch time and memory on a synthetic graph; with `--task link`,
-    /// link prediction on `--data` over seeds against PyG's protocol; with `--model rgcn` or
-    /// `heterosage`, a typed graph over seeds against PyG's same model.
+    /// link prediction on `--data` over seeds against PyG's protocol; with `--model rgcn`,
+    /// `heterosage` or `rgat`, a typed graph over seeds against PyG's same model.
     Train(train::BenchTrainArgs),
     /// FB_base vs FLX (k = 1..L) epoch time split and traffic; speedups against FB_base.
     Modes(modes::BenchModesArgs),

@@ -30,12 +30,12 @@ pub struct BenchTrainArgs {
     #[arg(long, default_value_t = 64)]
     pub hidden: usize,
     /// Model of both systems: sage (SAGEConv) or gat (GATConv, --heads heads per hidden layer,
-    /// one averaged head in the last); rgcn (RGCNConv) or heterosage (to_hetero of SAGEConv)
-    /// train on a typed graph of --vertices (`data synth --hetero`'s), over --seeds seeds,
-    /// against scripts/bench_pyg_hetero.py.
+    /// one averaged head in the last); rgcn (RGCNConv), heterosage (to_hetero of SAGEConv) or
+    /// rgat (to_hetero of GATConv without self-loops) train on a typed graph of --vertices
+    /// (`data synth --hetero`'s), over --seeds seeds, against scripts/bench_pyg_hetero.py.
     #[arg(long, default_value_t = ModelKind::Sage)]
     pub model: ModelKind,
-    /// gat: attention heads of each hidden layer (they split --hidden).
+    /// gat, rgat: attention heads of each hidden layer (they split --hidden).
     #[arg(long, default_value_t = grandis_wire::defaults::HEADS as usize)]
     pub heads: usize,
     #[arg(long, default_value_t = 0.5)]

@@ -1,8 +1,9 @@
-//! `grandis bench train --model rgcn|heterosage`: full-batch node classification on a typed
-//! synthetic graph (`data synth --hetero`'s academic graph: papers, authors, institutions;
-//! cites, writes, written_by, affiliated_with) against PyG's same architecture
+//! `grandis bench train --model rgcn|heterosage|rgat`: full-batch node classification on a
+//! typed synthetic graph (`data synth --hetero`'s academic graph: papers, authors,
+//! institutions; cites, writes, written_by, affiliated_with) against PyG's same architecture
 //! (scripts/bench_pyg_hetero.py: `RGCNConv` on the homogeneous graph with edge types, or
-//! `to_hetero` of a `SAGEConv` stack with `aggr="sum"`) in the same invocation, over seeds
+//! `to_hetero` of a `SAGEConv` or `GATConv(add_self_loops=False)` stack with `aggr="sum"`) in
+//! the same invocation, over seeds
 //! (each seeds both systems' weights and dropout on the same graph). Reported: final test
 //! and validation accuracy after the same epochs, their mean difference in points, the
 //! median epoch and the peak RSS of each, as ratios.
@@ -118,7 +119,8 @@ fn run_grandis(args: &BenchTrainArgs, ds: &InMemoryDataset, seed: u64) -> anyhow
 /// PyG on the exported graph: scripts/bench_pyg_hetero.py.
 fn run_pyg(args: &BenchTrainArgs, dir: &std::path::Path, seed: u64) -> anyhow::Result<Run> {
     let script = args.pyg_script.with_file_name("bench_pyg_hetero.py");
-    let flags = super::baseline_flags(args, dir, seed);
+    let mut flags = super::baseline_flags(args, dir, seed);
+    flags.extend(["--heads".to_string(), args.heads.to_string()]);
     let v = super::Baseline::run(&args.python, &script, &flags)?;
     let num = |k: &str| v.num(k);
     Ok(Run {

@@ -59,7 +59,7 @@ pub struct SynthArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// A typed graph (train it with --model rgcn or heterosage): by default papers (half of
+    /// A typed graph (train it with --model rgcn, heterosage or rgat): by default papers (half of
     /// --nodes, --features columns), authors (35 %, half the columns) and institutions
     /// (featureless), with cites, writes, written_by and affiliated_with relations; papers
     /// carry the labels. --types, --relations and --target replace any of these.
