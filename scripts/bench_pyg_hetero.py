@@ -12,8 +12,8 @@ model grandis does, full batch with Adam on the CPU:
   rgcn        RGCNConv (mean per relation, root weight, bias) on the homogeneous graph with
               one edge type per relation, types' ids contiguous in hetero.json's order;
   heterosage  to_hetero of a SAGEConv stack (lazy in_channels), aggr="sum";
-  rgat        to_hetero of a GATConv stack (add_self_loops=False, the MLPerf GNN model's
-              layer), aggr="sum": --heads heads of hidden / heads columns concatenated in
+  rgat        to_hetero of a GATConv stack (add_self_loops=False, in_channels an int so one
+              weight maps both ends, the MLPerf GNN model's layer), aggr="sum": --heads heads of hidden / heads columns concatenated in
               hidden layers, one averaged head in the last, attention dropout at --dropout;
 
 dropout before every convolution, ReLU after all but the last. Prints one JSON line:
@@ -111,10 +111,12 @@ def main():
         def conv(i):
             if args.model == "heterosage":
                 return SAGEConv((-1, -1), dims[i + 1], aggr="mean")
+            # An int in_channels: one weight maps both ends' rows (GATConv's `lin`, as in the
+            # MLPerf model); a tuple would give each end its own.
             if i + 1 < args.layers:
-                return GATConv((-1, -1), dims[i + 1] // args.heads, heads=args.heads,
+                return GATConv(dims[i], dims[i + 1] // args.heads, heads=args.heads,
                                dropout=args.dropout, add_self_loops=False)
-            return GATConv((-1, -1), dims[i + 1], heads=1, concat=False, dropout=args.dropout,
+            return GATConv(dims[i], dims[i + 1], heads=1, concat=False, dropout=args.dropout,
                            add_self_loops=False)
 
         class Stack(torch.nn.Module):

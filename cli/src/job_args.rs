@@ -108,6 +108,11 @@ pub struct JobArgs {
     /// every layer; with --mode mb alone it means --sampling fanout.
     #[arg(long, value_delimiter = ',')]
     pub fanouts: Option<Vec<u32>>,
+    /// fanout, on a typed dataset: one relation's own fanouts, NAME=F1,F2,... (its name or
+    /// src__name__dst; repeat the flag per relation): a vertex draws that relation's
+    /// in-neighbours on their own, and --fanouts of every relation not named.
+    #[arg(long = "relation-fanouts", value_name = "NAME=F1,F2,...", value_parser = parse_relation_fanouts)]
+    pub relation_fanouts: Vec<(String, Vec<u32>)>,
     /// saint: random-walk length (0 = the node sampler); the budget is the batch size.
     #[arg(long, default_value_t = defaults::SAINT_WALK_LENGTH)]
     pub saint_walk_length: u32,
@@ -202,6 +207,21 @@ pub struct JobArgs {
     pub num_bases: Option<u32>,
 }
 
+/// `NAME=F1,F2,...`: one relation's fanouts (`--relation-fanouts`).
+fn parse_relation_fanouts(s: &str) -> Result<(String, Vec<u32>), String> {
+    let form = "expected NAME=F1,F2,... (a relation and its fanouts, e.g. cites=15,10)";
+    let (name, list) = s.split_once('=').ok_or_else(|| format!("{s:?}: {form}"))?;
+    let fanouts = list
+        .split(',')
+        .map(|f| f.trim().parse::<u32>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| format!("{s:?}: {form}"))?;
+    if name.trim().is_empty() {
+        return Err(format!("{s:?}: {form}"));
+    }
+    Ok((name.trim().to_string(), fanouts))
+}
+
 impl JobArgs {
     /// The job these flags describe, on `dataset`, in `--mode` or `default_mode`. Checked
     /// ([`JobSpec::validate`]); a message names the flag.
@@ -220,7 +240,10 @@ impl JobArgs {
                 priority: self.eas_priority,
             },
             "fanout" => match &self.fanouts {
-                Some(f) => Sampling::Fanout { fanouts: f.clone() },
+                Some(f) => Sampling::Fanout {
+                    fanouts: f.clone(),
+                    relation_fanouts: self.relation_fanouts.iter().cloned().collect(),
+                },
                 None => bail!("--sampling fanout needs --fanouts F1,F2,... (one per layer)"),
             },
             "saint" => Sampling::Saint {
@@ -383,15 +406,59 @@ mod tests {
         .unwrap();
         assert_eq!(s.mode, Mode::Cob);
         assert_eq!(s.batch_size, Some(64));
-        assert_eq!(s.sampling, Sampling::Fanout { fanouts: vec![5] });
+        assert_eq!(
+            s.sampling,
+            Sampling::Fanout {
+                fanouts: vec![5],
+                relation_fanouts: Default::default()
+            }
+        );
         // --fanouts alone with mb is fanout sampling.
         let s = spec(&["--mode", "mb", "--fanouts", "10,5"], Mode::Single).unwrap();
         assert_eq!(
             s.sampling,
             Sampling::Fanout {
-                fanouts: vec![10, 5]
+                fanouts: vec![10, 5],
+                relation_fanouts: Default::default()
             }
         );
+        // One relation's own fanouts; a malformed one is refused naming the flag's form.
+        let s = spec(
+            &[
+                "--mode",
+                "mb",
+                "--fanouts",
+                "10,5",
+                "--relation-fanouts",
+                "cites=15,10",
+                "--relation-fanouts",
+                "writes=3",
+            ],
+            Mode::Single,
+        )
+        .unwrap();
+        let Sampling::Fanout {
+            relation_fanouts, ..
+        } = &s.sampling
+        else {
+            panic!("{:?}", s.sampling)
+        };
+        assert_eq!(relation_fanouts["cites"], vec![15, 10]);
+        assert_eq!(relation_fanouts["writes"], vec![3]);
+        let e = spec(
+            &[
+                "--mode",
+                "mb",
+                "--fanouts",
+                "10,5",
+                "--relation-fanouts",
+                "cites",
+            ],
+            Mode::Single,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("NAME=F1,F2"), "{e}");
         let s = spec(
             &[
                 "--mode",

@@ -274,7 +274,7 @@ pub fn plan_job(
             largest_link_cobatch(&view, part, &ctx, config, popts, budget, seed)
         }
         grandis_wire::Task::Node => {
-            largest_cobatch(&ctx, config, &popts.job.sampling, budget, seed)
+            largest_cobatch(&view, part, &ctx, config, &popts.job.sampling, budget, seed)
         }
     };
     let (batch, no_cobatch) = match (popts.batch_size(), largest) {
@@ -320,6 +320,8 @@ pub fn plan_job(
 /// (`sampling`; GraphSAINT's subgraphs are not co-batches, so exact then); an error when not
 /// even one vertex fits (the cob and mb candidates are then left out).
 fn largest_cobatch(
+    view: &DatasetView<'_>,
+    part: &PartitionedGraph,
     ctx: &grandis_masking::PlanContext<'_>,
     config: &ModelConfig,
     sampling: &Sampling,
@@ -331,7 +333,7 @@ fn largest_cobatch(
         Sampling::Saint { .. } => Sampling::None,
         s => s.clone(),
     };
-    let sampler = grandis_sampling::dependency_sampler(&sampling, config.layers, seed)?
+    let sampler = crate::setup::dependency_sampler(view, part, &sampling, config.layers, seed)?
         .unwrap_or_else(|| Box::new(grandis_sampling::Exact));
     let fit = grandis_sampling::largest_cobatch(ctx, &dims, budget, sampler.as_ref(), seed)?;
     Ok(fit.batch_size)
@@ -367,7 +369,7 @@ fn largest_link_cobatch(
         Sampling::Saint { .. } => Sampling::None,
         s => s.clone(),
     };
-    let sampler = grandis_sampling::dependency_sampler(&sampling, config.layers, seed)?;
+    let sampler = crate::setup::dependency_sampler(view, part, &sampling, config.layers, seed)?;
     // The most supervision edges one server holds (edges go to their source's server).
     let layout = &part.layout;
     let mut per_server = vec![0usize; layout.servers()];

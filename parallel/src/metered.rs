@@ -189,7 +189,8 @@ impl<'a, I> Lend for Attention<'a, I> {
     }
 }
 
-macro_rules! passed_as_is {
+/// Arguments with nothing metered in them: unwrapped as they are.
+macro_rules! unwrapped_as_is {
     ($($t:ty),*) => {
         $(impl<'a> Unwrapped for $t {
             type Inner = $t;
@@ -197,6 +198,14 @@ macro_rules! passed_as_is {
                 self
             }
         })*
+    };
+}
+unwrapped_as_is!(bool, usize, f32, DropoutKey, GemmShape);
+unwrapped_as_is!(&'a [f32], &'a mut [f32], &'a AdamStep);
+
+/// Scalars: lent by value.
+macro_rules! lent_by_value {
+    ($($t:ty),*) => {
         $(impl Lend for $t {
             type Out<'x> = $t where Self: 'x;
             fn lend(&mut self) -> $t {
@@ -205,19 +214,7 @@ macro_rules! passed_as_is {
         })*
     };
 }
-passed_as_is!(bool, usize, f32, DropoutKey, GemmShape);
-
-macro_rules! passed_as_is_ref {
-    ($($t:ty),*) => {
-        $(impl<'a> Unwrapped for $t {
-            type Inner = $t;
-            fn unwrapped(self) -> $t {
-                self
-            }
-        })*
-    };
-}
-passed_as_is_ref!(&'a [f32], &'a mut [f32], &'a AdamStep);
+lent_by_value!(bool, usize, f32, DropoutKey, GemmShape);
 
 /// Kernels that only pass their arguments (unwrapped) to the inner backend's: the arguments
 /// were checked once, by [`grandis_engine::Backend`] on the wrapper.

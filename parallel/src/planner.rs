@@ -485,7 +485,7 @@ impl Candidate {
         let sampler = |s: &Sampling| match s {
             Sampling::None => "exact".to_string(),
             Sampling::Eas { hops, fanout, .. } => format!("eas h={hops} f={fanout}"),
-            Sampling::Fanout { fanouts } => format!(
+            Sampling::Fanout { fanouts, .. } => format!(
                 "sage({})",
                 fanouts
                     .iter()
@@ -747,8 +747,13 @@ pub fn plan(
         popts.job.device_memory = Some(budget);
         let started = std::time::Instant::now();
         let counted = (|| -> anyhow::Result<EpochCounts> {
-            let sampler =
-                grandis_sampling::dependency_sampler(&popts.job.sampling, config.layers, seed)?;
+            let sampler = crate::setup::dependency_sampler(
+                &view,
+                part,
+                &popts.job.sampling,
+                config.layers,
+                seed,
+            )?;
             // The candidate's own dims: a link job's gathered embeddings depend on the mode.
             let dims = crate::budget::job_dims(config, &popts.job, view.num_vertices());
             // A link job's batches (cob, mb) are seeded by its supervision edges, as a run's.

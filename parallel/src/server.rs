@@ -154,6 +154,7 @@ mod tests {
         use grandis_wire::{Mode, Sampling};
         let fanout = Sampling::Fanout {
             fanouts: vec![4, 3],
+            relation_fanouts: Default::default(),
         };
         for (mode, sampling, batch_size) in [
             (Mode::Mb, fanout.clone(), Some(64)),
@@ -196,6 +197,7 @@ mod tests {
         use grandis_wire::{Mode, Sampling};
         let fanout = Sampling::Fanout {
             fanouts: vec![4, 3],
+            relation_fanouts: Default::default(),
         };
         let cases = [
             (Mode::Fb, Sampling::None, None),

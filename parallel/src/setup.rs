@@ -57,6 +57,24 @@ pub(crate) fn in_train_split(flags: &[u8], g: u32) -> bool {
     flags[g as usize] & SPLIT_TRAIN != 0
 }
 
+/// The job's dependency sampler ([`grandis_sampling::dependency_sampler`]) on `part`: its
+/// per-relation fanouts read the dataset's types through the partition's relabelling.
+pub(crate) fn dependency_sampler(
+    view: &DatasetView<'_>,
+    part: &PartitionedGraph,
+    sampling: &grandis_wire::Sampling,
+    layers: usize,
+    seed: u64,
+) -> anyhow::Result<Option<Box<dyn grandis_sampling::Sampler>>> {
+    let typed = view.types.map(|types| grandis_sampling::TypedGraph {
+        types,
+        new_to_old: &part.new_to_old,
+    });
+    Ok(grandis_sampling::dependency_sampler(
+        sampling, layers, seed, typed,
+    )?)
+}
+
 /// The planning context of a partitioned dataset: the relabelled graph, its layout and the
 /// LABELLED split membership (so co-batches and mini-batches only draw vertices that carry a
 /// loss).

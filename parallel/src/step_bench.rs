@@ -94,9 +94,11 @@ impl<'v> Bench<'v> {
     ) -> anyhow::Result<R> {
         let sampling = Sampling::Fanout {
             fanouts: opts.fanouts.clone(),
+            relation_fanouts: Default::default(),
         };
-        let sampler = grandis_sampling::dependency_sampler(&sampling, self.layers, opts.seed)?
-            .context("internal: fanout sampling has a dependency sampler")?;
+        let sampler =
+            grandis_sampling::dependency_sampler(&sampling, self.layers, opts.seed, None)?
+                .context("internal: fanout sampling has a dependency sampler")?;
         let schedule = match opts.mode {
             Mode::Mb => Schedule::Mb {
                 batcher: grandis_sampling::MiniBatcher::new(&self.ctx, opts.batch_size, opts.seed)?,

@@ -832,10 +832,11 @@ mod tests {
         for sampling in [
             Sampling::Fanout {
                 fanouts: vec![5, 3],
+                relation_fanouts: Default::default(),
             },
             Sampling::None,
         ] {
-            let sampler = grandis_sampling::dependency_sampler(&sampling, 2, 3)
+            let sampler = grandis_sampling::dependency_sampler(&sampling, 2, 3, None)
                 .unwrap()
                 .unwrap_or_else(|| Box::new(grandis_sampling::Exact));
             let schedules = [

@@ -17,7 +17,7 @@ use crate::input::PartitionedGraph;
 use crate::link_task::{LinkSeeds, LinkTask};
 use crate::options::ParallelOptions;
 use crate::report::ParallelReport;
-use crate::setup::{check_job_inputs, in_train_split, labelled, plan_context};
+use crate::setup::{check_job_inputs, dependency_sampler, in_train_split, labelled, plan_context};
 use crate::steps::{StepInputs, StepPart};
 use crate::{auto, decide, run};
 
@@ -95,8 +95,7 @@ pub(crate) fn train_ranks(
     let ctx = plan_context(&view, part)?;
     let dims = job_dims(&config, &popts.job, view.num_vertices());
     // The sampler outlives the schedule that borrows it.
-    let sampler =
-        grandis_sampling::dependency_sampler(&popts.job.sampling, config.layers, opts.seed)?;
+    let sampler = dependency_sampler(&view, part, &popts.job.sampling, config.layers, opts.seed)?;
     // Under a daemon (one server's ranks here) each step's part of the other servers is
     // built by theirs.
     let part_here = match local.as_deref() {

@@ -104,7 +104,10 @@ fn cluster_batches_refuse_other_sampling() {
         &part,
         ModelKind::Sage,
         16,
-        Sampling::Fanout { fanouts: vec![3] },
+        Sampling::Fanout {
+            fanouts: vec![3],
+            relation_fanouts: Default::default(),
+        },
     )
     .unwrap_err();
     assert!(format!("{e:#}").contains("cluster"), "{e:#}");

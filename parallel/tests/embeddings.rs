@@ -308,6 +308,7 @@ fn batched_modes_train_embeddings() {
     }
     let fanouts = grandis_wire::Sampling::Fanout {
         fanouts: vec![4, 3],
+        relation_fanouts: Default::default(),
     };
     let opts = TrainOptions {
         lr: 0.05,

@@ -247,6 +247,7 @@ fn batched_link_prediction_with_fanout_sampling_trains_deterministically() {
     };
     let fanouts = Sampling::Fanout {
         fanouts: vec![3, 2],
+        relation_fanouts: Default::default(),
     };
     for (mode, batch, sampling) in [
         (Mode::Mb, 16, fanouts.clone()),
@@ -296,6 +297,7 @@ fn sampled_flx_refuses_link_prediction() {
             mode: Mode::Flx,
             sampling: Sampling::Fanout {
                 fanouts: vec![2, 2],
+                relation_fanouts: Default::default(),
             },
             ..JobSpec::default()
         },
@@ -336,6 +338,7 @@ fn auto_plans_link_prediction_over_exact_plans_and_edge_batches() {
     };
     let fanout = Sampling::Fanout {
         fanouts: vec![3, 2],
+        relation_fanouts: Default::default(),
     };
     let job = |mode: Mode, k: Option<u32>, sampling: &Sampling, batch: Option<u32>| JobSpec {
         mode,

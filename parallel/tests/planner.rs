@@ -112,6 +112,7 @@ fn predicted_counts_are_what_every_candidate_moves_and_computes() {
     let base = base_options();
     let sampling = Sampling::Fanout {
         fanouts: vec![3, 3],
+        relation_fanouts: Default::default(),
     };
     let cands = candidates(2, 48, 2, &sampling);
     let names: Vec<String> = cands.iter().map(|c| c.name()).collect();
@@ -168,6 +169,7 @@ fn pruning_rules_out_only_what_cannot_be_chosen() {
         2,
         &Sampling::Fanout {
             fanouts: vec![3, 3],
+            relation_fanouts: Default::default(),
         },
     );
     let ctx = grandis_parallel::plan_context(&view, &part).unwrap();
@@ -294,6 +296,7 @@ fn auto_runs_the_plan_it_chose() {
                 batch_size: batch,
                 sampling: Sampling::Fanout {
                     fanouts: vec![3, 3],
+                    relation_fanouts: Default::default(),
                 },
                 ..JobSpec::default()
             },
@@ -389,6 +392,7 @@ fn predicted_embedding_bytes_are_what_every_candidate_moves() {
     base.job.embedding_dim = dim as u32;
     let sampling = Sampling::Fanout {
         fanouts: vec![3, 3],
+        relation_fanouts: Default::default(),
     };
     let cands: Vec<_> = candidates(2, 48, 2, &sampling)
         .into_iter()

@@ -25,6 +25,7 @@ fn run(
             sampling: match mode {
                 Mode::Mb => Sampling::Fanout {
                     fanouts: vec![4, 3],
+                    relation_fanouts: Default::default(),
                 },
                 _ => Sampling::None,
             },

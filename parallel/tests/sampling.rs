@@ -173,6 +173,7 @@ fn batched_evaluation_is_the_whole_graph_forward_pass() {
                         batch_size: Some(batch),
                         sampling: grandis_parallel::Sampling::Fanout {
                             fanouts: vec![2, 2],
+                            relation_fanouts: Default::default(),
                         },
                         ..JobSpec::default()
                     },
@@ -310,6 +311,7 @@ fn sampled_modes_are_deterministic_and_report_counters() {
                 9,
                 Sampling::Fanout {
                     fanouts: vec![3, 2],
+                    relation_fanouts: Default::default(),
                 },
             )),
         ),
@@ -324,6 +326,7 @@ fn sampled_modes_are_deterministic_and_report_counters() {
                 5,
                 Sampling::Fanout {
                     fanouts: vec![3, 2],
+                    relation_fanouts: Default::default(),
                 },
             )),
         ),
@@ -467,6 +470,7 @@ fn bad_sampling_combinations_are_errors() {
         4,
         Sampling::Fanout {
             fanouts: vec![3, 3, 3],
+            relation_fanouts: Default::default(),
         },
     )));
     assert!(e.contains("fanouts"), "{e}");
@@ -504,6 +508,7 @@ fn plan_producer_threads_do_not_change_the_run() {
                         batch_size: Some(batch),
                         sampling: Sampling::Fanout {
                             fanouts: vec![3, 2],
+                            relation_fanouts: Default::default(),
                         },
                         ..JobSpec::default()
                     },

@@ -15,6 +15,11 @@
 //! is the union over layers and `DevicePlan::layer_graphs[l]` holds layer l's edges: a runner
 //! aggregates layer l over `layer_graph(l)` and divides by `agg_degree_at(l, row)` (the
 //! per-layer kept count).
+//!
+//! With [`RelationFanouts`] (a typed graph, `relation_fanouts`), a vertex draws the
+//! in-neighbours of each relation into its type on their own, that relation's fanout of them:
+//! a typed graph has at most one relation per ordered pair of types, so a neighbour's type
+//! names the relation of its edge.
 
 use grandis_masking::{Edges, ExtractionSpec, PlanContext, SampledEdges};
 use grandis_store::csr::{concat_parts, row_runs, CsrGraph};
@@ -35,6 +40,33 @@ pub struct Fanout {
     /// Per hop from the targets (hop 1 first).
     pub fanouts: Vec<usize>,
     pub seed: u64,
+    /// Per-relation fanouts on a typed graph (None: one draw over all in-neighbours).
+    pub relations: Option<std::sync::Arc<RelationFanouts>>,
+}
+
+/// The fanout of every relation of a typed graph, per hop ([`Fanout::with_relations`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelationFanouts {
+    /// Each vertex's type, by the plan's vertex ids.
+    pub vertex_types: Vec<u16>,
+    /// How many types there are.
+    pub types: usize,
+    /// Per hop from the targets (hop 1 first), per `dst_type * types + src_type`: how many
+    /// in-neighbours of the source type a vertex of the destination type draws (0 where no
+    /// relation joins the two types, whose edges a typed graph does not have).
+    pub fanouts: Vec<Vec<usize>>,
+}
+
+impl RelationFanouts {
+    /// The most sources one vertex draws at hop `hop` (0-based): the largest sum of a
+    /// destination type's fanouts.
+    fn most_per_vertex(&self, hop: usize) -> usize {
+        self.fanouts[hop]
+            .chunks(self.types.max(1))
+            .map(|row| row.iter().sum::<usize>())
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 impl Fanout {
@@ -50,7 +82,47 @@ impl Fanout {
                 i + 1
             )));
         }
-        Ok(Fanout { fanouts, seed })
+        Ok(Fanout {
+            fanouts,
+            seed,
+            relations: None,
+        })
+    }
+
+    /// This sampler drawing each relation's in-neighbours on their own, `relations`'
+    /// fanouts of them (one table per hop, as many hops as `fanouts`).
+    pub fn with_relations(self, relations: RelationFanouts) -> Result<Fanout> {
+        let t = relations.types;
+        let config = |m: String| Err(SamplingError::Config(format!("relation fanouts: {m}")));
+        if relations.fanouts.len() != self.fanouts.len() {
+            return config(format!(
+                "{} hops given, the sampler has {}",
+                relations.fanouts.len(),
+                self.fanouts.len()
+            ));
+        }
+        if relations.fanouts.iter().any(|hop| hop.len() != t * t) {
+            return config(format!("every hop needs a {t} x {t} table of fanouts"));
+        }
+        if let Some(v) = relations
+            .vertex_types
+            .iter()
+            .position(|&ty| ty as usize >= t)
+        {
+            return config(format!("vertex {v} has a type outside the {t} types"));
+        }
+        Ok(Fanout {
+            relations: Some(std::sync::Arc::new(relations)),
+            ..self
+        })
+    }
+
+    /// The most sources one vertex draws at hop `hop` (0-based).
+    fn most_per_vertex(&self, hop: usize) -> usize {
+        match &self.relations {
+            Some(r) => r.most_per_vertex(hop),
+            None => self.fanouts[hop],
+        }
     }
 
     /// Parses `"25,10,5"`.
@@ -86,29 +158,57 @@ impl Fanout {
             out.extend_from_slice(nbrs);
             return;
         }
-        // Floyd: for j in n - f .. n pick t uniform in 0..=j; take t unless taken, else j.
-        // Every f-subset is equally likely.
         let key = mix(&[self.seed, round, v as u64, layer as u64, 0x5A6E]);
         let start = out.len();
-        // A linear scan of the picks is fastest for the fanouts GNNs use; a set past that.
-        let mut taken: Option<rustc_hash::FxHashSet<u32>> =
-            (fanout > 64).then(rustc_hash::FxHashSet::default);
-        for j in (n - fanout)..n {
-            let t = below(counter(key, j as u64), j as u64 + 1) as u32;
-            let clash = match &mut taken {
-                Some(set) => !set.insert(t),
-                None => out[start..].contains(&t),
-            };
-            let take = if clash { j as u32 } else { t };
-            if clash {
-                if let Some(set) = &mut taken {
-                    set.insert(take);
-                }
-            }
-            out.push(take);
-        }
+        draw_positions(key, n, fanout, out);
         for p in &mut out[start..] {
             *p = nbrs[*p as usize];
+        }
+    }
+
+    /// [`Fanout::sample_row_into`] by relation: for each source type, `v`'s in-neighbours of
+    /// that type, its relation's fanout of them at hop `hop` (0-based), drawn from a stream
+    /// of its own. `scratch` holds one type's positions at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn sample_typed_row_into(
+        &self,
+        relations: &RelationFanouts,
+        ctx: &PlanContext<'_>,
+        v: u32,
+        layer: usize,
+        hop: usize,
+        round: u64,
+        out: &mut Vec<u32>,
+        scratch: &mut Vec<u32>,
+    ) {
+        let nbrs = ctx.in_neighbors(v);
+        let t = relations.types;
+        let dst = relations.vertex_types[v as usize] as usize;
+        let row = &relations.fanouts[hop][dst * t..(dst + 1) * t];
+        for (src, &fanout) in row.iter().enumerate().filter(|(_, &f)| f > 0) {
+            scratch.clear();
+            scratch
+                .extend((0..nbrs.len() as u32).filter(|&i| {
+                    relations.vertex_types[nbrs[i as usize] as usize] as usize == src
+                }));
+            let n = scratch.len();
+            if n <= fanout {
+                out.extend(scratch.iter().map(|&i| nbrs[i as usize]));
+                continue;
+            }
+            let key = mix(&[
+                self.seed,
+                round,
+                v as u64,
+                layer as u64,
+                0x5A6E,
+                1 + src as u64,
+            ]);
+            let start = out.len();
+            draw_positions(key, n, fanout, out);
+            for p in &mut out[start..] {
+                *p = nbrs[scratch[*p as usize] as usize];
+            }
         }
     }
 
@@ -134,9 +234,10 @@ impl Fanout {
         ctx: &PlanContext<'_>,
         frontier: &[u32],
         layer: usize,
-        fanout: usize,
+        hop: usize,
         round: u64,
     ) -> CsrGraph {
+        let fanout = self.most_per_vertex(hop);
         const CHUNK: usize = 2048;
         let parts: Vec<CsrGraph> = row_runs(frontier.len(), CHUNK)
             .into_par_iter()
@@ -145,6 +246,7 @@ impl Fanout {
                 let mut offsets = Vec::with_capacity(chunk.len() + 1);
                 offsets.push(0u64);
                 let mut srcs = Vec::with_capacity(chunk.len() * fanout);
+                let mut scratch = Vec::new();
                 let graph = ctx.graph();
                 for (i, &v) in chunk.iter().enumerate() {
                     // Rows at scattered ids: their offsets two windows ahead, the start of
@@ -155,7 +257,19 @@ impl Fanout {
                     if let Some(&w) = chunk.get(i + PREFETCH_AHEAD) {
                         graph.prefetch_row_lines(w, 4);
                     }
-                    self.sample_row_into(ctx, v, layer, fanout, round, &mut srcs);
+                    match &self.relations {
+                        Some(r) => self.sample_typed_row_into(
+                            r,
+                            ctx,
+                            v,
+                            layer,
+                            hop,
+                            round,
+                            &mut srcs,
+                            &mut scratch,
+                        ),
+                        None => self.sample_row_into(ctx, v, layer, fanout, round, &mut srcs),
+                    }
                     offsets.push(srcs.len() as u64);
                 }
                 CsrGraph {
@@ -189,10 +303,9 @@ impl Sampler for Fanout {
         // Hop d draws for every vertex of levels < d, which are then the prefix numbered
         // before it. Maps are sized to the sample, never to the graph.
         let mut vertices: Vec<u32> = targets.clone();
-        let bound = self
-            .fanouts
-            .iter()
-            .scan(targets.len(), |frontier, &f| {
+        let bound = (0..hops)
+            .map(|hop| self.most_per_vertex(hop))
+            .scan(targets.len(), |frontier, f| {
                 *frontier = frontier.saturating_mul(f + 1);
                 Some(*frontier)
             })
@@ -210,13 +323,7 @@ impl Sampler for Fanout {
             let CsrGraph {
                 offsets,
                 indices: mut srcs,
-            } = self.draw_hop(
-                ctx,
-                &vertices[..frontier],
-                hops - d,
-                self.fanouts[d - 1],
-                round,
-            );
+            } = self.draw_hop(ctx, &vertices[..frontier], hops - d, d - 1, round);
             let level = numbering.number_hop(&mut srcs, frontier as u32);
             vertices.extend_from_slice(&level);
             level_starts.push(vertices.len());
@@ -286,6 +393,35 @@ impl Sampler for Fanout {
 
     fn name(&self) -> String {
         let f: Vec<String> = self.fanouts.iter().map(usize::to_string).collect();
-        format!("sage({})", f.join(","))
+        let by = if self.relations.is_some() {
+            ", per relation"
+        } else {
+            ""
+        };
+        format!("sage({}{by})", f.join(","))
+    }
+}
+
+/// Floyd's algorithm: `fanout` distinct positions in `0..n` (`fanout < n`), every subset
+/// equally likely, from the counter-based stream `key`, appended to `out`: for `j` in
+/// `n - fanout .. n` pick `t` uniform in `0..=j`, take `t` unless taken, else `j`.
+fn draw_positions(key: u64, n: usize, fanout: usize, out: &mut Vec<u32>) {
+    let start = out.len();
+    // A linear scan of the picks is fastest for the fanouts GNNs use; a set past that.
+    let mut taken: Option<rustc_hash::FxHashSet<u32>> =
+        (fanout > 64).then(rustc_hash::FxHashSet::default);
+    for j in (n - fanout)..n {
+        let t = below(counter(key, j as u64), j as u64 + 1) as u32;
+        let clash = match &mut taken {
+            Some(set) => !set.insert(t),
+            None => out[start..].contains(&t),
+        };
+        let take = if clash { j as u32 } else { t };
+        if clash {
+            if let Some(set) = &mut taken {
+                set.insert(take);
+            }
+        }
+        out.push(take);
     }
 }

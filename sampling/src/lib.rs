@@ -32,9 +32,9 @@ pub use batch::{
 pub use cluster::ClusterBatches;
 pub use eas::{external_distance, Eas, Priority};
 pub use error::{Result, SamplingError};
-pub use fanout::Fanout;
+pub use fanout::{Fanout, RelationFanouts};
 pub use fit::{largest_cobatch, largest_fitting, CobatchFit};
 pub use saint::{Saint, SaintKind};
 pub use sampler::{round_for_epoch, round_of, Exact, Sampler};
-pub use spec::{dependency_sampler, saint_sampler};
+pub use spec::{dependency_sampler, saint_sampler, TypedGraph};
 pub use stats::{boundary_ratio, device_counts, sample_stats, SampleStats};

@@ -223,6 +223,29 @@ impl Types {
         self.schema.relations.iter().map(Relation::key).collect()
     }
 
+    /// The relation `name` names: its key (`src__name__dst`), or its name when only one
+    /// relation has it. The error lists the relations, or says to give the key.
+    pub fn find_relation(&self, name: &str) -> Result<usize, String> {
+        let keys = self.relation_keys();
+        if let Some(r) = keys.iter().position(|k| k == name) {
+            return Ok(r);
+        }
+        let named: Vec<usize> = (0..keys.len())
+            .filter(|&r| self.schema.relations[r].name == name)
+            .collect();
+        match named[..] {
+            [r] => Ok(r),
+            [] => Err(format!(
+                "{name:?} is no relation of the dataset (its relations: {})",
+                keys.join(", ")
+            )),
+            _ => Err(format!(
+                "{name:?} names {} relations; give one as src__name__dst",
+                named.len()
+            )),
+        }
+    }
+
     /// Counts the edges of every relation in `graph` (rows = destinations), failing on the
     /// first edge whose ends' types no relation joins.
     pub fn count_edges(&self, graph: crate::CsrView<'_>) -> Result<Vec<u64>, String> {

@@ -47,7 +47,15 @@ pub enum Sampling {
     /// GraphSAGE layer-wise neighbour sampling: `fanouts[i]` sources per vertex at hop `i + 1`
     /// from the targets (the last layer's first, as in `--fanouts 25,10,5`); one value means
     /// the same fanout at every layer.
-    Fanout { fanouts: Vec<u32> },
+    Fanout {
+        fanouts: Vec<u32>,
+        /// On a typed dataset, the fanouts of the relations named here (by name, or as
+        /// `src__name__dst`), as `fanouts` is read: a vertex draws each relation's in-neighbours
+        /// on their own, its listed fanout of them, and `fanouts` of every relation not listed
+        /// (DGL's per-edge-type fanouts). Empty: one draw over all in-neighbours.
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        relation_fanouts: std::collections::BTreeMap<String, Vec<u32>>,
+    },
     /// GraphSAINT subgraph sampling per server per iteration, with a budget of the batch size:
     /// random walks of `walk_length` steps from `batch_size / (walk_length + 1)` roots, or the
     /// node sampler when `walk_length` is 0.
@@ -116,6 +124,7 @@ impl Sampling {
             },
             "fanout" => Sampling::Fanout {
                 fanouts: vec![defaults::FANOUT],
+                relation_fanouts: Default::default(),
             },
             "saint" => Sampling::Saint {
                 walk_length: defaults::SAINT_WALK_LENGTH,
@@ -720,6 +729,47 @@ mod tests {
     }
 
     #[test]
+    fn relation_fanouts_parse_and_are_checked_per_relation() {
+        let spec = JobSpec::from_json_str(
+            r#"{"dataset": "d", "layers": 2, "sampling": {"method": "fanout",
+                "fanouts": [10, 5], "relation_fanouts": {"cites": [15, 10], "writes": 3}}}"#,
+        )
+        .unwrap();
+        let Sampling::Fanout {
+            fanouts,
+            relation_fanouts,
+        } = &spec.sampling
+        else {
+            panic!("{:?}", spec.sampling)
+        };
+        assert_eq!(fanouts, &[10, 5]);
+        assert_eq!(relation_fanouts["cites"], vec![15, 10]);
+        assert_eq!(relation_fanouts["writes"], vec![3]);
+        // The spec round-trips, and one without relation fanouts writes none.
+        let again: JobSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(again, spec);
+        let plain = serde_json::to_string(&Sampling::with_defaults("fanout").unwrap()).unwrap();
+        assert!(!plain.contains("relation_fanouts"), "{plain}");
+        assert_eq!(
+            errors(
+                r#"{"dataset": "d", "layers": 2, "sampling": {"method": "fanout",
+                    "fanouts": [10, 5], "relation_fanouts": {"cites": [1, 2, 3]}}}"#
+            ),
+            ["sampling.relation_fanouts.cites: expected 1 value or 2 (= layers), got 3"]
+        );
+        assert!(errors(
+            r#"{"dataset": "d", "sampling": {"method": "fanout", "fanouts": [5],
+                "relation_fanouts": {"cites": [0]}}}"#
+        )[0]
+        .starts_with("sampling.relation_fanouts.cites: "));
+        assert!(errors(
+            r#"{"dataset": "d", "sampling": {"method": "fanout", "fanouts": [5],
+                "relation_fanouts": [3]}}"#
+        )[0]
+        .starts_with("sampling.relation_fanouts: expected an object"));
+    }
+
+    #[test]
     fn messages_name_the_field() {
         assert_eq!(
             errors(r#"{"dataset": "d", "epochs": -3}"#),
@@ -1027,6 +1077,7 @@ mod tests {
             dataset: "/d".into(),
             sampling: Sampling::Fanout {
                 fanouts: vec![10, 5, 5],
+                relation_fanouts: Default::default(),
             },
             layers: 3,
             seed: u64::MAX,

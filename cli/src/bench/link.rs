@@ -12,7 +12,7 @@
 use anyhow::Context;
 use grandis_models::ModelConfig;
 use grandis_store::{Dataset, DatasetView, EdgeSplitOptions, InMemoryDataset, LinkSplit, Split};
-use grandis_trainer::{CheckpointOptions, EvalSchedule, Objective, TrainOptions};
+use grandis_trainer::{CheckpointOptions, Objective};
 
 use super::mean;
 use super::train::BenchTrainArgs;
@@ -137,21 +137,11 @@ fn run_grandis(
             .unwrap_or_default(),
         num_bases: None,
     };
-    let opts = TrainOptions {
-        objective: Objective::Link {
-            negatives: args.negatives,
-            decoder: args.decoder,
-        },
-        // One warm-up epoch, then the timed ones, as the baseline counts them.
-        epochs: args.epochs + 1,
-        lr: args.lr,
-        weight_decay: 0.0,
-        adamw: false,
-        grad_clip: None,
-        seed,
-        eval: EvalSchedule::End,
-        embedding_dim: args.embedding_dim,
+    let objective = Objective::Link {
+        negatives: args.negatives,
+        decoder: args.decoder,
     };
+    let opts = super::seed_train_options(args, seed, objective, args.embedding_dim);
     grandis_telemetry::reset_peak_rss();
     let ck = CheckpointOptions::default();
     let (report, peak_device_bytes) = match ordinal {

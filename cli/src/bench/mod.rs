@@ -165,3 +165,25 @@ pub(super) fn over_seeds<P, R: SeedRun>(
 pub(super) fn mean<R>(runs: &[R], f: impl Fn(&R) -> f64) -> f64 {
     runs.iter().map(f).sum::<f64>() / runs.len().max(1) as f64
 }
+
+/// The training of one seed in a seed-by-seed comparison: one warm-up epoch, then the
+/// `args.epochs` timed ones (as the baselines count them), Adam at `args.lr` without weight
+/// decay, evaluated at the end.
+pub(super) fn seed_train_options(
+    args: &train::BenchTrainArgs,
+    seed: u64,
+    objective: grandis_trainer::Objective,
+    embedding_dim: usize,
+) -> grandis_trainer::TrainOptions {
+    grandis_trainer::TrainOptions {
+        objective,
+        epochs: args.epochs + 1,
+        lr: args.lr,
+        weight_decay: 0.0,
+        adamw: false,
+        grad_clip: None,
+        seed,
+        eval: grandis_trainer::EvalSchedule::End,
+        embedding_dim,
+    }
+}

@@ -126,7 +126,13 @@ pub fn run(args: BenchModesArgs) -> anyhow::Result<()> {
                 ..Default::default()
             },
         ));
-        modes.push(("CoB-SAGE".into(), cob(Sampling::Fanout { fanouts })));
+        modes.push((
+            "CoB-SAGE".into(),
+            cob(Sampling::Fanout {
+                fanouts,
+                relation_fanouts: Default::default(),
+            }),
+        ));
         modes.push(("CoB-EAS".into(), cob(eas)));
     }
     for (name, popts) in modes {

@@ -88,7 +88,10 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
         args.graph.layers,
         args.cobatch_size,
         args.graph.devices,
-        &Sampling::Fanout { fanouts },
+        &Sampling::Fanout {
+            fanouts,
+            relation_fanouts: Default::default(),
+        },
     );
     if let Some(only) = &args.only {
         cands.retain(|c| only.iter().any(|o| c.name().starts_with(o.as_str())));

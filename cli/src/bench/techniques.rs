@@ -393,6 +393,7 @@ fn plan_runs(args: &BenchTechniquesArgs, fanouts: Vec<u32>) -> (Vec<Variant>, Ve
             batch_size: Some(args.batch_size as u32),
             sampling: Sampling::Fanout {
                 fanouts: fanouts.clone(),
+                relation_fanouts: Default::default(),
             },
             ..JobSpec::default()
         },

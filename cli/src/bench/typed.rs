@@ -11,7 +11,7 @@
 use anyhow::{bail, Context};
 use grandis_models::{ModelConfig, ModelRelation};
 use grandis_store::InMemoryDataset;
-use grandis_trainer::{CheckpointOptions, EvalSchedule, Objective, TrainOptions};
+use grandis_trainer::{CheckpointOptions, Objective};
 
 use super::mean;
 use super::train::BenchTrainArgs;
@@ -90,18 +90,7 @@ fn run_grandis(args: &BenchTrainArgs, ds: &InMemoryDataset, seed: u64) -> anyhow
         relations: view.types.map(ModelRelation::of).unwrap_or_default(),
         num_bases: None,
     };
-    let opts = TrainOptions {
-        objective: Objective::Node,
-        // One warm-up epoch, then the timed ones, as the baseline counts them.
-        epochs: args.epochs + 1,
-        lr: args.lr,
-        weight_decay: 0.0,
-        adamw: false,
-        grad_clip: None,
-        seed,
-        eval: EvalSchedule::End,
-        embedding_dim: 0,
-    };
+    let opts = super::seed_train_options(args, seed, Objective::Node, 0);
     grandis_telemetry::reset_peak_rss();
     let ck = CheckpointOptions::default();
     let report = grandis_trainer::train(view, config, &opts, &ck, Some(args.threads), |_| {})?;

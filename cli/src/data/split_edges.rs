@@ -51,28 +51,6 @@ pub struct SplitEdgesArgs {
     relation: Option<String>,
 }
 
-/// The relation `name` names (its key, or its name when only one relation has it).
-fn find_relation(types: &grandis_store::Types, name: &str) -> anyhow::Result<usize> {
-    let keys = types.relation_keys();
-    if let Some(r) = keys.iter().position(|k| k == name) {
-        return Ok(r);
-    }
-    let named: Vec<usize> = (0..keys.len())
-        .filter(|&r| types.schema.relations[r].name == name)
-        .collect();
-    match named[..] {
-        [r] => Ok(r),
-        [] => bail!(
-            "--relation {name:?}: the dataset's relations are {}",
-            keys.join(", ")
-        ),
-        _ => bail!(
-            "--relation {name:?} names {} relations; give one as src__name__dst",
-            named.len()
-        ),
-    }
-}
-
 /// (source, destination) pairs.
 type Edges = Vec<(u32, u32)>;
 
@@ -127,7 +105,9 @@ pub fn run(args: SplitEdgesArgs) -> anyhow::Result<()> {
     let (graph, split) = match (&args.relation, dataset.types()) {
         (None, _) => grandis_store::split_edges(view.graph, undirected, &opts),
         (Some(name), Some(types)) => {
-            let r = find_relation(types, name)?;
+            let r = types
+                .find_relation(name)
+                .map_err(|e| anyhow::anyhow!("--relation {e}"))?;
             let (candidates, kept) = relation_edges(view.graph, types, r, undirected);
             let destinations = types.range(types.ends(r).1);
             grandis_store::split_relation(
@@ -233,7 +213,7 @@ mod tests {
     fn a_relations_edges_are_split_from_the_others() {
         // Symmetric: each listen once (user first), friendships once, no listened_by edge.
         let (g, types) = typed(true);
-        let r = find_relation(&types, "listens").unwrap();
+        let r = types.find_relation("listens").unwrap();
         let (mut candidates, mut kept) = relation_edges(g.view(), &types, r, true);
         candidates.sort_unstable();
         kept.sort_unstable();
@@ -246,8 +226,8 @@ mod tests {
         kept.sort_unstable();
         assert_eq!(kept, vec![(0, 1), (1, 2)]);
         // Names: a key works too; an unknown one lists the relations.
-        assert_eq!(find_relation(&types, "user__friend__user").unwrap(), 0);
-        let e = find_relation(&types, "tags").unwrap_err().to_string();
+        assert_eq!(types.find_relation("user__friend__user").unwrap(), 0);
+        let e = types.find_relation("tags").unwrap_err();
         assert!(e.contains("user__listens__item"), "{e}");
     }
 }

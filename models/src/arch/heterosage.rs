@@ -25,12 +25,5 @@ pub(super) fn layer_weights(pb: &mut ParamLayout, c: &ModelConfig, l: &Layer) ->
             dst_type: r.dst_type,
         })
         .collect();
-    LayerParams {
-        w_self: None,
-        w_neigh: None,
-        bias: None,
-        attention: None,
-        relations,
-        bases: None,
-    }
+    LayerParams::of_relations(relations)
 }

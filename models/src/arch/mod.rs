@@ -88,6 +88,20 @@ pub(super) struct LayerParams {
     pub bases: Option<RelationBases>,
 }
 
+impl LayerParams {
+    /// A typed layer whose every weight is its relations' (hetero-SAGE, R-GAT).
+    fn of_relations(relations: Vec<RelationWeights>) -> LayerParams {
+        LayerParams {
+            w_self: None,
+            w_neigh: None,
+            bias: None,
+            attention: None,
+            relations,
+            bases: None,
+        }
+    }
+}
+
 /// Creates the parameters of one layer of a plain stack.
 type LayerWeights = fn(&mut ParamLayout, &ModelConfig, &Layer) -> LayerParams;
 

@@ -7,6 +7,7 @@ use super::kinds::{InterTransport, Mode, ModelKind, PartitionMethod, Priority};
 use super::kinds::{LinkDecoder, Task};
 use super::{FieldError, JobSpec, LinkSpec, PredictSpec, Sampling, SpecError, Staleness, FIELDS};
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 
 impl JobSpec {
     /// Parses and validates a JSON job document.
@@ -484,10 +485,16 @@ impl Reader<'_> {
                             };
                             (s, None)
                         }
-                        Sampling::Fanout { fanouts } => {
-                            sub.unknown_fields(&["method", "fanouts"]);
+                        Sampling::Fanout {
+                            fanouts,
+                            relation_fanouts,
+                        } => {
+                            sub.unknown_fields(&["method", "fanouts", "relation_fanouts"]);
                             let s = Sampling::Fanout {
                                 fanouts: sub.fanouts().unwrap_or(fanouts),
+                                relation_fanouts: sub
+                                    .relation_fanouts()
+                                    .unwrap_or(relation_fanouts),
                             };
                             (s, None)
                         }
@@ -519,8 +526,38 @@ impl Reader<'_> {
 
     fn fanouts(&mut self) -> Option<Vec<u32>> {
         let v = self.get("fanouts")?.clone();
-        match &v {
-            Value::Number(_) => self.uint("fanouts", 1, u32::MAX as i64).map(|f| vec![f]),
+        self.fanout_list("fanouts", &v)
+    }
+
+    /// `relation_fanouts`: an object from relation names to fanout lists.
+    fn relation_fanouts(&mut self) -> Option<BTreeMap<String, Vec<u32>>> {
+        let v = self.get("relation_fanouts")?.clone();
+        let Value::Object(map) = &v else {
+            let msg = format!(
+                "expected an object from relation names to fanout lists, got {}",
+                describe(&v)
+            );
+            self.error("relation_fanouts", msg);
+            return None;
+        };
+        let mut out = BTreeMap::new();
+        for (name, list) in map {
+            let list = self.fanout_list(&format!("relation_fanouts.{name}"), list)?;
+            out.insert(name.clone(), list);
+        }
+        Some(out)
+    }
+
+    /// A fanout list at `key` (one integer stands for a list of one).
+    fn fanout_list(&mut self, key: &str, v: &Value) -> Option<Vec<u32>> {
+        match v {
+            Value::Number(n) => match n.as_i64() {
+                Some(f) if f >= 1 && f <= u32::MAX as i64 => Some(vec![f as u32]),
+                _ => {
+                    self.error(key, format!("must be an integer ≥ 1, got {}", describe(v)));
+                    None
+                }
+            },
             Value::Array(items) => {
                 let mut out = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
@@ -528,7 +565,7 @@ impl Reader<'_> {
                         Some(f) if f >= 1 && f <= u32::MAX as i64 => out.push(f as u32),
                         _ => {
                             self.error(
-                                "fanouts",
+                                key,
                                 format!(
                                     "every fanout must be an integer ≥ 1, got {} at index {i}",
                                     describe(item)
@@ -539,14 +576,14 @@ impl Reader<'_> {
                     }
                 }
                 if out.is_empty() {
-                    self.error("fanouts", "must list at least one fanout");
+                    self.error(key, "must list at least one fanout");
                     return None;
                 }
                 Some(out)
             }
             other => {
                 let msg = format!("expected a list of integers, got {}", describe(other));
-                self.error("fanouts", msg);
+                self.error(key, msg);
                 None
             }
         }

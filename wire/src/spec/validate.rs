@@ -326,21 +326,37 @@ impl JobSpec {
                     err("sampling.fanout", format!("must be ≥ 1, got {fanout}"));
                 }
             }
-            Sampling::Fanout { fanouts } => {
-                if fanouts.len() != 1 && fanouts.len() != self.layers as usize {
-                    err(
-                        "sampling.fanouts",
-                        format!(
-                            "expected 1 value or {} (= layers), got {}",
-                            self.layers,
-                            fanouts.len()
-                        ),
-                    );
+            Sampling::Fanout {
+                fanouts,
+                relation_fanouts,
+            } => {
+                let lists = std::iter::once(("sampling.fanouts".to_string(), fanouts)).chain(
+                    relation_fanouts
+                        .iter()
+                        .map(|(name, list)| (format!("sampling.relation_fanouts.{name}"), list)),
+                );
+                for (field, list) in lists {
+                    if list.len() != 1 && list.len() != self.layers as usize {
+                        err(
+                            &field,
+                            format!(
+                                "expected 1 value or {} (= layers), got {}",
+                                self.layers,
+                                list.len()
+                            ),
+                        );
+                    }
+                    if let Some(i) = list.iter().position(|&f| f < 1) {
+                        err(
+                            &field,
+                            format!("every fanout must be ≥ 1, got 0 at index {i}"),
+                        );
+                    }
                 }
-                if let Some(i) = fanouts.iter().position(|&f| f < 1) {
+                if relation_fanouts.keys().any(|k| k.trim().is_empty()) {
                     err(
-                        "sampling.fanouts",
-                        format!("every fanout must be ≥ 1, got 0 at index {i}"),
+                        "sampling.relation_fanouts",
+                        "a relation's name must not be empty".to_string(),
                     );
                 }
             }
