@@ -4,11 +4,9 @@
 //! vertex-layers where only the traffic changes); steps are the same with any thread count;
 //! bad flags are one clear error.
 
-const EXE: &str = env!("CARGO_BIN_EXE_grandis");
+mod common;
 
-fn grandis(args: &[&str]) -> (bool, String, String) {
-    grandis_e2e::run_grandis(EXE, args, std::time::Duration::from_secs(600)).unwrap()
-}
+use common::*;
 
 fn row<'a>(groups: &'a serde_json::Value, group: &str, i: usize) -> &'a serde_json::Value {
     let g = groups
@@ -22,7 +20,7 @@ fn row<'a>(groups: &'a serde_json::Value, group: &str, i: usize) -> &'a serde_js
 
 #[test]
 fn bench_techniques_compares_each_technique_with_its_exact_run() {
-    let (ok, out, err) = grandis(&[
+    let out = grandis_ok(&[
         "bench",
         "techniques",
         "--vertices",
@@ -41,7 +39,6 @@ fn bench_techniques_compares_each_technique_with_its_exact_run() {
         "1,8",
         "--json",
     ]);
-    assert!(ok, "{err}");
     let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     let groups = &report["groups"];
     assert_eq!(groups.as_array().unwrap().len(), 4, "{report}");
@@ -108,7 +105,7 @@ fn bench_techniques_refuses_bad_flags_with_one_line() {
 /// clear error naming the flag.
 #[test]
 fn bench_steps_times_the_same_steps_with_any_thread_count() {
-    let (ok, out, err) = grandis(&[
+    let out = grandis_ok(&[
         "bench",
         "steps",
         "--vertices",
@@ -131,7 +128,6 @@ fn bench_steps_times_the_same_steps_with_any_thread_count() {
         "1,2",
         "--json",
     ]);
-    assert!(ok, "{err}");
     let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     let rows = report["rows"].as_array().unwrap();
     // Per mode: one thread and two on a step, and two producers building whole steps.
@@ -176,22 +172,8 @@ fn bench_link_reports_ogb_scores_per_seed() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("synth");
     let data = data.to_str().unwrap();
-    let (ok, _, err) = grandis(&[
-        "data",
-        "synth",
-        "--nodes",
-        "600",
-        "--avg-degree",
-        "8",
-        "--features",
-        "8",
-        "--classes",
-        "4",
-        "--out",
-        data,
-    ]);
-    assert!(ok, "{err}");
-    let (ok, out, err) = grandis(&[
+    synth("600", "8", "8", "4", &["--out", data]);
+    let out = grandis_ok(&[
         "bench",
         "train",
         "--task",
@@ -210,7 +192,6 @@ fn bench_link_reports_ogb_scores_per_seed() {
         "2",
         "--json",
     ]);
-    assert!(ok, "{err}");
     let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     let ours = &report["grandis"];
     let runs = ours["runs"].as_array().unwrap();

@@ -4,19 +4,14 @@
 //! trains to scores, fb and flx train it as single does, and the modes that cannot train
 //! links yet refuse clearly.
 
+mod common;
+
+use common::*;
+
 use std::path::Path;
 
-const EXE: &str = env!("CARGO_BIN_EXE_grandis");
-
-/// `grandis args...` to completion, killed (and failed) past a generous bound rather than
-/// hanging the test run.
-fn grandis(args: &[&str]) -> (bool, String, String) {
-    grandis_e2e::run_grandis(EXE, args, std::time::Duration::from_secs(600)).unwrap()
-}
-
 fn info_line(ds: &Path, key: &str) -> String {
-    let (ok, out, err) = grandis(&["data", "info", ds.to_str().unwrap()]);
-    assert!(ok, "{err}");
+    let out = grandis_ok(&["data", "info", ds.to_str().unwrap()]);
     out.lines()
         .find(|l| l.trim_start().starts_with(key))
         .unwrap_or_else(|| panic!("no {key} line in {out}"))
@@ -29,25 +24,14 @@ fn reorder_keeps_the_graph_and_maps_ids_back() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("synth");
     let out = dir.path().join("local");
-    let (ok, _, err) = grandis(&[
-        "data",
-        "synth",
-        "--nodes",
+    synth(
         "3000",
-        "--avg-degree",
         "10",
-        "--features",
         "8",
-        "--classes",
         "4",
-        "--seed",
-        "1",
-        "--out",
-        src.to_str().unwrap(),
-        "-q",
-    ]);
-    assert!(ok, "{err}");
-    let (ok, json, err) = grandis(&[
+        &["--seed", "1", "--out", src.to_str().unwrap(), "-q"],
+    );
+    let json = grandis_ok(&[
         "data",
         "reorder",
         src.to_str().unwrap(),
@@ -56,7 +40,6 @@ fn reorder_keeps_the_graph_and_maps_ids_back() {
         "300",
         "--json",
     ]);
-    assert!(ok, "{err}");
     let report: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
     assert_eq!(report["clusters"]["count"], 10, "{report}");
     assert!(
@@ -64,8 +47,7 @@ fn reorder_keeps_the_graph_and_maps_ids_back() {
         "{report}"
     );
     let ds = out.join("dataset");
-    let (ok, _, err) = grandis(&["data", "verify", ds.to_str().unwrap()]);
-    assert!(ok, "{err}");
+    grandis_ok(&["data", "verify", ds.to_str().unwrap()]);
     for key in ["vertices", "edges", "split"] {
         assert_eq!(info_line(&src, key), info_line(&ds, key));
     }
@@ -77,8 +59,7 @@ fn reorder_keeps_the_graph_and_maps_ids_back() {
         .collect();
     ids.sort_unstable();
     assert_eq!(ids, (0..3000).collect::<Vec<u32>>());
-    let (ok, _, err) = grandis(&["train", ds.to_str().unwrap(), "--epochs", "2", "-q"]);
-    assert!(ok, "{err}");
+    grandis_ok(&["train", ds.to_str().unwrap(), "--epochs", "2", "-q"]);
     let (ok, _, err) = grandis(&[
         "data",
         "reorder",
@@ -95,25 +76,14 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
     let src = dir.path().join("synth");
     let out = dir.path().join("links");
     let path = |p: &Path| p.to_str().unwrap().to_string();
-    let (ok, _, err) = grandis(&[
-        "data",
-        "synth",
-        "--nodes",
+    synth(
         "800",
-        "--avg-degree",
         "8",
-        "--features",
         "8",
-        "--classes",
         "4",
-        "--seed",
-        "2",
-        "--out",
-        &path(&src),
-        "-q",
-    ]);
-    assert!(ok, "{err}");
-    let (ok, said, err) = grandis(&[
+        &["--seed", "2", "--out", &path(&src), "-q"],
+    );
+    let said = grandis_ok(&[
         "data",
         "split-edges",
         &path(&src),
@@ -125,13 +95,11 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
         "--negatives",
         "3",
     ]);
-    assert!(ok, "{err}");
     assert!(
         said.contains("validation") && said.contains("negatives"),
         "{said}"
     );
-    let (ok, _, err) = grandis(&["data", "verify", &path(&out)]);
-    assert!(ok, "{err}");
+    grandis_ok(&["data", "verify", &path(&out)]);
     let line = info_line(&out, "link split");
     assert!(line.contains("negatives"), "{line}");
     // Fewer edges than the source: the held-out ones left the graph.
@@ -145,7 +113,7 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
     };
     assert!(edges(&out) < edges(&src));
 
-    let (ok, json, err) = grandis(&[
+    let json = grandis_ok(&[
         "train",
         &path(&out),
         "--task",
@@ -159,7 +127,6 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
         "--json",
         "-q",
     ]);
-    assert!(ok, "{err}");
     let summary: serde_json::Value = serde_json::from_str(json.lines().last().unwrap()).unwrap();
     assert_eq!(summary["job"]["task"], "link", "{summary}");
     for part in ["val", "test"] {
@@ -169,11 +136,10 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
     // A checkpoint's embeddings and decoder score an edge list as the run scored its test
     // edges, for both decoders.
     let npy = dir.path().join("npy");
-    let (ok, _, err) = grandis(&["data", "export", &path(&out), &path(&npy), "-q"]);
-    assert!(ok, "{err}");
+    grandis_ok(&["data", "export", &path(&out), &path(&npy), "-q"]);
     for decoder in ["dot", "mlp"] {
         let ck = dir.path().join(format!("link-{decoder}.safetensors"));
-        let (ok, json, err) = grandis(&[
+        let json = grandis_ok(&[
             "train",
             &path(&out),
             "--task",
@@ -191,13 +157,12 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
             "--checkpoint",
             &path(&ck),
         ]);
-        assert!(ok, "{err}");
         let summary: serde_json::Value =
             serde_json::from_str(json.lines().last().unwrap()).unwrap();
         let mut scores = Vec::new();
         for part in ["pos", "neg"] {
             let s = dir.path().join(format!("scores_{part}.npy"));
-            let (ok, _, err) = grandis(&[
+            grandis_ok(&[
                 "predict",
                 &path(&out),
                 "--checkpoint",
@@ -210,7 +175,6 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
                 &path(&s),
                 "-q",
             ]);
-            assert!(ok, "{err}");
             let file = grandis_npy::NpyFile::open(&s).unwrap();
             scores.push(file.values::<f32>().unwrap().into_owned());
         }
@@ -223,7 +187,7 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
     }
     // Scoring needs a link-prediction checkpoint.
     let node_ck = dir.path().join("node.safetensors");
-    let (ok, _, err) = grandis(&[
+    grandis_ok(&[
         "train",
         &path(&src),
         "--epochs",
@@ -232,7 +196,6 @@ fn split_edges_makes_a_dataset_that_trains_link_prediction() {
         &path(&node_ck),
         "-q",
     ]);
-    assert!(ok, "{err}");
     let (ok, _, err) = grandis(&[
         "predict",
         &path(&src),

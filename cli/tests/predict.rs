@@ -2,19 +2,16 @@
 //! layer-wise pass cuts every stage into blocks that fit the budget, its peak RSS stays far
 //! below the data it reads and writes, and the outputs equal a one-block pass.
 
+mod common;
+
+use common::*;
+
 use std::path::Path;
 
-const EXE: &str = env!("CARGO_BIN_EXE_grandis");
 const VERTICES: u64 = 300_000;
 const FEATURES: u64 = 64;
 const HIDDEN: u64 = 64;
 const CLASSES: u64 = 8;
-
-/// `grandis args...` to completion, killed (and failed) past a generous bound rather than
-/// hanging the test run.
-fn grandis(args: &[&str]) -> (bool, String, String) {
-    grandis_e2e::run_grandis(EXE, args, std::time::Duration::from_secs(600)).unwrap()
-}
 
 fn values<T: grandis_npy::Element>(path: &Path) -> Vec<T> {
     grandis_npy::NpyFile::open(path)
@@ -28,25 +25,14 @@ fn values<T: grandis_npy::Element>(path: &Path) -> Vec<T> {
 fn predict_streams_a_graph_larger_than_its_budget() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
-    let (ok, _, err) = grandis(&[
-        "data",
-        "synth",
-        "--nodes",
+    synth(
         &VERTICES.to_string(),
-        "--avg-degree",
         "10",
-        "--features",
         &FEATURES.to_string(),
-        "--classes",
         &CLASSES.to_string(),
-        "--seed",
-        "1",
-        "--out",
-        &p("ds"),
-        "-q",
-    ]);
-    assert!(ok, "{err}");
-    let (ok, _, err) = grandis(&[
+        &["--seed", "1", "--out", &p("ds"), "-q"],
+    );
+    grandis_ok(&[
         "train",
         &p("ds"),
         "--epochs",
@@ -60,11 +46,10 @@ fn predict_streams_a_graph_larger_than_its_budget() {
         "--threads",
         "2",
     ]);
-    assert!(ok, "{err}");
 
     // 16 MiB per block, against 77 MB of features and 77 MB of embeddings.
     let budget = 16u64 << 20;
-    let (ok, out, err) = grandis(&[
+    let out = grandis_ok(&[
         "predict",
         &p("ds"),
         "--checkpoint",
@@ -78,7 +63,6 @@ fn predict_streams_a_graph_larger_than_its_budget() {
         "16MiB",
         "--json",
     ]);
-    assert!(ok, "{err}");
     let report = grandis_e2e::last_json_line(&out).unwrap_or_else(|| panic!("no JSON in {out}"));
     for stage in report["stages"].as_array().unwrap() {
         assert!(stage["blocks"].as_u64().unwrap() > 4, "{stage}");
@@ -98,7 +82,7 @@ fn predict_streams_a_graph_larger_than_its_budget() {
 
     // One block (default budget) gives the same embeddings and logits, and class ids are
     // their argmax.
-    let (ok, _, err) = grandis(&[
+    grandis_ok(&[
         "predict",
         &p("ds"),
         "--checkpoint",
@@ -110,7 +94,6 @@ fn predict_streams_a_graph_larger_than_its_budget() {
         "--threads",
         "2",
     ]);
-    assert!(ok, "{err}");
     assert_eq!(
         values::<f32>(&dir.path().join("emb.npy")),
         values::<f32>(&dir.path().join("emb1.npy"))
@@ -166,24 +149,13 @@ fn predict_streams_a_graph_larger_than_its_budget() {
 fn predict_reads_learnt_node_embeddings_from_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
-    let (ok, _, err) = grandis(&[
-        "data",
-        "synth",
-        "--nodes",
+    synth(
         "3000",
-        "--avg-degree",
         "8",
-        "--features",
         "4",
-        "--classes",
         "4",
-        "--seed",
-        "2",
-        "--out",
-        &p("ds"),
-        "-q",
-    ]);
-    assert!(ok, "{err}");
+        &["--seed", "2", "--out", &p("ds"), "-q"],
+    );
     // 20 epochs of GCN over the features and 8 embedding columns, checkpointed to `name`.
     let train = |name: &str, extra: &[&str]| {
         let checkpoint = p(name);
@@ -214,7 +186,7 @@ fn predict_reads_learnt_node_embeddings_from_the_checkpoint() {
     let summary: serde_json::Value = serde_json::from_str(json.lines().last().unwrap()).unwrap();
     assert_eq!(summary["job"]["embedding_dim"], 8, "{summary}");
     let test_acc = summary["test_acc"].as_f64().unwrap();
-    let (ok, _, err) = grandis(&[
+    grandis_ok(&[
         "predict",
         &p("ds"),
         "--checkpoint",
@@ -224,7 +196,6 @@ fn predict_reads_learnt_node_embeddings_from_the_checkpoint() {
         "--memory-budget",
         "1MiB",
     ]);
-    assert!(ok, "{err}");
     let ids: Vec<i64> = values(Path::new(&p("ids.npy")));
     let ds = grandis_store::Dataset::open(p("ds")).unwrap();
     let view = ds.view();
@@ -246,7 +217,7 @@ fn predict_reads_learnt_node_embeddings_from_the_checkpoint() {
         &["--mode", "fb", "--servers", "2", "--devices", "2"],
     );
     assert!(ok, "{err}");
-    let (ok, _, err) = grandis(&[
+    grandis_ok(&[
         "predict",
         &p("ds"),
         "--checkpoint",
@@ -254,7 +225,6 @@ fn predict_reads_learnt_node_embeddings_from_the_checkpoint() {
         "--out",
         &p("fb-ids.npy"),
     ]);
-    assert!(ok, "{err}");
     let fb_ids: Vec<i64> = values(Path::new(&p("fb-ids.npy")));
     let differ = fb_ids.iter().zip(&ids).filter(|(a, b)| a != b).count();
     // Near-ties of two classes may fall either way after 20 epochs of f32 sums in another

@@ -5,58 +5,39 @@
 //! well below the features it streams through, and so does layer-wise inference after it. Reading the rows through the mapping instead
 //! held all of them: 527 MB peak, with the kernel's fault-around mapping 64 KiB per row read.
 
-const EXE: &str = env!("CARGO_BIN_EXE_grandis");
+mod common;
+
+use common::*;
+
 const VERTICES: u64 = 200_000;
 /// Wide rows: the features (410 MB) dwarf everything else the run holds (the graph is 8 MB).
 const FEATURES: u64 = 512;
-
-fn grandis(args: &[&str]) -> (bool, String, String) {
-    grandis_e2e::run_grandis(EXE, args, std::time::Duration::from_secs(900)).unwrap()
-}
 
 #[test]
 fn cobatch_training_keeps_features_out_of_memory() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
-    let (ok, _, err) = grandis(&[
-        "data",
-        "synth",
-        "--nodes",
+    synth(
         &VERTICES.to_string(),
-        "--avg-degree",
         "6",
-        "--features",
         &FEATURES.to_string(),
-        "--classes",
         "4",
-        "--train-fraction",
-        "0.1",
-        "--val-fraction",
-        "0.02",
-        "--test-fraction",
-        "0.02",
-        "--out",
-        &p("ds"),
-        "-q",
-    ]);
-    assert!(ok, "{err}");
-    let (ok, _, err) = grandis(&[
-        "partition",
-        &p("ds"),
-        "--servers",
-        "2",
-        "--devices",
-        "2",
-        "--method",
-        "random",
-        "--out",
-        &p("part"),
-        "-q",
-    ]);
-    assert!(ok, "{err}");
+        &[
+            "--train-fraction",
+            "0.1",
+            "--val-fraction",
+            "0.02",
+            "--test-fraction",
+            "0.02",
+            "--out",
+            &p("ds"),
+            "-q",
+        ],
+    );
+    partition_random(&p("ds"), "2", "2", &p("part"));
     // 20k training targets in co-batches of 512 per server: every feature page is read by
     // some step, and without per-step release all of them would stay resident.
-    let (ok, out, err) = grandis(&[
+    let out = grandis_ok(&[
         "train",
         &p("ds"),
         "--mode",
@@ -87,7 +68,6 @@ fn cobatch_training_keeps_features_out_of_memory() {
         "8MiB",
         "--json",
     ]);
-    assert!(ok, "{err}");
     let report = grandis_e2e::last_json_line(&out).unwrap_or_else(|| panic!("no JSON in {out}"));
     assert!(report["train_acc"].is_null(), "--no-eval: {report}");
     assert!(report["final_loss"].as_f64().unwrap().is_finite());
