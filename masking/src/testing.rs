@@ -8,6 +8,18 @@ use proptest::prelude::*;
 use crate::context::{PlanContext, SplitMembership};
 use crate::layout::Layout;
 
+/// The planning context of `graph` on one server of one device, with no split: what a test
+/// of one vertex's draws needs.
+pub fn one_device(graph: &CsrGraph) -> PlanContext<'_> {
+    let n = graph.view().num_vertices();
+    PlanContext::new(
+        graph.view(),
+        Layout::even(n as u32, 1, 1).expect("one rank's layout"),
+        SplitMembership::none(n),
+    )
+    .expect("a context on one device")
+}
+
 /// One random planning input.
 #[derive(Debug, Clone)]
 pub struct Case {

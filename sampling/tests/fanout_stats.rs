@@ -32,15 +32,7 @@ fn spread(n: u32) -> CsrGraph {
     .unwrap()
 }
 
-fn ctx(g: &CsrGraph) -> PlanContext<'_> {
-    let n = g.view().num_vertices();
-    PlanContext::new(
-        g.view(),
-        Layout::even(n as u32, 1, 1).unwrap(),
-        SplitMembership::none(n),
-    )
-    .unwrap()
-}
+use grandis_masking::testing::one_device as ctx;
 
 #[test]
 fn every_in_neighbour_is_equally_likely_and_drawn_once() {

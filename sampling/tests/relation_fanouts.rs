@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use grandis_masking::{Edges, Layout, PlanContext, SplitMembership};
+use grandis_masking::{Edges, PlanContext};
 use grandis_sampling::{dependency_sampler, Sampler, TypedGraph};
 use grandis_store::{CsrGraph, EdgeOptions, Relation, TypeSchema, Types, VertexType};
 use grandis_wire::Sampling;
@@ -31,15 +31,7 @@ fn typed() -> (CsrGraph, Types) {
     (g, types)
 }
 
-fn ctx(g: &CsrGraph) -> PlanContext<'_> {
-    let n = g.view().num_vertices();
-    PlanContext::new(
-        g.view(),
-        Layout::even(n as u32, 1, 1).unwrap(),
-        SplitMembership::none(n),
-    )
-    .unwrap()
-}
+use grandis_masking::testing::one_device as ctx;
 
 fn sampler(
     fanouts: Vec<u32>,
