@@ -8,6 +8,23 @@ use proptest::prelude::*;
 use crate::context::{PlanContext, SplitMembership};
 use crate::layout::Layout;
 
+/// An undirected graph of `n` vertices with `edges` (each stored in both directions): the
+/// hand-checked cases' graphs.
+pub fn undirected(n: u64, edges: &[(u32, u32)]) -> CsrGraph {
+    let opts = EdgeOptions {
+        symmetrize: true,
+        ..Default::default()
+    };
+    grandis_store::graph_from_edges(n, edges.iter().copied(), opts).expect("a valid edge list")
+}
+
+/// The hand-checked cases' layout of 8 vertices: two servers of two devices, two vertices
+/// each (0-1, 2-3 | 4-5, 6-7), with `splits`.
+pub fn two_by_two_of_eight(graph: &CsrGraph, splits: SplitMembership) -> PlanContext<'_> {
+    let layout = Layout::from_bounds(2, 2, &[0, 2, 4, 6, 8]).expect("the 2 x 2 layout");
+    PlanContext::new(graph.view(), layout, splits).expect("a hand case's context")
+}
+
 /// The planning context of `graph` on one server of one device, with no split: what a test
 /// of one vertex's draws needs.
 pub fn one_device(graph: &CsrGraph) -> PlanContext<'_> {

@@ -5,7 +5,7 @@
 use grandis_masking::{
     InputCopy, Layout, ModelDims, PlanContext, SplitMembership, SPLIT_TRAIN, SPLIT_VAL,
 };
-use grandis_store::{CsrGraph, EdgeOptions};
+use grandis_store::CsrGraph;
 
 /// Undirected edges 0-1, 1-2, 1-3, 2-4, 3-5, 4-5, 5-6, 6-7, 4-7 (stored in both directions).
 fn graph() -> CsrGraph {
@@ -20,21 +20,12 @@ fn graph() -> CsrGraph {
         (6, 7),
         (4, 7),
     ];
-    grandis_store::graph_from_edges(
-        8,
-        edges,
-        EdgeOptions {
-            symmetrize: true,
-            ..Default::default()
-        },
-    )
-    .unwrap()
+    grandis_masking::testing::undirected(8, &edges)
 }
 
 fn ctx(g: &CsrGraph) -> PlanContext<'_> {
-    let layout = Layout::from_bounds(2, 2, &[0, 2, 4, 6, 8]).unwrap();
     let splits = SplitMembership::from_lists(8, &[1, 4, 6], &[2, 7], &[0]).unwrap();
-    PlanContext::new(g.view(), layout, splits).unwrap()
+    grandis_masking::testing::two_by_two_of_eight(g, splits)
 }
 
 #[test]

@@ -12,9 +12,9 @@
 //!   3->6), drop 2. Hop 2: frontier {3}: inner in-neighbours 4, 6 kept, candidate 2 (distance
 //!   1): keep 2->3. Server 1 extracts 2..=7.
 
-use grandis_masking::{Edges, Layout, PlanContext, SplitMembership};
+use grandis_masking::{Edges, PlanContext, SplitMembership};
 use grandis_sampling::{external_distance, Eas, Priority, Sampler};
-use grandis_store::{CsrGraph, EdgeOptions};
+use grandis_store::CsrGraph;
 
 fn graph() -> CsrGraph {
     let edges = [
@@ -28,20 +28,11 @@ fn graph() -> CsrGraph {
         (3, 4),
         (3, 6),
     ];
-    grandis_store::graph_from_edges(
-        8,
-        edges,
-        EdgeOptions {
-            symmetrize: true,
-            ..Default::default()
-        },
-    )
-    .unwrap()
+    grandis_masking::testing::undirected(8, &edges)
 }
 
 fn ctx(g: &CsrGraph) -> PlanContext<'_> {
-    let layout = Layout::from_bounds(2, 2, &[0, 2, 4, 6, 8]).unwrap();
-    PlanContext::new(g.view(), layout, SplitMembership::none(8)).unwrap()
+    grandis_masking::testing::two_by_two_of_eight(g, SplitMembership::none(8))
 }
 
 fn kept_row(spec: &grandis_masking::ExtractionSpec, v: u32) -> Vec<u32> {
