@@ -128,15 +128,7 @@ fn run_links(ds: &InMemoryDataset, split: &LinkSplit, epochs: usize) -> TrainRep
         decoder: Default::default(),
     };
     let o = opts(epochs, link, 16);
-    train(
-        view,
-        config(ds, 16, 8),
-        &o,
-        &CheckpointOptions::default(),
-        Some(2),
-        |_| {},
-    )
-    .unwrap()
+    common::train_plain(view, config(ds, 16, 8), &o, Some(2))
 }
 
 #[test]

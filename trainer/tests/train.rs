@@ -90,17 +90,7 @@ fn same_seed_gives_bit_identical_losses() {
     for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::ResSage] {
         let mut cfg = config(&ds, kind, 2);
         cfg.layer_norm = kind == ModelKind::ResSage;
-        let run = |threads| {
-            train(
-                ds.view(),
-                cfg.clone(),
-                &opts(8),
-                &CheckpointOptions::default(),
-                Some(threads),
-                |_| {},
-            )
-            .unwrap()
-        };
+        let run = |threads| common::train_plain(ds.view(), cfg.clone(), &opts(8), Some(threads));
         let a = run(1);
         let b = run(2);
         let la: Vec<u64> = a.epochs.iter().map(|s| s.loss.to_bits()).collect();
@@ -121,15 +111,7 @@ fn evaluation_follows_the_schedule() {
     let cfg = config(&ds, ModelKind::Sage, 2);
     let run = |eval| {
         let o = TrainOptions { eval, ..opts(5) };
-        train(
-            ds.view(),
-            cfg.clone(),
-            &o,
-            &CheckpointOptions::default(),
-            Some(1),
-            |_| {},
-        )
-        .unwrap()
+        common::train_plain(ds.view(), cfg.clone(), &o, Some(1))
     };
     let every = run(EvalSchedule::Every(1));
     let evaluated = |r: &grandis_trainer::TrainReport| -> Vec<bool> {
@@ -165,15 +147,7 @@ fn resume_continues_exactly_like_an_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.safetensors");
     let cfg = config(&ds, ModelKind::Sage, 2);
-    let full = train(
-        ds.view(),
-        cfg.clone(),
-        &opts(12),
-        &CheckpointOptions::default(),
-        Some(2),
-        |_| {},
-    )
-    .unwrap();
+    let full = common::train_plain(ds.view(), cfg.clone(), &opts(12), Some(2));
     let ck = CheckpointOptions {
         path: Some(path.clone()),
         resume: true,
@@ -217,16 +191,7 @@ fn two_layer_gnn_beats_features_only_model() {
             cfg.seed = seed;
             let mut o = opts(100);
             o.seed = seed;
-            total += train(
-                ds.view(),
-                cfg,
-                &o,
-                &CheckpointOptions::default(),
-                Some(2),
-                |_| {},
-            )
-            .unwrap()
-            .test_acc;
+            total += common::train_plain(ds.view(), cfg, &o, Some(2)).test_acc;
         }
         total / 2.0
     };
@@ -310,7 +275,7 @@ fn cora_gcn_reaches_kipf_welling_accuracy() {
             eval: Default::default(),
             embedding_dim: 0,
         };
-        let r = train(view, cfg, &o, &CheckpointOptions::default(), None, |_| {}).unwrap();
+        let r = common::train_plain(view, cfg, &o, None);
         eprintln!("seed {seed}: test accuracy {:.4}", r.test_acc);
         total += r.test_acc;
     }
@@ -348,15 +313,7 @@ fn cuda_losses_match_cpu_within_tolerance() {
     cfg.layer_norm = true;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gpu.safetensors");
-    let cpu = train(
-        ds.view(),
-        cfg.clone(),
-        &opts(10),
-        &CheckpointOptions::default(),
-        Some(2),
-        |_| {},
-    )
-    .unwrap();
+    let cpu = common::train_plain(ds.view(), cfg.clone(), &opts(10), Some(2));
     let ck = CheckpointOptions {
         path: Some(path.clone()),
         resume: false,
@@ -401,15 +358,7 @@ fn the_first_loss_is_near_ln_classes_like_pyg() {
             output_heads: 1,
             ..config(&ds, kind, 3)
         };
-        let report = train(
-            ds.view(),
-            cfg,
-            &opts(1),
-            &CheckpointOptions::default(),
-            Some(1),
-            |_| {},
-        )
-        .unwrap();
+        let report = common::train_plain(ds.view(), cfg, &opts(1), Some(1));
         let first = report.epochs[0].loss;
         assert!(
             (first - uniform).abs() < 0.12 * uniform,

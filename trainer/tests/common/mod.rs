@@ -5,6 +5,17 @@ use grandis_store::{CsrGraph, EdgeOptions, SelfLoops};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
+/// `grandis_trainer::train` without a checkpoint on `threads` threads, which must succeed.
+pub fn train_plain(
+    view: grandis_store::DatasetView<'_>,
+    config: grandis_models::ModelConfig,
+    opts: &grandis_trainer::TrainOptions,
+    threads: Option<usize>,
+) -> grandis_trainer::TrainReport {
+    let ck = grandis_trainer::CheckpointOptions::default();
+    grandis_trainer::train(view, config, opts, &ck, threads, |_| {}).unwrap()
+}
+
 /// An undirected graph of `n` vertices in `classes` communities (vertex `v` in community
 /// `v % classes`): each vertex draws `per_vertex` edges, 90 % of them inside its community;
 /// no self-loops.
