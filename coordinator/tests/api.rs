@@ -344,53 +344,32 @@ async fn submit_list_get_and_cancel() {
 async fn daemon_protocol_rejects_other_versions_and_bad_messages() {
     let dir = tempfile::tempdir().unwrap();
     let h = start(config(&dir.path().join("c.redb"))).await;
-    let post = |body: Value| {
-        h.call(Method::POST, "/v1/daemon/register")
-            .json(&body)
-            .send()
+    // A registration the coordinator refuses: its 400 body.
+    let refused = |body: Value| {
+        let request = h.call(Method::POST, "/v1/daemon/register").json(&body);
+        async move {
+            let resp = request.send().await.unwrap();
+            assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+            let v: Value = resp.json().await.unwrap();
+            v
+        }
     };
-    let resp = post(json!({"protocol_version": 999, "label": "a"}))
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-    let v: Value = resp.json().await.unwrap();
+    let error = |v: &Value| v["error"].as_str().unwrap().to_string();
+    let v = refused(json!({"protocol_version": 999, "label": "a"})).await;
     assert_eq!(v["code"], "protocol_mismatch");
-    assert!(
-        v["error"].as_str().unwrap().contains("daemon speaks 999"),
-        "{v}"
-    );
-    let resp = post(json!({"label": "a"})).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-    let v: Value = resp.json().await.unwrap();
-    assert!(v["error"]
-        .as_str()
-        .unwrap()
-        .starts_with("protocol_version: required"));
-    let resp = post(json!({"protocol_version": grandis_wire::PROTOCOL_VERSION, "label": "a"}))
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-    let v: Value = resp.json().await.unwrap();
-    assert!(
-        v["error"]
-            .as_str()
-            .unwrap()
-            .contains("missing field `devices`"),
-        "{v}"
-    );
-    let resp = post(
+    assert!(error(&v).contains("daemon speaks 999"), "{v}");
+    let v = refused(json!({"label": "a"})).await;
+    assert!(error(&v).starts_with("protocol_version: required"), "{v}");
+    let v =
+        refused(json!({"protocol_version": grandis_wire::PROTOCOL_VERSION, "label": "a"})).await;
+    assert!(error(&v).contains("missing field `devices`"), "{v}");
+    let v = refused(
         json!({"protocol_version": grandis_wire::PROTOCOL_VERSION, "label": "a", "devices": [],
         "memory_bytes": 1, "data_addr": "nowhere", "daemon_version": "x"}),
     )
-    .await
-    .unwrap();
-    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-    let v: Value = resp.json().await.unwrap();
+    .await;
     assert!(
-        v["error"]
-            .as_str()
-            .unwrap()
-            .starts_with("data_addr: expected host:port"),
+        error(&v).starts_with("data_addr: expected host:port"),
         "{v}"
     );
     h.stop().await;
