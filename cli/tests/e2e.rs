@@ -159,8 +159,8 @@ fn cluster_up_matches_in_process_training_on_a_synthetic_graph() {
 }
 
 /// Typed graphs across daemons: each builds its ranks' blocks split by relation from the
-/// dataset's types, so RGCN and hetero-SAGE train as in one process (flx with its halo bytes
-/// as predicted, and fb).
+/// dataset's types, so RGCN, hetero-SAGE and R-GAT train as in one process (flx with its halo
+/// bytes as predicted, and fb), and mb with per-relation fanouts samples alike on both.
 #[test]
 fn cluster_up_trains_typed_models_like_the_in_process_run() {
     let c = Cluster::new(EXE, &["unused"], Timing::default()).unwrap();
@@ -172,6 +172,20 @@ fn cluster_up_trains_typed_models_like_the_in_process_run() {
     let ds = path.display().to_string();
     cluster_up_equals_in_process(&ds, "flx", &["--preload-hops", "1", "--model", "rgcn"], 3);
     cluster_up_equals_in_process(&ds, "fb", &["--model", "heterosage"], 3);
+    cluster_up_equals_in_process(&ds, "fb", &["--model", "rgat", "--heads", "2"], 3);
+    let mb = [
+        "--model",
+        "rgcn",
+        "--batch-size",
+        "64",
+        "--fanouts",
+        "4,3",
+        "--relation-fanouts",
+        "cites=8,6",
+    ];
+    let (cluster, local) = cluster_and_in_process(&ds, "mb", &mb, 2);
+    assert_eq!(cluster["sampling"], "sage(4,3, per relation)");
+    assert_eq!(cluster["sampled_edges"], local["sampled_edges"]);
 }
 
 /// Learnable node embeddings across daemons: each rank's rows live in its daemon, asked for
