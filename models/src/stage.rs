@@ -186,8 +186,10 @@ pub struct StageCache<B: Backend> {
     rstd: Option<B::Buf>,
     /// Attention: the log-sum-exp of every destination and head.
     lse: Option<B::Buf>,
-    /// Typed aggregate-then-transform convolutions: per relation, its aggregate of `z` on
-    /// the destination type's rows (None for a relation with no rows here).
+    /// Typed convolutions, per relation, what its backward reads: an aggregate-then-transform
+    /// relation's aggregate of `z` on the destination type's rows, an R-GAT relation's
+    /// log-sum-exp of every destination and head (None for a relation with no rows here, or
+    /// that keeps nothing).
     relation_aggs: Vec<Option<B::Buf>>,
 }
 
