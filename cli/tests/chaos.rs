@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use grandis_e2e::{wait_for, Cluster, Rest, Timing};
+use grandis_e2e::{wait_for, Cluster, Proc, Rest, Timing};
 use serde_json::{json, Value};
 
 const EXE: &str = env!("CARGO_BIN_EXE_grandis");
@@ -26,6 +26,47 @@ fn timing() -> Timing {
         peer_timeout_ms: 8000,
         connect_timeout_ms: 10000,
     }
+}
+
+/// A coordinator and the daemons of node-a and node-b (2 devices each), with a 3000-vertex
+/// synthetic dataset and a client: where every test here starts.
+struct TwoServers {
+    c: Cluster,
+    ds: std::path::PathBuf,
+    coord: Proc,
+    url: String,
+    a: Proc,
+    b: Proc,
+    api: Rest,
+    token: String,
+}
+
+fn two_servers() -> TwoServers {
+    let c = Cluster::new(EXE, &["node-a", "node-b"], timing()).unwrap();
+    let ds = c.synth("synth", 3000, 1).unwrap();
+    let (coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let (a, _) = c.daemon(&url, "node-a", 2, "certs").unwrap();
+    let (b, _) = c.daemon(&url, "node-b", 2, "certs").unwrap();
+    let api = Rest::new(&url);
+    let token = c.token.clone();
+    TwoServers {
+        c,
+        ds,
+        coord,
+        url,
+        a,
+        b,
+        api,
+        token,
+    }
+}
+
+/// A coordinator started again on the address (and database) of the one at `url`.
+fn restart_coordinator(c: &Cluster, url: &str) -> Proc {
+    let addr = url.trim_start_matches("http://").to_string();
+    let (coord, again) = c.coordinator(&addr, "coord.redb").unwrap();
+    assert_eq!(again, url);
+    coord
 }
 
 /// The job of every run here: exact (full batch, no sampling), so a resumed run must repeat
@@ -71,13 +112,16 @@ fn wait_past_checkpoint(api: &Rest, t: &str, id: u64, epoch: u64) -> Value {
 
 #[test]
 fn a_daemon_killed_mid_job_comes_back_and_the_job_succeeds_with_the_uninterrupted_losses() {
-    let c = Cluster::new(EXE, &["node-a", "node-b"], timing()).unwrap();
-    let ds = c.synth("synth", 3000, 1).unwrap();
-    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
-    let (mut a, _) = c.daemon(&url, "node-a", 2, "certs").unwrap();
-    let (_b, _) = c.daemon(&url, "node-b", 2, "certs").unwrap();
-    let api = Rest::new(&url);
-    let t = c.token.clone();
+    let TwoServers {
+        c,
+        ds,
+        coord: _coord,
+        url,
+        mut a,
+        b: _b,
+        api,
+        token: t,
+    } = two_servers();
 
     let reference = api.submit(&t, &job(&ds)).unwrap();
     let reference = api.wait_end(&t, reference, LONG).unwrap();
@@ -125,13 +169,16 @@ fn a_daemon_killed_mid_job_comes_back_and_the_job_succeeds_with_the_uninterrupte
 
 #[test]
 fn a_coordinator_killed_mid_job_restarts_and_the_job_resumes() {
-    let c = Cluster::new(EXE, &["node-a", "node-b"], timing()).unwrap();
-    let ds = c.synth("synth", 3000, 1).unwrap();
-    let (mut coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
-    let (_a, _) = c.daemon(&url, "node-a", 2, "certs").unwrap();
-    let (_b, _) = c.daemon(&url, "node-b", 2, "certs").unwrap();
-    let api = Rest::new(&url);
-    let t = c.token.clone();
+    let TwoServers {
+        c,
+        ds,
+        mut coord,
+        url,
+        a: _a,
+        b: _b,
+        api,
+        token: t,
+    } = two_servers();
 
     let reference = api.submit(&t, &job(&ds)).unwrap();
     let want = losses(&api.wait_end(&t, reference, LONG).unwrap());
@@ -139,9 +186,7 @@ fn a_coordinator_killed_mid_job_restarts_and_the_job_resumes() {
     let id = api.submit(&t, &job(&ds)).unwrap();
     wait_past_checkpoint(&api, &t, id, 20);
     coord.kill9();
-    let addr = url.trim_start_matches("http://").to_string();
-    let (_coord, url2) = c.coordinator(&addr, "coord.redb").unwrap();
-    assert_eq!(url2, url);
+    let _coord = restart_coordinator(&c, &url);
     // The daemons find the coordinator forgot them, cancel the run, register again; the
     // job's next attempt resumes from the stored checkpoint.
     let end = api.wait_end(&t, id, LONG).unwrap();
@@ -157,13 +202,16 @@ fn a_coordinator_killed_mid_job_restarts_and_the_job_resumes() {
 /// and the job ran again from its last checkpoint before).
 #[test]
 fn a_job_finished_while_the_coordinator_was_down_is_not_run_again() {
-    let c = Cluster::new(EXE, &["node-a", "node-b"], timing()).unwrap();
-    let ds = c.synth("synth", 3000, 1).unwrap();
-    let (mut coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
-    let (_a, _) = c.daemon(&url, "node-a", 2, "certs").unwrap();
-    let (_b, _) = c.daemon(&url, "node-b", 2, "certs").unwrap();
-    let api = Rest::new(&url);
-    let t = c.token.clone();
+    let TwoServers {
+        c,
+        ds,
+        mut coord,
+        url,
+        a: _a,
+        b: _b,
+        api,
+        token: t,
+    } = two_servers();
     let id = api.submit(&t, &job(&ds)).unwrap();
     wait_past_checkpoint(&api, &t, id, 20);
     coord.kill9();
@@ -173,9 +221,7 @@ fn a_job_finished_while_the_coordinator_was_down_is_not_run_again() {
         reports.iter().all(|p| p.exists()).then_some(())
     })
     .unwrap();
-    let addr = url.trim_start_matches("http://").to_string();
-    let (_coord, url2) = c.coordinator(&addr, "coord.redb").unwrap();
-    assert_eq!(url2, url);
+    let _coord = restart_coordinator(&c, &url);
     let end = api.wait_end(&t, id, LONG).unwrap();
     assert_eq!(end["state"], "succeeded", "{end}");
     assert_eq!(end["attempt"], 1, "the run was not repeated: {end}");
@@ -192,13 +238,17 @@ fn a_job_finished_while_the_coordinator_was_down_is_not_run_again() {
 
 #[test]
 fn an_elastic_job_finishes_on_the_server_that_remains() {
-    let c = Cluster::new(EXE, &["node-a", "node-b"], timing()).unwrap();
-    let ds = c.synth("synth", 3000, 1).unwrap();
-    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
-    let (_a, _) = c.daemon(&url, "node-a", 2, "certs").unwrap();
-    let (mut b, _) = c.daemon(&url, "node-b", 2, "certs").unwrap();
-    let api = Rest::new(&url);
-    let t = c.token.clone();
+    // Bound, not `_`: the cluster's directory and the processes live to the end of the test.
+    let TwoServers {
+        c: _c,
+        ds,
+        coord: _coord,
+        url: _url,
+        a: _a,
+        mut b,
+        api,
+        token: t,
+    } = two_servers();
     // Without dropout, full batch is exact on any partition: the run that resumes on one
     // server must still follow the two-server losses, to float rounding (another partition
     // sums in another order; over 130 Adam steps that reaches ~1e-4

@@ -859,20 +859,31 @@ fn cancel_cancels_a_submitted_job_by_the_id_submit_wrote() {
 #[test]
 fn missing_dataset_fails_the_job_naming_the_server() {
     let c = Cluster::new(EXE, &["solo"], Timing::default()).unwrap();
-    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
-    let (_d, _) = c.daemon(&url, "solo", 1, "certs").unwrap();
-    let api = Rest::new(&url);
+    let (_coord, _d, api) = solo(&c);
     let id = api
         .submit(
             &c.token,
             &json!({"dataset": "/nonexistent/grandis-data", "epochs": 1}),
         )
         .unwrap();
+    fails_naming(&api, &c, id, &["/nonexistent/grandis-data"]);
+}
+
+/// A coordinator and one daemon, `solo`, with one device, on `c`, and a client: the cluster
+/// of the tests of bad datasets (the processes run as long as they are held).
+fn solo(c: &Cluster) -> (grandis_e2e::Proc, grandis_e2e::Proc, Rest) {
+    let (coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
+    let (daemon, _) = c.daemon(&url, "solo", 1, "certs").unwrap();
+    (coord, daemon, Rest::new(&url))
+}
+
+/// Job `id` ends failed, its reason naming the server `solo` and each of `words`.
+fn fails_naming(api: &Rest, c: &Cluster, id: u64, words: &[&str]) {
     let end = api.wait_end(&c.token, id, LONG).unwrap();
-    assert_eq!(end["state"], "failed");
+    assert_eq!(end["state"], "failed", "{end}");
     let reason = end["reason"].as_str().unwrap();
     assert!(
-        reason.contains("solo") && reason.contains("/nonexistent/grandis-data"),
+        reason.contains("solo") && words.iter().all(|w| reason.contains(w)),
         "{reason}"
     );
 }
@@ -892,24 +903,14 @@ fn corrupt_dataset_fails_the_job_and_the_queue_moves_on() {
     bytes[64..n].fill(0xFF);
     std::fs::write(&indices, bytes).unwrap();
 
-    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
-    let (_d, _) = c.daemon(&url, "solo", 1, "certs").unwrap();
-    let api = Rest::new(&url);
+    let (_coord, _d, api) = solo(&c);
     let first = api
         .submit(&c.token, &json!({"dataset": bad, "epochs": 1}))
         .unwrap();
     let second = api
         .submit(&c.token, &json!({"dataset": good, "epochs": 1}))
         .unwrap();
-    let end = api.wait_end(&c.token, first, LONG).unwrap();
-    assert_eq!(end["state"], "failed", "{end}");
-    let reason = end["reason"].as_str().unwrap();
-    assert!(
-        reason.contains("solo")
-            && reason.contains("graph.indices")
-            && reason.contains("out of range"),
-        "{reason}"
-    );
+    fails_naming(&api, &c, first, &["graph.indices", "out of range"]);
     let end = api.wait_end(&c.token, second, LONG).unwrap();
     assert_eq!(end["state"], "succeeded", "{end}");
 }
@@ -930,21 +931,11 @@ fn flipped_bytes_in_a_dataset_fail_the_job_by_their_checksum() {
     }
     std::fs::write(&features, &bytes).unwrap();
 
-    let (_coord, url) = c.coordinator("127.0.0.1:0", "coord.redb").unwrap();
-    let (_d, _) = c.daemon(&url, "solo", 1, "certs").unwrap();
-    let api = Rest::new(&url);
+    let (_coord, _d, api) = solo(&c);
     let id = api
         .submit(&c.token, &json!({"dataset": ds, "epochs": 1}))
         .unwrap();
-    let end = api.wait_end(&c.token, id, LONG).unwrap();
-    assert_eq!(end["state"], "failed", "{end}");
-    let reason = end["reason"].as_str().unwrap();
-    assert!(
-        reason.contains("solo")
-            && reason.contains("features.f32")
-            && reason.contains("checksum mismatch"),
-        "{reason}"
-    );
+    fails_naming(&api, &c, id, &["features.f32", "checksum mismatch"]);
     std::fs::write(&features, &clean).unwrap();
     let id = api
         .submit(&c.token, &json!({"dataset": ds, "epochs": 1}))
