@@ -112,19 +112,10 @@ fn wait_past_checkpoint(api: &Rest, t: &str, id: u64, epoch: u64) -> Value {
 
 #[test]
 fn a_daemon_killed_mid_job_comes_back_and_the_job_succeeds_with_the_uninterrupted_losses() {
-    let TwoServers {
-        c,
-        ds,
-        coord: _coord,
-        url,
-        mut a,
-        b: _b,
-        api,
-        token: t,
-    } = two_servers();
+    let mut s = two_servers();
 
-    let reference = api.submit(&t, &job(&ds)).unwrap();
-    let reference = api.wait_end(&t, reference, LONG).unwrap();
+    let reference = s.api.submit(&s.token, &job(&s.ds)).unwrap();
+    let reference = s.api.wait_end(&s.token, reference, LONG).unwrap();
     assert_eq!(reference["state"], "succeeded", "{reference}");
     assert_eq!(
         reference["attempt"], 1,
@@ -133,15 +124,15 @@ fn a_daemon_killed_mid_job_comes_back_and_the_job_succeeds_with_the_uninterrupte
     let want = losses(&reference);
 
     // Kill the leader (server 0, node-a: it writes the checkpoints) after its second one.
-    let id = api.submit(&t, &job(&ds)).unwrap();
-    let before = wait_past_checkpoint(&api, &t, id, 20);
+    let id = s.api.submit(&s.token, &job(&s.ds)).unwrap();
+    let before = wait_past_checkpoint(&s.api, &s.token, id, 20);
     eprintln!(
         "killing node-a at epoch {} (checkpoint {})",
         before["latest"]["epoch"], before["checkpoint_epoch"]
     );
-    a.kill9();
+    s.a.kill9();
     let queued = wait_for("the job back in the queue", LONG, || {
-        let j = api.job(&t, id).ok()?;
+        let j = s.api.job(&s.token, id).ok()?;
         (j["attempt"] == 2).then_some(j)
     })
     .unwrap();
@@ -154,42 +145,34 @@ fn a_daemon_killed_mid_job_comes_back_and_the_job_succeeds_with_the_uninterrupte
     assert!(resume >= 20 && resume % 10 == 0, "{retry}");
 
     // node-a comes back (a new daemon process, same label and work_dir); the job resumes.
-    let (_a, _) = c.daemon(&url, "node-a", 2, "certs").unwrap();
-    let end = api.wait_end(&t, id, LONG).unwrap();
+    let (_a, _) = s.c.daemon(&s.url, "node-a", 2, "certs").unwrap();
+    let end = s.api.wait_end(&s.token, id, LONG).unwrap();
     assert_eq!(end["state"], "succeeded", "{end}");
     assert_eq!(end["attempt"], 2);
     assert_eq!(end["checkpoint_epoch"], EPOCHS);
     assert_same_losses(&losses(&end), &want);
     // Users can fetch the trained model.
-    let ck = api
-        .get(&format!("/v1/jobs/{id}/checkpoint"), Some(&t))
+    let ck = s
+        .api
+        .get(&format!("/v1/jobs/{id}/checkpoint"), Some(&s.token))
         .unwrap();
     assert_eq!(ck.status, 200);
 }
 
 #[test]
 fn a_coordinator_killed_mid_job_restarts_and_the_job_resumes() {
-    let TwoServers {
-        c,
-        ds,
-        mut coord,
-        url,
-        a: _a,
-        b: _b,
-        api,
-        token: t,
-    } = two_servers();
+    let mut s = two_servers();
 
-    let reference = api.submit(&t, &job(&ds)).unwrap();
-    let want = losses(&api.wait_end(&t, reference, LONG).unwrap());
+    let reference = s.api.submit(&s.token, &job(&s.ds)).unwrap();
+    let want = losses(&s.api.wait_end(&s.token, reference, LONG).unwrap());
 
-    let id = api.submit(&t, &job(&ds)).unwrap();
-    wait_past_checkpoint(&api, &t, id, 20);
-    coord.kill9();
-    let _coord = restart_coordinator(&c, &url);
+    let id = s.api.submit(&s.token, &job(&s.ds)).unwrap();
+    wait_past_checkpoint(&s.api, &s.token, id, 20);
+    s.coord.kill9();
+    let _coord = restart_coordinator(&s.c, &s.url);
     // The daemons find the coordinator forgot them, cancel the run, register again; the
     // job's next attempt resumes from the stored checkpoint.
-    let end = api.wait_end(&t, id, LONG).unwrap();
+    let end = s.api.wait_end(&s.token, id, LONG).unwrap();
     assert_eq!(end["state"], "succeeded", "{end}");
     assert_eq!(end["attempt"], 2);
     assert_eq!(end["retries"][0]["reason"], "coordinator restarted");
@@ -202,27 +185,18 @@ fn a_coordinator_killed_mid_job_restarts_and_the_job_resumes() {
 /// and the job ran again from its last checkpoint before).
 #[test]
 fn a_job_finished_while_the_coordinator_was_down_is_not_run_again() {
-    let TwoServers {
-        c,
-        ds,
-        mut coord,
-        url,
-        a: _a,
-        b: _b,
-        api,
-        token: t,
-    } = two_servers();
-    let id = api.submit(&t, &job(&ds)).unwrap();
-    wait_past_checkpoint(&api, &t, id, 20);
-    coord.kill9();
+    let mut s = two_servers();
+    let id = s.api.submit(&s.token, &job(&s.ds)).unwrap();
+    wait_past_checkpoint(&s.api, &s.token, id, 20);
+    s.coord.kill9();
     // Both servers finish the run (each writes its report) while no coordinator listens.
-    let reports = ["node-a", "node-b"].map(|l| c.path(&format!("jobs/{id}/{l}.json")));
+    let reports = ["node-a", "node-b"].map(|l| s.c.path(&format!("jobs/{id}/{l}.json")));
     wait_for("the run to finish on both servers", LONG, || {
         reports.iter().all(|p| p.exists()).then_some(())
     })
     .unwrap();
-    let _coord = restart_coordinator(&c, &url);
-    let end = api.wait_end(&t, id, LONG).unwrap();
+    let _coord = restart_coordinator(&s.c, &s.url);
+    let end = s.api.wait_end(&s.token, id, LONG).unwrap();
     assert_eq!(end["state"], "succeeded", "{end}");
     assert_eq!(end["attempt"], 1, "the run was not repeated: {end}");
     assert_eq!(end["retries"].as_array().map_or(0, Vec::len), 0, "{end}");
@@ -238,31 +212,21 @@ fn a_job_finished_while_the_coordinator_was_down_is_not_run_again() {
 
 #[test]
 fn an_elastic_job_finishes_on_the_server_that_remains() {
-    // Bound, not `_`: the cluster's directory and the processes live to the end of the test.
-    let TwoServers {
-        c: _c,
-        ds,
-        coord: _coord,
-        url: _url,
-        a: _a,
-        mut b,
-        api,
-        token: t,
-    } = two_servers();
+    let mut s = two_servers();
     // Without dropout, full batch is exact on any partition: the run that resumes on one
     // server must still follow the two-server losses, to float rounding (another partition
     // sums in another order; over 130 Adam steps that reaches ~1e-4
     // relative, while a run that lost its weights or moments would be off by far more).
-    let mut spec = job(&ds);
+    let mut spec = job(&s.ds);
     spec["dropout"] = json!(0.0);
     spec["elastic"] = json!(true);
-    let reference = api.submit(&t, &spec).unwrap();
-    let want = losses(&api.wait_end(&t, reference, LONG).unwrap());
+    let reference = s.api.submit(&s.token, &spec).unwrap();
+    let want = losses(&s.api.wait_end(&s.token, reference, LONG).unwrap());
 
-    let id = api.submit(&t, &spec).unwrap();
-    wait_past_checkpoint(&api, &t, id, 20);
-    b.kill9();
-    let end = api.wait_end(&t, id, LONG).unwrap();
+    let id = s.api.submit(&s.token, &spec).unwrap();
+    wait_past_checkpoint(&s.api, &s.token, id, 20);
+    s.b.kill9();
+    let end = s.api.wait_end(&s.token, id, LONG).unwrap();
     assert_eq!(end["state"], "succeeded", "{end}");
     assert_eq!(end["servers"], json!(["node-a"]), "{end}");
     assert_eq!(end["attempt"], 2);
