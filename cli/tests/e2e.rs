@@ -30,15 +30,12 @@ fn cluster_and_in_process(
     epochs: u32,
 ) -> (Value, Value) {
     let epochs_s = epochs.to_string();
-    let mut args = vec![
-        "cluster",
-        "up",
+    // Both runs: 2 servers x 2 devices, the same mode, epochs, model and seed.
+    let mut same = vec![
         "--servers",
         "2",
         "--devices",
         "2",
-        "--dataset",
-        dataset,
         "--mode",
         mode,
         "--epochs",
@@ -47,35 +44,17 @@ fn cluster_and_in_process(
         "16",
         "--seed",
         "3",
-        "--threads",
-        "1",
         "--json",
     ];
-    args.extend_from_slice(extra);
+    same.extend_from_slice(extra);
+    let mut args = vec!["cluster", "up", "--dataset", dataset, "--threads", "1"];
+    args.extend_from_slice(&same);
     let (ok, out, err) = run_grandis(EXE, &args, LONG).unwrap();
     assert!(ok, "cluster up failed:\n{err}");
     let cluster = last_json_line(&out).unwrap_or_else(|| panic!("no JSON in {out}"));
 
-    let mut args = vec![
-        "train",
-        dataset,
-        "--mode",
-        mode,
-        "--servers",
-        "2",
-        "--devices",
-        "2",
-        "--epochs",
-        &epochs_s,
-        "--hidden",
-        "16",
-        "--seed",
-        "3",
-        "--threads",
-        "4",
-        "--json",
-    ];
-    args.extend_from_slice(extra);
+    let mut args = vec!["train", dataset, "--threads", "4"];
+    args.extend_from_slice(&same);
     let (ok, out, err) = run_grandis(EXE, &args, LONG).unwrap();
     assert!(ok, "train failed:\n{err}");
     let local = last_json_line(&out).unwrap();
