@@ -8,6 +8,19 @@ use proptest::prelude::*;
 use crate::context::{PlanContext, SplitMembership};
 use crate::layout::Layout;
 
+/// The global ids of the sources row `i` of device plan `d` reads at layer `l`, ascending:
+/// what a property test compares with the edges it expects kept.
+pub fn read_globals(d: &crate::DevicePlan, l: usize, i: u32) -> Vec<u32> {
+    let mut read: Vec<u32> = d
+        .layer_graph(l)
+        .neighbors(i)
+        .iter()
+        .map(|&x| d.global_ids[x as usize])
+        .collect();
+    read.sort_unstable();
+    read
+}
+
 /// An undirected graph of `n` vertices with `edges` (each stored in both directions): the
 /// hand-checked cases' graphs.
 pub fn undirected(n: u64, edges: &[(u32, u32)]) -> CsrGraph {

@@ -189,12 +189,7 @@ fn check(c: &Case, mode: Mode, plan: &FlxPlan) -> Result<(), TestCaseError> {
                 for i in d.valid_output_rows(l) {
                     let v = d.global_ids[i as usize];
                     prop_assert!(valid.insert(v), "vertex {} valid twice", v);
-                    let mut read: Vec<u32> = lg
-                        .neighbors(i)
-                        .iter()
-                        .map(|&x| d.global_ids[x as usize])
-                        .collect();
-                    read.sort_unstable();
+                    let read = grandis_masking::testing::read_globals(d, l, i);
                     prop_assert_eq!(&read, &kept(c, mode, v, l), "row of {} at layer {}", v, l);
                     prop_assert_eq!(d.agg_degree_at(l, i) as usize, read.len());
                     for &x in lg.neighbors(i) {

@@ -57,12 +57,7 @@ fn valid_sets(
             for i in d.valid_output_rows(l) {
                 let v = d.global_ids[i as usize];
                 set.insert(v);
-                let mut read: Vec<u32> = lg
-                    .neighbors(i)
-                    .iter()
-                    .map(|&x| d.global_ids[x as usize])
-                    .collect();
-                read.sort_unstable();
+                let read = grandis_masking::testing::read_globals(d, l, i);
                 prop_assert_eq!(read, want_row(v, l), "row of {} at layer {}", v, l);
                 prop_assert!(lg.neighbors(i).iter().all(|&x| inputs[x as usize]));
             }

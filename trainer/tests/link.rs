@@ -168,16 +168,20 @@ fn link_prediction_is_exact_and_resumes_exactly() {
 #[test]
 fn a_dataset_without_a_usable_link_split_is_a_clear_error() {
     let (ds, split) = communities(120, 3, 3);
-    let err = train(
-        ds.view(),
-        config(&ds),
-        &opts(1),
-        &Default::default(),
-        Some(1),
-        |_| {},
-    )
-    .unwrap_err()
-    .to_string();
+    // A link run on `view` that must fail: its message.
+    let refused = |view| {
+        train(
+            view,
+            config(&ds),
+            &opts(1),
+            &Default::default(),
+            Some(1),
+            |_| {},
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    let err = refused(ds.view());
     assert!(err.contains("grandis data split-edges"), "{err}");
 
     // A test positive that is also a training edge.
@@ -185,16 +189,7 @@ fn a_dataset_without_a_usable_link_split_is_a_clear_error() {
     bad.test_pos[..2].copy_from_slice(&split.train[..2]);
     let mut view = ds.view();
     view.links = Some(bad.view());
-    let err = train(
-        view,
-        config(&ds),
-        &opts(1),
-        &Default::default(),
-        Some(1),
-        |_| {},
-    )
-    .unwrap_err()
-    .to_string();
+    let err = refused(view);
     assert!(
         err.contains("link_test_pos.pairs") && err.contains("also a positive"),
         "{err}"
