@@ -27,23 +27,10 @@ fn dataset(dir: &Path) -> Dataset {
         .unwrap()
 }
 
-/// Trains on `part` with inference after training into `out`, writing the checkpoint to
-/// `ckpt`.
-fn run(
-    ds: &Dataset,
-    part: &PartitionedGraph,
-    kind: ModelKind,
-    layers: usize,
-    mode: Mode,
-    infer: InferOptions,
-    ckpt: &Path,
-) -> anyhow::Result<ParallelReport> {
-    run_resumed(ds, part, kind, layers, mode, infer, ckpt, false)
-}
-
-/// [`run`], continuing from `ckpt` when `resume` (and it exists).
+/// Trains on `part` with inference after training into `infer.dir`, writing the checkpoint
+/// to `ckpt`, continuing from it when `resume` (and it exists).
 #[allow(clippy::too_many_arguments)]
-fn run_resumed(
+fn run(
     ds: &Dataset,
     part: &PartitionedGraph,
     kind: ModelKind,
@@ -152,8 +139,17 @@ fn ranks_predict_what_one_process_predicts() {
             block_budget: Some(12 << 10),
         };
         let ckpt = dir.join("model.safetensors");
-        let r = run(&ds, &part, kind, layers, Mode::Fb, infer.clone(), &ckpt)
-            .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        let r = run(
+            &ds,
+            &part,
+            kind,
+            layers,
+            Mode::Fb,
+            infer.clone(),
+            &ckpt,
+            false,
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
         let (logits, emb) = reference(&ds, &ckpt, &dir);
         let classes = view.num_classes;
         let got = gather::<f32>(&infer, "predictions", 4, classes);
@@ -203,6 +199,7 @@ fn class_ids_after_cooperative_batches() {
         Mode::Cob,
         infer.clone(),
         &ckpt,
+        false,
     )
     .unwrap();
     let (logits, _) = reference(&ds, &ckpt, tmp.path());
@@ -224,7 +221,7 @@ fn class_ids_after_cooperative_batches() {
         dir: tmp.path().join("again"),
         ..infer.clone()
     };
-    let r = run_resumed(
+    let r = run(
         &ds,
         &part,
         ModelKind::Sage,
@@ -259,7 +256,17 @@ fn an_unwritable_directory_fails_the_run_and_leaves_nothing() {
         block_budget: None,
     };
     let ckpt = tmp.path().join("model.safetensors");
-    let e = run(&ds, &part, ModelKind::Sage, 2, Mode::Fb, infer, &ckpt).unwrap_err();
+    let e = run(
+        &ds,
+        &part,
+        ModelKind::Sage,
+        2,
+        Mode::Fb,
+        infer,
+        &ckpt,
+        false,
+    )
+    .unwrap_err();
     let msg = format!("{e:#}");
     assert!(msg.contains("prediction directory"), "{msg}");
     let left: Vec<_> = std::fs::read_dir(tmp.path())
