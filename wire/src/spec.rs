@@ -767,6 +767,18 @@ mod tests {
                 "relation_fanouts": [3]}}"#
         )[0]
         .starts_with("sampling.relation_fanouts: expected an object"));
+        // One number stands for a list of one, checked as every integer field is.
+        assert_eq!(
+            errors(r#"{"dataset": "d", "sampling": {"method": "fanout", "fanouts": 0}}"#),
+            ["sampling.fanouts: must be ≥ 1, got 0"]
+        );
+        assert_eq!(
+            errors(
+                r#"{"dataset": "d", "sampling": {"method": "fanout", "fanouts": [5],
+                    "relation_fanouts": {"cites": 1.5}}}"#
+            ),
+            ["sampling.relation_fanouts.cites: expected an integer, got the number 1.5"]
+        );
     }
 
     #[test]

@@ -235,7 +235,12 @@ impl Reader<'_> {
     }
 
     fn int(&mut self, key: &str) -> Option<i128> {
-        let v = self.get(key)?;
+        let v = self.get(key)?.clone();
+        self.int_of(key, &v)
+    }
+
+    /// [`Self::int`] of a value found under `key` (a field, or an entry of an object).
+    fn int_of(&mut self, key: &str, v: &Value) -> Option<i128> {
         let n = match v {
             Value::Number(n) => n
                 .as_i64()
@@ -251,7 +256,13 @@ impl Reader<'_> {
     }
 
     fn uint(&mut self, key: &str, min: i64, max: i64) -> Option<u32> {
-        let n = self.int(key)?;
+        let v = self.get(key)?.clone();
+        self.uint_of(key, &v, min, max)
+    }
+
+    /// [`Self::uint`] of a value found under `key`.
+    fn uint_of(&mut self, key: &str, v: &Value, min: i64, max: i64) -> Option<u32> {
+        let n = self.int_of(key, v)?;
         if n < min as i128 {
             self.error(key, format!("must be ≥ {min}, got {n}"));
             None
@@ -551,13 +562,7 @@ impl Reader<'_> {
     /// A fanout list at `key` (one integer stands for a list of one).
     fn fanout_list(&mut self, key: &str, v: &Value) -> Option<Vec<u32>> {
         match v {
-            Value::Number(n) => match n.as_i64() {
-                Some(f) if f >= 1 && f <= u32::MAX as i64 => Some(vec![f as u32]),
-                _ => {
-                    self.error(key, format!("must be an integer ≥ 1, got {}", describe(v)));
-                    None
-                }
-            },
+            Value::Number(_) => self.uint_of(key, v, 1, u32::MAX as i64).map(|f| vec![f]),
             Value::Array(items) => {
                 let mut out = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
