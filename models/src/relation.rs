@@ -120,7 +120,8 @@ fn gather<B: Backend>(
     Ok(out)
 }
 
-/// A zero `rows x cols` matrix with `x`'s rows added at `idx`.
+/// A zero `rows x cols` matrix with `x`'s rows added at `idx`. (Here and below a new buffer is
+/// used as zeros: `alloc` zero-fills on every backend, so no `fill` pass follows it.)
 fn scatter<B: Backend>(
     b: &B,
     x: &B::Buf,
@@ -129,7 +130,6 @@ fn scatter<B: Backend>(
     rows: usize,
 ) -> Result<B::Buf> {
     let mut out = b.alloc(rows * cols)?;
-    b.fill(&mut out, rows * cols, 0.0)?;
     b.scatter_add_rows(x, cols, &idx.0, &mut out)?;
     Ok(out)
 }
@@ -150,7 +150,6 @@ impl<B: Backend> Model<B> {
         let tg = typed_graphs(st, ctx)?;
         let (n_dst, n_src, d_in, d_out) = (ctx.n_dst, ctx.n_src, st.d_in, st.d_out);
         let mut y = b.alloc(n_dst * d_out)?;
-        b.fill(&mut y, n_dst * d_out, 0.0)?;
         let derived = self.derived_weights(b, st)?;
         for (r, (rw, graph)) in st.relations.iter().zip(&tg.relations).enumerate() {
             let (src, dst) = (&tg.src_rows[rw.src_type], &tg.dst_rows[rw.dst_type]);
@@ -228,9 +227,7 @@ impl<B: Backend> Model<B> {
         let tg = typed_graphs(st, ctx)?;
         let (n_dst, n_src, d_in, d_out) = (ctx.n_dst, ctx.n_src, st.d_in, st.d_out);
         let mut gz = if need_gz {
-            let mut buf = b.alloc(n_src * d_in)?;
-            b.fill(&mut buf, n_src * d_in, 0.0)?;
-            Some(buf)
+            Some(b.alloc(n_src * d_in)?)
         } else {
             None
         };
@@ -240,11 +237,7 @@ impl<B: Backend> Model<B> {
         let mut derived_grads = match &derived {
             Some(ws) => Some(
                 ws.iter()
-                    .map(|_| {
-                        let mut gw = b.alloc(d_in * d_out)?;
-                        b.fill(&mut gw, d_in * d_out, 0.0)?;
-                        Ok(gw)
-                    })
+                    .map(|_| b.alloc(d_in * d_out))
                     .collect::<Result<Vec<_>>>()?,
             ),
             None => None,
@@ -521,7 +514,6 @@ fn relation_rows<B: Backend>(
 ) -> Result<B::Buf> {
     let c = at.heads * at.head_dim;
     let mut t = b.alloc(n_src * c)?;
-    b.fill(&mut t, n_src * c, 0.0)?;
     for idx in rows {
         let zs = gather(b, z, d_in, idx)?;
         let mut ts = b.alloc(idx.1 * c)?;
