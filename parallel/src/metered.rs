@@ -200,12 +200,12 @@ macro_rules! unwrapped_as_is {
         })*
     };
 }
-unwrapped_as_is!(bool, usize, f32, DropoutKey, GemmShape);
 unwrapped_as_is!(&'a [f32], &'a mut [f32], &'a AdamStep);
 
-/// Scalars: lent by value.
-macro_rules! lent_by_value {
+/// Scalars: unwrapped as they are and lent by value.
+macro_rules! scalars {
     ($($t:ty),*) => {
+        unwrapped_as_is!($($t),*);
         $(impl Lend for $t {
             type Out<'x> = $t where Self: 'x;
             fn lend(&mut self) -> $t {
@@ -214,7 +214,7 @@ macro_rules! lent_by_value {
         })*
     };
 }
-lent_by_value!(bool, usize, f32, DropoutKey, GemmShape);
+scalars!(bool, usize, f32, DropoutKey, GemmShape);
 
 /// Kernels that only pass their arguments (unwrapped) to the inner backend's: the arguments
 /// were checked once, by [`grandis_engine::Backend`] on the wrapper.
