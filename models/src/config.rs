@@ -160,6 +160,26 @@ impl ModelConfig {
         }
     }
 
+    /// A `kind` model of `layers` layers from `in_dim` to `classes` columns through `hidden`,
+    /// everything else a job's default (`grandis_wire::JobSpec::default()`: 8 heads, dropout
+    /// 0.5, seed 0, no layer norm, no types); callers change what they need with
+    /// `ModelConfig { seed: 3, ..ModelConfig::new(..) }`.
+    pub fn new(
+        kind: ModelKind,
+        layers: usize,
+        in_dim: usize,
+        hidden: usize,
+        classes: usize,
+    ) -> ModelConfig {
+        let spec = grandis_wire::JobSpec {
+            model: kind,
+            layers: layers as u32,
+            hidden: hidden as u32,
+            ..grandis_wire::JobSpec::default()
+        };
+        ModelConfig::for_shape(&spec, in_dim, classes)
+    }
+
     /// The model of a job for a dataset of `features` feature columns and `classes` classes
     /// and no types. Its input is the features and then the job's `embedding_dim` learnable
     /// columns. For link prediction the last layer outputs the embedding instead:

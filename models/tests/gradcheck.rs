@@ -64,18 +64,14 @@ fn check_all(
     let rows: Vec<u32> = (0..n as u32).step_by(2).collect();
     let labels: Vec<u32> = rows.iter().map(|&v| v % classes as u32).collect();
     let cfg = ModelConfig {
-        kind,
-        layers,
-        in_dim,
-        hidden: if typed { 7 } else { 4 },
         heads,
         output_heads,
-        classes,
         dropout,
         layer_norm,
         seed: 11,
         relations: types.as_ref().map(ModelRelation::of).unwrap_or_default(),
         num_bases,
+        ..ModelConfig::new(kind, layers, in_dim, if typed { 7 } else { 4 }, classes)
     };
     let mut model = Model::new(&b, cfg).unwrap();
     let block = full_block(g.view(), grandis_models::aggregation(kind));

@@ -65,18 +65,13 @@ fn logits(
     let (g, types) = typed_graph();
     let b = CpuBackend::new(Some(1)).unwrap();
     let config = ModelConfig {
-        kind,
-        layers: 1,
-        in_dim: D_IN,
-        hidden: 4,
         heads: 1,
         output_heads,
-        classes: d_out,
         dropout: 0.0,
-        layer_norm: false,
         seed: 3,
         relations: ModelRelation::of(&types),
         num_bases,
+        ..ModelConfig::new(kind, 1, D_IN, 4, d_out)
     };
     let model = Model::new(&b, config).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(9);

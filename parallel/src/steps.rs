@@ -809,18 +809,15 @@ mod tests {
         let (flags, _) = labelled(&view, &part).unwrap();
         let labelled_train = |g: u32| in_train_split(&flags, g);
         let dims = crate::budget::model_dims(&grandis_models::ModelConfig {
-            kind: grandis_models::ModelKind::Sage,
-            layers: 2,
-            in_dim: view.feature_dim,
-            hidden: 8,
             heads: 1,
-            output_heads: 1,
-            classes: view.num_classes,
             dropout: 0.0,
-            layer_norm: false,
-            seed: 0,
-            relations: Vec::new(),
-            num_bases: None,
+            ..grandis_models::ModelConfig::new(
+                grandis_models::ModelKind::Sage,
+                2,
+                view.feature_dim,
+                8,
+                view.num_classes,
+            )
         });
         let inputs = |step_part| StepInputs {
             ctx: &ctx,

@@ -35,18 +35,16 @@ pub(crate) fn random_2x2(view: &DatasetView<'_>, seed: u64) -> PartitionedGraph 
 /// A 2-layer SAGE model of `hidden` columns for `view`.
 pub(crate) fn sage(view: &DatasetView<'_>, hidden: usize, dropout: f32, seed: u64) -> ModelConfig {
     ModelConfig {
-        kind: ModelKind::Sage,
-        layers: 2,
-        in_dim: view.feature_dim,
-        hidden,
         heads: 2,
-        output_heads: 1,
-        classes: view.num_classes,
         dropout,
-        layer_norm: false,
         seed,
-        relations: Vec::new(),
-        num_bases: None,
+        ..ModelConfig::new(
+            ModelKind::Sage,
+            2,
+            view.feature_dim,
+            hidden,
+            view.num_classes,
+        )
     }
 }
 

@@ -339,18 +339,11 @@ mod tests {
     fn saved(dir: &Path) -> std::path::PathBuf {
         let b = CpuBackend::new(Some(1)).unwrap();
         let config = ModelConfig {
-            kind: ModelKind::Sage,
-            layers: 2,
-            in_dim: 5,
-            hidden: 4,
             heads: 2,
-            output_heads: 1,
-            classes: 3,
             dropout: 0.0,
             layer_norm: true,
             seed: 1,
-            relations: Vec::new(),
-            num_bases: None,
+            ..ModelConfig::new(ModelKind::Sage, 2, 5, 4, 3)
         };
         let model = Model::new(&b, config).unwrap();
         let path = dir.join("m.safetensors");

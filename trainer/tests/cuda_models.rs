@@ -38,18 +38,10 @@ fn opts() -> TrainOptions {
 /// and GAT (2 layers, 4 heads).
 fn models(view: &DatasetView<'_>) -> Vec<(&'static str, ModelConfig)> {
     let base = |kind, layers, layer_norm| ModelConfig {
-        kind,
-        layers,
-        in_dim: view.feature_dim,
-        hidden: 32,
         heads: 2,
-        output_heads: 1,
-        classes: view.num_classes,
-        dropout: 0.5,
         layer_norm,
         seed: 5,
-        relations: Vec::new(),
-        num_bases: None,
+        ..ModelConfig::new(kind, layers, view.feature_dim, 32, view.num_classes)
     };
     vec![
         ("sage-3", base(ModelKind::Sage, 3, false)),

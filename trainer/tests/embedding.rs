@@ -39,18 +39,10 @@ fn communities(n: usize, classes: usize, seed: u64) -> InMemoryDataset {
 
 fn config(ds: &InMemoryDataset, dim: usize, outputs: usize) -> ModelConfig {
     ModelConfig {
-        kind: ModelKind::Gcn,
-        layers: 2,
-        in_dim: ds.feature_dim + dim,
-        hidden: 16,
         heads: 1,
-        output_heads: 1,
-        classes: outputs,
         dropout: 0.1,
-        layer_norm: false,
         seed: 3,
-        relations: Vec::new(),
-        num_bases: None,
+        ..ModelConfig::new(ModelKind::Gcn, 2, ds.feature_dim + dim, 16, outputs)
     }
 }
 

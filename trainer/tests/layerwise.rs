@@ -31,18 +31,10 @@ fn dataset(dir: &Path) -> Dataset {
 fn checkpoint(ds: &Dataset, dir: &Path, kind: ModelKind, layers: usize) -> std::path::PathBuf {
     let view = ds.view();
     let cfg = ModelConfig {
-        kind,
-        layers,
-        in_dim: view.feature_dim,
-        hidden: 16,
         heads: 2,
-        output_heads: 1,
-        classes: view.num_classes,
-        dropout: 0.5,
         layer_norm: kind == ModelKind::ResSage,
         seed: 4,
-        relations: Vec::new(),
-        num_bases: None,
+        ..ModelConfig::new(kind, layers, view.feature_dim, 16, view.num_classes)
     };
     let path = dir.join(format!("{kind:?}-{layers}.safetensors"));
     let opts = TrainOptions {

@@ -44,18 +44,10 @@ fn communities(n: usize, classes: usize, seed: u64) -> (InMemoryDataset, LinkSpl
 
 fn config(ds: &InMemoryDataset) -> ModelConfig {
     ModelConfig {
-        kind: ModelKind::Sage,
-        layers: 2,
-        in_dim: ds.feature_dim,
-        hidden: 16,
         heads: 1,
-        output_heads: 1,
-        classes: 8,
         dropout: 0.2,
-        layer_norm: false,
         seed: 3,
-        relations: Vec::new(),
-        num_bases: None,
+        ..ModelConfig::new(ModelKind::Sage, 2, ds.feature_dim, 16, 8)
     }
 }
 

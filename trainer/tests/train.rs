@@ -55,18 +55,9 @@ fn community_dataset(n: usize, classes: usize, dim: usize, seed: u64) -> InMemor
 
 fn config(ds: &InMemoryDataset, kind: ModelKind, layers: usize) -> ModelConfig {
     ModelConfig {
-        kind,
-        layers,
-        in_dim: ds.feature_dim,
-        hidden: 16,
         heads: 2,
-        output_heads: 1,
-        classes: ds.num_classes,
-        dropout: 0.5,
-        layer_norm: false,
         seed: 1,
-        relations: Vec::new(),
-        num_bases: None,
+        ..ModelConfig::new(kind, layers, ds.feature_dim, 16, ds.num_classes)
     }
 }
 
@@ -251,18 +242,9 @@ fn cora_gcn_reaches_kipf_welling_accuracy() {
     let mut total = 0.0;
     for seed in 0..seeds {
         let cfg = ModelConfig {
-            kind: ModelKind::Gcn,
-            layers: 2,
-            in_dim: view.feature_dim,
-            hidden: 16,
             heads: 2,
-            output_heads: 1,
-            classes: view.num_classes,
-            dropout: 0.5,
-            layer_norm: false,
             seed,
-            relations: Vec::new(),
-            num_bases: None,
+            ..ModelConfig::new(ModelKind::Gcn, 2, view.feature_dim, 16, view.num_classes)
         };
         let o = TrainOptions {
             objective: Default::default(),

@@ -490,18 +490,17 @@ pub fn run(args: BenchTrainArgs) -> anyhow::Result<()> {
         start.elapsed().as_secs_f64()
     );
     let cfg = ModelConfig {
-        kind: args.model,
-        layers: args.layers,
-        in_dim: ds.feature_dim,
-        hidden: args.hidden,
         heads: args.heads,
         output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
-        classes: ds.num_classes,
         dropout: args.dropout,
-        layer_norm: false,
         seed: args.seed,
-        relations: Vec::new(),
-        num_bases: None,
+        ..ModelConfig::new(
+            args.model,
+            args.layers,
+            ds.feature_dim,
+            args.hidden,
+            ds.num_classes,
+        )
     };
     let run = match crate::device::single_ordinal(&args.device) {
         None => run_on_cpu(&args, &ds, cfg)?,

@@ -77,18 +77,18 @@ pub fn run(args: &BenchTrainArgs) -> anyhow::Result<()> {
 fn run_grandis(args: &BenchTrainArgs, ds: &InMemoryDataset, seed: u64) -> anyhow::Result<Run> {
     let view = ds.view();
     let config = ModelConfig {
-        kind: args.model,
-        layers: args.layers,
-        in_dim: view.feature_dim,
-        hidden: args.hidden,
         heads: args.heads,
         output_heads: grandis_wire::defaults::OUTPUT_HEADS as usize,
-        classes: view.num_classes,
         dropout: args.dropout,
-        layer_norm: false,
         seed,
         relations: view.types.map(ModelRelation::of).unwrap_or_default(),
-        num_bases: None,
+        ..ModelConfig::new(
+            args.model,
+            args.layers,
+            view.feature_dim,
+            args.hidden,
+            view.num_classes,
+        )
     };
     let opts = super::seed_train_options(args, seed, Objective::Node, 0);
     grandis_telemetry::reset_peak_rss();
