@@ -115,7 +115,7 @@ fn gather_embeddings(
 
 impl LinkTask<'_> {
     /// The step's binary cross-entropy of epoch `epoch` (its negatives are
-    /// [`link::corrupt_destinations`]'s for it, as in mode single), given this rank's inner
+    /// [`link::Negatives`]' for it, as in mode single), given this rank's inner
     /// rows `rows` of NEW ids `ids`. Each rank scores its share of the supervision edges (a
     /// contiguous run of them, with their negatives) over the gathered embeddings; one more
     /// all-reduce sums the ranks' gradients of the embeddings, of which each keeps its rows
@@ -137,14 +137,13 @@ impl LinkTask<'_> {
         let mine = edges * rank / world..edges * (rank + 1) / world;
         let indices: Vec<u32> = mine.clone().map(|i| i as u32).collect();
         let pos = &all[2 * mine.start..2 * mine.end];
-        let neg = link::corrupt_destinations_at(
-            all,
-            &indices,
+        let neg = link::Negatives::new(
             self.negatives,
             self.split.negative_destinations(n as u32),
             seed,
             epoch as u64,
-        );
+        )
+        .at(all, &indices);
         let pairs = edges * (1 + self.negatives as usize);
         let mut dz = vec![0f32; n * d];
         let mut decoder_grad = vec![0f32; decoder.num_params()];
@@ -259,14 +258,13 @@ impl LinkSeeds<'_> {
     pub fn batch(&self, indices: &[u32], epoch: u64) -> LinkBatch {
         let split = &self.task.split;
         let n = self.old_to_new.len() as u32;
-        let neg = link::corrupt_destinations_at(
-            split.train,
-            indices,
+        let neg = link::Negatives::new(
             self.task.negatives,
             split.negative_destinations(n),
             self.seed,
             epoch,
-        );
+        )
+        .at(split.train, indices);
         let (pos, neg) = self.pairs(indices, neg);
         let mut targets: Vec<u32> = pos.iter().chain(&neg).copied().collect();
         targets.sort_unstable();
@@ -293,7 +291,7 @@ impl LinkSeeds<'_> {
     /// The pairs of server batch `own` of a cluster step whose batches together are `all`
     /// (sorted NEW ids) in epoch `epoch`: every supervision edge from `own` to `all`,
     /// ascending, and their negatives, drawn among the vertices of `all`
-    /// ([`link::corrupt_destinations_within`]: mode single's draw where it lands inside). The
+    /// ([`link::Negatives::within`]: mode single's draw where it lands inside). The
     /// targets are the whole of `own` (every vertex of it is computed), so batches holding
     /// every vertex are mode single's epoch.
     pub fn batch_inside(&self, own: &[u32], all: &[u32], epoch: u64) -> anyhow::Result<LinkBatch> {
@@ -316,13 +314,9 @@ impl LinkSeeds<'_> {
             .map(|&v| index.new_to_old[v as usize])
             .filter(|w| destinations.contains(w))
             .collect();
-        let neg = link::corrupt_destinations_within(
+        let neg = link::Negatives::new(self.task.negatives, destinations, self.seed, epoch).within(
             split.train,
             &edges,
-            self.task.negatives,
-            destinations,
-            self.seed,
-            epoch,
             |w| inside(self.old_to_new[w as usize]),
             &candidates,
         );

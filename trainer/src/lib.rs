@@ -494,13 +494,13 @@ impl<'a, B: Backend> Prepared<'a, B> {
     ) -> anyhow::Result<f64> {
         let n = self.view.num_vertices();
         let d = model.config.classes;
-        let neg = link::corrupt_destinations(
-            split.train,
+        let neg = link::Negatives::new(
             negatives,
             split.negative_destinations(n as u32),
             opts.seed,
             epoch as u64,
-        );
+        )
+        .all(split.train);
         let mut dparams = vec![0f32; decoder.num_params()];
         let dec = &*decoder;
         let loss = self.step(model, emb, opts, epoch, |b, z, grad| {

@@ -63,86 +63,66 @@ pub(crate) fn sigmoid(s: f32) -> f32 {
 /// An epoch's training negatives: for supervision positive `i` = `(u, v)`, the pairs
 /// `(u, w_ij)`, `j < k`, each `w` uniform over `destinations` (every vertex, or the ids a
 /// typed relation points at: [`LinkSplitView::negative_destinations`]) from a counter-based
-/// hash of `(seed, epoch, i, j)`: the same negatives whatever runs them, and another set each
-/// epoch.
-pub fn corrupt_destinations(
-    pos: &[u32],
-    k: u32,
-    destinations: std::ops::Range<u32>,
-    seed: u64,
-    epoch: u64,
-) -> Vec<u32> {
-    let every: Vec<u32> = (0..(pos.len() / 2) as u32).collect();
-    corrupt_destinations_at(pos, &every, k, destinations, seed, epoch)
-}
-
-/// [`corrupt_destinations`]' negatives of the supervision positives at `indices` alone (a
-/// mini-batch of edges), in that order: the same pairs the whole epoch's draw has for them.
-pub fn corrupt_destinations_at(
-    pos: &[u32],
-    indices: &[u32],
-    k: u32,
-    destinations: std::ops::Range<u32>,
-    seed: u64,
-    epoch: u64,
-) -> Vec<u32> {
-    let draw = Corruption::new(k, destinations, seed, epoch);
-    let mut out = Vec::with_capacity(indices.len() * k as usize * 2);
-    for &i in indices {
-        let i = i as usize;
-        draw.extend(&mut out, i, &pos[2 * i..2 * i + 2]);
-    }
-    out
-}
-
-/// [`corrupt_destinations_at`]'s negatives restricted to a batch's vertices (cluster batches:
-/// only they have embeddings): a draw `w` the batch holds (`inside(w)`) is kept, any other is
-/// replaced by `candidates[c]`, `c` uniform from a second hash of the same draw, where
-/// `candidates` are the batch's vertices among `destinations` (ORIGINAL ids, like `pos`).
-/// Every candidate is then equally likely (a kept draw `1 / |D|`, plus the replacement's
-/// `(1 - |C| / |D|) / |C|`: `1 / |C|`), and a batch holding every vertex draws exactly
-/// [`corrupt_destinations_at`]'s negatives. `candidates` must not be empty when `indices`
-/// is not.
-#[allow(clippy::too_many_arguments)]
-pub fn corrupt_destinations_within(
-    pos: &[u32],
-    indices: &[u32],
-    k: u32,
-    destinations: std::ops::Range<u32>,
-    seed: u64,
-    epoch: u64,
-    inside: impl Fn(u32) -> bool,
-    candidates: &[u32],
-) -> Vec<u32> {
-    let mut out = corrupt_destinations_at(pos, indices, k, destinations.clone(), seed, epoch);
-    let draw = Corruption::new(k, destinations, seed, epoch);
-    // Pair `t` of the draw is negative `t % k` of positive `indices[t / k]`.
-    let k = k.max(1) as usize;
-    for (t, w) in out.chunks_exact_mut(2).map(|p| &mut p[1]).enumerate() {
-        if !inside(*w) {
-            let i = indices[t / k] as usize;
-            let h = grandis_engine::mix64(draw.hash(i, (t % k) as u64) ^ 0x696e_7369_6465);
-            *w = candidates[((h as u128 * candidates.len() as u128) >> 64) as usize];
-        }
-    }
-    out
-}
-
-/// One epoch's corrupted-destination draw: positive `i`'s negative `j` from a hash of
-/// `(seed, epoch, i, j)` alone.
-struct Corruption {
+/// hash of `(seed, epoch, i, j)` alone: the same negatives whatever runs them, and another
+/// set each epoch. One value holds the draw; its methods read it for the whole epoch, a
+/// mini-batch of positives, or a batch's own vertices.
+pub struct Negatives {
     base: u64,
     k: u32,
     destinations: std::ops::Range<u32>,
 }
 
-impl Corruption {
-    fn new(k: u32, destinations: std::ops::Range<u32>, seed: u64, epoch: u64) -> Corruption {
-        Corruption {
+impl Negatives {
+    pub fn new(k: u32, destinations: std::ops::Range<u32>, seed: u64, epoch: u64) -> Negatives {
+        Negatives {
             base: grandis_engine::mix64(seed ^ grandis_engine::mix64(epoch ^ 0x6c69_6e6b)),
             k,
             destinations,
         }
+    }
+
+    /// The negatives of every supervision positive in `pos` (pairs), in order.
+    pub fn all(&self, pos: &[u32]) -> Vec<u32> {
+        let every: Vec<u32> = (0..(pos.len() / 2) as u32).collect();
+        self.at(pos, &every)
+    }
+
+    /// The negatives of the supervision positives at `indices` alone (a mini-batch of
+    /// edges), in that order: the same pairs the whole epoch's draw has for them.
+    pub fn at(&self, pos: &[u32], indices: &[u32]) -> Vec<u32> {
+        let mut out = Vec::with_capacity(indices.len() * self.k as usize * 2);
+        for &i in indices {
+            let i = i as usize;
+            self.extend(&mut out, i, &pos[2 * i..2 * i + 2]);
+        }
+        out
+    }
+
+    /// [`Negatives::at`] restricted to a batch's vertices (cluster batches: only they have
+    /// embeddings): a draw `w` the batch holds (`inside(w)`) is kept, any other is replaced
+    /// by `candidates[c]`, `c` uniform from a second hash of the same draw, where `candidates`
+    /// are the batch's vertices among the destinations (ORIGINAL ids, like `pos`). Every
+    /// candidate is then equally likely (a kept draw `1 / |D|`, plus the replacement's
+    /// `(1 - |C| / |D|) / |C|`: `1 / |C|`), and a batch holding every vertex draws exactly
+    /// [`Negatives::at`]'s negatives. `candidates` must not be empty when `indices` is not.
+    pub fn within(
+        &self,
+        pos: &[u32],
+        indices: &[u32],
+        inside: impl Fn(u32) -> bool,
+        candidates: &[u32],
+    ) -> Vec<u32> {
+        let mut out = self.at(pos, indices);
+        // Pair `t` of the draw is negative `t % k` of positive `indices[t / k]`.
+        let k = self.k.max(1) as usize;
+        for (t, w) in out.chunks_exact_mut(2).map(|p| &mut p[1]).enumerate() {
+            if !inside(*w) {
+                let i = indices[t / k] as usize;
+                let h = grandis_engine::mix64(self.hash(i, (t % k) as u64) ^ 0x696e_7369_6465);
+                *w = candidates[((h as u128 * candidates.len() as u128) >> 64) as usize];
+            }
+        }
+        out
     }
 
     /// The hash behind positive `i`'s negative `j`.
@@ -310,14 +290,14 @@ mod tests {
         let n = 50u32;
         let pos: Vec<u32> = (0..400).flat_map(|i| [i % n, (i * 7 + 3) % n]).collect();
         let every: Vec<u32> = (0..400).collect();
-        let free = corrupt_destinations_at(&pos, &every, 3, 0..n, 9, 2);
+        let free = Negatives::new(3, 0..n, 9, 2).at(&pos, &every);
         let all: Vec<u32> = (0..n).collect();
-        let same = corrupt_destinations_within(&pos, &every, 3, 0..n, 9, 2, |_| true, &all);
+        let same = Negatives::new(3, 0..n, 9, 2).within(&pos, &every, |_| true, &all);
         assert_eq!(free, same);
         // A batch of the even vertices below 20.
         let candidates: Vec<u32> = (0..20).step_by(2).collect();
         let inside = |w: u32| w < 20 && w.is_multiple_of(2);
-        let within = corrupt_destinations_within(&pos, &every, 3, 0..n, 9, 2, inside, &candidates);
+        let within = Negatives::new(3, 0..n, 9, 2).within(&pos, &every, inside, &candidates);
         let mut hits = vec![0usize; n as usize];
         for (f, w) in free.chunks_exact(2).zip(within.chunks_exact(2)) {
             assert_eq!(f[0], w[0], "the source is kept");
@@ -390,27 +370,24 @@ mod tests {
     #[test]
     fn a_batchs_negatives_are_the_epochs_for_its_edges() {
         let pos: Vec<u32> = (0..50u32).flat_map(|i| [i, 49 - i]).collect();
-        let all = corrupt_destinations(&pos, 3, 5..40, 7, 4);
+        let all = Negatives::new(3, 5..40, 7, 4).all(&pos);
         let indices = [31u32, 2, 17, 49];
         let want: Vec<u32> = indices
             .iter()
             .flat_map(|&i| all[i as usize * 6..(i as usize + 1) * 6].to_vec())
             .collect();
-        assert_eq!(
-            corrupt_destinations_at(&pos, &indices, 3, 5..40, 7, 4),
-            want
-        );
-        assert!(corrupt_destinations_at(&pos, &[], 3, 5..40, 7, 4).is_empty());
+        assert_eq!(Negatives::new(3, 5..40, 7, 4).at(&pos, &indices), want);
+        assert!(Negatives::new(3, 5..40, 7, 4).at(&pos, &[]).is_empty());
     }
 
     #[test]
     fn negatives_corrupt_the_destination_uniformly_and_repeatably() {
         let pos: Vec<u32> = (0..2000u32).flat_map(|i| [i % 7, i % 5]).collect();
-        let a = corrupt_destinations(&pos, 3, 0..10, 1, 2);
-        assert_eq!(a, corrupt_destinations(&pos, 3, 0..10, 1, 2));
+        let a = Negatives::new(3, 0..10, 1, 2).all(&pos);
+        assert_eq!(a, Negatives::new(3, 0..10, 1, 2).all(&pos));
         assert_ne!(
             a,
-            corrupt_destinations(&pos, 3, 0..10, 1, 3),
+            Negatives::new(3, 0..10, 1, 3).all(&pos),
             "another epoch, others"
         );
         let mut counts = [0usize; 10];
@@ -424,7 +401,7 @@ mod tests {
             "{counts:?}"
         );
         // A relation's destinations 4..10: every draw inside, each near 1000 of 6000.
-        let typed = corrupt_destinations(&pos, 3, 4..10, 1, 2);
+        let typed = Negatives::new(3, 4..10, 1, 2).all(&pos);
         let mut counts = [0usize; 10];
         for p in typed.chunks_exact(2) {
             counts[p[1] as usize] += 1;
