@@ -1219,6 +1219,10 @@ mod tests {
         .unwrap()
     }
 
+    fn submit(c: &mut Core, spec: JobSpec, now: Instant) -> JobId {
+        c.submit(spec, now).unwrap().id
+    }
+
     fn spec(servers: u32, devices: u32) -> JobSpec {
         JobSpec {
             dataset: "/d".into(),
@@ -1261,7 +1265,7 @@ mod tests {
         let t0 = Instant::now();
         let a = reg(&mut c, "a", 1, t0);
         let b = reg(&mut c, "b", 1, t0);
-        let job = c.submit(spec(1, 1), t0).unwrap().id;
+        let job = submit(&mut c, spec(1, 1), t0);
         let running = |state| HeartbeatRequest {
             protocol_version: PROTOCOL_VERSION,
             daemon_id: a,
@@ -1315,11 +1319,11 @@ mod tests {
         let t0 = Instant::now();
         let a = reg(&mut c, "a", 2, t0);
         reg(&mut c, "b", 2, t0);
-        let first = c.submit(spec(1, 1), t0).unwrap().id;
+        let first = submit(&mut c, spec(1, 1), t0);
         assert_eq!(c.jobs[&first].servers[0].label, "a", "labels in name order");
         // Fits the cluster, but only once `a` is free again: it holds the queue.
-        let big = c.submit(spec(2, 2), t0).unwrap().id;
-        let small = c.submit(spec(1, 1), t0).unwrap().id;
+        let big = submit(&mut c, spec(2, 2), t0);
+        let small = submit(&mut c, spec(1, 1), t0);
         assert_eq!(c.jobs[&big].state, JobState::Queued);
         assert_eq!(c.jobs[&small].state, JobState::Queued, "strict FIFO");
         assert!(c.waiting[&big].contains("needs 2 free server(s) with ≥ 2 device(s)"));
@@ -1385,8 +1389,8 @@ mod tests {
         let t0 = Instant::now();
         reg(&mut c, "a", 2, t0);
         reg(&mut c, "b", 1, t0);
-        let too_big = c.submit(spec(2, 2), t0).unwrap().id;
-        let small = c.submit(spec(1, 1), t0).unwrap().id;
+        let too_big = submit(&mut c, spec(2, 2), t0);
+        let small = submit(&mut c, spec(1, 1), t0);
         assert_eq!(c.jobs[&too_big].state, JobState::Queued);
         assert!(
             c.waiting[&too_big].contains("1 with enough devices")
@@ -1397,7 +1401,7 @@ mod tests {
         assert_eq!(c.jobs[&small].state, JobState::Assigned);
         // Once a second 2-device server is up, the big job is next in line again.
         reg(&mut c, "c", 2, t0);
-        let after = c.submit(spec(1, 1), t0).unwrap().id;
+        let after = submit(&mut c, spec(1, 1), t0);
         assert_eq!(c.jobs[&too_big].state, JobState::Queued);
         assert_eq!(
             c.jobs[&after].state,
@@ -1417,7 +1421,7 @@ mod tests {
             max_retries: 0,
             ..spec(2, 1)
         };
-        let job = c.submit(no_retries, t0).unwrap().id;
+        let job = submit(&mut c, no_retries, t0);
         assert_eq!(c.jobs[&job].state, JobState::Assigned);
         let r = hb(&mut c, b, t0 + Duration::from_millis(50));
         assert_eq!(r.assignment.as_ref().unwrap().server_index, 1);
@@ -1500,18 +1504,16 @@ mod tests {
         let ms = |n| t0 + Duration::from_millis(n);
         let a = reg(&mut c, "node-a", 1, t0);
         let b = reg(&mut c, "node-b", 1, t0);
-        let job = c
-            .submit(
-                JobSpec {
-                    checkpoint_every: Some(2),
-                    max_retries: 1,
-                    epochs: 10,
-                    ..spec(2, 1)
-                },
-                t0,
-            )
-            .unwrap()
-            .id;
+        let job = submit(
+            &mut c,
+            JobSpec {
+                checkpoint_every: Some(2),
+                max_retries: 1,
+                epochs: 10,
+                ..spec(2, 1)
+            },
+            t0,
+        );
         running(&mut c, a, job, 1, ms(10));
         running(&mut c, b, job, 1, ms(10));
         for e in 1..=5 {
@@ -1596,16 +1598,14 @@ mod tests {
         let t0 = Instant::now();
         let a = reg(&mut c, "node-a", 1, t0);
         let b = reg(&mut c, "node-b", 1, t0);
-        let job = c
-            .submit(
-                JobSpec {
-                    elastic: true,
-                    ..spec(2, 1)
-                },
-                t0,
-            )
-            .unwrap()
-            .id;
+        let job = submit(
+            &mut c,
+            JobSpec {
+                elastic: true,
+                ..spec(2, 1)
+            },
+            t0,
+        );
         running(&mut c, a, job, 1, t0);
         running(&mut c, b, job, 1, t0);
         // b reports that its peer is gone (retryable) and then goes silent.
@@ -1661,16 +1661,14 @@ mod tests {
         let job = {
             let mut c = core(dir.path());
             let a = reg(&mut c, "a", 1, t0);
-            let job = c
-                .submit(
-                    JobSpec {
-                        checkpoint_every: Some(1),
-                        ..spec(1, 1)
-                    },
-                    t0,
-                )
-                .unwrap()
-                .id;
+            let job = submit(
+                &mut c,
+                JobSpec {
+                    checkpoint_every: Some(1),
+                    ..spec(1, 1)
+                },
+                t0,
+            );
             running(&mut c, a, job, 1, t0);
             progress(&mut c, job, a, 1, t0);
             c.put_checkpoint(job, a, 1, 1, b"ck1").unwrap();
@@ -1708,7 +1706,7 @@ mod tests {
             let mut c = core(dir.path());
             let a = reg(&mut c, "a", 1, t0);
             let b = reg(&mut c, "b", 1, t0);
-            let job = c.submit(spec(2, 1), t0).unwrap().id;
+            let job = submit(&mut c, spec(2, 1), t0);
             hb(&mut c, a, t0);
             running(&mut c, a, job, 1, t0);
             running(&mut c, b, job, 1, t0);
@@ -1768,16 +1766,14 @@ mod tests {
             let b = reg(&mut c, "b", 1, t0);
             let mut jobs = Vec::new();
             for _ in 0..3 {
-                let job = c
-                    .submit(
-                        JobSpec {
-                            checkpoint_every: Some(1),
-                            ..spec(1, 1)
-                        },
-                        t0,
-                    )
-                    .unwrap()
-                    .id;
+                let job = submit(
+                    &mut c,
+                    JobSpec {
+                        checkpoint_every: Some(1),
+                        ..spec(1, 1)
+                    },
+                    t0,
+                );
                 let d = hb(&mut c, a, t0)
                     .assignment
                     .map(|_| a)
@@ -1792,16 +1788,14 @@ mod tests {
                 jobs.push(job);
             }
             // A running job keeps its checkpoint whatever the finished ones do.
-            let live = c
-                .submit(
-                    JobSpec {
-                        checkpoint_every: Some(1),
-                        ..spec(1, 1)
-                    },
-                    t0,
-                )
-                .unwrap()
-                .id;
+            let live = submit(
+                &mut c,
+                JobSpec {
+                    checkpoint_every: Some(1),
+                    ..spec(1, 1)
+                },
+                t0,
+            );
             hb(&mut c, a, t0).assignment.unwrap();
             running(&mut c, a, live, 1, t0);
             progress(&mut c, live, a, 1, t0);
@@ -1832,16 +1826,14 @@ mod tests {
         let job = {
             let mut c = core(dir.path());
             let a = reg(&mut c, "a", 1, t0);
-            let job = c
-                .submit(
-                    JobSpec {
-                        max_retries: 0,
-                        ..spec(1, 1)
-                    },
-                    t0,
-                )
-                .unwrap()
-                .id;
+            let job = submit(
+                &mut c,
+                JobSpec {
+                    max_retries: 0,
+                    ..spec(1, 1)
+                },
+                t0,
+            );
             hb(&mut c, a, t0).assignment.unwrap();
             running(&mut c, a, job, 1, t0);
             c.close();

@@ -47,9 +47,8 @@ fn predicted(
 
 #[test]
 fn measured_bytes_equal_plan_predictions() {
-    let ds = random_dataset(9, 80, 400, 6, 3);
+    let (ds, part) = random_case(9, 80, 400, 6, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 9);
     for (kind, layers) in [(ModelKind::Sage, 3), (ModelKind::ResSage, 2)] {
         let config = config(&view, kind, layers);
         let dims = model_dims(&config);
@@ -116,9 +115,8 @@ fn measured_bytes_equal_plan_predictions() {
 
 #[test]
 fn flx_reduces_inter_server_bytes_monotonically() {
-    let ds = random_dataset(5, 120, 500, 4, 3);
+    let (ds, part) = random_case(5, 120, 500, 4, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 5);
     let config = config(&view, ModelKind::Sage, 3);
     let opts = opts(1);
     let inter: Vec<u64> = (0..=3)
@@ -140,9 +138,8 @@ fn flx_reduces_inter_server_bytes_monotonically() {
 
 #[test]
 fn metered_memory_tracks_the_memory_model() {
-    let ds = random_dataset(11, 400, 2400, 32, 4);
+    let (ds, part) = random_case(11, 400, 2400, 32, 4, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 11);
     for kind in [ModelKind::Sage, ModelKind::Gat] {
         let mut config = config(&view, kind, 3);
         config.hidden = 32;
@@ -261,9 +258,8 @@ fn layerwise_inter_bytes(
 /// nothing outside its steps and reports no accuracy. Training is the same either way.
 #[test]
 fn batched_runs_evaluate_on_their_schedule() {
-    let ds = random_dataset(17, 240, 1200, 5, 3);
+    let (ds, part) = random_case(17, 240, 1200, 5, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 17);
     let config = config(&view, ModelKind::Sage, 2);
     let popts = ParallelOptions {
         job: JobSpec {
@@ -325,9 +321,8 @@ fn batched_runs_evaluate_on_their_schedule() {
 /// preloaded rows once, at setup.
 #[test]
 fn fetched_bytes_equal_the_remote_rows_of_every_step() {
-    let ds = random_dataset(13, 300, 1500, 5, 3);
+    let (ds, part) = random_case(13, 300, 1500, 5, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 13);
     let layers = 2;
     let config = config(&view, ModelKind::Sage, layers);
     let epochs = 2;
@@ -480,9 +475,8 @@ fn fetched_bytes_equal_the_remote_rows_of_every_step() {
 /// spent waiting for and loading steps and the producer's build time; static plans none.
 #[test]
 fn time_split_accounts_for_the_step_pipeline() {
-    let ds = random_dataset(17, 300, 1500, 5, 3);
+    let (ds, part) = random_case(17, 300, 1500, 5, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 17);
     let config = config(&view, ModelKind::Sage, 2);
     let opts = opts(3);
     for (mode, batch) in [

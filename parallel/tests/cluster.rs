@@ -43,9 +43,8 @@ fn run(
 
 #[test]
 fn one_batch_of_every_cluster_is_the_exact_full_graph_run() {
-    let ds = random_dataset(41, 70, 280, 5, 3);
+    let (ds, part) = random_case(41, 70, 280, 5, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 41);
     for kind in [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gat] {
         let config = config(&view, kind, 2);
         let reference = single(view, &config, &opts(3));
@@ -65,9 +64,8 @@ fn one_batch_of_every_cluster_is_the_exact_full_graph_run() {
 
 #[test]
 fn small_batches_compute_only_their_clusters() {
-    let ds = random_dataset(42, 120, 480, 5, 3);
+    let (ds, part) = random_case(42, 120, 480, 5, 3, 2, 1);
     let view = ds.view();
-    let part = random_partition(&view, 2, 1, 42);
     // Clusters of 16 / 8 = 2 vertices, 8 per server per iteration.
     let a = run(view, &part, ModelKind::Sage, 16, Sampling::None).unwrap();
     let b = run(view, &part, ModelKind::Sage, 16, Sampling::None).unwrap();
@@ -96,9 +94,8 @@ fn small_batches_compute_only_their_clusters() {
 
 #[test]
 fn cluster_batches_refuse_other_sampling() {
-    let ds = random_dataset(43, 60, 200, 4, 3);
+    let (ds, part) = random_case(43, 60, 200, 4, 3, 2, 1);
     let view = ds.view();
-    let part = random_partition(&view, 2, 1, 43);
     let e = run(
         view,
         &part,

@@ -59,9 +59,8 @@ proptest! {
         layers in 1usize..=2,
     ) {
         let f = if features { 3 } else { 0 };
-        let ds = random_dataset(seed, n, n * degree, f, 3);
+        let (ds, part) = random_case(seed, n, n * degree, f, 3, servers, devices);
         let view = ds.view();
-        let part = random_partition(&view, servers, devices, seed);
         let kind = [ModelKind::Sage, ModelKind::Gcn, ModelKind::Gat][kind];
         check_modes(view, &part, &emb_config(&view, kind, layers), &emb_opts(3));
     }
@@ -108,9 +107,8 @@ fn featureless_link_prediction_matches_single() {
 /// checkpoint's table is the one mode single writes after two epochs.
 #[test]
 fn a_checkpoint_with_embeddings_resumes_exactly() {
-    let ds = random_dataset(9, 36, 150, 2, 3);
+    let (ds, part) = random_case(9, 36, 150, 2, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 9);
     let config = emb_config(&view, ModelKind::Sage, 2);
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("run.safetensors");
@@ -229,9 +227,8 @@ fn ressage_outside_single_is_refused() {
         assert!(job.validate().is_ok(), "{mode}: {:?}", job.validate());
     }
     // A library caller's ResSAGE+ run gets an error, not a wrong gradient.
-    let ds = random_dataset(2, 20, 60, 2, 2);
+    let (ds, part) = random_case(2, 20, 60, 2, 2, 1, 2);
     let view = ds.view();
-    let part = random_partition(&view, 1, 2, 2);
     let config = emb_config(&view, ModelKind::ResSage, 2);
     let e = parallel(view, &part, &config, &emb_opts(1), Mode::Fb, None).unwrap_err();
     assert!(
@@ -349,9 +346,8 @@ fn batched_modes_train_embeddings() {
 /// Predictions after an fb run: the files hold mode single's logits.
 #[test]
 fn predictions_after_fb_read_the_embeddings() {
-    let ds = random_dataset(13, 50, 200, 3, 3);
+    let (ds, part) = random_case(13, 50, 200, 3, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 13);
     let config = emb_config(&view, ModelKind::Gcn, 2);
     let reference = single(view, &config, &emb_opts(3));
     let tmp = tempfile::tempdir().unwrap();
@@ -369,9 +365,8 @@ fn predictions_after_fb_read_the_embeddings() {
 /// trains its choice.
 #[test]
 fn auto_plans_and_trains_with_embeddings() {
-    let ds = random_dataset(17, 60, 240, 3, 3);
+    let (ds, part) = random_case(17, 60, 240, 3, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 17);
     let config = emb_config(&view, ModelKind::Sage, 2);
     let job = JobSpec {
         mode: Mode::Auto,
@@ -390,9 +385,8 @@ fn auto_plans_and_trains_with_embeddings() {
 /// exchange. One layer, 2 servers x 1 device: fb's rows are all halo rows, flx k=1's all asked.
 #[test]
 fn embedding_traffic_is_counted_per_link_class() {
-    let ds = random_dataset(21, 60, 240, 3, 3);
+    let (ds, part) = random_case(21, 60, 240, 3, 3, 2, 1);
     let view = ds.view();
-    let part = random_partition(&view, 2, 1, 21);
     let config = emb_config(&view, ModelKind::Sage, 1);
     let (d, row) = (DIM as u64, (view.feature_dim + DIM) as u64 * 4);
     let fb = parallel(view, &part, &config, &emb_opts(2), Mode::Fb, None).unwrap();

@@ -44,9 +44,8 @@ fn more_ranks_than_vertices() {
 
 #[test]
 fn budget_too_small_for_k0() {
-    let ds = random_dataset(2, 40, 120, 4, 3);
+    let (ds, part) = random_case(2, 40, 120, 4, 3, 2, 1);
     let view = ds.view();
-    let part = random_partition(&view, 2, 1, 2);
     let config = config(&view, ModelKind::Sage, 2);
     let popts = ParallelOptions {
         job: JobSpec {
@@ -70,9 +69,8 @@ fn budget_too_small_for_k0() {
 
 #[test]
 fn bad_mode_and_k_combinations() {
-    let ds = random_dataset(3, 30, 90, 4, 3);
+    let (ds, part) = random_case(3, 30, 90, 4, 3, 2, 1);
     let view = ds.view();
-    let part = random_partition(&view, 2, 1, 3);
     let sage = config(&view, ModelKind::Sage, 2);
     let e = err_of(parallel(view, &part, &sage, &opts(1), Mode::Fb, Some(1)));
     assert!(e.contains("needs --mode flx"), "{e}");
@@ -154,9 +152,8 @@ fn partition_dir_of_another_dataset() {
 
 #[test]
 fn explicit_budget_is_enforced_by_the_memory_model_in_every_mode() {
-    let ds = random_dataset(4, 120, 600, 8, 3);
+    let (ds, part) = random_case(4, 120, 600, 8, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 4);
     let config = config(&view, ModelKind::Sage, 2);
     for (mode, batch_size) in [(Mode::Fb, None), (Mode::Cob, Some(16)), (Mode::Mb, Some(8))] {
         let popts = |device_memory| ParallelOptions {

@@ -33,9 +33,8 @@ proptest! {
         kind in 0usize..4,
         layers in 1usize..=3,
     ) {
-        let ds = random_dataset(seed, n, n * degree, 5, 3);
+        let (ds, part) = random_case(seed, n, n * degree, 5, 3, servers, devices);
         let view = ds.view();
-        let part = random_partition(&view, servers, devices, seed);
         let config = config(&view, kind_of(kind), layers);
         let opts = opts(3);
         let reference = single(view, &config, &opts);
@@ -49,9 +48,8 @@ proptest! {
 /// A fixed case of every model with more epochs, weight decay variants and clipping.
 #[test]
 fn every_model_every_k_fixed_case() {
-    let ds = random_dataset(42, 60, 240, 6, 4);
+    let (ds, part) = random_case(42, 60, 240, 6, 4, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 42);
     for (kind, layers) in [
         (ModelKind::Sage, 3),
         (ModelKind::Gcn, 2),
@@ -120,9 +118,8 @@ fn cora_matches_single() {
 fn resumed_runs_repeat_the_uninterrupted_run() {
     use grandis_parallel::{train, JobSpec, Machine, ParallelOptions};
     use grandis_trainer::CheckpointOptions;
-    let ds = random_dataset(7, 80, 320, 5, 3);
+    let (ds, part) = random_case(7, 80, 320, 5, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 7);
     let config = config(&view, ModelKind::Sage, 2);
     let dir = tempfile::tempdir().unwrap();
     for (mode, k, batch) in [

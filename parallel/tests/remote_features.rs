@@ -57,9 +57,8 @@ fn fetched(r: &ParallelReport, epoch: u32) -> u64 {
 #[test]
 fn remote_rows_carry_the_chosen_fraction_of_columns() {
     let f = 8u64;
-    let ds = random_dataset(31, 90, 360, f as usize, 3);
+    let (ds, part) = random_case(31, 90, 360, f as usize, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 31);
     for mode in [Mode::Mb, Mode::Cob] {
         let exact = run(view, &part, mode, None).unwrap();
         // ceil(0.3 * 8) = 3 columns.

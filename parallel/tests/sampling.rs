@@ -101,9 +101,8 @@ fn cob_forward_without_sampling_equals_full_graph_logits() {
 
 #[test]
 fn one_cobatch_or_minibatch_per_epoch_equals_single_trainer() {
-    let ds = random_dataset(4, 70, 300, 4, 3);
+    let (ds, part) = random_case(4, 70, 300, 4, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 4);
     for kind in [
         ModelKind::Sage,
         ModelKind::Gcn,
@@ -153,9 +152,8 @@ fn one_cobatch_or_minibatch_per_epoch_equals_single_trainer() {
 /// exact.
 #[test]
 fn batched_evaluation_is_the_whole_graph_forward_pass() {
-    let ds = random_dataset(8, 90, 420, 5, 3);
+    let (ds, part) = random_case(8, 90, 420, 5, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 8);
     let dir = tempfile::tempdir().unwrap();
     for kind in [ModelKind::Sage, ModelKind::Gat] {
         let config = config(&view, kind, 2);
@@ -225,9 +223,8 @@ fn batched_evaluation_is_the_whole_graph_forward_pass() {
 
 #[test]
 fn eas_keeping_every_dependency_equals_exact_flx() {
-    let ds = random_dataset(8, 60, 260, 4, 3);
+    let (ds, part) = random_case(8, 60, 260, 4, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 8);
     let config = config(&view, ModelKind::Sage, 2);
     let exact = run(
         view,
@@ -270,9 +267,8 @@ fn eas_keeping_every_dependency_equals_exact_flx() {
 
 #[test]
 fn sampled_modes_are_deterministic_and_report_counters() {
-    let ds = random_dataset(12, 120, 900, 4, 3);
+    let (ds, part) = random_case(12, 120, 900, 4, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 12);
     let config = config(&view, ModelKind::Sage, 2);
     let cases = [
         (
@@ -402,9 +398,8 @@ fn sampled_modes_are_deterministic_and_report_counters() {
 
 #[test]
 fn sampling_error_is_zero_only_without_dropped_edges() {
-    let ds = random_dataset(30, 80, 500, 4, 3);
+    let (ds, part) = random_case(30, 80, 500, 4, 3, 2, 1);
     let view = ds.view();
-    let part = random_partition(&view, 2, 1, 30);
     let ctx = plan_context(&view, &part).unwrap();
     let config = config(&view, ModelKind::Sage, 2);
     let full = embeddings(view, &part, &config, None, None, Some(1)).unwrap();
@@ -441,9 +436,8 @@ fn sampling_error_is_zero_only_without_dropped_edges() {
 
 #[test]
 fn bad_sampling_combinations_are_errors() {
-    let ds = random_dataset(2, 40, 120, 3, 2);
+    let (ds, part) = random_case(2, 40, 120, 3, 2, 2, 1);
     let view = ds.view();
-    let part = random_partition(&view, 2, 1, 2);
     let config = config(&view, ModelKind::Sage, 2);
     let err = |p: ParallelOptions| format!("{:#}", run(view, &part, &config, 1, p).unwrap_err());
     let e = err(ParallelOptions {
@@ -491,9 +485,8 @@ fn bad_sampling_combinations_are_errors() {
 /// sampling and with a window far smaller than the steps of an epoch.
 #[test]
 fn plan_producer_threads_do_not_change_the_run() {
-    let ds = random_dataset(21, 200, 1000, 4, 3);
+    let (ds, part) = random_case(21, 200, 1000, 4, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 21);
     let config = config(&view, ModelKind::Sage, 2);
     for (mode, batch) in [(Mode::Cob, 6), (Mode::Mb, 3)] {
         let with = |threads| {

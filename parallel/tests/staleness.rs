@@ -42,9 +42,8 @@ fn losses(r: &ParallelReport) -> Vec<f64> {
 
 #[test]
 fn a_zero_bound_skips_only_unchanged_rows_and_changes_nothing() {
-    let ds = random_dataset(21, 80, 320, 6, 3);
+    let (ds, part) = random_case(21, 80, 320, 6, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 21);
     // (model, mode, k, whether some layer's rows between servers never change).
     for (kind, mode, k, constant_rows) in [
         // Layer 0 exchanges the input features: constant, so they go once.
@@ -85,9 +84,8 @@ fn a_zero_bound_skips_only_unchanged_rows_and_changes_nothing() {
 
 #[test]
 fn a_loose_bound_skips_sends_between_servers_and_accounts_for_every_byte() {
-    let ds = random_dataset(22, 80, 320, 6, 3);
+    let (ds, part) = random_case(22, 80, 320, 6, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 22);
     let exact = run(&part, view, ModelKind::Sage, Mode::Fb, None, None).unwrap();
     let loose = Staleness {
         bound: 10.0,

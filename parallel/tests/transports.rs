@@ -46,9 +46,8 @@ fn run(
 
 #[test]
 fn device_transports_equal_the_fabric_in_every_mode() {
-    let ds = random_dataset(11, 80, 320, 6, 3);
+    let (ds, part) = random_case(11, 80, 320, 6, 3, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 11);
     let eas = Sampling::Eas {
         hops: 1,
         fanout: 2,
@@ -129,9 +128,8 @@ fn device_transports_equal_the_fabric_in_every_mode() {
 
 #[test]
 fn a_transport_that_cannot_serve_the_job_is_refused() {
-    let ds = random_dataset(5, 30, 90, 4, 2);
+    let (ds, part) = random_case(5, 30, 90, 4, 2, 2, 2);
     let view = ds.view();
-    let part = random_partition(&view, 2, 2, 5);
     let config = config(&view, ModelKind::Sage, 2);
     for (intra, inter, want) in [
         (

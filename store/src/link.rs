@@ -491,19 +491,49 @@ mod tests {
         };
         good.view().check(5, true).unwrap();
         let err = |s: LinkSplit, undirected| s.view().check(5, undirected).unwrap_err();
-
-        let (part, msg) = err(
-            LinkSplit {
-                test_pos: vec![2, 1],
-                ..good.clone()
-            },
-            true,
-        );
-        assert_eq!(part, LinkPart::TestPos);
-        assert!(
-            msg.contains("(2, 1)") && msg.contains("link_train.pairs"),
-            "{msg}"
-        );
+        let bad = [
+            (
+                LinkSplit {
+                    test_pos: vec![2, 1],
+                    ..good.clone()
+                },
+                LinkPart::TestPos,
+                "(2, 1)",
+                "link_train.pairs",
+            ),
+            (
+                LinkSplit {
+                    valid_neg: vec![4, 3],
+                    ..good.clone()
+                },
+                LinkPart::ValNeg,
+                "is a positive of link_test_pos.pairs",
+                "",
+            ),
+            (
+                LinkSplit {
+                    test_neg: vec![0, 9],
+                    ..good.clone()
+                },
+                LinkPart::TestNeg,
+                "vertex id 9 is out of range",
+                "",
+            ),
+            (
+                LinkSplit {
+                    train: vec![],
+                    ..good.clone()
+                },
+                LinkPart::Train,
+                "",
+                "",
+            ),
+        ];
+        for (split, want_part, says, and_says) in bad {
+            let (part, msg) = err(split, true);
+            assert_eq!(part, want_part, "{msg}");
+            assert!(msg.contains(says) && msg.contains(and_says), "{msg}");
+        }
         // Directed: (2, 1) is another edge than (1, 2).
         LinkSplit {
             test_pos: vec![2, 1],
@@ -512,38 +542,6 @@ mod tests {
         .view()
         .check(5, false)
         .unwrap();
-
-        let (part, msg) = err(
-            LinkSplit {
-                valid_neg: vec![4, 3],
-                ..good.clone()
-            },
-            true,
-        );
-        assert_eq!(part, LinkPart::ValNeg);
-        assert!(
-            msg.contains("is a positive of link_test_pos.pairs"),
-            "{msg}"
-        );
-
-        let (part, msg) = err(
-            LinkSplit {
-                test_neg: vec![0, 9],
-                ..good.clone()
-            },
-            true,
-        );
-        assert_eq!(part, LinkPart::TestNeg);
-        assert!(msg.contains("vertex id 9 is out of range"), "{msg}");
-
-        let (part, _) = err(
-            LinkSplit {
-                train: vec![],
-                ..good.clone()
-            },
-            true,
-        );
-        assert_eq!(part, LinkPart::Train);
 
         // A relation's destinations: a range of the graph holding every training destination.
         LinkSplit {

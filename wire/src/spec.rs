@@ -568,6 +568,16 @@ mod tests {
         }
     }
 
+    /// `json` is refused with a message on `field` that says `says`.
+    fn refused(json: &str, field: &str, says: &str) {
+        let e = errors(json);
+        let prefix = format!("{field}: ");
+        assert!(
+            e.iter().any(|m| m.starts_with(&prefix) && m.contains(says)),
+            "{json}: {e:?}"
+        );
+    }
+
     #[test]
     fn modes_refuse_samplers_they_cannot_run_and_clusters_refuse_single() {
         for (doc, want) in [
@@ -588,12 +598,7 @@ mod tests {
                 "needs mode flx, cob or mb",
             ),
         ] {
-            let e = errors(doc);
-            assert!(
-                e.iter()
-                    .any(|m| m.starts_with("sampling: ") && m.contains(want)),
-                "{doc}: {e:?}"
-            );
+            refused(doc, "sampling", want);
         }
         for ok in [
             r#"{"dataset": "d", "mode": "cob", "sampling": "saint"}"#,
@@ -634,24 +639,17 @@ mod tests {
             r#"{"dataset": "d", "task": "link", "mode": "auto", "sampling": "eas"}"#,
             r#"{"dataset": "d", "task": "link", "mode": "mb", "batch_size": 8, "sampling": "eas"}"#,
         ] {
-            let e = errors(doc);
-            assert!(
-                e.iter()
-                    .any(|m| m.starts_with("task: ")
-                        && m.contains("single, fb, flx, cluster and auto")),
-                "{doc}: {e:?}"
-            );
+            refused(doc, "task", "single, fb, flx, cluster and auto");
         }
         let mlp = JobSpec::from_json_str(
             r#"{"dataset": "d", "task": "link", "mode": "fb", "link": {"decoder": "mlp"}}"#,
         )
         .unwrap();
         assert_eq!(mlp.link.unwrap().decoder, LinkDecoder::Mlp);
-        let e = errors(r#"{"dataset": "d", "task": "link", "link": {"decoder": "bilinear"}}"#);
-        assert!(
-            e.iter()
-                .any(|m| m.starts_with("link.decoder: ") && m.contains("dot or mlp")),
-            "{e:?}"
+        refused(
+            r#"{"dataset": "d", "task": "link", "link": {"decoder": "bilinear"}}"#,
+            "link.decoder",
+            "dot or mlp",
         );
     }
 
@@ -671,12 +669,7 @@ mod tests {
                 "expected a number",
             ),
         ] {
-            let e = errors(doc);
-            assert!(
-                e.iter()
-                    .any(|m| m.starts_with("exact_preference: ") && m.contains(want)),
-                "{doc}: {e:?}"
-            );
+            refused(doc, "exact_preference", want);
         }
         let ok = JobSpec::from_json_str(
             r#"{"dataset": "d", "mode": "auto", "device_memory": "1GiB", "exact_preference": 1}"#,
@@ -870,13 +863,10 @@ mod tests {
             );
         }
         for mode in ["fb", "flx", "auto", "single"] {
-            let e = errors(&format!(
-                r#"{{"dataset": "d", "mode": "{mode}", "remote_features": 0.5}}"#
-            ));
-            assert!(
-                e.iter()
-                    .any(|m| m.starts_with("remote_features: samples the features fetched")),
-                "{mode}: {e:?}"
+            refused(
+                &format!(r#"{{"dataset": "d", "mode": "{mode}", "remote_features": 0.5}}"#),
+                "remote_features",
+                "samples the features fetched",
             );
         }
         // Other models ignore heads.

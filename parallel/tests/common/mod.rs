@@ -61,6 +61,23 @@ pub fn random_dataset(seed: u64, n: usize, edges: usize, f: usize, c: usize) -> 
     }
 }
 
+/// The usual test case: [`random_dataset`] from `seed` (`n` vertices, `edges` edges, `f`
+/// features, `c` classes) and a [`random_partition`] of it onto `servers x devices` ranks
+/// from the same seed. The caller takes the view (`ds.view()`), which borrows the dataset.
+pub fn random_case(
+    seed: u64,
+    n: usize,
+    edges: usize,
+    f: usize,
+    c: usize,
+    servers: usize,
+    devices: usize,
+) -> (InMemoryDataset, PartitionedGraph) {
+    let ds = random_dataset(seed, n, edges, f, c);
+    let part = random_partition(&ds.view(), servers, devices, seed);
+    (ds, part)
+}
+
 /// A random layout with non-empty ranges and a random relabelling.
 pub fn random_partition(
     view: &DatasetView<'_>,
