@@ -218,8 +218,13 @@ pub(crate) fn run(
         let callback = reports.then_some(&callback);
         match &popts.machine.compute {
             Compute::Cpu => {
+                // The rank runs on its backend's own pool: every kernel then runs in place
+                // instead of being handed to a pool thread and waited for. With more ranks
+                // than cores those two thread switches per kernel each waited for a time
+                // slice: 12-18 % of a 20k-vertex graph's epoch on 2 x 2 ranks, a fixed cost
+                // per kernel the planner does not price (docs/benchmarks.md, issue 40).
                 let backend = CpuBackend::new(Some(threads_per_rank))?;
-                run_rank::<_, HostNccl>(&shared, backend, ep, links, callback)
+                backend.run_within(|b| run_rank::<_, HostNccl>(&shared, b, ep, links, callback))
             }
             Compute::Cuda { .. } => {
                 let backend = cuda_rank_backend(&popts.machine.compute, &ep)?;

@@ -48,7 +48,7 @@ struct Timers {
 
 /// CPU backend with its own rayon pool (so `--threads` does not touch the global pool).
 pub struct CpuBackend {
-    pool: rayon::ThreadPool,
+    pool: std::sync::Arc<rayon::ThreadPool>,
     timers: Timers,
 }
 
@@ -92,13 +92,20 @@ impl CpuBackend {
             message: format!("cannot start thread pool: {e}"),
         })?;
         Ok(CpuBackend {
-            pool,
+            pool: std::sync::Arc::new(pool),
             timers: Timers::default(),
         })
     }
 
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    /// Runs `f(self)` on one of this backend's own threads. Every operation `f` then calls
+    /// runs in place instead of being handed to the pool and waited for.
+    pub fn run_within<R: Send>(self, f: impl FnOnce(CpuBackend) -> R + Send) -> R {
+        let pool = self.pool.clone();
+        pool.install(move || f(self))
     }
 
     /// Runs `f` inside this backend's pool (callers may use it for their own parallel loops).
