@@ -1003,43 +1003,66 @@ fn count_epoch(
     Ok((counts, pairs as f64 / counted as f64))
 }
 
-/// The plan to run: the fastest predicted candidate that fits its budget, except that a
-/// sampled one must be predicted at least `exact_preference` times faster than the fastest
-/// exact one (sampling changes what is learned; exact plans reproduce full-batch training).
+/// The planner's rule over any epoch times of `planned` (`time(i)`, None for a candidate
+/// without one): the fastest exact candidate, the fastest sampled one, and which of the two
+/// the rule takes — the sampled one only when `exact_preference` times faster (sampling
+/// changes what is learned; exact plans reproduce full-batch training). [`choose`] applies it
+/// to the predictions; `grandis bench plan` to the measured epochs, to check the choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ruled {
+    pub exact: Option<usize>,
+    pub sampled: Option<usize>,
+    pub chosen: Option<usize>,
+}
+
+pub fn rule(
+    planned: &[Planned],
+    exact_preference: f64,
+    time: impl Fn(usize) -> Option<f64>,
+) -> Ruled {
+    let fastest = |exact: bool| {
+        (0..planned.len())
+            .filter(|&i| planned[i].candidate.is_exact() == exact)
+            .filter_map(|i| time(i).map(|t| (i, t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+    };
+    let (exact, sampled) = (fastest(true), fastest(false));
+    let chosen = match (exact, sampled) {
+        (Some((_, e)), Some((s, st))) if st * exact_preference < e => Some(s),
+        (Some((e, _)), _) => Some(e),
+        (None, s) => s.map(|(s, _)| s),
+    };
+    Ruled {
+        exact: exact.map(|(i, _)| i),
+        sampled: sampled.map(|(i, _)| i),
+        chosen,
+    }
+}
+
+/// The plan to run: [`rule`] over the predictions of the candidates that fit their budget.
 /// Returns its index in `planned` and why; None when nothing fits.
 pub fn choose(planned: &[Planned], exact_preference: f64) -> Option<(usize, String)> {
-    let time = |p: &Planned| p.prediction.as_ref().map_or(f64::INFINITY, |x| x.epoch_s);
-    let fastest = |exact: bool| {
-        planned
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.fits && p.prediction.is_some() && p.candidate.is_exact() == exact)
-            .min_by(|a, b| time(a.1).total_cmp(&time(b.1)))
-            .map(|(i, _)| i)
+    let predicted = |i: usize| {
+        let p: &Planned = &planned[i];
+        p.prediction.as_ref().filter(|_| p.fits).map(|x| x.epoch_s)
     };
-    match (fastest(true), fastest(false)) {
-        (Some(e), Some(s)) if time(&planned[s]) * exact_preference < time(&planned[e]) => Some((
-            s,
-            format!(
-                "{} is predicted {:.2}x faster than the fastest exact plan ({}), more than the \
-                 {exact_preference:.2}x a sampled plan must win by",
-                planned[s].name,
-                time(&planned[e]) / time(&planned[s]),
-                planned[e].name
-            ),
-        )),
-        (Some(e), s) => Some((
-            e,
-            match s {
-                Some(s) => format!(
-                    "the fastest exact plan; the fastest sampled one ({}) is not {exact_preference:.2}x faster",
-                    planned[s].name
-                ),
-                None => "the fastest plan that fits".into(),
-            },
-        )),
-        (None, Some(s)) => Some((
-            s,
+    let time = |i: usize| predicted(i).unwrap_or(f64::INFINITY);
+    let ruled = rule(planned, exact_preference, predicted);
+    let chosen = ruled.chosen?;
+    let why = match (ruled.exact, ruled.sampled) {
+        (Some(e), Some(s)) if chosen == s => format!(
+            "{} is predicted {:.2}x faster than the fastest exact plan ({}), more than the \
+             {exact_preference:.2}x a sampled plan must win by",
+            planned[s].name,
+            time(e) / time(s),
+            planned[e].name
+        ),
+        (Some(_), Some(s)) => format!(
+            "the fastest exact plan; the fastest sampled one ({}) is not {exact_preference:.2}x faster",
+            planned[s].name
+        ),
+        (Some(_), None) => "the fastest plan that fits".into(),
+        (None, _) => {
             if planned
                 .iter()
                 .any(|p| p.candidate.is_exact() && p.pruned.is_some())
@@ -1050,10 +1073,10 @@ pub fn choose(planned: &[Planned], exact_preference: f64) -> Option<(usize, Stri
                 )
             } else {
                 "no exact plan fits the budget".into()
-            },
-        )),
-        (None, None) => None,
-    }
+            }
+        }
+    };
+    Some((chosen, why))
 }
 
 /// Vertices of [`calibrate`]'s sample.

@@ -8,7 +8,7 @@ mod common;
 use common::{config, opts, random_dataset, random_partition};
 use grandis_models::ModelKind;
 use grandis_parallel::planner::{
-    candidates, choose, layer_work, parameters, plan, static_floor, Counting,
+    candidates, choose, layer_work, parameters, plan, rule, static_floor, Counting,
 };
 use grandis_parallel::{JobSpec, Machine, Mode, ParallelOptions, Sampling};
 use grandis_wire::{ComputeRate, LinkRate, PlanRates, ServerRates};
@@ -258,6 +258,36 @@ fn pruning_rules_out_only_what_cannot_be_chosen() {
             .unwrap_or_else(|| panic!("{} was counted", p.name));
         assert!(why.contains("budget"), "{why}");
     }
+    // The rule over any times (bench plan applies it to measured epochs): the fastest exact
+    // candidate, unless a sampled one is `preference` times faster; candidates without a
+    // time do not count.
+    let exact: Vec<usize> = (0..pruned.len())
+        .filter(|&i| pruned[i].candidate.is_exact())
+        .collect();
+    let sampled: Vec<usize> = (0..pruned.len())
+        .filter(|&i| !pruned[i].candidate.is_exact())
+        .collect();
+    assert!(exact.len() >= 2 && !sampled.is_empty());
+    let (e, s, exact) = (exact[1], sampled[0], &exact);
+    let times = |sampled_t: Option<f64>, exact_t: Option<f64>| {
+        move |i: usize| match i {
+            i if i == e => exact_t,
+            i if i == s => sampled_t,
+            i if exact.contains(&i) => exact_t.map(|t| t * 2.0),
+            _ => None,
+        }
+    };
+    let chosen = |sampled_t, exact_t| rule(&pruned, 1.2, times(sampled_t, exact_t)).chosen;
+    assert_eq!(chosen(Some(0.9), Some(1.0)), Some(e), "not 1.2x faster");
+    assert_eq!(chosen(Some(0.8), Some(1.0)), Some(s), "1.25x faster");
+    assert_eq!(chosen(None, Some(1.0)), Some(e));
+    assert_eq!(chosen(Some(5.0), None), Some(s), "no exact plan measured");
+    assert_eq!(chosen(None, None), None);
+    let ruled = rule(&pruned, 1.0, times(Some(0.99), Some(1.0)));
+    assert_eq!(
+        (ruled.exact, ruled.sampled, ruled.chosen),
+        (Some(e), Some(s), Some(s))
+    );
 }
 
 /// `mode auto` runs the plan it chose: the chosen candidate's predicted halo bytes and
