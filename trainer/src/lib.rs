@@ -631,11 +631,16 @@ pub fn train(
     opts: &TrainOptions,
     ckpt: &CheckpointOptions,
     threads: Option<usize>,
-    on_epoch: impl FnMut(&EpochStats),
+    on_epoch: impl FnMut(&EpochStats) + Send,
 ) -> anyhow::Result<TrainReport> {
     let links = check_config(&view, &config, opts.objective, opts.embedding_dim)?;
     let prepared = Prepared::new(view, config.kind, threads)?;
-    train_prepared(&prepared, config, links, opts, ckpt, on_epoch)
+    // On one of the backend's own threads, so each kernel runs in place rather than being
+    // handed to the pool and waited for (as the distributed modes' CPU ranks run).
+    let prepared = &prepared;
+    prepared
+        .backend
+        .install(move || train_prepared(prepared, config, links, opts, ckpt, on_epoch))
 }
 
 /// [`train`] on any engine backend (e.g. `grandis_engine::cuda::CudaBackend`). The
