@@ -1223,6 +1223,14 @@ mod tests {
         c.submit(spec, now).unwrap().id
     }
 
+    /// A one-server job that checkpoints every epoch.
+    fn checkpointed() -> JobSpec {
+        JobSpec {
+            checkpoint_every: Some(1),
+            ..spec(1, 1)
+        }
+    }
+
     fn spec(servers: u32, devices: u32) -> JobSpec {
         JobSpec {
             dataset: "/d".into(),
@@ -1661,14 +1669,7 @@ mod tests {
         let job = {
             let mut c = core(dir.path());
             let a = reg(&mut c, "a", 1, t0);
-            let job = submit(
-                &mut c,
-                JobSpec {
-                    checkpoint_every: Some(1),
-                    ..spec(1, 1)
-                },
-                t0,
-            );
+            let job = submit(&mut c, checkpointed(), t0);
             running(&mut c, a, job, 1, t0);
             progress(&mut c, job, a, 1, t0);
             c.put_checkpoint(job, a, 1, 1, b"ck1").unwrap();
@@ -1766,14 +1767,7 @@ mod tests {
             let b = reg(&mut c, "b", 1, t0);
             let mut jobs = Vec::new();
             for _ in 0..3 {
-                let job = submit(
-                    &mut c,
-                    JobSpec {
-                        checkpoint_every: Some(1),
-                        ..spec(1, 1)
-                    },
-                    t0,
-                );
+                let job = submit(&mut c, checkpointed(), t0);
                 let d = hb(&mut c, a, t0)
                     .assignment
                     .map(|_| a)
@@ -1788,14 +1782,7 @@ mod tests {
                 jobs.push(job);
             }
             // A running job keeps its checkpoint whatever the finished ones do.
-            let live = submit(
-                &mut c,
-                JobSpec {
-                    checkpoint_every: Some(1),
-                    ..spec(1, 1)
-                },
-                t0,
-            );
+            let live = submit(&mut c, checkpointed(), t0);
             hb(&mut c, a, t0).assignment.unwrap();
             running(&mut c, a, live, 1, t0);
             progress(&mut c, live, a, 1, t0);
