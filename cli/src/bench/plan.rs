@@ -140,7 +140,7 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
             Counting::Every,
         )?;
         let chosen = choose(&planned, args.exact_preference);
-        // Every run of every candidate that fits: (its epoch seconds, its time split).
+        // Every run's time split, per candidate (none for one that does not fit).
         let mut runs: Vec<Vec<grandis_wire::TimeSplit>> = vec![Vec::new(); planned.len()];
         for run in 0..args.runs {
             for (i, p) in planned.iter().enumerate() {
