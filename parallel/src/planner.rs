@@ -432,6 +432,7 @@ pub fn predict(
     let decoder = calibration * decoder_seconds(&counts.decoder, &rates.compute);
     p.compute_s += contention * decoder * counts.iterations as f64;
     cpu_seconds += decoder * (counts.iterations * layout.num_ranks()) as f64;
+    // Every iteration sums the weight gradients (the last one the epoch's loss with them).
     p.all_reduce_s =
         counts.iterations as f64 * all_reduce_seconds(counts.parameters, layout, rates);
     let (intra, inter) = exchange_seconds(&counts.setup_fetch, layout, rates);
@@ -1020,6 +1021,7 @@ pub fn rule(
     exact_preference: f64,
     time: impl Fn(usize) -> Option<f64>,
 ) -> Ruled {
+    // Equivalently: the candidate of the least [`rule_cost`] (an exact one on a tie).
     let fastest = |exact: bool| {
         (0..planned.len())
             .filter(|&i| planned[i].candidate.is_exact() == exact)
@@ -1036,6 +1038,18 @@ pub fn rule(
         exact: exact.map(|(i, _)| i),
         sampled: sampled.map(|(i, _)| i),
         chosen,
+    }
+}
+
+/// What [`rule`] minimises: an exact plan's epoch, a sampled plan's epoch `exact_preference`
+/// times over. The measure of a choice: a chosen plan 1.01x the best one's cost lost 1 % by
+/// the rule's own account, where comparing epochs would call an exact choice 1.21x slower
+/// than a sampled plan 1.21x faster (by 1.2x wanted) and 1.00x at 1.19x.
+pub fn rule_cost(exact: bool, epoch_s: f64, exact_preference: f64) -> f64 {
+    if exact {
+        epoch_s
+    } else {
+        epoch_s * exact_preference
     }
 }
 

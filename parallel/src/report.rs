@@ -371,7 +371,7 @@ fn time_split(results: &[worker::RankResult]) -> TimeSplit {
                 .sum();
             let all_reduce = calls(Phase::AllReduce);
             let fetch = calls(Phase::Fetch);
-            // The loss all-reduce runs after the timed step; it is reported but not part of it.
+            // Small collectives (the fetch's id exchanges, inside the switch to a step's plans).
             let other = calls(Phase::Other);
             t.epoch_s += wall;
             t.inter_comm_s += inter_wait.min(exchange);

@@ -102,6 +102,16 @@ pub(crate) struct EpochTimes {
     pub plan_load_s: f64,
 }
 
+/// A training step's loss.
+struct StepLoss {
+    /// This rank's loss summed over its targets in the step.
+    local: f64,
+    /// The targets the step's loss is normalised by.
+    targets: usize,
+    /// On the epoch's last step: the epoch's loss summed over every rank and step.
+    epoch: Option<f64>,
+}
+
 struct LayerTape<B: Backend> {
     /// None: the stage read the features buffer.
     input: Option<B::Buf>,
@@ -473,12 +483,18 @@ impl<'w, B: Backend> Worker<'w, B> {
     /// Adam's bias correction, and equals the epoch in full-batch modes); the loss is
     /// normalised by `targets`, the step's global loss-row count. Returns this rank's loss sum
     /// (not normalised).
+    /// One training step. On the epoch's last step, `earlier_loss` is this rank's loss summed
+    /// over the epoch's earlier steps, and the step returns the epoch's loss summed over every
+    /// rank: it travels in the weight gradients' all-reduce, so an epoch needs no collective
+    /// of its own to learn its loss (on a slow link two rounds of latency and a rank's wait,
+    /// a fifth of a millisecond-epoch's time).
     fn train_step(
         &mut self,
         epoch: usize,
         step: u64,
         targets: usize,
-    ) -> anyhow::Result<(f64, usize)> {
+        earlier_loss: Option<f64>,
+    ) -> anyhow::Result<StepLoss> {
         let b = self.b;
         let sh = self.sh;
         let e = epoch as u32;
@@ -575,7 +591,16 @@ impl<'w, B: Backend> Worker<'w, B> {
         };
         self.backward(e, train, &logits, tape, grad)?;
         drop(logits);
-        // Weight gradients: one fused buffer, hierarchical bit-identical all-reduce.
+        // The epoch's loss in two f32 halves, so that the all-reduced sum keeps ~f64 precision.
+        let mut epoch_loss = earlier_loss
+            .map(|earlier| {
+                let local = earlier + loss_sum;
+                let hi = local as f32;
+                b.upload(&[hi, (local - hi as f64) as f32])
+            })
+            .transpose()?;
+        // Weight gradients (and the epoch's loss): one fused buffer, hierarchical
+        // bit-identical all-reduce.
         let mut grads: Vec<_> = self
             .model
             .params
@@ -584,16 +609,29 @@ impl<'w, B: Backend> Worker<'w, B> {
                 let n = p.len();
                 (&mut p.grad, n)
             })
+            .chain(epoch_loss.as_mut().map(|buf| (buf, 2)))
             .collect();
         self.links
             .all_reduce_sum(b, &mut self.ep, &mut grads, Tag::all_reduce(e, 0))
             .context("weight-gradient all-reduce")?;
         drop(grads);
+        let epoch_loss = match epoch_loss {
+            Some(buf) => {
+                let mut sum = [0f32; 2];
+                b.download(&buf, 0, &mut sum)?;
+                Some(sum[0] as f64 + sum[1] as f64)
+            }
+            None => None,
+        };
         // Every rank now holds the global gradient, so clipping and Adam need no more traffic
         // and the weights stay identical on all ranks.
         let grad_scale = self.model.clip_factor(b, sh.opts.grad_clip)?;
         self.model.adam_step(b, &sh.opts.adam(step, grad_scale))?;
-        Ok((loss_sum, targets))
+        Ok(StepLoss {
+            local: loss_sum,
+            targets,
+            epoch: epoch_loss,
+        })
     }
 
     /// Evaluation forward (dropout off) on the current plans: scores the inner rows.
@@ -842,6 +880,7 @@ impl<'w, B: Backend> Worker<'w, B> {
             let mut times = EpochTimes::default();
             let mut local = 0f64;
             let mut targets = 0usize;
+            let mut summed = None;
             let mut logged = Instant::now();
             for it in 0..sh.iterations {
                 // An epoch of a big graph is many minutes of steps: show life between the
@@ -864,20 +903,17 @@ impl<'w, B: Backend> Worker<'w, B> {
                 }
                 index += 1;
                 self.prefetch(sh.feed, index);
-                let (loss_sum, t) = self.train_step(epoch, index, self.step.targets)?;
-                local += loss_sum;
-                targets += t;
+                let last = it + 1 == sh.iterations;
+                let step =
+                    self.train_step(epoch, index, self.step.targets, last.then_some(local))?;
+                local += step.local;
+                targets += step.targets;
+                summed = step.epoch;
             }
             let seconds = start.elapsed().as_secs_f64();
             times.wall_s = seconds;
-            // The loss in two f32 halves so the all-reduced sum keeps ~f64 precision.
-            let hi = local as f32;
-            let lo = (local - hi as f64) as f32;
-            let mut buf = [hi, lo];
-            self.ep
-                .all_reduce_sum(&mut buf, Tag::other(epoch as u32, 0))
-                .context("loss all-reduce")?;
-            let loss = (buf[0] as f64 + buf[1] as f64) / targets.max(1) as f64;
+            let summed = summed.context("internal: an epoch without steps")?;
+            let loss = summed / targets.max(1) as f64;
             grandis_trainer::check_loss(loss, epoch)?;
             train_peak = train_peak.max(meter.peak());
             let (train_acc, val_acc, val_auc) = if sh.opts.eval.after(epoch, sh.opts.epochs) {

@@ -90,9 +90,10 @@ fn measured_bytes_equal_plan_predictions() {
                     "{what}: the random layout must cut inter-server edges"
                 );
             }
-            // The all-reduce moves the parameters: G - 1 device buffers to the head and back per
-            // server, and 2 (S - 1) / S of the buffer per head between servers.
-            let p = r.train.num_parameters as u64 * 4;
+            // The all-reduce moves the parameters (and, on the epoch's last step, the epoch's
+            // loss: two floats): G - 1 device buffers to the head and back per server, and
+            // 2 (S - 1) / S of the buffer per head between servers.
+            let p = (r.train.num_parameters as u64 + 2) * 4;
             assert_eq!(
                 r.execution.all_reduce_bytes_per_epoch.intra_server,
                 2 * 2 * p,

@@ -8,7 +8,7 @@ mod common;
 use common::{config, opts, random_dataset, random_partition};
 use grandis_models::ModelKind;
 use grandis_parallel::planner::{
-    candidates, choose, layer_work, parameters, plan, rule, static_floor, Counting,
+    candidates, choose, layer_work, parameters, plan, rule, rule_cost, static_floor, Counting,
 };
 use grandis_parallel::{JobSpec, Machine, Mode, ParallelOptions, Sampling};
 use grandis_wire::{ComputeRate, LinkRate, PlanRates, ServerRates};
@@ -288,6 +288,16 @@ fn pruning_rules_out_only_what_cannot_be_chosen() {
         (ruled.exact, ruled.sampled, ruled.chosen),
         (Some(e), Some(s), Some(s))
     );
+    // The rule takes the least cost; a choice is judged by cost, continuous across the
+    // preference (an exact choice against a sampled plan 1.21x faster lost 0.8 %).
+    for sampled_t in [0.5, 0.8, 0.83, 0.84, 0.9, 1.3] {
+        let t = times(Some(sampled_t), Some(1.0));
+        let chosen = rule(&pruned, 1.2, t).chosen.unwrap();
+        let cost = |i: usize| rule_cost(pruned[i].candidate.is_exact(), t(i).unwrap(), 1.2);
+        assert!(cost(chosen) <= cost(e).min(cost(s)), "{sampled_t}");
+    }
+    let cost = |exact, t| rule_cost(exact, t, 1.2);
+    assert!((cost(true, 1.0) / cost(false, 1.0 / 1.21) - 1.0 - 0.008).abs() < 1e-3);
 }
 
 /// `mode auto` runs the plan it chose: the chosen candidate's predicted halo bytes and

@@ -125,6 +125,7 @@ def reference(a, spec, servers):
 # predicted epoch within 25 % of the measured one, the chosen plan within 10 % of the best.
 PLAN_TOLERANCE = 0.25
 CHOICE_TOLERANCE = 0.10
+PLAN_EPOCHS = 60
 
 
 def validate_plan(a, cl, base):
@@ -154,9 +155,12 @@ def validate_plan(a, cl, base):
             rows.append({"name": p["name"], "note": p.get("error") or "does not fit"})
             continue
         c = p["candidate"]
-        # Epochs only: the planner predicts training, not evaluation.
+        # Epochs only: the planner predicts training, not evaluation. A plan whose epochs take
+        # milliseconds runs more of them (about a second of training, at most PLAN_EPOCHS):
+        # a few such epochs vary by a third with the shared machine's scheduling.
+        epochs = max(a.epochs, min(PLAN_EPOCHS, math.ceil(1.0 / pred["epoch_s"])))
         spec = dict(base, name=f"netns-plan-{p['name']}", mode=c["mode"],
-                    sampling=c["sampling"], evaluate=False)
+                    sampling=c["sampling"], evaluate=False, epochs=epochs)
         for key in ("preload_hops", "batch_size"):
             if c.get(key) is not None:
                 spec[key] = c[key]
@@ -169,7 +173,8 @@ def validate_plan(a, cl, base):
         measured = statistics.median(secs[1:] or secs)
         ratio = pred["epoch_s"] / measured
         rows.append({"name": p["name"], "predicted_s": pred["epoch_s"], "measured_s": measured,
-                     "ratio": ratio, "exact": c["sampling"]["method"] == "none"})
+                     "ratio": ratio, "exact": c["sampling"]["method"] == "none",
+                     "prediction": {k: v for k, v in pred.items() if k.endswith("_s")}})
         log(f"plan {p['name']}: predicted {pred['epoch_s']:.3f} s, measured {measured:.3f} s "
             f"per epoch ({ratio:.2f})")
         if abs(ratio - 1) > PLAN_TOLERANCE:
@@ -189,12 +194,17 @@ def validate_plan(a, cl, base):
         log(f"plan: chose {chosen}; best measured {best['name']} ({best['measured_s']:.3f} s; "
             f"fastest exact {exact and exact['name']}, fastest sampled "
             f"{sampled and sampled['name']}, a sampled plan must be {pref}x faster)")
+        # A choice is measured by what the rule minimises (`planner::rule_cost`): a sampled
+        # plan's epoch counts `pref` times. Comparing epochs would fail an exact choice by
+        # 1.21x against a sampled plan 1.21x faster and pass it at 1.19x.
+        cost = lambda r: r["measured_s"] * (1 if r["exact"] else pref)
         if got is None:
             problems.append(f"the chosen plan {chosen} did not run")
-        elif got["measured_s"] > best["measured_s"] * (1 + CHOICE_TOLERANCE):
-            problems.append(f"the chosen plan {chosen} ({got['measured_s']:.3f} s) is more than "
-                            f"{CHOICE_TOLERANCE:.0%} slower than {best['name']} "
-                            f"({best['measured_s']:.3f} s)")
+        elif cost(got) > cost(best) * (1 + CHOICE_TOLERANCE):
+            problems.append(f"the chosen plan {chosen} ({got['measured_s']:.3f} s) costs more than "
+                            f"{CHOICE_TOLERANCE:.0%} over {best['name']} "
+                            f"({best['measured_s']:.3f} s) by the rule, which counts a sampled "
+                            f"plan's epoch {pref}x")
     return problems, {"chosen": chosen, "rates": planned["rates"], "candidates": rows}
 
 

@@ -273,7 +273,8 @@ impl InferenceSummary {
 /// epoch left out when there are several).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct TimeSplit {
-    /// Wall time of the training step.
+    /// Wall time of the training epoch: its steps (the last one's weight-gradient all-reduce
+    /// also sums the epoch's loss).
     pub epoch_s: f64,
     /// Outside any fabric call: the backend's work and packing of halo buffers.
     pub compute_s: f64,
@@ -286,7 +287,7 @@ pub struct TimeSplit {
     pub fetch_s: f64,
     /// Weight-gradient all-reduce calls.
     pub all_reduce_s: f64,
-    /// Loss all-reduce and other small collectives.
+    /// Small collectives (the feature fetch's id exchanges, a link task's gathers).
     pub other_s: f64,
     /// Per-step modes (mb, cob, resampled FLX-EAS): blocked waiting for the host's step
     /// producer to sample and plan the next step. Large when the host side is the bottleneck.

@@ -8,7 +8,7 @@
 
 use anyhow::Context;
 use grandis_parallel::auto::{plan_rates, Placement};
-use grandis_parallel::planner::{candidates, choose, plan, rule, Counting};
+use grandis_parallel::planner::{candidates, choose, plan, rule, rule_cost, Counting};
 use grandis_parallel::{Compute, Machine, ParallelOptions, Sampling};
 use grandis_trainer::TrainOptions;
 use grandis_wire::{LinkRate, PlanRates, ServerRates};
@@ -206,12 +206,17 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
                 measured[*c].unwrap_or(f64::NAN),
                 measured[b].unwrap_or(f64::NAN),
             );
+            let cost = |i: usize, t: f64| {
+                rule_cost(planned[i].candidate.is_exact(), t, args.exact_preference)
+            };
             println!(
                 "inter 1/{ratio}: chosen {} ({why}): measured {chosen_t:.3}s; by the same rule the \
-                 best measured is {} {best_t:.3}s ({:.2}x); the fastest measured {} {:.3}s",
+                 best measured is {} {best_t:.3}s ({:.2}x its epoch, {:.2}x by the rule's cost); \
+                 the fastest measured {} {:.3}s",
                 planned[*c].name,
                 planned[b].name,
                 chosen_t / best_t,
+                cost(*c, chosen_t) / cost(b, best_t),
                 planned[f].name,
                 measured[f].unwrap_or(f64::NAN),
             );
