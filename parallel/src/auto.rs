@@ -165,6 +165,13 @@ pub fn plan_rates(
             false => 1.0,
         },
         shared_cores: (placement.one_machine && cpu).then_some(cores),
+        cache_sharers: match cpu {
+            true => placement
+                .ranks_per_machine
+                .min(cores / placement.threads_per_rank.max(1))
+                .max(1) as f64,
+            false => 1.0,
+        },
     })
 }
 

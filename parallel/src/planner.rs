@@ -384,7 +384,10 @@ pub fn predict(
             // A rank's seconds alone on its device (contention aside).
             let rank_seconds = |r: usize, backward: bool| {
                 let (rows, edges) = (ranks[r][l] as f64, step.edges[r][l] as f64);
-                let sources = step.sources[r][l] as f64;
+                // The ranks computing beside it read their own sources through the same
+                // caches: at 20k vertices, 4 ranks on 2 cores, flx k=3's aggregation ran
+                // 1.25x what its own sources' bytes predicted.
+                let sources = step.sources[r][l] as f64 * rates.cache_sharers.max(1.0);
                 calibration * layer_seconds(rows, edges, sources, w, &rates.compute, backward)
             };
             let ranks_n = 0..ranks.len();
@@ -1096,6 +1099,9 @@ pub fn choose(planned: &[Planned], exact_preference: f64) -> Option<(usize, Stri
 /// Vertices of [`calibrate`]'s sample.
 pub const CALIBRATION_VERTICES: usize = 50_000;
 
+/// About how long the calibration trains (at least three epochs, at most ten).
+const CALIBRATION_SECONDS: f64 = 0.2;
+
 /// The types of a typed dataset's first `n` vertices (the calibration sample): each type cut
 /// to its ids below `n`, the relations as they are.
 fn sample_types(
@@ -1113,10 +1119,10 @@ fn sample_types(
 }
 
 /// [`PlanRates::calibration`] for `config` on `view`: trains the model full-batch for three
-/// epochs on the subgraph induced by the first [`CALIBRATION_VERTICES`] vertices (their
-/// features, labels and in-edges among them) with `threads` threads, and divides the faster
-/// of the last two epochs by what the kernel rates `rate` predict for the same rows and
-/// edges.
+/// to ten epochs (about [`CALIBRATION_SECONDS`]) on the subgraph induced by the first
+/// [`CALIBRATION_VERTICES`] vertices (their features, labels and in-edges among them) with
+/// `threads` threads, and divides the fastest epoch after the first by what the kernel rates
+/// `rate` predict for the same rows and edges.
 pub fn calibrate(
     view: grandis_store::DatasetView<'_>,
     config: &ModelConfig,
@@ -1181,8 +1187,23 @@ pub fn calibrate(
         types: view.types.map(|t| sample_types(t, n, width)).transpose()?,
     };
     let sv = sample.view();
+    let work = layer_work(config, &crate::model_dims(config))?;
+    let (rows, e) = (n as f64, sv.graph.num_edges() as f64);
+    let modelled: f64 = work
+        .iter()
+        .map(|w| {
+            layer_seconds(rows, e, rows, w, rate, false)
+                + layer_seconds(rows, e, rows, w, rate, true)
+        })
+        .sum();
+    // The fastest epoch after the first: of two, when epochs take tenths of a second; of
+    // up to nine, when they take milliseconds (a small graph's calibration, from three epochs,
+    // moved by a third between two plans of the same job).
+    let epochs = (CALIBRATION_SECONDS / modelled.max(1e-9))
+        .ceil()
+        .clamp(3.0, 10.0) as usize;
     let opts: grandis_trainer::TrainOptions = serde_json::from_value(serde_json::json!({
-        "epochs": 3, "lr": 0.01, "weight_decay": 5e-4, "adamw": false, "grad_clip": null,
+        "epochs": epochs, "lr": 0.01, "weight_decay": 5e-4, "adamw": false, "grad_clip": null,
         "eval": "never", "seed": 0,
     }))?;
     let report = grandis_trainer::train(
@@ -1199,15 +1220,6 @@ pub fn calibrate(
         .skip(1)
         .map(|e| e.seconds)
         .fold(f64::INFINITY, f64::min);
-    let work = layer_work(config, &crate::model_dims(config))?;
-    let (rows, e) = (n as f64, sv.graph.num_edges() as f64);
-    let modelled: f64 = work
-        .iter()
-        .map(|w| {
-            layer_seconds(rows, e, rows, w, rate, false)
-                + layer_seconds(rows, e, rows, w, rate, true)
-        })
-        .sum();
     Ok(
         if modelled > 0.0 && measured.is_finite() && measured > 0.0 {
             measured / modelled

@@ -25,6 +25,10 @@ pub struct PlanRates {
     /// The cores CPU ranks share with the host's plan builders (in-process runs on one
     /// machine); None when the ranks have devices of their own.
     pub shared_cores: Option<usize>,
+    /// Ranks computing at once on one machine and sharing its caches (CPU ranks: those per
+    /// machine, at most its cores over their threads; 1 for devices, and when absent): an
+    /// aggregation's sources are priced as cached as that many times their bytes would be.
+    pub cache_sharers: f64,
 }
 
 /// A plan's predicted epoch, its parts (seconds, as the run summary splits them) and bytes.
