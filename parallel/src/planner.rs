@@ -264,9 +264,35 @@ fn fetch_of(p: &Arc<DevicePlan>, r: usize, layout: &Layout, features: usize, out
     }
 }
 
-/// The aggregation rate over `sources` rows of `cols` columns: between the cached and the
-/// uncached calibration, by the bytes the sources take (log-linear in between).
-fn aggregation_rate(rate: &ComputeRate, sources: f64, cols: usize) -> f64 {
+/// The rows an aggregation reads from, and how many ranks share the caches they are read
+/// through (their own sources each).
+#[derive(Debug, Clone, Copy)]
+struct Sources {
+    rows: f64,
+    sharers: f64,
+}
+
+impl Sources {
+    /// Sources read alone (the calibration, a decoder's table).
+    fn alone(rows: f64) -> Sources {
+        Sources { rows, sharers: 1.0 }
+    }
+
+    fn shared(rows: f64, sharers: f64) -> Sources {
+        Sources {
+            rows,
+            sharers: sharers.max(1.0),
+        }
+    }
+}
+
+/// The aggregation rate over `sources` of `cols` columns: between the cached and the uncached
+/// calibration, by the bytes the sources take (log-linear in between). Ranks sharing the
+/// caches each keep a share of them: the cached rate ends at that share of the calibration's
+/// cached size, while the uncached rate (sources far beyond any cache) does not move. At 20k
+/// vertices, 4 ranks on 2 cores, flx k=3's aggregation ran 1.25x what its own sources' bytes
+/// alone predicted; moving both ends instead overpredicted a 200k graph's plans 1.25-1.47x.
+fn aggregation_rate(rate: &ComputeRate, sources: Sources, cols: usize) -> f64 {
     use crate::measure::{CACHED_SOURCE_ROWS, UNCACHED_SOURCE_ROWS};
     let cached = rate.aggregation_edge_cols_per_s.max(1.0);
     let uncached = rate.aggregation_uncached_edge_cols_per_s;
@@ -274,9 +300,9 @@ fn aggregation_rate(rate: &ComputeRate, sources: f64, cols: usize) -> f64 {
         return cached;
     }
     // Rows of the calibration's width holding as many bytes.
-    let rows = sources * cols as f64 / rate.width.max(1) as f64;
+    let rows = sources.rows * cols as f64 / rate.width.max(1) as f64;
     let (lo, hi) = (
-        (CACHED_SOURCE_ROWS as f64).ln(),
+        (CACHED_SOURCE_ROWS as f64 / sources.sharers).ln(),
         (UNCACHED_SOURCE_ROWS as f64).ln(),
     );
     let t = ((rows.max(1.0).ln() - lo) / (hi - lo)).clamp(0.0, 1.0);
@@ -290,7 +316,7 @@ fn aggregation_rate(rate: &ComputeRate, sources: f64, cols: usize) -> f64 {
 fn layer_seconds(
     rows: f64,
     edges: f64,
-    sources: f64,
+    sources: Sources,
     w: &LayerWork,
     rate: &ComputeRate,
     backward: bool,
@@ -314,7 +340,8 @@ fn decoder_seconds(w: &DecoderWork, rate: &ComputeRate) -> f64 {
         return 0.0;
     }
     let cols = w.cols as f64;
-    let rows = 4.0 * w.pairs_per_rank * cols / aggregation_rate(rate, w.rows, w.cols);
+    let rows =
+        4.0 * w.pairs_per_rank * cols / aggregation_rate(rate, Sources::alone(w.rows), w.cols);
     let mlp = if w.mlp {
         6.0 * w.pairs_per_rank * cols * cols / rate.gemm_flops_per_s.max(1.0)
     } else {
@@ -384,11 +411,16 @@ pub fn predict(
             // A rank's seconds alone on its device (contention aside).
             let rank_seconds = |r: usize, backward: bool| {
                 let (rows, edges) = (ranks[r][l] as f64, step.edges[r][l] as f64);
-                // The ranks computing beside it read their own sources through the same
-                // caches: at 20k vertices, 4 ranks on 2 cores, flx k=3's aggregation ran
-                // 1.25x what its own sources' bytes predicted.
-                let sources = step.sources[r][l] as f64 * rates.cache_sharers.max(1.0);
-                calibration * layer_seconds(rows, edges, sources, w, &rates.compute, backward)
+                let sources = step.sources[r][l] as f64;
+                calibration
+                    * layer_seconds(
+                        rows,
+                        edges,
+                        Sources::shared(sources, rates.cache_sharers),
+                        w,
+                        &rates.compute,
+                        backward,
+                    )
             };
             let ranks_n = 0..ranks.len();
             cpu_seconds += ranks_n
@@ -1192,8 +1224,8 @@ pub fn calibrate(
     let modelled: f64 = work
         .iter()
         .map(|w| {
-            layer_seconds(rows, e, rows, w, rate, false)
-                + layer_seconds(rows, e, rows, w, rate, true)
+            layer_seconds(rows, e, Sources::alone(rows), w, rate, false)
+                + layer_seconds(rows, e, Sources::alone(rows), w, rate, true)
         })
         .sum();
     // The fastest epoch after the first: of two, when epochs take tenths of a second; of

@@ -26,8 +26,9 @@ pub struct PlanRates {
     /// machine); None when the ranks have devices of their own.
     pub shared_cores: Option<usize>,
     /// Ranks computing at once on one machine and sharing its caches (CPU ranks: those per
-    /// machine, at most its cores over their threads; 1 for devices, and when absent): an
-    /// aggregation's sources are priced as cached as that many times their bytes would be.
+    /// machine, at most its cores over their threads; 1 for devices, and when absent): each
+    /// keeps that share of the caches, so an aggregation's cached rate ends at that share of
+    /// the calibrated cached size (the uncached rate, far beyond any cache, stays).
     pub cache_sharers: f64,
 }
 
