@@ -1056,7 +1056,6 @@ pub fn rule(
     exact_preference: f64,
     time: impl Fn(usize) -> Option<f64>,
 ) -> Ruled {
-    // Equivalently: the candidate of the least [`rule_cost`] (an exact one on a tie).
     let fastest = |exact: bool| {
         (0..planned.len())
             .filter(|&i| planned[i].candidate.is_exact() == exact)
@@ -1064,8 +1063,13 @@ pub fn rule(
             .min_by(|a, b| a.1.total_cmp(&b.1))
     };
     let (exact, sampled) = (fastest(true), fastest(false));
+    // The candidate of the least [`rule_cost`] (the exact one on a tie).
     let chosen = match (exact, sampled) {
-        (Some((_, e)), Some((s, st))) if st * exact_preference < e => Some(s),
+        (Some((_, e)), Some((s, st)))
+            if rule_cost(false, st, exact_preference) < rule_cost(true, e, exact_preference) =>
+        {
+            Some(s)
+        }
         (Some((e, _)), _) => Some(e),
         (None, s) => s.map(|(s, _)| s),
     };

@@ -482,12 +482,11 @@ impl<'w, B: Backend> Worker<'w, B> {
     /// One optimiser step (`step` counts from 1 over the whole run; it keys dropout and
     /// Adam's bias correction, and equals the epoch in full-batch modes); the loss is
     /// normalised by `targets`, the step's global loss-row count. Returns this rank's loss sum
-    /// (not normalised).
-    /// One training step. On the epoch's last step, `earlier_loss` is this rank's loss summed
-    /// over the epoch's earlier steps, and the step returns the epoch's loss summed over every
-    /// rank: it travels in the weight gradients' all-reduce, so an epoch needs no collective
-    /// of its own to learn its loss (on a slow link two rounds of latency and a rank's wait,
-    /// a fifth of a millisecond-epoch's time).
+    /// (not normalised). On the epoch's last step, `earlier_loss` is this rank's loss summed
+    /// over the epoch's earlier steps, and the step also returns the epoch's loss summed over
+    /// every rank: it travels in the weight gradients' all-reduce, so an epoch needs no
+    /// collective of its own to learn its loss (on a slow link two rounds of latency and a
+    /// rank's wait, a fifth of a millisecond-epoch's time).
     fn train_step(
         &mut self,
         epoch: usize,
