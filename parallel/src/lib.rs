@@ -62,6 +62,7 @@ pub mod step_bench;
 mod steps;
 #[cfg(test)]
 mod test_support;
+mod timeline;
 mod train;
 mod worker;
 

@@ -9,19 +9,21 @@
 //! the all-reduce sums, and the memory model's bytes. Per-iteration plans (cob, mb) count the
 //! first [`COUNTED_STEPS`] steps of the epoch and scale to its iterations.
 //!
-//! **Time** ([`predict`]): GraNNDIS Eqs. 1-4 generalised to the plan's own counts. The ranks
-//! run in lock step, so per layer and direction the slowest rank's compute comes first, then
-//! the exchange; an exchange lasts as long as its busiest link: a server's NIC (its bytes out
-//! or in, whichever is larger, over the inter-server bandwidth; the NIC is shared by the
-//! server's devices) or a device's intra-server link, plus one latency per class used. What
-//! the paper's equations leave out and this model adds: the backward pass (twice the forward
-//! dense products, the transposed aggregation, the same exchange reversed), the hierarchical
+//! **Time** ([`predict`]): GraNNDIS Eqs. 1-4 generalised to the plan's own counts. A step is
+//! every rank's sequence of layer computes and halo exchanges, run through
+//! `timeline`: a rank sends its halo rows when its own layer ends and starts the next
+//! layer when its rows are in, and each link (a server's NIC, shared by its devices, between
+//! servers; a device's link inside one) carries its messages in the order they were sent. With
+//! every rank ending together an exchange lasts as long as its busiest link (Eq. 3's max); a
+//! bottleneck link starts on a layer's rows while slower ranks still compute. What the paper's
+//! equations leave out and this model adds: the backward pass (twice the forward dense
+//! products, the transposed aggregation, the same exchange reversed), the hierarchical
 //! all-reduce of every iteration (reduce to the head and back over the intra links, a
 //! reduce-scatter and all-gather among heads over the NICs), the fetch of replicated features
 //! per step (and once at setup for static plans), and CPU contention when several ranks share
 //! one machine's cores, with the host's step building (sampling, plans, the ranks' inputs)
-//! when CPU ranks share its cores. Not modelled: overlap (the runtime does not overlap
-//! compute with communication) and evaluation.
+//! when CPU ranks share its cores. Not modelled: evaluation, and overlap inside a rank (the
+//! runtime does not compute while its own exchange is in flight).
 
 use std::sync::Arc;
 
@@ -34,6 +36,7 @@ use crate::fetch::FeatureSource;
 use crate::link_task::{LinkSeeds, LinkTask};
 use crate::prepare::{BufferPool, HostInput, Preparer};
 use crate::steps::Step;
+use crate::timeline::{self, Op};
 
 /// Steps of a per-iteration schedule counted for one epoch (the rest are assumed alike).
 pub const COUNTED_STEPS: usize = 16;
@@ -399,55 +402,57 @@ pub fn predict(
     rates: &PlanRates,
 ) -> Prediction {
     let mut p = Prediction::default();
+    // Ranks sharing a machine's cores each compute that many times slower than alone. Not
+    // faster while others wait: letting a rank take the cores of the waiting ones (processor
+    // sharing) predicted a 200k graph's fb and flx k=1 epochs at 0.87-0.92 of their measure,
+    // their compute at 0.65 (this 2-vCPU VM: two ranks at once do not run twice one's rate).
     let contention = rates.contention.max(1.0);
     let calibration = rates.calibration.max(f64::MIN_POSITIVE);
+    let ranks = layout.num_ranks();
     // Every rank's compute seconds, summed: the CPU work of the shared-cores bound below.
     let mut cpu_seconds = 0.0;
+    // The decoder runs on every rank after its last layer, each rank on its own pairs.
+    let decoder = calibration * decoder_seconds(&counts.decoder, &rates.compute);
     for step in &counts.steps {
-        let ranks = &step.rows;
-        let rows: u64 = ranks.iter().flatten().sum();
+        let rows: u64 = step.rows.iter().flatten().sum();
         p.computed_vertex_layers += (rows as f64 * counts.scale).round() as u64;
-        for (l, w) in work.iter().enumerate() {
-            // A rank's seconds alone on its device (contention aside).
-            let rank_seconds = |r: usize, backward: bool| {
-                let (rows, edges) = (ranks[r][l] as f64, step.edges[r][l] as f64);
-                let sources = step.sources[r][l] as f64;
-                calibration
-                    * layer_seconds(
-                        rows,
-                        edges,
-                        Sources::shared(sources, rates.cache_sharers),
-                        w,
-                        &rates.compute,
-                        backward,
-                    )
-            };
-            let ranks_n = 0..ranks.len();
-            cpu_seconds += ranks_n
-                .clone()
-                .map(|r| rank_seconds(r, false) + rank_seconds(r, true))
-                .sum::<f64>()
-                * counts.scale;
-            let slowest = |backward: bool| {
-                ranks_n
-                    .clone()
-                    .map(|r| rank_seconds(r, backward))
-                    .fold(0.0, f64::max)
-            };
-            p.compute_s += contention * (slowest(false) + slowest(true)) * counts.scale;
-            for t in [&step.forward[l], &step.backward[l]] {
-                let (intra, inter) = exchange_seconds(t, layout, rates);
-                // Both classes run at once; the time is split between them by which one ends
-                // last, as the runtime's wait counters attribute it.
-                if inter >= intra {
-                    p.inter_s += inter * counts.scale;
-                } else {
-                    p.intra_s += intra * counts.scale;
-                }
-                let b = t.bytes(layout);
-                p.halo_bytes.intra_server += (b.intra_server as f64 * counts.scale) as u64;
-                p.halo_bytes.inter_server += (b.inter_server as f64 * counts.scale) as u64;
+        // A rank's seconds of layer `l` alone on its device (sharing aside).
+        let alone = |l: usize, backward: bool| -> Vec<f64> {
+            (0..ranks)
+                .map(|r| {
+                    let sources = Sources::shared(step.sources[r][l] as f64, rates.cache_sharers);
+                    let (rows, edges) = (step.rows[r][l] as f64, step.edges[r][l] as f64);
+                    calibration
+                        * layer_seconds(rows, edges, sources, &work[l], &rates.compute, backward)
+                })
+                .collect()
+        };
+        // The step as every rank runs it: each layer's halo exchange then its forward pass;
+        // the decoder; each layer's backward pass then its gradients' exchange.
+        let mut ops = Vec::with_capacity(4 * work.len() + 1);
+        for l in 0..work.len() {
+            ops.push(Op::Exchange(&step.forward[l].pairs));
+            ops.push(Op::Compute(alone(l, false)));
+        }
+        ops.push(Op::Compute(vec![decoder; ranks]));
+        for l in (0..work.len()).rev() {
+            ops.push(Op::Compute(alone(l, true)));
+            ops.push(Op::Exchange(&step.backward[l].pairs));
+        }
+        for op in &mut ops {
+            if let Op::Compute(seconds) = op {
+                cpu_seconds += seconds.iter().sum::<f64>() * counts.scale;
+                seconds.iter_mut().for_each(|s| *s *= contention);
             }
+        }
+        let t = timeline::simulate(&ops, layout, &rates.intra, &rates.inter);
+        p.compute_s += t.compute_s * counts.scale;
+        p.intra_s += t.intra_s * counts.scale;
+        p.inter_s += t.inter_s * counts.scale;
+        for t in step.forward.iter().chain(&step.backward) {
+            let b = t.bytes(layout);
+            p.halo_bytes.intra_server += (b.intra_server as f64 * counts.scale) as u64;
+            p.halo_bytes.inter_server += (b.inter_server as f64 * counts.scale) as u64;
         }
         // The embeddings' rows before the forward pass and gradients after the backward,
         // each an exchange of its own beside the halo's.
@@ -463,10 +468,6 @@ pub fn predict(
         let b = step.fetch.scaled(counts.scale).bytes(layout);
         p.fetch_bytes.add(&b);
     }
-    // The decoder runs on every rank after its last layer, each rank on its own pairs.
-    let decoder = calibration * decoder_seconds(&counts.decoder, &rates.compute);
-    p.compute_s += contention * decoder * counts.iterations as f64;
-    cpu_seconds += decoder * (counts.iterations * layout.num_ranks()) as f64;
     // Every iteration sums the weight gradients (the last one the epoch's loss with them).
     p.all_reduce_s =
         counts.iterations as f64 * all_reduce_seconds(counts.parameters, layout, rates);
@@ -475,12 +476,12 @@ pub fn predict(
     let setup = counts.setup_fetch.bytes(layout);
     p.setup_fetch_bytes = setup.intra_server + setup.inter_server;
     p.peak_bytes = counts.model_bytes.iter().copied().max().unwrap_or(0);
-    // Ranks sharing a machine's cores with the plan builders cannot compute faster than all
-    // that CPU work spread over the cores.
+    // Ranks sharing a machine's cores with the plan builders cannot get through their steps
+    // faster than all that CPU work spread over the cores (the builders run while ranks
+    // compute or wait): what is missing is compute.
     if let Some(cores) = rates.shared_cores {
-        p.compute_s = p
-            .compute_s
-            .max((cpu_seconds + counts.build_seconds) / cores.max(1) as f64);
+        let cpu = (cpu_seconds + counts.build_seconds) / cores.max(1) as f64;
+        p.compute_s += (cpu - (p.compute_s + p.intra_s + p.inter_s)).max(0.0);
     }
     p.epoch_s = p.compute_s + p.intra_s + p.inter_s + p.fetch_s + p.all_reduce_s;
     p

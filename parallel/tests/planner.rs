@@ -382,12 +382,15 @@ fn auto_runs_the_plan_it_chose() {
 /// aggregation edges, the MLP's products on top at the dense rate, linear in the pairs.
 #[test]
 fn the_link_decoder_is_priced_per_rank_and_iteration() {
-    use grandis_parallel::planner::{predict, DecoderWork, EpochCounts};
+    use grandis_parallel::planner::{predict, DecoderWork, EpochCounts, StepCounts};
     let layout = grandis_masking::Layout::even(1000, 2, 2).unwrap();
     let r = rates(1e9, 1e9, 1e8);
     let compute = |pairs_per_rank: f64, mlp: bool| {
+        // Three steps of no layers: the decoder's compute alone.
         let counts = EpochCounts {
             iterations: 3,
+            steps: vec![StepCounts::default(); 3],
+            scale: 1.0,
             decoder: DecoderWork {
                 pairs_per_rank,
                 cols: 8,
