@@ -111,9 +111,10 @@ pub struct Placement {
     pub one_machine: bool,
 }
 
-/// The rates a plan is predicted with: the slowest of `servers`' measured rates (the ranks
-/// run in lock step), the contention of `placement`'s CPU ranks on this machine's cores, and
-/// on CPUs a calibration of `config` on a sample of `view` (GPUs: 1, not calibrated).
+/// The rates a plan is predicted with: the slowest of `servers`' measured rates (every step
+/// waits for its slowest rank), the contention of `placement`'s CPU ranks on this machine's
+/// cores, and on CPUs a calibration of `config` on a sample of `view` (GPUs: 1, not
+/// calibrated).
 pub fn plan_rates(
     view: DatasetView<'_>,
     config: &ModelConfig,
