@@ -113,10 +113,13 @@ pub(crate) fn simulate(
 ) -> Timeline {
     let n = layout.num_ranks();
     let mut due = vec![vec![Due::default(); n]; ops.len()];
+    // `outbox[op][rank]`: what the rank sends in that exchange, in the order given.
+    let mut outbox = vec![vec![Vec::new(); n]; ops.len()];
     for (o, op) in ops.iter().enumerate() {
         if let Op::Exchange(pairs) = op {
-            for &(_, b, _) in pairs.iter() {
+            for &(a, b, bytes) in pairs.iter() {
                 due[o][b].expected += 1;
+                outbox[o][a].push((b, bytes));
             }
         }
     }
@@ -148,9 +151,9 @@ pub(crate) fn simulate(
                     return;
                 }
                 Op::Compute(_) => pc[r] += 1,
-                Op::Exchange(pairs) => {
-                    for &(a, b, bytes) in pairs.iter().filter(|p| p.0 == r) {
-                        let (at, crossed) = links.send(a, b, bytes, now);
+                Op::Exchange(_) => {
+                    for &(b, bytes) in &outbox[pc[r]][r] {
+                        let (at, crossed) = links.send(r, b, bytes, now);
                         let d = &mut due[pc[r]][b];
                         d.sent += 1;
                         if at >= d.latest {
