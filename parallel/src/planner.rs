@@ -326,22 +326,13 @@ fn layer_seconds(
     rate: &ComputeRate,
     backward: bool,
 ) -> f64 {
-    dense_seconds(rows, w, rate, backward) + aggregation_seconds(edges, sources, w, rate)
-}
-
-/// The dense products of [`layer_seconds`].
-fn dense_seconds(rows: f64, w: &LayerWork, rate: &ComputeRate, backward: bool) -> f64 {
     let gemm_factor = if backward && w.input_gradient {
         2.0
     } else {
         1.0
     };
     gemm_factor * rows * w.flops_per_row / rate.gemm_flops_per_s.max(1.0)
-}
-
-/// The aggregation of [`layer_seconds`] (the same forward and backward).
-fn aggregation_seconds(edges: f64, sources: Sources, w: &LayerWork, rate: &ComputeRate) -> f64 {
-    edges * w.aggregated_cols as f64 / aggregation_rate(rate, sources, w.aggregated_cols)
+        + edges * w.aggregated_cols as f64 / aggregation_rate(rate, sources, w.aggregated_cols)
 }
 
 /// Seconds of one rank's decoder work `w` at `rate`. A pair reads its two ends' rows and adds
@@ -1179,24 +1170,6 @@ pub fn calibrate(
     rate: &ComputeRate,
     threads: usize,
 ) -> anyhow::Result<f64> {
-    let (modelled, measured) = time_sample(view, config, rate, threads)?;
-    Ok(
-        if modelled > 0.0 && measured.is_finite() && measured > 0.0 {
-            measured / modelled
-        } else {
-            1.0
-        },
-    )
-}
-
-/// The calibration's sample of `view` trained full batch: (what `rate` predicts for its
-/// epoch, the fastest epoch measured after the first).
-fn time_sample(
-    view: grandis_store::DatasetView<'_>,
-    config: &ModelConfig,
-    rate: &ComputeRate,
-    threads: usize,
-) -> anyhow::Result<(f64, f64)> {
     let n = view.num_vertices().min(CALIBRATION_VERTICES);
     // The first `n` vertices, each with all its in-edges: a neighbour beyond the sample is
     // folded into it (`u mod n`), so the sample aggregates as many edges per row as the
@@ -1209,10 +1182,8 @@ fn time_sample(
     let mut edges = Vec::new();
     for v in 0..n as u32 {
         for &u in view.graph.neighbors(v) {
-            match (fold, u as usize) {
-                (true, _) => edges.push((u % n as u32, v)),
-                (false, u) if u < n => edges.push((u as u32, v)),
-                (false, _) => {}
+            if fold || (u as usize) < n {
+                edges.push((u % n as u32, v));
             }
         }
     }
@@ -1298,5 +1269,11 @@ fn time_sample(
         .skip(1)
         .map(|e| e.seconds)
         .fold(f64::INFINITY, f64::min);
-    Ok((modelled, measured))
+    Ok(
+        if modelled > 0.0 && measured.is_finite() && measured > 0.0 {
+            measured / modelled
+        } else {
+            1.0
+        },
+    )
 }

@@ -31,11 +31,10 @@ pub(crate) enum Op<'a> {
     Exchange(&'a [(usize, usize, u64)]),
 }
 
-/// What a step's timeline gives: its length, and how the rank that ends last spent it (the
-/// three sum to `makespan`).
+/// What a step's timeline gives: how the rank that ends last spent it (the three sum to the
+/// step's length, [`Timeline::makespan`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct Timeline {
-    pub makespan: f64,
     pub compute_s: f64,
     /// Waiting for messages whose last to arrive came over an intra-server link.
     pub intra_s: f64,
@@ -91,7 +90,7 @@ impl Links<'_> {
             false => (self.intra, &mut self.dev_out[a], &mut self.dev_in[b]),
         };
         if link.bandwidth_bytes_per_s <= 0.0 {
-            // Unmeasured: unlimited (as the lock-step pricing counts it).
+            // Unmeasured: unlimited (as `planner::transfer_seconds` counts it).
             return (now + link.latency_s, inter);
         }
         // Each side serves its messages in the order they were sent, independently of the
@@ -227,16 +226,17 @@ pub(crate) fn simulate(
         }
         now = next;
     }
-    let last = (0..n)
-        .max_by(|&a, &b| total(&spent[a]).total_cmp(&total(&spent[b])))
-        .unwrap_or(0);
-    let mut t = spent.get(last).copied().unwrap_or_default();
-    t.makespan = total(&t);
-    t
+    spent
+        .into_iter()
+        .max_by(|a, b| a.makespan().total_cmp(&b.makespan()))
+        .unwrap_or_default()
 }
 
-fn total(t: &Timeline) -> f64 {
-    t.compute_s + t.intra_s + t.inter_s
+impl Timeline {
+    /// From the step's start to the last rank's end.
+    pub(crate) fn makespan(&self) -> f64 {
+        self.compute_s + self.intra_s + self.inter_s
+    }
 }
 
 #[cfg(test)]
@@ -261,7 +261,7 @@ mod tests {
         let pairs = [(0, 1, 100), (1, 0, 100)];
         let ops = [Op::Compute(vec![1.0, 1.0]), Op::Exchange(&pairs)];
         let t = simulate(&ops, &layout, &link(0.0), &link(100.0));
-        assert!(close(t.makespan, 2.0), "{t:?}");
+        assert!(close(t.makespan(), 2.0), "{t:?}");
         assert!(close(t.compute_s, 1.0) && close(t.inter_s, 1.0), "{t:?}");
     }
 
@@ -273,14 +273,14 @@ mod tests {
         let pairs = [(0, 1, 100), (1, 0, 100)];
         let ops = [Op::Compute(vec![0.5, 1.0]), Op::Exchange(&pairs)];
         let t = simulate(&ops, &layout, &link(0.0), &link(100.0));
-        assert!(close(t.makespan, 2.0), "{t:?}");
+        assert!(close(t.makespan(), 2.0), "{t:?}");
         // Two ranks on one server's NIC: the second message queues behind the first.
         let layout = Layout::even(8, 2, 2).unwrap();
         let pairs = [(0, 2, 100), (1, 3, 100)];
         let ops = [Op::Compute(vec![0.5, 1.0, 1.0, 1.0]), Op::Exchange(&pairs)];
         let t = simulate(&ops, &layout, &link(0.0), &link(100.0));
         // Rank 0's message 0.5-1.5 s, rank 1's 1.5-2.5 s (lock step: 1 + 2 = 3 s).
-        assert!(close(t.makespan, 2.5), "{t:?}");
+        assert!(close(t.makespan(), 2.5), "{t:?}");
         assert!(close(t.inter_s, 1.5), "{t:?}");
     }
 
@@ -299,7 +299,7 @@ mod tests {
         ];
         let ops = [Op::Exchange(&pairs)];
         let t = simulate(&ops, &layout, &link(0.0), &link(100.0));
-        assert!(close(t.makespan, 2.0), "{t:?}");
+        assert!(close(t.makespan(), 2.0), "{t:?}");
     }
 
     #[test]
@@ -314,7 +314,7 @@ mod tests {
             Op::Compute(vec![3.0, 0.0]),
         ];
         let t = simulate(&ops, &layout, &link(1e9), &link(0.0));
-        assert!(close(t.makespan, 6.0), "{t:?}");
+        assert!(close(t.makespan(), 6.0), "{t:?}");
         assert!(close(t.compute_s, 4.0) && close(t.intra_s, 2.0), "{t:?}");
         assert!(close(t.inter_s, 0.0), "{t:?}");
     }
