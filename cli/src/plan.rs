@@ -147,12 +147,14 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     }
     println!(
         "rates: {:.2} GFLOP/s dense, {:.2} G edge-columns/s aggregation per rank (x{:.2} \
-         contention, x{:.2} calibrated on a sample); intra {:.2} GB/s + {:.3} ms; inter {:.2} \
-         GB/s + {:.3} ms",
+         contention, x{:.2} calibrated on a sample: dense x{:.2}, aggregation x{:.2}); intra \
+         {:.2} GB/s + {:.3} ms; inter {:.2} GB/s + {:.3} ms",
         rates.compute.gemm_flops_per_s / 1e9,
         rates.compute.aggregation_edge_cols_per_s / 1e9,
         rates.contention,
         rates.calibration,
+        rates.kernel_factors().dense,
+        rates.kernel_factors().aggregation,
         rates.intra.bandwidth_bytes_per_s / 1e9,
         rates.intra.latency_s * 1e3,
         rates.inter.bandwidth_bytes_per_s / 1e9,

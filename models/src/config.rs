@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::stage::StageKind;
 use crate::ModelKind;
 
 /// The normalisation the graph blocks of `kind` must be built with.
@@ -103,6 +104,13 @@ pub struct StageWork {
     pub d_out: usize,
     /// Floating-point operations of its matrices per row.
     pub flops_per_row: f64,
+    /// The part of `flops_per_row` a conv stage spends on each of its INPUT rows (`n_src`,
+    /// halo and replicated rows too) rather than its output rows: the neighbour map of a
+    /// stage that transforms before aggregating, and all of GAT's matrices (its shared map
+    /// and attention vectors score every source row). A partition's rank reads far more
+    /// rows than it writes, so pricing these per output row underprices it. Typed stages
+    /// count 0 here: each relation maps only its own source type's rows.
+    pub input_flops_per_row: f64,
     /// The width of the rows it aggregates when it transforms before aggregating (None:
     /// it aggregates its input rows).
     pub aggregated_cols: Option<usize>,
@@ -133,10 +141,25 @@ impl ModelConfig {
                     .filter(|p| p.name.starts_with(&prefix) && p.shape.len() == 2)
                     .map(|p| 2.0 * (p.shape[0] * p.shape[1]) as f64)
                     .sum();
+                let matrix = |i: Option<usize>| {
+                    i.map(|i| &layout.specs[i].shape)
+                        .filter(|shape| shape.len() == 2)
+                        .map_or(0.0, |shape| 2.0 * (shape[0] * shape[1]) as f64)
+                };
+                let input_flops_per_row = match st.kind {
+                    StageKind::Conv { .. } if st.attention.is_some() => {
+                        flops_per_row - matrix(st.w_self)
+                    }
+                    StageKind::Conv { .. } if st.relations.is_empty() && st.transforms_first() => {
+                        matrix(st.w_neigh)
+                    }
+                    _ => 0.0,
+                };
                 StageWork {
                     d_in: st.d_in,
                     d_out: st.d_out,
                     flops_per_row,
+                    input_flops_per_row,
                     aggregated_cols: st.neighbour_width(),
                 }
             })
@@ -364,6 +387,16 @@ mod tests {
                     .sum();
                 assert_eq!(w.flops_per_row, matrices, "{kind:?} stage {s}");
                 assert!(w.flops_per_row > 0.0, "{kind:?} stage {s}");
+                // GAT maps and scores every input row; plain convolutions map their inputs
+                // only when that narrows them.
+                let input = match kind {
+                    ModelKind::Gat => w.flops_per_row,
+                    ModelKind::Sage if w.d_out <= w.d_in => w.flops_per_row / 2.0,
+                    ModelKind::Gcn if w.d_out <= w.d_in => w.flops_per_row,
+                    ModelKind::Sage | ModelKind::Gcn | ModelKind::Mlp => 0.0,
+                    _ => w.input_flops_per_row,
+                };
+                assert_eq!(w.input_flops_per_row, input, "{kind:?} stage {s}");
             }
         }
     }

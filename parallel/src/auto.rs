@@ -150,6 +150,11 @@ pub fn plan_rates(
     };
     let cpu = matches!(placement.compute, Compute::Cpu);
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let calibration = match cpu {
+        true => crate::planner::calibrate(view, config, &compute, placement.threads_per_rank)
+            .context("calibrating the model on a sample of the graph")?,
+        false => Default::default(),
+    };
     Ok(PlanRates {
         compute,
         intra: link(|s| s.intra),
@@ -160,11 +165,8 @@ pub fn plan_rates(
                 .max(1.0),
             false => 1.0,
         },
-        calibration: match cpu {
-            true => crate::planner::calibrate(view, config, &compute, placement.threads_per_rank)
-                .context("calibrating the model on a sample of the graph")?,
-            false => 1.0,
-        },
+        calibration: calibration.step,
+        kernel_calibration: calibration.kernels,
         shared_cores: (placement.one_machine && cpu).then_some(cores),
         cache_sharers: match cpu {
             true => placement

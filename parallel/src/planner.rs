@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use grandis_masking::{DevicePlan, Layout, ModelDims};
 use grandis_models::ModelConfig;
-use grandis_wire::{ComputeRate, LinkBytes, LinkRate, PlanRates, Prediction};
+use grandis_wire::{ComputeRate, KernelCalibration, LinkBytes, LinkRate, PlanRates, Prediction};
 use serde::Serialize;
 
 use crate::fetch::FeatureSource;
@@ -88,8 +88,9 @@ pub struct StepCounts {
     /// `[rank][layer]` rows computed (valid owned rows) and edges aggregated.
     pub rows: Vec<Vec<u64>>,
     pub edges: Vec<Vec<u64>>,
-    /// `[rank][layer]` rows the layer's aggregation reads from (the plan's local rows).
-    pub sources: Vec<Vec<u64>>,
+    /// `[rank][layer]` the layer's input rows (its compact space's `n_src`): the rows its
+    /// input-row products run on and its aggregation reads from.
+    pub inputs: Vec<Vec<u64>>,
     /// `[layer]` the forward halo exchange feeding the layer, and its backward (empty for
     /// layers without one).
     pub forward: Vec<Traffic>,
@@ -140,8 +141,11 @@ pub struct DecoderWork {
 #[derive(Debug, Clone, Serialize)]
 pub struct LayerWork {
     /// Dense flops of one row's forward pass at this layer (its weights; the encoder of
-    /// ResSAGE+ on its first layer, its head on its last).
+    /// ResSAGE+ on its first layer, its head on its last), `input_flops_per_row` of them
+    /// per input row rather than per output row.
     pub flops_per_row: f64,
+    /// [`grandis_models::StageWork::input_flops_per_row`] of the layer's convolution.
+    pub input_flops_per_row: f64,
     /// Columns the layer aggregates per edge.
     pub aggregated_cols: usize,
     /// Columns of a halo row in its exchange (the layer's input width).
@@ -174,6 +178,7 @@ pub fn layer_work(config: &ModelConfig, dims: &ModelDims) -> anyhow::Result<Vec<
             }
             LayerWork {
                 flops_per_row: flops,
+                input_flops_per_row: work[s].input_flops_per_row,
                 aggregated_cols: work[s].aggregated_cols.unwrap_or(work[s].d_in),
                 exchanged_cols: dims.in_width(l),
                 // Layer 0's input gradient goes only to a stage before it.
@@ -193,7 +198,7 @@ pub(crate) fn count_step(
     let layers = work.len();
     let mut rows = vec![vec![0u64; layers]; step.plans.len()];
     let mut edges = vec![vec![0u64; layers]; step.plans.len()];
-    let mut sources = vec![vec![0u64; layers]; step.plans.len()];
+    let mut inputs = vec![vec![0u64; layers]; step.plans.len()];
     let mut forward = vec![Traffic::default(); layers];
     let mut backward = vec![Traffic::default(); layers];
     let mut fetch = Traffic::default();
@@ -202,7 +207,7 @@ pub(crate) fn count_step(
         for (l, p) in plans.iter().enumerate().take(layers) {
             let w = p.work_at(l);
             rows[r][l] = w.rows;
-            sources[r][l] = p.n_local() as u64;
+            inputs[r][l] = p.layer_rows(l).n_src as u64;
             edges[r][l] = w.edges;
             let row_bytes = (work[l].exchanged_cols * 4) as u64;
             for (gi, g) in p.halo.iter().enumerate() {
@@ -223,7 +228,7 @@ pub(crate) fn count_step(
     StepCounts {
         rows,
         edges,
-        sources,
+        inputs,
         forward,
         backward,
         fetch,
@@ -314,25 +319,77 @@ fn aggregation_rate(rate: &ComputeRate, sources: Sources, cols: usize) -> f64 {
     (cached.ln() * (1.0 - t) + uncached.ln() * t).exp()
 }
 
-/// Seconds of the forward (`backward = false`) or backward pass of a conv layer doing `w`
-/// over `rows` rows aggregating `edges` edges from `sources` rows, at `rate`: the dense
-/// products (backward: the weights' gradient, and the input's when it has one) and the
-/// aggregation (transposed backward).
-fn layer_seconds(
+/// The rows one conv layer of one rank runs on.
+#[derive(Debug, Clone, Copy)]
+struct LayerRowCounts {
+    /// Output rows.
     rows: f64,
+    /// Input rows (at least `rows`).
+    inputs: f64,
+    /// Edges aggregated.
     edges: f64,
     sources: Sources,
+}
+
+impl LayerRowCounts {
+    /// A layer reading exactly the rows it writes (the calibration's whole graph).
+    fn square(rows: f64, edges: f64) -> LayerRowCounts {
+        LayerRowCounts {
+            rows,
+            inputs: rows,
+            edges,
+            sources: Sources::alone(rows),
+        }
+    }
+}
+
+/// Seconds of kernel work, by the class it is timed and calibrated as.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct KernelSeconds {
+    pub dense: f64,
+    pub aggregation: f64,
+}
+
+impl KernelSeconds {
+    /// The seconds with each class's calibration applied.
+    fn calibrated(self, factors: &KernelCalibration) -> f64 {
+        self.dense * factors.dense + self.aggregation * factors.aggregation
+    }
+}
+
+impl std::ops::Add for KernelSeconds {
+    type Output = KernelSeconds;
+
+    fn add(self, o: KernelSeconds) -> KernelSeconds {
+        KernelSeconds {
+            dense: self.dense + o.dense,
+            aggregation: self.aggregation + o.aggregation,
+        }
+    }
+}
+
+/// Seconds of the forward (`backward = false`) or backward pass of a conv layer doing `w`
+/// on `n`, at `rate`: the dense products (backward: the weights' gradient, and the input's
+/// when it has one), per output row and per input row, and the aggregation (transposed
+/// backward).
+fn layer_seconds(
+    n: &LayerRowCounts,
     w: &LayerWork,
     rate: &ComputeRate,
     backward: bool,
-) -> f64 {
+) -> KernelSeconds {
     let gemm_factor = if backward && w.input_gradient {
         2.0
     } else {
         1.0
     };
-    gemm_factor * rows * w.flops_per_row / rate.gemm_flops_per_s.max(1.0)
-        + edges * w.aggregated_cols as f64 / aggregation_rate(rate, sources, w.aggregated_cols)
+    let flops = n.rows * (w.flops_per_row - w.input_flops_per_row)
+        + n.inputs.max(n.rows) * w.input_flops_per_row;
+    KernelSeconds {
+        dense: gemm_factor * flops / rate.gemm_flops_per_s.max(1.0),
+        aggregation: n.edges * w.aggregated_cols as f64
+            / aggregation_rate(rate, n.sources, w.aggregated_cols),
+    }
 }
 
 /// Seconds of one rank's decoder work `w` at `rate`. A pair reads its two ends' rows and adds
@@ -340,19 +397,19 @@ fn layer_seconds(
 /// `cols` columns, priced as aggregation edges over that many source rows are; the MLP adds
 /// its `cols x cols` matrix-vector products (forward, and backward for the input and the
 /// weights) at the dense rate.
-fn decoder_seconds(w: &DecoderWork, rate: &ComputeRate) -> f64 {
+fn decoder_seconds(w: &DecoderWork, rate: &ComputeRate) -> KernelSeconds {
     if w.pairs_per_rank <= 0.0 {
-        return 0.0;
+        return KernelSeconds::default();
     }
     let cols = w.cols as f64;
-    let rows =
-        4.0 * w.pairs_per_rank * cols / aggregation_rate(rate, Sources::alone(w.rows), w.cols);
-    let mlp = if w.mlp {
-        6.0 * w.pairs_per_rank * cols * cols / rate.gemm_flops_per_s.max(1.0)
-    } else {
-        0.0
-    };
-    rows + mlp
+    KernelSeconds {
+        aggregation: 4.0 * w.pairs_per_rank * cols
+            / aggregation_rate(rate, Sources::alone(w.rows), w.cols),
+        dense: match w.mlp {
+            true => 6.0 * w.pairs_per_rank * cols * cols / rate.gemm_flops_per_s.max(1.0),
+            false => 0.0,
+        },
+    }
 }
 
 /// Seconds `link` takes to carry `bytes` in `messages` messages (an unmeasured bandwidth
@@ -404,17 +461,28 @@ pub fn predict(
     rates: &PlanRates,
 ) -> Prediction {
     let mut p = Prediction::default();
-    // Ranks sharing a machine's cores each compute that many times slower than alone. Not
-    // faster while others wait: letting a rank take the cores of the waiting ones (processor
-    // sharing) predicted a 200k graph's fb and flx k=1 epochs at 0.87-0.92 of their measure,
-    // their compute at 0.65 (this 2-vCPU VM: two ranks at once do not run twice one's rate).
+    // Ranks sharing a machine's cores (CPU ranks: a server's, or every rank when one machine
+    // runs them all) share them as the timeline runs them: while more of them compute than
+    // the cores hold, each runs that much slower than alone; one that waits leaves its share
+    // to the others. (A constant slowdown, whether the others compute or wait, put a 200k
+    // graph's flx k=3 at 1.36-1.44x its epoch once its input rows were priced; this puts it
+    // at 1.26-1.35x, and a 20k graph's plans move by a few per cent either way.)
     let contention = rates.contention.max(1.0);
-    let calibration = rates.calibration.max(f64::MIN_POSITIVE);
+    let one_machine = rates.shared_cores.is_some();
+    let sharing = match one_machine {
+        true => layout.num_ranks(),
+        false => layout.devices(),
+    };
+    let cores = timeline::Cores {
+        one_machine,
+        slots: sharing as f64 / contention,
+    };
+    let factors = rates.kernel_factors();
     let ranks = layout.num_ranks();
     // Every rank's compute seconds, summed: the CPU work of the shared-cores bound below.
     let mut cpu_seconds = 0.0;
     // The decoder runs on every rank after its last layer, each rank on its own pairs.
-    let decoder = calibration * decoder_seconds(&counts.decoder, &rates.compute);
+    let decoder = decoder_seconds(&counts.decoder, &rates.compute).calibrated(&factors);
     for step in &counts.steps {
         let rows: u64 = step.rows.iter().flatten().sum();
         p.computed_vertex_layers += (rows as f64 * counts.scale).round() as u64;
@@ -422,10 +490,13 @@ pub fn predict(
         let alone = |l: usize, backward: bool| -> Vec<f64> {
             (0..ranks)
                 .map(|r| {
-                    let sources = Sources::shared(step.sources[r][l] as f64, rates.cache_sharers);
-                    let (rows, edges) = (step.rows[r][l] as f64, step.edges[r][l] as f64);
-                    calibration
-                        * layer_seconds(rows, edges, sources, &work[l], &rates.compute, backward)
+                    let n = LayerRowCounts {
+                        rows: step.rows[r][l] as f64,
+                        inputs: step.inputs[r][l] as f64,
+                        edges: step.edges[r][l] as f64,
+                        sources: Sources::shared(step.inputs[r][l] as f64, rates.cache_sharers),
+                    };
+                    layer_seconds(&n, &work[l], &rates.compute, backward).calibrated(&factors)
                 })
                 .collect()
         };
@@ -441,13 +512,12 @@ pub fn predict(
             ops.push(Op::Compute(alone(l, true)));
             ops.push(Op::Exchange(&step.backward[l].pairs));
         }
-        for op in &mut ops {
+        for op in &ops {
             if let Op::Compute(seconds) = op {
                 cpu_seconds += seconds.iter().sum::<f64>() * counts.scale;
-                seconds.iter_mut().for_each(|s| *s *= contention);
             }
         }
-        let t = timeline::simulate(&ops, layout, &rates.intra, &rates.inter);
+        let t = timeline::simulate(&ops, layout, &cores, &rates.intra, &rates.inter);
         p.compute_s += t.compute_s * counts.scale;
         p.intra_s += t.intra_s * counts.scale;
         p.inter_s += t.inter_s * counts.scale;
@@ -478,16 +548,25 @@ pub fn predict(
     let setup = counts.setup_fetch.bytes(layout);
     p.setup_fetch_bytes = setup.intra_server + setup.inter_server;
     p.peak_bytes = counts.model_bytes.iter().copied().max().unwrap_or(0);
-    // Ranks sharing a machine's cores with the plan builders cannot compute faster than all
-    // that CPU work spread over the cores. (Not: get through their steps, waits included,
-    // faster than that: the builders' work does not fill the ranks' waits, and a 200k-vertex
-    // graph's cob plans were predicted at 0.82 of their epochs so.)
-    if let Some(cores) = rates.shared_cores {
-        p.compute_s = p
-            .compute_s
-            .max((cpu_seconds + counts.build_seconds) / cores.max(1) as f64);
-    }
+    // Ranks sharing a machine's cores cannot compute faster than their CPU work spread over
+    // the cores, and with the plan builders (that share them too) cannot get through the
+    // epoch faster than all that work spread over them. The builders run while the ranks
+    // wait (for rows, fetches, the all-reduce): charging their work to the ranks' compute
+    // instead predicted a 20k-vertex graph's co-batch plans at 1.15-1.3x their epochs, their
+    // compute at 1.5x (in a single rank's run, where the builders only get the ranks' waits,
+    // the same step's compute is priced within 10 %).
     p.epoch_s = p.compute_s + p.intra_s + p.inter_s + p.fetch_s + p.all_reduce_s;
+    if let Some(cores) = rates.shared_cores {
+        let cores = cores.max(1) as f64;
+        let floor = (cpu_seconds / cores).max(p.compute_s);
+        p.epoch_s += floor - p.compute_s;
+        p.compute_s = floor;
+        let busy = (cpu_seconds + counts.build_seconds) / cores;
+        if busy > p.epoch_s {
+            p.compute_s += busy - p.epoch_s;
+            p.epoch_s = busy;
+        }
+    }
     p
 }
 
@@ -700,7 +779,7 @@ pub fn static_floor(
             steps: vec![StepCounts {
                 rows: per_layer(&owned),
                 edges: per_layer(edges),
-                sources: per_layer(&owned),
+                inputs: per_layer(&owned),
                 forward: vec![Traffic::default(); layers],
                 backward: vec![Traffic::default(); layers],
                 ..StepCounts::default()
@@ -1159,17 +1238,18 @@ fn sample_types(
     grandis_store::Types::new(schema, n as u64, width as u64).map_err(anyhow::Error::msg)
 }
 
-/// [`PlanRates::calibration`] for `config` on `view`: trains the model full-batch for three
-/// to ten epochs (about [`CALIBRATION_SECONDS`]) on the first [`CALIBRATION_VERTICES`]
-/// vertices (their features, labels and in-edges, sources beyond them folded in) with
-/// `threads` threads, and divides the fastest epoch after the first by what the kernel rates
-/// `rate` predict for the same rows and edges.
+/// [`PlanRates::calibration`] and [`PlanRates::kernel_calibration`] for `config` on `view`:
+/// trains the model full-batch for three to ten epochs (about [`CALIBRATION_SECONDS`]) on the
+/// first [`CALIBRATION_VERTICES`] vertices (their features, labels and in-edges, sources
+/// beyond them folded in) with `threads` threads, and compares the fastest epoch after the
+/// first, and its kernels' timers, with what the kernel rates `rate` predict for the same
+/// rows and edges ([`Calibration::of`]).
 pub fn calibrate(
     view: grandis_store::DatasetView<'_>,
     config: &ModelConfig,
     rate: &ComputeRate,
     threads: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Calibration> {
     let n = view.num_vertices().min(CALIBRATION_VERTICES);
     // The first `n` vertices, each with all its in-edges: a neighbour beyond the sample is
     // folded into it (`u mod n`), so the sample aggregates as many edges per row as the
@@ -1237,43 +1317,198 @@ pub fn calibrate(
     };
     let sv = sample.view();
     let work = layer_work(config, &crate::model_dims(config))?;
-    let (rows, e) = (n as f64, sv.graph.num_edges() as f64);
-    let modelled: f64 = work
+    let whole = LayerRowCounts::square(n as f64, sv.graph.num_edges() as f64);
+    let modelled = work
         .iter()
-        .map(|w| {
-            layer_seconds(rows, e, Sources::alone(rows), w, rate, false)
-                + layer_seconds(rows, e, Sources::alone(rows), w, rate, true)
-        })
-        .sum();
+        .map(|w| layer_seconds(&whole, w, rate, false) + layer_seconds(&whole, w, rate, true))
+        .fold(KernelSeconds::default(), |a, b| a + b);
+    let modelled_s = modelled.dense + modelled.aggregation;
     // The fastest epoch after the first: of two, when epochs take tenths of a second; of
     // up to nine, when they take milliseconds (a small graph's calibration, from three epochs,
     // moved by a third between two plans of the same job).
-    let epochs = (CALIBRATION_SECONDS / modelled.max(1e-9))
+    let epochs = (CALIBRATION_SECONDS / modelled_s.max(1e-9))
         .ceil()
         .clamp(3.0, 10.0) as usize;
     let opts: grandis_trainer::TrainOptions = serde_json::from_value(serde_json::json!({
         "epochs": epochs, "lr": 0.01, "weight_decay": 5e-4, "adamw": false, "grad_clip": null,
         "eval": "never", "seed": 0,
     }))?;
-    let report = grandis_trainer::train(
-        sv,
-        config.clone(),
-        &opts,
-        &Default::default(),
-        Some(threads),
-        |_| {},
-    )?;
-    let measured = report
-        .epochs
-        .iter()
-        .skip(1)
-        .map(|e| e.seconds)
-        .fold(f64::INFINITY, f64::min);
-    Ok(
-        if modelled > 0.0 && measured.is_finite() && measured > 0.0 {
-            measured / modelled
-        } else {
-            1.0
+    let prepared = grandis_trainer::Prepared::new(sv, config.kind, Some(threads))?;
+    let b = &prepared.backend;
+    // On the backend's own thread, as a rank runs its kernels (and `grandis_trainer::train`).
+    let fastest = b.install(
+        || -> anyhow::Result<Option<(f64, grandis_engine::OpTimes)>> {
+            use grandis_engine::{Kernels, OpProfile};
+            let mut model = grandis_models::Model::new(b, config.clone())?;
+            let mut fastest: Option<(f64, grandis_engine::OpTimes)> = None;
+            for epoch in 1..=epochs {
+                b.reset_op_times();
+                let start = std::time::Instant::now();
+                prepared.train_step(&mut model, None, &opts, epoch)?;
+                b.synchronize()?;
+                let seconds = start.elapsed().as_secs_f64();
+                if epoch > 1 && fastest.as_ref().is_none_or(|(f, _)| seconds < *f) {
+                    fastest = Some((seconds, b.op_times()));
+                }
+            }
+            Ok(fastest)
         },
-    )
+    )?;
+    Ok(match fastest {
+        Some((measured, ops)) if modelled_s > 0.0 && measured > 0.0 => {
+            Calibration::of(measured, &ops, modelled)
+        }
+        _ => Calibration::default(),
+    })
+}
+
+/// What [`calibrate`] measured: [`PlanRates::calibration`] and
+/// [`PlanRates::kernel_calibration`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Calibration {
+    pub step: f64,
+    pub kernels: Option<KernelCalibration>,
+}
+
+impl Default for Calibration {
+    /// Not calibrated: the rates as measured.
+    fn default() -> Calibration {
+        Calibration {
+            step: 1.0,
+            kernels: None,
+        }
+    }
+}
+
+impl Calibration {
+    /// A step of `measured` seconds whose kernels' timers said `ops`, against `modelled`
+    /// (both classes non-zero in sum). Each class gets its own measured seconds over its
+    /// modelled ones, scaled by the step over the two classes' measured sum: the rest of the
+    /// step (element-wise work, the loss, the optimiser) goes to both in proportion. A class
+    /// the model prices at nothing, or the timers saw nothing of, takes the step's factor.
+    /// The forward products' rate is measured on one shape and a step runs three (a weight
+    /// gradient is a transposed product over all rows): on a 20k-vertex graph the products
+    /// ran at 0.7x their modelled time and the aggregation 1.4x, which one factor for both
+    /// cannot price for a mini-batch (many input rows, few edges each).
+    pub fn of(measured: f64, ops: &grandis_engine::OpTimes, modelled: KernelSeconds) -> Self {
+        let step = measured / (modelled.dense + modelled.aggregation);
+        let timed = ops.gemm_s + ops.aggregate_s;
+        let share = measured / timed.max(f64::MIN_POSITIVE);
+        let factor = |seconds: f64, model: f64| match seconds > 0.0 && model > 0.0 && timed > 0.0 {
+            true => seconds / model * share,
+            false => step,
+        };
+        Calibration {
+            step,
+            kernels: (timed > 0.0).then(|| KernelCalibration {
+                dense: factor(ops.gemm_s, modelled.dense),
+                aggregation: factor(ops.aggregate_s, modelled.aggregation),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rates() -> PlanRates {
+        PlanRates {
+            compute: ComputeRate {
+                gemm_flops_per_s: 1e9,
+                aggregation_edge_cols_per_s: 1e9,
+                aggregation_uncached_edge_cols_per_s: 0.0,
+                width: 8,
+            },
+            intra: LinkRate::default(),
+            inter: LinkRate::default(),
+            contention: 1.0,
+            calibration: 1.0,
+            kernel_calibration: None,
+            shared_cores: None,
+            cache_sharers: 1.0,
+        }
+    }
+
+    /// One rank's epoch of one step computing `rows` rows of every layer from `inputs` input
+    /// rows, no edges.
+    fn compute_s(work: &[LayerWork], rows: u64, inputs: u64) -> f64 {
+        let layers = work.len();
+        let counts = EpochCounts {
+            iterations: 1,
+            steps: vec![StepCounts {
+                rows: vec![vec![rows; layers]],
+                edges: vec![vec![0; layers]],
+                inputs: vec![vec![inputs; layers]],
+                forward: vec![Traffic::default(); layers],
+                backward: vec![Traffic::default(); layers],
+                ..StepCounts::default()
+            }],
+            scale: 1.0,
+            ..EpochCounts::default()
+        };
+        predict(
+            &counts,
+            work,
+            &Layout::even(rows as u32, 1, 1).unwrap(),
+            &rates(),
+        )
+        .compute_s
+    }
+
+    /// The two kernel factors price the calibration's own step at what it measured, each
+    /// class by its own timers; a class the timers did not see takes the step's factor.
+    #[test]
+    fn the_kernel_factors_reproduce_the_sampled_step() {
+        let modelled = KernelSeconds {
+            dense: 0.25,
+            aggregation: 0.5,
+        };
+        let ops = |gemm_s, aggregate_s| grandis_engine::OpTimes {
+            gemm_s,
+            aggregate_s,
+            other_s: 0.2,
+            aggregate_bytes: 0,
+        };
+        let c = Calibration::of(1.0, &ops(0.5, 0.3), modelled);
+        assert!((c.step - 1.0 / 0.75).abs() < 1e-12, "{c:?}");
+        let k = c.kernels.unwrap();
+        // 0.5 / 0.25 and 0.3 / 0.5, each x 1.0 / 0.8 (the element-wise 0.2 s in proportion).
+        assert!((k.dense - 2.5).abs() < 1e-12 && (k.aggregation - 0.75).abs() < 1e-12);
+        assert!((modelled.calibrated(&k) - 1.0).abs() < 1e-12);
+        // An MLP: no aggregation modelled or timed.
+        let mlp = KernelSeconds {
+            dense: 0.5,
+            aggregation: 0.0,
+        };
+        let k = Calibration::of(1.0, &ops(0.8, 0.0), mlp).kernels.unwrap();
+        assert!((k.dense - 2.0).abs() < 1e-12 && (k.aggregation - 2.0).abs() < 1e-12);
+    }
+
+    /// A SAGE layer that maps before aggregating runs its neighbour weight on every input row
+    /// (a rank's halo and replicated rows too) and its self weight on its output rows; one
+    /// that aggregates first runs both on its output rows.
+    #[test]
+    fn input_row_products_are_priced_per_input_row() {
+        let config = |in_dim| ModelConfig::new(grandis_models::ModelKind::Sage, 1, in_dim, 8, 8);
+        let work = |c: &ModelConfig| layer_work(c, &crate::model_dims(c)).unwrap();
+        // 16 -> 8: maps first; 100 output rows, 250 input rows. Forward: self 2*16*8 per
+        // output row, neighbour 2*16*8 per input row; backward (no input gradient) the same.
+        let narrowing = work(&config(16));
+        assert_eq!(narrowing[0].input_flops_per_row, 2.0 * 16.0 * 8.0);
+        let per_row = 2.0 * 16.0 * 8.0 / 1e9;
+        let expected = 2.0 * (100.0 * per_row + 250.0 * per_row);
+        let got = compute_s(&narrowing, 100, 250);
+        assert!(
+            (got - expected).abs() < 1e-12 * expected,
+            "{got} vs {expected}"
+        );
+        // 4 -> 8 aggregates first: the input rows do not matter.
+        let widening = work(&config(4));
+        assert_eq!(widening[0].input_flops_per_row, 0.0);
+        assert_eq!(
+            compute_s(&widening, 100, 250),
+            compute_s(&widening, 100, 100)
+        );
+    }
 }

@@ -15,8 +15,9 @@
 //! `grandis_fabric::LinkEmulator` does: with three servers sending to each other at once,
 //! holding both made an exchange last 3/2 of its busiest link's time, which a network
 //! carries in about that time (the netns check's fb and flx k=1 were predicted at 1.5x their
-//! epochs). With two servers the two agree. A rank's compute takes the seconds it is given,
-//! whatever the others do (the caller prices cores shared among ranks).
+//! epochs). With two servers the two agree. A rank's compute takes the seconds it is given
+//! alone; ranks that share cores ([`Cores`]) share them while more of them compute than the
+//! cores hold, and one that waits leaves its share to the others.
 //!
 //! This module knows ranks, servers and link rates; it does not know plans, layers or models.
 
@@ -29,6 +30,34 @@ pub(crate) enum Op<'a> {
     Compute(Vec<f64>),
     /// Every rank sends its messages (`(from, to, bytes)`), then waits for all sent to it.
     Exchange(&'a [(usize, usize, u64)]),
+}
+
+/// How ranks share cores: the ranks of one group (every rank when one machine runs them all,
+/// else each server's) share `slots` ranks' worth of cores. While more of a group's ranks
+/// compute than it has slots, each runs at slots / computing of its speed alone; a rank
+/// that waits leaves its share to the others.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cores {
+    pub one_machine: bool,
+    pub slots: f64,
+}
+
+impl Cores {
+    /// Every rank on cores of its own.
+    #[cfg(test)]
+    pub(crate) fn dedicated() -> Cores {
+        Cores {
+            one_machine: false,
+            slots: f64::INFINITY,
+        }
+    }
+
+    fn group(&self, layout: &Layout, r: usize) -> usize {
+        match self.one_machine {
+            true => 0,
+            false => layout.server_of_rank(r),
+        }
+    }
 }
 
 /// What a step's timeline gives: how the rank that ends last spent it (the three sum to the
@@ -107,6 +136,7 @@ impl Links<'_> {
 pub(crate) fn simulate(
     ops: &[Op<'_>],
     layout: &Layout,
+    cores: &Cores,
     intra: &LinkRate,
     inter: &LinkRate,
 ) -> Timeline {
@@ -196,10 +226,19 @@ pub(crate) fn simulate(
                 moved = true;
             }
         }
+        // Each computing rank's speed: its group's slots over its group's computing ranks.
+        let group = |r: usize| cores.group(layout, r);
+        let mut computing = vec![0usize; layout.servers().max(1)];
+        for r in 0..n {
+            if let State::Computing { .. } = state[r] {
+                computing[group(r)] += 1;
+            }
+        }
+        let speed = |r: usize| (cores.slots / computing[group(r)].max(1) as f64).min(1.0);
         // The next event: a compute ending, or the last message of a complete wait arriving.
         let next = (0..n)
             .filter_map(|r| match state[r] {
-                State::Computing { left } => Some(now + left),
+                State::Computing { left } => Some(now + left / speed(r)),
                 State::Waiting { op, .. } => {
                     let d = due[op][r];
                     (d.sent == d.expected).then_some(d.latest)
@@ -215,12 +254,15 @@ pub(crate) fn simulate(
         for r in 0..n {
             if let State::Computing { left } = state[r] {
                 spent[r].compute_s += dt;
+                let v = speed(r);
                 // The rank whose compute set `next` ends exactly there, whatever rounding says.
-                if now + left <= next {
+                if now + left / v <= next {
                     pc[r] += 1;
                     enter(r, next, &mut pc, &mut state, &mut due, &mut links);
                 } else {
-                    state[r] = State::Computing { left: left - dt };
+                    state[r] = State::Computing {
+                        left: left - dt * v,
+                    };
                 }
             }
         }
@@ -260,7 +302,7 @@ mod tests {
         let layout = Layout::even(8, 2, 1).unwrap();
         let pairs = [(0, 1, 100), (1, 0, 100)];
         let ops = [Op::Compute(vec![1.0, 1.0]), Op::Exchange(&pairs)];
-        let t = simulate(&ops, &layout, &link(0.0), &link(100.0));
+        let t = simulate(&ops, &layout, &Cores::dedicated(), &link(0.0), &link(100.0));
         assert!(close(t.makespan(), 2.0), "{t:?}");
         assert!(close(t.compute_s, 1.0) && close(t.inter_s, 1.0), "{t:?}");
     }
@@ -272,13 +314,13 @@ mod tests {
         let layout = Layout::even(8, 2, 1).unwrap();
         let pairs = [(0, 1, 100), (1, 0, 100)];
         let ops = [Op::Compute(vec![0.5, 1.0]), Op::Exchange(&pairs)];
-        let t = simulate(&ops, &layout, &link(0.0), &link(100.0));
+        let t = simulate(&ops, &layout, &Cores::dedicated(), &link(0.0), &link(100.0));
         assert!(close(t.makespan(), 2.0), "{t:?}");
         // Two ranks on one server's NIC: the second message queues behind the first.
         let layout = Layout::even(8, 2, 2).unwrap();
         let pairs = [(0, 2, 100), (1, 3, 100)];
         let ops = [Op::Compute(vec![0.5, 1.0, 1.0, 1.0]), Op::Exchange(&pairs)];
-        let t = simulate(&ops, &layout, &link(0.0), &link(100.0));
+        let t = simulate(&ops, &layout, &Cores::dedicated(), &link(0.0), &link(100.0));
         // Rank 0's message 0.5-1.5 s, rank 1's 1.5-2.5 s (lock step: 1 + 2 = 3 s).
         assert!(close(t.makespan(), 2.5), "{t:?}");
         assert!(close(t.inter_s, 1.5), "{t:?}");
@@ -298,8 +340,41 @@ mod tests {
             (2, 1, 100),
         ];
         let ops = [Op::Exchange(&pairs)];
-        let t = simulate(&ops, &layout, &link(0.0), &link(100.0));
+        let t = simulate(&ops, &layout, &Cores::dedicated(), &link(0.0), &link(100.0));
         assert!(close(t.makespan(), 2.0), "{t:?}");
+    }
+
+    #[test]
+    fn ranks_sharing_cores_share_them_only_while_they_compute() {
+        // One machine, 2 ranks on 1 core's worth of slots. Both compute 1 s: 2 s together.
+        let layout = Layout::even(8, 1, 2).unwrap();
+        let one_core = Cores {
+            one_machine: true,
+            slots: 1.0,
+        };
+        let ops = [Op::Compute(vec![1.0, 1.0])];
+        let t = simulate(&ops, &layout, &one_core, &link(0.0), &link(0.0));
+        assert!(close(t.makespan(), 2.0) && close(t.compute_s, 2.0), "{t:?}");
+        // Rank 1 waits 1 s for rank 0's message (rank 0 alone on the core), then computes
+        // 1 s while rank 0 computes its second one, both at half speed: 1 + 2 = 3 s, where
+        // a constant slowdown of 2 would say 2 + 2 = 4.
+        let pairs = [(0, 1, 0)];
+        let ops = [
+            Op::Compute(vec![1.0, 0.0]),
+            Op::Exchange(&pairs),
+            Op::Compute(vec![1.0, 1.0]),
+        ];
+        let t = simulate(&ops, &layout, &one_core, &link(1e9), &link(0.0));
+        assert!(close(t.makespan(), 3.0), "{t:?}");
+        // Two servers of one rank each, one slot each: no sharing across servers.
+        let layout = Layout::even(8, 2, 1).unwrap();
+        let per_server = Cores {
+            one_machine: false,
+            slots: 1.0,
+        };
+        let ops = [Op::Compute(vec![1.0, 1.0])];
+        let t = simulate(&ops, &layout, &per_server, &link(0.0), &link(0.0));
+        assert!(close(t.makespan(), 1.0), "{t:?}");
     }
 
     #[test]
@@ -313,7 +388,7 @@ mod tests {
             Op::Exchange(&pairs),
             Op::Compute(vec![3.0, 0.0]),
         ];
-        let t = simulate(&ops, &layout, &link(1e9), &link(0.0));
+        let t = simulate(&ops, &layout, &Cores::dedicated(), &link(1e9), &link(0.0));
         assert!(close(t.makespan(), 6.0), "{t:?}");
         assert!(close(t.compute_s, 4.0) && close(t.intra_s, 2.0), "{t:?}");
         assert!(close(t.inter_s, 0.0), "{t:?}");

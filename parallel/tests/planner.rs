@@ -33,6 +33,7 @@ fn rates(compute: f64, intra: f64, inter: f64) -> PlanRates {
         },
         contention: 1.0,
         calibration: 1.0,
+        kernel_calibration: None,
         shared_cores: None,
         cache_sharers: 1.0,
     }

@@ -23,7 +23,7 @@ pub mod summary;
 pub use cluster::{ClusterView, DaemonView, ServerView};
 pub use job::{EpochProgress, JobId, JobRetry, JobState, JobStatus};
 pub use links::{LinkBytes, LinkClass, PerLink};
-pub use plan::{CandidateSummary, PlanRates, PlanSummary, Prediction};
+pub use plan::{CandidateSummary, KernelCalibration, PlanRates, PlanSummary, Prediction};
 pub use protocol::{
     registration_message, Assignment, ChallengeResponse, DaemonId, DaemonJob, DaemonState,
     DeviceInfo, ErrorBody, HeadInfo, HeartbeatRequest, HeartbeatResponse, JobEvent,

@@ -22,6 +22,11 @@ pub struct PlanRates {
     /// over what the two kernel rates alone account for (the element-wise work, the loss,
     /// the optimiser, kernel shapes); 1 when not calibrated.
     pub calibration: f64,
+    /// [`Self::calibration`] split by kernel class (CPU ranks): what the sample's dense
+    /// products and its aggregations each took over what their rate accounts for. None when
+    /// not calibrated by kernel: `calibration` for both.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_calibration: Option<KernelCalibration>,
     /// The cores CPU ranks share with the host's plan builders (in-process runs on one
     /// machine); None when the ranks have devices of their own.
     pub shared_cores: Option<usize>,
@@ -30,6 +35,38 @@ pub struct PlanRates {
     /// keeps that share of the caches, so an aggregation's cached rate ends at that share of
     /// the calibrated cached size (the uncached rate, far beyond any cache, stays).
     pub cache_sharers: f64,
+}
+
+/// A calibration split by kernel class ([`PlanRates::kernel_calibration`]). The rest of a step
+/// (element-wise work, the loss, the optimiser) is shared between the two in proportion to
+/// their measured seconds, so together they reproduce the sample's step: a plan whose mix of
+/// dense products and aggregation differs from the sample's (a mini-batch multiplies every
+/// sampled row but aggregates few edges per row) is priced by each kernel's own measure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KernelCalibration {
+    /// Time multiplier of the dense products.
+    pub dense: f64,
+    /// Time multiplier of the aggregations.
+    pub aggregation: f64,
+}
+
+impl PlanRates {
+    /// Time multipliers of the dense products and the aggregations:
+    /// [`Self::kernel_calibration`], else [`Self::calibration`] for both.
+    pub fn kernel_factors(&self) -> KernelCalibration {
+        let all = self.calibration.max(f64::MIN_POSITIVE);
+        match self.kernel_calibration {
+            Some(k) => KernelCalibration {
+                dense: k.dense.max(f64::MIN_POSITIVE),
+                aggregation: k.aggregation.max(f64::MIN_POSITIVE),
+            },
+            None => KernelCalibration {
+                dense: all,
+                aggregation: all,
+            },
+        }
+    }
 }
 
 /// A plan's predicted epoch, its parts (seconds, as the run summary splits them) and bytes.

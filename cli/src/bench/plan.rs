@@ -80,10 +80,12 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
     let calibrated = plan_rates(view, &config, &[measured], &placement)?;
     eprintln!(
         "compute: {:.2} GFLOP/s dense, {:.2} G edge-columns/s aggregation, a training step \
-         {:.2}x what those account for",
+         {:.2}x what those account for (its dense products {:.2}x, its aggregation {:.2}x)",
         calibrated.compute.gemm_flops_per_s / 1e9,
         calibrated.compute.aggregation_edge_cols_per_s / 1e9,
-        calibrated.calibration
+        calibrated.calibration,
+        calibrated.kernel_factors().dense,
+        calibrated.kernel_factors().aggregation
     );
     let ctx = grandis_parallel::plan_context(&view, &part)?;
     let fanouts = args.fanouts.clone().unwrap_or_else(|| {
