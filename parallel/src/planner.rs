@@ -466,7 +466,7 @@ pub fn predict(
     // the cores hold, each runs that much slower than alone; one that waits leaves its share
     // to the others. (A constant slowdown, whether the others compute or wait, put a 200k
     // graph's flx k=3 at 1.36-1.44x its epoch once its input rows were priced; this puts it
-    // at 1.26-1.35x, and a 20k graph's plans move by a few per cent either way.)
+    // at 1.05-1.35x over two runs, and a 20k graph's plans move by a few per cent either way.)
     let contention = rates.contention.max(1.0);
     let one_machine = rates.shared_cores.is_some();
     let sharing = match one_machine {
