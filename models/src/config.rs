@@ -388,13 +388,17 @@ mod tests {
                 assert_eq!(w.flops_per_row, matrices, "{kind:?} stage {s}");
                 assert!(w.flops_per_row > 0.0, "{kind:?} stage {s}");
                 // GAT maps and scores every input row; plain convolutions map their inputs
-                // only when that narrows them.
+                // only when that narrows them (ResSAGE+'s hidden-width convolutions always;
+                // its encoder and head are row-local).
+                let conv = (layout.first_conv..=last_conv).contains(&s);
                 let input = match kind {
                     ModelKind::Gat => w.flops_per_row,
                     ModelKind::Sage if w.d_out <= w.d_in => w.flops_per_row / 2.0,
                     ModelKind::Gcn if w.d_out <= w.d_in => w.flops_per_row,
-                    ModelKind::Sage | ModelKind::Gcn | ModelKind::Mlp => 0.0,
-                    _ => w.input_flops_per_row,
+                    ModelKind::ResSage if conv => w.flops_per_row / 2.0,
+                    ModelKind::Sage | ModelKind::Gcn | ModelKind::Mlp | ModelKind::ResSage => 0.0,
+                    // Typed stages price every product per output row.
+                    ModelKind::Rgcn | ModelKind::HeteroSage | ModelKind::Rgat => 0.0,
                 };
                 assert_eq!(w.input_flops_per_row, input, "{kind:?} stage {s}");
             }

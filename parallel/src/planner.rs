@@ -326,19 +326,20 @@ struct LayerRowCounts {
     rows: f64,
     /// Input rows (at least `rows`).
     inputs: f64,
-    /// Edges aggregated.
+    /// Edges aggregated (from the input rows).
     edges: f64,
-    sources: Sources,
+    /// Ranks sharing the caches the input rows are read through ([`Sources::shared`]).
+    cache_sharers: f64,
 }
 
 impl LayerRowCounts {
-    /// A layer reading exactly the rows it writes (the calibration's whole graph).
+    /// A layer reading exactly the rows it writes, alone (the calibration's whole graph).
     fn square(rows: f64, edges: f64) -> LayerRowCounts {
         LayerRowCounts {
             rows,
             inputs: rows,
             edges,
-            sources: Sources::alone(rows),
+            cache_sharers: 1.0,
         }
     }
 }
@@ -388,7 +389,11 @@ fn layer_seconds(
     KernelSeconds {
         dense: gemm_factor * flops / rate.gemm_flops_per_s.max(1.0),
         aggregation: n.edges * w.aggregated_cols as f64
-            / aggregation_rate(rate, n.sources, w.aggregated_cols),
+            / aggregation_rate(
+                rate,
+                Sources::shared(n.inputs, n.cache_sharers),
+                w.aggregated_cols,
+            ),
     }
 }
 
@@ -494,7 +499,7 @@ pub fn predict(
                         rows: step.rows[r][l] as f64,
                         inputs: step.inputs[r][l] as f64,
                         edges: step.edges[r][l] as f64,
-                        sources: Sources::shared(step.inputs[r][l] as f64, rates.cache_sharers),
+                        cache_sharers: rates.cache_sharers,
                     };
                     layer_seconds(&n, &work[l], &rates.compute, backward).calibrated(&factors)
                 })
@@ -1394,7 +1399,7 @@ impl Calibration {
         let step = measured / (modelled.dense + modelled.aggregation);
         let timed = ops.gemm_s + ops.aggregate_s;
         let share = measured / timed.max(f64::MIN_POSITIVE);
-        let factor = |seconds: f64, model: f64| match seconds > 0.0 && model > 0.0 && timed > 0.0 {
+        let factor = |seconds: f64, model: f64| match seconds > 0.0 && model > 0.0 {
             true => seconds / model * share,
             false => step,
         };

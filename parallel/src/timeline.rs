@@ -165,6 +165,9 @@ pub(crate) fn simulate(
     let mut state = vec![State::Done; n];
     let mut spent = vec![Timeline::default(); n];
     let mut now = 0.0f64;
+    // Ranks computing now, per group of ranks sharing cores.
+    let group = |r: usize| cores.group(layout, r);
+    let mut computing = vec![0usize; layout.servers().max(1)];
 
     // Moves rank `r` to its next operation that takes time, sending as it passes exchanges.
     let enter = |r: usize,
@@ -227,8 +230,7 @@ pub(crate) fn simulate(
             }
         }
         // Each computing rank's speed: its group's slots over its group's computing ranks.
-        let group = |r: usize| cores.group(layout, r);
-        let mut computing = vec![0usize; layout.servers().max(1)];
+        computing.fill(0);
         for r in 0..n {
             if let State::Computing { .. } = state[r] {
                 computing[group(r)] += 1;
