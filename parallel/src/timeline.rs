@@ -119,7 +119,7 @@ impl Links<'_> {
             false => (self.intra, &mut self.dev_out[a], &mut self.dev_in[b]),
         };
         if link.bandwidth_bytes_per_s <= 0.0 {
-            // Unmeasured: unlimited (as `planner::transfer_seconds` counts it).
+            // Unmeasured: unlimited (as `planner::price::transfer_seconds` counts it).
             return (now + link.latency_s, inter);
         }
         // Each side serves its messages in the order they were sent, independently of the

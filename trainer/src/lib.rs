@@ -300,6 +300,16 @@ impl TrainReport {
     }
 }
 
+/// One step of [`Prepared::timed_train_step`].
+#[derive(Debug, Clone, Copy)]
+pub struct TimedStep {
+    pub loss: f64,
+    /// Wall seconds to the end of the step's device work.
+    pub seconds: f64,
+    /// The backend's operation timers over the step.
+    pub ops: grandis_engine::OpTimes,
+}
+
 /// A dataset view prepared for training on backend `B` (the CPU backend unless told
 /// otherwise): uploaded graph, features, labelled train rows. Host-side copies of the split
 /// stay in `view`, so accuracy is computed on downloaded logits whatever the backend.
@@ -474,6 +484,27 @@ impl<'a, B: Backend> Prepared<'a, B> {
                 grad,
             )?;
             Ok(loss_sum / normalizer as f64)
+        })
+    }
+
+    /// [`Self::train_step`] timed to the end of its device work, with what `profile` (the
+    /// backend's operation timers, reset first) saw of it: what a benchmark reports of an
+    /// epoch and the planner's calibration prices its kernels from.
+    pub fn timed_train_step(
+        &self,
+        model: &mut Model<B>,
+        opts: &TrainOptions,
+        epoch: usize,
+        profile: &dyn grandis_engine::OpProfile,
+    ) -> anyhow::Result<TimedStep> {
+        profile.reset_op_times();
+        let start = Instant::now();
+        let loss = self.train_step(model, None, opts, epoch)?;
+        self.backend.synchronize()?;
+        Ok(TimedStep {
+            loss,
+            seconds: start.elapsed().as_secs_f64(),
+            ops: profile.op_times(),
         })
     }
 

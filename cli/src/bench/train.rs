@@ -340,14 +340,10 @@ fn timed_epochs<B: grandis_engine::Backend>(
     let mut progress = grandis_telemetry::Progress::new("bench train", Some(opts.epochs as u64));
     profile.set_op_timing(true);
     for epoch in 1..=opts.epochs {
-        profile.reset_op_times();
-        let t = Instant::now();
-        let loss = prepared.train_step(&mut model, None, &opts, epoch)?;
-        b.synchronize()?;
-        let epoch_s = t.elapsed().as_secs_f64();
+        let step = prepared.timed_train_step(&mut model, &opts, epoch, profile)?;
+        let (loss, epoch_s, ops) = (step.loss, step.seconds, step.ops);
         trained_s += epoch_s;
         m.last_loss = loss;
-        let ops = profile.op_times();
         let others = profile.other_op_times();
         let mut line = format!(
             "epoch {epoch}: loss {loss:.4}, {epoch_s:.3}s (aggregation {:.3}s, gemm {:.3}s)",
