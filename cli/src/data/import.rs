@@ -31,6 +31,10 @@ enum FormatArg {
     /// users then artists, friendships and listens, no features (train with
     /// --embedding-dim), and a link split of the listens (user -> artist, --seed).
     Lastfm,
+    /// The IMDB graph of the `graphdatascience` wheel (its resources/imdb directory): movies,
+    /// directors and actors (typed), 1,256 plot-keyword features on each, movies labelled by
+    /// genre (3 classes), directing and acting both ways.
+    Imdb,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -55,12 +59,13 @@ Examples:
   grandis data import --format npy --input pyg/ --out data/mygraph
   grandis data import --format ogb --input ogbn_arxiv --out data/arxiv --symmetrize
   grandis data import --format edgelist --input g.tsv --features f.csv --labels y.txt --out data/g
-  grandis data import --format lastfm --input graphdatascience/resources/lastfm --out data/lastfm")]
+  grandis data import --format lastfm --input graphdatascience/resources/lastfm --out data/lastfm
+  grandis data import --format imdb --input graphdatascience/resources/imdb --out data/imdb")]
 pub struct ImportArgs {
     /// Input layout.
     #[arg(long, value_enum)]
     format: FormatArg,
-    /// Input file (edgelist) or directory (npy, ogb, parquet, lastfm).
+    /// Input file (edgelist) or directory (npy, ogb, parquet, lastfm, imdb).
     #[arg(long)]
     input: PathBuf,
     /// Output dataset directory; must not exist unless --force.
@@ -142,6 +147,7 @@ pub fn run(args: ImportArgs) -> anyhow::Result<()> {
         FormatArg::Edgelist => Format::EdgeList,
         FormatArg::Parquet => Format::Parquet,
         FormatArg::Lastfm => Format::LastFm,
+        FormatArg::Imdb => Format::Imdb,
     };
     let FormatSpecific {
         split_name,

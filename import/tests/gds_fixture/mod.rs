@@ -13,18 +13,23 @@ use parquet::schema::parser::parse_message_type;
 /// `(nodeId, subject, features)`; `None` is null.
 pub type NodeRow = (i64, Option<i64>, Option<Vec<f64>>);
 
-/// Writes a GDS-style nodes table.
+/// Writes a GDS-style nodes table (label column `subject`, features column `features`).
 pub fn nodes(path: &Path, rows: &[NodeRow]) {
+    nodes_with(path, rows, "subject", "features")
+}
+
+/// Writes a nodes table whose label and feature columns are named `label` and `features`.
+pub fn nodes_with(path: &Path, rows: &[NodeRow], label: &str, features: &str) {
     let schema = Arc::new(
-        parse_message_type(
-            "message schema {
+        parse_message_type(&format!(
+            "message schema {{
                 required int64 nodeId;
-                optional int64 subject;
-                optional group features (LIST) {
-                    repeated group list { optional double element; }
-                }
-            }",
-        )
+                optional int64 {label};
+                optional group {features} (LIST) {{
+                    repeated group list {{ optional double element; }}
+                }}
+            }}"
+        ))
         .unwrap(),
     );
     let props = Arc::new(
@@ -42,7 +47,7 @@ pub fn nodes(path: &Path, rows: &[NodeRow]) {
         .write_batch(&ids, None, None)
         .unwrap();
     col.close().unwrap();
-    // subject (nullable: definition level 1 = present)
+    // the label (nullable: definition level 1 = present)
     let mut col = group.next_column().unwrap().unwrap();
     let values: Vec<i64> = rows.iter().filter_map(|r| r.1).collect();
     let defs: Vec<i16> = rows.iter().map(|r| r.1.is_some() as i16).collect();
@@ -50,7 +55,7 @@ pub fn nodes(path: &Path, rows: &[NodeRow]) {
         .write_batch(&values, Some(&defs), None)
         .unwrap();
     col.close().unwrap();
-    // features: definition 0 = null list, 1 = empty list, 3 = element present.
+    // the features: definition 0 = null list, 1 = empty list, 3 = element present.
     let mut col = group.next_column().unwrap().unwrap();
     let (mut values, mut defs, mut reps) = (vec![], vec![], vec![]);
     for r in rows {
