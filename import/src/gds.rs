@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -188,9 +189,15 @@ fn float_of(field: &Field) -> Result<f64, String> {
 }
 
 /// Row `row`'s feature cell of column `c` into `out` (cleared first): a list of numbers, or a
-/// single number as a 1-dimensional vector; a null cell or value, or a value beyond `f32`, is
-/// an error naming the column.
-pub(crate) fn feature_row(row: &Row, c: &str, out: &mut Vec<f32>) -> Result<(), String> {
+/// single number as a 1-dimensional vector, as wide as every row before it (`width`, set by
+/// the first); a null cell or value, a value beyond `f32` or a ragged row is an error naming
+/// the column.
+pub(crate) fn feature_row(
+    row: &Row,
+    c: &str,
+    width: &mut Option<usize>,
+    out: &mut Vec<f32>,
+) -> Result<(), String> {
     out.clear();
     let mut push = |v: &Field| -> Result<(), String> {
         let raw = float_of(v).map_err(|m| format!("{c}: {m}"))?;
@@ -198,10 +205,54 @@ pub(crate) fn feature_row(row: &Row, c: &str, out: &mut Vec<f32>) -> Result<(), 
         Ok(())
     };
     match column(row, c) {
-        Some(Field::ListInternal(list)) => list.elements().iter().try_for_each(push),
-        Some(Field::Null) | None => Err(format!("{c} is null")),
-        Some(other) => push(other),
+        Some(Field::ListInternal(list)) => list.elements().iter().try_for_each(push)?,
+        Some(Field::Null) | None => return Err(format!("{c} is null")),
+        Some(other) => push(other)?,
     }
+    match *width {
+        None => *width = Some(out.len()),
+        Some(d) if d != out.len() => {
+            return Err(format!(
+                "{c} has {} values, but earlier rows have {d} (ragged rows)",
+                out.len()
+            ))
+        }
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+/// The (source, target) dense pairs of a relationship table, each end looked up in `ids` and
+/// required to fall in its range (`sources`, `targets`: the range and what its vertices are,
+/// for the error).
+pub(crate) fn id_pairs(
+    path: &Path,
+    ids: &HashMap<i64, u32>,
+    (sources, source_what): (Range<u32>, &str),
+    (targets, target_what): (Range<u32>, &str),
+) -> Result<Vec<(u32, u32)>> {
+    let mut table = Table::open(path)?;
+    table.require(SOURCE)?;
+    table.require(TARGET)?;
+    table.project(&[SOURCE, TARGET])?;
+    let mut out = Vec::with_capacity(table.num_rows() as usize);
+    table.for_each_row(|i, row| {
+        let end = |name: &str, range: &Range<u32>, what: &str| -> Result<u32> {
+            let raw = int_of(column(row, name))
+                .map_err(|m| table.row_error(i, format!("{name}: {m}")))?
+                .ok_or_else(|| table.row_error(i, format!("{name} is null")))?;
+            ids.get(&raw)
+                .copied()
+                .filter(|v| range.contains(v))
+                .ok_or_else(|| table.row_error(i, format!("{name} {raw} is not a {what}")))
+        };
+        out.push((
+            end(SOURCE, &sources, source_what)?,
+            end(TARGET, &targets, target_what)?,
+        ));
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
@@ -267,17 +318,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
         };
         labels.push(label);
         if let Some(c) = feat_col {
-            feature_row(row, c, &mut row_buf).map_err(err)?;
-            match dim {
-                None => dim = Some(row_buf.len()),
-                Some(d) if d != row_buf.len() => {
-                    return Err(err(format!(
-                        "{c} has {} values, but earlier rows have {d} (ragged rows)",
-                        row_buf.len()
-                    )))
-                }
-                Some(_) => {}
-            }
+            feature_row(row, c, &mut dim, &mut row_buf).map_err(err)?;
             features.push(&row_buf)?;
         }
         progress.inc(1);

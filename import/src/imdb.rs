@@ -14,18 +14,15 @@
 //! one graph.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use grandis_telemetry::Progress;
 
 use crate::error::{ImportError, Result};
-use crate::gds::{column, feature_row, find_table, int_of, Table};
+use crate::gds::{column, feature_row, find_table, id_pairs, int_of, Table};
 use crate::{Ctx, Parts};
 
 const NODE_ID: &str = "nodeId";
-const SOURCE: &str = "sourceNodeId";
-const TARGET: &str = "targetNodeId";
 const LABEL: &str = "genre";
 const FEATURES: &str = "plot_keywords";
 
@@ -76,55 +73,13 @@ fn read_nodes(
                 .unwrap_or(-1),
             false => -1,
         });
-        feature_row(row, FEATURES, &mut row_buf).map_err(err)?;
-        match *dim {
-            None => *dim = Some(row_buf.len()),
-            Some(d) if d != row_buf.len() => {
-                return Err(err(format!(
-                    "{FEATURES} has {} values, but earlier rows have {d}",
-                    row_buf.len()
-                )))
-            }
-            Some(_) => {}
-        }
+        feature_row(row, FEATURES, dim, &mut row_buf).map_err(err)?;
         features.push(&row_buf)?;
         progress.inc(1);
         Ok(())
     })?;
     progress.finish();
     Ok(())
-}
-
-/// The (source, target) dense pairs of a relationship table, the source among `sources` and
-/// the target among `targets` (named `what` in errors).
-fn pairs(
-    path: &Path,
-    ids: &HashMap<i64, u32>,
-    (sources, source_what): (Range<u32>, &str),
-    (targets, target_what): (Range<u32>, &str),
-) -> Result<Vec<(u32, u32)>> {
-    let mut table = Table::open(path)?;
-    table.require(SOURCE)?;
-    table.require(TARGET)?;
-    table.project(&[SOURCE, TARGET])?;
-    let mut out = Vec::with_capacity(table.num_rows() as usize);
-    table.for_each_row(|i, row| {
-        let end = |name: &str, range: &Range<u32>, what: &str| -> Result<u32> {
-            let raw = int_of(column(row, name))
-                .map_err(|m| table.row_error(i, format!("{name}: {m}")))?
-                .ok_or_else(|| table.row_error(i, format!("{name} is null")))?;
-            ids.get(&raw)
-                .copied()
-                .filter(|v| range.contains(v))
-                .ok_or_else(|| table.row_error(i, format!("{name} {raw} is not a {what}")))
-        };
-        out.push((
-            end(SOURCE, &sources, source_what)?,
-            end(TARGET, &targets, target_what)?,
-        ));
-        Ok(())
-    })?;
-    Ok(out)
 }
 
 /// The typed view: directors and actors point at movies, and movies back at them; movies are
@@ -190,8 +145,8 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     let a = movies + directors..movies + directors + actors;
     let n = a.end;
 
-    let directed = pairs(&directed_path, &ids, (d, "director"), (m.clone(), "movie"))?;
-    let acted = pairs(&acted_path, &ids, (a, "actor"), (m, "movie"))?;
+    let directed = id_pairs(&directed_path, &ids, (d, "director"), (m.clone(), "movie"))?;
+    let acted = id_pairs(&acted_path, &ids, (a, "actor"), (m, "movie"))?;
     drop(ids);
     let mut builder = ctx.edge_builder(Some(2 * (directed.len() + acted.len())))?;
     for (path, list) in [(&directed_path, &directed), (&acted_path, &acted)] {

@@ -21,12 +21,10 @@ use grandis_store::{EdgeOptions, EdgeSplitOptions, SelfLoops};
 use grandis_telemetry::Progress;
 
 use crate::error::{ImportError, Result};
-use crate::gds::{column, find_table, int_of, Table};
+use crate::gds::{column, find_table, id_pairs, int_of, Table};
 use crate::{Ctx, Parts};
 
 const NODE_ID: &str = "nodeId";
-const SOURCE: &str = "sourceNodeId";
-const TARGET: &str = "targetNodeId";
 
 /// The held-out fractions and negatives of the listens' split.
 const SPLIT: EdgeSplitOptions = EdgeSplitOptions {
@@ -53,38 +51,6 @@ fn node_ids(path: &Path, first: u32, ids: &mut HashMap<i64, u32>) -> Result<u32>
         Ok(())
     })?;
     Ok(next - first)
-}
-
-/// The (source, target) dense pairs of a relationship table, each end checked against its
-/// node table's range.
-fn pairs(
-    path: &Path,
-    ids: &HashMap<i64, u32>,
-    sources: std::ops::Range<u32>,
-    targets: std::ops::Range<u32>,
-) -> Result<Vec<(u32, u32)>> {
-    let mut table = Table::open(path)?;
-    table.require(SOURCE)?;
-    table.require(TARGET)?;
-    table.project(&[SOURCE, TARGET])?;
-    let mut out = Vec::with_capacity(table.num_rows() as usize);
-    table.for_each_row(|i, row| {
-        let end = |name: &str, range: &std::ops::Range<u32>, what: &str| -> Result<u32> {
-            let raw = int_of(column(row, name))
-                .map_err(|m| table.row_error(i, format!("{name}: {m}")))?
-                .ok_or_else(|| table.row_error(i, format!("{name} is null")))?;
-            ids.get(&raw)
-                .copied()
-                .filter(|v| range.contains(v))
-                .ok_or_else(|| table.row_error(i, format!("{name} {raw} is not a {what}")))
-        };
-        out.push((
-            end(SOURCE, &sources, "user")?,
-            end(TARGET, &targets, "user or artist of the node tables")?,
-        ));
-        Ok(())
-    })?;
-    Ok(out)
 }
 
 /// The typed view of the graph: users befriend users, listen to artists and are listened to
@@ -120,8 +86,13 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     let users = node_ids(&users_path, 0, &mut ids)?;
     let artists = node_ids(&artists_path, users, &mut ids)?;
     let n = users + artists;
-    let mut listens = pairs(&listens_path, &ids, 0..users, users..n)?;
-    let mut friends = pairs(&friends_path, &ids, 0..users, 0..users)?;
+    let mut listens = id_pairs(
+        &listens_path,
+        &ids,
+        (0..users, "user"),
+        (users..n, "artist"),
+    )?;
+    let mut friends = id_pairs(&friends_path, &ids, (0..users, "user"), (0..users, "user"))?;
     listens.sort_unstable();
     listens.dedup();
     // A friendship both ways, once, without self-friendship.
