@@ -14,7 +14,7 @@
 //! one graph.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use grandis_telemetry::Progress;
 
@@ -26,27 +26,21 @@ const NODE_ID: &str = "nodeId";
 const LABEL: &str = "genre";
 const FEATURES: &str = "plot_keywords";
 
-/// One node table: its file and the type its rows belong to.
-struct NodeTable {
-    path: PathBuf,
-    labelled: bool,
-}
-
-/// Reads `t`'s rows as dense ids from `ids.len()` on: their labels (`genre`, or -1) into
-/// `labels` and their features into `features` (every table the same width, set by the first
-/// row read into `dim`).
+/// Reads the node table at `path` as dense ids from `ids.len()` on: their labels (`genre`
+/// when `labelled`, else -1) into `labels` and their features into `features` (every table
+/// the same width, set by the first row read into `dim`).
 fn read_nodes(
-    t: &NodeTable,
+    (path, labelled): (&Path, bool),
     ids: &mut HashMap<i64, u32>,
     labels: &mut Vec<i32>,
     features: &mut grandis_store::ArrayWriter<f32>,
     dim: &mut Option<usize>,
 ) -> Result<()> {
-    let mut table = Table::open(&t.path)?;
+    let mut table = Table::open(path)?;
     table.require(NODE_ID)?;
     table.require(FEATURES)?;
     let mut wanted = vec![NODE_ID, FEATURES];
-    if t.labelled {
+    if labelled {
         table.require(LABEL)?;
         wanted.push(LABEL);
     }
@@ -64,7 +58,7 @@ fn read_nodes(
                 "{NODE_ID} {id} appears twice among the node tables"
             )));
         }
-        labels.push(match t.labelled {
+        labels.push(match labelled {
             true => int_of(column(row, LABEL))
                 .map_err(|m| err(format!("{LABEL}: {m}")))?
                 .map(crate::label_value)
@@ -131,11 +125,13 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     ];
     for (kind, path, is_labelled) in tables {
         let before = ids.len();
-        let t = NodeTable {
-            path: path.clone(),
-            labelled: is_labelled,
-        };
-        read_nodes(&t, &mut ids, &mut labels, &mut features, &mut dim)?;
+        read_nodes(
+            (path, is_labelled),
+            &mut ids,
+            &mut labels,
+            &mut features,
+            &mut dim,
+        )?;
         counts[kind] += (ids.len() - before) as u32;
     }
     let dim = dim.unwrap_or(0) as u64;
