@@ -2,7 +2,7 @@
 //! the common flags, partitioned) and the time-to-accuracy reading of a curve.
 
 use anyhow::Context;
-use grandis_models::ModelConfig;
+use grandis_models::{ModelConfig, ModelKind};
 use grandis_parallel::{LinkModel, PartitionedGraph};
 use grandis_partition::PartitionMethod;
 use grandis_store::InMemoryDataset;
@@ -60,8 +60,8 @@ fn fits_in_memory(dir: &std::path::Path, copy: u64, available: Option<u64>) -> a
 }
 
 /// The synthetic power-law graph (or a dataset directory), its partition over S x G ranks
-/// (threads of this process) and the SAGE model that `bench modes`, `bench plan` and `bench
-/// techniques` run, with the links they emulate.
+/// (threads of this process) and the model (SAGE unless --model) that `bench modes`, `bench
+/// plan` and `bench techniques` run, with the links they emulate.
 #[derive(clap::Args)]
 pub struct BenchGraphArgs {
     /// A dataset directory (`grandis data ...`, e.g. data/cora) to run on instead of the
@@ -82,6 +82,13 @@ pub struct BenchGraphArgs {
     pub classes: usize,
     #[arg(long, default_value_t = 3)]
     pub layers: usize,
+    /// The model (as `grandis train --model`): sage, gcn, ressage or gat; on a typed --data
+    /// dataset also rgcn, heterosage or rgat.
+    #[arg(long, default_value_t = ModelKind::Sage)]
+    pub model: ModelKind,
+    /// gat, rgat: attention heads of each hidden layer (they split --hidden).
+    #[arg(long, default_value_t = grandis_wire::defaults::HEADS)]
+    pub heads: u32,
     /// Epochs per run (default 3; `bench techniques`: 20). Epoch times are medians, so the
     /// first epoch's warm-up barely moves them.
     #[arg(long)]
@@ -170,16 +177,20 @@ impl BenchGraphArgs {
             self.devices,
             t.elapsed().as_secs_f64()
         );
-        let config = ModelConfig::for_shape(
+        let config = ModelConfig::for_job(
             &grandis_wire::JobSpec {
+                model: self.model,
                 layers: u32::try_from(self.layers).context("--layers is out of range")?,
                 hidden: u32::try_from(self.hidden).context("--hidden is out of range")?,
+                heads: self.heads,
                 seed: self.seed,
                 ..grandis_wire::JobSpec::default()
             },
-            dataset.feature_dim,
-            dataset.num_classes,
+            &dataset.view(),
         );
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!("--model {}: {e}", self.model.name()))?;
         Ok(BenchGraph {
             dataset,
             stats,
