@@ -149,6 +149,21 @@ impl Table {
     pub(crate) fn row_error(&self, row: u64, message: impl std::fmt::Display) -> ImportError {
         ImportError::invalid(&self.path, format!("row {row}: {message}"))
     }
+
+    /// Row `i`'s integer cell of column `name`, which must not be null.
+    pub(crate) fn int_cell(&self, i: u64, row: &Row, name: &str) -> Result<i64> {
+        int_of(column(row, name))
+            .map_err(|m| self.row_error(i, format!("{name}: {m}")))?
+            .ok_or_else(|| self.row_error(i, format!("{name} is null")))
+    }
+}
+
+/// The dense id the next new node gets: how many `ids` holds, within the store's vertex limit.
+pub(crate) fn next_dense_id(ids: &HashMap<i64, u32>) -> Result<u32, String> {
+    u32::try_from(ids.len())
+        .ok()
+        .filter(|&d| (d as u64) < grandis_store::MAX_VERTICES)
+        .ok_or_else(|| "too many nodes for u32 vertex ids".into())
 }
 
 pub(crate) fn column<'r>(row: &'r Row, name: &str) -> Option<&'r Field> {
@@ -238,9 +253,7 @@ pub(crate) fn id_pairs(
     let mut out = Vec::with_capacity(table.num_rows() as usize);
     table.for_each_row(|i, row| {
         let end = |name: &str, range: &Range<u32>, what: &str| -> Result<u32> {
-            let raw = int_of(column(row, name))
-                .map_err(|m| table.row_error(i, format!("{name}: {m}")))?
-                .ok_or_else(|| table.row_error(i, format!("{name} is null")))?;
+            let raw = table.int_cell(i, row, name)?;
             ids.get(&raw)
                 .copied()
                 .filter(|v| range.contains(v))
@@ -297,13 +310,8 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     let mut progress = Progress::new("nodes", Some(total));
     nodes.for_each_row(|i, row| {
         let err = |m: String| nodes.row_error(i, m);
-        let id = int_of(column(row, NODE_ID))
-            .map_err(|m| err(format!("{NODE_ID}: {m}")))?
-            .ok_or_else(|| err(format!("{NODE_ID} is null")))?;
-        let dense = u32::try_from(ids.len())
-            .ok()
-            .filter(|&d| (d as u64) < grandis_store::MAX_VERTICES)
-            .ok_or_else(|| err("too many nodes for u32 vertex ids".into()))?;
+        let id = nodes.int_cell(i, row, NODE_ID)?;
+        let dense = next_dense_id(&ids).map_err(err)?;
         if let Some(prev) = ids.insert(id, dense) {
             return Err(err(format!(
                 "{NODE_ID} {id} appears twice (first as row {prev})"
@@ -348,9 +356,7 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
     let mut read = 0u64;
     rels.for_each_row(|i, row| {
         let end = |name: &str| -> Result<u32> {
-            let raw = int_of(column(row, name))
-                .map_err(|m| rels.row_error(i, format!("{name}: {m}")))?
-                .ok_or_else(|| rels.row_error(i, format!("{name} is null")))?;
+            let raw = rels.int_cell(i, row, name)?;
             ids.get(&raw).copied().ok_or_else(|| {
                 rels.row_error(
                     i,

@@ -19,7 +19,7 @@ use std::path::Path;
 use grandis_telemetry::Progress;
 
 use crate::error::{ImportError, Result};
-use crate::gds::{column, feature_row, find_table, id_pairs, int_of, Table};
+use crate::gds::{column, feature_row, find_table, id_pairs, int_of, next_dense_id, Table};
 use crate::{Ctx, Parts};
 
 const NODE_ID: &str = "nodeId";
@@ -49,10 +49,8 @@ fn read_nodes(
     let mut progress = Progress::new("nodes", Some(table.num_rows()));
     table.for_each_row(|i, row| {
         let err = |m: String| table.row_error(i, m);
-        let id = int_of(column(row, NODE_ID))
-            .map_err(|m| err(format!("{NODE_ID}: {m}")))?
-            .ok_or_else(|| err(format!("{NODE_ID} is null")))?;
-        let dense = ids.len() as u32;
+        let id = table.int_cell(i, row, NODE_ID)?;
+        let dense = next_dense_id(ids).map_err(err)?;
         if ids.insert(id, dense).is_some() {
             return Err(err(format!(
                 "{NODE_ID} {id} appears twice among the node tables"

@@ -21,7 +21,7 @@ use grandis_store::{EdgeOptions, EdgeSplitOptions, SelfLoops};
 use grandis_telemetry::Progress;
 
 use crate::error::{ImportError, Result};
-use crate::gds::{column, find_table, id_pairs, int_of, Table};
+use crate::gds::{find_table, id_pairs, Table};
 use crate::{Ctx, Parts};
 
 const NODE_ID: &str = "nodeId";
@@ -41,9 +41,7 @@ fn node_ids(path: &Path, first: u32, ids: &mut HashMap<i64, u32>) -> Result<u32>
     table.project(&[NODE_ID])?;
     let mut next = first;
     table.for_each_row(|i, row| {
-        let id = int_of(column(row, NODE_ID))
-            .map_err(|m| table.row_error(i, format!("{NODE_ID}: {m}")))?
-            .ok_or_else(|| table.row_error(i, format!("{NODE_ID} is null")))?;
+        let id = table.int_cell(i, row, NODE_ID)?;
         if ids.insert(id, next).is_some() {
             return Err(table.row_error(i, format!("{NODE_ID} {id} appears twice")));
         }
