@@ -102,18 +102,39 @@ pub struct StageLayout {
 pub struct StageWork {
     pub d_in: usize,
     pub d_out: usize,
-    /// Floating-point operations of its matrices per row.
+    /// Floating-point operations of its matrices per row, every row alike: all of an
+    /// untyped stage's; of a typed stage only its own (R-GCN's root weight), its relations'
+    /// being in `relations`.
     pub flops_per_row: f64,
     /// The part of `flops_per_row` a conv stage spends on each of its INPUT rows (`n_src`,
     /// halo and replicated rows too) rather than its output rows: the neighbour map of a
     /// stage that transforms before aggregating, and all of GAT's matrices (its shared map
     /// and attention vectors score every source row). A partition's rank reads far more
-    /// rows than it writes, so pricing these per output row underprices it. Typed stages
-    /// count 0 here: each relation maps only its own source type's rows.
+    /// rows than it writes, so pricing these per output row underprices it.
     pub input_flops_per_row: f64,
+    /// A typed stage's relations, each priced on the rows of the types its matrices
+    /// multiply (empty for other stages).
+    pub relations: Vec<RelationWork>,
     /// The width of the rows it aggregates when it transforms before aggregating (None:
     /// it aggregates its input rows).
     pub aggregated_cols: Option<usize>,
+}
+
+/// One relation's matrices in a typed conv stage, by the rows they multiply
+/// (`crate::relation`): each weight runs only on the rows of its type, so a rank whose
+/// input rows are mostly of one type does that type's relations' work, not every
+/// relation's on every row.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RelationWork {
+    pub src_type: usize,
+    pub dst_type: usize,
+    /// Flops per input row of the source type: the neighbour map when the stage transforms
+    /// before aggregating; R-GAT's map and attention scores of its source rows.
+    pub per_source_input_row: f64,
+    /// Flops per output row of the destination type: the neighbour map when the stage
+    /// aggregates first, R-GAT's map of the destination rows (when their type differs from
+    /// the sources'), the relation's self weight (hetero-SAGE).
+    pub per_destination_output_row: f64,
 }
 
 /// What configurations written before GAT existed mean by `heads` and `output_heads`.
@@ -146,20 +167,49 @@ impl ModelConfig {
                         .filter(|shape| shape.len() == 2)
                         .map_or(0.0, |shape| 2.0 * (shape[0] * shape[1]) as f64)
                 };
-                let input_flops_per_row = match st.kind {
+                let relations: Vec<RelationWork> = st
+                    .relations
+                    .iter()
+                    .map(|rw| {
+                        // The neighbour map (its own weight, or one the bases make, as wide).
+                        let cols = rw.attention.map_or(st.d_out, |a| a.heads * a.head_dim);
+                        let map = 2.0 * (st.d_in * cols) as f64;
+                        let (source, destination) = match rw.attention {
+                            // Both ends' rows are mapped, each once; the scores are two
+                            // `heads`-wide products per source row.
+                            Some(a) => (
+                                map + 2.0 * (cols * 2 * a.heads) as f64,
+                                if rw.src_type == rw.dst_type { 0.0 } else { map },
+                            ),
+                            None if st.transforms_first() => (map, 0.0),
+                            None => (0.0, map),
+                        };
+                        RelationWork {
+                            src_type: rw.src_type,
+                            dst_type: rw.dst_type,
+                            per_source_input_row: source,
+                            per_destination_output_row: destination + matrix(rw.w_self),
+                        }
+                    })
+                    .collect();
+                let (flops_per_row, input_flops_per_row) = match st.kind {
+                    StageKind::Conv { .. } if !relations.is_empty() => {
+                        (matrix(st.w_self) + matrix(st.w_neigh), 0.0)
+                    }
                     StageKind::Conv { .. } if st.attention.is_some() => {
-                        flops_per_row - matrix(st.w_self)
+                        (flops_per_row, flops_per_row - matrix(st.w_self))
                     }
-                    StageKind::Conv { .. } if st.relations.is_empty() && st.transforms_first() => {
-                        matrix(st.w_neigh)
+                    StageKind::Conv { .. } if st.transforms_first() => {
+                        (flops_per_row, matrix(st.w_neigh))
                     }
-                    _ => 0.0,
+                    _ => (flops_per_row, 0.0),
                 };
                 StageWork {
                     d_in: st.d_in,
                     d_out: st.d_out,
                     flops_per_row,
                     input_flops_per_row,
+                    relations,
                     aggregated_cols: st.neighbour_width(),
                 }
             })

@@ -35,7 +35,7 @@ mod stage;
 
 use grandis_engine::{Backend, Result};
 
-pub use config::{aggregation, ModelConfig, ModelRelation, StageLayout, StageWork};
+pub use config::{aggregation, ModelConfig, ModelRelation, RelationWork, StageLayout, StageWork};
 /// Which architecture: the job spec's own enum (one definition, in `grandis-wire`).
 pub use grandis_wire::ModelKind;
 pub use param::Param;

@@ -5,7 +5,7 @@
 use grandis_models::ModelConfig;
 use grandis_wire::{ComputeRate, KernelCalibration};
 
-use super::counts::layer_work;
+use super::counts::{layer_work, TypeRows};
 use super::price::{layer_seconds, KernelSeconds, LayerRowCounts};
 
 /// Vertices of [`calibrate`]'s sample.
@@ -110,7 +110,8 @@ pub fn calibrate(
     };
     let sv = sample.view();
     let work = layer_work(config, &crate::model_dims(config))?;
-    let whole = LayerRowCounts::square(n as f64, sv.graph.num_edges() as f64);
+    let types = sv.types.map(TypeRows::whole);
+    let whole = LayerRowCounts::square(n as f64, sv.graph.num_edges() as f64, types.as_ref());
     let modelled = work
         .iter()
         .map(|w| layer_seconds(&whole, w, rate, false) + layer_seconds(&whole, w, rate, true))

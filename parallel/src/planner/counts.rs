@@ -68,6 +68,52 @@ pub struct StepCounts {
     pub fetch: Traffic,
     /// Learnable node embeddings' asks, rows and gradients (`crate::embedding_shard`).
     pub embeddings: Traffic,
+    /// `[rank][layer]` a typed model's rows by vertex type (empty for untyped models).
+    pub type_rows: Vec<Vec<TypeRows>>,
+}
+
+/// One layer's output and input rows by vertex type (`[type]`), for pricing a typed model's
+/// relations ([`LayerWork::relations`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TypeRows {
+    pub rows: Vec<u64>,
+    pub inputs: Vec<u64>,
+}
+
+impl TypeRows {
+    /// The rows of `ids` by type: the first `n_dst` are the outputs, all of them the inputs.
+    fn of(ids: &[u32], n_dst: usize, types: &TypeLookup<'_>) -> TypeRows {
+        let mut out = TypeRows {
+            rows: vec![0; types.types.num_types()],
+            inputs: vec![0; types.types.num_types()],
+        };
+        for (i, &g) in ids.iter().enumerate() {
+            let t = types.types.type_of(types.new_to_old[g as usize]);
+            out.inputs[t] += 1;
+            if i < n_dst {
+                out.rows[t] += 1;
+            }
+        }
+        out
+    }
+
+    /// A square layer over a typed dataset's whole vertex set (the calibration's sample).
+    pub(super) fn whole(types: &grandis_store::Types) -> TypeRows {
+        let counts: Vec<u64> = (0..types.num_types())
+            .map(|t| types.range(t).len() as u64)
+            .collect();
+        TypeRows {
+            rows: counts.clone(),
+            inputs: counts,
+        }
+    }
+}
+
+/// The vertex type of a plan's (new) vertex id: the dataset's types and the ids' dataset ids.
+#[derive(Clone, Copy)]
+pub(crate) struct TypeLookup<'a> {
+    pub types: &'a grandis_store::Types,
+    pub new_to_old: &'a [u32],
 }
 
 /// What one epoch of a candidate does, in counts.
@@ -122,6 +168,9 @@ pub struct LayerWork {
     /// input is the features): backward then runs the input's products too, and the halo
     /// rows' gradients go back to their owners.
     pub input_gradient: bool,
+    /// A typed convolution's relations ([`grandis_models::StageWork::relations`]), priced
+    /// on the layer's rows of their types ([`StepCounts::type_rows`]).
+    pub relations: Vec<grandis_models::RelationWork>,
 }
 
 /// The work constants of every conv layer of `config`.
@@ -151,18 +200,23 @@ pub fn layer_work(config: &ModelConfig, dims: &ModelDims) -> anyhow::Result<Vec<
                 exchanged_cols: dims.in_width(l),
                 // Layer 0's input gradient goes only to a stage before it.
                 input_gradient: l > 0 || first_conv > 0,
+                relations: work[s].relations.clone(),
             }
         })
         .collect())
 }
 
-/// Counts of one step: every rank's rows and edges per layer, its exchanges and fetch.
+/// Counts of one step: every rank's rows and edges per layer, its exchanges and fetch, and
+/// (a typed model, with `types`) its rows by type.
 pub(crate) fn count_step(
     step: &Step,
     layout: &Layout,
     work: &[LayerWork],
     (features, embedding_dim): (usize, usize),
+    types: Option<TypeLookup<'_>>,
 ) -> StepCounts {
+    let typed = work.iter().any(|w| !w.relations.is_empty());
+    let types = types.filter(|_| typed);
     let layers = work.len();
     let mut rows = vec![vec![0u64; layers]; step.plans.len()];
     let mut edges = vec![vec![0u64; layers]; step.plans.len()];
@@ -171,12 +225,21 @@ pub(crate) fn count_step(
     let mut backward = vec![Traffic::default(); layers];
     let mut fetch = Traffic::default();
     let mut embeddings = Traffic::default();
+    let mut type_rows = match types {
+        Some(_) => vec![vec![TypeRows::default(); layers]; step.plans.len()],
+        None => Vec::new(),
+    };
     for (r, plans) in step.plans.iter().enumerate() {
         for (l, p) in plans.iter().enumerate().take(layers) {
             let w = p.work_at(l);
+            let space = p.layer_rows(l);
             rows[r][l] = w.rows;
-            inputs[r][l] = p.layer_rows(l).n_src as u64;
+            inputs[r][l] = space.n_src as u64;
             edges[r][l] = w.edges;
+            if let Some(types) = &types {
+                let ids = p.compact_global_ids(&space);
+                type_rows[r][l] = TypeRows::of(&ids, space.n_dst, types);
+            }
             let row_bytes = (work[l].exchanged_cols * 4) as u64;
             for (gi, g) in p.halo.iter().enumerate() {
                 let n = p.recv_rows(l, gi).len() as u64;
@@ -201,6 +264,7 @@ pub(crate) fn count_step(
         backward,
         fetch,
         embeddings,
+        type_rows,
     }
 }
 

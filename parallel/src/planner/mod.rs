@@ -45,8 +45,8 @@ use crate::link_task::{LinkSeeds, LinkTask};
 use crate::prepare::{BufferPool, HostInput, Preparer};
 
 pub use calibrate::{calibrate, Calibration, CALIBRATION_VERTICES};
-pub(crate) use counts::count_step;
-pub use counts::{layer_work, DecoderWork, EpochCounts, LayerWork, StepCounts, Traffic};
+pub(crate) use counts::{count_step, TypeLookup};
+pub use counts::{layer_work, DecoderWork, EpochCounts, LayerWork, StepCounts, Traffic, TypeRows};
 pub use price::{predict, KernelSeconds};
 
 /// Steps of a per-iteration schedule counted for one epoch (the rest are assumed alike).
@@ -563,7 +563,11 @@ fn count_epoch(
                     t.elapsed().as_secs_f64() * iterations as f64 / counted.min(INPUT_STEPS) as f64;
             }
         }
-        let mut step = count_step(&built.1, ctx.layout(), work, widths);
+        let types = preparer.features.view.types.map(|types| TypeLookup {
+            types,
+            new_to_old: preparer.features.new_to_old,
+        });
+        let mut step = count_step(&built.1, ctx.layout(), work, widths, types);
         crate::steps::raise_peaks(&mut counts.model_bytes, &built.2.model_bytes);
         let fetch = std::mem::take(&mut step.fetch);
         step.fetch = match &decision.schedule {

@@ -5,7 +5,7 @@
 use grandis_masking::Layout;
 use grandis_wire::{ComputeRate, KernelCalibration, LinkRate, PlanRates, Prediction};
 
-use super::counts::{DecoderWork, EpochCounts, LayerWork, Traffic};
+use super::counts::{DecoderWork, EpochCounts, LayerWork, Traffic, TypeRows};
 use crate::timeline::{self, Op};
 
 /// The rows an aggregation reads from, and how many ranks share the caches they are read
@@ -55,7 +55,7 @@ fn aggregation_rate(rate: &ComputeRate, sources: Sources, cols: usize) -> f64 {
 
 /// The rows one conv layer of one rank runs on.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct LayerRowCounts {
+pub(super) struct LayerRowCounts<'a> {
     /// Output rows.
     pub(super) rows: f64,
     /// Input rows (at least `rows`).
@@ -64,17 +64,35 @@ pub(super) struct LayerRowCounts {
     pub(super) edges: f64,
     /// Ranks sharing the caches the input rows are read through ([`Sources::shared`]).
     pub(super) cache_sharers: f64,
+    /// A typed model's rows by type (None: untyped, or not counted).
+    pub(super) types: Option<&'a TypeRows>,
 }
 
-impl LayerRowCounts {
+impl<'a> LayerRowCounts<'a> {
     /// A layer reading exactly the rows it writes, alone (the calibration's whole graph).
-    pub(super) fn square(rows: f64, edges: f64) -> LayerRowCounts {
+    pub(super) fn square(rows: f64, edges: f64, types: Option<&'a TypeRows>) -> Self {
         LayerRowCounts {
             rows,
             inputs: rows,
             edges,
             cache_sharers: 1.0,
+            types,
         }
+    }
+
+    /// Flops of a typed layer's relations `relations` (each per row of its types), one pass.
+    /// Without the rows by type, every relation is priced on every row.
+    fn relation_flops(&self, relations: &[grandis_models::RelationWork]) -> f64 {
+        relations
+            .iter()
+            .map(|r| {
+                let (sources, destinations) = match self.types {
+                    Some(t) => (t.inputs[r.src_type] as f64, t.rows[r.dst_type] as f64),
+                    None => (self.inputs, self.rows),
+                };
+                sources * r.per_source_input_row + destinations * r.per_destination_output_row
+            })
+            .sum()
     }
 }
 
@@ -119,7 +137,8 @@ pub(super) fn layer_seconds(
         1.0
     };
     let flops = n.rows * (w.flops_per_row - w.input_flops_per_row)
-        + n.inputs.max(n.rows) * w.input_flops_per_row;
+        + n.inputs.max(n.rows) * w.input_flops_per_row
+        + n.relation_flops(&w.relations);
     // The forward pass gathers from the input rows; the backward walks the transposed
     // graph, gathering from the output rows' gradients (and writing the input rows' in
     // order). A replicated plan's layer reads 2-3x as many input rows as it writes: a 200k
@@ -243,6 +262,7 @@ pub fn predict(
                         inputs: step.inputs[r][l] as f64,
                         edges: step.edges[r][l] as f64,
                         cache_sharers: rates.cache_sharers,
+                        types: step.type_rows.get(r).map(|t| &t[l]),
                     };
                     layer_seconds(&n, &work[l], &rates.compute, backward).calibrated(&factors)
                 })
@@ -402,6 +422,7 @@ mod tests {
             inputs,
             edges: 1e6,
             cache_sharers: 1.0,
+            types: None,
         };
         let aggregation =
             |n: &LayerRowCounts, backward| layer_seconds(n, w, &rate, backward).aggregation;
@@ -443,5 +464,75 @@ mod tests {
             compute_s(&widening, 100, 250),
             compute_s(&widening, 100, 100)
         );
+    }
+
+    /// A typed layer's relations run each on its own types' rows: R-GCN's neighbour map on
+    /// its source type's input rows (it transforms first), its root on every output row;
+    /// hetero-SAGE's self weight on its destination type's output rows.
+    #[test]
+    fn relations_are_priced_on_their_types_rows() {
+        let relations = vec![
+            grandis_models::ModelRelation {
+                key: "a__to__b".into(),
+                src_type: 0,
+                dst_type: 1,
+            },
+            grandis_models::ModelRelation {
+                key: "b__to__a".into(),
+                src_type: 1,
+                dst_type: 0,
+            },
+        ];
+        let work = |kind| {
+            let config = ModelConfig {
+                relations: relations.clone(),
+                ..ModelConfig::new(kind, 1, 16, 8, 8)
+            };
+            layer_work(&config, &crate::model_dims(&config)).unwrap()
+        };
+        // 10 output rows, all of type a; 100 input rows, 90 of them of type b.
+        let types = TypeRows {
+            rows: vec![10, 0],
+            inputs: vec![10, 90],
+        };
+        let n = LayerRowCounts {
+            rows: 10.0,
+            inputs: 100.0,
+            edges: 0.0,
+            cache_sharers: 1.0,
+            types: Some(&types),
+        };
+        let map = 2.0 * 16.0 * 8.0 / 1e9;
+        let dense = |w: &LayerWork| layer_seconds(&n, w, &rates().compute, false).dense;
+        // R-GCN: a -> b maps the 10 rows of a, b -> a the 90 of b; the root the 10 outputs.
+        let rgcn = work(grandis_models::ModelKind::Rgcn);
+        assert!((dense(&rgcn[0]) - (10.0 + 90.0 + 10.0) * map).abs() < 1e-15);
+        // Hetero-SAGE: the same neighbour maps, and b -> a's self weight on the 10 outputs
+        // of a (a -> b's has no output rows).
+        let sage = work(grandis_models::ModelKind::HeteroSage);
+        assert!((dense(&sage[0]) - (10.0 + 90.0 + 10.0) * map).abs() < 1e-15);
+        // Type b's outputs now: a -> b's self weight runs on them instead.
+        let types = TypeRows {
+            rows: vec![0, 10],
+            inputs: vec![10, 90],
+        };
+        let n = LayerRowCounts {
+            types: Some(&types),
+            ..n
+        };
+        let dense = |w: &LayerWork| layer_seconds(&n, w, &rates().compute, false).dense;
+        assert!((dense(&sage[0]) - (10.0 + 90.0 + 10.0) * map).abs() < 1e-15);
+        // Every row of type a: only a -> b's map and b -> a's self weight remain.
+        let types = TypeRows {
+            rows: vec![10, 0],
+            inputs: vec![100, 0],
+        };
+        let n = LayerRowCounts {
+            types: Some(&types),
+            ..n
+        };
+        let dense = |w: &LayerWork| layer_seconds(&n, w, &rates().compute, false).dense;
+        assert!((dense(&sage[0]) - (100.0 + 10.0) * map).abs() < 1e-15);
+        assert!((dense(&rgcn[0]) - (100.0 + 10.0) * map).abs() < 1e-15);
     }
 }
