@@ -133,6 +133,11 @@ pub fn plan_rates(
         aggregation_edge_cols_per_s: slowest(|c| c.aggregation_edge_cols_per_s),
         aggregation_uncached_edge_cols_per_s: slowest(|c| c.aggregation_uncached_edge_cols_per_s),
         width: first.compute.width,
+        // The slowest server's rows (an older server's rates, without any, count as 0).
+        aggregation_row_edges: servers
+            .iter()
+            .map(|s| s.compute.aggregation_row_edges)
+            .fold(0.0, f64::max),
     };
     let link = |pick: fn(&ServerRates) -> Option<LinkRate>| {
         let links: Vec<LinkRate> = servers.iter().filter_map(pick).collect();

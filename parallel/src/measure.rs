@@ -32,7 +32,7 @@ pub const CACHED_SOURCE_ROWS: usize = ROWS;
 pub const UNCACHED_SOURCE_ROWS: usize = 1 << 18;
 
 /// In-degree of the calibration graph.
-const DEGREE: usize = 16;
+pub const DEGREE: usize = 16;
 
 /// Measures one device's compute rate at `width` columns on backend `b`.
 pub fn compute_rate<B: Backend>(b: &B, width: usize) -> anyhow::Result<ComputeRate> {
@@ -40,41 +40,54 @@ pub fn compute_rate<B: Backend>(b: &B, width: usize) -> anyhow::Result<ComputeRa
     let x = b.upload(&pseudo_random(ROWS * width, 1))?;
     let w = b.upload(&pseudo_random(width * width, 2))?;
     let mut y = b.alloc(ROWS * width)?;
-    let gemm_calls = repeat(b, || {
+    let gemm_calls = repeat(b, CALIBRATION, || {
         b.gemm(false, false, ROWS, width, width, 1.0, &x, &w, 0.0, &mut y)
     })?;
     let flops = 2.0 * (ROWS * width * width) as f64;
-    let aggregation = |sources: usize| -> anyhow::Result<f64> {
+    // Seconds of one aggregation over `ROWS` output rows of `degree` scattered neighbours
+    // each among `sources` rows of `cols` columns.
+    let aggregation = |sources: usize, degree: usize, cols: usize, time: Duration| {
         let n = ROWS;
         let graph = BlockGraph {
             n_dst: n,
             n_src: sources,
-            offsets: (0..=n).map(|v| (v * DEGREE) as u64).collect(),
+            offsets: (0..=n).map(|v| (v * degree) as u64).collect(),
             // A scattered neighbourhood, as a partitioned graph's is.
-            indices: (0..n * DEGREE)
+            indices: (0..n * degree)
                 .map(|e| ((e as u64).wrapping_mul(2654435761) % sources as u64) as u32)
                 .collect(),
-            dst_scale: vec![1.0 / DEGREE as f32; n],
+            dst_scale: vec![1.0 / degree.max(1) as f32; n],
             src_scale: None,
             self_scale: None,
         };
         let g = b.upload_graph(&graph)?;
-        let src = match sources {
-            s if s == ROWS => None,
-            s => Some(b.upload(&pseudo_random(s * width, 3))?),
-        };
-        let mut out = b.alloc(n * width)?;
-        let calls = repeat(b, || {
-            b.aggregate(&g, src.as_ref().unwrap_or(&x), width, &mut out)
-        })?;
-        Ok((n * DEGREE * width) as f64 * calls.0 as f64 / calls.1)
+        let src = b.upload(&pseudo_random(sources * cols, 3))?;
+        let mut out = b.alloc(n * cols)?;
+        let calls = repeat(b, time, || b.aggregate(&g, &src, cols, &mut out))?;
+        anyhow::Ok(calls.1 / calls.0 as f64)
     };
+    let edge_cols = (ROWS * DEGREE * width) as f64;
+    let cached = aggregation(CACHED_SOURCE_ROWS, DEGREE, width, CALIBRATION)?;
+    let uncached = aggregation(UNCACHED_SOURCE_ROWS, DEGREE, width, CALIBRATION)?;
+    let rows = aggregation(CACHED_SOURCE_ROWS, 0, width, CALIBRATION / 2)?;
     Ok(ComputeRate {
         gemm_flops_per_s: flops * gemm_calls.0 as f64 / gemm_calls.1,
-        aggregation_edge_cols_per_s: aggregation(CACHED_SOURCE_ROWS)?,
-        aggregation_uncached_edge_cols_per_s: aggregation(UNCACHED_SOURCE_ROWS)?,
+        aggregation_edge_cols_per_s: edge_cols / cached,
+        aggregation_uncached_edge_cols_per_s: edge_cols / uncached,
         width,
+        aggregation_row_edges: row_edges(cached, rows),
     })
+}
+
+/// [`ComputeRate::aggregation_row_edges`] from a pass over `ROWS` rows of `DEGREE` edges each
+/// (`seconds`) and one over as many rows without edges (`rows_only`). Timing noise can put
+/// the edges at nothing: then the rows are not priced apart.
+fn row_edges(seconds: f64, rows_only: f64) -> f64 {
+    let per_edge = (seconds - rows_only) / DEGREE as f64;
+    match per_edge > 0.0 && rows_only > 0.0 {
+        true => rows_only / per_edge,
+        false => 0.0,
+    }
 }
 
 /// This host's memory-copy rate: bytes per second of the fastest of a few copies of
@@ -93,16 +106,17 @@ pub fn memory_copy_rate() -> f64 {
     COPY_BYTES as f64 / best.max(1e-9)
 }
 
-/// Calls `f` until [`CALIBRATION`] has passed (after one warm-up call): (calls, seconds).
+/// Calls `f` until `time` has passed (after one warm-up call): (calls, seconds).
 fn repeat<B: Backend>(
     b: &B,
+    time: Duration,
     mut f: impl FnMut() -> grandis_engine::Result<()>,
 ) -> anyhow::Result<(usize, f64)> {
     f()?;
     b.synchronize()?;
     let start = Instant::now();
     let mut calls = 0;
-    while calls == 0 || start.elapsed() < CALIBRATION {
+    while calls == 0 || start.elapsed() < time {
         f()?;
         calls += 1;
         if calls % 4 == 0 {
@@ -206,6 +220,21 @@ mod tests {
         assert!(r.gemm_flops_per_s > 1e6, "{r:?}");
         assert!(r.aggregation_edge_cols_per_s > 1e6, "{r:?}");
         assert_eq!(r.width, 16);
+        // A row's write is not free, nor worth the whole pass of 16 edges.
+        assert!(
+            r.aggregation_row_edges > 0.0 && r.aggregation_row_edges < 64.0,
+            "{r:?}"
+        );
+    }
+
+    /// A row's cost in edges: the rows-only pass over the edges' share of the full one; a
+    /// full pass no slower than its rows alone (noise) prices no rows apart.
+    #[test]
+    fn row_edges_is_the_rows_cost_over_an_edges() {
+        // 16 edges of 1 s and a row of 3 s per row.
+        assert_eq!(row_edges(19.0, 3.0), 3.0);
+        assert_eq!(row_edges(3.0, 3.0), 0.0);
+        assert_eq!(row_edges(2.0, 3.0), 0.0);
     }
 
     /// Two servers of two devices measure their links together; each server's figures come

@@ -22,6 +22,7 @@ fn rates(compute: f64, intra: f64, inter: f64) -> PlanRates {
             aggregation_edge_cols_per_s: compute,
             aggregation_uncached_edge_cols_per_s: compute / 5.0,
             width: 8,
+            aggregation_row_edges: 0.0,
         },
         intra: LinkRate {
             bandwidth_bytes_per_s: intra,

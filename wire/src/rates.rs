@@ -28,6 +28,14 @@ pub struct ComputeRate {
     pub aggregation_uncached_edge_cols_per_s: f64,
     /// The width it was measured at (the job's hidden width).
     pub width: usize,
+    /// What an aggregation pass costs per output row it walks (written once, whatever its
+    /// degree), in edges of the same width: measured at `width` on rows without edges
+    /// against rows of 16 edges, the rates above including that row per 16 edges. On a graph
+    /// of a few edges per row (IMDB's 3), or a typed model's relations, each a pass over
+    /// every row, the rows cost more than the edges. 0: not measured (rows priced in the
+    /// rates only).
+    #[serde(default)]
+    pub aggregation_row_edges: f64,
 }
 
 /// A server's measured rates.

@@ -80,6 +80,19 @@ impl<'a> LayerRowCounts<'a> {
         }
     }
 
+    /// The aggregation passes a layer runs over its rows: one, or a typed layer's one per
+    /// relation with rows of both its types here (each a pass over every row of the block).
+    fn aggregation_passes(&self, relations: &[grandis_models::RelationWork]) -> f64 {
+        match (relations.is_empty(), self.types) {
+            (true, _) => 1.0,
+            (false, None) => relations.len() as f64,
+            (false, Some(t)) => relations
+                .iter()
+                .filter(|r| t.inputs[r.src_type] > 0 && t.rows[r.dst_type] > 0)
+                .count() as f64,
+        }
+    }
+
     /// Flops of a typed layer's relations `relations` (each per row of its types), one pass.
     /// Without the rows by type, every relation is priced on every row.
     fn relation_flops(&self, relations: &[grandis_models::RelationWork]) -> f64 {
@@ -144,18 +157,26 @@ pub(super) fn layer_seconds(
     // order). A replicated plan's layer reads 2-3x as many input rows as it writes: a 200k
     // graph's flx k=3 layer of 58k rows over 178k inputs gathered its backward at 1.5x
     // its forward rate.
-    let read = match backward {
-        false => n.inputs,
-        true => n.rows,
+    let (read, walked) = match backward {
+        false => (n.inputs, n.rows),
+        true => (n.rows, n.inputs.max(n.rows)),
     };
+    let cols = w.aggregated_cols as f64;
+    let at = aggregation_rate(
+        rate,
+        Sources::shared(read, n.cache_sharers),
+        w.aggregated_cols,
+    );
+    // Every pass writes its rows once (a typed layer passes once per relation, each over
+    // every row), at the cached rate whatever the sources; the rates include a row per
+    // `DEGREE` edges, which the edges' cost alone does not.
+    let rows = walked * n.aggregation_passes(&w.relations) * rate.aggregation_row_edges;
+    let edge_share = 1.0 + rate.aggregation_row_edges / crate::measure::DEGREE as f64;
+    let cached = rate.aggregation_edge_cols_per_s.max(1.0);
+    let aggregation = (n.edges * cols / at + rows * cols / cached) / edge_share;
     KernelSeconds {
         dense: gemm_factor * flops / rate.gemm_flops_per_s.max(1.0),
-        aggregation: n.edges * w.aggregated_cols as f64
-            / aggregation_rate(
-                rate,
-                Sources::shared(read, n.cache_sharers),
-                w.aggregated_cols,
-            ),
+        aggregation,
     }
 }
 
@@ -371,6 +392,7 @@ mod tests {
                 aggregation_edge_cols_per_s: 1e9,
                 aggregation_uncached_edge_cols_per_s: 0.0,
                 width: 8,
+                aggregation_row_edges: 0.0,
             },
             intra: LinkRate::default(),
             inter: LinkRate::default(),
@@ -534,5 +556,90 @@ mod tests {
         let dense = |w: &LayerWork| layer_seconds(&n, w, &rates().compute, false).dense;
         assert!((dense(&sage[0]) - (100.0 + 10.0) * map).abs() < 1e-15);
         assert!((dense(&rgcn[0]) - (100.0 + 10.0) * map).abs() < 1e-15);
+    }
+
+    /// Every aggregation pass writes its rows: with rows measured at `row_edges` edges each, a
+    /// layer of the probe's shape (16 edges per row) prices as the rates alone say, a layer
+    /// of fewer edges per row more per edge, and a typed layer's relations each pass over
+    /// the rows (those whose types have rows here).
+    #[test]
+    fn aggregation_passes_pay_for_their_rows() {
+        let mut rate = rates().compute;
+        let config = ModelConfig::new(grandis_models::ModelKind::Sage, 1, 8, 8, 8);
+        let w = &layer_work(&config, &crate::model_dims(&config)).unwrap()[0];
+        let n = |rows: f64, edges: f64| LayerRowCounts {
+            rows,
+            inputs: rows,
+            edges,
+            cache_sharers: 1.0,
+            types: None,
+        };
+        let aggregation = |rate: &ComputeRate, n: &LayerRowCounts, w: &LayerWork| {
+            layer_seconds(n, w, rate, false).aggregation
+        };
+        let unpriced = aggregation(&rate, &n(100.0, 1600.0), w);
+        rate.aggregation_row_edges = 4.0;
+        let probe_shaped = aggregation(&rate, &n(100.0, 1600.0), w);
+        assert!((probe_shaped - unpriced).abs() < 1e-12 * unpriced);
+        // One edge per row: each edge costs (1 + 4) / (1 + 4 / 16) of what the rates say.
+        let sparse = aggregation(&rate, &n(1600.0, 1600.0), w);
+        assert!((sparse - unpriced * 5.0 / 1.25).abs() < 1e-12 * sparse);
+        // A typed layer: both relations pass over the rows where both have rows, one where
+        // the other's source type has none here.
+        let relations = vec![
+            grandis_models::ModelRelation {
+                key: "a__to__b".into(),
+                src_type: 0,
+                dst_type: 1,
+            },
+            grandis_models::ModelRelation {
+                key: "b__to__a".into(),
+                src_type: 1,
+                dst_type: 0,
+            },
+        ];
+        let config = ModelConfig {
+            relations,
+            ..ModelConfig::new(grandis_models::ModelKind::Rgcn, 1, 8, 8, 8)
+        };
+        let typed = &layer_work(&config, &crate::model_dims(&config)).unwrap()[0];
+        let both = TypeRows {
+            rows: vec![800, 800],
+            inputs: vec![800, 800],
+        };
+        // Type b's inputs feed a's outputs; no output of b, so a -> b does not run.
+        let one = TypeRows {
+            rows: vec![1600, 0],
+            inputs: vec![1600, 800],
+        };
+        let with = |t| LayerRowCounts {
+            types: Some(t),
+            ..n(1600.0, 1600.0)
+        };
+        let edges_part = |t| {
+            aggregation(&rate, &with(t), typed)
+                - aggregation(
+                    &rate,
+                    &LayerRowCounts {
+                        edges: 0.0,
+                        ..with(t)
+                    },
+                    typed,
+                )
+        };
+        // The edges cost the same; the rows once more for the second relation.
+        assert!((edges_part(&both) - edges_part(&one)).abs() < 1e-12 * sparse);
+        let row_cost = |t| {
+            aggregation(
+                &rate,
+                &LayerRowCounts {
+                    edges: 0.0,
+                    ..with(t)
+                },
+                typed,
+            )
+        };
+        assert!((row_cost(&both) - 2.0 * row_cost(&one)).abs() < 1e-12 * sparse);
+        assert!(row_cost(&one) > 0.0);
     }
 }
