@@ -118,6 +118,11 @@ pub struct StageWork {
     /// The width of the rows it aggregates when it transforms before aggregating (None:
     /// it aggregates its input rows).
     pub aggregated_cols: Option<usize>,
+    /// Whether its backward pass aggregates whether or not its input gets a gradient: a
+    /// conv stage that maps before aggregating (GAT's included) gets its weights' gradients
+    /// through the graph; one that aggregates first keeps its aggregate and reads the graph
+    /// backward only for the input's gradient.
+    pub backward_aggregates: bool,
 }
 
 /// One relation's matrices in a typed conv stage, by the rows they multiply
@@ -211,6 +216,8 @@ impl ModelConfig {
                     input_flops_per_row,
                     relations,
                     aggregated_cols: st.neighbour_width(),
+                    backward_aggregates: matches!(st.kind, StageKind::Conv { .. })
+                        && (st.attention.is_some() || st.transforms_first()),
                 }
             })
             .collect())

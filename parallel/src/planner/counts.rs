@@ -168,6 +168,10 @@ pub struct LayerWork {
     /// input is the features): backward then runs the input's products too, and the halo
     /// rows' gradients go back to their owners.
     pub input_gradient: bool,
+    /// Whether the backward pass aggregates: always for a layer that maps before it
+    /// aggregates, otherwise only for the input's gradient
+    /// ([`grandis_models::StageWork::backward_aggregates`]).
+    pub backward_aggregates: bool,
     /// A typed convolution's relations ([`grandis_models::StageWork::relations`]), priced
     /// on the layer's rows of their types ([`StepCounts::type_rows`]).
     pub relations: Vec<grandis_models::RelationWork>,
@@ -184,6 +188,8 @@ pub fn layer_work(config: &ModelConfig, dims: &ModelDims) -> anyhow::Result<Vec<
     Ok((0..config.layers)
         .map(|l| {
             let s = l + first_conv;
+            // Layer 0's input gradient goes only to a stage before it.
+            let input_gradient = l > 0 || first_conv > 0;
             let mut flops = stage_flops(s);
             // Row-local stages before the first convolution and after the last are priced
             // with them (an encoder, a head).
@@ -198,8 +204,8 @@ pub fn layer_work(config: &ModelConfig, dims: &ModelDims) -> anyhow::Result<Vec<
                 input_flops_per_row: work[s].input_flops_per_row,
                 aggregated_cols: work[s].aggregated_cols.unwrap_or(work[s].d_in),
                 exchanged_cols: dims.in_width(l),
-                // Layer 0's input gradient goes only to a stage before it.
-                input_gradient: l > 0 || first_conv > 0,
+                input_gradient,
+                backward_aggregates: work[s].backward_aggregates || input_gradient,
                 relations: work[s].relations.clone(),
             }
         })

@@ -173,7 +173,10 @@ pub(super) fn layer_seconds(
     let rows = walked * n.aggregation_passes(&w.relations) * rate.aggregation_row_edges;
     let edge_share = 1.0 + rate.aggregation_row_edges / crate::measure::DEGREE as f64;
     let cached = rate.aggregation_edge_cols_per_s.max(1.0);
-    let aggregation = (n.edges * cols / at + rows * cols / cached) / edge_share;
+    let aggregation = match backward && !w.backward_aggregates {
+        true => 0.0,
+        false => (n.edges * cols / at + rows * cols / cached) / edge_share,
+    };
     KernelSeconds {
         dense: gemm_factor * flops / rate.gemm_flops_per_s.max(1.0),
         aggregation,
@@ -641,5 +644,24 @@ mod tests {
         };
         assert!((row_cost(&both) - 2.0 * row_cost(&one)).abs() < 1e-12 * sparse);
         assert!(row_cost(&one) > 0.0);
+    }
+
+    /// A layer that aggregates before it maps keeps its aggregate for its weights' gradient:
+    /// its backward reads the graph only for its input's gradient (not on layer 0 of a plain
+    /// stack). One that maps first aggregates backward on every layer.
+    #[test]
+    fn the_first_layer_aggregating_first_does_not_aggregate_backward() {
+        let n = LayerRowCounts::square(100.0, 1000.0, None);
+        let aggregation = |in_dim, layer: usize| {
+            let config = ModelConfig::new(grandis_models::ModelKind::Sage, 2, in_dim, 8, 8);
+            let work = layer_work(&config, &crate::model_dims(&config)).unwrap();
+            layer_seconds(&n, &work[layer], &rates().compute, true).aggregation
+        };
+        // 4 -> 8 aggregates first: nothing backward on layer 0, its input gradient on layer 1
+        // (8 -> 8 maps first there anyway).
+        assert_eq!(aggregation(4, 0), 0.0);
+        assert!(aggregation(4, 1) > 0.0);
+        // 16 -> 8 maps first.
+        assert!(aggregation(16, 0) > 0.0);
     }
 }
