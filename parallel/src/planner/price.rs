@@ -491,23 +491,22 @@ mod tests {
         );
     }
 
+    /// Two vertex types, a and b, and a relation each way.
+    fn two_way_relations() -> Vec<grandis_models::ModelRelation> {
+        let relation = |key: &str, src_type, dst_type| grandis_models::ModelRelation {
+            key: key.into(),
+            src_type,
+            dst_type,
+        };
+        vec![relation("a__to__b", 0, 1), relation("b__to__a", 1, 0)]
+    }
+
     /// A typed layer's relations run each on its own types' rows: R-GCN's neighbour map on
     /// its source type's input rows (it transforms first), its root on every output row;
     /// hetero-SAGE's self weight on its destination type's output rows.
     #[test]
     fn relations_are_priced_on_their_types_rows() {
-        let relations = vec![
-            grandis_models::ModelRelation {
-                key: "a__to__b".into(),
-                src_type: 0,
-                dst_type: 1,
-            },
-            grandis_models::ModelRelation {
-                key: "b__to__a".into(),
-                src_type: 1,
-                dst_type: 0,
-            },
-        ];
+        let relations = two_way_relations();
         let work = |kind| {
             let config = ModelConfig {
                 relations: relations.clone(),
@@ -515,50 +514,40 @@ mod tests {
             };
             layer_work(&config, &crate::model_dims(&config)).unwrap()
         };
-        // 10 output rows, all of type a; 100 input rows, 90 of them of type b.
-        let types = TypeRows {
-            rows: vec![10, 0],
-            inputs: vec![10, 90],
-        };
-        let n = LayerRowCounts {
-            rows: 10.0,
-            inputs: 100.0,
-            edges: 0.0,
-            cache_sharers: 1.0,
-            types: Some(&types),
+        // Dense seconds of layer `w` over `rows` output and `inputs` input rows by type.
+        let dense = |rows: [u64; 2], inputs: [u64; 2], w: &LayerWork| {
+            let types = TypeRows {
+                rows: rows.to_vec(),
+                inputs: inputs.to_vec(),
+            };
+            let n = LayerRowCounts {
+                rows: rows.iter().sum::<u64>() as f64,
+                inputs: inputs.iter().sum::<u64>() as f64,
+                edges: 0.0,
+                cache_sharers: 1.0,
+                types: Some(&types),
+            };
+            layer_seconds(&n, w, &rates().compute, false).dense
         };
         let map = 2.0 * 16.0 * 8.0 / 1e9;
-        let dense = |w: &LayerWork| layer_seconds(&n, w, &rates().compute, false).dense;
-        // R-GCN: a -> b maps the 10 rows of a, b -> a the 90 of b; the root the 10 outputs.
-        let rgcn = work(grandis_models::ModelKind::Rgcn);
-        assert!((dense(&rgcn[0]) - (10.0 + 90.0 + 10.0) * map).abs() < 1e-15);
-        // Hetero-SAGE: the same neighbour maps, and b -> a's self weight on the 10 outputs
-        // of a (a -> b's has no output rows).
-        let sage = work(grandis_models::ModelKind::HeteroSage);
-        assert!((dense(&sage[0]) - (10.0 + 90.0 + 10.0) * map).abs() < 1e-15);
+        let (rgcn, sage) = (
+            work(grandis_models::ModelKind::Rgcn),
+            work(grandis_models::ModelKind::HeteroSage),
+        );
+        // 10 output rows, all of type a; 100 input rows, 90 of them of type b. R-GCN: a -> b
+        // maps the 10 rows of a, b -> a the 90 of b; the root the 10 outputs. Hetero-SAGE:
+        // the same neighbour maps, and b -> a's self weight on the 10 outputs of a (a -> b's
+        // has no output rows).
+        let expected = (10.0 + 90.0 + 10.0) * map;
+        assert!((dense([10, 0], [10, 90], &rgcn[0]) - expected).abs() < 1e-15);
+        assert!((dense([10, 0], [10, 90], &sage[0]) - expected).abs() < 1e-15);
         // Type b's outputs now: a -> b's self weight runs on them instead.
-        let types = TypeRows {
-            rows: vec![0, 10],
-            inputs: vec![10, 90],
-        };
-        let n = LayerRowCounts {
-            types: Some(&types),
-            ..n
-        };
-        let dense = |w: &LayerWork| layer_seconds(&n, w, &rates().compute, false).dense;
-        assert!((dense(&sage[0]) - (10.0 + 90.0 + 10.0) * map).abs() < 1e-15);
-        // Every row of type a: only a -> b's map and b -> a's self weight remain.
-        let types = TypeRows {
-            rows: vec![10, 0],
-            inputs: vec![100, 0],
-        };
-        let n = LayerRowCounts {
-            types: Some(&types),
-            ..n
-        };
-        let dense = |w: &LayerWork| layer_seconds(&n, w, &rates().compute, false).dense;
-        assert!((dense(&sage[0]) - (100.0 + 10.0) * map).abs() < 1e-15);
-        assert!((dense(&rgcn[0]) - (100.0 + 10.0) * map).abs() < 1e-15);
+        assert!((dense([0, 10], [10, 90], &sage[0]) - expected).abs() < 1e-15);
+        // Every row of type a: only a -> b's map and b -> a's self weight (R-GCN: its root)
+        // remain.
+        let expected = (100.0 + 10.0) * map;
+        assert!((dense([10, 0], [100, 0], &sage[0]) - expected).abs() < 1e-15);
+        assert!((dense([10, 0], [100, 0], &rgcn[0]) - expected).abs() < 1e-15);
     }
 
     /// Every aggregation pass writes its rows: with rows measured at `row_edges` edges each, a
@@ -589,18 +578,7 @@ mod tests {
         assert!((sparse - unpriced * 5.0 / 1.25).abs() < 1e-12 * sparse);
         // A typed layer: both relations pass over the rows where both have rows, one where
         // the other's source type has none here.
-        let relations = vec![
-            grandis_models::ModelRelation {
-                key: "a__to__b".into(),
-                src_type: 0,
-                dst_type: 1,
-            },
-            grandis_models::ModelRelation {
-                key: "b__to__a".into(),
-                src_type: 1,
-                dst_type: 0,
-            },
-        ];
+        let relations = two_way_relations();
         let config = ModelConfig {
             relations,
             ..ModelConfig::new(grandis_models::ModelKind::Rgcn, 1, 8, 8, 8)
