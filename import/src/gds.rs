@@ -156,6 +156,16 @@ impl Table {
             .map_err(|m| self.row_error(i, format!("{name}: {m}")))?
             .ok_or_else(|| self.row_error(i, format!("{name} is null")))
     }
+
+    /// Row `i`'s label cell of column `name` as a class ([`crate::label_value`]); -1 for null
+    /// (an unlabelled vertex).
+    pub(crate) fn label_cell(&self, i: u64, row: &Row, name: &str) -> Result<i32> {
+        let err = |m: String| self.row_error(i, format!("{name}: {m}"));
+        match int_of(column(row, name)).map_err(err)? {
+            Some(raw) => crate::label_value(raw).map_err(err),
+            None => Ok(-1),
+        }
+    }
 }
 
 /// The dense id the next new node gets: how many `ids` holds, within the store's vertex limit.
@@ -317,14 +327,10 @@ pub(crate) fn import(ctx: &mut Ctx<'_>, dir: &Path) -> Result<Parts> {
                 "{NODE_ID} {id} appears twice (first as row {prev})"
             )));
         }
-        let label = match label_col {
-            Some(c) => match int_of(column(row, c)).map_err(|m| err(format!("{c}: {m}")))? {
-                Some(raw) => crate::label_value(raw).map_err(|m| err(format!("{c}: {m}")))?,
-                None => -1,
-            },
+        labels.push(match label_col {
+            Some(c) => nodes.label_cell(i, row, c)?,
             None => -1,
-        };
-        labels.push(label);
+        });
         if let Some(c) = feat_col {
             feature_row(row, c, &mut dim, &mut row_buf).map_err(err)?;
             features.push(&row_buf)?;

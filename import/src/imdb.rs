@@ -19,7 +19,7 @@ use std::path::Path;
 use grandis_telemetry::Progress;
 
 use crate::error::{ImportError, Result};
-use crate::gds::{column, feature_row, find_table, id_pairs, int_of, next_dense_id, Table};
+use crate::gds::{feature_row, find_table, id_pairs, next_dense_id, Table};
 use crate::{Ctx, Parts};
 
 const NODE_ID: &str = "nodeId";
@@ -57,12 +57,7 @@ fn read_nodes(
             )));
         }
         labels.push(match labelled {
-            true => int_of(column(row, LABEL))
-                .map_err(|m| err(format!("{LABEL}: {m}")))?
-                .map(crate::label_value)
-                .transpose()
-                .map_err(|m| err(format!("{LABEL}: {m}")))?
-                .unwrap_or(-1),
+            true => table.label_cell(i, row, LABEL)?,
             false => -1,
         });
         feature_row(row, FEATURES, dim, &mut row_buf).map_err(err)?;

@@ -6,9 +6,10 @@
 //! CSV/TSV edge list with optional feature and label files ([`Format::EdgeList`]), and a Neo4j
 //! GDS Parquet export such as the Cora tables shipped with `graphdatascience`
 //! ([`Format::Parquet`]); two more read `graphdatascience`'s Last.fm and IMDB directories as
-//! typed graphs ([`Format::LastFm`], [`Format::Imdb`]). Every importer streams its input (CSV line by line, NumPy and
-//! Parquet without materialising more than one row group or one mapping), funnels edges through
-//! the shared [`EdgeListBuilder`](grandis_store::EdgeListBuilder) (a bounded buffer that spills
+//! typed graphs ([`Format::LastFm`], [`Format::Imdb`]). Every importer streams its input (CSV
+//! line by line, NumPy and Parquet without materialising more than one row group or one
+//! mapping), funnels edges through the shared
+//! [`EdgeListBuilder`](grandis_store::EdgeListBuilder) (a bounded buffer that spills
 //! sorted runs into the staging directory, so edge lists larger than memory import; dedup,
 //! symmetrize, self-loop policy) and writes through [`DatasetWriter`], whose staging directory
 //! disappears on any error, so a failed import leaves nothing behind. Bad input is reported
