@@ -144,6 +144,8 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
         let chosen = choose(&planned, args.exact_preference);
         // Every run's time split, per candidate (none for one that does not fit).
         let mut runs: Vec<Vec<grandis_wire::TimeSplit>> = vec![Vec::new(); planned.len()];
+        // Every run's epoch seconds after the first (rank 0's), per candidate.
+        let mut epochs: Vec<Vec<Vec<f64>>> = vec![Vec::new(); planned.len()];
         for run in 0..args.runs {
             // Every other round in reverse: a run can inherit what the one before it left (a
             // 200k graph's flx-eas h=1 f=5 measured 0.87-0.91 s run first, 0.99-1.24 s right
@@ -168,10 +170,11 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
                 )
                 .with_context(|| format!("running {}", p.name))?;
                 runs[i].push(r.execution.time_split);
+                epochs[i].push(r.train.epochs.iter().skip(1).map(|e| e.seconds).collect());
             }
         }
         let mut measured = Vec::new();
-        for (p, runs) in planned.iter().zip(&runs) {
+        for ((p, runs), epochs) in planned.iter().zip(&runs).zip(&epochs) {
             let (Some(pred), Some(m)) = (
                 p.prediction.as_ref(),
                 runs.iter().min_by(|a, b| a.epoch_s.total_cmp(&b.epoch_s)),
@@ -204,6 +207,7 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
             rows.push(serde_json::json!({
                 "inter_ratio": ratio, "candidate": p.name, "predicted_s": pred.epoch_s,
                 "measured_s": t, "prediction": pred, "measured": m, "runs_s": every,
+                "epochs_s": epochs,
             }));
         }
         // The best measured plan by the planner's own rule (a sampled plan only when that
@@ -216,19 +220,29 @@ pub fn run(args: BenchPlanArgs) -> anyhow::Result<()> {
                 measured[*c].unwrap_or(f64::NAN),
                 measured[b].unwrap_or(f64::NAN),
             );
+            // How far apart a candidate's runs measured: two plans closer than that are a
+            // tie the runs cannot order.
+            let spread = |runs: &[grandis_wire::TimeSplit]| {
+                let (lo, hi) = runs.iter().fold((f64::INFINITY, 0f64), |(lo, hi), r| {
+                    (lo.min(r.epoch_s), hi.max(r.epoch_s))
+                });
+                format!("{lo:.3}-{hi:.3}s")
+            };
             let cost = |i: usize, t: f64| {
                 rule_cost(planned[i].candidate.is_exact(), t, args.exact_preference)
             };
             println!(
                 "inter 1/{ratio}: chosen {} ({why}): measured {chosen_t:.3}s; by the same rule the \
                  best measured is {} {best_t:.3}s ({:.2}x its epoch, {:.2}x by the rule's cost); \
-                 the fastest measured {} {:.3}s",
+                 the fastest measured {} {:.3}s; their runs {} and {}",
                 planned[*c].name,
                 planned[b].name,
                 chosen_t / best_t,
                 cost(*c, chosen_t) / cost(b, best_t),
                 planned[f].name,
                 measured[f].unwrap_or(f64::NAN),
+                spread(&runs[*c]),
+                spread(&runs[b]),
             );
         }
     }
