@@ -59,6 +59,14 @@ pub struct CpuBackend {
 /// 4 KiB touched (a measurable share of an epoch). Serving them from the heap without
 /// trimming recycles the same pages. Peak memory is unchanged: what is kept is what the
 /// previous step already used.
+///
+/// Ranks run on threads, and a thread's allocations come from one of glibc's thread arenas,
+/// made of 64 MiB heaps. glibc deletes such a heap as soon as it is wholly free, whatever the
+/// trim threshold (`heap_trim` checks only the top pad), so a step's large buffers kept
+/// creating and deleting heaps, and every step faulted its pages in afresh: a 200k-vertex
+/// 2 x 2 FLX epoch took 108,000 faults (~0.4 GB zeroed by the kernel). A top pad of a whole
+/// heap keeps the heaps: 3,300 faults an epoch, system time halved, epochs ~10 % faster.
+/// The pad costs address space, not memory: pages are resident only once touched.
 pub fn retain_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -68,12 +76,16 @@ pub fn retain_freed_memory() {
                 fn mallopt(param: i32, value: i32) -> i32;
             }
             const M_TRIM_THRESHOLD: i32 = -1;
+            const M_TOP_PAD: i32 = -2;
             const M_MMAP_MAX: i32 = -4;
+            /// glibc's largest thread-arena heap on 64-bit targets (`HEAP_MAX_SIZE`).
+            const THREAD_HEAP_BYTES: i32 = 64 << 20;
             // SAFETY: mallopt only changes allocator tuning parameters; it is safe to call at
             // any time from any thread.
             unsafe {
                 mallopt(M_MMAP_MAX, 0);
                 mallopt(M_TRIM_THRESHOLD, i32::MAX);
+                mallopt(M_TOP_PAD, THREAD_HEAP_BYTES);
             }
         });
     }
