@@ -203,6 +203,8 @@ pub fn run_job(ctx: JobContext, a: Assignment) -> Outcome {
     }
     // The upload is done (the reporter has ended): older copies can go.
     checkpoint::prune(&ctx.config, ctx.config.keep_checkpoints);
+    // The run's buffers are freed; an idle daemon should not hold their pages.
+    grandis_engine::cpu::release_freed_memory();
     ctx.metrics.outcome(outcome.name());
     // Hold the data-plane port again for the next job.
     let mut slot = ctx.reserved.lock().unwrap_or_else(|e| e.into_inner());

@@ -91,6 +91,24 @@ pub fn retain_freed_memory() {
     }
 }
 
+/// Gives the pages of freed memory back to the system, in every glibc arena: for a process
+/// that outlives its training runs (a daemon between jobs), which [`retain_freed_memory`]
+/// would otherwise leave holding its last run's peak (an idle daemon after a 200k-vertex job
+/// kept 1.2 GB). No effect on other C libraries.
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: malloc_trim only returns free pages to the system; it is safe to call at
+        // any time from any thread.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
+
 impl CpuBackend {
     /// `threads = None` uses rayon's default (one per core). Calls [`retain_freed_memory`].
     pub fn new(threads: Option<usize>) -> Result<CpuBackend> {
