@@ -533,9 +533,14 @@ extern "C" __global__ void gat_bwd_dst(const u64* off, const u32* idx, const flo
             float sd = sc[v * two_h + heads + h];
             const float* gv = concat ? g + v * oc + h * f : g + v * oc;
             float corr = 0.0f;
+            /* The kink's side every logit shares (its slope), or 1 when some logit is above
+               it: the destination score's terms are then exactly 0 when all share a side. */
+            float reference = slope;
             for (u64 k = b; k <= e; ++k) {
                 GAT_SOURCE(u, k, e, idx, v, self_loops)
-                float a = exp_nonpositive(leaky(sc[u * two_h + h] + sd, slope) - l);
+                float pre = sc[u * two_h + h] + sd;
+                if (leaky_grad(pre, slope) == 1.0f) reference = 1.0f;
+                float a = exp_nonpositive(leaky(pre, slope) - l);
                 float d = gscale * dot_f(gv, x + u * c + h * f, f);
                 float md = att_keep(has_drop, ids, rs, thr, scale, u, h) * d;
                 corr += a * md;
@@ -547,7 +552,7 @@ extern "C" __global__ void gat_bwd_dst(const u64* off, const u32* idx, const flo
                 float a = exp_nonpositive(leaky(pre, slope) - l);
                 float d = gscale * dot_f(gv, x + u * c + h * f, f);
                 float md = att_keep(has_drop, ids, rs, thr, scale, u, h) * d;
-                gd += a * (md - corr) * (leaky_grad(pre, slope) - 1.0f);
+                gd += a * (md - corr) * (leaky_grad(pre, slope) - reference);
             }
             scratch[v * heads + h] = corr;
             gsc[v * two_h + heads + h] = gd;
