@@ -50,10 +50,26 @@ install_missing deploy/check "${need[@]}"
 
 tmp="$(mktemp -d /tmp/grandis-deploy-check.XXXXXX)"
 pids=()
+logs=() # each started process's log, beside its pid
 cleanup() {
+    local rc=$? stuck=0
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    # A process that does not stop on SIGTERM is a failure to name, not a silent hang
+    # (systemd would kill it after its stop timeout): one CI run waited out its 600 s here.
+    for i in "${!pids[@]}"; do
+        for _ in $(seq 300); do kill -0 "${pids[i]}" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "${pids[i]}" 2>/dev/null; then
+            printf '[deploy/check] FAILED: %s (pid %s) did not stop within 30 s of SIGTERM; its last lines:\n' \
+                "${logs[i]##*/}" "${pids[i]}" >&2
+            tail -25 "${logs[i]}" >&2
+            kill -KILL "${pids[i]}" 2>/dev/null || true
+            stuck=1
+        fi
+        wait "${pids[i]}" 2>/dev/null || true
+    done
     [ -n "${GRANDIS_CHECK_KEEP:-}" ] && echo "kept $tmp" >&2 || rm -rf "$tmp"
+    [ $stuck = 0 ] || exit 1
+    exit $rc
 }
 trap cleanup EXIT
 
@@ -125,7 +141,7 @@ token = "$token"
 daemon_ca = "$tmp/certs/ca.pem"
 EOF
 "$bin" coordinator --config "$tmp/coordinator.toml" >"$tmp/coordinator.log" 2>&1 &
-pids+=($!)
+pids+=($!) logs+=("$tmp/coordinator.log")
 wait_http "http://127.0.0.1:$cport/healthz" 30 "${pids[-1]}" || fail "coordinator did not answer within 30 s (or exited):
 $(tail -20 "$tmp/coordinator.log")"
 
@@ -147,7 +163,7 @@ work_dir = "$tmp/work-$label"
 metrics_listen = "127.0.0.1:$mport"
 EOF
     "$bin" daemon --config "$tmp/$label.toml" >"$tmp/$label.log" 2>&1 &
-    pids+=($!)
+    pids+=($!) logs+=("$tmp/$label.log")
     wait_http "http://127.0.0.1:$mport/healthz" 30 "${pids[-1]}" || fail "daemon $label did not answer within 30 s (or it exited):
 $(tail -20 "$tmp/$label.log")"
 done
@@ -190,7 +206,7 @@ sed -e "s/\"10.0.0.1:7700\"/\"127.0.0.1:$cport\"/" \
 grep -q "127.0.0.1:${mports[1]}" "$prom/prometheus.yml" || fail "could not point prometheus.yml at the local targets"
 prometheus --config.file="$prom/prometheus.yml" --storage.tsdb.path="$prom/data" \
     --web.listen-address="127.0.0.1:$pport" >"$tmp/prometheus.log" 2>&1 &
-pids+=($!)
+pids+=($!) logs+=("$tmp/prometheus.log")
 wait_http "http://127.0.0.1:$pport/-/ready" 30 "${pids[-1]}" || fail "prometheus did not start:
 $(tail -20 "$tmp/prometheus.log")"
 python3 "$here/metric_names.py" --prometheus "http://127.0.0.1:$pport" \
