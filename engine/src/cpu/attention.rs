@@ -439,6 +439,9 @@ impl Kernel for DestinationPass<'_, '_> {
             let l = &lse[v * hs..v * hs + hs];
             let rs = p.row_stream(v);
             corr.fill(0.0);
+            // The kink's side every logit of a head shares (its slope), or 1 when some logit
+            // is above the kink.
+            s.h1.fill(p.slope);
             for (j, &u) in s.srcs.iter().enumerate() {
                 if let Some(&ahead) = s.srcs.get(j + AHEAD) {
                     inp.prefetch_source(ahead);
@@ -453,19 +456,12 @@ impl Kernel for DestinationPass<'_, '_> {
                     corr[h] += a * md;
                     let k = j * hs + h;
                     (s.a[k], s.b[k], s.c[k]) = (a, md, p.leaky_grad(pre));
-                }
-            }
-            // The kink's side every logit of a head shares (its slope), or 1 when some logit
-            // is above the kink.
-            let reference = &mut s.h1;
-            reference.fill(p.slope);
-            for j in 0..s.srcs.len() {
-                for h in 0..hs {
-                    if s.c[j * hs + h] == 1.0 {
-                        reference[h] = 1.0;
+                    if s.c[k] == 1.0 {
+                        s.h1[h] = 1.0;
                     }
                 }
             }
+            let reference = &s.h1;
             let gd = &mut gsrow[hs..];
             gd.fill(0.0);
             for j in 0..s.srcs.len() {
